@@ -1,0 +1,1 @@
+"""The daemon: crawl engine, cluster, control API and CLI, composed under trio."""
