@@ -1,0 +1,283 @@
+"""Command lines: ``peerd`` runs a node; ``peerctl`` talks to running nodes and runs experiments.
+
+The only place ``trio.run`` is called. Errors to a person are one line; ``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["peerd_main", "peerctl_main"]
+
+PEERD_EPILOG = textwrap.dedent(
+    """\
+    examples:
+      peerd start --weight 150 --seed https://example.org/ --data-dir /var/lib/peercrawl \\
+                  --contact https://example.org/crawler-info
+      peerd start --config peerd.toml --exit-when-done
+
+    Settings come from built-in defaults < --config TOML < PEERCRAWL_* environment < flags.
+    `peerd config` prints the effective settings with the reason for each default.
+    """
+)
+
+PEERCTL_EPILOG = textwrap.dedent(
+    """\
+    examples:
+      peerctl demo                                  # local web + DNS + a node crawling it, with progress
+      peerctl status --control 127.0.0.1:7410       # one node's counters (or --data-dir DIR)
+      peerctl ring --node A=150 --node B=80 --node C=200 --node D=40 --remove C --add E=300 --hosts 1000000
+      peerctl stop --control 127.0.0.1:7410
+    """
+)
+
+
+class CliError(Exception):
+    """A one-line error for a person."""
+
+
+# --------------------------------------------------------------------------- peerd
+
+
+def _add_node_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("node")
+    g.add_argument("--config", metavar="FILE", help="TOML file with settings (keys as in `peerd config`)")
+    g.add_argument("--node-id", dest="node_id", help="stable node name (default: hostname:listen-port)")
+    g.add_argument("--weight", type=int, help="ring weight, integer > 0 (default 100)")
+    g.add_argument("--listen", help="peer address HOST:PORT (default 127.0.0.1:7400)")
+    g.add_argument("--control", help="control/metrics address HOST:PORT; port 0 picks one (default 127.0.0.1:7410)")
+    g.add_argument("--data-dir", dest="data_dir", help="directory for all durable state (default ./peercrawl-data)")
+    c = p.add_argument_group("crawl")
+    c.add_argument("--seed", dest="seeds", action="append", metavar="URL", help="start URL (repeatable)")
+    c.add_argument("--seeds-file", dest="seeds_file", metavar="FILE", help="file of start URLs, one per line")
+    c.add_argument("--allow-host", dest="allowed_hosts", action="append", metavar="PATTERN",
+                   help="crawl only these hosts and their subdomains (repeatable)")
+    c.add_argument("--deny-host", dest="denied_hosts", action="append", metavar="PATTERN",
+                   help="never crawl these hosts (repeatable)")
+    c.add_argument("--max-depth", dest="max_depth", type=int, help="link depth limit (-1: none)")
+    c.add_argument("--max-pages-per-host", dest="max_pages_per_host", type=int, help="(-1: none)")
+    c.add_argument("--delay", type=float, help="minimum seconds between requests to one host (default 1.0)")
+    c.add_argument("--concurrency", type=int, help="fetches in flight (default 256)")
+    c.add_argument("--user-agent", dest="user_agent", help="product token/version (default peercrawl/0.1)")
+    c.add_argument("--contact", help="URL or address for site owners, added to the User-Agent")
+    c.add_argument("--store", choices=["warc", "none"], help="page store (default warc)")
+    c.add_argument("--max-body", dest="max_body", type=int, metavar="BYTES", help="body size cap (default 10 MiB)")
+    c.add_argument("--exit-when-done", dest="exit_when_done", action="store_const", const=True,
+                   help="exit 0 when the frontier is empty and nothing is in flight")
+    n = p.add_argument_group("network")
+    n.add_argument("--nameserver", dest="nameservers", action="append", metavar="ADDR[:PORT]",
+                   help="DNS server to use (repeatable; default: /etc/resolv.conf)")
+    n.add_argument("--allow-private", dest="allow_private", action="store_const", const=True,
+                   help="allow private, loopback and link-local addresses (tests, local demos)")
+    o = p.add_argument_group("output")
+    o.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
+    o.add_argument("--log-format", dest="log_format", choices=["auto", "json", "text"])
+    o.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+
+
+_NODE_KEYS = (
+    "node_id weight listen control data_dir seeds seeds_file allowed_hosts denied_hosts max_depth "
+    "max_pages_per_host delay concurrency user_agent contact store max_body exit_when_done nameservers "
+    "allow_private log_level log_format"
+).split()
+
+
+def _config_from(args: argparse.Namespace):
+    from .config import load
+
+    flags = {k: getattr(args, k, None) for k in _NODE_KEYS}
+    return load(toml=args.config, env=os.environ, flags=flags)
+
+
+def _peerd_start(args: argparse.Namespace) -> int:
+    import trio
+
+    from .log import setup_logging
+    from .node import run_node
+
+    cfg = _config_from(args)
+    setup_logging(cfg.log_level, cfg.log_format)
+    return trio.run(run_node, cfg)
+
+
+def _peerd_config(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from .config import FIELDS
+
+    cfg = _config_from(args)
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        print(f"{f.name} = {json.dumps(value)}    # {FIELDS.get(f.name, '')}")
+    return 0
+
+
+def peerd_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="peerd", description="Run a peercrawl node.", epilog=PEERD_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("start", help="run a crawler node", epilog=PEERD_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_node_flags(p)
+    p.set_defaults(func=_peerd_start)
+    p = sub.add_parser("config", help="print the effective settings and why each default is what it is")
+    _add_node_flags(p)
+    p.set_defaults(func=_peerd_config)
+    args = parser.parse_args(argv)
+    return _run(args, "peerd")
+
+
+# --------------------------------------------------------------------------- peerctl
+
+
+def _control_address(args: argparse.Namespace) -> str:
+    if getattr(args, "control", None):
+        return args.control
+    data_dir = getattr(args, "data_dir", None)
+    if data_dir:
+        path = Path(data_dir) / "control.addr"
+        try:
+            return path.read_text().strip()
+        except OSError as exc:
+            raise CliError(f"no running node found in {data_dir} ({path}: {exc.strerror})") from exc
+    return os.environ.get("PEERCRAWL_CONTROL", "127.0.0.1:7410")
+
+
+def control_request(address: str, method: str, path: str, timeout: float = 10.0) -> Any:
+    import httpx
+
+    url = f"http://{address}{path}"
+    try:
+        resp = httpx.request(method, url, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach node at {address}: {exc}") from exc
+    if resp.status_code >= 400:
+        raise CliError(f"node at {address} answered {resp.status_code}: {resp.text.strip()[:200]}")
+    if resp.headers.get("content-type", "").startswith("application/json"):
+        return resp.json()
+    return resp.text
+
+
+def format_status(st: dict[str, Any]) -> str:
+    q = st["queue"]
+    lines = [
+        f"node {st['node_id']} (weight {st['weight']})  up {st['uptime']:.0f}s  "
+        f"{'DONE' if st['done'] else 'crawling'}",
+        f"  pages {st['pages']}  rate {st['rate']:.1f}/s  bytes {st['bytes']}  stored {st['stored']}",
+        f"  queue {q['urls']} urls on {q['hosts_waiting']} waiting hosts ({q['hosts_known']} known), "
+        f"in flight {q['in_flight']}, workers busy {q['workers_busy']}",
+        f"  urls new {st['urls_new']}  already seen {st['urls_seen']}  seen-set {st['seen_urls']}",
+        "  status " + (" ".join(f"{k}={v}" for k, v in sorted(st["status"].items())) or "-"),
+        "  errors " + (" ".join(f"{k}={v}" for k, v in sorted(st["errors"].items())) or "-"),
+        "  skipped " + (" ".join(f"{k}={v}" for k, v in sorted(st["skipped"].items())) or "-"),
+    ]
+    if "dns" in st:
+        lines.append("  dns " + " ".join(f"{k}={v}" for k, v in sorted(st["dns"].items())))
+    return "\n".join(lines)
+
+
+def _peerctl_status(args: argparse.Namespace) -> int:
+    st = control_request(_control_address(args), "GET", "/status")
+    print(json.dumps(st, indent=1, sort_keys=True) if args.json else format_status(st))
+    return 0
+
+
+def _peerctl_stop(args: argparse.Namespace) -> int:
+    control_request(_control_address(args), "POST", "/stop")
+    print("stop requested")
+    return 0
+
+
+def _peerctl_ring(args: argparse.Namespace) -> int:
+    from . import ringcmd
+
+    return ringcmd.run(args)
+
+
+def _peerctl_demo(args: argparse.Namespace) -> int:
+    from . import demo
+
+    return demo.main(args)
+
+
+def peerctl_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="peerctl", description="Control peercrawl nodes and run ring experiments.",
+        epilog=PEERCTL_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    def target(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--control", metavar="HOST:PORT", help="the node's control address")
+        p.add_argument("--data-dir", dest="data_dir", metavar="DIR", help="find the node by its data dir")
+
+    p = sub.add_parser("status", help="a node's counters: pages, rate, queues, errors")
+    target(p)
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.set_defaults(func=_peerctl_status)
+    p = sub.add_parser("stop", help="ask a node to stop cleanly")
+    target(p)
+    p.set_defaults(func=_peerctl_stop)
+    p = sub.add_parser("ring", help="ring-rebalance experiment in simulation (shares, moved keys)")
+    from . import ringcmd
+
+    ringcmd.add_arguments(p)
+    p.set_defaults(func=_peerctl_ring)
+    p = sub.add_parser("demo", help="crawl a built-in local web with a local node, showing progress")
+    from . import demo
+
+    demo.add_arguments(p)
+    p.set_defaults(func=_peerctl_demo)
+    args = parser.parse_args(argv)
+    return _run(args, "peerctl")
+
+
+# --------------------------------------------------------------------------- shared
+
+
+def _leaf_errors(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        out: list[BaseException] = []
+        for sub in exc.exceptions:
+            out.extend(_leaf_errors(sub))
+        return out
+    return [exc]
+
+
+def _run(args: argparse.Namespace, prog: str) -> int:
+    from .config import ConfigError
+    from .node import NodeError
+
+    try:
+        from storage import StorageError
+    except ImportError:  # pragma: no cover - storage is part of the package
+        StorageError = OSError  # type: ignore[misc,assignment]
+    known = (CliError, ConfigError, NodeError, StorageError)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:  # noqa: BLE001 - the one place errors become one line for a person
+        if getattr(args, "debug", False) or isinstance(exc, SystemExit):
+            raise
+        leaves = _leaf_errors(exc)
+        for leaf in leaves:
+            if isinstance(leaf, known):
+                print(f"{prog}: error: {leaf}", file=sys.stderr)
+                return 2
+        if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            return 130
+        leaf = leaves[0]
+        print(f"{prog}: error: {type(leaf).__name__}: {leaf} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1

@@ -1,0 +1,423 @@
+"""The crawl engine of one node: the politeness scheduler, the fetch workers, and link admission.
+
+Flow of a URL: ``admit()`` (scope, ownership, dedup, frontier) -> the host is woken in the scheduler ->
+when its turn comes a worker pops one URL of that host from the frontier, makes sure the origin's robots.txt
+is known, fetches, stores, extracts links and admits them, then gives the host back to the scheduler with its
+next allowed time. One worker per host at a time is what makes "one connection per host" true.
+
+Routing hook: links for hosts this node does not own are handed to ``router`` (the cluster's dispatcher);
+a single node owns every host.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import trio
+
+from ring import host_position
+from storage import HostState, LruTtlCache, QueuedUrl, url_key
+
+from .config import Config
+from .dns import DnsError
+from .http import FetchError, Fetcher, Response
+from .links import extract, is_html
+from .robots import RobotsDecision, decide
+from .scheduler import HostScheduler, HostTurn
+from .stats import Stats
+from .urls import Scope, host_of, normalize, origin_of
+
+__all__ = ["Crawler", "Link"]
+
+log = logging.getLogger(__name__)
+
+#: How many refused (robots/limits) URLs one host turn may skip before yielding, so a host with thousands
+#: of disallowed URLs cannot hog a worker.
+_SKIP_BUDGET = 256
+_REDIRECTS = frozenset((301, 302, 303, 307, 308))
+_RETRY_STATUSES = frozenset((429, 503))
+_RETRY_ERRORS = frozenset(("connect", "timeout"))
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A URL on its way into the frontier: normalized, with its depth, redirect hops and referrer."""
+
+    url: str
+    depth: int
+    hops: int = 0
+    found_on: str | None = None
+
+
+class Crawler:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        fetcher: Fetcher,
+        frontier,
+        dedup,
+        pages,
+        stats: Stats | None = None,
+        owns: Callable[[str], bool] | None = None,
+        router: Callable[[str, Link], None] | None = None,
+        wallclock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.fetcher = fetcher
+        self.frontier = frontier
+        self.dedup = dedup
+        self.pages = pages
+        self.stats = stats or Stats()
+        self.owns = owns
+        self.router = router
+        self.wallclock = wallclock
+        self.user_agent = cfg.full_user_agent()
+        self.scope = Scope(
+            allowed_hosts=cfg.allowed_hosts,
+            denied_hosts=cfg.denied_hosts,
+            max_depth=None if cfg.max_depth < 0 else cfg.max_depth,
+            max_url_length=cfg.max_url_length,
+        )
+        self.sched = HostScheduler()
+        self.robots: LruTtlCache[str, RobotsDecision] = LruTtlCache(cfg.robots_cache_size)
+        self._robots_failures: dict[str, int] = {}
+        self._pending: dict[str, QueuedUrl] = {}  # host -> URL popped but parked while its robots.txt came in
+        self._retries: dict[str, int] = {}
+        self._wakeup = trio.Event()
+        self._positions: dict[str, int] = {}
+        self.done = trio.Event()
+        self.active = 0
+        self.store_types = tuple(t.lower() for t in cfg.store_types)
+
+    # ------------------------------------------------------------------ admission
+
+    def position(self, host: str) -> int:
+        pos = self._positions.get(host)
+        if pos is None:
+            if len(self._positions) > 200_000:
+                self._positions.clear()
+            pos = self._positions[host] = host_position(host)
+        return pos
+
+    def admit(self, links: Iterable[Link]) -> tuple[int, int]:
+        """Scope-check, route, dedup and queue links. Returns (new, already seen) for the links owned here."""
+        keys: list[bytes] = []
+        cands: list[tuple[str, Link]] = []
+        scope = self.scope
+        skipped = self.stats.skipped
+        for link in links:
+            host = host_of(link.url)
+            reason = scope.check(link.url, host, link.depth)
+            if reason is not None:
+                skipped[reason] += 1
+                continue
+            if self.owns is not None and not self.owns(host):
+                if self.router is not None:
+                    self.router(host, link)
+                continue
+            keys.append(url_key(self.position(host), link.url))
+            cands.append((host, link))
+        if not keys:
+            return 0, 0
+        fresh = self.dedup.add_new(keys)
+        items = [
+            QueuedUrl(url=link.url, host=host, depth=link.depth, hops=link.hops, found_on=link.found_on)
+            for (host, link), new in zip(cands, fresh)
+            if new
+        ]
+        if items:
+            self.frontier.push(items)
+            now = trio.current_time()
+            for item in items:
+                self.sched.wake(item.host, now)
+            self._wakeup.set()
+        self.stats.urls_new += len(items)
+        self.stats.urls_seen += len(keys) - len(items)
+        return len(items), len(keys) - len(items)
+
+    def seed(self, urls: Sequence[str]) -> int:
+        links = []
+        for raw in urls:
+            url = normalize(raw.strip(), max_length=self.cfg.max_url_length)
+            if url is None:
+                log.warning("seed is not a crawlable http(s) URL, skipped", extra={"seed": raw})
+                continue
+            links.append(Link(url, 0))
+        new, _ = self.admit(links)
+        return new
+
+    def restore(self) -> int:
+        """After a restart: in-flight URLs go back to their queues and every host with work is scheduled,
+        keeping its saved politeness state (wall-clock times are turned into trio times)."""
+        recovered = self.frontier.recover()
+        now, wall = trio.current_time(), self.wallclock()
+        for st in self.frontier.states():
+            t = self.sched.turn(st.host)
+            t.next_allowed = now + max(0.0, st.next_allowed - wall)
+            t.crawl_delay, t.backoff, t.failures, t.pages = st.crawl_delay, st.backoff, st.failures, st.pages
+        for host, _count in self.frontier.hosts():
+            self.sched.wake(host, now)
+        self._wakeup.set()
+        return recovered
+
+    # ------------------------------------------------------------------ the run loop
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Dispatch host turns to ``cfg.concurrency`` workers until cancelled (or until done, when
+        ``cfg.exit_when_done``)."""
+        send, recv = trio.open_memory_channel[HostTurn](0)
+        async with trio.open_nursery() as nursery:
+            for _ in range(self.cfg.concurrency):
+                nursery.start_soon(self._worker, recv.clone())
+            recv.close()
+            task_status.started()
+            async with send:
+                await self._dispatch(send)
+            nursery.cancel_scope.cancel()
+
+    def is_done(self) -> bool:
+        return len(self.frontier) == 0 and self.frontier.in_flight() == 0 and self.active == 0
+
+    async def _dispatch(self, send: trio.MemorySendChannel[HostTurn]) -> None:
+        sched = self.sched
+        while True:
+            now = trio.current_time()
+            turn = sched.pop_ready(now)
+            if turn is not None:
+                await send.send(turn)
+                continue
+            if self.is_done():
+                self.done.set()
+                if self.cfg.exit_when_done:
+                    return
+            nxt = sched.next_time()
+            self._wakeup = trio.Event()
+            with trio.move_on_after(1.0 if nxt is None else max(0.0, nxt - now)):
+                await self._wakeup.wait()
+
+    async def _worker(self, recv: trio.MemoryReceiveChannel[HostTurn]) -> None:
+        async with recv:
+            async for turn in recv:
+                self.active += 1
+                try:
+                    await self._host_turn(turn)
+                finally:
+                    self.active -= 1
+                    more = turn.host in self._pending or self.frontier.queued(turn.host) > 0
+                    self.sched.release(turn, trio.current_time(), more_work=more)
+                    self._wakeup.set()
+
+    # ------------------------------------------------------------------ one host turn
+
+    async def _host_turn(self, turn: HostTurn) -> None:
+        host = turn.host
+        for _ in range(_SKIP_BUDGET):
+            item = self._pending.pop(host, None) or self.frontier.pop(host)
+            if item is None:
+                return
+            if self.cfg.max_pages_per_host >= 0 and turn.pages >= self.cfg.max_pages_per_host:
+                self.stats.skipped["max-pages-per-host"] += 1
+                self.frontier.done(item)
+                continue
+            origin = origin_of(item.url)
+            decision = self.robots.get(origin, self.wallclock())
+            if decision is None:
+                # The robots.txt request is this host's request for this turn; the URL waits for the next.
+                self._pending[host] = item
+                await self._fetch_robots(turn, origin)
+                return
+            path = _path_of(item.url, origin)
+            if not decision.robots.can_fetch(self.user_agent, path):
+                self.stats.skipped["robots" if decision.kind == "parsed" else "robots-unavailable"] += 1
+                self.frontier.done(item)
+                continue
+            await self._fetch_page(turn, item)
+            return
+
+    def _schedule_after_request(self, turn: HostTurn, *, extra: float = 0.0) -> None:
+        delay = max(self.cfg.delay, turn.crawl_delay, turn.backoff, extra)
+        turn.next_allowed = trio.current_time() + delay
+
+    def _save_state(self, turn: HostTurn) -> None:
+        wall_next = self.wallclock() + max(0.0, turn.next_allowed - trio.current_time())
+        self.frontier.put_state(
+            HostState(
+                host=turn.host,
+                next_allowed=wall_next,
+                crawl_delay=turn.crawl_delay,
+                backoff=turn.backoff,
+                failures=turn.failures,
+                pages=turn.pages,
+            )
+        )
+
+    async def _fetch_robots(self, turn: HostTurn, origin: str) -> None:
+        url = origin + "/robots.txt"
+        status: int | None = None
+        body: bytes | None = None
+        hops = 0
+        self.stats.robots_fetches += 1
+        try:
+            while True:
+                resp = await self.fetcher.fetch(url, headers=(("user-agent", self.user_agent),))
+                status, body = resp.status, resp.body
+                location = _header(resp, "location")
+                if resp.status in _REDIRECTS and location and hops < 5:
+                    target = normalize(location, url)
+                    if target is None:
+                        break
+                    url, hops = target, hops + 1
+                    continue
+                break
+        except (FetchError, DnsError) as exc:
+            status, body = None, None
+            self.stats.errors[f"robots-{getattr(exc, 'kind', 'error')}"] += 1
+        if status is not None and status in _REDIRECTS:
+            status = 404  # more than 5 redirects: RFC 9309 says treat as unavailable (allow all)
+        decision = decide(status, body, now=self.wallclock(), redirects_followed=hops)
+        if decision.kind == "disallow-all-retry":
+            # robots.txt unreachable (5xx / network): the host is off limits for now. Retry with back-off a
+            # few times before accepting "disallow all" until the decision expires, so a flaky server does
+            # not cost us its whole site, and a dead one does not stall the crawl forever.
+            failures = self._robots_failures.get(origin, 0) + 1
+            if failures <= self.cfg.max_retries:
+                self._robots_failures[origin] = failures
+                turn.backoff = min(self.cfg.max_backoff, max(self.cfg.delay, 1.0) * 2**failures)
+                self._schedule_after_request(turn)
+                self._save_state(turn)
+                return
+        self._robots_failures.pop(origin, None)
+        self.robots.put(origin, decision, decision.expires_at)
+        delay = decision.robots.crawl_delay(self.user_agent)
+        turn.crawl_delay = float(delay) if delay else 0.0
+        turn.backoff = 0.0
+        self._schedule_after_request(turn)
+        self._save_state(turn)
+
+    async def _fetch_page(self, turn: HostTurn, item: QueuedUrl) -> None:
+        stats = self.stats
+        try:
+            resp = await self.fetcher.fetch(item.url, headers=(("user-agent", self.user_agent),))
+        except (FetchError, DnsError) as exc:
+            kind = getattr(exc, "kind", "error")
+            stats.errors[kind] += 1
+            if kind in _RETRY_ERRORS and self._retry(turn, item):
+                return
+            self.frontier.done(item)
+            turn.failures += 1
+            self._schedule_after_request(turn)
+            self._save_state(turn)
+            return
+        stats.pages += 1
+        stats.bytes += len(resp.body)
+        status = resp.status
+        stats.status[f"{status // 100}xx"] += 1
+        if status in _RETRY_STATUSES and self._retry(turn, item, retry_after=_retry_after(resp, self.wallclock())):
+            return
+        turn.pages += 1
+        turn.failures = 0
+        turn.backoff = 0.0
+        links: list[Link] = []
+        if status in _REDIRECTS:
+            location = _header(resp, "location")
+            target = normalize(location, item.url, max_length=self.cfg.max_url_length) if location else None
+            if target is not None:
+                if item.hops + 1 <= self.cfg.max_redirect_hops:
+                    links.append(Link(target, item.depth, item.hops + 1, item.url))
+                else:
+                    stats.skipped["redirect-hops"] += 1
+        elif 200 <= status < 300:
+            ctype = _header(resp, "content-type")
+            self._store(resp, ctype)
+            if is_html(ctype):
+                if self.cfg.parse_in_thread:
+                    page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype)
+                else:
+                    page = extract(resp.body, item.url, ctype)
+                stats.links_found += len(page.links)
+                if not page.nofollow:
+                    depth = item.depth + 1
+                    links = [Link(u, depth, 0, item.url) for u in page.links]
+        if links:
+            self.admit(links)
+        self.frontier.done(item)
+        self._retries.pop(item.url, None)
+        self._schedule_after_request(turn)
+        self._save_state(turn)
+
+    def _retry(self, turn: HostTurn, item: QueuedUrl, *, retry_after: float | None = None) -> bool:
+        """Re-queue after a transient failure with per-host exponential back-off. False once retries are spent."""
+        attempts = self._retries.get(item.url, 0) + 1
+        if attempts > self.cfg.max_retries:
+            self._retries.pop(item.url, None)
+            self.stats.errors["gave-up"] += 1
+            return False
+        self._retries[item.url] = attempts
+        if len(self._retries) > 100_000:
+            self._retries.clear()
+        turn.failures += 1
+        base = max(self.cfg.delay, 1.0) * (2 ** min(turn.failures, 16))
+        turn.backoff = min(self.cfg.max_backoff, retry_after if retry_after is not None else base)
+        self.stats.retries += 1
+        self._pending[turn.host] = item  # keeps its in-flight record; fetched again on the host's next turn
+        self._schedule_after_request(turn)
+        self._save_state(turn)
+        return True
+
+    def _store(self, resp: Response, ctype: str | None) -> None:
+        mime = (ctype or "").split(";", 1)[0].strip().lower()
+        if mime not in self.store_types:
+            return
+        self.pages.store(
+            url=resp.url,
+            request_headers=resp.request_headers,
+            status=resp.status,
+            reason=resp.reason,
+            response_headers=resp.headers,
+            body=resp.body,
+            ip=resp.ip,
+            fetched_at=self.wallclock(),
+        )
+        self.stats.stored += 1
+
+    def gauges(self) -> dict[str, float]:
+        return {
+            "queued_urls": float(len(self.frontier)),
+            "in_flight": float(self.frontier.in_flight()),
+            "hosts_waiting": float(len(self.sched)),
+            "hosts_known": float(len(self.sched.turns)),
+            "workers_busy": float(self.active),
+        }
+
+
+def _header(resp: Response, name: str) -> str | None:
+    for key, value in resp.headers:
+        if key == name:
+            return value
+    return None
+
+
+def _path_of(url: str, origin: str) -> str:
+    path = url[len(origin):]
+    return path or "/"
+
+
+def _retry_after(resp: Response, now: float) -> float | None:
+    """Retry-After as seconds: delta-seconds or an HTTP date; None when absent or unreadable."""
+    value = _header(resp, "retry-after")
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return max(0.0, when - now) if math.isfinite(when) else None

@@ -1,0 +1,228 @@
+"""One peercrawl node: opens its data directory and stores, and runs the crawler and control endpoint.
+
+Data directory layout (docs/architecture.md has the full picture)::
+
+    DIR/LOCK          flock held while a node runs: two processes never share one store
+    DIR/NODE_ID       the node id this directory belongs to (a directory is never reused for another id)
+    DIR/control.addr  HOST:PORT of the running node's control endpoint, for peerctl --data-dir
+    DIR/dedup/        seen-URL store (LMDB)
+    DIR/frontier/     queued URLs, in-flight records and per-host politeness state (LMDB)
+    DIR/warc/         WARC files and their CDXJ indexes
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import trio
+from prometheus_client import CollectorRegistry, generate_latest
+
+from storage import DedupStore, FrontierStore, StorageError, open_page_store
+
+from .config import Config, ConfigError, parse_address, read_seeds
+from .control import Reply, json_reply, serve_control
+from .crawler import Crawler
+from .dns import CachingResolver
+from .http import Fetcher
+from .stats import Stats, StatsCollector
+
+__all__ = ["Node", "run_node", "NodeError"]
+
+log = logging.getLogger(__name__)
+
+
+class NodeError(RuntimeError):
+    """The node cannot start or must stop; the message is one line for the operator."""
+
+
+def _lock_data_dir(path: Path, node_id: str, stack: ExitStack) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise NodeError(f"data dir {path}: {exc.strerror or exc}") from exc
+    stack.callback(os.close, fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        raise NodeError(f"data dir {path} is in use by another running node") from exc
+    id_file = path / "NODE_ID"
+    if id_file.exists():
+        existing = id_file.read_text().strip()
+        if existing != node_id:
+            raise NodeError(
+                f"data dir {path} belongs to node {existing!r}, not {node_id!r}; "
+                "use that --node-id or another --data-dir"
+            )
+    else:
+        id_file.write_text(node_id + "\n")
+
+
+class Node:
+    """The composition of one node's parts; ``run()`` is its lifetime."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.node_id = cfg.resolved_node_id()
+        self.data_dir = Path(cfg.data_dir)
+        self.stats = Stats()
+        self.started_wall = time.time()
+        self.crawler: Crawler | None = None
+        self.resolver: CachingResolver | None = None
+        self.control_port: int | None = None
+        self._stop = trio.Event()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    # -------------------------------------------------------------- control routes
+
+    def status(self) -> dict[str, Any]:
+        c = self.crawler
+        assert c is not None
+        out: dict[str, Any] = {
+            "node_id": self.node_id,
+            "weight": self.cfg.weight,
+            "uptime": round(time.time() - self.started_wall, 1),
+            "done": c.is_done(),
+            "queue": {"urls": len(c.frontier), "in_flight": c.frontier.in_flight(),
+                      "hosts_waiting": len(c.sched), "hosts_known": len(c.sched.turns),
+                      "workers_busy": c.active},
+            "seen_urls": len(c.dedup),
+        }
+        out.update(self.stats.as_dict())
+        if self.resolver is not None:
+            out["dns"] = dict(self.resolver.stats)
+        return out
+
+    def _routes(self):
+        registry = CollectorRegistry(auto_describe=True)
+        registry.register(StatsCollector(self.stats, lambda: self.crawler.gauges() if self.crawler else {}))
+
+        async def status(_body: bytes) -> Reply:
+            return json_reply(self.status())
+
+        async def metrics(_body: bytes) -> Reply:
+            return Reply(content_type="text/plain; version=0.0.4; charset=utf-8", body=generate_latest(registry))
+
+        async def health(_body: bytes) -> Reply:
+            return json_reply({"ok": True, "node_id": self.node_id})
+
+        async def stop(_body: bytes) -> Reply:
+            self.request_stop()
+            return json_reply({"stopping": True})
+
+        return {
+            ("GET", "/status"): status,
+            ("GET", "/metrics"): metrics,
+            ("GET", "/healthz"): health,
+            ("POST", "/stop"): stop,
+        }
+
+    # -------------------------------------------------------------- lifetime
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> int:
+        cfg = self.cfg
+        seeds = read_seeds(cfg)
+        with ExitStack() as stack:
+            _lock_data_dir(self.data_dir, self.node_id, stack)
+            try:
+                dedup = stack.enter_context(DedupStore.open(self.data_dir / "dedup"))
+                frontier = stack.enter_context(FrontierStore.open(self.data_dir / "frontier"))
+                pages = open_page_store(cfg.store, self.data_dir / "warc", max_file_bytes=cfg.warc_max_bytes)
+                stack.callback(pages.close)
+            except StorageError as exc:
+                raise NodeError(str(exc)) from exc
+            self.resolver = CachingResolver(
+                cfg.nameservers,
+                cache_size=cfg.dns_cache_size,
+                min_ttl=cfg.dns_min_ttl,
+                max_ttl=cfg.dns_max_ttl,
+                allow_private=cfg.allow_private,
+            )
+            async with Fetcher(
+                self.resolver,
+                user_agent=cfg.full_user_agent(),
+                connect_timeout=cfg.connect_timeout,
+                read_timeout=cfg.read_timeout,
+                total_timeout=cfg.total_timeout,
+                max_body=cfg.max_body,
+            ) as fetcher:
+                crawler = self.crawler = Crawler(
+                    cfg, fetcher=fetcher, frontier=frontier, dedup=dedup, pages=pages, stats=self.stats
+                )
+                recovered = crawler.restore()
+                new = crawler.seed(seeds)
+                log.info("node starting", extra={"node_id": self.node_id, "recovered_in_flight": recovered,
+                                                 "queued": len(frontier), "new_seeds": new})
+                async with trio.open_nursery() as nursery:
+                    chost, cport = parse_address(cfg.control, "control")
+                    self.control_port = await nursery.start(serve_control, chost, cport, self._routes())
+                    (self.data_dir / "control.addr").write_text(f"{chost}:{self.control_port}\n")
+                    nursery.start_soon(self._housekeeping, dedup, frontier, pages)
+                    nursery.start_soon(self._watch_signals)
+                    await nursery.start(crawler.run)
+                    task_status.started(self)
+                    nursery.start_soon(self._wait_done_or_stop, nursery)
+                dedup.sync()
+                frontier.sync()
+                log.info("node stopped", extra={"node_id": self.node_id, **self.stats.as_dict()})
+        return 0
+
+    async def _wait_done_or_stop(self, nursery: trio.Nursery) -> None:
+        assert self.crawler is not None
+        async with trio.open_nursery() as inner:
+            async def on_done() -> None:
+                if self.cfg.exit_when_done:
+                    await self.crawler.done.wait()
+                    log.info("crawl done: frontier empty and nothing in flight")
+                    inner.cancel_scope.cancel()
+                else:
+                    await trio.sleep_forever()
+
+            async def on_stop() -> None:
+                await self._stop.wait()
+                log.info("stop requested")
+                inner.cancel_scope.cancel()
+
+            inner.start_soon(on_done)
+            inner.start_soon(on_stop)
+        nursery.cancel_scope.cancel()
+
+    async def _housekeeping(self, dedup, frontier, pages) -> None:
+        """Once per sync interval: force the stores to disk and sample the page rate."""
+        while True:
+            await trio.sleep(self.cfg.sync_interval)
+            self.stats.sample(trio.current_time())
+            try:
+                dedup.sync()
+                frontier.sync()
+                flush = getattr(pages, "flush", None)
+                if flush is not None:
+                    flush()
+            except StorageError as exc:
+                log.error("storage failed, stopping", extra={"error": str(exc)})
+                self.request_stop()
+                raise NodeError(str(exc)) from exc
+
+    async def _watch_signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("signal received, stopping", extra={"signal": signal.Signals(signum).name})
+                self.request_stop()
+                return
+
+
+async def run_node(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> int:
+    try:
+        node = Node(cfg)
+    except ConfigError as exc:
+        raise NodeError(str(exc)) from exc
+    return await node.run(task_status=task_status)

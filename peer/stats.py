@@ -1,0 +1,95 @@
+"""Counters the crawl engine bumps on its hot path (plain ints: no lock, no label lookup per page) and their
+export, both as the ``/status`` JSON and as Prometheus metrics built at scrape time."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["Stats", "StatsCollector"]
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.pages = 0  # responses received (any status)
+        self.bytes = 0
+        self.status: collections.Counter[str] = collections.Counter()  # "2xx", "3xx", ...
+        self.errors: collections.Counter[str] = collections.Counter()  # fetch/dns errors by kind
+        self.skipped: collections.Counter[str] = collections.Counter()  # scope/robots refusals by reason
+        self.links_found = 0
+        self.urls_new = 0
+        self.urls_seen = 0
+        self.robots_fetches = 0
+        self.retries = 0
+        self.stored = 0
+        self._samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
+
+    def sample(self, now: float) -> None:
+        """Record (time, pages) for the rate; called about once a second."""
+        self._samples.append((now, self.pages))
+
+    def rate(self, window: float = 10.0) -> float:
+        """Pages per second over roughly the last ``window`` seconds."""
+        if len(self._samples) < 2:
+            return 0.0
+        t1, p1 = self._samples[-1]
+        t0, p0 = self._samples[0]
+        for t, p in self._samples:
+            if t1 - t <= window:
+                t0, p0 = t, p
+                break
+        return (p1 - p0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pages": self.pages,
+            "bytes": self.bytes,
+            "rate": round(self.rate(), 2),
+            "status": dict(self.status),
+            "errors": dict(self.errors),
+            "skipped": dict(self.skipped),
+            "links_found": self.links_found,
+            "urls_new": self.urls_new,
+            "urls_seen": self.urls_seen,
+            "robots_fetches": self.robots_fetches,
+            "retries": self.retries,
+            "stored": self.stored,
+        }
+
+
+class StatsCollector(Collector):
+    """Prometheus view of a node: counters from Stats plus gauges read from ``gauges()`` at scrape time."""
+
+    def __init__(self, stats: Stats, gauges: Callable[[], dict[str, float]]) -> None:
+        self._stats = stats
+        self._gauges = gauges
+
+    def collect(self) -> Iterator[Any]:
+        s = self._stats
+        simple = [
+            ("peercrawl_pages", "Responses received", s.pages),
+            ("peercrawl_bytes", "Body bytes received", s.bytes),
+            ("peercrawl_links_found", "Links extracted from pages", s.links_found),
+            ("peercrawl_urls_new", "URLs that were new to the dedup store", s.urls_new),
+            ("peercrawl_urls_seen", "URLs the dedup store had already seen", s.urls_seen),
+            ("peercrawl_robots_fetches", "robots.txt requests", s.robots_fetches),
+            ("peercrawl_retries", "URLs re-queued after a transient failure", s.retries),
+            ("peercrawl_stored", "Pages written to the page store", s.stored),
+        ]
+        for name, doc, value in simple:
+            yield CounterMetricFamily(name, doc, value=value)
+        for name, doc, label, counter in (
+            ("peercrawl_responses", "Responses by status class", "status", s.status),
+            ("peercrawl_errors", "Fetch errors by kind", "kind", s.errors),
+            ("peercrawl_skipped", "URLs refused by scope or robots, by reason", "reason", s.skipped),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=[label])
+            for key, value in sorted(counter.items()):
+                fam.add_metric([key], value)
+            yield fam
+        for name, value in self._gauges().items():
+            yield GaugeMetricFamily(f"peercrawl_{name}", name.replace("_", " "), value=value)
