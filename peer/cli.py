@@ -181,7 +181,10 @@ def format_status(st: dict[str, Any]) -> str:
         "  skipped " + (" ".join(f"{k}={v}" for k, v in sorted(st["skipped"].items())) or "-"),
     ]
     if "dns" in st:
-        lines.append("  dns " + " ".join(f"{k}={v}" for k, v in sorted(st["dns"].items())))
+        dns = st["dns"]
+        failures = " ".join(f"{k}={v}" for k, v in sorted(dns.get("failures", {}).items())) or "-"
+        lines.append(f"  dns hits={dns['hits']} misses={dns['misses']} queries={dns['queries']} "
+                     f"failures {failures}")
     return "\n".join(lines)
 
 

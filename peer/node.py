@@ -77,6 +77,7 @@ class Node:
         self.crawler: Crawler | None = None
         self.resolver: CachingResolver | None = None
         self.control_port: int | None = None
+        self.final_status: dict[str, Any] | None = None  # the last status, taken before the stores close
         self._stop = trio.Event()
 
     def request_stop(self) -> None:
@@ -99,7 +100,7 @@ class Node:
         }
         out.update(self.stats.as_dict())
         if self.resolver is not None:
-            out["dns"] = dict(self.resolver.stats)
+            out["dns"] = self.resolver.stats.as_dict()
         return out
 
     def _routes(self):
@@ -173,6 +174,7 @@ class Node:
                     nursery.start_soon(self._wait_done_or_stop, nursery)
                 dedup.sync()
                 frontier.sync()
+                self.final_status = self.status()
                 log.info("node stopped", extra={"node_id": self.node_id, **self.stats.as_dict()})
         return 0
 

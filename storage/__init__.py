@@ -1,1 +1,53 @@
-"""Synchronous node state: dedup store, frontier store, page store, caches. Never imports peer."""
+"""Synchronous node state: dedup store, frontier store, page store, caches. Never imports peer.
+
+Everything that must survive a kill -9 lives here, organised so that handing an arc of the ring to another
+node is a range scan: every per-host key begins with the host's 64-bit ring position (DESIGN decision 7).
+The on-disk layout and the durability model are in docs/storage.md.
+"""
+
+from ._cache import LruTtlCache
+from ._cdxj import surt
+from ._dedup import DedupStore, MemoryDedupStore
+from ._errors import StorageError
+from ._frontier import FrontierStore
+from ._keys import (
+    RING_SIZE,
+    arc_ranges,
+    host_position,
+    host_position_bytes,
+    host_prefix,
+    in_arc,
+    url_fingerprint,
+    url_key,
+)
+from ._memfrontier import MemoryFrontierStore
+from ._node import MemoryNodeStore, NodeStore, queued_url_keys
+from ._pages import NullPageStore, PageStore, WarcPageStore, open_page_store
+from ._records import HostState, QueuedUrl
+
+__all__ = [
+    "RING_SIZE",
+    "DedupStore",
+    "FrontierStore",
+    "HostState",
+    "LruTtlCache",
+    "MemoryDedupStore",
+    "MemoryFrontierStore",
+    "MemoryNodeStore",
+    "NodeStore",
+    "NullPageStore",
+    "PageStore",
+    "QueuedUrl",
+    "StorageError",
+    "WarcPageStore",
+    "arc_ranges",
+    "host_position",
+    "host_position_bytes",
+    "host_prefix",
+    "in_arc",
+    "open_page_store",
+    "queued_url_keys",
+    "surt",
+    "url_fingerprint",
+    "url_key",
+]

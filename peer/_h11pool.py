@@ -1,0 +1,237 @@
+"""Keep-alive HTTP/1.1 connections and the per-origin pool the fetcher draws them from.
+
+The pool is keyed by origin (scheme, host, port) and bounds both the connections in use per origin (one by
+default: politeness) and the idle ones kept for reuse, per origin and in total, so a crawl over a million
+hosts does not hold a million sockets. Bookkeeping is O(1) per request: an origin's slot is a semaphore,
+idle connections sit in a per-origin list and in one insertion-ordered dict that is the global LRU.
+"""
+
+from __future__ import annotations
+
+import resource
+import socket
+import ssl
+
+import h11
+import trio
+
+__all__ = ["Connection", "ConnectionPool", "Origin", "OriginKey", "default_max_idle_total", "open_connection"]
+
+OriginKey = tuple[str, str, int]  # (scheme, host, port)
+
+
+class Connection:
+    """One TCP (or TLS) connection with its h11 state machine."""
+
+    __slots__ = ("h11", "idle_since", "ip", "key", "raw", "requests", "sock", "stream", "tls")
+
+    def __init__(
+        self,
+        key: OriginKey,
+        raw: socket.socket,
+        sock: trio.socket.SocketType,
+        stream: trio.abc.Stream,
+        ip: str,
+        tls: bool,
+        max_head: int,
+    ) -> None:
+        self.key = key
+        self.raw = raw  # the stdlib socket, for a cheap liveness peek
+        self.sock = sock
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=max_head)
+        self.ip = ip
+        self.tls = tls
+        self.idle_since = 0.0
+        self.requests = 0  # completed exchanges on this connection
+
+    def close(self) -> None:
+        """Close at once (no TLS close_notify: the peer learns from the FIN)."""
+        self.sock.close()
+
+    async def send_all(self, data: bytes) -> None:
+        """Send ``data``; raises trio.BrokenResourceError if the connection is gone."""
+        if self.tls:
+            await self.stream.send_all(data)
+            return
+        # Plain TCP: a request fits the socket buffer, so one non-blocking send almost always does it all.
+        try:
+            sent = self.raw.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"send failed: {exc}") from exc
+        if sent < len(data):
+            await self.stream.send_all(memoryview(data)[sent:])
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` (b"" at end of stream); always a checkpoint; raises trio.BrokenResourceError."""
+        if self.tls:
+            return await self.stream.receive_some(max_bytes)
+        raw = self.raw
+        try:
+            try:
+                data = raw.recv(max_bytes)
+            except BlockingIOError:
+                while True:
+                    await trio.lowlevel.wait_readable(raw)
+                    try:
+                        return raw.recv(max_bytes)
+                    except BlockingIOError:
+                        continue  # a spurious wake-up
+            await trio.lowlevel.checkpoint()  # data was waiting: still let others run and cancellation in
+            return data
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
+
+    def looks_alive(self) -> bool:
+        """False if the server has closed an idle connection (or, for plain HTTP, sent unasked-for bytes)."""
+        try:
+            data = self.raw.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        # TLS 1.3 servers may send session tickets after the handshake: bytes waiting are fine there.
+        return bool(data) and self.tls
+
+
+async def open_connection(
+    key: OriginKey, ip: str, host: str, ssl_context: ssl.SSLContext | None, max_head: int
+) -> Connection:
+    """Connect to ``ip`` (already resolved: no second look-up), with TLS and SNI for ``host`` if given a context.
+
+    Raises OSError (connect) or ssl.SSLError / trio.BrokenResourceError (TLS handshake).
+    """
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    raw = socket.socket(family, socket.SOCK_STREAM)
+    raw.setblocking(False)
+    sock = trio.socket.from_stdlib_socket(raw)
+    try:
+        await sock.connect((ip, key[2]))
+        stream: trio.abc.Stream = trio.SocketStream(sock)  # sets TCP_NODELAY
+        if ssl_context is not None:
+            tls_stream = trio.SSLStream(stream, ssl_context, server_hostname=host, https_compatible=True)
+            await tls_stream.do_handshake()
+            stream = tls_stream
+    except BaseException:
+        sock.close()
+        raise
+    return Connection(key, raw, sock, stream, ip, ssl_context is not None, max_head)
+
+
+class Origin:
+    """Per-origin state: the slot semaphore, idle connections (most recent last), and users holding or waiting."""
+
+    __slots__ = ("idle", "sem", "users")
+
+    def __init__(self, max_connections: int) -> None:
+        self.sem = trio.Semaphore(max_connections)
+        self.idle: list[Connection] = []
+        self.users = 0
+
+
+def default_max_idle_total() -> int:
+    """Idle connections to keep in all: 1,024, or a quarter of the file-descriptor limit if that is lower."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1024
+    return max(8, min(1024, soft // 4))
+
+
+class ConnectionPool:
+    """Origin slots and idle connections; callers hold a slot while they use a connection."""
+
+    def __init__(
+        self, *, max_connections_per_origin: int, max_idle_per_origin: int, max_idle_total: int, idle_timeout: float
+    ) -> None:
+        if max_connections_per_origin < 1:
+            raise ValueError(f"max_connections_per_origin must be at least 1, got {max_connections_per_origin}")
+        self._max_per_origin = max_connections_per_origin
+        self._max_idle_per_origin = max_idle_per_origin
+        self._max_idle_total = max_idle_total
+        self._idle_timeout = idle_timeout
+        self._origins: dict[OriginKey, Origin] = {}
+        self._idle: dict[Connection, None] = {}  # global LRU: oldest first
+
+    @property
+    def idle_count(self) -> int:
+        return len(self._idle)
+
+    @property
+    def origin_count(self) -> int:
+        return len(self._origins)
+
+    async def acquire(self, key: OriginKey) -> Origin:
+        """Wait for a slot on ``key``'s origin; pair with ``release``. Not a checkpoint when a slot is free."""
+        origin = self._origins.get(key)
+        if origin is None:
+            origin = self._origins[key] = Origin(self._max_per_origin)
+        origin.users += 1
+        try:
+            origin.sem.acquire_nowait()  # the common case: no wait, and no extra trip through the scheduler
+        except trio.WouldBlock:
+            pass
+        else:
+            return origin
+        try:
+            await origin.sem.acquire()
+        except BaseException:
+            origin.users -= 1
+            self._forget_if_unused(key, origin)
+            raise
+        return origin
+
+    def release(self, key: OriginKey, origin: Origin) -> None:
+        origin.sem.release()
+        origin.users -= 1
+        self._forget_if_unused(key, origin)
+
+    def take_idle(self, origin: Origin, now: float) -> Connection | None:
+        """The most recently used idle connection that is still usable, or None."""
+        idle = origin.idle
+        while idle:
+            conn = idle.pop()
+            del self._idle[conn]
+            if now - conn.idle_since < self._idle_timeout and conn.looks_alive():
+                return conn
+            conn.close()
+        return None
+
+    def put_idle(self, origin: Origin, conn: Connection, now: float) -> None:
+        """Keep ``conn`` for reuse (the caller still holds the origin's slot), or close it if over a limit."""
+        if len(origin.idle) >= self._max_idle_per_origin:
+            conn.close()
+            return
+        conn.idle_since = now
+        origin.idle.append(conn)
+        self._idle[conn] = None
+        if len(self._idle) > self._max_idle_total:
+            self._evict(next(iter(self._idle)))
+
+    def sweep(self, now: float) -> int:
+        """Close idle connections older than the idle timeout; returns how many."""
+        closed = 0
+        while self._idle:
+            conn = next(iter(self._idle))
+            if now - conn.idle_since < self._idle_timeout:
+                break  # the rest are younger: the dict is in release order
+            self._evict(conn)
+            closed += 1
+        return closed
+
+    def close_all(self) -> None:
+        for conn in list(self._idle):
+            self._evict(conn)
+
+    def _evict(self, conn: Connection) -> None:
+        del self._idle[conn]
+        origin = self._origins.get(conn.key)
+        if origin is not None:
+            origin.idle.remove(conn)
+            self._forget_if_unused(conn.key, origin)
+        conn.close()
+
+    def _forget_if_unused(self, key: OriginKey, origin: Origin) -> None:
+        if origin.users == 0 and not origin.idle and self._origins.get(key) is origin:
+            del self._origins[key]

@@ -1,0 +1,79 @@
+"""Framing: a 4-byte big-endian length, a type byte, a flags byte, then the body; and optional zlib.
+
+The length counts everything after itself (type + flags + body), so a frame is `4 + length` bytes. The reader
+rejects a length above `Limits.max_frame` as soon as the 4 length bytes arrive, which is what bounds the
+memory a peer can make us hold. Decompression is bounded by the same limit, so a small frame cannot inflate
+into a large one.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+from ._errors import RemoteProtocolError
+
+__all__ = ["COMPRESSIONS", "FLAG_ZLIB", "HEADER_SIZE", "FrameReader", "compress", "decompress", "encode_frame"]
+
+HEADER_SIZE = 6
+FLAG_ZLIB = 0x01
+COMPRESSIONS = ("none", "zlib")
+_LENGTH = struct.Struct("!I")
+_HEADER = struct.Struct("!IBB")
+
+
+def encode_frame(code: int, flags: int, body: bytes) -> bytes:
+    """One frame on the wire."""
+    return _HEADER.pack(len(body) + 2, code, flags) + body
+
+
+def compress(body: bytes, level: int) -> bytes:
+    return zlib.compress(body, level)
+
+
+def decompress(data: bytes, max_size: int) -> bytes:
+    """Inflate a zlib stream (RFC 1950) of at most `max_size` bytes; RemoteProtocolError otherwise."""
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(data, max_size)
+    except zlib.error as exc:
+        raise RemoteProtocolError(f"peer sent a compressed frame that does not inflate: {exc}") from exc
+    if inflater.unconsumed_tail:
+        raise RemoteProtocolError(f"peer sent a compressed frame that inflates past {max_size} bytes")
+    if not inflater.eof or inflater.unused_data:
+        raise RemoteProtocolError("peer sent a compressed frame that is truncated or has trailing bytes")
+    return out
+
+
+class FrameReader:
+    """Accumulates bytes and cuts them into (type code, flags, body) frames."""
+
+    __slots__ = ("_buffer", "_max_frame")
+
+    def __init__(self, max_frame: int) -> None:
+        self._buffer = bytearray()
+        self._max_frame = max_frame
+
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    def next_frame(self) -> tuple[int, int, bytes] | None:
+        """The next complete frame, or None if more bytes are needed."""
+        buffer = self._buffer
+        if len(buffer) < 4:
+            return None
+        (length,) = _LENGTH.unpack_from(buffer)
+        if length < 2:
+            raise RemoteProtocolError(f"peer sent a frame length of {length}; the minimum is 2")
+        if length > self._max_frame:
+            raise RemoteProtocolError(f"peer sent a frame of {length} bytes, over the limit of {self._max_frame}")
+        if len(buffer) < 4 + length:
+            return None
+        code = buffer[4]
+        flags = buffer[5]
+        body = bytes(buffer[HEADER_SIZE : 4 + length])
+        del buffer[: 4 + length]
+        return code, flags, body

@@ -1,0 +1,185 @@
+"""The node's record of seen URLs: an owner-authoritative dedup store (DESIGN decision 4).
+
+Keys are `url_key(host position, url)`: 16 bytes that sort in ring order, so an arc is one key range and
+`scan`/`delete` of an arc touch only that range. The LMDB store keeps memory bounded by the OS page cache
+however many URLs it holds; the memory store has the same API for fast unit tests.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from types import TracebackType
+from typing import Self
+
+import lmdb
+from sortedcontainers import SortedSet
+
+from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
+from ._keys import arc_ranges
+
+__all__ = ["DEDUP_DB", "DedupStore", "MemoryDedupStore"]
+
+DEDUP_DB = b"seen"
+_EMPTY = b""
+
+
+class DedupStore:
+    """Seen-URL keys in LMDB. Every batch call is one transaction; see `storage._lmdb` for durability."""
+
+    def __init__(self, env: LmdbEnv, *, owns_env: bool) -> None:
+        self._env = env
+        self._db = env.db(DEDUP_DB)
+        self._owns_env = owns_env
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        map_size: int = DEFAULT_MAP_SIZE,
+        max_map_size: int = MAX_MAP_SIZE,
+    ) -> DedupStore:
+        """Open or create the store in directory `path`. Raises `StorageError` if the directory is unusable."""
+        env = LmdbEnv.open(path, [DEDUP_DB], map_size=map_size, max_map_size=max_map_size)
+        return cls(env, owns_env=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- transaction-level parts, shared with NodeStore so several stores commit together --
+
+    def _add_new_in(self, txn: lmdb.Transaction, keys: Sequence[bytes]) -> list[bool]:
+        put = txn.put
+        db = self._db
+        return [put(key, _EMPTY, overwrite=False, db=db) for key in keys]
+
+    # -- public API --
+
+    def add_new(self, keys: Sequence[bytes]) -> list[bool]:
+        """Check-and-insert a batch in ONE transaction: True where the key was new and is now stored.
+
+        Within a batch only the first occurrence of a key is True.
+        """
+        if not keys:
+            return []
+        return self._env.write(lambda txn: self._add_new_in(txn, keys))
+
+    def insert(self, keys: Iterable[bytes]) -> int:
+        """Store keys whether or not they are there (idempotent, for a hand-off); return how many were new."""
+        items = [(key, _EMPTY) for key in keys]
+        if not items:
+            return 0
+
+        def put_all(txn: lmdb.Transaction) -> int:
+            _consumed, added = txn.cursor(self._db).putmulti(items, dupdata=False, overwrite=False)
+            return int(added)
+
+        return self._env.write(put_all)
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, bytes) or not key:
+            return False
+        with self._env.read() as txn:
+            return txn.get(key, db=self._db) is not None
+
+    def __len__(self) -> int:
+        return self._env.entries(DEDUP_DB)
+
+    def scan(self, start: int, end: int) -> Iterator[bytes]:
+        """Keys of the ring arc [start, end) in key order (start == end: all of them)."""
+        for key, _value in self._env.scan(DEDUP_DB, arc_ranges(start, end)):
+            yield key
+
+    def delete(self, start: int, end: int) -> int:
+        """Remove the keys of the ring arc [start, end); return how many were removed."""
+        return self._env.delete_ranges(DEDUP_DB, arc_ranges(start, end))
+
+    def sync(self) -> None:
+        self._env.sync()
+
+    def disk_bytes(self) -> int:
+        """Bytes on disk of the whole LMDB file (shared with the frontier inside a NodeStore)."""
+        return self._env.disk_bytes()
+
+    def close(self) -> None:
+        if self._owns_env:
+            self._env.close()
+
+
+class MemoryDedupStore:
+    """The same API in memory (a sorted set): for unit tests and small runs; nothing survives the process."""
+
+    def __init__(self) -> None:
+        self._keys: SortedSet = SortedSet()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str] | None = None, **_options: object) -> MemoryDedupStore:
+        return cls()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def add_new(self, keys: Sequence[bytes]) -> list[bool]:
+        out = []
+        seen = self._keys
+        for key in keys:
+            _check_key(key)
+            if key in seen:
+                out.append(False)
+            else:
+                seen.add(key)
+                out.append(True)
+        return out
+
+    def insert(self, keys: Iterable[bytes]) -> int:
+        before = len(self._keys)
+        for key in keys:
+            _check_key(key)
+            self._keys.add(key)
+        return len(self._keys) - before
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def _in_arc(self, start: int, end: int) -> list[bytes]:
+        found: list[bytes] = []
+        for first, last in arc_ranges(start, end):
+            # a key (at most 511 bytes) whose 8-byte prefix is <= last sorts before last + 504 * 0xff
+            found.extend(
+                key for key in self._keys.irange(first, last + b"\xff" * 504) if key[:8] <= last
+            )
+        return found
+
+    def scan(self, start: int, end: int) -> Iterator[bytes]:
+        return iter(self._in_arc(start, end))
+
+    def delete(self, start: int, end: int) -> int:
+        doomed = self._in_arc(start, end)
+        for key in doomed:
+            self._keys.discard(key)
+        return len(doomed)
+
+    def sync(self) -> None:
+        """Nothing to force: the memory store keeps nothing on disk."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _check_key(key: bytes) -> None:
+    if not isinstance(key, bytes) or not 1 <= len(key) <= 511:
+        raise ValueError(f"a dedup key is 1..511 bytes, got {key!r:.40}")

@@ -1,0 +1,330 @@
+"""The durable frontier: per-host queues of URLs, what is in flight, and per-host politeness state.
+
+Everything lives in LMDB, so memory stays bounded however many URLs are queued, and a node killed with
+kill -9 resumes where its last commit left it. Databases (all keys begin with the host's ring position, so
+an arc of the ring is one key range; `hp` = position(8) + host + NUL, see `host_prefix`):
+
+- queue:  hp + depth(4, big-endian) + seq(8)  ->  msgpack [url, hops, found_on]
+          key order within a host is depth, then arrival: `pop` takes the first key, breadth first.
+- flight: hp + url fingerprint(8)             ->  msgpack [count, queue key, url, hops, found_on]
+          a popped URL until `done`; `recover` puts it back under its original queue key.
+- hosts:  hp                                  ->  queued count (8 bytes), for `hosts()` and `queued()`
+- state:  hp                                  ->  msgpack [next_allowed, crawl_delay, backoff, failures, pages]
+- meta:   b"seq"                              ->  last sequence number handed out (8 bytes)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import Self
+
+import lmdb
+import msgpack
+
+from ._keys import arc_ranges, host_prefix, url_fingerprint
+from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
+from ._records import HostState, QueuedUrl
+
+__all__ = ["FRONTIER_DBS", "FrontierStore"]
+
+QUEUE, FLIGHT, HOSTS, STATE, META = b"queue", b"flight", b"hosts", b"state", b"meta"
+FRONTIER_DBS = (QUEUE, FLIGHT, HOSTS, STATE, META)
+_SEQ = b"seq"
+_MAX_DEPTH = 2**32 - 1
+_WHOLE_RING = arc_ranges(0, 0)
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+
+
+def _u64(n: int) -> bytes:
+    return n.to_bytes(8, "big")
+
+
+def _host_of(prefix: bytes) -> str:
+    return prefix[8:-1].decode("utf-8")
+
+
+def _item_of(key: bytes, value: bytes) -> QueuedUrl:
+    url, hops, found_on = _unpackb(value)
+    return QueuedUrl(
+        url=url, host=key[8:-13].decode("utf-8"), depth=int.from_bytes(key[-12:-8], "big"), hops=hops,
+        found_on=found_on,
+    )
+
+
+def _state_of(key: bytes, value: bytes) -> HostState:
+    next_allowed, crawl_delay, backoff, failures, pages = _unpackb(value)
+    return HostState(
+        host=_host_of(key), next_allowed=next_allowed, crawl_delay=crawl_delay, backoff=backoff,
+        failures=failures, pages=pages,
+    )
+
+
+def _state_value(state: HostState) -> bytes:
+    return _packb(
+        [float(state.next_allowed), float(state.crawl_delay), float(state.backoff), state.failures, state.pages]
+    )
+
+
+class FrontierStore:
+    """Per-host URL queues and politeness state in LMDB. Every call is one transaction."""
+
+    def __init__(self, env: LmdbEnv, *, owns_env: bool) -> None:
+        self._env = env
+        self._queue = env.db(QUEUE)
+        self._flight = env.db(FLIGHT)
+        self._hosts = env.db(HOSTS)
+        self._state = env.db(STATE)
+        self._meta = env.db(META)
+        self._owns_env = owns_env
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        map_size: int = DEFAULT_MAP_SIZE,
+        max_map_size: int = MAX_MAP_SIZE,
+    ) -> FrontierStore:
+        """Open or create the frontier in directory `path`. Raises `StorageError` if it is unusable."""
+        env = LmdbEnv.open(path, FRONTIER_DBS, map_size=map_size, max_map_size=max_map_size)
+        return cls(env, owns_env=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- transaction-level parts, shared with NodeStore --
+
+    def _count_add(self, txn: lmdb.Transaction, prefix: bytes, delta: int) -> None:
+        old = txn.get(prefix, db=self._hosts)
+        n = (int.from_bytes(old, "big") if old else 0) + delta
+        if n > 0:
+            txn.put(prefix, _u64(n), db=self._hosts)
+        elif old is not None:
+            txn.delete(prefix, db=self._hosts)
+
+    def _push_in(self, txn: lmdb.Transaction, items: Sequence[QueuedUrl]) -> None:
+        if not items:
+            return
+        raw = txn.get(_SEQ, db=self._meta)
+        seq = int.from_bytes(raw, "big") if raw else 0
+        prefixes: dict[str, bytes] = {}
+        counts: dict[bytes, int] = {}
+        put = txn.put
+        queue = self._queue
+        for item in items:
+            prefix = prefixes.get(item.host)
+            if prefix is None:
+                prefix = prefixes[item.host] = host_prefix(item.host)
+            depth = item.depth
+            if not 0 <= depth <= _MAX_DEPTH:
+                raise ValueError(f"depth must be in [0, 2**32), got {depth} for {item.url!r}")
+            seq += 1
+            put(prefix + depth.to_bytes(4, "big") + seq.to_bytes(8, "big"),
+                _packb([item.url, item.hops, item.found_on]), db=queue)
+            counts[prefix] = counts.get(prefix, 0) + 1
+        for prefix, n in counts.items():
+            self._count_add(txn, prefix, n)
+        put(_SEQ, _u64(seq), db=self._meta)
+
+    def _pop_in(self, txn: lmdb.Transaction, host: str) -> QueuedUrl | None:
+        prefix = host_prefix(host)
+        cur = txn.cursor(self._queue)
+        if not cur.set_range(prefix):
+            return None
+        key = cur.key()
+        if not key.startswith(prefix):
+            return None
+        value = cur.value()
+        cur.delete()
+        self._count_add(txn, prefix, -1)
+        item = _item_of(key, value)
+        fkey = prefix + url_fingerprint(item.url)
+        old = txn.get(fkey, db=self._flight)
+        count = _unpackb(old)[0] + 1 if old else 1
+        txn.put(fkey, _packb([count, key, item.url, item.hops, item.found_on]), db=self._flight)
+        return item
+
+    def _done_in(self, txn: lmdb.Transaction, item: QueuedUrl) -> bool:
+        fkey = host_prefix(item.host) + url_fingerprint(item.url)
+        old = txn.get(fkey, db=self._flight)
+        if old is None:
+            return False
+        record = _unpackb(old)
+        if record[0] > 1:
+            record[0] -= 1
+            txn.put(fkey, _packb(record), db=self._flight)
+        else:
+            txn.delete(fkey, db=self._flight)
+        return True
+
+    # -- queues --
+
+    def push(self, items: Sequence[QueuedUrl]) -> None:
+        """Queue a batch of URLs in one transaction (no dedup here: that is the dedup store's job)."""
+        if items:
+            self._env.write(lambda txn: self._push_in(txn, items))
+
+    def pop(self, host: str) -> QueuedUrl | None:
+        """Take the host's next URL (lowest depth, then oldest); it is durably in flight until `done`."""
+        return self._env.write(lambda txn: self._pop_in(txn, host))
+
+    def pop_many(self, hosts: Sequence[str]) -> list[QueuedUrl | None]:
+        """`pop` for several hosts in one transaction (one result per host, in order)."""
+        return self._env.write(lambda txn: [self._pop_in(txn, host) for host in hosts])
+
+    def done(self, item: QueuedUrl) -> None:
+        """Forget an in-flight URL: it was fetched (or given up). Unknown items are ignored."""
+        self._env.write(lambda txn: self._done_in(txn, item))
+
+    def done_many(self, items: Sequence[QueuedUrl]) -> None:
+        """`done` for a batch, in one transaction."""
+        if items:
+            self._env.write(lambda txn: [self._done_in(txn, item) for item in items])
+
+    def recover(self) -> int:
+        """At startup: put every in-flight URL back at its place in its queue; return how many."""
+
+        def put_back(txn: lmdb.Transaction) -> int:
+            cur = txn.cursor(self._flight)
+            n = 0
+            if cur.first():
+                while True:
+                    fkey = cur.key()
+                    if not fkey:
+                        break
+                    _count, qkey, url, hops, found_on = _unpackb(cur.value())
+                    if txn.put(qkey, _packb([url, hops, found_on]), overwrite=False, db=self._queue):
+                        self._count_add(txn, fkey[:-8], 1)
+                    cur.delete()
+                    n += 1
+            return n
+
+        return self._env.write(put_back)
+
+    def hosts(self) -> Iterator[tuple[str, int]]:
+        """Hosts with queued URLs and their counts, in ring order."""
+        for key, value in self._env.scan(HOSTS, _WHOLE_RING):
+            yield _host_of(key), int.from_bytes(value, "big")
+
+    def queued(self, host: str) -> int:
+        with self._env.read() as txn:
+            raw = txn.get(host_prefix(host), db=self._hosts)
+        return int.from_bytes(raw, "big") if raw else 0
+
+    def __len__(self) -> int:
+        return self._env.entries(QUEUE)
+
+    def in_flight(self) -> int:
+        return self._env.entries(FLIGHT)
+
+    def in_flight_items(self) -> list[QueuedUrl]:
+        """The URLs now in flight (each once), in ring order."""
+        out = []
+        for key, value in self._env.scan(FLIGHT, _WHOLE_RING):
+            _count, qkey, url, hops, found_on = _unpackb(value)
+            out.append(_item_of(qkey, _packb([url, hops, found_on])))
+        return out
+
+    # -- politeness state --
+
+    def get_state(self, host: str) -> HostState | None:
+        prefix = host_prefix(host)
+        with self._env.read() as txn:
+            raw = txn.get(prefix, db=self._state)
+        return None if raw is None else _state_of(prefix, raw)
+
+    def put_state(self, state: HostState) -> None:
+        self.put_states([state])
+
+    def put_states(self, states: Sequence[HostState]) -> None:
+        """Store several host states in one transaction."""
+        if not states:
+            return
+
+        def put_all(txn: lmdb.Transaction) -> None:
+            for state in states:
+                txn.put(host_prefix(state.host), _state_value(state), db=self._state)
+
+        self._env.write(put_all)
+
+    def states(self) -> Iterator[HostState]:
+        for key, value in self._env.scan(STATE, _WHOLE_RING):
+            yield _state_of(key, value)
+
+    # -- arcs (hand-off: export, send, and drop only once the new owner has acknowledged) --
+
+    def export_arc(self, start: int, end: int) -> tuple[list[QueuedUrl], list[HostState]]:
+        """Copy out what is queued for the arc [start, end) and its host states; the store is unchanged.
+
+        In-flight URLs are not included: their fetch finishes here and `done` clears them.
+        """
+        ranges = arc_ranges(start, end)
+        items = [_item_of(key, value) for key, value in self._env.scan(QUEUE, ranges)]
+        states = [_state_of(key, value) for key, value in self._env.scan(STATE, ranges)]
+        return items, states
+
+    take_arc = export_arc  # the engine's name for it; non-destructive until drop_arc
+
+    def put_arc(self, items: Sequence[QueuedUrl], states: Sequence[HostState]) -> None:
+        """Take in an arc handed over by its previous owner, in one transaction (queue order is kept)."""
+
+        def put_all(txn: lmdb.Transaction) -> None:
+            self._push_in(txn, items)
+            for state in states:
+                txn.put(host_prefix(state.host), _state_value(state), db=self._state)
+
+        self._env.write(put_all)
+
+    def drop_arc(self, start: int, end: int, *, hosts_per_txn: int = 256) -> int:
+        """Delete what is queued for the arc [start, end) and its host states; return URLs dropped.
+
+        Each transaction removes whole hosts (queue and count together), so the store is consistent at
+        every commit.
+        """
+        ranges = arc_ranges(start, end)
+        dropped = 0
+        for first, last in ranges:
+
+            def drop_some(txn: lmdb.Transaction) -> tuple[int, int]:
+                hosts_cur = txn.cursor(self._hosts)
+                queue_cur = txn.cursor(self._queue)
+                n_hosts = n_items = 0
+                if not hosts_cur.set_range(first):
+                    return 0, 0
+                while n_hosts < hosts_per_txn:
+                    prefix = hosts_cur.key()
+                    if not prefix or prefix[:8] > last:
+                        break
+                    if queue_cur.set_range(prefix):
+                        while queue_cur.key().startswith(prefix):
+                            queue_cur.delete()
+                            n_items += 1
+                    hosts_cur.delete()
+                    n_hosts += 1
+                return n_hosts, n_items
+
+            while True:
+                n_hosts, n_items = self._env.write(drop_some)
+                dropped += n_items
+                if n_hosts < hosts_per_txn:
+                    break
+        self._env.delete_ranges(STATE, ranges)
+        return dropped
+
+    def sync(self) -> None:
+        self._env.sync()
+
+    def disk_bytes(self) -> int:
+        return self._env.disk_bytes()
+
+    def close(self) -> None:
+        if self._owns_env:
+            self._env.close()

@@ -1,0 +1,242 @@
+"""One LMDB environment: opening, write transactions that grow the map when full, error translation.
+
+LMDB is a copy-on-write B+tree in one memory-mapped file. A commit either lands whole or not at all, so a
+process killed at any moment leaves the last committed state. We open it without fsync on commit
+(`sync=False`): a committed transaction is in the OS page cache and survives kill -9 of the process; `sync()`
+forces it to the disk (the engine calls it before acknowledging anything to a peer, and on a timer). We never
+use `writemap`: with it a full disk would be a SIGBUS instead of an error we can report.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TypeVar
+
+import lmdb
+
+from ._errors import StorageError
+
+__all__ = ["DEFAULT_MAP_SIZE", "MAX_MAP_SIZE", "LmdbEnv"]
+
+T = TypeVar("T")
+
+DEFAULT_MAP_SIZE = 1 << 30  # the file grows only as pages are used; the map doubles when it fills
+MAX_MAP_SIZE = 1 << 40  # 1 TiB: past this a full map is reported, not grown
+_MAX_DBS = 16
+_LOW_SPACE = 64 << 20  # below this much free space a failed write is reported as a full disk
+
+
+def _reason(exc: BaseException) -> str:
+    """The readable tail of an lmdb or OS error, without its path (we add our own)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+    # lmdb messages look like "/path/to/dir: No space left on device" or "mdb_put: MDB_MAP_FULL: ..."
+    return text.rsplit(": ", 1)[-1] if ": " in text else text
+
+
+class LmdbEnv:
+    """An open LMDB environment with named databases. Not thread-safe: use it from one thread at a time."""
+
+    def __init__(self, env: lmdb.Environment, path: str, dbs: dict[bytes, object], max_map_size: int) -> None:
+        self._env = env
+        self.path = path
+        self._dbs = dbs
+        self._max_map_size = max_map_size
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        names: Sequence[bytes],
+        *,
+        map_size: int = DEFAULT_MAP_SIZE,
+        max_map_size: int = MAX_MAP_SIZE,
+    ) -> LmdbEnv:
+        """Open (creating if needed) the environment in directory `path` with the named databases."""
+        where = os.fspath(path)
+        if map_size <= 0 or max_map_size < map_size:
+            raise ValueError(f"need 0 < map_size <= max_map_size, got {map_size} and {max_map_size}")
+        try:
+            os.makedirs(where, exist_ok=True)
+            if not os.access(where, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), where)
+            env = lmdb.open(
+                where,
+                map_size=map_size,
+                max_dbs=_MAX_DBS,
+                sync=False,
+                metasync=False,
+                readahead=False,
+                writemap=False,
+                meminit=False,
+                lock=True,
+            )
+        except (OSError, lmdb.Error) as exc:
+            raise StorageError(f"cannot open store at {where}: {_reason(exc)}") from exc
+        try:
+            dbs = {name: env.open_db(name) for name in names}
+        except lmdb.Error as exc:
+            env.close()
+            raise StorageError(f"cannot open store at {where}: {_reason(exc)}") from exc
+        return cls(env, where, dbs, max_map_size)
+
+    def db(self, name: bytes) -> object:
+        return self._dbs[name]
+
+    @property
+    def map_size(self) -> int:
+        return int(self._env.info()["map_size"])
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"store at {self.path} is closed")
+
+    def _grow(self) -> None:
+        current = self.map_size
+        if current >= self._max_map_size:
+            raise StorageError(
+                f"store at {self.path} is full at its maximum map size of {current} bytes"
+            )
+        self._env.set_mapsize(min(current * 2, self._max_map_size))
+
+    def write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """Run `fn` in one write transaction and commit it; return what `fn` returned.
+
+        If the map is full the transaction is aborted, the map doubled and `fn` run again from the start, so
+        `fn` must keep its state in the transaction only. Disk faults become `StorageError`; the store stays
+        at its last committed state.
+        """
+        self._check_open()
+        while True:
+            try:
+                txn = self._env.begin(write=True)
+            except lmdb.Error as exc:
+                raise StorageError(f"cannot write store at {self.path}: {_reason(exc)}") from exc
+            try:
+                result = fn(txn)
+                txn.commit()
+                return result
+            except lmdb.MapFullError:
+                txn.abort()
+                self._grow()
+            except lmdb.BadValsizeError as exc:
+                txn.abort()
+                raise ValueError(f"key or value size not accepted by the store: {_reason(exc)}") from exc
+            except lmdb.Error as exc:
+                txn.abort()
+                raise StorageError(f"cannot write store at {self.path}: {self._write_failure(exc)}") from exc
+            except BaseException:
+                txn.abort()
+                raise
+
+    def _write_failure(self, exc: lmdb.Error) -> str:
+        """The reason a commit failed; LMDB reports a short write as EIO, so look at the free space too."""
+        reason = _reason(exc)
+        try:
+            free = os.statvfs(self.path)
+        except OSError:
+            return reason
+        if free.f_bavail * free.f_frsize < _LOW_SPACE:
+            return f"{reason} (the disk is full: {free.f_bavail * free.f_frsize} bytes free)"
+        return reason
+
+    @contextmanager
+    def read(self) -> Iterator[lmdb.Transaction]:
+        """A read-only transaction (a consistent snapshot); keep it short."""
+        self._check_open()
+        try:
+            txn = self._env.begin(write=False)
+        except lmdb.Error as exc:
+            raise StorageError(f"cannot read store at {self.path}: {_reason(exc)}") from exc
+        try:
+            yield txn
+        except lmdb.Error as exc:
+            raise StorageError(f"cannot read store at {self.path}: {_reason(exc)}") from exc
+        finally:
+            txn.abort()
+
+    def scan(
+        self, name: bytes, ranges: Sequence[tuple[bytes, bytes]], *, chunk: int = 4096
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Yield (key, value) of database `name` whose 8-byte position prefix lies in one of `ranges`.
+
+        Reads `chunk` items per short read transaction, so a long scan neither pins old pages nor sees a
+        torn state within a chunk; writes made between chunks may or may not be seen.
+        """
+        db = self._dbs[name]
+        for first, last in ranges:
+            at = first
+            while True:
+                batch: list[tuple[bytes, bytes]] = []
+                ended = False
+                with self.read() as txn:
+                    cur = txn.cursor(db)
+                    if not cur.set_range(at):
+                        break
+                    for key, value in cur:
+                        if key[:8] > last:
+                            ended = True
+                            break
+                        batch.append((key, value))
+                        if len(batch) >= chunk:
+                            break
+                yield from batch
+                if ended or len(batch) < chunk:
+                    break
+                at = batch[-1][0] + b"\x00"  # the smallest key after the last one seen
+
+    def delete_ranges(self, name: bytes, ranges: Sequence[tuple[bytes, bytes]], *, chunk: int = 50_000) -> int:
+        """Delete every key of database `name` in `ranges`, `chunk` keys per transaction; return the count."""
+        db = self._dbs[name]
+        total = 0
+        for first, last in ranges:
+
+            def delete_some(txn: lmdb.Transaction) -> int:
+                cur = txn.cursor(db)
+                if not cur.set_range(first):
+                    return 0
+                n = 0
+                while n < chunk:
+                    key = cur.key()
+                    if not key or key[:8] > last:
+                        break
+                    cur.delete()
+                    n += 1
+                return n
+
+            while True:
+                n = self.write(delete_some)
+                total += n
+                if n < chunk:
+                    break
+        return total
+
+    def entries(self, name: bytes) -> int:
+        with self.read() as txn:
+            return int(txn.stat(self._dbs[name])["entries"])
+
+    def sync(self) -> None:
+        """Force everything committed so far to the disk."""
+        self._check_open()
+        try:
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise StorageError(f"cannot sync store at {self.path}: {_reason(exc)}") from exc
+
+    def disk_bytes(self) -> int:
+        """Bytes the data file occupies on disk (allocated blocks, not the map size)."""
+        return os.stat(os.path.join(self.path, "data.mdb")).st_blocks * 512
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._env.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

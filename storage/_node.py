@@ -1,0 +1,132 @@
+"""A node's dedup store and frontier in ONE LMDB environment, so they can change in one transaction.
+
+Why together: if "seen" were committed and the crash came before "queued", that URL would be lost for good
+(seen, so never queued again). `admit` marks URLs seen and queues the new ones atomically; `finish` also
+clears the page they were found on from in-flight, so after kill -9 either the page is fetched again and
+its links re-admitted, or all of it happened. A sender's batch is acknowledged only after `sync()`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+
+import lmdb
+
+from ._dedup import DEDUP_DB, DedupStore, MemoryDedupStore
+from ._frontier import FRONTIER_DBS, FrontierStore
+from ._keys import host_position_bytes
+from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
+from ._memfrontier import MemoryFrontierStore
+from ._records import QueuedUrl
+
+__all__ = ["MemoryNodeStore", "NodeStore", "queued_url_keys"]
+
+
+def queued_url_keys(items: Sequence[QueuedUrl]) -> list[bytes]:
+    """The dedup keys of queued URLs: `url_key(host_position(item.host), item.url)` for each, made fast."""
+    blake2b = hashlib.blake2b
+    position = host_position_bytes
+    return [position(item.host) + blake2b(item.url.encode("utf-8"), digest_size=8).digest() for item in items]
+
+
+class NodeStore:
+    """`dedup` and `frontier` sharing one environment, plus the atomic operations across them."""
+
+    def __init__(self, env: LmdbEnv) -> None:
+        self._env = env
+        self.dedup = DedupStore(env, owns_env=False)
+        self.frontier = FrontierStore(env, owns_env=False)
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        map_size: int = DEFAULT_MAP_SIZE,
+        max_map_size: int = MAX_MAP_SIZE,
+    ) -> NodeStore:
+        """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
+        env = LmdbEnv.open(path, (DEDUP_DB, *FRONTIER_DBS), map_size=map_size, max_map_size=max_map_size)
+        return cls(env)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _admit_in(self, txn: lmdb.Transaction, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
+        fresh = self.dedup._add_new_in(txn, queued_url_keys(items))
+        new = [item for item, is_new in zip(items, fresh) if is_new]
+        self.frontier._push_in(txn, new)
+        return new
+
+    def admit(self, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
+        """Mark the URLs seen and queue those that were new, in one transaction; return the new ones."""
+        if not items:
+            return []
+        return self._env.write(lambda txn: self._admit_in(txn, items))
+
+    def finish(self, item: QueuedUrl | None, links: Sequence[QueuedUrl]) -> list[QueuedUrl]:
+        """Admit a fetched page's local links and clear the page from in-flight, in one transaction."""
+
+        def run(txn: lmdb.Transaction) -> list[QueuedUrl]:
+            new = self._admit_in(txn, links)
+            if item is not None:
+                self.frontier._done_in(txn, item)
+            return new
+
+        return self._env.write(run)
+
+    def sync(self) -> None:
+        self._env.sync()
+
+    def disk_bytes(self) -> int:
+        return self._env.disk_bytes()
+
+    def close(self) -> None:
+        self._env.close()
+
+
+class MemoryNodeStore:
+    """The same API in memory, for unit tests."""
+
+    def __init__(self) -> None:
+        self.dedup = MemoryDedupStore()
+        self.frontier = MemoryFrontierStore()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str] | None = None, **_options: object) -> MemoryNodeStore:
+        return cls()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def admit(self, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
+        fresh = self.dedup.add_new(queued_url_keys(items))
+        new = [item for item, is_new in zip(items, fresh) if is_new]
+        self.frontier.push(new)
+        return new
+
+    def finish(self, item: QueuedUrl | None, links: Sequence[QueuedUrl]) -> list[QueuedUrl]:
+        new = self.admit(links)
+        if item is not None:
+            self.frontier.done(item)
+        return new
+
+    def sync(self) -> None:
+        """Nothing to force."""
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,324 @@
+"""Where fetched pages go: WARC 1.1 files with a CDXJ index, or nowhere (`--store warc|none`).
+
+Each page is a response record and a request record, each its own gzip member (so any record can be read
+from its offset alone), appended to a file that rotates at `max_file_bytes`. Every WARC gets a sidecar
+`.cdxj` index readable by pywb. While a WARC is being written its index is `<name>.cdxj.open`, appended in
+fetch order; when the file is closed (rotation, `close()`, or the next start after a crash) the index is
+sorted into `<name>.cdxj` and the WARC is cut back to the end of its last indexed record, so a torn record
+from a kill -9 never stays behind. Writes go straight to the OS (no user-space buffer): a stored page
+survives kill -9 of the process; `sync()` forces the files to disk.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+import zlib
+from abc import ABC, abstractmethod
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO, Self
+from urllib.parse import urlsplit
+
+from warcio.statusandheaders import StatusAndHeaders
+from warcio.warcwriter import WARCWriter
+
+from ._cdxj import CdxjEntry, cdxj_line, parse_cdxj_line, surt, warc_timestamp
+from ._errors import StorageError
+
+__all__ = ["NullPageStore", "PageStore", "WarcPageStore", "open_page_store"]
+
+_OPEN_SUFFIX = ".cdxj.open"
+_WARC_SUFFIX = ".warc.gz"
+
+
+def _warc_date(epoch: float) -> str:
+    micros = int(round(epoch * 1_000_000))
+    seconds, micros = divmod(micros, 1_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
+
+
+class PageStore(ABC):
+    """Stores fetched pages. `pages` counts what was stored since this object was made."""
+
+    pages: int = 0
+
+    @abstractmethod
+    def store(
+        self,
+        *,
+        url: str,
+        request_headers: list[tuple[str, str]],
+        status: int,
+        reason: str,
+        response_headers: list[tuple[str, str]],
+        body: bytes,
+        ip: str | None,
+        fetched_at: float,
+    ) -> None:
+        """Keep one fetched page. `body` is the payload as received (Content-Encoding not undone)."""
+
+    @abstractmethod
+    def lookup(self, url: str) -> list[tuple[str, int, int]]:
+        """Where a URL's response records are: (WARC file name, offset, length), oldest first."""
+
+    def sync(self) -> None:
+        """Force what was stored to the disk."""
+
+    def close(self) -> None:
+        """Finish the files; the store is unusable afterwards."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class NullPageStore(PageStore):
+    """Stores nothing; counts pages and body bytes (for `--store none` and benchmarks)."""
+
+    def __init__(self) -> None:
+        self.pages = 0
+        self.body_bytes = 0
+
+    def store(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
+              response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float) -> None:
+        self.pages += 1
+        self.body_bytes += len(body)
+
+    def lookup(self, url: str) -> list[tuple[str, int, int]]:
+        return []
+
+
+def _finish_index(directory: Path, open_index: Path) -> None:
+    """Sort an `.open` index into its final `.cdxj` and cut its WARC back to the last indexed page."""
+    lines = open_index.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    entries = []
+    for line in lines:
+        try:
+            entries.append((line if line.endswith("\n") else line + "\n", parse_cdxj_line(line)))
+        except (ValueError, KeyError):
+            continue  # a line torn by a kill: its record is cut off below
+    warc = directory / (open_index.name[: -len(_OPEN_SUFFIX)] + _WARC_SUFFIX)
+    if not entries:
+        warc.unlink(missing_ok=True)
+        open_index.unlink()
+        return
+    if warc.exists():
+        # keep the last indexed response and the request record after it, if that one is whole
+        end = _end_of_members(warc, max(e.offset + e.length for _l, e in entries), limit=1)
+        if warc.stat().st_size > end:
+            os.truncate(warc, end)
+    final = open_index.with_name(open_index.name[: -len(_OPEN_SUFFIX)] + ".cdxj")
+    tmp = final.with_name(final.name + ".tmp")
+    tmp.write_text("".join(line for line, _e in sorted(entries, key=lambda le: le[0])), encoding="utf-8")
+    os.replace(tmp, final)
+    open_index.unlink()
+
+
+def _end_of_members(path: Path, start: int, *, limit: int) -> int:
+    """The offset after up to `limit` complete gzip members that follow `start` back to back."""
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        data = fh.read()
+    pos = 0
+    for _ in range(limit):
+        if pos >= len(data):
+            break
+        decomp = zlib.decompressobj(wbits=31)
+        try:
+            decomp.decompress(data[pos:])
+        except zlib.error:
+            break
+        if not decomp.eof:
+            break
+        pos = len(data) - len(decomp.unused_data)
+    return start + pos
+
+
+class WarcPageStore(PageStore):
+    """WARC 1.1 files `<prefix>-<UTC time>-<serial>.warc.gz` in `directory`, each with a `.cdxj` index."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        max_file_bytes: int = 1 << 30,
+        prefix: str = "peercrawl",
+        compress_level: int = 1,
+    ) -> None:
+        if max_file_bytes <= 0:
+            raise ValueError(f"max_file_bytes must be positive, got {max_file_bytes}")
+        if not 0 <= compress_level <= 9:
+            raise ValueError(f"compress_level must be 0..9, got {compress_level}")
+        self.directory = Path(directory)
+        self.max_file_bytes = max_file_bytes
+        self.prefix = prefix
+        self.compress_level = compress_level
+        self.pages = 0
+        self._warc: BinaryIO | None = None
+        self._index: BinaryIO | None = None
+        self._name = ""
+        self._size = 0
+        self._serial = 0
+        self._closed = False
+        self._failure: StorageError | None = None  # after a failed write the files are left for recovery
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for leftover in sorted(self.directory.glob("*" + _OPEN_SUFFIX)):
+                _finish_index(self.directory, leftover)
+        except OSError as exc:
+            raise StorageError(f"cannot use page store at {self.directory}: {exc.strerror or exc}") from exc
+
+    @property
+    def current_file(self) -> str | None:
+        """Name of the WARC being written, if any."""
+        return self._name or None
+
+    def _gzip(self, raw: bytes) -> bytes:
+        comp = zlib.compressobj(self.compress_level, zlib.DEFLATED, zlib.MAX_WBITS + 16)
+        return comp.compress(raw) + comp.flush()
+
+    def _start_file(self, now: float) -> None:
+        stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime(now))
+        while True:
+            self._serial += 1
+            name = f"{self.prefix}-{stamp}-{self._serial:05d}{_WARC_SUFFIX}"
+            if not (self.directory / name).exists():
+                break
+        warc = open(self.directory / name, "xb", buffering=0)
+        self._index = open(self.directory / (name[: -len(_WARC_SUFFIX)] + _OPEN_SUFFIX), "ab", buffering=0)
+        self._warc, self._name, self._size = warc, name, 0
+        buf = io.BytesIO()
+        writer = WARCWriter(buf, gzip=False, warc_version="1.1")
+        info = {"software": "peercrawl", "format": "WARC File Format 1.1"}
+        writer.write_record(writer.create_warcinfo_record(name, info))
+        self._write(self._gzip(buf.getvalue()))
+
+    def _write(self, data: bytes) -> None:
+        assert self._warc is not None
+        self._warc.write(data)
+        self._size += len(data)
+
+    def _finish_file(self) -> None:
+        if self._warc is None or self._index is None:
+            return
+        warc, index, name = self._warc, self._index, self._name
+        self._warc = self._index = None
+        self._name = ""
+        warc.close()
+        index.close()
+        _finish_index(self.directory, self.directory / (name[: -len(_WARC_SUFFIX)] + _OPEN_SUFFIX))
+
+    def store(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
+              response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float) -> None:
+        if self._closed:
+            raise ValueError(f"page store at {self.directory} is closed")
+        if self._failure is not None:
+            raise self._failure
+        try:
+            if self._warc is None:
+                self._start_file(fetched_at)
+            resp_raw, req_raw, digest = self._records(
+                url, request_headers, status, reason, response_headers, body, ip, fetched_at
+            )
+            resp, req = self._gzip(resp_raw), self._gzip(req_raw)
+            offset = self._size
+            self._write(resp + req)
+            mime = _mime(response_headers)
+            entry = CdxjEntry(url=url, timestamp=warc_timestamp(fetched_at), filename=self._name, offset=offset,
+                              length=len(resp), status=status, mime=mime, digest=digest)
+            assert self._index is not None
+            self._index.write(cdxj_line(entry).encode("utf-8"))
+            self.pages += 1
+            if self._size >= self.max_file_bytes:
+                self._finish_file()
+        except OSError as exc:
+            # offsets are unknown now: refuse further pages; the next start cuts the torn tail off
+            self._failure = StorageError(f"cannot write WARC in {self.directory}: {exc.strerror or exc}")
+            raise self._failure from exc
+
+    @staticmethod
+    def _records(url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
+                 response_headers: list[tuple[str, str]], body: bytes, ip: str | None,
+                 fetched_at: float) -> tuple[bytes, bytes, str]:
+        buf = io.BytesIO()
+        writer = WARCWriter(buf, gzip=False, warc_version="1.1")
+        warc_headers = {"WARC-Date": _warc_date(fetched_at)}
+        if ip:
+            warc_headers["WARC-IP-Address"] = ip
+        # the body is de-chunked: a Transfer-Encoding header would make readers chunk-decode it again
+        headers = [(k, v) for k, v in response_headers if k.lower() != "transfer-encoding"]
+        http = StatusAndHeaders(f"{status} {reason}".rstrip(), headers, protocol="HTTP/1.1")
+        resp = writer.create_warc_record(url, "response", payload=io.BytesIO(body), length=len(body),
+                                         http_headers=http, warc_headers_dict=warc_headers)
+        parts = urlsplit(url)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        req_http = StatusAndHeaders(f"GET {target}", request_headers, protocol="HTTP/1.1",
+                                    is_http_request=True)
+        req = writer.create_warc_record(url, "request", http_headers=req_http,
+                                        warc_headers_dict=dict(warc_headers))
+        req.rec_headers.add_header("WARC-Concurrent-To", resp.rec_headers.get_header("WARC-Record-ID"))
+        writer.write_record(resp)
+        resp_raw = buf.getvalue()
+        buf.seek(0)
+        buf.truncate()
+        writer.write_record(req)
+        digest = resp.rec_headers.get_header("WARC-Payload-Digest") or ""
+        return resp_raw, buf.getvalue(), digest.removeprefix("sha1:")
+
+    def lookup(self, url: str) -> list[tuple[str, int, int]]:
+        """Scan the index files for `url` (a tool's and a test's call, not the crawl's hot path)."""
+        key = surt(url) + " "
+        found = []
+        for index in sorted(self.directory.glob("*.cdxj")) + sorted(self.directory.glob("*" + _OPEN_SUFFIX)):
+            with open(index, encoding="utf-8") as fh:
+                for line in fh:
+                    if line.startswith(key):
+                        entry = parse_cdxj_line(line)
+                        if entry.url == url:
+                            found.append((entry.timestamp, entry.filename, entry.offset, entry.length))
+        found.sort()
+        return [(filename, offset, length) for _ts, filename, offset, length in found]
+
+    def sync(self) -> None:
+        try:
+            for fh in (self._warc, self._index):
+                if fh is not None:
+                    os.fsync(fh.fileno())
+        except OSError as exc:
+            raise StorageError(f"cannot sync WARC in {self.directory}: {exc.strerror or exc}") from exc
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._failure is not None:
+            for fh in (self._warc, self._index):
+                if fh is not None:
+                    fh.close()
+            return
+        try:
+            self._finish_file()
+        except OSError as exc:
+            raise StorageError(f"cannot finish WARC in {self.directory}: {exc.strerror or exc}") from exc
+
+
+def _mime(headers: list[tuple[str, str]]) -> str:
+    for name, value in headers:
+        if name.lower() == "content-type":
+            return value.split(";", 1)[0].strip().lower() or "unk"
+    return "unk"
+
+
+def open_page_store(kind: str, directory: str | os.PathLike[str], **options: object) -> PageStore:
+    """The page store for `--store KIND`: "warc" (WARC files in `directory`) or "none" (stores nothing)."""
+    if kind == "warc":
+        return WarcPageStore(directory, **options)  # type: ignore[arg-type]
+    if kind == "none":
+        return NullPageStore()
+    raise ValueError(f"unknown page store {kind!r} (expected 'warc' or 'none')")

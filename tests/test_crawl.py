@@ -1,0 +1,82 @@
+"""A single node crawls the local web over real loopback sockets, through the test DNS server.
+
+The referees are independent of the crawler: the oracle (computed by the web's generator from its own
+structured rules) says which URLs must be fetched and which must never be; the web server's request log says
+what really happened, including how many connections each host saw at once and the spacing of requests.
+"""
+
+from __future__ import annotations
+
+import trio
+from warcio.archiveiterator import ArchiveIterator
+
+from peer.localweb.graph import SiteGraph
+from peer.localweb.referee import crawl_delay_violations, max_concurrent_connections_per_host, requested_urls
+from peer.node import Node
+
+from .support.crawl import node_config, start_local_web, urls_fetched
+
+
+async def _crawl(graph, tmp_path, **overrides):
+    async with trio.open_nursery() as nursery:
+        web, dns = await start_local_web(nursery, graph)
+        node = Node(node_config(tmp_path / "node", web, dns, **overrides))
+        with trio.fail_after(120):
+            await node.run()
+        nursery.cancel_scope.cancel()
+    return web, node
+
+
+async def test_crawl_fetches_exactly_the_reachable_and_allowed_set(tmp_path):
+    graph = SiteGraph.generate(seed=3, hosts=24, pages_per_host=12)
+    web, node = await _crawl(graph, tmp_path)
+    expected = web.expected(max_body=node.cfg.max_body)
+    fetched = urls_fetched(web, expected)
+    assert expected.fetched, "the oracle must expect something"
+    assert expected.fetched - fetched == set(), "pages a correct crawler fetches were missed"
+    assert fetched - expected.fetched == set(), "pages outside the reachable-and-allowed set were requested"
+    assert fetched & expected.disallowed == set()
+    assert fetched & expected.never_requested == set()
+    # politeness, judged by the web's own log
+    conc = max_concurrent_connections_per_host(web.log)
+    assert max(conc.values()) == 1, {h: n for h, n in conc.items() if n > 1}
+    assert crawl_delay_violations(web.log, graph) == []
+    # nothing fetched twice except URLs the web answered 429/503 first
+    counts = requested_urls(web.log, port=web.port)
+    twice = {u for u, n in counts.items() if n > 1 and u not in expected.robots}
+    assert twice <= set(expected.retried)
+    # one robots.txt request per host that was visited
+    robots = [u for u, n in counts.items() if u.endswith("/robots.txt")]
+    assert all(counts[u] <= 1 + 2 * node.cfg.max_retries for u in robots)
+    st = node.final_status
+    assert st["done"] is True and st["queue"]["urls"] == 0 and st["queue"]["in_flight"] == 0
+    assert st["pages"] >= len(expected.fetched)
+
+
+async def test_pages_land_in_warc_readable_by_warcio(tmp_path):
+    graph = SiteGraph.generate(seed=5, hosts=6, pages_per_host=8, features=False)
+    web, node = await _crawl(graph, tmp_path)
+    warcs = sorted((tmp_path / "node" / "warc").glob("*.warc.gz"))
+    assert warcs
+    responses, requests = {}, 0
+    for path in warcs:
+        with open(path, "rb") as fh:
+            for record in ArchiveIterator(fh):
+                if record.rec_type == "response":
+                    responses[record.rec_headers.get_header("WARC-Target-URI")] = record.content_stream().read()
+                elif record.rec_type == "request":
+                    requests += 1
+    expected = web.expected(max_body=node.cfg.max_body)
+    html = {u for u in expected.fetched if expected.statuses.get(u) == 200}
+    assert set(responses) == html
+    assert requests == len(responses)
+    some = sorted(html)[0]
+    assert b"<html" in responses[some].lower()
+
+
+async def test_depth_limit_and_store_none(tmp_path):
+    graph = SiteGraph.generate(seed=9, hosts=8, pages_per_host=10, features=False)
+    web, node = await _crawl(graph, tmp_path, max_depth=1, store="none")
+    expected = web.expected(max_body=node.cfg.max_body, max_depth=1)
+    assert urls_fetched(web, expected) == set(expected.fetched)
+    assert not list((tmp_path / "node" / "warc").glob("*.warc.gz"))

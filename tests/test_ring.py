@@ -1,0 +1,265 @@
+"""The ring: fixed hashes, ownership, the four placement properties, diff, and the design's balance."""
+
+from __future__ import annotations
+
+import random
+from bisect import bisect_right
+from hashlib import blake2b
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import ring
+from ring import RING_SPACE, Arc, ArcMove, EmptyRingError, Ring, diff, host_position, node_points
+
+DESIGN = {"A": 150, "B": 80, "C": 200, "D": 40}
+DESIGN_STAGES = [DESIGN, {"A": 150, "B": 80, "D": 40}, {"A": 150, "B": 80, "D": 40, "E": 300}]
+HOSTS = ["example.com", "www.wikipedia.org", "xn--bcher-kva.example", "news.ycombinator.com", "a", "b", "c", "d"]
+
+node_ids = st.text(alphabet="abcdefgh", min_size=1, max_size=3)
+weight_maps = st.dictionaries(node_ids, st.integers(min_value=1, max_value=5), min_size=1, max_size=6)
+small_ppw = st.integers(min_value=1, max_value=4)
+
+
+@pytest.fixture(scope="module")
+def design_rings() -> list[Ring]:
+    return [Ring(weights) for weights in DESIGN_STAGES]
+
+
+def brute_owner(weights: dict[str, int], ppw: int, position: int) -> str:
+    """The definition, computed the slow way: the node of the last point at or before the position (cyclic);
+    points at the same position are ordered by node id."""
+    points = [(p, node) for node, w in weights.items() for p in node_points(node, w * ppw)]
+    before = [point for point in points if point[0] <= position]
+    return max(before or points)[1]
+
+
+def sample_positions(rings: list[Ring], rng: random.Random, count: int = 60) -> list[int]:
+    positions = {0, RING_SPACE - 1}
+    for r in rings:
+        for arc in r.arcs():
+            positions.update({arc.start, arc.end - 1, max(0, arc.start - 1)})
+    positions.update(rng.getrandbits(64) for _ in range(count))
+    return sorted(positions)
+
+
+# -- hashing -------------------------------------------------------------------------------------------------
+
+
+def test_host_position_is_the_documented_blake2b_and_matches_golden_values() -> None:
+    golden = {
+        "example.com": 1424565772579972710,
+        "www.wikipedia.org": 17225385046293548012,
+        "xn--bcher-kva.example": 17653785693783144121,
+        "a": 4681665781835383343,
+    }
+    for host, position in golden.items():
+        assert host_position(host) == position
+        assert position == int.from_bytes(blake2b(host.encode(), digest_size=8).digest(), "big")
+
+
+def test_node_points_are_fixed_and_prefix_stable() -> None:
+    assert list(node_points("A", 3)) == [15634765806661764040, 2123247709328283718, 14189029653274330130]
+    assert list(node_points("A", 1000))[:3] == list(node_points("A", 3))
+    assert list(node_points("A", 0)) == []
+    assert node_points("A", 3) != node_points("B", 3)
+    with pytest.raises(ValueError):
+        node_points("A", -1)
+
+
+def test_design_owners_match_golden_values(design_rings: list[Ring]) -> None:
+    initial, _, final = design_rings
+    assert {h: initial.owner(h) for h in HOSTS} == {
+        "example.com": "C", "www.wikipedia.org": "A", "xn--bcher-kva.example": "C", "news.ycombinator.com": "C",
+        "a": "C", "b": "D", "c": "B", "d": "C",
+    }
+    assert {h: final.owner(h) for h in HOSTS} == {
+        "example.com": "E", "www.wikipedia.org": "A", "xn--bcher-kva.example": "E", "news.ycombinator.com": "E",
+        "a": "A", "b": "E", "c": "B", "d": "E",
+    }
+
+
+# -- the design's balance --------------------------------------------------------------------------------------
+
+
+def test_design_key_space_shares_within_two_percent(design_rings: list[Ring]) -> None:
+    for r in design_rings:
+        shares, targets = r.shares(), r.weight_shares()
+        assert sum(shares.values()) == pytest.approx(1.0, abs=1e-12)
+        for node, target in targets.items():
+            assert abs(shares[node] / target - 1) < 0.02, (r, node, shares[node], target)
+
+
+def test_weight_alone_as_point_count_is_far_off() -> None:
+    """The reason for points_per_weight: one point per unit of weight misses the target badly."""
+    r = Ring(DESIGN, points_per_weight=1)
+    worst = max(abs(r.shares()[n] / t - 1) for n, t in r.weight_shares().items())
+    assert worst > 0.05
+
+
+# -- lookups ---------------------------------------------------------------------------------------------------
+
+
+def test_every_lookup_path_agrees_with_the_arcs(design_rings: list[Ring]) -> None:
+    rng = random.Random(7)
+    for r in design_rings:
+        arcs = r.arcs()
+        starts = [arc.start for arc in arcs]
+        positions = [rng.getrandbits(64) for _ in range(20000)]
+        positions += [arc.start for arc in arcs[:2000]] + [arc.end - 1 for arc in arcs[:2000]]
+        positions += [b << r._shift for b in range(0, 1 << (64 - r._shift), 97)]
+        expected = [arcs[bisect_right(starts, p) - 1].owner for p in positions]
+        assert [r.owner_at(p) for p in positions] == expected
+        assert r.owners_at(positions) == expected
+        names = [f"host{i}.example.org" for i in range(2000)]
+        assert [r.owner(h) for h in names] == [r.owner_at(host_position(h)) for h in names]
+
+
+def test_arcs_tile_the_circle(design_rings: list[Ring]) -> None:
+    for r in design_rings:
+        arcs = r.arcs()
+        assert arcs[0].start == 0 and arcs[-1].end == RING_SPACE
+        assert all(a.end == b.start for a, b in zip(arcs, arcs[1:]))
+        assert all(a.start < a.end for a in arcs)
+        assert all(a.owner != b.owner for a, b in zip(arcs, arcs[1:]))
+        # the arc through zero is split: first and last arcs have the same owner
+        assert arcs[0].owner == arcs[-1].owner
+
+
+def test_empty_ring_and_bad_input() -> None:
+    empty = Ring({})
+    assert empty.arcs() == [] and empty.shares() == {} and empty.nodes == ()
+    with pytest.raises(EmptyRingError):
+        empty.owner("example.com")
+    with pytest.raises(EmptyRingError):
+        empty.owner_at(5)
+    with pytest.raises(EmptyRingError):
+        empty.owners_at([5])
+    for weights in ({"A": 0}, {"A": -1}, {"A": True}, {"A": 1.5}, {"": 3}):
+        with pytest.raises(ValueError):
+            Ring(weights)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Ring({"A": 1}, points_per_weight=0)
+    with pytest.raises(ValueError, match="over the limit"):
+        Ring({"A": ring.MAX_POINTS + 1}, points_per_weight=1)
+    with pytest.raises(ValueError):
+        Ring({"A": 1}).owner_at(RING_SPACE)
+    with pytest.raises(ValueError):
+        Ring({"A": 1}).owner_at(-1)
+
+
+def test_value_semantics() -> None:
+    a = Ring({"x": 2, "y": 3}, points_per_weight=2)
+    b = Ring({"y": 3, "x": 2}, points_per_weight=2)
+    assert a == b and hash(a) == hash(b)
+    assert a != Ring({"x": 2, "y": 3}, points_per_weight=3)
+    assert a.weights == {"x": 2, "y": 3} and a.nodes == ("x", "y") and a.point_count == 10
+    a.weights["x"] = 99
+    assert a.weights["x"] == 2
+
+
+# -- the four properties ---------------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(weights=weight_maps, ppw=small_ppw, seed=st.integers(0, 2**32))
+def test_one_owner_per_key_as_defined(weights: dict[str, int], ppw: int, seed: int) -> None:
+    r = Ring(weights, points_per_weight=ppw)
+    for p in sample_positions([r], random.Random(seed), count=20):
+        assert r.owner_at(p) == brute_owner(weights, ppw, p)
+
+
+@settings(max_examples=150, deadline=None)
+@given(weights=weight_maps, ppw=small_ppw, new=node_ids, new_weight=st.integers(1, 5), seed=st.integers(0, 2**32))
+def test_a_join_moves_keys_only_to_the_new_node(
+    weights: dict[str, int], ppw: int, new: str, new_weight: int, seed: int
+) -> None:
+    weights.pop(new, None)
+    assume(weights)
+    before = Ring(weights, points_per_weight=ppw)
+    after = Ring({**weights, new: new_weight}, points_per_weight=ppw)
+    moves = diff(before, after)
+    assert moves and all(move.next == new for move in moves)
+    for p in sample_positions([before, after], random.Random(seed), count=20):
+        assert after.owner_at(p) in (before.owner_at(p), new)
+
+
+@settings(max_examples=150, deadline=None)
+@given(weights=weight_maps, ppw=small_ppw, data=st.data())
+def test_a_leave_then_the_same_join_restores_the_placement(weights: dict[str, int], ppw: int, data: st.DataObject) -> None:
+    original = Ring(weights, points_per_weight=ppw)
+    leaving = data.draw(st.sampled_from(sorted(weights)))
+    rest = {node: w for node, w in weights.items() if node != leaving}
+    left = Ring(rest, points_per_weight=ppw)
+    assert all(move.previous == leaving for move in diff(original, left))
+    rejoined = Ring({**rest, leaving: weights[leaving]}, points_per_weight=ppw)
+    assert rejoined.arcs() == original.arcs()
+    assert diff(original, rejoined) == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(weights=weight_maps, ppw=small_ppw, data=st.data())
+def test_placement_does_not_depend_on_insertion_order(weights: dict[str, int], ppw: int, data: st.DataObject) -> None:
+    order = data.draw(st.permutations(sorted(weights)))
+    shuffled = {node: weights[node] for node in order}
+    assert Ring(shuffled, points_per_weight=ppw).arcs() == Ring(weights, points_per_weight=ppw).arcs()
+
+
+@settings(max_examples=100, deadline=None)
+@given(weights=weight_maps, ppw=small_ppw, data=st.data())
+def test_a_weight_change_moves_keys_only_to_or_from_that_node(
+    weights: dict[str, int], ppw: int, data: st.DataObject
+) -> None:
+    node = data.draw(st.sampled_from(sorted(weights)))
+    heavier = Ring({**weights, node: weights[node] + data.draw(st.integers(1, 3))}, points_per_weight=ppw)
+    base = Ring(weights, points_per_weight=ppw)
+    assert all(move.next == node for move in diff(base, heavier))
+    assert all(move.previous == node for move in diff(heavier, base))
+
+
+# -- diff --------------------------------------------------------------------------------------------------------
+
+
+def check_diff(old: Ring, new: Ring, positions: list[int]) -> None:
+    moves = diff(old, new)
+    assert all(m.start < m.end for m in moves)
+    assert all(a.end <= b.start for a, b in zip(moves, moves[1:]))
+    # maximal: touching moves differ in where they come from or go to
+    assert all((a.previous, a.next) != (b.previous, b.next) for a, b in zip(moves, moves[1:]) if a.end == b.start)
+    starts = [m.start for m in moves]
+    for p in positions:
+        index = bisect_right(starts, p) - 1
+        inside = index >= 0 and p < moves[index].end
+        was = old.owner_at(p) if old.nodes else None
+        now = new.owner_at(p) if new.nodes else None
+        assert inside == (was != now), p
+        if inside:
+            assert (moves[index].previous, moves[index].next) == (was, now)
+
+
+@settings(max_examples=120, deadline=None)
+@given(old=weight_maps, new=weight_maps, ppw=small_ppw, seed=st.integers(0, 2**32))
+def test_diff_is_exactly_the_positions_that_change_owner(old: dict, new: dict, ppw: int, seed: int) -> None:
+    a, b = Ring(old, points_per_weight=ppw), Ring(new, points_per_weight=ppw)
+    check_diff(a, b, sample_positions([a, b], random.Random(seed), count=40))
+
+
+def test_diff_with_empty_rings() -> None:
+    full = Ring({"A": 2, "B": 1}, points_per_weight=2)
+    empty = Ring({})
+    assert diff(empty, empty) == []
+    assert diff(empty, full) == [ArcMove(start=a.start, end=a.end, previous=None, next=a.owner) for a in full.arcs()]
+    assert diff(full, empty) == [ArcMove(start=a.start, end=a.end, previous=a.owner, next=None) for a in full.arcs()]
+
+
+def test_design_diffs_move_only_the_changed_node(design_rings: list[Ring]) -> None:
+    initial, removed, added = design_rings
+    removal = diff(initial, removed)
+    assert {m.previous for m in removal} == {"C"} and {m.next for m in removal} == {"A", "B", "D"}
+    assert ring.moved_fraction(removal) == pytest.approx(initial.shares()["C"], rel=1e-12)
+    addition = diff(removed, added)
+    assert {m.next for m in addition} == {"E"}
+    assert ring.moved_fraction(addition) == pytest.approx(added.shares()["E"], rel=1e-12)
+    check_diff(initial, removed, sample_positions([], random.Random(3), count=5000))
+    assert isinstance(initial.arcs()[0], Arc)

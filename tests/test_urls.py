@@ -1,0 +1,236 @@
+"""URL normalization, resolution, the partition key and crawl scope."""
+
+from __future__ import annotations
+
+from urllib.parse import urljoin
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from peer.urls import (
+    DEFAULT_BINARY_SUFFIXES,
+    Scope,
+    host_of,
+    normalize,
+    normalize_all,
+    origin_of,
+    path_and_query_of,
+)
+
+BASE = "http://h.example/a/b/c.html?q=1"
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        # scheme and host case, default ports
+        ("HTTP://Example.COM/Path", "http://example.com/Path"),
+        ("http://example.com:80/", "http://example.com/"),
+        ("https://example.com:443/x", "https://example.com/x"),
+        ("http://example.com:443/x", "http://example.com:443/x"),
+        ("https://example.com:0080/x", "https://example.com:80/x"),
+        ("http://example.com:/x", "http://example.com/x"),
+        # empty path, empty query, fragment, trailing dot on the host
+        ("http://example.com", "http://example.com/"),
+        ("http://example.com?", "http://example.com/"),
+        ("http://example.com?a=1", "http://example.com/?a=1"),
+        ("http://example.com/x#frag", "http://example.com/x"),
+        ("http://example.com./x", "http://example.com/x"),
+        # dot segments
+        ("http://e.com/a/./b/../c", "http://e.com/a/c"),
+        ("http://e.com/a/b/..", "http://e.com/a/"),
+        ("http://e.com/../../x", "http://e.com/x"),
+        ("http://e.com/a/%2E%2E/b", "http://e.com/b"),
+        ("http://e.com/a//b", "http://e.com/a//b"),
+        # percent-encoding: decode unreserved, upper-case hex, escape the rest as UTF-8
+        ("http://e.com/%7efoo", "http://e.com/~foo"),
+        ("http://e.com/%41%2f%3a", "http://e.com/A%2F%3A"),
+        ("http://e.com/a b", "http://e.com/a%20b"),
+        ("http://e.com/ä?q=ö", "http://e.com/%C3%A4?q=%C3%B6"),
+        ("http://e.com/100%", "http://e.com/100%25"),
+        ("http://e.com/%zz", "http://e.com/%25zz"),
+        ("http://e.com/a|b", "http://e.com/a%7Cb"),
+        ("http://e.com/?a=b&c=d/e", "http://e.com/?a=b&c=d/e"),
+        # IDNA
+        ("http://Bücher.example/", "http://xn--bcher-kva.example/"),
+        ("http://xn--bcher-kva.example/", "http://xn--bcher-kva.example/"),
+        ("http://BÜCHER.example/", "http://xn--bcher-kva.example/"),
+        ("http://%65xample.com/", "http://example.com/"),
+        # IPv6 and credentials
+        ("http://[0:0::1]:8080/x", "http://[::1]:8080/x"),
+        ("http://user:secret@example.com/", "http://example.com/"),
+        # what browsers drop or fix
+        ("  http://e.com/a\n\tb  ", "http://e.com/ab"),
+        ("http:\\\\e.com\\a\\b?x=\\", "http://e.com/a/b?x=%5C"),
+    ],
+)
+def test_normalize_absolute(url: str, expected: str) -> None:
+    assert normalize(url) == expected
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://example.com/",
+        "mailto:someone@example.com",
+        "javascript:alert(1)",
+        "data:text/html,hi",
+        "http://",
+        "http:///x",
+        "http://a..b/",
+        "http://exa mple.com/",
+        "http://e.com:99999/",
+        "http://e.com:0/",
+        "http://e.com:8o/",
+        "http://[::1/",
+        "http://[zz::1]/",
+        "http://" + "a" * 64 + ".com/",
+        "http://xn--.com/",
+        "relative/path",
+        "/absolute/path",
+        "",
+    ],
+)
+def test_normalize_rejects(url: str) -> None:
+    assert normalize(url) is None
+
+
+@pytest.mark.parametrize(
+    ("ref", "expected"),
+    [
+        ("g", "http://h.example/a/b/g"),
+        ("./g", "http://h.example/a/b/g"),
+        ("g/", "http://h.example/a/b/g/"),
+        ("/g", "http://h.example/g"),
+        ("//g.example/x", "http://g.example/x"),
+        ("?y", "http://h.example/a/b/c.html?y"),
+        ("g?y", "http://h.example/a/b/g?y"),
+        ("#s", "http://h.example/a/b/c.html?q=1"),
+        ("", "http://h.example/a/b/c.html?q=1"),
+        (".", "http://h.example/a/b/"),
+        ("..", "http://h.example/a/"),
+        ("../g", "http://h.example/a/g"),
+        ("../../../g", "http://h.example/g"),
+        ("g;x=1/../y", "http://h.example/a/b/y"),
+        ("http:g", "http://h.example/a/b/g"),
+        ("https:g", None),
+        ("HTTPS://Other.example", "https://other.example/"),
+        ("\\\\other.example\\x", "http://other.example/x"),
+        ("mailto:x@y", None),
+        ("a:b", None),
+    ],
+)
+def test_resolve_against_base(ref: str, expected: str | None) -> None:
+    assert normalize(ref, BASE) == expected
+
+
+def test_max_length() -> None:
+    url = "http://e.com/" + "a" * 100
+    assert normalize(url, max_length=len(url)) == url
+    assert normalize(url, max_length=len(url) - 1) is None
+    assert normalize("http://e.com/" + "%41" * 5000, max_length=2048) is None
+
+
+def test_invalid_base_only_resolves_absolute_refs() -> None:
+    assert normalize("/x", "mailto:a@b") is None
+    assert normalize("http://e.com/x", "not a url") == "http://e.com/x"
+
+
+def test_normalize_all_dedups_and_keeps_order() -> None:
+    hrefs = ["/b", "/a", "/b", "#top", "javascript:void(0)", "/a#x", "/a/../b", "c"]
+    assert normalize_all(hrefs, BASE) == [
+        "http://h.example/b",
+        "http://h.example/a",
+        "http://h.example/a/b/c.html?q=1",
+        "http://h.example/a/b/c",
+    ]
+
+
+def test_host_origin_and_target() -> None:
+    assert host_of("HTTP://Bücher.Example:8080/x?y") == "xn--bcher-kva.example"
+    assert host_of("http://[::1]:81/") == "[::1]"
+    assert origin_of("HTTPS://E.com:443/a") == "https://e.com"
+    assert origin_of("http://E.com:8080/a") == "http://e.com:8080"
+    assert path_and_query_of("http://e.com") == "/"
+    assert path_and_query_of("http://e.com/a/%7e?b=c#d") == "/a/~?b=c"
+    with pytest.raises(ValueError, match="not a crawlable"):
+        host_of("ftp://e.com/")
+
+
+def test_agrees_with_urljoin_on_plain_links() -> None:
+    base = "http://h.example/dir/page.html"
+    for ref in ["/p/1.html", "../q/2.html?x=3", "sub/4.html", "http://o.example/5.html", "?page=2"]:
+        assert normalize(ref, base) == urljoin(base, ref)
+
+
+_URL_CHARS = st.sampled_from(
+    list("aZ09-._~!$&'()*+,;=:@/?#[]%% \\\t|<>\"{}^`") + ["%41", "%7e", "%2F", "%zz", "..", "./", "ä", "ツ", "\x00"]
+)
+_HOSTS = st.sampled_from(
+    ["example.com", "EXAMPLE.com.", "bücher.de", "[::1]", "127.0.0.1", "a-b_c.example", "%65x.com", "xn--bcher-kva.de"]
+)
+
+
+@st.composite
+def _urls(draw: st.DrawFn) -> str:
+    scheme = draw(st.sampled_from(["http", "https", "HTTP", "Https"]))
+    port = draw(st.sampled_from(["", ":80", ":443", ":8080", ":0081"]))
+    tail = "".join(draw(st.lists(_URL_CHARS, max_size=25)))
+    return f"{scheme}://{draw(_HOSTS)}{port}{tail}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(_urls())
+def test_normalize_is_idempotent_on_url_like_input(url: str) -> None:
+    once = normalize(url)
+    if once is not None:
+        assert normalize(once) == once
+        assert normalize(once, BASE) == once
+        assert once.startswith(("http://", "https://"))
+        assert "#" not in once and " " not in once
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=60), st.sampled_from([None, BASE, "https://x.example", "bogus"]))
+def test_normalize_is_idempotent_on_any_text(text: str, base: str | None) -> None:
+    once = normalize(text, base)
+    if once is not None:
+        assert normalize(once) == once
+        assert once.isascii()
+
+
+def test_scope_reasons() -> None:
+    scope = Scope(
+        allowed_hosts=["example.com", "*.other.org"],
+        denied_hosts=["private.example.com"],
+        max_depth=2,
+        max_url_length=80,
+        max_path_segments=5,
+        max_repeated_segment=2,
+    )
+    ok = "http://www.example.com/a/b"
+    assert scope.check(ok, "www.example.com", 2) is None
+    assert scope.check("http://example.com/", "example.com", 0) is None
+    assert scope.check("http://x.other.org/", "x.other.org", 0) is None
+    assert scope.check("http://other.org/", "other.org", 0) == "not-allowed-host"
+    assert scope.check("http://notexample.com/", "notexample.com", 0) == "not-allowed-host"
+    assert scope.check("http://a.private.example.com/", "a.private.example.com", 0) == "denied-host"
+    assert scope.check(ok, "www.example.com", 3) == "depth"
+    assert scope.check("http://example.com/" + "x" * 80, "example.com", 0) == "too-long"
+    assert scope.check("http://example.com/img/a.JPG?s=1", "example.com", 0) == "suffix"
+    assert scope.check("http://example.com/a/b/c/d/e/f", "example.com", 0) == "trap-too-many-segments"
+    assert scope.check("http://example.com/a/b/a/c/a", "example.com", 0) == "trap-repeated-segment"
+    assert scope.check("http://example.com/a/b/a/c", "example.com", 0) is None
+    assert scope.check("http://example.com/a.jpg/page?x=.pdf", "example.com", 0) is None
+
+
+def test_scope_defaults_and_bad_pattern() -> None:
+    scope = Scope()
+    assert scope.check("http://any.example/x.html", "any.example", 10**6) is None
+    assert scope.check("http://any.example/x.tar.gz", "any.example", 0) == "suffix"
+    assert ".pdf" in DEFAULT_BINARY_SUFFIXES
+    assert Scope(deny_suffixes=()).check("http://e.com/x.pdf", "e.com", 0) is None
+    assert Scope(allowed_hosts=["Bücher.de"]).check("http://xn--bcher-kva.de/", "xn--bcher-kva.de", 0) is None
+    with pytest.raises(ValueError, match="invalid host pattern"):
+        Scope(denied_hosts=["bad host"])
