@@ -112,7 +112,8 @@ async def run_demo(args: argparse.Namespace, out=sys.stdout) -> dict[str, Any]:
     report["missing"] = sorted(expected.fetched - fetched)
     report["unexpected"] = sorted(fetched - expected.fetched - expected.robots)
     report["disallowed_requested"] = sorted(fetched & expected.disallowed)
-    report["fetched_twice"] = sorted(u for u, n in seen.items() if n > 1 and u not in expected.retried)
+    report["fetched_twice"] = sorted(u for u, n in seen.items()
+                                     if n > 1 and u not in expected.retried and u not in expected.robots)
     conc = max_concurrent_connections_per_host(web.log)
     report["max_connections_per_host"] = max(conc.values()) if conc else 0
     report["crawl_delay_violations"] = len(crawl_delay_violations(web.log, graph))

@@ -47,7 +47,7 @@ def lookups() -> None:
     rng = random.Random(1)
     hosts = [f"www.host{rng.getrandbits(32)}.example.com" for _ in range(20000)]
     positions = [host_position(h) for h in hosts]
-    plain = sorted(position for arc in ring.arcs() for position in (arc.start,))
+    arcs = ring.arcs()
     points = list(ring._points)  # the same points, as a plain list of ints
     blake = hashlib.blake2b
 
