@@ -10,9 +10,9 @@ belongs to the node of the nearest point at or before it (counter-clockwise), so
   irrelevant (points at one position are ordered by node id).
 
 Lookups are on the hot path of every link the crawler finds, so ``owner`` is built for speed: the sorted points
-sit in a compact ``array('Q')``, a bucket table indexed by the top bits of the position narrows the bisect to a
-point or two, and a list of owners shifted by one turns "the point before" into a plain index (index 0 is the
-arc that wraps through zero). ``docs/ring.md`` has the measured figures behind ``DEFAULT_POINTS_PER_WEIGHT``.
+sit in a compact ``array('Q')``; the top bits of the position pick a bucket whose owner is stored directly when
+one arc covers it (most buckets); otherwise a bucket table narrows the bisect to a point or two, and a list of
+owners shifted by one turns "the point before" into a plain index (index 0 is the arc through zero). ``docs/ring.md`` has the measured figures behind ``DEFAULT_POINTS_PER_WEIGHT``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ __all__ = ["Arc", "DEFAULT_POINTS_PER_WEIGHT", "EmptyRingError", "MAX_POINTS", "
 #: smallest node of the design (weight 40) gets 40,000 points: a 0.5% standard error, 2% at four sigma.
 DEFAULT_POINTS_PER_WEIGHT = 1000
 
-#: Largest ring we agree to build: about 25 bytes per point once built, ~75 while sorting (see docs/ring.md).
+#: Largest ring we agree to build: about 40 bytes per point once built, ~75 while sorting (see docs/ring.md).
 MAX_POINTS = 20_000_000
 
 _MAX_BUCKET_BITS = 22

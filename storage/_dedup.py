@@ -15,8 +15,8 @@ from typing import Self
 import lmdb
 from sortedcontainers import SortedSet
 
-from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
 from ._keys import arc_ranges
+from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
 
 __all__ = ["DEDUP_DB", "DedupStore", "MemoryDedupStore"]
 

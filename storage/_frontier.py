@@ -293,7 +293,7 @@ class FrontierStore:
         dropped = 0
         for first, last in ranges:
 
-            def drop_some(txn: lmdb.Transaction) -> tuple[int, int]:
+            def drop_some(txn: lmdb.Transaction, first: bytes = first, last: bytes = last) -> tuple[int, int]:
                 hosts_cur = txn.cursor(self._hosts)
                 queue_cur = txn.cursor(self._queue)
                 n_hosts = n_items = 0

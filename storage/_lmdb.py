@@ -196,7 +196,7 @@ class LmdbEnv:
         total = 0
         for first, last in ranges:
 
-            def delete_some(txn: lmdb.Transaction) -> int:
+            def delete_some(txn: lmdb.Transaction, first: bytes = first, last: bytes = last) -> int:
                 cur = txn.cursor(db)
                 if not cur.set_range(first):
                     return 0

@@ -34,7 +34,7 @@ _WARC_SUFFIX = ".warc.gz"
 
 
 def _warc_date(epoch: float) -> str:
-    micros = int(round(epoch * 1_000_000))
+    micros = round(epoch * 1_000_000)
     seconds, micros = divmod(micros, 1_000_000)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
 
@@ -190,8 +190,10 @@ class WarcPageStore(PageStore):
             name = f"{self.prefix}-{stamp}-{self._serial:05d}{_WARC_SUFFIX}"
             if not (self.directory / name).exists():
                 break
-        warc = open(self.directory / name, "xb", buffering=0)
-        self._index = open(self.directory / (name[: -len(_WARC_SUFFIX)] + _OPEN_SUFFIX), "ab", buffering=0)
+        # both files live as long as this object: closed by _finish_file / close
+        warc = open(self.directory / name, "xb", buffering=0)  # noqa: SIM115
+        index_name = name[: -len(_WARC_SUFFIX)] + _OPEN_SUFFIX
+        self._index = open(self.directory / index_name, "ab", buffering=0)  # noqa: SIM115
         self._warc, self._name, self._size = warc, name, 0
         buf = io.BytesIO()
         writer = WARCWriter(buf, gzip=False, warc_version="1.1")

@@ -19,16 +19,16 @@ T0 = 1_700_000_000.5  # 2023-11-14T22:13:20.5Z
 
 def page(n: int, size: int = 2000, **over) -> dict:
     body = (f"<html><body>page {n} ".encode() + b"x" * size + b"</body></html>")
-    fields = dict(
-        url=f"http://www.example.com/p/{n}?b=2&a=1",
-        request_headers=[("Host", "www.example.com"), ("User-Agent", "peercrawl/0.1 (+http://ops.test/)")],
-        status=200,
-        reason="OK",
-        response_headers=[("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(body)))],
-        body=body,
-        ip="127.0.0.1",
-        fetched_at=T0 + n,
-    )
+    fields = {
+        "url": f"http://www.example.com/p/{n}?b=2&a=1",
+        "request_headers": [("Host", "www.example.com"), ("User-Agent", "peercrawl/0.1 (+http://ops.test/)")],
+        "status": 200,
+        "reason": "OK",
+        "response_headers": [("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(body)))],
+        "body": body,
+        "ip": "127.0.0.1",
+        "fetched_at": T0 + n,
+    }
     fields.update(over)
     return fields
 
@@ -200,7 +200,8 @@ store.close()
 
 def test_full_disk_stops_the_warc_store_and_the_next_start_repairs_it(tmp_path):
     root = Path(__file__).resolve().parent.parent
-    result = subprocess.run([sys.executable, "-c", CHILD_FULL_DISK, str(tmp_path)], capture_output=True,
+    result = subprocess.run([sys.executable, "-c", CHILD_FULL_DISK, str(tmp_path)], check=False,
+                            capture_output=True,
                             text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
     assert result.returncode == 0, result.stderr
     stored_line, message, again = result.stdout.strip().split("\n")

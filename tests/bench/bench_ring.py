@@ -55,7 +55,7 @@ def lookups() -> None:
     owner_at = per_call_ns(ring.owner_at, positions)
     hash_only = per_call_ns(lambda h: int.from_bytes(blake(h.encode(), digest_size=8).digest(), "big"), hosts)
     bare_bisect = per_call_ns(lambda p: bisect.bisect_right(points, p), positions)
-    print(f"lookup on the design ring ({ring.point_count:,} points, {len(plain):,} arcs), median ns per call:")
+    print(f"lookup on the design ring ({ring.point_count:,} points, {len(arcs):,} arcs), median ns per call:")
     print(f"  Ring.owner(host)           {owner:7.0f} ns   target <= 1000 ns")
     print(f"  Ring.owner_at(position)    {owner_at:7.0f} ns")
     print(f"  ref: blake2b of the host   {hash_only:7.0f} ns   owner / hash    = {owner / hash_only:.2f}")

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import os
 import random
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from storage import FrontierStore, NodeStore, QueuedUrl, WarcPageStore, DedupStore
+from storage import DedupStore, FrontierStore, NodeStore, QueuedUrl, WarcPageStore
 
 
 def rss() -> dict[str, int]:
