@@ -379,7 +379,7 @@ class Crawler:
             request_headers=resp.request_headers,
             status=resp.status,
             reason=resp.reason,
-            response_headers=resp.headers,
+            response_headers=_as_decoded(resp),
             body=resp.body,
             ip=resp.ip,
             fetched_at=self.wallclock(),
@@ -394,6 +394,19 @@ class Crawler:
             "hosts_known": float(len(self.sched.turns)),
             "workers_busy": float(self.active),
         }
+
+
+_DECODED_DROP = frozenset(("content-encoding", "transfer-encoding", "content-length"))
+
+
+def _as_decoded(resp: Response) -> list[tuple[str, str]]:
+    """Response headers that describe the body as stored: the fetcher hands us the body with its
+    Content-Encoding undone and de-chunked, so those headers go and Content-Length is the stored length."""
+    if not any(k in _DECODED_DROP for k, _ in resp.headers):
+        return resp.headers
+    headers = [(k, v) for k, v in resp.headers if k not in _DECODED_DROP]
+    headers.append(("content-length", str(len(resp.body))))
+    return headers
 
 
 def _header(resp: Response, name: str) -> str | None:

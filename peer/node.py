@@ -141,13 +141,16 @@ class Node:
                 stack.callback(pages.close)
             except StorageError as exc:
                 raise NodeError(str(exc)) from exc
-            self.resolver = CachingResolver(
-                cfg.nameservers,
-                cache_size=cfg.dns_cache_size,
-                min_ttl=cfg.dns_min_ttl,
-                max_ttl=cfg.dns_max_ttl,
-                allow_private=cfg.allow_private,
-            )
+            try:
+                self.resolver = CachingResolver(
+                    cfg.nameservers,
+                    cache_size=cfg.dns_cache_size,
+                    min_ttl=cfg.dns_min_ttl,
+                    max_ttl=cfg.dns_max_ttl,
+                    allow_private=cfg.allow_private,
+                )
+            except ValueError as exc:
+                raise NodeError(f"nameserver: {exc}") from exc
             async with Fetcher(
                 self.resolver,
                 user_agent=cfg.full_user_agent(),

@@ -48,6 +48,18 @@ async def test_crawl_fetches_exactly_the_reachable_and_allowed_set(tmp_path):
     # one robots.txt request per host that was visited
     robots = [u for u, n in counts.items() if u.endswith("/robots.txt")]
     assert all(counts[u] <= 1 + 2 * node.cfg.max_retries for u in robots)
+    # gzip-encoded pages are stored decoded, with headers that say so
+    gz = set(graph.feature("gzip", port=web.port))
+    stored = {}
+    for path in sorted((tmp_path / "node" / "warc").glob("*.warc.gz")):
+        with open(path, "rb") as fh:
+            for record in ArchiveIterator(fh):
+                uri = record.rec_headers.get_header("WARC-Target-URI")
+                if record.rec_type == "response" and uri in gz:
+                    stored[uri] = (record.http_headers.get_header("Content-Encoding"),
+                                   record.content_stream().read())
+    assert set(stored) == gz & expected.fetched and stored
+    assert all(enc is None and b"<html" in body.lower() for enc, body in stored.values())
     st = node.final_status
     assert st["done"] is True and st["queue"]["urls"] == 0 and st["queue"]["in_flight"] == 0
     assert st["pages"] >= len(expected.fetched)
@@ -80,3 +92,34 @@ async def test_depth_limit_and_store_none(tmp_path):
     expected = web.expected(max_body=node.cfg.max_body, max_depth=1)
     assert urls_fetched(web, expected) == set(expected.fetched)
     assert not list((tmp_path / "node" / "warc").glob("*.warc.gz"))
+
+
+async def test_max_pages_per_host_and_metrics_while_running(tmp_path):
+    import httpx
+
+    graph = SiteGraph.generate(seed=13, hosts=5, pages_per_host=12, features=False)
+    async with trio.open_nursery() as nursery:
+        web, dns = await start_local_web(nursery, graph)
+        node = Node(node_config(tmp_path / "node", web, dns, max_pages_per_host=3, exit_when_done=False))
+        await nursery.start(node.run)
+        with trio.fail_after(60):
+            while not node.crawler.is_done():
+                await trio.sleep(0.05)
+        async with httpx.AsyncClient() as client:
+            metrics = (await client.get(f"http://127.0.0.1:{node.control_port}/metrics")).text
+            status = (await client.get(f"http://127.0.0.1:{node.control_port}/status")).json()
+        node.request_stop()
+        with trio.fail_after(20):
+            while node.final_status is None:
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    per_host = {}
+    for record in web.log:
+        if not record.path.endswith("robots.txt"):
+            per_host[record.host] = per_host.get(record.host, 0) + 1
+    assert per_host and max(per_host.values()) == 3
+    assert status["done"] is True and status["skipped"]["max-pages-per-host"] > 0
+    pages = sum(per_host.values())
+    assert f"peercrawl_pages_total {float(pages)}" in metrics
+    assert 'peercrawl_skipped_total{reason="max-pages-per-host"}' in metrics
+    assert "peercrawl_queued_urls 0.0" in metrics

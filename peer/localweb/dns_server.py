@@ -59,6 +59,7 @@ class DnsServer:
     ttl: int
     delay: float
     queries: list[tuple[str, str]] = field(default_factory=list)
+    record_queries: bool = True  # the long-running process turns the log off so it does not grow forever
 
     def answer(self, query: dns.message.Message) -> dns.message.Message:
         """The response to ``query`` (pure apart from appending to ``queries``)."""
@@ -70,7 +71,8 @@ class DnsServer:
         question = query.question[0]
         name = _norm(question.name.to_text())
         rdtype = question.rdtype
-        self.queries.append((name, dns.rdatatype.to_text(rdtype)))
+        if self.record_queries:
+            self.queries.append((name, dns.rdatatype.to_text(rdtype)))
         if question.rdclass != dns.rdataclass.IN:
             response.set_rcode(dns.rcode.REFUSED)
             return response
@@ -259,6 +261,7 @@ async def _run(args: argparse.Namespace, zone: dict[str, list[str]]) -> str | No
                 server = await nursery.start(start)
             except OSError as exc:
                 return f"dns_server: cannot listen on {args.host}:{args.port}: {exc}"
+            server.record_queries = False
             host, port = server.address
             print(f"listening {host}:{port}", flush=True)
             async for _ in signals:

@@ -1,0 +1,379 @@
+"""One node crawling the benchmark web, beside Scrapy crawling the same web in the same run.
+
+Run: ``python -m tests.bench.bench_crawl [--hosts 1000] [--pages-per-host 50] [--scrapy-pages 5000]
+[--skip-scrapy] [--stores warc,none] [--py-spy]``
+
+The web is ``peer.localweb.bench`` (nginx serving ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with
+about 30 links each); the host names are served by ``peer.localweb.dns_server`` in its own process. Each
+crawler runs as its own process and is measured from outside the same way: wall time from start to exit,
+user+system CPU and peak RSS from ``os.wait4`` (the kernel's rusage of the exited child), pages from its
+own final counters. Crawlers:
+
+- peercrawl: ``python -m peer start --delay 0 --concurrency 256 --exit-when-done`` (one run per ``--stores``
+  value; ``warc`` writes every page to WARC files, ``none`` only crawls). It resolves names through the DNS
+  server over UDP with its own cache, as in production.
+- Scrapy 2.x (the reference): a CrawlSpider with ``ROBOTSTXT_OBEY=True``, one ``LinkExtractor`` rule following
+  every link inside the bench domain, ``CONCURRENT_REQUESTS=256``, ``CONCURRENT_REQUESTS_PER_DOMAIN=1``,
+  ``DOWNLOAD_DELAY=0``, stopped by ``CLOSESPIDER_PAGECOUNT``. Scrapy cannot be pointed at a name server, so
+  its ``DNS_RESOLVER`` is a small class answering from the bench zone in process (no lookup cost at all:
+  that favours Scrapy slightly). It stores nothing, so compare it with the ``none`` run as well.
+
+Printed: pages, wall s, pages/s, CPU ms/page, peak RSS MiB for each, the web's CPU per request, and the
+ratios against Scrapy. Targets (issue 3): >= 10x Scrapy's pages per CPU-second (<= 1.4 ms CPU per page) and
+>= 700 pages/s for one node. Results go to ``--results-dir`` as JSON. ``--py-spy`` also records the node with
+py-spy (``pip install py-spy``) into the results dir; its sampling costs CPU, so those runs are slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from peer.localweb.bench import BenchWeb, start_bench_web
+
+BENCH_DOMAIN = "web.test"
+TARGET_CPU_RATIO = 10.0
+TARGET_RATE = 700.0
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
+    """User+system CPU of the given processes and their children so far (for the web's share)."""
+    total = 0.0
+    for proc in procs:
+        try:
+            p = psutil.Process(proc.pid)
+            for q in [p, *p.children(recursive=True)]:
+                t = q.cpu_times()
+                total += t.user + t.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def _run_measured(cmd: list[str], *, cwd: Path, stderr: Path, time_limit: float, env: dict[str, str],
+                  on_start=None) -> dict[str, Any]:
+    """Run ``cmd`` to its exit (SIGTERM at ``time_limit``); wall s, CPU s and peak RSS from its rusage."""
+    t0 = time.perf_counter()
+    with open(stderr, "wb") as err:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env)
+    helper = on_start(proc.pid) if on_start is not None else None
+    deadline = t0 + time_limit
+    terminated = False
+    status, usage = 0, None
+    while True:  # bounded: SIGTERM at the deadline, SIGKILL 30 s later
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            break
+        now = time.perf_counter()
+        if now > deadline and not terminated:
+            proc.send_signal(signal.SIGTERM)
+            terminated = True
+        elif now > deadline + 30:
+            proc.kill()
+        time.sleep(0.05)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; keep Popen from waiting again
+    if helper is not None:
+        try:
+            helper.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            helper.kill()
+            helper.wait()
+    assert usage is not None
+    return {
+        "exit": proc.returncode,
+        "timed_out": terminated,
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "user_s": usage.ru_utime,
+        "sys_s": usage.ru_stime,
+        "peak_rss_mib": usage.ru_maxrss / 1024,  # KiB on Linux
+    }
+
+
+def _start_dns(zone: dict[str, str], workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    zone_file = workdir / "zone.txt"
+    zone_file.write_text("".join(f"{name} {ip}\n" for name, ip in zone.items()), encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-m", "peer.localweb.dns_server", "--zone-file", str(zone_file),
+                             "--port", "0"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode().strip()  # the server prints one line once it listens
+    if not line.startswith("listening "):
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"dns_server failed to start: {line or 'no output'}")
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# --------------------------------------------------------------------------- peercrawl
+
+
+def _final_stats(log_file: Path) -> dict[str, Any]:
+    """The counters of the node's "node stopped" log line (JSON lines on a non-terminal stderr)."""
+    stats: dict[str, Any] = {}
+    for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("{") and '"node stopped"' in line:
+            stats = json.loads(line)
+    return stats
+
+
+def run_node(web: BenchWeb, dns_port: int, store: str, args: argparse.Namespace, workdir: Path,
+             results: Path) -> dict[str, Any]:
+    data = workdir / f"node-{store}"
+    shutil.rmtree(data, ignore_errors=True)
+    seeds = workdir / "seeds.txt"
+    seeds.write_text("\n".join(web.seeds) + "\n", encoding="utf-8")
+    cmd = [sys.executable, "-m", "peer", "start", "--node-id", f"bench-{store}", "--listen", "127.0.0.1:0",
+           "--control", "127.0.0.1:0", "--seeds-file", str(seeds), "--allow-host", BENCH_DOMAIN,
+           "--allow-private", "--nameserver", f"127.0.0.1:{dns_port}", "--delay", "0",
+           "--concurrency", str(args.concurrency), "--exit-when-done", "--data-dir", str(data),
+           "--store", store, "--log-format", "json", "--log-level", "info"]
+    on_start = None
+    if args.py_spy:
+        spy = shutil.which("py-spy")
+        if spy is None:
+            raise SystemExit("bench_crawl: --py-spy needs py-spy (pip install py-spy)")
+        out = results / f"py-spy-node-{store}.txt"
+
+        def on_start(pid: int) -> subprocess.Popen[bytes]:
+            return subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw",
+                                     "--output", str(out), "--nonblocking", "--idle"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    log_file = workdir / f"node-{store}.log"
+    web_cpu0 = _cpu_seconds(web.processes)
+    r = _run_measured(cmd, cwd=workdir, stderr=log_file, time_limit=args.time_limit, env=dict(os.environ),
+                      on_start=on_start)
+    r["web_cpu_s"] = _cpu_seconds(web.processes) - web_cpu0
+    final = _final_stats(log_file)
+    if r["exit"] != 0 or not final:
+        tail = log_file.read_text(errors="replace").splitlines()[-5:]
+        raise SystemExit(f"bench_crawl: the node exited with {r['exit']}; last log lines:\n" + "\n".join(tail))
+    pages = int(final.get("pages", 0))
+    robots = int(final.get("robots_fetches", 0))
+    r.update(name=f"peercrawl --store {store}", pages=pages, robots=robots, requests=pages + robots,
+             stored=final.get("stored", 0), errors=final.get("errors", {}), status=final.get("status", {}),
+             warc_mib=_dir_mib(data / "warc"))
+    shutil.rmtree(data, ignore_errors=True)
+    return r
+
+
+def _dir_mib(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20 if path.exists() else 0.0
+
+
+# --------------------------------------------------------------------------- Scrapy
+
+SCRAPY_SCRIPT = textwrap.dedent(
+    '''\
+    """Scrapy reference crawl of the bench web (written and run by tests/bench/bench_crawl.py)."""
+    import json, sys
+
+    from scrapy.crawler import CrawlerProcess
+    from scrapy.linkextractors import LinkExtractor
+    from scrapy.spiders import CrawlSpider, Rule
+    from twisted.internet import defer
+    from twisted.internet.error import DNSLookupError
+    from twisted.internet.interfaces import IResolverSimple
+    from zope.interface import implementer
+
+    CONFIG = json.load(open(sys.argv[1], encoding="utf-8"))
+    ZONE = CONFIG["zone"]
+
+
+    @implementer(IResolverSimple)
+    class ZoneResolver:
+        """DNS_RESOLVER answering from the bench zone (the names Scrapy would otherwise ask the system for)."""
+
+        def __init__(self, reactor):
+            self.reactor = reactor
+
+        @classmethod
+        def from_crawler(cls, crawler, reactor):
+            return cls(reactor)
+
+        def install_on_reactor(self):
+            self.reactor.installResolver(self)
+
+        def getHostByName(self, name, timeout=()):
+            ip = ZONE.get(name.lower().rstrip("."))
+            return defer.succeed(ip) if ip else defer.fail(DNSLookupError(name))
+
+
+    class BenchSpider(CrawlSpider):
+        name = "bench"
+        allowed_domains = [CONFIG["domain"]]
+        start_urls = CONFIG["seeds"]
+        # allow_domains would compare the domain with host:port and drop every link of a web on a port,
+        # so the rule is the same "inside the bench domain" test written as a URL pattern.
+        domain = CONFIG["domain"].replace(".", r"\\.")
+        rules = (Rule(LinkExtractor(allow=[rf"^https?://([^/:]+\\.)?{domain}(:\\d+)?(/|$)"]), follow=True),)
+
+
+    process = CrawlerProcess(settings={
+        "ROBOTSTXT_OBEY": True,
+        "CONCURRENT_REQUESTS": CONFIG["concurrency"],
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "DOWNLOAD_DELAY": 0,
+        "CLOSESPIDER_PAGECOUNT": CONFIG["pages"],
+        "LOG_LEVEL": "WARNING",
+        "DNS_RESOLVER": "__main__.ZoneResolver",
+        "USER_AGENT": "scrapy-bench (+http://127.0.0.1/)",
+        "TELNETCONSOLE_ENABLED": False,
+    })
+    crawler = process.create_crawler(BenchSpider)
+    process.crawl(crawler)
+    process.start()
+    json.dump(crawler.stats.get_stats(), open(CONFIG["stats_out"], "w", encoding="utf-8"), default=str)
+    '''
+)
+
+
+def run_scrapy(web: BenchWeb, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    script = workdir / "scrapy_bench.py"
+    script.write_text(SCRAPY_SCRIPT, encoding="utf-8")
+    stats_out = workdir / "scrapy-stats.json"
+    config = workdir / "scrapy-config.json"
+    config.write_text(json.dumps({"zone": web.zone, "domain": BENCH_DOMAIN, "seeds": web.seeds,
+                                  "concurrency": args.concurrency, "pages": args.scrapy_pages,
+                                  "stats_out": str(stats_out)}), encoding="utf-8")
+    log_file = workdir / "scrapy.log"
+    web_cpu0 = _cpu_seconds(web.processes)
+    r = _run_measured([sys.executable, str(script), str(config)], cwd=workdir, stderr=log_file,
+                      time_limit=args.time_limit, env=dict(os.environ))
+    r["web_cpu_s"] = _cpu_seconds(web.processes) - web_cpu0
+    if r["exit"] != 0 or not stats_out.exists():
+        tail = log_file.read_text(errors="replace").splitlines()[-5:]
+        raise SystemExit(f"bench_crawl: Scrapy exited with {r['exit']}; last log lines:\n" + "\n".join(tail))
+    st = json.loads(stats_out.read_text(encoding="utf-8"))
+    robots = int(st.get("robotstxt/request_count", 0))
+    responses = int(st.get("response_received_count", 0))
+    pages = responses - int(st.get("robotstxt/response_count", 0))
+    r.update(name="Scrapy " + _scrapy_version(), pages=pages, robots=robots, requests=responses,
+             stored=0, errors={k: v for k, v in st.items() if k.startswith("downloader/exception_type_count")},
+             status={k.rsplit("/", 1)[1]: v for k, v in st.items() if k.startswith("downloader/response_status")},
+             finish_reason=st.get("finish_reason"))
+    return r
+
+
+def _scrapy_version() -> str:
+    try:
+        import scrapy
+    except ImportError:
+        return "(not installed)"
+    return scrapy.__version__
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _derive(r: dict[str, Any]) -> dict[str, Any]:
+    pages = max(1, r["pages"])
+    r["pages_per_s"] = r["pages"] / r["wall_s"]
+    r["cpu_ms_per_page"] = r["cpu_s"] / pages * 1e3
+    r["pages_per_cpu_s"] = r["pages"] / r["cpu_s"] if r["cpu_s"] > 0 else 0.0
+    r["web_cpu_us_per_request"] = r["web_cpu_s"] / max(1, r["requests"]) * 1e6
+    return r
+
+
+def report(rows: list[dict[str, Any]], scrapy: dict[str, Any] | None) -> list[str]:
+    out = [f"{'crawler':24} {'pages':>7} {'wall s':>7} {'pages/s':>8} {'CPU ms/page':>12} {'peak RSS MiB':>13} "
+           f"{'web CPU us/req':>15}"]
+    for r in rows + ([scrapy] if scrapy else []):
+        out.append(f"{r['name']:24} {r['pages']:7d} {r['wall_s']:7.1f} {r['pages_per_s']:8.0f} "
+                   f"{r['cpu_ms_per_page']:12.2f} {r['peak_rss_mib']:13.0f} {r['web_cpu_us_per_request']:15.0f}")
+    for r in rows:
+        line = f"{r['name']}: {r['pages_per_s']:.0f} pages/s (target >= {TARGET_RATE:.0f}), " \
+               f"{r['cpu_ms_per_page']:.2f} ms CPU/page (target <= 1.4)"
+        if scrapy:
+            ratio = r["pages_per_cpu_s"] / scrapy["pages_per_cpu_s"]
+            r["cpu_ratio_vs_scrapy"] = ratio
+            r["rate_ratio_vs_scrapy"] = r["pages_per_s"] / scrapy["pages_per_s"]
+            line += (f"; {ratio:.1f}x Scrapy's pages per CPU-second (target >= {TARGET_CPU_RATIO:.0f}x), "
+                     f"{r['rate_ratio_vs_scrapy']:.1f}x its pages/s")
+        out.append(line)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m tests.bench.bench_crawl", description=__doc__.split("\n\n")[0])
+    p.add_argument("--hosts", type=int, default=1000)
+    p.add_argument("--pages-per-host", type=int, default=50)
+    p.add_argument("--links-per-page", type=int, default=30)
+    p.add_argument("--page-bytes", type=int, default=15_000)
+    p.add_argument("--concurrency", type=int, default=256, help="fetches in flight, both crawlers")
+    p.add_argument("--stores", default="warc,none", help="comma-separated peercrawl runs: warc, none")
+    p.add_argument("--scrapy-pages", type=int, default=5000, help="Scrapy's CLOSESPIDER_PAGECOUNT")
+    p.add_argument("--skip-scrapy", action="store_true")
+    p.add_argument("--time-limit", type=float, default=600.0, help="seconds per crawl before SIGTERM")
+    p.add_argument("--results-dir", default="bench-results")
+    p.add_argument("--py-spy", action="store_true", help="record the node with py-spy (slows it down)")
+    args = p.parse_args()
+    stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    if not stores or any(s not in ("warc", "none") for s in stores):
+        p.error(f"--stores takes warc and/or none, got {args.stores!r}")
+    results = Path(args.results_dir).resolve()
+    results.mkdir(parents=True, exist_ok=True)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 16384), hard), hard))  # inherited by crawlers
+
+    rows: list[dict[str, Any]] = []
+    scrapy = None
+    with tempfile.TemporaryDirectory(prefix="peercrawl-bench-crawl-") as tmp:
+        workdir = Path(tmp)
+        with start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
+                             links_per_page=args.links_per_page, page_bytes=args.page_bytes) as web:
+            dns, dns_port = _start_dns(web.zone, workdir)
+            try:
+                total = args.hosts * args.pages_per_host
+                print(f"web: {web.kind} on port {web.port}, {args.hosts} hosts x {args.pages_per_host} pages "
+                      f"({total} pages), {len(web.seeds)} seeds; DNS server on port {dns_port}", flush=True)
+                for store in stores:
+                    rows.append(_derive(run_node(web, dns_port, store, args, workdir, results)))
+                    print(f"  peercrawl --store {store}: {rows[-1]['pages']} pages in {rows[-1]['wall_s']:.1f} s",
+                          flush=True)
+                if not args.skip_scrapy:
+                    scrapy = _derive(run_scrapy(web, args, workdir))
+                    print(f"  Scrapy: {scrapy['pages']} pages in {scrapy['wall_s']:.1f} s", flush=True)
+            finally:
+                _stop(dns)
+    print(f"load average during the run (1/5 min): {os.getloadavg()[0]:.1f} / {os.getloadavg()[1]:.1f} "
+          f"on {os.cpu_count()} cores")
+    lines = report(rows, scrapy)
+    print("\n".join(lines))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    doc = {"bench": "bench_crawl", "time": stamp, "args": vars(args), "cpu_count": os.cpu_count(),
+           "loadavg": os.getloadavg(), "peercrawl": rows, "scrapy": scrapy, "summary": lines}
+    for name in (f"bench_crawl-{stamp}.json", "bench_crawl.json"):
+        (results / name).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    print(f"results: {results / 'bench_crawl.json'}")
+
+
+if __name__ == "__main__":
+    main()
