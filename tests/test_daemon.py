@@ -149,3 +149,52 @@ async def test_sigkill_at_several_moments_loses_nothing(tmp_path):
     # socket; those are the killed process's, so only requests that no kill cut are compared
     uncut = [r for r in web.log if not any(r.wall_start <= t <= r.wall_end + 0.05 for t in kills)]
     assert max(max_concurrent_connections_per_host(uncut).values()) == 1
+
+
+async def test_unwritable_data_dir_is_one_clear_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    graph = SiteGraph.generate(seed=12, hosts=3, pages_per_host=4, features=False)
+    async with trio.open_nursery() as nursery:
+        web, dns = await start_local_web(nursery, graph)
+        cfg = node_config(blocker / "data", web, dns)
+        out = await trio.run_process(peerd_argv(cfg), env=child_env(), capture_stderr=True, check=False)
+        nursery.cancel_scope.cancel()
+    assert out.returncode == 2
+    lines = out.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("peerd: error: data dir"), lines
+
+
+def _limit_file_size(limit: int):
+    def apply() -> None:
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+async def test_full_disk_stops_cleanly_and_the_store_survives(tmp_path):
+    """A file-size limit stands in for a full disk: writes past it fail with EFBIG, as a full disk fails
+    with ENOSPC. The node must stop with one line, and a restart without the limit must finish the crawl
+    from the same data dir: the store was not corrupted."""
+    graph = SiteGraph.generate(seed=31, hosts=12, pages_per_host=20, features=False, page_bytes=20000)
+    async with trio.open_nursery() as nursery:
+        web, dns = await start_local_web(nursery, graph)
+        cfg = node_config(tmp_path / "n", web, dns, delay=0.0)
+        out = await trio.run_process(peerd_argv(cfg), env=child_env(), capture_stderr=True, check=False,
+                                     preexec_fn=_limit_file_size(600_000))
+        errors = [line for line in out.stderr.decode().splitlines() if line.startswith("peerd: error")]
+        assert out.returncode == 2, out.stderr.decode()[-2000:]
+        assert len(errors) == 1 and "Traceback" not in out.stderr.decode()
+        assert str(tmp_path / "n") in errors[0]
+        proc = await trio.lowlevel.open_process(peerd_argv(cfg), env=child_env())
+        try:
+            with trio.fail_after(90):
+                assert await proc.wait() == 0
+        finally:
+            kill_pid(proc.pid)
+        nursery.cancel_scope.cancel()
+    expected = web.expected()
+    assert urls_fetched(web, expected) == set(expected.fetched)
