@@ -5,6 +5,10 @@ when its turn comes a worker pops one URL of that host from the frontier, makes 
 is known, fetches, stores, extracts links and admits them, then gives the host back to the scheduler with its
 next allowed time. One worker per host at a time is what makes "one connection per host" true.
 
+Speed: most links of a wide crawl were seen before, so the engine remembers which URLs the dedup store has
+already answered for (URL -> host, bounded) and counts those as seen without parsing, scope-checking or
+looking them up again; the dedup store stays the authority (docs/benchmarks.md has the profile).
+
 Routing hook: links for hosts this node does not own are handed to ``router`` (the cluster's dispatcher);
 a single node owns every host.
 """
@@ -42,6 +46,9 @@ _SKIP_BUDGET = 256
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 _RETRY_STATUSES = frozenset((429, 503))
 _RETRY_ERRORS = frozenset(("connect", "timeout"))
+#: URLs remembered as already answered by the dedup store (about 200 B each: 200,000 is about 40 MiB).
+#: Past it the memory starts over; the dedup store stays the authority, so that only costs look-ups.
+_SEEN_CACHE_SIZE = 200_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +59,17 @@ class Link:
     depth: int
     hops: int = 0
     found_on: str | None = None
+
+
+class _Batch:
+    """Links screened for one dedup transaction: their keys, what to queue if new, and seen-cache hits."""
+
+    __slots__ = ("cands", "keys", "seen")
+
+    def __init__(self) -> None:
+        self.keys: list[bytes] = []
+        self.cands: list[tuple[str, str, int, int, str | None]] = []  # host, url, depth, hops, found_on
+        self.seen = 0
 
 
 class Crawler:
@@ -91,6 +109,7 @@ class Crawler:
         self._retries: dict[str, int] = {}
         self._wakeup = trio.Event()
         self._positions: dict[str, int] = {}
+        self._seen: dict[str, str] = {}  # URL -> host, for URLs the dedup store has answered for
         self.done = trio.Event()
         self.active = 0
         self.store_types = tuple(t.lower() for t in cfg.store_types)
@@ -107,39 +126,79 @@ class Crawler:
 
     def admit(self, links: Iterable[Link]) -> tuple[int, int]:
         """Scope-check, route, dedup and queue links. Returns (new, already seen) for the links owned here."""
-        keys: list[bytes] = []
-        cands: list[tuple[str, Link]] = []
-        scope = self.scope
-        skipped = self.stats.skipped
+        batch = _Batch()
         for link in links:
-            host = host_of(link.url)
-            reason = scope.check(link.url, host, link.depth)
-            if reason is not None:
-                skipped[reason] += 1
+            self._screen(batch, link.url, link.depth, link.hops, link.found_on)
+        return self._commit(batch)
+
+    def _admit_found(self, urls: Sequence[str], depth: int, found_on: str) -> tuple[int, int]:
+        """``admit`` for the links of one page, without a ``Link`` per URL: the crawl's hottest loop.
+
+        Most links of a wide crawl were seen before; a URL the dedup store already answered for, on a host
+        this node still owns, is counted as seen without being parsed, scope-checked or looked up again.
+        """
+        batch = _Batch()
+        seen = self._seen
+        owns = self.owns
+        max_depth = self.scope.max_depth
+        if max_depth is not None and depth > max_depth:
+            seen = {}  # the scope check must name the reason, as without the cache
+        hits = 0
+        for url in urls:
+            host = seen.get(url)
+            if host is not None and (owns is None or owns(host)):
+                hits += 1
                 continue
-            if self.owns is not None and not self.owns(host):
-                if self.router is not None:
-                    self.router(host, link)
-                continue
-            keys.append(url_key(self.position(host), link.url))
-            cands.append((host, link))
-        if not keys:
-            return 0, 0
-        fresh = self.dedup.add_new(keys)
-        items = [
-            QueuedUrl(url=link.url, host=host, depth=link.depth, hops=link.hops, found_on=link.found_on)
-            for (host, link), new in zip(cands, fresh)
-            if new
-        ]
+            self._screen(batch, url, depth, 0, found_on)
+        batch.seen += hits
+        return self._commit(batch)
+
+    def _screen(self, batch: _Batch, url: str, depth: int, hops: int, found_on: str | None) -> None:
+        host = host_of(url)
+        reason = self.scope.check(url, host, depth)
+        if reason is not None:
+            self.stats.skipped[reason] += 1
+            return
+        if self.owns is not None and not self.owns(host):
+            if self.router is not None:
+                self.router(host, Link(url, depth, hops, found_on))
+            return
+        pos = self._positions.get(host)
+        if pos is None:
+            pos = self.position(host)
+        batch.keys.append(url_key(pos, url))
+        batch.cands.append((host, url, depth, hops, found_on))
+
+    def _commit(self, batch: _Batch) -> tuple[int, int]:
+        """One dedup transaction for the batch; the new URLs go to the frontier and wake their hosts."""
+        seen_before = batch.seen
+        items: list[QueuedUrl] = []
+        if batch.keys:
+            fresh = self.dedup.add_new(batch.keys)
+            seen = self._seen
+            if len(seen) + len(batch.cands) > _SEEN_CACHE_SIZE:
+                seen.clear()
+            for (host, url, depth, hops, found_on), new in zip(batch.cands, fresh):
+                seen[url] = host
+                if new:
+                    items.append(QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on))
+                else:
+                    seen_before += 1
         if items:
             self.frontier.push(items)
             now = trio.current_time()
+            wake = self.sched.wake
             for item in items:
-                self.sched.wake(item.host, now)
+                wake(item.host, now)
             self._wakeup.set()
         self.stats.urls_new += len(items)
-        self.stats.urls_seen += len(keys) - len(items)
-        return len(items), len(keys) - len(items)
+        self.stats.urls_seen += seen_before
+        return len(items), seen_before
+
+    def forget_seen(self) -> None:
+        """Drop the in-memory record of URLs the dedup store has answered for. Call it whenever the dedup
+        store may forget URLs (a re-crawl policy deleting keys); ownership changes need no call."""
+        self._seen.clear()
 
     def seed(self, urls: Sequence[str]) -> int:
         links = []
@@ -342,8 +401,7 @@ class Crawler:
                     page = extract(resp.body, item.url, ctype)
                 stats.links_found += len(page.links)
                 if not page.nofollow:
-                    depth = item.depth + 1
-                    links = [Link(u, depth, 0, item.url) for u in page.links]
+                    self._admit_found(page.links, item.depth + 1, item.url)
         if links:
             self.admit(links)
         self.frontier.done(item)

@@ -24,6 +24,11 @@ from ._memfrontier import MemoryFrontierStore
 from ._node import MemoryNodeStore, NodeStore, queued_url_keys
 from ._pages import NullPageStore, PageStore, WarcPageStore, open_page_store
 from ._records import HostState, QueuedUrl
+from ._bloom import BloomDedup
+from ._dedup_alt import FingerprintSetDedup, UrlSetDedup, md5_key
+from ._digittree import DigitTreeDedup
+from ._redis_dedup import RedisDedup
+from .dedup_kinds import DEDUP_KINDS, DedupUnsupported, LmdbDedup, open_dedup
 
 __all__ = [
     "RING_SIZE",
@@ -50,4 +55,14 @@ __all__ = [
     "surt",
     "url_fingerprint",
     "url_key",
+    "BloomDedup",
+    "DEDUP_KINDS",
+    "DedupUnsupported",
+    "DigitTreeDedup",
+    "FingerprintSetDedup",
+    "LmdbDedup",
+    "RedisDedup",
+    "UrlSetDedup",
+    "md5_key",
+    "open_dedup",
 ]

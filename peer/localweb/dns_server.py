@@ -122,6 +122,9 @@ async def _bind_pair(host: str, port: int) -> tuple[trio.socket.SocketType, trio
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for _ in range(_PORT_ATTEMPTS):
         udp = trio.socket.socket(family, socket.SOCK_DGRAM)
+        # A deep receive buffer: hundreds of look-ups in flight overflow the default ~200 KB and make
+        # clients retry after a second (the kernel caps this at net.core.rmem_max).
+        udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         await udp.bind((host, port))
         chosen = udp.getsockname()[1]
         tcp = trio.socket.socket(family, socket.SOCK_STREAM)

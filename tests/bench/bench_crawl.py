@@ -144,12 +144,13 @@ def _final_stats(log_file: Path) -> dict[str, Any]:
 
 
 def run_node(web: BenchWeb, dns_port: int, store: str, args: argparse.Namespace, workdir: Path,
-             results: Path) -> dict[str, Any]:
+             results: Path, *, program: tuple[str, ...] = (sys.executable, "-m", "peer")) -> dict[str, Any]:
+    """Crawl the bench web with one node process (``program start ...``) and measure it."""
     data = workdir / f"node-{store}"
     shutil.rmtree(data, ignore_errors=True)
     seeds = workdir / "seeds.txt"
     seeds.write_text("\n".join(web.seeds) + "\n", encoding="utf-8")
-    cmd = [sys.executable, "-m", "peer", "start", "--node-id", f"bench-{store}", "--listen", "127.0.0.1:0",
+    cmd = [*program, "start", "--node-id", f"bench-{store}", "--listen", "127.0.0.1:0",
            "--control", "127.0.0.1:0", "--seeds-file", str(seeds), "--allow-host", BENCH_DOMAIN,
            "--allow-private", "--nameserver", f"127.0.0.1:{dns_port}", "--delay", "0",
            "--concurrency", str(args.concurrency), "--exit-when-done", "--data-dir", str(data),
@@ -303,11 +304,12 @@ def _derive(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def report(rows: list[dict[str, Any]], scrapy: dict[str, Any] | None) -> list[str]:
-    out = [f"{'crawler':24} {'pages':>7} {'wall s':>7} {'pages/s':>8} {'CPU ms/page':>12} {'peak RSS MiB':>13} "
-           f"{'web CPU us/req':>15}"]
+    out = [(f"{'crawler':24} {'pages':>7} {'+robots':>7} {'wall s':>7} {'pages/s':>8} {'CPU ms/page':>12} "
+            f"{'CPU ms/req':>11} {'peak RSS MiB':>13} {'web CPU us/req':>15}")]
     for r in rows + ([scrapy] if scrapy else []):
-        out.append(f"{r['name']:24} {r['pages']:7d} {r['wall_s']:7.1f} {r['pages_per_s']:8.0f} "
-                   f"{r['cpu_ms_per_page']:12.2f} {r['peak_rss_mib']:13.0f} {r['web_cpu_us_per_request']:15.0f}")
+        out.append(f"{r['name']:24} {r['pages']:7d} {r['robots']:7d} {r['wall_s']:7.1f} {r['pages_per_s']:8.0f} "
+                   f"{r['cpu_ms_per_page']:12.2f} {r['cpu_s'] / max(1, r['requests']) * 1e3:11.2f} "
+                   f"{r['peak_rss_mib']:13.0f} {r['web_cpu_us_per_request']:15.0f}")
     for r in rows:
         line = f"{r['name']}: {r['pages_per_s']:.0f} pages/s (target >= {TARGET_RATE:.0f}), " \
                f"{r['cpu_ms_per_page']:.2f} ms CPU/page (target <= 1.4)"

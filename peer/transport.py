@@ -1,0 +1,377 @@
+"""The network seam between peers: TCP for real, an in-memory network for simulations.
+
+Everything above this module (peer links, membership, dispatch) sees only `Transport`: `connect(address)` gives
+a byte stream, `serve(handler)` runs a listener and reports the address it bound. `TcpTransport` is the real
+thing. `MemoryNetwork` runs many nodes in one `trio.run`, so a cluster can be simulated under `MockClock`.
+
+Faults on a byte stream cannot drop or duplicate single messages without corrupting framing, so the in-memory
+network models them where a real network shows them to a TCP user: at the connection (a partition refuses new
+connections and breaks existing ones; a link can break at random) and at delivery (each write arrives after an
+added delay, in order). Every random choice comes from the network's injected `random.Random`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol, runtime_checkable
+
+import trio
+
+__all__ = [
+    "Handler",
+    "MemoryNetwork",
+    "MemoryStream",
+    "MemoryTransport",
+    "TcpTransport",
+    "Transport",
+    "TransportError",
+    "split_address",
+]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[trio.abc.Stream], Awaitable[None]]
+
+
+class TransportError(OSError):
+    """The network did not let us reach the peer (refused, unreachable, partitioned): not a protocol fault."""
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """How a node reaches its peers and is reached by them."""
+
+    async def connect(self, address: str) -> trio.abc.Stream:
+        """A stream to the node listening at `address` ("host:port"); TransportError if it cannot be reached."""
+        ...
+
+    async def serve(self, handler: Handler, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Accept connections forever, running `handler(stream)` for each; report the bound address when ready."""
+        ...
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """("host", port) from "host:port" or "[v6]:port"; ValueError naming the address otherwise."""
+    host, sep, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not (sep and host and port.isdigit() and 0 <= int(port) < 65536):
+        raise ValueError(f"a peer address must be host:port, got {address!r}")
+    return host, int(port)
+
+
+def _join_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# --- TCP ----------------------------------------------------------------------------------------------------
+
+
+class TcpTransport:
+    """Peers over TCP. `listen` is "host:port" to bind (port 0: the OS picks one, reported by `serve`)."""
+
+    def __init__(self, listen: str) -> None:
+        self.listen = listen
+        self._host, self._port = split_address(listen)
+
+    async def connect(self, address: str) -> trio.abc.Stream:
+        host, port = split_address(address)
+        try:
+            return await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            raise TransportError(f"cannot connect to peer {address}: {exc}") from exc
+
+    async def serve(self, handler: Handler, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            listeners = await trio.open_tcp_listeners(self._port, host=self._host)
+        except OSError as exc:
+            raise TransportError(f"cannot listen on {self.listen}: {exc}") from exc
+        sockname = listeners[0].socket.getsockname()
+        address = _join_address(sockname[0], sockname[1])
+        log.info("peer transport listening on %s", address)
+        await trio.serve_listeners(handler, listeners, task_status=_Reporter(task_status, address))
+
+
+class _Reporter:
+    """Passes `address` to the caller's task_status instead of the listener list trio reports."""
+
+    def __init__(self, task_status: trio.TaskStatus[str], address: str) -> None:
+        self._task_status = task_status
+        self._address = address
+
+    def started(self, value: object = None) -> None:
+        self._task_status.started(self._address)
+
+
+# --- in memory ----------------------------------------------------------------------------------------------
+
+
+class _Pipe:
+    """One direction of a memory connection: writes arrive in order, each after the network's delay."""
+
+    def __init__(self, network: MemoryNetwork, capacity: int) -> None:
+        self._network = network
+        self._send, self._receive = trio.open_memory_channel[tuple[float, bytes]](capacity)
+        self._last_due = -math.inf
+        self._pending = b""
+
+    async def write(self, data: bytes) -> None:
+        due = max(self._last_due, trio.current_time() + self._network.draw_delay())
+        self._last_due = due
+        await self._send.send((due, data))
+
+    def write_eof(self) -> None:
+        self._send.close()
+
+    async def read(self, max_bytes: int) -> bytes:
+        if not self._pending:
+            try:
+                due, self._pending = await self._receive.receive()
+            except trio.EndOfChannel:
+                return b""
+            await trio.sleep_until(due)
+        data, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
+        return data
+
+    def close(self) -> None:
+        self._send.close()
+        self._receive.close()
+
+
+class _MemoryLink:
+    """Both directions of one connection between two addresses."""
+
+    def __init__(self, network: MemoryNetwork, dialer: str, listener: str, capacity: int) -> None:
+        self.network = network
+        self.ends = (dialer, listener)
+        self.pipes = (_Pipe(network, capacity), _Pipe(network, capacity))
+        self.broken = False
+        self.closed_ends = 0
+
+    def break_(self) -> None:
+        self.broken = True
+        for pipe in self.pipes:
+            pipe.close()
+        self.network._links.discard(self)
+
+
+class _Conflict:
+    """Raises trio.BusyResourceError when two tasks use one side of a stream at once, as trio's streams do."""
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+        self._held = False
+
+    def __enter__(self) -> None:
+        if self._held:
+            raise trio.BusyResourceError(self._message)
+        self._held = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._held = False
+
+
+class MemoryStream(trio.abc.HalfCloseableStream):
+    """One end of an in-memory connection; a broken link raises trio.BrokenResourceError like a reset socket."""
+
+    def __init__(self, link: _MemoryLink, side: int) -> None:
+        self._link = link
+        self._side = side
+        self._out = link.pipes[side]
+        self._in = link.pipes[1 - side]
+        self._closed = False
+        self._eof_sent = False
+        self._sending = _Conflict("another task is already sending on this stream")
+        self._receiving = _Conflict("another task is already receiving on this stream")
+
+    @property
+    def local_address(self) -> str:
+        return self._link.ends[self._side]
+
+    @property
+    def remote_address(self) -> str:
+        return self._link.ends[1 - self._side]
+
+    def _check(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("this memory stream was closed")
+        if self._link.broken:
+            raise trio.BrokenResourceError("the memory link broke (partition or injected fault)")
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with self._sending:
+            self._check()
+            if self._eof_sent:
+                raise trio.ClosedResourceError("send_eof() was already called on this stream")
+            await trio.lowlevel.checkpoint()
+            if not data:
+                return
+            if self._link.network.draw_break():
+                self._link.break_()
+            self._check()
+            try:
+                await self._out.write(bytes(data))
+            except (trio.ClosedResourceError, trio.BrokenResourceError) as exc:
+                self._check()
+                raise trio.BrokenResourceError("the memory link closed") from exc
+
+    async def wait_send_all_might_not_block(self) -> None:
+        self._check()
+        await trio.lowlevel.checkpoint()
+
+    async def send_eof(self) -> None:
+        with self._sending:
+            self._check()
+            await trio.lowlevel.checkpoint()
+            if not self._eof_sent:
+                self._eof_sent = True
+                self._out.write_eof()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        with self._receiving:
+            self._check()
+            try:
+                data = await self._in.read(max_bytes or 65536)
+            except trio.ClosedResourceError as exc:
+                self._check()
+                raise trio.BrokenResourceError("the memory link closed") from exc
+            self._check()
+            return data
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            # Closing our end: the peer reads the end of the stream; nothing more goes either way.
+            self._out.write_eof()
+            self._in.close()
+            self._link.closed_ends += 1
+            if self._link.closed_ends == 2:
+                self._link.network._links.discard(self._link)
+        await trio.lowlevel.checkpoint()
+
+
+class MemoryNetwork:
+    """A simulated network of `MemoryTransport`s, with faults driven by the injected `rng`.
+
+    - `delay` + uniform(0, `jitter`) seconds are added to each write (order is kept, as TCP keeps it).
+    - `break_probability`: the chance that any write breaks its connection (both ends see a reset).
+    - `partition(...)` / `block(a, b)`: blocked pairs cannot connect, and their open connections break.
+    The fault settings are plain attributes: set them to 0 to stop the faults.
+    """
+
+    def __init__(
+        self,
+        rng: random.Random | None = None,
+        *,
+        delay: float = 0.0,
+        jitter: float = 0.0,
+        break_probability: float = 0.0,
+        capacity: int = 64,
+    ) -> None:
+        self.rng = rng or random.Random(0)
+        self.delay = delay
+        self.jitter = jitter
+        self.break_probability = break_probability
+        self.capacity = capacity
+        self._listeners: dict[str, trio.MemorySendChannel[trio.abc.Stream]] = {}
+        self._blocked: set[frozenset[str]] = set()
+        self._links: set[_MemoryLink] = set()
+        self.connects = 0
+        self.breaks = 0
+
+    def transport(self, address: str) -> MemoryTransport:
+        """The transport of the node that listens at `address` on this network."""
+        split_address(address)
+        return MemoryTransport(self, address)
+
+    # -- faults -------------------------------------------------------------------------------------------
+
+    def draw_delay(self) -> float:
+        return self.delay + (self.rng.uniform(0.0, self.jitter) if self.jitter > 0 else 0.0)
+
+    def draw_break(self) -> bool:
+        if self.break_probability > 0 and self.rng.random() < self.break_probability:
+            self.breaks += 1
+            return True
+        return False
+
+    def block(self, a: str, b: str) -> None:
+        """Cut `a` from `b` (both ways): connecting fails and open connections between them break."""
+        self._blocked.add(frozenset((a, b)))
+        self.break_links(a, b)
+
+    def partition(self, *groups: Iterable[str]) -> None:
+        """Block every pair of addresses that lie in different groups."""
+        sets = [list(group) for group in groups]
+        for i, left in enumerate(sets):
+            for right in sets[i + 1 :]:
+                for a in left:
+                    for b in right:
+                        self.block(a, b)
+
+    def heal(self) -> None:
+        """Lift every partition (connections broken by it stay broken; peers reconnect)."""
+        self._blocked.clear()
+
+    def blocked(self, a: str, b: str) -> bool:
+        return frozenset((a, b)) in self._blocked
+
+    def break_links(self, a: str, b: str | None = None) -> int:
+        """Break the open connections of `a` (with `b` only, if given); returns how many broke."""
+        doomed = [link for link in self._links if a in link.ends and (b is None or b in link.ends)]
+        for link in doomed:
+            link.break_()
+        self.breaks += len(doomed)
+        return len(doomed)
+
+    # -- used by MemoryTransport --------------------------------------------------------------------------
+
+    async def _connect(self, source: str, address: str) -> trio.abc.Stream:
+        await trio.sleep(self.draw_delay())
+        if self.blocked(source, address):
+            raise TransportError(f"cannot connect to peer {address}: unreachable (partitioned from {source})")
+        accept = self._listeners.get(address)
+        if accept is None:
+            raise TransportError(f"cannot connect to peer {address}: connection refused (nothing listening)")
+        link = _MemoryLink(self, source, address, self.capacity)
+        self._links.add(link)
+        try:
+            accept.send_nowait(MemoryStream(link, 1))
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            link.break_()
+            raise TransportError(f"cannot connect to peer {address}: connection refused (backlog full)") from None
+        self.connects += 1
+        return MemoryStream(link, 0)
+
+
+class MemoryTransport:
+    """The transport of one simulated node at `address` on a `MemoryNetwork`."""
+
+    def __init__(self, network: MemoryNetwork, address: str) -> None:
+        self.network = network
+        self.address = address
+
+    async def connect(self, address: str) -> trio.abc.Stream:
+        return await self.network._connect(self.address, address)
+
+    async def serve(self, handler: Handler, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        network = self.network
+        if self.address in network._listeners:
+            raise TransportError(f"cannot listen on {self.address}: the address is in use")
+        send, receive = trio.open_memory_channel[trio.abc.Stream](16)
+        network._listeners[self.address] = send
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started(self.address)
+                async with receive:
+                    async for stream in receive:
+                        nursery.start_soon(handler, stream)
+        finally:
+            if network._listeners.get(self.address) is send:
+                del network._listeners[self.address]
+            send.close()
+            # A node that stops serving is gone: its connections reset, as a killed process's would.
+            network.break_links(self.address)
