@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 import trio
 
-from ring import host_position
-from storage import HostState, LruTtlCache, QueuedUrl, url_key
+from storage import HostState, LruTtlCache, QueuedUrl
 
 from .config import Config
 from .dns import DnsError
@@ -62,13 +61,12 @@ class Link:
 
 
 class _Batch:
-    """Links screened for one dedup transaction: their keys, what to queue if new, and seen-cache hits."""
+    """Links screened for one store transaction: what to queue if new, and seen-cache hits."""
 
-    __slots__ = ("cands", "keys", "seen")
+    __slots__ = ("cands", "seen")
 
     def __init__(self) -> None:
-        self.keys: list[bytes] = []
-        self.cands: list[tuple[str, str, int, int, str | None]] = []  # host, url, depth, hops, found_on
+        self.cands: list[QueuedUrl] = []
         self.seen = 0
 
 
@@ -78,8 +76,7 @@ class Crawler:
         cfg: Config,
         *,
         fetcher: Fetcher,
-        frontier,
-        dedup,
+        store,
         pages,
         stats: Stats | None = None,
         owns: Callable[[str], bool] | None = None,
@@ -88,8 +85,9 @@ class Crawler:
     ) -> None:
         self.cfg = cfg
         self.fetcher = fetcher
-        self.frontier = frontier
-        self.dedup = dedup
+        self.store = store  # storage.NodeStore: seen-set and frontier changed together, atomically
+        self.frontier = store.frontier
+        self.dedup = store.dedup
         self.pages = pages
         self.stats = stats or Stats()
         self.owns = owns
@@ -108,21 +106,12 @@ class Crawler:
         self._pending: dict[str, QueuedUrl] = {}  # host -> URL popped but parked while its robots.txt came in
         self._retries: dict[str, int] = {}
         self._wakeup = trio.Event()
-        self._positions: dict[str, int] = {}
         self._seen: dict[str, str] = {}  # URL -> host, for URLs the dedup store has answered for
         self.done = trio.Event()
         self.active = 0
         self.store_types = tuple(t.lower() for t in cfg.store_types)
 
     # ------------------------------------------------------------------ admission
-
-    def position(self, host: str) -> int:
-        pos = self._positions.get(host)
-        if pos is None:
-            if len(self._positions) > 200_000:
-                self._positions.clear()
-            pos = self._positions[host] = host_position(host)
-        return pos
 
     def admit(self, links: Iterable[Link]) -> tuple[int, int]:
         """Scope-check, route, dedup and queue links. Returns (new, already seen) for the links owned here."""
@@ -131,13 +120,12 @@ class Crawler:
             self._screen(batch, link.url, link.depth, link.hops, link.found_on)
         return self._commit(batch)
 
-    def _admit_found(self, urls: Sequence[str], depth: int, found_on: str) -> tuple[int, int]:
-        """``admit`` for the links of one page, without a ``Link`` per URL: the crawl's hottest loop.
+    def _screen_found(self, batch: _Batch, urls: Sequence[str], depth: int, found_on: str) -> None:
+        """Screen the links of one page, without a ``Link`` per URL: the crawl's hottest loop.
 
         Most links of a wide crawl were seen before; a URL the dedup store already answered for, on a host
         this node still owns, is counted as seen without being parsed, scope-checked or looked up again.
         """
-        batch = _Batch()
         seen = self._seen
         owns = self.owns
         max_depth = self.scope.max_depth
@@ -151,7 +139,6 @@ class Crawler:
                 continue
             self._screen(batch, url, depth, 0, found_on)
         batch.seen += hits
-        return self._commit(batch)
 
     def _screen(self, batch: _Batch, url: str, depth: int, hops: int, found_on: str | None) -> None:
         host = host_of(url)
@@ -163,29 +150,25 @@ class Crawler:
             if self.router is not None:
                 self.router(host, Link(url, depth, hops, found_on))
             return
-        pos = self._positions.get(host)
-        if pos is None:
-            pos = self.position(host)
-        batch.keys.append(url_key(pos, url))
-        batch.cands.append((host, url, depth, hops, found_on))
+        batch.cands.append(QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on))
 
-    def _commit(self, batch: _Batch) -> tuple[int, int]:
-        """One dedup transaction for the batch; the new URLs go to the frontier and wake their hosts."""
-        seen_before = batch.seen
-        items: list[QueuedUrl] = []
-        if batch.keys:
-            fresh = self.dedup.add_new(batch.keys)
+    def _commit(self, batch: _Batch, done: QueuedUrl | None = None) -> tuple[int, int]:
+        """One store transaction: mark the batch seen, queue the new URLs and (with ``done``) clear the page
+        they were found on from in-flight, all together, so a crash can lose none of it. New URLs wake their
+        hosts."""
+        cands = batch.cands
+        if done is not None:
+            items = self.store.finish(done, cands)
+        else:
+            items = self.store.admit(cands) if cands else []
+        if cands:
             seen = self._seen
-            if len(seen) + len(batch.cands) > _SEEN_CACHE_SIZE:
+            if len(seen) + len(cands) > _SEEN_CACHE_SIZE:
                 seen.clear()
-            for (host, url, depth, hops, found_on), new in zip(batch.cands, fresh):
-                seen[url] = host
-                if new:
-                    items.append(QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on))
-                else:
-                    seen_before += 1
+            for c in cands:
+                seen[c.url] = c.host
+        seen_before = batch.seen + len(cands) - len(items)
         if items:
-            self.frontier.push(items)
             now = trio.current_time()
             wake = self.sched.wake
             for item in items:
@@ -382,13 +365,13 @@ class Crawler:
         turn.pages += 1
         turn.failures = 0
         turn.backoff = 0.0
-        links: list[Link] = []
+        batch = _Batch()
         if status in _REDIRECTS:
             location = _header(resp, "location")
             target = normalize(location, item.url, max_length=self.cfg.max_url_length) if location else None
             if target is not None:
                 if item.hops + 1 <= self.cfg.max_redirect_hops:
-                    links.append(Link(target, item.depth, item.hops + 1, item.url))
+                    self._screen(batch, target, item.depth, item.hops + 1, item.url)
                 else:
                     stats.skipped["redirect-hops"] += 1
         elif 200 <= status < 300:
@@ -401,10 +384,8 @@ class Crawler:
                     page = extract(resp.body, item.url, ctype)
                 stats.links_found += len(page.links)
                 if not page.nofollow:
-                    self._admit_found(page.links, item.depth + 1, item.url)
-        if links:
-            self.admit(links)
-        self.frontier.done(item)
+                    self._screen_found(batch, page.links, item.depth + 1, item.url)
+        self._commit(batch, done=item)
         self._retries.pop(item.url, None)
         self._schedule_after_request(turn)
         self._save_state(turn)

@@ -5,8 +5,7 @@ Data directory layout (docs/architecture.md has the full picture)::
     DIR/LOCK          flock held while a node runs: two processes never share one store
     DIR/NODE_ID       the node id this directory belongs to (a directory is never reused for another id)
     DIR/control.addr  HOST:PORT of the running node's control endpoint, for peerctl --data-dir
-    DIR/dedup/        seen-URL store (LMDB)
-    DIR/frontier/     queued URLs, in-flight records and per-host politeness state (LMDB)
+    DIR/state/        one LMDB environment: seen URLs, queued URLs, in-flight records, per-host politeness
     DIR/warc/         WARC files and their CDXJ indexes
 """
 
@@ -24,7 +23,7 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
 
-from storage import DedupStore, FrontierStore, StorageError, open_page_store
+from storage import NodeStore, StorageError, open_page_store
 
 from .config import Config, ConfigError, parse_address, read_seeds
 from .control import Reply, json_reply, serve_control
@@ -135,8 +134,7 @@ class Node:
         with ExitStack() as stack:
             _lock_data_dir(self.data_dir, self.node_id, stack)
             try:
-                dedup = stack.enter_context(DedupStore.open(self.data_dir / "dedup"))
-                frontier = stack.enter_context(FrontierStore.open(self.data_dir / "frontier"))
+                store = stack.enter_context(NodeStore.open(self.data_dir / "state"))
                 pages = open_page_store(cfg.store, self.data_dir / "warc", max_file_bytes=cfg.warc_max_bytes)
                 stack.callback(pages.close)
             except StorageError as exc:
@@ -160,23 +158,22 @@ class Node:
                 max_body=cfg.max_body,
             ) as fetcher:
                 crawler = self.crawler = Crawler(
-                    cfg, fetcher=fetcher, frontier=frontier, dedup=dedup, pages=pages, stats=self.stats
+                    cfg, fetcher=fetcher, store=store, pages=pages, stats=self.stats
                 )
                 recovered = crawler.restore()
                 new = crawler.seed(seeds)
                 log.info("node starting", extra={"node_id": self.node_id, "recovered_in_flight": recovered,
-                                                 "queued": len(frontier), "new_seeds": new})
+                                                 "queued": len(store.frontier), "new_seeds": new})
                 async with trio.open_nursery() as nursery:
                     chost, cport = parse_address(cfg.control, "control")
                     self.control_port = await nursery.start(serve_control, chost, cport, self._routes())
                     (self.data_dir / "control.addr").write_text(f"{chost}:{self.control_port}\n")
-                    nursery.start_soon(self._housekeeping, dedup, frontier, pages)
+                    nursery.start_soon(self._housekeeping, store, pages)
                     nursery.start_soon(self._watch_signals)
                     await nursery.start(crawler.run)
                     task_status.started(self)
                     nursery.start_soon(self._wait_done_or_stop, nursery)
-                dedup.sync()
-                frontier.sync()
+                store.sync()
                 self.final_status = self.status()
                 log.info("node stopped", extra={"node_id": self.node_id, **self.stats.as_dict()})
         return 0
@@ -201,17 +198,14 @@ class Node:
             inner.start_soon(on_stop)
         nursery.cancel_scope.cancel()
 
-    async def _housekeeping(self, dedup, frontier, pages) -> None:
+    async def _housekeeping(self, store, pages) -> None:
         """Once per sync interval: force the stores to disk and sample the page rate."""
         while True:
             await trio.sleep(self.cfg.sync_interval)
             self.stats.sample(trio.current_time())
             try:
-                dedup.sync()
-                frontier.sync()
-                flush = getattr(pages, "flush", None)
-                if flush is not None:
-                    flush()
+                store.sync()
+                pages.sync()
             except StorageError as exc:
                 log.error("storage failed, stopping", extra={"error": str(exc)})
                 self.request_stop()
