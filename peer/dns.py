@@ -153,7 +153,10 @@ class CachingResolver:
             raise ValueError(f"timeout must be positive, got {timeout}")
         self._servers = [parse_nameserver(s) for s in nameservers] if nameservers else system_nameservers()
         self._server_set = frozenset(self._servers)
-        self._cache: LruTtlCache[str, str | _Failure] = LruTtlCache(cache_size)
+        if cache_size < 0:
+            raise ValueError(f"cache_size must be >= 0, got {cache_size}")
+        # cache_size 0: no cache and no merging of concurrent look-ups (every call asks; for studies)
+        self._cache: LruTtlCache[str, str | _Failure] | None = LruTtlCache(cache_size) if cache_size else None
         self._inflight: dict[str, _Lookup] = {}
         self._min_ttl = min_ttl
         self._max_ttl = max_ttl
@@ -168,7 +171,7 @@ class CachingResolver:
         return list(self._servers)
 
     @property
-    def cache(self) -> LruTtlCache[str, str | _Failure]:
+    def cache(self) -> LruTtlCache[str, str | _Failure] | None:
         """The cache itself, so a hand-off can ``export`` the entries of the hosts that move."""
         return self._cache
 
@@ -183,6 +186,10 @@ class CachingResolver:
             # RFC 6761: localhost names are loopback and never sent to a name server.
             await trio.lowlevel.checkpoint()
             return self._deliver(name, "127.0.0.1")
+        if self._cache is None:
+            self.stats.misses += 1
+            result, _ttl = await self._look_up(name)
+            return self._deliver(name, result)
         cached = self._cache.get(name, trio.current_time())
         if cached is not None:
             # A hit returns without a checkpoint: it is on every fetch's path, and the fetch yields anyway.

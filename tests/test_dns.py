@@ -302,3 +302,17 @@ def test_server_process_reports_a_bad_zone_file(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "cannot read zone file" in result.stderr
+
+
+async def test_cache_size_zero_asks_every_time(nursery):
+    from peer.dns import CachingResolver
+    from peer.localweb.dns_server import serve_dns
+
+    server = await nursery.start(serve_dns, {"a.example": "192.0.2.7"})
+    resolver = CachingResolver([f"127.0.0.1:{server.address[1]}"], cache_size=0, allow_private=True)
+    assert resolver.cache is None
+    for _ in range(3):
+        assert await resolver.resolve("a.example") == "192.0.2.7"
+    asked = [q for q in server.queries if str(q[0]).rstrip(".").lower() == "a.example"]
+    assert resolver.stats.hits == 0 and resolver.stats.misses == 3
+    assert [t for _, t in asked].count("A") == 3

@@ -69,19 +69,6 @@ class Result:
     progress: list[tuple[float, int]] = field(default_factory=list)  # (seconds, look-ups done)
 
 
-class UncachedResolver(CachingResolver):
-    """``CachingResolver`` with the cache and the merging of concurrent look-ups bypassed.
-
-    Every call sends its own question; parsing, address checks and retransmission are the resolver's own.
-    """
-
-    async def resolve(self, host: str) -> str:
-        name = host.lower().rstrip(".")
-        self.stats.misses += 1
-        result, _ttl = await self._look_up(name)
-        return self._deliver(name, result)
-
-
 def zipf_trace(lookups: int, names: int, exponent: float, seed: int) -> list[int]:
     """``lookups`` name indices drawn with P(rank k) proportional to 1 / k**exponent."""
     rng = np.random.default_rng(seed)
@@ -221,8 +208,8 @@ async def run_async(
     services: Services, trace: Sequence[int], concurrency: int, cached: bool, cache_size: int, seconds: float
 ) -> Result:
     """Variant (3) or (4): ``concurrency`` tasks take look-ups from ``trace`` until it ends or ``seconds`` pass."""
-    kind = CachingResolver if cached else UncachedResolver
-    resolver = kind([services.nameserver], cache_size=cache_size, allow_private=True)
+    # cache_size 0: the resolver keeps no cache and merges no concurrent look-ups (every call asks)
+    resolver = CachingResolver([services.nameserver], cache_size=cache_size if cached else 0, allow_private=True)
     it = iter(trace)
     done = failures = 0
     progress: list[tuple[float, int]] = []
