@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import subprocess
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from warcio.archiveiterator import ArchiveIterator
 
 from storage import NullPageStore, StorageError, WarcPageStore, open_page_store, surt
@@ -213,3 +216,159 @@ def test_full_disk_stops_the_warc_store_and_the_next_start_repairs_it(tmp_path):
     responses = [r for r in read_records(warc) if r[0] == "response"]
     assert len(responses) == stored  # the torn page was cut off; every stored one reads back whole
     assert responses[-1][3] == bytes(range(256)) * 40
+
+
+# --- the hand-built records, read by warcio with digests verified ---
+
+def read_checked(path: Path) -> list:
+    """Every record of a WARC with warcio verifying block and payload digests, plus its offset and length."""
+    out = []
+    with open(path, "rb") as fh:
+        it = ArchiveIterator(fh, check_digests=True)
+        for record in it:
+            content = record.content_stream().read()
+            it.read_to_end(record)
+            assert record.digest_checker.passed is True, (record.rec_type, record.digest_checker.problems)
+            out.append((record.rec_type, record.rec_headers, record.http_headers, content,
+                        it.get_record_offset(), it.get_record_length()))
+    return out
+
+
+def test_warcio_verifies_every_digest_and_reads_identical_payloads(tmp_path):
+    pages = [
+        page(1),
+        page(2, body=b"", response_headers=[("Content-Length", "0")], status=204, reason="No Content"),
+        page(3, body=bytes(range(256)) * 50, response_headers=[("Content-Type", "application/octet-stream")]),
+        page(4, response_headers=[("Content-Type", "text/plain"), ("Transfer-Encoding", "chunked")], ip=None),
+        page(5, reason="", response_headers=[("X-Name", "caf\u00e9")]),  # latin-1 text from the wire
+        page(6, body=b"\r\n\r\nWARC/1.1\r\nnot a record\r\n\r\n"),
+    ]
+    with WarcPageStore(tmp_path) as store:
+        for p in pages:
+            store.store(**p)
+        name = store.current_file
+    records = read_checked(tmp_path / name)
+    with open(tmp_path / name, "rb") as fh:  # "raise": a digest that does not verify raises
+        assert sum(len(r.content_stream().read()) >= 0 for r in ArchiveIterator(fh, check_digests="raise")) == 13
+    assert [r[0] for r in records] == ["warcinfo"] + ["response", "request"] * len(pages)
+    info = records[0][1]
+    assert info.get_header("WARC-Filename") == name
+    assert info.get_header("WARC-Date") == "2023-11-14T22:13:21.500000Z"  # the first page's time
+    assert records[0][3] == b"software: peercrawl\r\nformat: WARC File Format 1.1\r\n"
+    ids = set()
+    for n, p in enumerate(pages):
+        _t, resp, http, body, _o, _l = records[1 + 2 * n]
+        _t, req, req_http, req_body, _o, _l = records[2 + 2 * n]
+        assert body == p["body"] and req_body == b""
+        assert resp.protocol == req.protocol == "WARC/1.1"
+        assert resp.get_header("Content-Type") == "application/http; msgtype=response"
+        assert req.get_header("Content-Type") == "application/http; msgtype=request"
+        assert resp.get_header("WARC-Target-URI") == req.get_header("WARC-Target-URI") == p["url"]
+        assert resp.get_header("WARC-Date") == req.get_header("WARC-Date")
+        assert resp.get_header("WARC-IP-Address") == req.get_header("WARC-IP-Address") == p["ip"]
+        assert req.get_header("WARC-Concurrent-To") == resp.get_header("WARC-Record-ID")
+        for rec in (resp, req):
+            record_id = rec.get_header("WARC-Record-ID")
+            assert record_id.startswith("<urn:uuid:") and record_id[24] == "4" and record_id not in ids
+            ids.add(record_id)
+        assert http.get_statuscode() == str(p["status"])
+        assert http.get_header("Transfer-Encoding") is None
+        assert req_http.get_header("Host") == "www.example.com"
+        assert req_http.statusline.endswith(" HTTP/1.1")
+    assert records[9][2].get_header("X-Name") == "caf\u00e9"
+    assert records[9][2].protocol == "HTTP/1.1" and records[9][2].statusline == "200"
+
+
+def test_cdxj_lines_point_at_the_offsets_and_lengths_warcio_finds(tmp_path):
+    with WarcPageStore(tmp_path, max_file_bytes=6_000) as store:
+        for n in range(30):
+            store.store(**page(n, size=500 + 97 * n, url=f"http://h{n % 4}.test/p/{n}"))
+    warcs = sorted(tmp_path.glob("*.warc.gz"))
+    assert len(warcs) >= 2
+    checked = 0
+    for warc in warcs:
+        found = {r[1].get_header("WARC-Target-URI"): r for r in read_checked(warc) if r[0] == "response"}
+        lines = (warc.with_name(warc.name[: -len(".warc.gz")] + ".cdxj")).read_text().splitlines()
+        assert len(lines) == len(found)
+        for line in lines:
+            key, _ts, blob = line.split(" ", 2)
+            fields = json.loads(blob)
+            _t, rec, _h, body, offset, length = found[fields["url"]]
+            assert key == surt(fields["url"]) and fields["filename"] == warc.name
+            assert (int(fields["offset"]), int(fields["length"])) == (offset, length)
+            assert "sha1:" + fields["digest"] == rec.get_header("WARC-Payload-Digest")
+            with open(warc, "rb") as fh:  # the slice alone is one whole response record
+                fh.seek(offset)
+                [(rec_type, uri, payload)] = [
+                    (r.rec_type, r.rec_headers.get_header("WARC-Target-URI"), r.content_stream().read())
+                    for r in ArchiveIterator(io.BytesIO(fh.read(length)), check_digests="raise")]
+            assert (rec_type, uri, payload) == ("response", fields["url"], body)
+            checked += 1
+    assert checked == 30
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.binary(max_size=3000),
+    status=st.integers(100, 599),
+    reason=st.text(st.characters(min_codepoint=32, max_codepoint=255, exclude_characters="\x7f"), max_size=20),
+    headers=st.lists(st.tuples(st.from_regex(r"[A-Za-z][A-Za-z0-9-]{0,15}", fullmatch=True),
+                               st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=40)),
+                     max_size=6),
+    level=st.sampled_from([0, 1, 6, 9]),
+)
+def test_any_page_reads_back_with_verified_digests(tmp_path_factory, body, status, reason, headers, level):
+    directory = tmp_path_factory.mktemp("warc")
+    with WarcPageStore(directory, compress_level=level) as store:
+        store.store(**page(1, body=body, status=status, reason=reason, response_headers=headers))
+        name = store.current_file
+    [_info, (_t, _rec, http, payload, _o, _l), (_t2, _req, _rh, req_body, _o2, _l2)] = read_checked(directory / name)
+    assert payload == body and req_body == b""
+    assert http.get_statuscode() == str(status)
+    assert [(k, v) for k, v in http.headers] == [(k, v.strip()) for k, v in headers if k.lower() != "transfer-encoding"]
+
+
+def test_line_breaks_in_a_record_field_are_the_callers_error(tmp_path):
+    with WarcPageStore(tmp_path) as store:
+        with pytest.raises(ValueError, match="URL contains a line break"):
+            store.store(**page(1, url="http://a.test/x\r\nWARC-Type: evil"))
+        with pytest.raises(ValueError, match="response header contains a line break"):
+            store.store(**page(2, response_headers=[("X-A", "1\r\nX-B: 2")]))
+        with pytest.raises(ValueError, match="request header contains a line break"):
+            store.store(**page(3, request_headers=[("X-A\n", "1")]))
+        store.store(**page(4))
+        name = store.current_file
+        assert store.pages == 1
+    assert [r[0] for r in read_checked(tmp_path / name)] == ["warcinfo", "response", "request"]
+
+
+class ShortWrites:
+    """An unbuffered file that takes at most `chunk` bytes per write, as the OS may near a size limit."""
+
+    def __init__(self, fh, chunk: int) -> None:
+        self.fh, self.chunk, self.name, self.calls = fh, chunk, fh.name, 0
+
+    def write(self, data) -> int:
+        self.calls += 1
+        return self.fh.write(data[: self.chunk])
+
+    def __getattr__(self, attr):
+        return getattr(self.fh, attr)
+
+
+def test_short_writes_are_continued_and_no_progress_is_a_storage_error(tmp_path):
+    store = WarcPageStore(tmp_path)
+    store.store(**page(1))
+    before = (tmp_path / store.current_file).stat().st_size
+    store._warc = ShortWrites(store._warc, 100)
+    store.store(**page(2, size=5000))
+    grown = (tmp_path / store.current_file).stat().st_size - before
+    assert grown > 300 and store._warc.calls == -(-grown // 100)  # one call per 100 bytes, all of them kept
+    store._warc.chunk = 0
+    with pytest.raises(StorageError, match=f"cannot write WARC in {tmp_path}: no progress writing"):
+        store.store(**page(3))
+    name = store.current_file
+    store.close()
+    with WarcPageStore(tmp_path) as again:
+        assert [len(again.lookup(page(n)["url"])) for n in (1, 2, 3)] == [1, 1, 0]
+    assert [r[3] for r in read_checked(tmp_path / name) if r[0] == "response"] == [page(1)["body"], page(2, size=5000)["body"]]
