@@ -21,6 +21,7 @@ from ._keys import (
     url_key,
 )
 from ._memfrontier import MemoryFrontierStore
+from ._outbox import Outbox, OutboxEntry
 from ._node import MemoryNodeStore, NodeStore, queued_url_keys
 from ._pages import NullPageStore, PageStore, WarcPageStore, open_page_store
 from ._records import HostState, QueuedUrl
@@ -41,6 +42,8 @@ __all__ = [
     "MemoryNodeStore",
     "NodeStore",
     "NullPageStore",
+    "Outbox",
+    "OutboxEntry",
     "PageStore",
     "QueuedUrl",
     "StorageError",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Self
 
@@ -21,6 +21,7 @@ from ._frontier import FRONTIER_DBS, FrontierStore
 from ._keys import host_position_bytes
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
 from ._memfrontier import MemoryFrontierStore
+from ._outbox import OUTBOX_DB, Outbox
 from ._records import QueuedUrl
 
 __all__ = ["MemoryNodeStore", "NodeStore", "queued_url_keys"]
@@ -40,6 +41,7 @@ class NodeStore:
         self._env = env
         self.dedup = DedupStore(env, owns_env=False)
         self.frontier = FrontierStore(env, owns_env=False)
+        self.outbox = Outbox(env)
 
     @classmethod
     def open(
@@ -50,7 +52,9 @@ class NodeStore:
         max_map_size: int = MAX_MAP_SIZE,
     ) -> NodeStore:
         """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
-        env = LmdbEnv.open(path, (DEDUP_DB, *FRONTIER_DBS), map_size=map_size, max_map_size=max_map_size)
+        env = LmdbEnv.open(
+            path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB), map_size=map_size, max_map_size=max_map_size
+        )
         return cls(env)
 
     def __enter__(self) -> Self:
@@ -73,14 +77,42 @@ class NodeStore:
             return []
         return self._env.write(lambda txn: self._admit_in(txn, items))
 
-    def finish(self, item: QueuedUrl | None, links: Sequence[QueuedUrl]) -> list[QueuedUrl]:
-        """Admit a fetched page's local links and clear the page from in-flight, in one transaction."""
+    def finish(
+        self,
+        item: QueuedUrl | None,
+        links: Sequence[QueuedUrl],
+        routed: Sequence[tuple[str, QueuedUrl]] = (),
+    ) -> list[QueuedUrl]:
+        """Admit a fetched page's local links, put its `routed` (owner, url) links in the outbox and clear
+        the page from in-flight, in one transaction."""
 
         def run(txn: lmdb.Transaction) -> list[QueuedUrl]:
             new = self._admit_in(txn, links)
+            self.outbox._put_in(txn, routed)
             if item is not None:
                 self.frontier._done_in(txn, item)
             return new
+
+        return self._env.write(run)
+
+    def accept(self, owned: Sequence[QueuedUrl], forward: Sequence[tuple[str, QueuedUrl]]) -> list[QueuedUrl]:
+        """A peer's batch: admit the URLs owned here and put the others in the outbox for their owners, in
+        one transaction; return the new ones."""
+
+        def run(txn: lmdb.Transaction) -> list[QueuedUrl]:
+            new = self._admit_in(txn, owned) if owned else []
+            self.outbox._put_in(txn, forward)
+            return new
+
+        return self._env.write(run)
+
+    def reroute(self, owner_of: Callable[[str], str], local: str) -> tuple[dict[str, int], list[QueuedUrl]]:
+        """After a view change: re-key outbox entries whose owner changed, and admit those now owned by
+        `local`, in one transaction. Returns (entries moved per new owner, the new local URLs)."""
+
+        def run(txn: lmdb.Transaction) -> tuple[dict[str, int], list[QueuedUrl]]:
+            moved, mine = self.outbox._reroute_in(txn, owner_of, local)
+            return moved, self._admit_in(txn, mine) if mine else []
 
         return self._env.write(run)
 

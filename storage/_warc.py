@@ -10,18 +10,22 @@ is compressed as its own gzip member so that any record can be read from its off
 
 from __future__ import annotations
 
-import base64
 import hashlib
+import os
+import re
 import time
-import uuid
 import zlib
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
 __all__ = ["Exchange", "exchange_records", "gzip_member", "warc_date", "warcinfo_record"]
 
-_EMPTY_SHA1 = b"sha1:" + base64.b32encode(hashlib.sha1(b"").digest())
 _END = b"\r\n\r\n"  # two newlines close every record
+# base32 of a 20-byte SHA-1 is 32 characters, 16 pairs of 10 bits: a table of pairs is faster than base64's
+_B32 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"  # RFC 4648 base32
+_B32_PAIRS = [bytes((a, b)) for a in _B32 for b in _B32]
+_B32_SHIFTS = tuple(range(150, -1, -10))
+_TARGET = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*([^#]*)")
 
 
 def warc_date(epoch: float) -> str:
@@ -32,14 +36,31 @@ def warc_date(epoch: float) -> str:
 
 
 def _sha1(*parts: bytes) -> bytes:
+    """`sha1:<base32>` of the parts, as warcio writes WARC-Block-Digest and WARC-Payload-Digest."""
     digest = hashlib.sha1()
     for part in parts:
         digest.update(part)
-    return b"sha1:" + base64.b32encode(digest.digest())
+    n = int.from_bytes(digest.digest(), "big")
+    return b"sha1:" + b"".join([_B32_PAIRS[(n >> shift) & 1023] for shift in _B32_SHIFTS])
+
+
+_EMPTY_SHA1 = _sha1()
 
 
 def _record_id() -> bytes:
-    return f"<urn:uuid:{uuid.uuid4()}>".encode("ascii")
+    """`<urn:uuid:...>` of a random (version 4) UUID."""
+    h = os.urandom(16).hex()
+    return f"<urn:uuid:{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}>".encode()
+
+
+def _request_target(url: str) -> str:
+    """The request line's target: path and query of an absolute URL (`/` when the path is empty)."""
+    match = _TARGET.match(url)
+    if match is None:
+        parts = urlsplit(url)
+        return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    target = match.group(1)
+    return target if target.startswith("/") else "/" + target
 
 
 def _one_line(text: str, what: str) -> str:
@@ -101,9 +122,7 @@ def exchange_records(*, url: str, request_headers: list[tuple[str, str]], status
         len(http) + len(body),
     )
 
-    parts = urlsplit(url)
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    request_http = _http_head(f"GET {path} HTTP/1.1", request_headers, "request")
+    request_http = _http_head(f"GET {_request_target(url)} HTTP/1.1", request_headers, "request")
     request_head = _warc_head(
         [(b"WARC-Type", b"request"), (b"WARC-Record-ID", _record_id()), *common,
          (b"WARC-Concurrent-To", response_id), (b"WARC-Payload-Digest", _EMPTY_SHA1),

@@ -133,10 +133,11 @@ def child(kind: str, distinct: int, redis_url: str | None) -> dict:
                     fn += 1  # said new, was a repeat: the crawler fetches it twice
                 elif new and not said:
                     fp += 1  # said seen, was new: the crawler never fetches it
-            if stream.made >= mark + tenth:
+            if stream.made >= min(distinct, (len(curve) + 1) * tenth):
                 curve.append((stream.made, (spent - mark_spent) / (ops - mark_ops) * 1e6))
                 fp_last = (fp - mark_fp) / (stream.made - mark)
                 mark, mark_ops, mark_spent, mark_fp = stream.made, ops, spent, fp
+        made = stream.made
         gc.collect()
         after = rss()
         held = {
@@ -161,7 +162,8 @@ def child(kind: str, distinct: int, redis_url: str | None) -> dict:
         store.close()
         return {
             "kind": kind, "distinct": distinct, "ops": ops, "batched_us": spent / ops * 1e6,
-            "single_us": single, "fp": fp, "fp_last": fp_last, "fn": fn, "new": distinct, "held": held, "curve": curve,
+            "single_us": single, "fp": fp, "fp_last": fp_last, "fn": fn, "new": made, "held": held,
+            "curve": curve,
         }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -246,19 +248,20 @@ def main() -> None:
                 r = json.loads(out.stdout)
                 results.append(r)
                 held = r["held"]
-                per = resident(r) / n
+                made = r["new"]  # the last batch may overshoot n by a few hundred
+                per = resident(r) / made
                 ref = ref or r
                 other = ""
                 if "disk" in held:
-                    other = f"{held['disk'] / n:,.0f} disk"
+                    other = f"{held['disk'] / made:,.0f} disk"
                 elif "server" in held:
-                    other = f"{held['rss'] / n:,.0f} client"
+                    other = f"{held['rss'] / made:,.0f} client"
                 elif "structure" in held:
-                    other = f"{held['structure'] / n:,.1f} struct"
+                    other = f"{held['structure'] / made:,.1f} struct"
                 print(f"{kind:<12} {r['batched_us']:>10.2f} {r['batched_us'] / ref['batched_us']:>6.2f} "
                       f"{r['single_us']:>9.2f} {r['single_us'] / ref['single_us']:>6.2f} {per:>14,.1f} "
-                      f"{per / (resident(ref) / n):>6.3f} {held['anon'] / n:>10,.1f} {other:>14} "
-                      f"{r['fp'] / n:>10.4%} {r['fp_last']:>10.4%} {r['fn'] / (r['ops'] - n):>9.4%}")
+                      f"{per / (resident(ref) / ref['new']):>6.3f} {held['anon'] / made:>10,.1f} {other:>14} "
+                      f"{r['fp'] / made:>10.4%} {r['fp_last']:>10.4%} {r['fn'] / (r['ops'] - made):>9.4%}")
     finally:
         if server:
             server[0].terminate()
@@ -286,7 +289,7 @@ def plot(results: list[dict], path: Path) -> None:
     left.legend(fontsize=8)
     kinds = sorted({r["kind"] for r in results}, key=KINDS.index)
     for n in sorted({r["distinct"] for r in results}):
-        row = {r["kind"]: resident(r) / n for r in results if r["distinct"] == n}
+        row = {r["kind"]: resident(r) / r["new"] for r in results if r["distinct"] == n}
         right.scatter([k for k in kinds if k in row], [row[k] for k in kinds if k in row], label=f"{n:,}")
     right.set_yscale("log")
     right.set(ylabel="resident bytes per URL (log)", title="Memory per distinct URL")

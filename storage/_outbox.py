@@ -1,0 +1,182 @@
+"""The durable outbox: URLs routed to other nodes, kept until their owner acknowledges them.
+
+Why on disk: a link found on a page is routed to its owner, and the page is cleared from in-flight. If the
+routed URL lived only in memory, a crash before the owner's ack would lose it for good (the page is done, so
+it is never fetched again). So routed URLs are written in the transaction that clears the page
+(`NodeStore.finish(..., routed=...)`) and deleted only by the owner's ack (DESIGN decision 5).
+
+Layout, one LMDB database `outbox` in the node's environment:
+
+- owner id (UTF-8) + NUL + seq (8, big-endian)  ->  msgpack [url, host, depth, hops, found_on]
+- NUL + b"seq"  ->  the last entry sequence number handed out (8 bytes)
+- NUL + b"run"  ->  the number of times the outbox was opened for sending (8 bytes)
+
+An owner's entries are one key range in arrival order. Sequence numbers are never reused, and an entry that
+changes owner (a view change) gets a new one, so a sender that remembers "everything up to seq s was put in a
+batch" never misses a re-routed entry. The meta keys begin with NUL, which no node id does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import lmdb
+import msgpack
+
+from ._lmdb import LmdbEnv
+from ._records import QueuedUrl
+
+__all__ = ["OUTBOX_DB", "Outbox", "OutboxEntry"]
+
+OUTBOX_DB = b"outbox"
+_SEQ_KEY = b"\x00seq"
+_RUN_KEY = b"\x00run"
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+
+OutboxEntry = tuple[int, QueuedUrl]
+"""An outbox entry: its sequence number and the URL."""
+
+
+def _owner_prefix(owner: str) -> bytes:
+    if not owner or owner.startswith("\x00") or "\x00" in owner:
+        raise ValueError(f"not a usable node id for the outbox: {owner!r}")
+    return owner.encode("utf-8") + b"\x00"
+
+
+def _value(item: QueuedUrl) -> bytes:
+    return _packb([item.url, item.host, item.depth, item.hops, item.found_on])
+
+
+def _item(value: bytes) -> QueuedUrl:
+    url, host, depth, hops, found_on = _unpackb(value)
+    return QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on)
+
+
+def _owner_of_key(key: bytes) -> str:
+    return key[:-9].decode("utf-8")
+
+
+class Outbox:
+    """Routed URLs per owner, in LMDB. Every public call is one transaction; `_*_in` join a caller's."""
+
+    def __init__(self, env: LmdbEnv) -> None:
+        self._env = env
+        self._db = env.db(OUTBOX_DB)
+
+    # -- inside a caller's transaction ----------------------------------------------------------------------
+
+    def _counter_in(self, txn: lmdb.Transaction, key: bytes, add: int) -> int:
+        """Advance the counter at `key` by `add`; return its value before."""
+        raw = txn.get(key, db=self._db)
+        before = int.from_bytes(raw, "big") if raw else 0
+        txn.put(key, (before + add).to_bytes(8, "big"), db=self._db)
+        return before
+
+    def _put_in(self, txn: lmdb.Transaction, routed: Sequence[tuple[str, QueuedUrl]]) -> list[int]:
+        """Append each (owner, url); return the sequence numbers given, in order."""
+        if not routed:
+            return []
+        first = self._counter_in(txn, _SEQ_KEY, len(routed)) + 1
+        db = self._db
+        seqs = []
+        for offset, (owner, item) in enumerate(routed):
+            seq = first + offset
+            txn.put(_owner_prefix(owner) + seq.to_bytes(8, "big"), _value(item), db=db)
+            seqs.append(seq)
+        return seqs
+
+    # -- public API -------------------------------------------------------------------------------------------
+
+    def put(self, routed: Sequence[tuple[str, QueuedUrl]]) -> list[int]:
+        """Append (owner, url) pairs in one transaction; return their sequence numbers."""
+        if not routed:
+            return []
+        return self._env.write(lambda txn: self._put_in(txn, routed))
+
+    def new_run(self) -> int:
+        """Count one more start of a sender and return the count (1, 2, ...): batch numbers made from it never
+        repeat those of an earlier process, so a late ack meant for an earlier process matches nothing."""
+        return self._env.write(lambda txn: self._counter_in(txn, _RUN_KEY, 1) + 1)
+
+    def take(self, owner: str, limit: int, *, after: int = 0) -> list[OutboxEntry]:
+        """Up to `limit` entries for `owner` with seq > `after`, oldest first. Changes nothing."""
+        prefix = _owner_prefix(owner)
+        out: list[OutboxEntry] = []
+        if limit <= 0:
+            return out
+        with self._env.read() as txn:
+            cur = txn.cursor(self._db)
+            if not cur.set_range(prefix + (after + 1).to_bytes(8, "big")):
+                return out
+            for key, value in cur:
+                if not key.startswith(prefix) or len(key) != len(prefix) + 8:
+                    break
+                out.append((int.from_bytes(key[-8:], "big"), _item(value)))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def get(self, owner: str, seqs: Iterable[int]) -> list[OutboxEntry]:
+        """The entries of `owner` among `seqs` that are still in the outbox, in the order of `seqs`."""
+        prefix = _owner_prefix(owner)
+        out: list[OutboxEntry] = []
+        with self._env.read() as txn:
+            for seq in seqs:
+                value = txn.get(prefix + seq.to_bytes(8, "big"), db=self._db)
+                if value is not None:
+                    out.append((seq, _item(value)))
+        return out
+
+    def ack(self, owner: str, seqs: Iterable[int]) -> int:
+        """Delete `owner`'s entries with these sequence numbers (the owner has them); return how many were
+        there. Unknown numbers are ignored: a late or repeated ack is harmless."""
+        prefix = _owner_prefix(owner)
+        keys = [prefix + seq.to_bytes(8, "big") for seq in seqs]
+        if not keys:
+            return 0
+        db = self._db
+        return self._env.write(lambda txn: sum(1 for key in keys if txn.delete(key, db=db)))
+
+    def counts(self) -> dict[str, int]:
+        """Entries waiting per owner."""
+        counts: dict[str, int] = {}
+        with self._env.read() as txn:
+            for key in txn.cursor(self._db).iternext(keys=True, values=False):
+                if key.startswith(b"\x00"):
+                    continue
+                owner = _owner_of_key(key)
+                counts[owner] = counts.get(owner, 0) + 1
+        return counts
+
+    def __len__(self) -> int:
+        return sum(self.counts().values())
+
+    def _reroute_in(
+        self, txn: lmdb.Transaction, owner_of: Callable[[str], str], local: str
+    ) -> tuple[dict[str, int], list[QueuedUrl]]:
+        """Re-key every entry whose owner changed under `owner_of(host)`; entries now owned by `local` are
+        removed and returned (the caller admits them in the same transaction). Returns (moved per new owner,
+        local items)."""
+        db = self._db
+        moves: list[tuple[bytes, str, QueuedUrl]] = []
+        mine: list[tuple[bytes, QueuedUrl]] = []
+        cur = txn.cursor(db)
+        for key, value in cur:
+            if key.startswith(b"\x00"):
+                continue
+            item = _item(value)
+            owner = owner_of(item.host)
+            if owner == local:
+                mine.append((key, item))
+            elif owner != _owner_of_key(key):
+                moves.append((key, owner, item))
+        for key, _ in mine:
+            txn.delete(key, db=db)
+        for key, _, _ in moves:
+            txn.delete(key, db=db)
+        self._put_in(txn, [(owner, item) for _, owner, item in moves])
+        moved: dict[str, int] = {}
+        for _, owner, _ in moves:
+            moved[owner] = moved.get(owner, 0) + 1
+        return moved, [item for _, item in mine]

@@ -1,0 +1,92 @@
+"""The durable outbox in NodeStore: put, take, ack, re-route on a view change, and surviving a reopen."""
+
+from __future__ import annotations
+
+import pytest
+
+from storage import NodeStore, QueuedUrl
+
+
+def q(host: str, n: int = 0, depth: int = 1) -> QueuedUrl:
+    return QueuedUrl(url=f"http://{host}/{n}", host=host, depth=depth, hops=n % 3, found_on=f"http://seed/{n}")
+
+
+@pytest.fixture
+def store(tmp_path):
+    with NodeStore.open(tmp_path / "node", map_size=1 << 24) as s:
+        yield s
+
+
+def test_put_take_ack_per_owner_in_order(store):
+    seqs = store.outbox.put([("b", q("x.b", 1)), ("c", q("y.c", 2)), ("b", q("x.b", 3))])
+    assert seqs == [1, 2, 3]
+    assert store.outbox.counts() == {"b": 2, "c": 1}
+    assert store.outbox.take("b", 10) == [(1, q("x.b", 1)), (3, q("x.b", 3))]
+    assert store.outbox.take("b", 1) == [(1, q("x.b", 1))]
+    assert store.outbox.take("b", 10, after=1) == [(3, q("x.b", 3))]
+    assert store.outbox.take("b", 10, after=3) == []
+    assert store.outbox.take("nobody", 10) == []
+    assert store.outbox.ack("b", [1, 99]) == 1  # unknown seqs are ignored
+    assert store.outbox.ack("b", [1]) == 0  # a repeated ack changes nothing
+    assert store.outbox.get("b", [1, 3]) == [(3, q("x.b", 3))]
+    assert len(store.outbox) == 2
+
+
+def test_owner_prefixes_do_not_mix(store):
+    # "a" must not read the entries of "ab" (the NUL after the id separates them)
+    store.outbox.put([("ab", q("h.ab")), ("a", q("h.a"))])
+    assert [i.host for _, i in store.outbox.take("a", 10)] == ["h.a"]
+    assert [i.host for _, i in store.outbox.take("ab", 10)] == ["h.ab"]
+
+
+def test_bad_owner_ids_are_refused(store):
+    for bad in ["", "\x00x", "a\x00b"]:
+        with pytest.raises(ValueError, match="node id"):
+            store.outbox.put([(bad, q("h"))])
+
+
+def test_finish_stores_routed_links_with_the_page(store):
+    page = q("mine.example", 0, depth=0)
+    store.admit([page])
+    popped = store.frontier.pop("mine.example")
+    assert popped == page
+    new = store.finish(popped, [q("mine.example", 5)], routed=[("peer", q("other.example", 6))])
+    assert new == [q("mine.example", 5)]
+    assert store.outbox.take("peer", 10) == [(1, q("other.example", 6))]
+    assert store.frontier.recover() == 0  # the page left in-flight in the same transaction
+
+
+def test_survives_close_and_reopen(tmp_path):
+    path = tmp_path / "node"
+    with NodeStore.open(path, map_size=1 << 24) as s:
+        s.outbox.put([("b", q("x.b", i)) for i in range(5)])
+        s.outbox.ack("b", [2])
+        assert s.outbox.new_run() == 1
+    with NodeStore.open(path, map_size=1 << 24) as s:
+        assert [seq for seq, _ in s.outbox.take("b", 10)] == [1, 3, 4, 5]
+        assert s.outbox.put([("b", q("x.b", 9))]) == [6]  # numbers are never reused
+        assert s.outbox.new_run() == 2
+
+
+def test_accept_admits_owned_and_keeps_forwarded(store):
+    new = store.accept([q("mine", 1), q("mine", 1), q("mine", 2)], [("c", q("theirs", 3))])
+    assert new == [q("mine", 1), q("mine", 2)]
+    assert store.accept([q("mine", 1)], []) == []  # the dedup store decides
+    assert store.outbox.take("c", 10) == [(1, q("theirs", 3))]
+
+
+def test_reroute_rekeys_changed_owners_and_reclaims_ours(store):
+    store.outbox.put([("b", q("h1", 1)), ("b", q("h2", 2)), ("c", q("h3", 3)), ("c", q("h4", 4))])
+    owners = {"h1": "b", "h2": "d", "h3": "me", "h4": "c"}
+    moved, mine = store.reroute(owners.__getitem__, "me")
+    assert moved == {"d": 1}
+    assert mine == [q("h3", 3)]
+    assert store.outbox.counts() == {"b": 1, "c": 1, "d": 1}
+    # the moved entry has a new, higher seq, so a sender's "sent up to" cursor cannot skip it
+    assert store.outbox.take("d", 10) == [(5, q("h2", 2))]
+    assert store.outbox.take("b", 10) == [(1, q("h1", 1))]
+    # reclaimed URLs were admitted: queued in our frontier and seen
+    assert store.frontier.pop("h3") == q("h3", 3)
+    assert store.admit([q("h3", 3)]) == []
+    # a second re-route under the same owners changes nothing
+    assert store.reroute(owners.__getitem__, "me") == ({}, [])
