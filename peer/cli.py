@@ -68,6 +68,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--user-agent", dest="user_agent", help="product token/version (default peercrawl/0.1)")
     c.add_argument("--contact", help="URL or address for site owners, added to the User-Agent")
     c.add_argument("--store", choices=["warc", "none"], help="page store (default warc)")
+    c.add_argument("--dedup", choices=["lmdb", "memory-urls", "memory-md5", "md5-tree", "bloom", "redis"],
+                   help="seen-URL store (default lmdb; others are the URL-dedup study's, see docs/experiments.md)")
+    c.add_argument("--redis-url", dest="redis_url", metavar="URL", help="redis://HOST:PORT/DB for --dedup redis")
     c.add_argument("--store-type", dest="store_types", action="append", metavar="MIME",
                    help="content type to store (repeatable; default text/html and application/xhtml+xml)")
     c.add_argument("--max-body", dest="max_body", type=int, metavar="BYTES", help="body size cap (default 10 MiB)")
@@ -86,7 +89,7 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
 
 _NODE_KEYS = (
     "node_id weight listen control data_dir seeds seeds_file allowed_hosts denied_hosts max_depth "
-    "max_pages_per_host delay concurrency user_agent contact store store_types max_body exit_when_done nameservers "
+    "max_pages_per_host delay concurrency user_agent contact dedup redis_url store store_types max_body exit_when_done nameservers "
     "allow_private log_level log_format"
 ).split()
 

@@ -60,6 +60,10 @@ class Config:
     dns_max_ttl: float = 1800.0
     robots_cache_size: int = 100_000
     # storage
+    dedup: str = "lmdb"
+    dedup_expected: int = 10_000_000
+    dedup_fp_rate: float = 0.001
+    redis_url: str = ""
     store: str = "warc"
     store_types: tuple[str, ...] = ("text/html", "application/xhtml+xml")
     warc_max_bytes: int = 1 << 30
@@ -114,6 +118,10 @@ FIELDS: dict[str, str] = {
     "dns_min_ttl": "60 s floor: very short TTLs would make the cache useless",
     "dns_max_ttl": "1800 s ceiling: the refresh period of the resolver study",
     "robots_cache_size": "robots.txt decisions kept for this many origins (each up to 24 h)",
+    "dedup": "lmdb: the seen-set shares the frontier's transactions, so a crash loses nothing",
+    "dedup_expected": "URLs a Bloom filter is sized for (--dedup bloom)",
+    "dedup_fp_rate": "a Bloom filter's false-positive target: each false positive is a URL never crawled",
+    "redis_url": "redis://HOST:PORT/DB for --dedup redis",
     "store": "warc keeps every page as WARC 1.1; none only crawls",
     "store_types": "content types written to the page store",
     "warc_max_bytes": "1 GiB WARC files, the usual rotation size",
@@ -172,6 +180,11 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"concurrency must be > 0, got {cfg.concurrency}")
     if cfg.delay < 0:
         raise ConfigError(f"delay must be >= 0, got {cfg.delay}")
+    kinds = ("lmdb", "memory-urls", "memory-md5", "md5-tree", "bloom", "redis")
+    if cfg.dedup not in kinds:
+        raise ConfigError(f"dedup must be one of {', '.join(kinds)}, got {cfg.dedup!r}")
+    if cfg.dedup == "redis" and not cfg.redis_url:
+        raise ConfigError("dedup redis needs redis_url (--redis-url redis://HOST:PORT/DB)")
     if cfg.store not in ("warc", "none"):
         raise ConfigError(f"store must be 'warc' or 'none', got {cfg.store!r}")
     if cfg.log_format not in ("auto", "json", "text"):

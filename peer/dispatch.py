@@ -244,7 +244,7 @@ class Dispatcher:
         self._admitted(mine)
 
     def _send(self, owner: str, seq: int, entries: Sequence[tuple[int, QueuedUrl]]) -> bool:
-        urls = [UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops) for _, i in entries]
+        urls = tuple(UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops) for _, i in entries)
         batch = UrlBatch(seq=seq, sender=self.node_id, epoch=self._epoch or 0, urls=urls)
         if self.links.send_nowait(owner, batch):
             return True

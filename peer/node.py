@@ -23,7 +23,7 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
 
-from storage import NodeStore, StorageError, open_page_store
+from storage import StorageError, open_page_store
 
 from .config import Config, ConfigError, parse_address, read_seeds
 from .control import Reply, json_reply, serve_control
@@ -31,6 +31,7 @@ from .crawler import Crawler
 from .dns import CachingResolver
 from .http import Fetcher
 from .stats import Stats, StatsCollector
+from .stores import open_node_store
 
 __all__ = ["Node", "run_node", "NodeError"]
 
@@ -134,7 +135,9 @@ class Node:
         with ExitStack() as stack:
             _lock_data_dir(self.data_dir, self.node_id, stack)
             try:
-                store = stack.enter_context(NodeStore.open(self.data_dir / "state"))
+                store = stack.enter_context(open_node_store(
+                    self.data_dir, cfg.dedup, expected=cfg.dedup_expected, fp_rate=cfg.dedup_fp_rate,
+                    redis_url=cfg.redis_url or None, namespace=self.node_id))
                 pages = open_page_store(cfg.store, self.data_dir / "warc", max_file_bytes=cfg.warc_max_bytes)
                 stack.callback(pages.close)
             except StorageError as exc:

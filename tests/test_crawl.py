@@ -7,6 +7,7 @@ what really happened, including how many connections each host saw at once and t
 
 from __future__ import annotations
 
+import pytest
 import trio
 from warcio.archiveiterator import ArchiveIterator
 
@@ -123,3 +124,12 @@ async def test_max_pages_per_host_and_metrics_while_running(tmp_path):
     assert f"peercrawl_pages_total {float(pages)}" in metrics
     assert 'peercrawl_skipped_total{reason="max-pages-per-host"}' in metrics
     assert "peercrawl_queued_urls 0.0" in metrics
+
+
+@pytest.mark.parametrize("kind", ["memory-urls", "memory-md5", "md5-tree", "bloom"])
+async def test_other_dedup_kinds_crawl_the_same_set(tmp_path, kind):
+    graph = SiteGraph.generate(seed=17, hosts=8, pages_per_host=10, features=False)
+    web, node = await _crawl(graph, tmp_path, dedup=kind, dedup_expected=10_000, dedup_fp_rate=1e-6)
+    expected = web.expected(max_body=node.cfg.max_body)
+    assert urls_fetched(web, expected) == set(expected.fetched)
+    assert node.final_status["seen_urls"] >= len(expected.fetched)

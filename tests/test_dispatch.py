@@ -1,0 +1,349 @@
+"""URL dispatch: batching at exact virtual times, acks, re-sends, forwarding under a stale view, re-routing on a
+view change, and simulations of several nodes over the in-memory network with link breaks and a restarted
+receiver (every routed URL ends admitted exactly once, at its owner)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import trio
+import trio.testing
+
+from peer.crawler import Link
+from peer.dispatch import DispatchConfig, Dispatcher
+from peer.peerlink import PeerLinks
+from peer.transport import MemoryNetwork
+from protocol import BatchAck, UrlBatch, UrlEntry
+from ring import Ring
+from storage import NodeStore, QueuedUrl
+
+SECRET = b"dispatch-test-secret-0123456789"
+
+
+def owned_hosts(ring: Ring, owner: str, count: int, start: int = 0) -> list[str]:
+    hosts = []
+    i = start
+    while len(hosts) < count:
+        host = f"h{i}.test"
+        if ring.owner(host) == owner:
+            hosts.append(host)
+        i += 1
+    return hosts
+
+
+class FakeLinks:
+    """Records what the dispatcher sends; a test delivers (or loses) messages by hand."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, str, object]] = []
+        self.refuse = False
+        self.connects: dict[str, int] = {}
+
+    def send_nowait(self, peer_id: str, message: object) -> bool:
+        if self.refuse:
+            return False
+        self.sent.append((trio.current_time(), peer_id, message))
+        return True
+
+    def get(self, peer_id: str) -> object:
+        return _Link(self.connects.get(peer_id, 0))
+
+
+class _Link:
+    def __init__(self, connects: int) -> None:
+        self.connects = connects
+
+
+@pytest.fixture
+def store(tmp_path):
+    with NodeStore.open(tmp_path / "a", map_size=1 << 24) as s:
+        yield s
+
+
+RING2 = Ring({"a": 100, "b": 100})
+
+
+def batches(links: FakeLinks) -> list[tuple[float, str, UrlBatch]]:
+    return [(t, p, m) for t, p, m in links.sent if isinstance(m, UrlBatch)]
+
+
+async def test_batches_by_interval_and_by_size_at_exact_times(store, autojump_clock):
+    links = FakeLinks()
+    config = DispatchConfig(batch_size=4, interval=0.2, resend_after=5.0)
+    d = Dispatcher("a", store, links, ring_of=lambda: (1, RING2), config=config)
+    hosts = owned_hosts(RING2, "b", 6)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        start = trio.current_time()
+        await trio.sleep(0.05)
+        for host in hosts[:3]:
+            d.route(host, Link(f"http://{host}/", 1))
+        await trio.sleep(0.1)
+        assert batches(links) == []  # a partial batch waits for the timer
+        await trio.sleep(0.1)
+        [(t, peer, batch)] = batches(links)
+        assert (t - start, peer) == (pytest.approx(0.2), "b")
+        assert [e.url for e in batch.urls] == [f"http://{h}/" for h in hosts[:3]]
+        assert batch.sender == "a" and batch.epoch == 1
+        # four more: a full batch leaves at once, not at the next tick
+        await trio.sleep(0.01)
+        for i in range(4):
+            d.route(hosts[3], Link(f"http://{hosts[3]}/{i}", 2, hops=1, found_on="http://x.test/"))
+        await trio.sleep(0.001)
+        assert len(batches(links)) == 2
+        t2, _, full = batches(links)[1]
+        assert t2 - start == pytest.approx(0.26)  # the moment the 4th URL was routed
+        assert [(e.depth, e.hops, e.found_on) for e in full.urls] == [(2, 1, "http://x.test/")] * 4
+        assert d.stats.urls_sent["b"] == 7 and d.stats.batches_sent == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_recently_sent_urls_are_dropped_but_bounded(store, autojump_clock):
+    links = FakeLinks()
+    d = Dispatcher("a", store, links, ring_of=lambda: (1, RING2), config=DispatchConfig(recent_size=2))
+    host = owned_hosts(RING2, "b", 1)[0]
+    for path in ["1", "1", "2", "3", "1"]:
+        d.route(host, Link(f"http://{host}/{path}", 1))
+    # "1" repeated at once is dropped; after "2" and "3" it has left the 2-entry filter and goes again
+    assert [i.url for _, i in d.take_routed()] == [f"http://{host}/{p}" for p in ["1", "2", "3", "1"]]
+    assert d.stats.urls_recent == 1
+
+
+async def test_unacked_batches_are_resent_and_acks_remove_them(store, autojump_clock):
+    links = FakeLinks()
+    d = Dispatcher("a", store, links, ring_of=lambda: (1, RING2), config=DispatchConfig(resend_after=5.0))
+    host = owned_hosts(RING2, "b", 1)[0]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        start = trio.current_time()
+        d.route(host, Link(f"http://{host}/", 1))
+        await trio.sleep(0.3)
+        [(_, _, first)] = batches(links)
+        await trio.sleep(5.0)  # lost: sent again after resend_after, same seq
+        assert [m.seq for _, _, m in batches(links)] == [first.seq, first.seq]
+        assert batches(links)[1][0] - start == pytest.approx(5.2)
+        # a reconnect triggers a re-send at the next tick
+        links.connects["b"] = 1
+        await trio.sleep(0.2)
+        assert len(batches(links)) == 3
+        await d.on_message("b", BatchAck(seq=first.seq, new=1, seen=0, forwarded=0, epoch=1))
+        assert store.outbox.counts() == {}
+        await d.on_message("b", BatchAck(seq=first.seq, new=1, seen=0, forwarded=0, epoch=1))
+        assert d.stats.acks_unmatched == 1 and d.stats.batches_acked == 1
+        await trio.sleep(10.0)
+        assert len(batches(links)) == 3  # nothing more to send
+        assert d.outstanding() == 0 and d.in_flight() == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_full_link_queue_is_retried_at_the_next_tick(store, autojump_clock):
+    links = FakeLinks()
+    links.refuse = True
+    d = Dispatcher("a", store, links, ring_of=lambda: (1, RING2))
+    host = owned_hosts(RING2, "b", 1)[0]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        d.route(host, Link(f"http://{host}/", 1))
+        await trio.sleep(0.25)
+        assert d.stats.send_refused == 1 and batches(links) == []
+        links.refuse = False
+        await trio.sleep(0.2)
+        assert len(batches(links)) == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_receiver_admits_owned_forwards_the_rest_then_acks(store, autojump_clock):
+    links = FakeLinks()
+    ring3 = Ring({"a": 100, "b": 100, "c": 100})
+    admitted: list[QueuedUrl] = []
+    d = Dispatcher("a", store, links, ring_of=lambda: (7, ring3), on_admitted=admitted.extend)
+    mine = owned_hosts(ring3, "a", 2)
+    theirs = owned_hosts(ring3, "c", 1)
+    urls = [f"http://{mine[0]}/", f"http://{mine[1]}/", f"http://{mine[0]}/", f"http://{theirs[0]}/", "junk"]
+    batch = UrlBatch(seq=42, sender="b", epoch=3, urls=tuple(UrlEntry(url=u, depth=2, found_on=None, hops=0) for u in urls))
+    await d.on_message("b", batch)
+    [(_, peer, ack)] = links.sent
+    assert peer == "b"
+    assert ack == BatchAck(seq=42, new=2, seen=1, forwarded=1, epoch=7)
+    assert [i.url for i in admitted] == urls[:2]
+    assert [i.url for _, i in store.outbox.take("c", 10)] == urls[3:4]
+    assert d.stats.urls_received["b"] == 5 and d.stats.urls_rejected == 1
+    # the same batch again (a re-send): idempotent, everything is seen, the forward is harmlessly repeated
+    await d.on_message("b", batch)
+    assert links.sent[-1][2] == BatchAck(seq=42, new=0, seen=3, forwarded=1, epoch=7)
+    assert len(admitted) == 2
+
+
+async def test_view_change_reroutes_the_outbox(store, autojump_clock):
+    links = FakeLinks()
+    ring3 = Ring({"a": 100, "b": 100, "c": 100})
+    ring2 = Ring({"a": 100, "b": 100})
+    view = [(1, ring3)]
+    admitted: list[QueuedUrl] = []
+    d = Dispatcher("a", store, links, ring_of=lambda: view[0], on_admitted=admitted.extend)
+    to_c = owned_hosts(ring3, "c", 20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        for host in to_c:
+            d.route(host, Link(f"http://{host}/", 1))
+        await trio.sleep(0.3)  # between ticks (0.2, 0.4), so task order at a tick does not matter
+        assert {p for _, p, _ in batches(links)} == {"c"}
+        view[0] = (2, ring2)  # c left before acking
+        await trio.sleep(0.2)
+        to_b = [h for h in to_c if ring2.owner(h) == "b"]
+        to_a = [h for h in to_c if ring2.owner(h) == "a"]
+        assert to_a and to_b
+        sent_b = [e.url for _, p, m in batches(links) if p == "b" for e in m.urls]
+        assert sorted(sent_b) == sorted(f"http://{h}/" for h in to_b)
+        assert sorted(i.url for i in admitted) == sorted(f"http://{h}/" for h in to_a)
+        assert d.stats.urls_rerouted == len(to_b) and d.stats.urls_reclaimed == len(to_a)
+        # a late ack from c removes nothing that moved, and c's stale batch is not sent again
+        c_seq = batches(links)[0][2].seq
+        await d.on_message("c", BatchAck(seq=c_seq, new=20, seen=0, forwarded=0, epoch=1))
+        assert store.outbox.counts() == {"b": len(to_b)}
+        await trio.sleep(6.0)
+        assert all(p == "b" for _, p, _ in batches(links)[2:])
+        nursery.cancel_scope.cancel()
+
+
+# -- simulations over MemoryNetwork and PeerLinks ---------------------------------------------------------------
+
+
+class Node:
+    """One node's dispatcher, peer links and store, under its own cancel scope so it can be killed."""
+
+    def __init__(self, node_id: str, path, net: MemoryNetwork, view: list, admitted: Counter, rng: random.Random):
+        self.node_id = node_id
+        self.path = path
+        self.net = net
+        self.view = view
+        self.admitted = admitted
+        self.rng = rng
+        self.scope: trio.CancelScope | None = None
+        self.store: NodeStore | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.links: PeerLinks | None = None
+
+    def ring_of(self) -> tuple[int, Ring]:
+        return self.view[0]
+
+    def _admit(self, items: list[QueuedUrl]) -> None:
+        for item in items:
+            assert self.view[0][1].owner(item.host) == self.node_id
+            self.admitted[item.url] += 1
+
+    async def start(self, nursery: trio.Nursery, peers: list[str]) -> None:
+        self.store = NodeStore.open(self.path, map_size=1 << 24)
+
+        async def on_message(peer_id, message):
+            await self.dispatcher.on_message(peer_id, message)
+
+        self.links = PeerLinks(
+            node_id=self.node_id, secret=SECRET, transport=self.net.transport(self.node_id),
+            on_message=on_message, rng=self.rng,
+        )
+        self.dispatcher = Dispatcher(
+            self.node_id, self.store, self.links, ring_of=self.ring_of,
+            config=DispatchConfig(batch_size=50, interval=0.2, resend_after=2.0), on_admitted=self._admit,
+        )
+        self.scope = trio.CancelScope()
+
+        async def body(task_status=trio.TASK_STATUS_IGNORED):
+            with self.scope:
+                async with trio.open_nursery() as inner:
+                    await inner.start(self.links.run)
+                    for peer in peers:
+                        if peer != self.node_id:
+                            self.links.link(peer, peer)
+                    await inner.start(self.dispatcher.run)
+                    task_status.started()
+                    await trio.sleep_forever()
+
+        await nursery.start(body)
+
+    def kill(self) -> None:
+        self.scope.cancel()
+        self.store.close()
+
+
+async def wait_drained(nodes: list[Node], limit: float = 120.0) -> float:
+    start = trio.current_time()
+    with trio.fail_after(limit):
+        while any(n.dispatcher.outstanding() for n in nodes):
+            await trio.sleep(0.5)
+    return trio.current_time() - start
+
+
+def urls_for(ring: Ring, sender: str, count: int, rng: random.Random) -> list[tuple[str, Link]]:
+    out = []
+    while len(out) < count:
+        host = f"h{rng.randrange(300)}.test"
+        if ring.owner(host) != sender:
+            out.append((host, Link(f"http://{host}/p{rng.randrange(400)}", 1)))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_simulation_with_link_breaks_and_a_restarted_receiver(tmp_path, seed, autojump_clock):
+    rng = random.Random(seed)
+    ids = ["a:1", "b:1", "c:1", "d:1"]
+    ring = Ring({"a:1": 150, "b:1": 80, "c:1": 200, "d:1": 40})
+    view = [(1, ring)]
+    net = MemoryNetwork(random.Random(seed), delay=0.002, jitter=0.003, break_probability=0.05)
+    admitted: Counter = Counter()
+    nodes = [Node(i, tmp_path / i, net, view, admitted, random.Random(seed * 10 + k)) for k, i in enumerate(ids)]
+    routed: set[str] = set()
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            await node.start(nursery, ids)
+        for round_ in range(6):
+            for node in nodes:
+                for host, link in urls_for(ring, node.node_id, 120, rng):
+                    routed.add(link.url)
+                    node.dispatcher.route(host, link)
+            await trio.sleep(0.3)
+            if round_ == 2:  # c dies and comes back with its store; unacked batches reach it again
+                victim = nodes[2]
+                victim.kill()
+                await trio.sleep(1.0)
+                await victim.start(nursery, ids)
+        net.break_probability = 0.0
+        await wait_drained(nodes)
+        nursery.cancel_scope.cancel()
+    assert set(admitted) == routed  # nothing lost
+    assert set(admitted.values()) == {1}  # each admitted once, by its owner (checked in _admit)
+    resent = sum(n.dispatcher.stats.batches_resent for n in nodes)
+    assert net.breaks > 0 and resent > 0  # the faults did happen
+    for node in nodes:
+        node.store.close()
+
+
+async def test_stale_view_receiver_forwards_to_the_owner(tmp_path, autojump_clock):
+    ids = ["a:1", "b:1", "d:1"]
+    old = Ring({"a:1": 100, "b:1": 100})
+    new = Ring({"a:1": 100, "b:1": 100, "d:1": 100})
+    net = MemoryNetwork(random.Random(3), delay=0.001)
+    admitted: Counter = Counter()
+    a_view, new_view = [(1, old)], [(2, new)]
+    a = Node("a:1", tmp_path / "a", net, a_view, admitted, random.Random(1))
+    b = Node("b:1", tmp_path / "b", net, new_view, admitted, random.Random(2))
+    d = Node("d:1", tmp_path / "d", net, new_view, admitted, random.Random(3))
+    # a still routes by the old view: hosts that moved from b to d are sent to b, which forwards them
+    moved = [h for h in owned_hosts(old, "b:1", 200) if new.owner(h) == "d:1"][:30]
+    assert moved
+    async with trio.open_nursery() as nursery:
+        for node in (a, b, d):
+            await node.start(nursery, ids)
+        for host in moved:
+            a.dispatcher.route(host, Link(f"http://{host}/", 1))
+        await wait_drained([a, b, d])
+        nursery.cancel_scope.cancel()
+    assert set(admitted) == {f"http://{h}/" for h in moved}
+    assert set(admitted.values()) == {1}
+    assert a.dispatcher.stats.urls_sent == {"b:1": len(moved)}
+    assert b.dispatcher.stats.urls_forwarded == len(moved)
+    assert b.dispatcher.stats.urls_sent == {"d:1": len(moved)}
+    for node in (a, b, d):
+        node.store.close()
