@@ -347,3 +347,33 @@ async def test_stale_view_receiver_forwards_to_the_owner(tmp_path, autojump_cloc
     assert b.dispatcher.stats.urls_sent == {"d:1": len(moved)}
     for node in (a, b, d):
         node.store.close()
+
+
+async def test_a_sender_killed_before_sending_loses_nothing(tmp_path, autojump_clock):
+    ids = ["a:1", "b:1"]
+    ring = Ring({"a:1": 100, "b:1": 100})
+    view = [(1, ring)]
+    net = MemoryNetwork(random.Random(4), delay=0.001)
+    admitted: Counter = Counter()
+    a = Node("a:1", tmp_path / "a", net, view, admitted, random.Random(1))
+    b = Node("b:1", tmp_path / "b", net, view, admitted, random.Random(2))
+    hosts = owned_hosts(ring, "b:1", 30)
+    async with trio.open_nursery() as nursery:
+        await a.start(nursery, ids)
+        await b.start(nursery, ids)
+        # as the crawler does: the routed links go into the store with their page, then the process dies
+        for host in hosts:
+            a.dispatcher.route(host, Link(f"http://{host}/", 1))
+        a.store.finish(None, [], routed=a.dispatcher.take_routed())
+        a.kill()
+        assert admitted == Counter()
+        await trio.sleep(1.0)
+        await a.start(nursery, ids)
+        await wait_drained([a, b])
+        nursery.cancel_scope.cancel()
+    assert set(admitted) == {f"http://{h}/" for h in hosts}
+    assert set(admitted.values()) == {1}
+    assert a.dispatcher.stats.urls_sent == {"b:1": 30}
+    assert a.dispatcher._run == 2  # batch numbers of the second process cannot match an ack meant for the first
+    for node in (a, b):
+        node.store.close()
