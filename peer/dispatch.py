@@ -92,13 +92,13 @@ class DispatchStats:
 class _Batch:
     seqs: list[int]
     sent_at: float
+    connection: int  # the link's connection number the batch was (or will be) written on
 
 
 @dataclass(slots=True)
 class _Owner:
     cursor: int = 0  # the highest outbox seq put in a batch by this process
     pending: int = 0  # entries beyond the cursor, as far as we know (used to flush full batches early)
-    connects: int = 0  # the link's connect count when last looked at
     inflight: dict[int, _Batch] = field(default_factory=dict)
 
 
@@ -131,7 +131,7 @@ class Dispatcher:
         self.config = config or DispatchConfig()
         self.on_admitted = on_admitted
         self.stats = DispatchStats()
-        self._staged: list[tuple[str, QueuedUrl]] = []
+        self._staged: list[QueuedUrl] = []
         self._local: list[QueuedUrl] = []
         self._recent: dict[bytes, None] = {}
         self._owners: dict[str, _Owner] = {}
@@ -155,22 +155,31 @@ class Dispatcher:
             recent[key] = None
             if len(recent) > self.config.recent_size:
                 del recent[next(iter(recent))]
-        item = QueuedUrl(url=link.url, host=host, depth=link.depth, hops=link.hops, found_on=link.found_on)
-        owner = self.ring_of()[1].owner(host)
-        if owner == self.node_id:  # the caller's view was older than ours: it is ours after all
-            self._local.append(item)
-            self._wake.set()
-            return
-        self._staged.append((owner, item))
+        self._staged.append(
+            QueuedUrl(url=link.url, host=host, depth=link.depth, hops=link.hops, found_on=link.found_on)
+        )
         if len(self._staged) >= self.config.batch_size:
             self._wake.set()
 
     def take_routed(self) -> list[tuple[str, QueuedUrl]]:
-        """The routed links not yet stored, for `store.finish(page, links, routed=...)`; the caller stores
-        them in that transaction."""
+        """The routed links not yet stored, with their owners under the current view, for
+        `store.finish(page, links, routed=...)`; the caller stores them in that transaction (with no await
+        in between, so no view change can slip in). Links that turn out to be ours are admitted at the next
+        tick."""
         staged, self._staged = self._staged, []
-        self._stored(staged)
-        return staged
+        if not staged:
+            return []
+        ring = self.ring_of()[1]
+        routed: list[tuple[str, QueuedUrl]] = []
+        for item in staged:
+            owner = ring.owner(item.host)
+            if owner == self.node_id:  # the caller's view was older than ours: it is ours after all
+                self._local.append(item)
+                self._wake.set()
+            else:
+                routed.append((owner, item))
+        self._stored(routed)
+        return routed
 
     def flush_staged(self) -> int:
         """Store routed links that no page's `finish` took (seeds, redirects); `run` calls it every tick."""
@@ -235,6 +244,9 @@ class Dispatcher:
         epoch, ring = self.ring_of()
         if not force and epoch == self._epoch:
             return
+        if self._epoch is not None:
+            # a URL sent to a node that has since died must be sent again to its new owner when found again
+            self._recent.clear()
         self._epoch = epoch
         moved, mine = self.store.reroute(ring.owner, self.node_id)
         for owner, count in moved.items():
@@ -251,14 +263,20 @@ class Dispatcher:
         self.stats.send_refused += 1
         return False
 
+    def _connection(self, owner: str) -> int:
+        """The number of the connection a message queued now will be written on: the current one, or the
+        next if the link is down (its queue survives reconnects). A batch written on a connection that has
+        since been replaced may be lost, so it is sent again."""
+        link = self.links.get(owner)
+        connects = int(getattr(link, "connects", 0))
+        return connects if getattr(link, "connected", False) else connects + 1
+
     def _resend(self, owner: str, state: _Owner, now: float) -> None:
         if not state.inflight:
             return
-        link = self.links.get(owner)
-        connects = getattr(link, "connects", 0)
-        reconnected = connects != state.connects
-        state.connects = connects
+        connection = self._connection(owner)
         for seq, batch in list(state.inflight.items()):
+            reconnected = connection > batch.connection
             if not reconnected and now - batch.sent_at < self.config.resend_after:
                 continue
             entries = self.store.outbox.get(owner, batch.seqs)
@@ -267,6 +285,7 @@ class Dispatcher:
                 continue
             batch.seqs = [s for s, _ in entries]
             batch.sent_at = now if self._send(owner, seq, entries) else -math.inf
+            batch.connection = self._connection(owner)
             self.stats.batches_resent += 1
             self.stats.urls_resent[owner] += len(entries)
 
@@ -287,10 +306,9 @@ class Dispatcher:
             self._batches += 1
             seq = (self._run << 32) | (self._batches & 0xFFFFFFFF)
             sent = self._send(owner, seq, entries)
-            state.inflight[seq] = _Batch(seqs=[s for s, _ in entries], sent_at=now if sent else -math.inf)
-            if sent:
-                link = self.links.get(owner)
-                state.connects = getattr(link, "connects", 0)
+            state.inflight[seq] = _Batch(
+                seqs=[s for s, _ in entries], sent_at=now if sent else -math.inf, connection=self._connection(owner)
+            )
             self.stats.batches_sent += 1
             self.stats.urls_sent[owner] += len(entries)
 
@@ -348,6 +366,11 @@ class Dispatcher:
             self._wake.set()  # room in the window for a full batch that was waiting
 
     # -- for status and termination -----------------------------------------------------------------------
+
+    @property
+    def run_number(self) -> int:
+        """Which start of this node's sender this is (1, 2, ...); the high 32 bits of its batch numbers."""
+        return self._run
 
     def in_flight(self) -> int:
         """Batches sent and not yet acknowledged."""

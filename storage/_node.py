@@ -151,7 +151,11 @@ class MemoryNodeStore:
         self.frontier.push(new)
         return new
 
-    def finish(self, item: QueuedUrl | None, links: Sequence[QueuedUrl]) -> list[QueuedUrl]:
+    def finish(
+        self, item: QueuedUrl | None, links: Sequence[QueuedUrl], routed: Sequence[tuple[str, QueuedUrl]] = ()
+    ) -> list[QueuedUrl]:
+        if routed:
+            raise ValueError("MemoryNodeStore keeps no outbox: a cluster node needs NodeStore")
         new = self.admit(links)
         if item is not None:
             self.frontier.done(item)

@@ -39,7 +39,7 @@ class FakeLinks:
     def __init__(self) -> None:
         self.sent: list[tuple[float, str, object]] = []
         self.refuse = False
-        self.connects: dict[str, int] = {}
+        self.connects: dict[str, int] = {}  # a peer's connection number; raising it is a reconnect
 
     def send_nowait(self, peer_id: str, message: object) -> bool:
         if self.refuse:
@@ -54,6 +54,7 @@ class FakeLinks:
 class _Link:
     def __init__(self, connects: int) -> None:
         self.connects = connects
+        self.connected = True
 
 
 @pytest.fixture
@@ -162,7 +163,8 @@ async def test_receiver_admits_owned_forwards_the_rest_then_acks(store, autojump
     mine = owned_hosts(ring3, "a", 2)
     theirs = owned_hosts(ring3, "c", 1)
     urls = [f"http://{mine[0]}/", f"http://{mine[1]}/", f"http://{mine[0]}/", f"http://{theirs[0]}/", "junk"]
-    batch = UrlBatch(seq=42, sender="b", epoch=3, urls=tuple(UrlEntry(url=u, depth=2, found_on=None, hops=0) for u in urls))
+    entries = tuple(UrlEntry(url=u, depth=2, found_on=None, hops=0) for u in urls)
+    batch = UrlBatch(seq=42, sender="b", epoch=3, urls=entries)
     await d.on_message("b", batch)
     [(_, peer, ack)] = links.sent
     assert peer == "b"
@@ -208,6 +210,35 @@ async def test_view_change_reroutes_the_outbox(store, autojump_clock):
         nursery.cancel_scope.cancel()
 
 
+async def test_links_staged_before_a_view_change_follow_the_new_view(store, autojump_clock):
+    links = FakeLinks()
+    ring3 = Ring({"a": 100, "b": 100, "c": 100})
+    ring2 = Ring({"a": 100, "b": 100})
+    view = [(1, ring3)]
+    admitted: list[QueuedUrl] = []
+    d = Dispatcher("a", store, links, ring_of=lambda: view[0], on_admitted=admitted.extend)
+    to_c = owned_hosts(ring3, "c", 20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        for host in to_c:  # routed while c owned them, stored with a page after c left
+            d.route(host, Link(f"http://{host}/", 1))
+        view[0] = (2, ring2)
+        routed = d.take_routed()
+        assert {owner for owner, _ in routed} == {"b"}
+        store.finish(None, [], routed=routed)
+        await trio.sleep(0.3)
+        to_a = sorted(f"http://{h}/" for h in to_c if ring2.owner(h) == "a")
+        assert sorted(i.url for i in admitted) == to_a and to_a
+        sent = sorted(e.url for _, p, m in batches(links) if p == "b" for e in m.urls)
+        assert sent == sorted(f"http://{h}/" for h in to_c if ring2.owner(h) == "b")
+        # the view change also emptied the recently-sent filter: a link found again is sent again
+        d.route(to_c[0], Link(f"http://{to_c[0]}/", 1))
+        assert d.stats.urls_recent == 0
+        d.route(to_c[0], Link(f"http://{to_c[0]}/", 1))
+        assert d.stats.urls_recent == 1
+        nursery.cancel_scope.cancel()
+
+
 # -- simulations over MemoryNetwork and PeerLinks ---------------------------------------------------------------
 
 
@@ -225,6 +256,7 @@ class Node:
         self.store: NodeStore | None = None
         self.dispatcher: Dispatcher | None = None
         self.links: PeerLinks | None = None
+        self.mine: set[str] = set()  # URLs this node admitted
 
     def ring_of(self) -> tuple[int, Ring]:
         return self.view[0]
@@ -233,6 +265,7 @@ class Node:
         for item in items:
             assert self.view[0][1].owner(item.host) == self.node_id
             self.admitted[item.url] += 1
+            self.mine.add(item.url)
 
     async def start(self, nursery: trio.Nursery, peers: list[str]) -> None:
         self.store = NodeStore.open(self.path, map_size=1 << 24)
@@ -374,6 +407,44 @@ async def test_a_sender_killed_before_sending_loses_nothing(tmp_path, autojump_c
     assert set(admitted) == {f"http://{h}/" for h in hosts}
     assert set(admitted.values()) == {1}
     assert a.dispatcher.stats.urls_sent == {"b:1": 30}
-    assert a.dispatcher._run == 2  # batch numbers of the second process cannot match an ack meant for the first
+    assert a.dispatcher.run_number == 2  # batch numbers of the second process cannot match an ack meant for the first
     for node in (a, b):
+        node.store.close()
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7])
+async def test_view_change_mid_flight_reroutes_and_loses_nothing(tmp_path, seed, autojump_clock):
+    rng = random.Random(seed)
+    ids = ["a:1", "b:1", "c:1", "d:1"]
+    before = Ring({"a:1": 100, "b:1": 100, "c:1": 100, "d:1": 100})
+    after = Ring({"a:1": 100, "b:1": 100, "d:1": 100})  # c leaves
+    view = [(1, before)]
+    # 0.1 s per message: batches sent at a tick are still unacknowledged when the view changes
+    net = MemoryNetwork(random.Random(seed), delay=0.1, jitter=0.02, break_probability=0.02)
+    admitted: Counter = Counter()
+    nodes = [Node(i, tmp_path / i, net, view, admitted, random.Random(k)) for k, i in enumerate(ids)]
+    c = nodes[2]
+    routed: set[str] = set()
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            await node.start(nursery, ids)
+        for round_ in range(4):
+            for node in nodes:
+                for host, link in urls_for(view[0][1], node.node_id, 100, rng):
+                    routed.add(link.url)
+                    node.dispatcher.route(host, link)
+            await trio.sleep(0.25)
+            if round_ == 1:
+                view[0] = (2, after)  # every node sees it at once; batches to c are in flight
+        net.break_probability = 0.0
+        await wait_drained(nodes)
+        nursery.cancel_scope.cancel()
+    assert set(admitted) == routed  # nothing lost
+    assert c.mine  # c had admitted some before it left
+    assert sum(n.dispatcher.stats.urls_rerouted for n in nodes) > 0  # unacked entries for c moved
+    assert c.dispatcher.stats.urls_forwarded > 0  # c received batches after the change and passed them on
+    for url, count in admitted.items():
+        # twice only when c admitted it before leaving and the new owner got it too (hand-off dedups that)
+        assert count == 1 or (count == 2 and url in c.mine), url
+    for node in nodes:
         node.store.close()

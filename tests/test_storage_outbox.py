@@ -90,3 +90,12 @@ def test_reroute_rekeys_changed_owners_and_reclaims_ours(store):
     assert store.admit([q("h3", 3)]) == []
     # a second re-route under the same owners changes nothing
     assert store.reroute(owners.__getitem__, "me") == ({}, [])
+
+
+def test_memory_store_refuses_routed_links_it_cannot_keep():
+    from storage import MemoryNodeStore
+
+    store = MemoryNodeStore()
+    assert store.finish(None, [q("h", 1)], routed=()) == [q("h", 1)]
+    with pytest.raises(ValueError, match="needs NodeStore"):
+        store.finish(None, [], routed=[("b", q("x", 2))])
