@@ -5,9 +5,12 @@ node is a range scan: every per-host key begins with the host's 64-bit ring posi
 The on-disk layout and the durability model are in docs/storage.md.
 """
 
+from ._bloom import BloomDedup
 from ._cache import LruTtlCache
 from ._cdxj import surt
 from ._dedup import DedupStore, MemoryDedupStore
+from ._dedup_alt import FingerprintSetDedup, UrlSetDedup, md5_key
+from ._digittree import DigitTreeDedup
 from ._errors import StorageError
 from ._frontier import FrontierStore
 from ._keys import (
@@ -21,13 +24,10 @@ from ._keys import (
     url_key,
 )
 from ._memfrontier import MemoryFrontierStore
-from ._outbox import Outbox, OutboxEntry
 from ._node import MemoryNodeStore, NodeStore, queued_url_keys
+from ._outbox import Outbox, OutboxEntry
 from ._pages import NullPageStore, PageStore, WarcPageStore, open_page_store
 from ._records import HostState, QueuedUrl
-from ._bloom import BloomDedup
-from ._dedup_alt import FingerprintSetDedup, UrlSetDedup, md5_key
-from ._digittree import DigitTreeDedup
 from ._redis_dedup import RedisDedup
 from .dedup_kinds import DEDUP_KINDS, DedupUnsupported, LmdbDedup, open_dedup
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from types import TracebackType
-from typing import Self
 
 import lmdb
 from sortedcontainers import SortedSet
 
+from ._closing import Closing
 from ._keys import arc_ranges
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
 
@@ -24,7 +23,7 @@ DEDUP_DB = b"seen"
 _EMPTY = b""
 
 
-class DedupStore:
+class DedupStore(Closing):
     """Seen-URL keys in LMDB. Every batch call is one transaction; see `storage._lmdb` for durability."""
 
     def __init__(self, env: LmdbEnv, *, owns_env: bool) -> None:
@@ -44,13 +43,6 @@ class DedupStore:
         env = LmdbEnv.open(path, [DEDUP_DB], map_size=map_size, max_map_size=max_map_size)
         return cls(env, owns_env=True)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     # -- transaction-level parts, shared with NodeStore so several stores commit together --
 
@@ -112,7 +104,7 @@ class DedupStore:
             self._env.close()
 
 
-class MemoryDedupStore:
+class MemoryDedupStore(Closing):
     """The same API in memory (a sorted set): for unit tests and small runs; nothing survives the process."""
 
     def __init__(self) -> None:
@@ -122,13 +114,6 @@ class MemoryDedupStore:
     def open(cls, path: str | os.PathLike[str] | None = None, **_options: object) -> MemoryDedupStore:
         return cls()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def add_new(self, keys: Sequence[bytes]) -> list[bool]:
         out = []

@@ -14,9 +14,9 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from types import TracebackType
 from typing import Self
 
+from ._closing import Closing
 from ._errors import StorageError
 from ._keys import arc_ranges, url_key
 
@@ -62,20 +62,13 @@ class UrlKeyedMixin:
         return url_key(position, url) in self
 
 
-class _MemoryBase:
+class _MemoryBase(Closing):
     """Context-manager and lifecycle parts shared by the in-memory backends (nothing survives the process)."""
 
     @classmethod
     def open(cls, path: str | os.PathLike[str] | None = None, **options: object) -> Self:
         return cls(**options)  # type: ignore[arg-type]
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def sync(self) -> None:
         """Nothing to force: an in-memory backend keeps nothing on disk, and a restart forgets every URL."""

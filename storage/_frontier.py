@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from types import TracebackType
-from typing import Self
 
 import lmdb
 import msgpack
 
+from ._closing import Closing
 from ._keys import arc_ranges, host_prefix, url_fingerprint
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
 from ._records import HostState, QueuedUrl
@@ -68,7 +67,7 @@ def _state_value(state: HostState) -> bytes:
     )
 
 
-class FrontierStore:
+class FrontierStore(Closing):
     """Per-host URL queues and politeness state in LMDB. Every call is one transaction."""
 
     def __init__(self, env: LmdbEnv, *, owns_env: bool) -> None:
@@ -92,13 +91,6 @@ class FrontierStore:
         env = LmdbEnv.open(path, FRONTIER_DBS, map_size=map_size, max_map_size=max_map_size)
         return cls(env, owns_env=True)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     # -- transaction-level parts, shared with NodeStore --
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import heapq
 import os
 from collections.abc import Iterator, Sequence
-from types import TracebackType
-from typing import Self
 
+from ._closing import Closing
 from ._keys import host_position, in_arc
 from ._records import HostState, QueuedUrl
 
@@ -24,7 +23,7 @@ def _ring_order(host: str) -> tuple[int, str]:
     return host_position(host), host
 
 
-class MemoryFrontierStore:
+class MemoryFrontierStore(Closing):
     """Per-host heaps of (depth, seq, item); in-flight items keyed by (host, url)."""
 
     def __init__(self) -> None:
@@ -38,13 +37,6 @@ class MemoryFrontierStore:
     def open(cls, path: str | os.PathLike[str] | None = None, **_options: object) -> MemoryFrontierStore:
         return cls()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def push(self, items: Sequence[QueuedUrl]) -> None:
         for item in items:

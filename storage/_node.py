@@ -11,11 +11,10 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Sequence
-from types import TracebackType
-from typing import Self
 
 import lmdb
 
+from ._closing import Closing
 from ._dedup import DEDUP_DB, DedupStore, MemoryDedupStore
 from ._frontier import FRONTIER_DBS, FrontierStore
 from ._keys import host_position_bytes
@@ -34,7 +33,7 @@ def queued_url_keys(items: Sequence[QueuedUrl]) -> list[bytes]:
     return [position(item.host) + blake2b(item.url.encode("utf-8"), digest_size=8).digest() for item in items]
 
 
-class NodeStore:
+class NodeStore(Closing):
     """`dedup` and `frontier` sharing one environment, plus the atomic operations across them."""
 
     def __init__(self, env: LmdbEnv) -> None:
@@ -57,13 +56,6 @@ class NodeStore:
         )
         return cls(env)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def _admit_in(self, txn: lmdb.Transaction, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
         fresh = self.dedup._add_new_in(txn, queued_url_keys(items))
@@ -126,7 +118,7 @@ class NodeStore:
         self._env.close()
 
 
-class MemoryNodeStore:
+class MemoryNodeStore(Closing):
     """The same API in memory, for unit tests."""
 
     def __init__(self) -> None:
@@ -137,13 +129,6 @@ class MemoryNodeStore:
     def open(cls, path: str | os.PathLike[str] | None = None, **_options: object) -> MemoryNodeStore:
         return cls()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def admit(self, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
         fresh = self.dedup.add_new(queued_url_keys(items))

@@ -17,10 +17,10 @@ import time
 import zlib
 from abc import ABC, abstractmethod
 from pathlib import Path
-from types import TracebackType
-from typing import BinaryIO, Self
+from typing import BinaryIO
 
 from ._cdxj import CdxjEntry, cdxj_line, parse_cdxj_line, surt, warc_timestamp
+from ._closing import Closing
 from ._errors import StorageError
 from ._warc import exchange_records, gzip_member, warcinfo_record
 
@@ -30,7 +30,7 @@ _OPEN_SUFFIX = ".cdxj.open"
 _WARC_SUFFIX = ".warc.gz"
 
 
-class PageStore(ABC):
+class PageStore(Closing, ABC):
     """Stores fetched pages. `pages` counts what was stored since this object was made."""
 
     pages: int = 0
@@ -60,13 +60,6 @@ class PageStore(ABC):
     def close(self) -> None:
         """Finish the files; the store is unusable afterwards."""
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 class NullPageStore(PageStore):

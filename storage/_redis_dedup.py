@@ -18,9 +18,9 @@ answer "seen": unless the caller re-admits such a batch from the page that gave 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
+from ._closing import Closing
 from ._dedup_alt import UrlKeyedMixin, check_key
 from ._errors import StorageError
 from ._keys import arc_ranges
@@ -39,7 +39,7 @@ return out
 """
 
 
-class RedisDedup(UrlKeyedMixin):
+class RedisDedup(UrlKeyedMixin, Closing):
     """Seen-URL keys in Redis sets bucketed by ring position. One client per store, one thread at a time."""
 
     def __init__(self, client: Any, where: str, namespace: str) -> None:
@@ -78,13 +78,6 @@ class RedisDedup(UrlKeyedMixin):
     def _bucket(self, key: bytes) -> bytes:
         return self._prefix + b"%02x" % (int.from_bytes(key[:8], "big") >> _SHIFT)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def add_new(self, keys: Sequence[bytes]) -> list[bool]:
         """Check-and-insert, one script call per 10,000 keys: True where the key was new (first in a batch)."""
