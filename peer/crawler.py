@@ -33,7 +33,7 @@ from .links import extract, is_html
 from .robots import RobotsDecision, decide
 from .scheduler import HostScheduler, HostTurn
 from .stats import Stats
-from .urls import Scope, host_of, normalize, origin_of
+from .urls import Scope, host_of_normalized, normalize, origin_of_normalized
 
 __all__ = ["Crawler", "Link"]
 
@@ -141,7 +141,7 @@ class Crawler:
         batch.seen += hits
 
     def _screen(self, batch: _Batch, url: str, depth: int, hops: int, found_on: str | None) -> None:
-        host = host_of(url)
+        host = host_of_normalized(url)
         reason = self.scope.check(url, host, depth)
         if reason is not None:
             self.stats.skipped[reason] += 1
@@ -267,7 +267,7 @@ class Crawler:
                 self.stats.skipped["max-pages-per-host"] += 1
                 self.frontier.done(item)
                 continue
-            origin = origin_of(item.url)
+            origin = origin_of_normalized(item.url)
             decision = self.robots.get(origin, self.wallclock())
             if decision is None:
                 # The robots.txt request is this host's request for this turn; the URL waits for the next.

@@ -32,11 +32,13 @@ __all__ = [
     "Scope",
     "DEFAULT_MAX_URL_LENGTH",
     "host_of",
+    "host_of_normalized",
     "normalize",
     "normalize_all",
     "normalize_path_query",
     "normalize_percent",
     "origin_of",
+    "origin_of_normalized",
     "path_and_query_of",
 ]
 
@@ -342,6 +344,24 @@ def origin_of(url: str) -> str:
     """"scheme://host[:port]" (default port omitted): the key of robots.txt and connection pools."""
     scheme, hostport, _ = _split_normal(url)
     return scheme + "://" + hostport
+
+
+def host_of_normalized(url: str) -> str:
+    """``host_of`` for a URL that ``normalize`` already returned: a plain split, no re-normalizing (the
+    crawler's hot path, where every URL it holds is normalized; about 0.3 µs instead of 3)."""
+    start = url.index("://") + 3
+    end = url.find("/", start)
+    hostport = url[start:end] if end >= 0 else url[start:]
+    if hostport.startswith("["):
+        return hostport[: hostport.index("]") + 1]
+    return hostport.partition(":")[0]
+
+
+def origin_of_normalized(url: str) -> str:
+    """``origin_of`` for a URL that ``normalize`` already returned (no re-normalizing)."""
+    start = url.index("://") + 3
+    end = url.find("/", start)
+    return url[:end] if end >= 0 else url
 
 
 def path_and_query_of(url: str) -> str:

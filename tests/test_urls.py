@@ -234,3 +234,17 @@ def test_scope_defaults_and_bad_pattern() -> None:
     assert Scope(allowed_hosts=["Bücher.de"]).check("http://xn--bcher-kva.de/", "xn--bcher-kva.de", 0) is None
     with pytest.raises(ValueError, match="invalid host pattern"):
         Scope(denied_hosts=["bad host"])
+
+
+@given(st.sampled_from([
+    "http://Example.COM:80/a/../b?q=1#f", "https://bücher.example/x y", "http://[::1]:8080/p",
+    "http://h.test:8123", "HTTPS://a.b.c/%7euser/", "http://user:pw@host.example:81/x?y#z",
+]) | st.text(max_size=60).map(lambda t: "http://h.example/" + t))
+def test_fast_host_and_origin_agree_on_normalized_urls(raw):
+    from peer.urls import host_of_normalized, origin_of_normalized
+
+    url = normalize(raw)
+    if url is None:
+        return
+    assert host_of_normalized(url) == host_of(url)
+    assert origin_of_normalized(url) == origin_of(url)
