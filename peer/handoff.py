@@ -1,0 +1,404 @@
+"""Arc hand-off: when the view changes, the previous owner of each moved arc streams its state to the new owner.
+
+DESIGN decision 6: the queued URLs, the seen-URL keys and the hosts' politeness state of an arc go to its new
+owner in `HandoffChunk`s; the old owner keeps all of it until every chunk of the arc is acknowledged, and only
+then deletes it. The receiver applies chunks idempotently and acknowledges only after `sync()`, so a lost
+chunk, a lost ack, a re-send and a receiver restart all end with each URL queued once at the new owner.
+
+Why the receiver can apply chunks in any order and any number of times: queued URLs go through `store.admit`
+(dedup + frontier in one transaction), and the seen keys sent are those of the arc *minus* the keys of the
+queued URLs being sent, so a URL is never marked seen before it is queued. Host states are merged by keeping
+the later `next_allowed`. See docs/cluster.md, "Hand-off", for the politeness rule.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from protocol import HandoffAck, HandoffChunk, Message, UrlEntry
+from protocol import HostState as WireHostState
+from ring import RING_SPACE, ArcMove, Ring, diff, host_position
+from storage import HostState, NodeStore, QueuedUrl, in_arc, queued_url_keys
+
+from .urls import host_of
+
+__all__ = ["Handoff", "HandoffConfig", "HandoffLinks", "handoff_arcs"]
+
+log = logging.getLogger(__name__)
+
+_KEY_POSITION = 8  # a seen-URL key begins with the host's 8-byte ring position
+
+
+class HandoffLinks(Protocol):
+    """What the hand-off needs of `PeerLinks`: queue a message for a peer (False if its queue is full)."""
+
+    def send_nowait(self, peer_id: str, message: Message) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HandoffConfig:
+    """Hand-off tuning; every default has its reason."""
+
+    # 10,000 keys of 16 bytes is about 200 KB of msgpack: a fifth of the 1 MiB frame limit.
+    keys_per_chunk: int = 10_000
+    # URL chunks are cut by bytes too: 512 KB of URL text leaves half the frame for framing and fields.
+    urls_per_chunk: int = 2_000
+    url_bytes_per_chunk: int = 512 * 1024
+    # A host state is at most about 280 bytes on the wire: 1,000 of them is under 300 KB.
+    hosts_per_chunk: int = 1_000
+    # Unacknowledged chunks per transfer: enough to keep a link busy, bounded so memory in the link queue is.
+    window: int = 8
+    # A chunk with no ack after this long is sent again (the link layer delivers at most once per connection).
+    resend_after: float = 5.0
+    # How often `run` looks for chunks to send or re-send.
+    interval: float = 0.2
+
+
+def handoff_arcs(moves: Iterable[ArcMove]) -> list[ArcMove]:
+    """Moves as wire arcs: a move ending at 2**64 and one starting at 0 with the same owners become one
+    wrapping arc (end < start), and an end of 2**64 is written 0. Both sides use this, so they agree on arcs."""
+    arcs = list(moves)
+    if len(arcs) >= 2:
+        first, final = arcs[0], arcs[-1]
+        if (
+            first.start == 0
+            and final.end == RING_SPACE
+            and (first.previous, first.next) == (final.previous, final.next)
+        ):
+            arcs = [ArcMove(start=final.start, end=first.end, previous=first.previous, next=first.next), *arcs[1:-1]]
+    return [
+        ArcMove(start=a.start, end=a.end % RING_SPACE, previous=a.previous, next=a.next) for a in arcs
+    ]
+
+
+@dataclass(slots=True)
+class _Chunk:
+    seq: int
+    start: int  # the arc its content lies in
+    end: int
+    urls: tuple[UrlEntry, ...] = ()
+    keys: tuple[bytes, ...] = ()
+    states: tuple[HostState, ...] = ()
+    sent_at: float | None = None
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    transfer_id: int
+    epoch: int
+    peer: str
+    chunks: dict[int, _Chunk]  # unacknowledged chunks by seq
+    last: int
+    arcs: list[tuple[int, int]]  # the arcs with content, dropped here once every chunk is acknowledged
+
+
+@dataclass(slots=True)
+class _Incoming:
+    applied: set[int] = field(default_factory=set)
+    last: int | None = None
+    complete: bool = False
+
+
+class _ArcSet:
+    """Disjoint arcs with a bisect lookup; at most one of them wraps (then it sorts last by start)."""
+
+    def __init__(self, arcs: Iterable[tuple[int, int]]) -> None:
+        self.arcs = sorted(arcs)
+        self.starts = [start for start, _ in self.arcs]
+
+    def __contains__(self, position: int) -> bool:
+        if not self.arcs:
+            return False
+        index = bisect.bisect_right(self.starts, position) - 1
+        return in_arc(position, *self.arcs[index])  # index -1 is the last arc: the wrapping one, if any
+
+
+class Handoff:
+    """Both ends of the hand-off for one node: outgoing transfers of lost arcs, incoming chunks of gained ones.
+
+    A transfer is everything this node hands to one peer at one view epoch: one chunk sequence (numbered from
+    0, the final one marked `last`) over the arcs that hold anything; each chunk names the arc its content
+    lies in. `view_changed(epoch, old, new)` starts the transfers; `run` sends and re-sends chunks;
+    `on_message` takes `HandoffChunk` and `HandoffAck`. The crawler consults `blocked(position)` before
+    fetching a host and stops fetching hosts in `lost_arcs()`.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        store: NodeStore,
+        links: HandoffLinks,
+        *,
+        config: HandoffConfig = HandoffConfig(),
+        wall_clock: Callable[[], float] = time.time,
+        in_flight: Callable[[], Iterable[int]] | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.store = store
+        self.links = links
+        self.config = config
+        self.wall_clock = wall_clock  # host states keep wall-clock next_allowed; the wire carries durations
+        # Ring positions of the hosts being fetched here now: a transfer starts once none lies in its arcs, so
+        # the host states it carries include the last fetch (the politeness rule, docs/cluster.md).
+        self.in_flight = in_flight
+        self._waiting: list[tuple[int, int, str, list[ArcMove]]] = []  # transfers not started yet
+        self._outgoing: dict[int, _Outgoing] = {}
+        self._incoming: dict[tuple[str, int], _Incoming] = {}
+        self._lost = _ArcSet(())  # arcs lost at the latest view change
+        self._pending: dict[tuple[str, int], _ArcSet] = {}  # (previous owner, epoch) -> arcs gained from it
+        self.chunks_sent = 0
+        self.chunks_resent = 0
+        self.chunks_applied = 0
+        self.transfers_completed = 0
+
+    # -- view changes --
+
+    def view_changed(self, epoch: int, old: Ring, new: Ring, *, gone: Iterable[str] = ()) -> list[ArcMove]:
+        """Start handing off the arcs this node loses from `old` to `new`, and note the arcs it gains.
+
+        `gone` names previous owners that will send nothing (dead nodes): their arcs are not waited for.
+        Returns the arcs this node loses (as `handoff_arcs`, so a wrapping arc is one).
+        """
+        if not 0 <= epoch < 1 << 32:
+            raise ValueError(f"view epoch {epoch} must be in [0, 2**32) to number its transfers")
+        gone = set(gone)
+        arcs = handoff_arcs(diff(old, new))
+        lost = [a for a in arcs if a.previous == self.node_id]
+        self._lost = _ArcSet((a.start, a.end) for a in lost)
+        by_peer: dict[str, list[ArcMove]] = {}
+        for arc in lost:
+            if arc.next is not None:
+                by_peer.setdefault(arc.next, []).append(arc)
+        for index, peer in enumerate(sorted(by_peer)):
+            self._waiting.append((epoch << 32 | index, epoch, peer, by_peer[peer]))
+        self._start_quiet()
+        gained: dict[str, list[tuple[int, int]]] = {}
+        for arc in arcs:
+            if arc.next == self.node_id and arc.previous is not None and arc.previous not in gone:
+                gained.setdefault(arc.previous, []).append((arc.start, arc.end))
+        for peer, peer_arcs in gained.items():
+            self._pending[(peer, epoch)] = _ArcSet(peer_arcs)
+        return lost
+
+    def _start_quiet(self) -> None:
+        """Start the waiting transfers none of whose arcs has a fetch in flight here."""
+        if not self._waiting:
+            return
+        busy = list(self.in_flight()) if self.in_flight is not None else []
+        still: list[tuple[int, int, str, list[ArcMove]]] = []
+        for transfer_id, epoch, peer, arcs in self._waiting:
+            arc_set = _ArcSet((arc.start, arc.end) for arc in arcs)
+            if any(position in arc_set for position in busy):
+                still.append((transfer_id, epoch, peer, arcs))
+            else:
+                self._start_transfer(transfer_id, epoch, peer, arcs)
+        self._waiting = still
+
+    def _start_transfer(self, transfer_id: int, epoch: int, peer: str, arcs: list[ArcMove]) -> None:
+        chunks: list[_Chunk] = []
+        with_content: list[tuple[int, int]] = []
+        urls = keys = 0
+        for arc in arcs:
+            items, states = self.store.frontier.export_arc(arc.start, arc.end)
+            queued = set(queued_url_keys(items))
+            seen = [key for key in self.store.dedup.scan(arc.start, arc.end) if key not in queued]
+            if items or states or seen:
+                with_content.append((arc.start, arc.end))
+                chunks.extend(self._cut(len(chunks), arc, items, seen, states))
+                urls, keys = urls + len(items), keys + len(seen)
+        if not chunks:  # nothing to move, but the receiver still learns that the transfer is complete
+            chunks.append(_Chunk(seq=0, start=arcs[0].start, end=arcs[0].end))
+        self._outgoing[transfer_id] = _Outgoing(
+            transfer_id=transfer_id, epoch=epoch, peer=peer, chunks={chunk.seq: chunk for chunk in chunks},
+            last=chunks[-1].seq, arcs=with_content,
+        )
+        log.info("hand-off started", extra={"peer": peer, "urls": urls, "keys": keys, "chunks": len(chunks)})
+
+    def _cut(
+        self, first: int, arc: ArcMove, items: Sequence[QueuedUrl], keys: Sequence[bytes], states: Sequence[HostState]
+    ) -> list[_Chunk]:
+        """One arc's chunks, of one kind each (states, then URLs, then keys), numbered from `first`."""
+        config = self.config
+        chunks: list[_Chunk] = []
+
+        def add(
+            urls: tuple[UrlEntry, ...] = (), keys: tuple[bytes, ...] = (), states: tuple[HostState, ...] = ()
+        ) -> None:
+            chunks.append(
+                _Chunk(seq=first + len(chunks), start=arc.start, end=arc.end, urls=urls, keys=keys, states=states)
+            )
+
+        for i in range(0, len(states), config.hosts_per_chunk):
+            add(states=tuple(states[i : i + config.hosts_per_chunk]))
+        batch: list[UrlEntry] = []
+        size = 0
+        for item in items:
+            cost = len(item.url) + len(item.found_on or "") + 16
+            if batch and (len(batch) >= config.urls_per_chunk or size + cost > config.url_bytes_per_chunk):
+                add(urls=tuple(batch))
+                batch, size = [], 0
+            batch.append(UrlEntry(url=item.url, depth=item.depth, found_on=item.found_on, hops=item.hops))
+            size += cost
+        if batch:
+            add(urls=tuple(batch))
+        for i in range(0, len(keys), config.keys_per_chunk):
+            add(keys=tuple(keys[i : i + config.keys_per_chunk]))
+        return chunks
+
+    # -- what the crawler consults --
+
+    def lost(self, position: int) -> bool:
+        """Whether a host at ring `position` lies in an arc lost at the latest view change: no new fetch of it
+        may start here (the crawler's ownership check under the current ring covers earlier changes)."""
+        return position in self._lost
+
+    def lost_arcs(self) -> list[tuple[int, int]]:
+        """Arcs [start, end) lost at the latest view change, in position order (end <= start: it wraps)."""
+        return list(self._lost.arcs)
+
+    def pending_arcs(self) -> list[tuple[int, int]]:
+        """Arcs gained whose transfer is not complete: their hosts must not be fetched yet."""
+        return [arc for arcs in self._pending.values() for arc in arcs.arcs]
+
+    def blocked(self, position: int) -> bool:
+        """Whether a host at ring `position` lies in an incoming arc whose transfer is not complete."""
+        return any(position in arcs for arcs in self._pending.values())
+
+    def abandon(self, peer_id: str) -> None:
+        """`peer_id` died: stop waiting for its arcs (what it held is rebuilt from re-sent batches)."""
+        for key in [key for key in self._pending if key[0] == peer_id]:
+            del self._pending[key]
+
+    def outstanding(self) -> int:
+        """Chunks sent or to send and not yet acknowledged, over all outgoing transfers (at least one for a
+        transfer still waiting for its arcs' fetches to finish)."""
+        return sum(len(transfer.chunks) for transfer in self._outgoing.values()) + len(self._waiting)
+
+    # -- sending --
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Send new chunks and re-send unacknowledged ones every `interval`, until cancelled."""
+        task_status.started()
+        while True:
+            self.pump()
+            await trio.sleep(self.config.interval)
+
+    def pump(self) -> None:
+        """Send what the window allows and re-send chunks older than `resend_after`."""
+        self._start_quiet()
+        now = trio.current_time()
+        for transfer in list(self._outgoing.values()):
+            in_flight = sum(1 for chunk in transfer.chunks.values() if chunk.sent_at is not None)
+            for chunk in sorted(transfer.chunks.values(), key=lambda c: c.seq):
+                resend = chunk.sent_at is not None and now - chunk.sent_at >= self.config.resend_after
+                fresh = chunk.sent_at is None and in_flight < self.config.window
+                if not (resend or fresh):
+                    continue
+                if not self.links.send_nowait(transfer.peer, self._message(transfer, chunk)):
+                    break  # the link queue is full: try again at the next tick
+                if resend:
+                    self.chunks_resent += 1
+                else:
+                    self.chunks_sent += 1
+                    in_flight += 1
+                chunk.sent_at = now
+
+    def _message(self, transfer: _Outgoing, chunk: _Chunk) -> HandoffChunk:
+        wall = self.wall_clock()  # ready_in is measured at each send, so a re-sent chunk is still right
+        hosts = tuple(
+            WireHostState(
+                host=state.host, crawl_delay=max(0.0, state.crawl_delay),
+                ready_in=max(0.0, state.next_allowed - wall), failures=state.failures,
+            )
+            for state in chunk.states
+        )
+        return HandoffChunk(
+            transfer_id=transfer.transfer_id, chunk_seq=chunk.seq, epoch=transfer.epoch,
+            arc_start=chunk.start, arc_end=chunk.end, urls=chunk.urls, seen_keys=chunk.keys,
+            hosts=hosts, last=chunk.seq == transfer.last,
+        )
+
+    def _acked(self, peer_id: str, ack: HandoffAck) -> None:
+        transfer = self._outgoing.get(ack.transfer_id)
+        if transfer is None or transfer.peer != peer_id:
+            return  # a late duplicate ack of a finished transfer
+        transfer.chunks.pop(ack.chunk_seq, None)
+        if transfer.chunks:
+            return
+        # Every chunk is durably at the new owner: only now does the arc's state leave this node.
+        del self._outgoing[transfer.transfer_id]
+        for start, end in transfer.arcs:
+            self.store.frontier.drop_arc(start, end)
+            self.store.dedup.delete(start, end)
+        self.store.sync()
+        self.transfers_completed += 1
+        log.info("hand-off complete", extra={"peer": peer_id})
+
+    # -- receiving --
+
+    async def on_message(self, peer_id: str, message: Message) -> None:
+        """Take a `HandoffChunk` (apply, sync, ack) or a `HandoffAck`; ignore anything else."""
+        if isinstance(message, HandoffChunk):
+            self._receive(peer_id, message)
+        elif isinstance(message, HandoffAck):
+            self._acked(peer_id, message)
+
+    def _receive(self, peer_id: str, chunk: HandoffChunk) -> None:
+        incoming = self._incoming.setdefault((peer_id, chunk.transfer_id), _Incoming())
+        if not incoming.complete and chunk.chunk_seq not in incoming.applied:
+            self._apply(peer_id, chunk)
+            self.store.sync()  # durable before the ack (DESIGN decision 5)
+            incoming.applied.add(chunk.chunk_seq)
+            self.chunks_applied += 1
+        if chunk.last:
+            incoming.last = chunk.chunk_seq
+        if not incoming.complete and incoming.last is not None and len(incoming.applied) == incoming.last + 1:
+            incoming.complete, incoming.applied = True, set()  # a late duplicate is only acknowledged again
+            self._pending.pop((peer_id, chunk.epoch), None)
+            log.info("incoming hand-off complete", extra={"peer": peer_id})
+        self.links.send_nowait(peer_id, HandoffAck(transfer_id=chunk.transfer_id, chunk_seq=chunk.chunk_seq))
+
+    def _apply(self, peer_id: str, chunk: HandoffChunk) -> None:
+        start, end = chunk.arc_start, chunk.arc_end
+        items = []
+        for entry in chunk.urls:
+            try:
+                host = host_of(entry.url)
+            except ValueError:
+                host = ""
+            if not host or not in_arc(host_position(host), start, end):
+                log.warning("hand-off URL outside its arc; dropped", extra={"peer": peer_id})
+                continue
+            items.append(
+                QueuedUrl(url=entry.url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on)
+            )
+        self.store.admit(items)  # a URL already seen here (or applied before) is not queued again
+        keys = [
+            key for key in chunk.seen_keys
+            if len(key) > _KEY_POSITION and in_arc(int.from_bytes(key[:_KEY_POSITION], "big"), start, end)
+        ]
+        if len(keys) < len(chunk.seen_keys):
+            log.warning("hand-off keys outside their arc; dropped", extra={"peer": peer_id})
+        self.store.dedup.insert(keys)
+        self.store.frontier.put_states([self._merge(state) for state in chunk.hosts if in_arc(
+            host_position(state.host), start, end)])
+
+    def _merge(self, wire: WireHostState) -> HostState:
+        """The wire state in wall-clock terms, keeping the later `next_allowed` of it and any state here."""
+        next_allowed = self.wall_clock() + wire.ready_in
+        here = self.store.frontier.get_state(wire.host)
+        if here is None:
+            return HostState(host=wire.host, next_allowed=next_allowed, crawl_delay=wire.crawl_delay,
+                             failures=wire.failures)
+        return HostState(
+            host=wire.host, next_allowed=max(next_allowed, here.next_allowed),
+            crawl_delay=max(wire.crawl_delay, here.crawl_delay), backoff=here.backoff, failures=wire.failures,
+            pages=here.pages,
+        )

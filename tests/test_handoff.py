@@ -1,0 +1,446 @@
+"""Arc hand-off between two nodes over a fake link layer, under MockClock.
+
+The rings use one point per node so that arcs are wide: with node "b0" joining "a", the arc that moves wraps
+through position 0, so every test here also exercises the wrapping arc.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import trio
+
+from peer.handoff import Handoff, HandoffConfig, handoff_arcs
+from peer.peerlink import PeerLinks
+from peer.transport import MemoryNetwork
+from protocol import HandoffAck, HandoffChunk, Limits, Message, decode_body, encode_body
+from ring import RING_SPACE, ArcMove, Ring, diff, host_position
+from storage import HostState, NodeStore, QueuedUrl, in_arc, url_key
+
+OLD = Ring({"a": 1}, points_per_weight=1)
+NEW = Ring({"a": 1, "b0": 1}, points_per_weight=1)
+WALL0 = 1_700_000_000.0
+CONFIG = HandoffConfig(keys_per_chunk=50, urls_per_chunk=40, hosts_per_chunk=30, resend_after=5.0, interval=0.2)
+
+
+def wall() -> float:
+    return WALL0 + trio.current_time()
+
+
+class Net:
+    """Delivers messages between Handoffs after `delay`, dropping those `drop(sender, peer, message)` picks."""
+
+    def __init__(self, nursery: trio.Nursery, delay: float = 0.01) -> None:
+        self.nursery = nursery
+        self.delay = delay
+        self.nodes: dict[str, Handoff] = {}
+        self.drop = lambda sender, peer, message: False
+        self.log: list[tuple[str, str, Message]] = []
+
+    def links(self, me: str) -> _Link:
+        return _Link(self, me)
+
+    def send(self, sender: str, peer: str, message: Message) -> bool:
+        self.log.append((sender, peer, message))
+        if not self.drop(sender, peer, message):
+            self.nursery.start_soon(self._deliver, sender, peer, message)
+        return True
+
+    async def _deliver(self, sender: str, peer: str, message: Message) -> None:
+        await trio.sleep(self.delay)
+        node = self.nodes.get(peer)
+        if node is not None:
+            await node.on_message(sender, message)
+
+
+class _Link:
+    def __init__(self, net: Net, me: str) -> None:
+        self.net, self.me = net, me
+
+    def send_nowait(self, peer_id: str, message: Message) -> bool:
+        return self.net.send(self.me, peer_id, message)
+
+
+def fill(store: NodeStore, hosts: int = 120, per_host: int = 3) -> tuple[list[QueuedUrl], list[bytes]]:
+    """Queue `per_host` URLs per host, mark two fetched URLs per host seen, and give every host a state."""
+    items = [
+        QueuedUrl(url=f"http://h{i}.example/p{j}", host=f"h{i}.example", depth=1, hops=0,
+                  found_on=f"http://h{i}.example/")
+        for i in range(hosts) for j in range(per_host)
+    ]
+    assert len(store.admit(items)) == len(items)
+    fetched = [url_key(host_position(f"h{i}.example"), f"http://h{i}.example/done{j}") for i in range(hosts) for j in range(2)]
+    store.dedup.insert(fetched)
+    store.frontier.put_states(
+        [HostState(host=f"h{i}.example", next_allowed=WALL0 + 7.0, crawl_delay=2.0, failures=i % 3) for i in range(hosts)]
+    )
+    store.sync()
+    return items, fetched
+
+
+def moved_arc() -> tuple[int, int]:
+    (arc,) = handoff_arcs(diff(OLD, NEW))
+    return arc.start, arc.end
+
+
+def moves(position: int) -> bool:
+    return in_arc(position, *moved_arc())
+
+
+def queued(store: NodeStore) -> Counter[tuple[str, str, int, int, str | None]]:
+    items, _ = store.frontier.export_arc(0, 0)
+    return Counter((i.url, i.host, i.depth, i.hops, i.found_on) for i in items)
+
+
+@pytest.fixture
+def stores(tmp_path):
+    a = NodeStore.open(tmp_path / "a", map_size=1 << 24)
+    b = NodeStore.open(tmp_path / "b", map_size=1 << 24)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_handoff_arcs_joins_the_two_ends_of_a_wrapping_move() -> None:
+    moves_ = [
+        ArcMove(start=0, end=10, previous="a", next="b"),
+        ArcMove(start=50, end=60, previous="a", next="c"),
+        ArcMove(start=100, end=RING_SPACE, previous="a", next="b"),
+    ]
+    assert handoff_arcs(moves_) == [
+        ArcMove(start=100, end=10, previous="a", next="b"),
+        ArcMove(start=50, end=60, previous="a", next="c"),
+    ]
+    whole = [ArcMove(start=0, end=RING_SPACE, previous="a", next="b")]
+    assert handoff_arcs(whole) == [ArcMove(start=0, end=0, previous="a", next="b")]
+    start, end = moved_arc()
+    assert end < start  # the arc these tests move wraps through zero
+
+
+async def test_every_url_and_key_arrives_once_and_leaves_the_old_owner_after_the_ack(stores, autojump_clock):
+    store_a, store_b = stores
+    items, _ = fill(store_a)
+    moving = Counter((i.url, i.host, i.depth, i.hops, i.found_on) for i in items if moves(host_position(i.host)))
+    staying = Counter((i.url, i.host, i.depth, i.hops, i.found_on) for i in items if not moves(host_position(i.host)))
+    assert moving and staying
+    moving_keys = {k for k in set(store_a.dedup.scan(0, 0)) if moves(int.from_bytes(k[:8], "big"))}
+    async with trio.open_nursery() as nursery:
+        net = Net(nursery)
+        a = net.nodes["a"] = Handoff("a", store_a, net.links("a"), config=CONFIG, wall_clock=wall)
+        b = net.nodes["b0"] = Handoff("b0", store_b, net.links("b0"), config=CONFIG, wall_clock=wall)
+        lost = a.view_changed(1, OLD, NEW)
+        assert [(m.start, m.end) for m in lost] == [moved_arc()] == a.lost_arcs()
+        assert all(a.lost(host_position(i.host)) == moves(host_position(i.host)) for i in items)
+        assert b.view_changed(1, OLD, NEW) == []
+        assert b.pending_arcs() == [moved_arc()]
+        host_in = next(i.host for i in items if moves(host_position(i.host)))
+        host_out = next(i.host for i in items if not moves(host_position(i.host)))
+        assert b.blocked(host_position(host_in)) and not b.blocked(host_position(host_out))
+        # Acks are held back: the old owner keeps everything until they arrive.
+        net.drop = lambda sender, peer, message: isinstance(message, HandoffAck)
+        a.pump()
+        await trio.sleep(1.0)
+        assert a.outstanding() > 0
+        assert queued(store_a) == moving + staying
+        assert queued(store_b) == moving
+        assert b.pending_arcs() == []  # every chunk is applied: the new owner may fetch
+        net.drop = lambda sender, peer, message: False
+        await nursery.start(a.run)
+        await trio.sleep(CONFIG.resend_after + 1.0)
+        assert a.outstanding() == 0 and a.transfers_completed == 1
+        assert a.chunks_resent > 0  # the unacked chunks went again; the receiver applied them only once
+        assert queued(store_b) == moving
+        assert queued(store_a) == staying
+        assert set(store_b.dedup.scan(0, 0)) == moving_keys
+        assert not any(moves(int.from_bytes(k[:8], "big")) for k in store_a.dedup.scan(0, 0))
+        nursery.cancel_scope.cancel()
+    sent = [m for _, _, m in net.log if isinstance(m, HandoffChunk)]
+    assert all(len(m.seen_keys) <= CONFIG.keys_per_chunk and len(m.urls) <= CONFIG.urls_per_chunk for m in sent)
+    assert sum(1 for m in sent if m.last) >= 1
+
+
+async def test_host_states_travel_as_durations(stores, autojump_clock):
+    store_a, store_b = stores
+    fill(store_a, hosts=40)
+    async with trio.open_nursery() as nursery:
+        net = Net(nursery, delay=3.0)
+        a = net.nodes["a"] = Handoff("a", store_a, net.links("a"), config=CONFIG, wall_clock=wall)
+        net.nodes["b0"] = Handoff("b0", store_b, net.links("b0"), config=CONFIG, wall_clock=wall)
+        a.view_changed(1, OLD, NEW)
+        a.pump()
+        chunk = next(m for _, _, m in net.log if isinstance(m, HandoffChunk) and m.hosts)
+        assert {h.ready_in for h in chunk.hosts} == {7.0} and {h.crawl_delay for h in chunk.hosts} == {2.0}
+        await trio.sleep(4.0)
+        nursery.cancel_scope.cancel()
+    states = list(store_b.frontier.states())
+    assert states and all(moves(host_position(s.host)) for s in states)
+    # sent at wall 0 with 7 s to wait and applied 3 s later: the transit time only makes it later (safe)
+    assert {s.next_allowed for s in states} == {WALL0 + 3.0 + 7.0}
+    assert {s.crawl_delay for s in states} == {2.0}
+    assert {s.failures for s in states} <= {0, 1, 2}
+
+
+async def test_a_lost_chunk_is_resent_after_the_timeout(stores, autojump_clock):
+    store_a, store_b = stores
+    items, _ = fill(store_a)
+    moving = Counter((i.url, i.host, i.depth, i.hops, i.found_on) for i in items if moves(host_position(i.host)))
+    staying = Counter((i.url, i.host, i.depth, i.hops, i.found_on) for i in items if not moves(host_position(i.host)))
+    dropped: list[int] = []
+
+    def drop_seq_one_once(sender: str, peer: str, message: Message) -> bool:
+        if isinstance(message, HandoffChunk) and message.chunk_seq == 1 and not dropped:
+            dropped.append(1)
+            return True
+        return False
+
+    async with trio.open_nursery() as nursery:
+        net = Net(nursery)
+        net.drop = drop_seq_one_once
+        a = net.nodes["a"] = Handoff("a", store_a, net.links("a"), config=CONFIG, wall_clock=wall)
+        b = net.nodes["b0"] = Handoff("b0", store_b, net.links("b0"), config=CONFIG, wall_clock=wall)
+        a.view_changed(1, OLD, NEW)
+        b.view_changed(1, OLD, NEW)
+        await nursery.start(a.run)
+        await trio.sleep(CONFIG.resend_after - 0.5)
+        assert dropped and a.outstanding() == 1 and a.chunks_resent == 0
+        assert queued(store_a) == moving + staying  # the last chunk was acked, chunk 1 not: nothing is dropped
+        assert b.pending_arcs() == [moved_arc()]  # chunk 1 is missing: the arc stays blocked
+        await trio.sleep(1.0)
+        assert a.chunks_resent == 1 and a.outstanding() == 0 and a.transfers_completed == 1
+        assert b.pending_arcs() == []
+        nursery.cancel_scope.cancel()
+    assert queued(store_b) == moving
+
+
+async def test_a_restarted_receiver_keeps_applied_chunks(tmp_path, autojump_clock):
+    store_a = NodeStore.open(tmp_path / "a", map_size=1 << 24)
+    store_b = NodeStore.open(tmp_path / "b", map_size=1 << 24)
+    items, _ = fill(store_a)
+    moving = Counter((i.url, i.host, i.depth, i.hops, i.found_on) for i in items if moves(host_position(i.host)))
+    try:
+        async with trio.open_nursery() as nursery:
+            net = Net(nursery)
+            net.drop = lambda sender, peer, message: isinstance(message, HandoffAck)  # every ack lost
+            a = net.nodes["a"] = Handoff("a", store_a, net.links("a"), config=CONFIG, wall_clock=wall)
+            net.nodes["b0"] = Handoff("b0", store_b, net.links("b0"), config=CONFIG, wall_clock=wall)
+            a.view_changed(1, OLD, NEW)
+            await nursery.start(a.run)
+            await trio.sleep(1.0)
+            applied = net.nodes["b0"].chunks_applied
+            assert applied > 0 and a.outstanding() == applied
+            # the receiver dies and comes back from its store
+            del net.nodes["b0"]
+            store_b.close()
+            store_b = NodeStore.open(tmp_path / "b", map_size=1 << 24)
+            assert queued(store_b) == moving
+            net.drop = lambda sender, peer, message: False
+            b = net.nodes["b0"] = Handoff("b0", store_b, net.links("b0"), config=CONFIG, wall_clock=wall)
+            await trio.sleep(CONFIG.resend_after + 1.0)
+            assert a.outstanding() == 0 and a.transfers_completed == 1
+            assert b.chunks_applied == applied  # re-applied after the restart, idempotently
+            nursery.cancel_scope.cancel()
+        assert queued(store_b) == moving
+        assert not any(moves(host_position(h)) for h, _ in store_a.frontier.hosts())
+    finally:
+        store_a.close()
+        store_b.close()
+
+
+async def test_a_refused_send_is_tried_at_the_next_tick(stores, autojump_clock):
+    store_a, _ = stores
+    fill(store_a, hosts=20)
+
+    class Full:
+        def __init__(self) -> None:
+            self.accept = False
+            self.sent: list[Message] = []
+
+        def send_nowait(self, peer_id: str, message: Message) -> bool:
+            if self.accept:
+                self.sent.append(message)
+            return self.accept
+
+    links = Full()
+    a = Handoff("a", store_a, links, config=CONFIG, wall_clock=wall)
+    a.view_changed(1, OLD, NEW)
+    a.pump()
+    assert links.sent == [] and a.chunks_sent == 0
+    links.accept = True
+    a.pump()
+    assert [m.chunk_seq for m in links.sent] == list(range(len(links.sent))) and a.chunks_sent == len(links.sent)
+
+
+def test_a_dead_previous_owner_blocks_nothing_and_abandon_unblocks(stores) -> None:
+    _, store_b = stores
+    b = Handoff("b0", store_b, _Link.__new__(_Link))
+    b.view_changed(1, OLD, NEW, gone=["a"])
+    assert b.pending_arcs() == []
+    b.view_changed(2, OLD, NEW)
+    assert b.pending_arcs() == [moved_arc()]
+    b.abandon("a")
+    assert b.pending_arcs() == [] and not b.blocked(moved_arc()[0])
+
+
+# -- over PeerLinks and MemoryNetwork ---------------------------------------------------------------------------
+
+SECRET = b"handoff-test-secret-0123456789ab"
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_join_and_leave_over_peer_links_with_link_breaks(tmp_path, seed, autojump_clock):
+    """a, b, c (150/80/200) become a, b, d (d joins with 40, c leaves): every host's queue, seen keys and state
+    end at its new owner only, through connections that break on 3% of writes."""
+    ids = ["a:1", "b:1", "c:1", "d:1"]
+    old = Ring({"a:1": 150, "b:1": 80, "c:1": 200}, points_per_weight=20)
+    new = Ring({"a:1": 150, "b:1": 80, "d:1": 40}, points_per_weight=20)
+    rng = random.Random(seed)
+    net = MemoryNetwork(random.Random(seed), delay=0.002, jitter=0.003, break_probability=0.03)
+    hosts = [f"s{i}.test" for i in range(300)]
+    stores = {i: NodeStore.open(tmp_path / i.replace(":", "_"), map_size=1 << 24) for i in ids}
+    expect: dict[str, Counter] = {i: Counter() for i in ids}
+    for host in hosts:
+        items = [QueuedUrl(url=f"http://{host}/p{j}", host=host, depth=2, hops=0) for j in range(rng.randrange(1, 4))]
+        stores[old.owner(host)].admit(items)
+        stores[old.owner(host)].dedup.insert([url_key(host_position(host), f"http://{host}/old")])
+        stores[old.owner(host)].frontier.put_state(HostState(host=host, next_allowed=WALL0 + 30.0, crawl_delay=1.0))
+        expect[new.owner(host)].update((i.url, i.host, i.depth, i.hops, i.found_on) for i in items)
+    try:
+        async with trio.open_nursery() as nursery:
+            handoffs: dict[str, Handoff] = {}
+            for k, node_id in enumerate(ids):
+                handoff_holder: list[Handoff] = []
+
+                async def on_message(peer_id, message, holder=handoff_holder):
+                    await holder[0].on_message(peer_id, message)
+
+                links = PeerLinks(node_id=node_id, secret=SECRET, transport=net.transport(node_id),
+                                  on_message=on_message, rng=random.Random(seed * 10 + k))
+                handoff = Handoff(node_id, stores[node_id], links, config=HandoffConfig(resend_after=2.0), wall_clock=wall)
+                handoff_holder.append(handoff)
+                handoffs[node_id] = handoff
+                await nursery.start(links.run)
+                for peer in ids:
+                    if peer != node_id:
+                        links.link(peer, peer)
+            for handoff in handoffs.values():
+                handoff.view_changed(2, old, new)
+                await nursery.start(handoff.run)
+            assert handoffs["d:1"].pending_arcs() and all(handoffs["d:1"].blocked(host_position(h))
+                                                       for h in hosts if new.owner(h) == "d:1")
+            with trio.fail_after(120):
+                while any(h.outstanding() or h.pending_arcs() for h in handoffs.values()):
+                    await trio.sleep(0.5)
+            nursery.cancel_scope.cancel()
+        for node_id in ids:
+            assert queued(stores[node_id]) == expect[node_id]
+            owned = {h for h in hosts if new.owner(h) == node_id}
+            keys = list(stores[node_id].dedup.scan(0, 0))
+            assert len(keys) == len(set(keys))
+            expected_keys = {url_key(host_position(h), u) for u, h, *_ in expect[node_id]}
+            expected_keys |= {url_key(host_position(h), f"http://{h}/old") for h in owned}
+            assert set(keys) == expected_keys
+            states = list(stores[node_id].frontier.states())
+            assert {st.host for st in states} == owned
+            assert all(WALL0 + 30.0 <= st.next_allowed <= WALL0 + 31.0 for st in states if old.owner(st.host) != node_id)
+        assert sum(h.chunks_resent for h in handoffs.values()) > 0  # the link breaks did cost chunks
+        assert sum(h.transfers_completed for h in handoffs.values()) == sum(
+            1 for _ in {(m.previous, m.next) for m in handoff_arcs(diff(old, new))}
+        )
+    finally:
+        for store in stores.values():
+            store.close()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Message]] = []
+
+    def send_nowait(self, peer_id: str, message: Message) -> bool:
+        self.sent.append((peer_id, message))
+        return True
+
+
+async def test_chunks_applied_in_any_order_and_twice_queue_each_url_once(stores, autojump_clock):
+    store_a, store_b = stores
+    items, _ = fill(store_a)
+    moving = Counter((i.url, i.host, i.depth, i.hops, i.found_on) for i in items if moves(host_position(i.host)))
+    out, back = Recorder(), Recorder()
+    a = Handoff("a", store_a, out, config=HandoffConfig(keys_per_chunk=50, urls_per_chunk=40, window=1000),
+                wall_clock=wall)
+    b = Handoff("b0", store_b, back, wall_clock=wall)
+    a.view_changed(1, OLD, NEW)
+    b.view_changed(1, OLD, NEW)
+    host_in = next(i.host for i in items if moves(host_position(i.host)))
+    store_b.frontier.put_state(HostState(host=host_in, next_allowed=WALL0 + 100.0, crawl_delay=1.0, pages=5))
+    a.pump()
+    chunks = [m for _, m in out.sent]
+    assert {bool(m.urls) for m in chunks} == {True, False} and chunks[-1].last
+    for message in [*reversed(chunks), *chunks]:
+        await b.on_message("a", message)
+    assert queued(store_b) == moving
+    assert b.chunks_applied == len(chunks) and b.pending_arcs() == []
+    # a state already here with a later next_allowed is kept (the later of the two wins), and so is its count
+    kept = store_b.frontier.get_state(host_in)
+    assert (kept.next_allowed, kept.crawl_delay, kept.pages) == (WALL0 + 100.0, 2.0, 5)
+    assert sorted({m.chunk_seq for _, m in back.sent}) == list(range(len(chunks)))
+    for _, ack in back.sent:
+        await a.on_message("b0", ack)
+    assert a.outstanding() == 0 and a.transfers_completed == 1
+    assert queued(store_a) == Counter((i.url, i.host, i.depth, i.hops, i.found_on) for i in items) - moving
+    # an ack from the wrong peer, or for a finished transfer, changes nothing
+    await a.on_message("x", HandoffAck(transfer_id=1 << 32, chunk_seq=0))
+    assert a.transfers_completed == 1
+
+
+async def test_default_chunks_fit_the_frame_limit_in_both_codecs(stores, autojump_clock):
+    store_a, _ = stores
+    long_items = []
+    for i in range(60):
+        host = f"{'x' * 60}.{'y' * 60}.{'z' * 60}.h{i}.example"
+        long_items += [
+            QueuedUrl(url=f"http://{host}/{'p' * 1600}{j}", host=host, depth=3, found_on=f"http://{host}/{'q' * 1750}")
+            for j in range(5)
+        ]
+    store_a.admit(long_items)
+    store_a.frontier.put_states([HostState(host=item.host, next_allowed=WALL0) for item in long_items])
+    store_a.dedup.insert([i.to_bytes(8, "big") * 2 for i in range(0, RING_SPACE, RING_SPACE // 30_000)])
+    out = Recorder()
+    a = Handoff("a", store_a, out, config=HandoffConfig(window=10_000), wall_clock=wall)
+    a.view_changed(1, OLD, NEW)
+    a.pump()
+    chunks = [m for _, m in out.sent]
+    assert any(len(m.urls) for m in chunks) and any(len(m.seen_keys) == HandoffConfig().keys_per_chunk for m in chunks)
+    limits = Limits()
+    for codec in ("msgpack", "json"):
+        for message in chunks:
+            code, body = encode_body(message, codec, limits)
+            assert len(body) + 2 <= limits.max_frame
+            assert decode_body(code, body, codec, limits) == message
+
+
+async def test_a_transfer_waits_for_the_fetches_in_flight_in_its_arcs(stores, autojump_clock):
+    store_a, store_b = stores
+    items, _ = fill(store_a, hosts=30)
+    host_in = next(i.host for i in items if moves(host_position(i.host)))
+    host_out = next(i.host for i in items if not moves(host_position(i.host)))
+    fetching = [host_position(host_in), host_position(host_out)]
+    async with trio.open_nursery() as nursery:
+        net = Net(nursery)
+        a = net.nodes["a"] = Handoff(
+            "a", store_a, net.links("a"), config=CONFIG, wall_clock=wall, in_flight=lambda: list(fetching)
+        )
+        b = net.nodes["b0"] = Handoff("b0", store_b, net.links("b0"), config=CONFIG, wall_clock=wall)
+        a.view_changed(1, OLD, NEW)
+        b.view_changed(1, OLD, NEW)
+        await nursery.start(a.run)
+        await trio.sleep(3.0)
+        assert net.log == [] and a.outstanding() == 1 and b.blocked(host_position(host_in))
+        # the fetch in the lost arc ends and moves the host's next_allowed; a fetch outside it does not matter
+        store_a.frontier.put_state(HostState(host=host_in, next_allowed=WALL0 + 50.0, crawl_delay=2.0))
+        fetching.remove(host_position(host_in))
+        await trio.sleep(1.0)
+        assert a.outstanding() == 0 and not b.blocked(host_position(host_in))
+        nursery.cancel_scope.cancel()
+    assert store_b.frontier.get_state(host_in).next_allowed >= WALL0 + 50.0
