@@ -109,6 +109,7 @@ class Crawler:
         self._seen: dict[str, str] = {}  # URL -> host, for URLs the dedup store has answered for
         self.done = trio.Event()
         self.active = 0
+        self._draining = False
         self.store_types = tuple(t.lower() for t in cfg.store_types)
 
     # ------------------------------------------------------------------ admission
@@ -226,9 +227,21 @@ class Crawler:
     def is_done(self) -> bool:
         return len(self.frontier) == 0 and self.frontier.in_flight() == 0 and self.active == 0
 
+    async def drain(self, timeout: float) -> bool:
+        """Stop starting host turns and wait up to ``timeout`` for the fetches under way to finish, so a
+        clean stop re-fetches nothing after a restart. True if nothing was left in progress."""
+        self._draining = True
+        self._wakeup.set()
+        with trio.move_on_after(timeout):
+            while self.active:
+                await trio.sleep(0.01)
+        return self.active == 0
+
     async def _dispatch(self, send: trio.MemorySendChannel[HostTurn]) -> None:
         sched = self.sched
         while True:
+            if self._draining:
+                await trio.sleep_forever()
             now = trio.current_time()
             turn = sched.pop_ready(now)
             if turn is not None:

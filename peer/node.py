@@ -38,6 +38,10 @@ __all__ = ["Node", "run_node", "NodeError"]
 log = logging.getLogger(__name__)
 
 
+#: A clean stop waits this long for fetches under way (each is bounded by total_timeout anyway).
+DRAIN_TIMEOUT = 10.0
+
+
 class NodeError(RuntimeError):
     """The node cannot start or must stop; the message is one line for the operator."""
 
@@ -194,7 +198,10 @@ class Node:
 
             async def on_stop() -> None:
                 await self._stop.wait()
-                log.info("stop requested")
+                log.info("stop requested: finishing the fetches under way")
+                if not await self.crawler.drain(DRAIN_TIMEOUT):
+                    log.warning("fetches still under way at stop; they are fetched again after a restart",
+                                extra={"in_progress": self.crawler.active})
                 inner.cancel_scope.cancel()
 
             inner.start_soon(on_done)
