@@ -32,6 +32,16 @@ async def _wait_control(data_dir, proc, timeout=30.0) -> str:
             await trio.sleep(0.05)
 
 
+async def _run_to_completion(cfg, timeout: float) -> None:
+    """Start ``cfg`` as a real peerd with --exit-when-done and require a clean exit within ``timeout``."""
+    proc = await trio.lowlevel.open_process(peerd_argv(cfg), env=child_env())
+    try:
+        with trio.fail_after(timeout):
+            assert await proc.wait() == 0
+    finally:
+        kill_pid(proc.pid)
+
+
 def _peerctl(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", "import sys; from peer.cli import peerctl_main; "
                            "sys.exit(peerctl_main())", *args], capture_output=True, text=True, timeout=30,
@@ -63,12 +73,7 @@ async def test_peerd_status_and_clean_stop_then_resume(tmp_path):
         before = len(web.log)
         # a second node on the same data dir resumes and finishes the crawl
         cfg = node_config(tmp_path / "n", web, dns, delay=0.05)
-        proc = await trio.lowlevel.open_process(peerd_argv(cfg), env=child_env())
-        try:
-            with trio.fail_after(60):
-                assert await proc.wait() == 0
-        finally:
-            kill_pid(proc.pid)
+        await _run_to_completion(cfg, 60)
         nursery.cancel_scope.cancel()
     expected = web.expected()
     assert urls_fetched(web, expected) == set(expected.fetched)
@@ -128,12 +133,7 @@ async def test_sigkill_at_several_moments_loses_nothing(tmp_path):
                 await proc.wait()
             t = time.time()
             kills.append(t)
-        proc = await trio.lowlevel.open_process(peerd_argv(cfg), env=child_env())
-        try:
-            with trio.fail_after(90):
-                assert await proc.wait() == 0
-        finally:
-            kill_pid(proc.pid)
+        await _run_to_completion(cfg, 90)
         nursery.cancel_scope.cancel()
     assert urls_fetched(web, expected) == set(expected.fetched)
     counts = requested_urls(web.log, port=web.port)
@@ -189,12 +189,7 @@ async def test_full_disk_stops_cleanly_and_the_store_survives(tmp_path):
         assert out.returncode == 2, out.stderr.decode()[-2000:]
         assert len(errors) == 1 and "Traceback" not in out.stderr.decode()
         assert str(tmp_path / "n") in errors[0]
-        proc = await trio.lowlevel.open_process(peerd_argv(cfg), env=child_env())
-        try:
-            with trio.fail_after(90):
-                assert await proc.wait() == 0
-        finally:
-            kill_pid(proc.pid)
+        await _run_to_completion(cfg, 90)
         nursery.cancel_scope.cancel()
     expected = web.expected()
     assert urls_fetched(web, expected) == set(expected.fetched)
