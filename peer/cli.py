@@ -34,6 +34,10 @@ PEERCTL_EPILOG = textwrap.dedent(
       peerctl demo                                  # local web + DNS + a node crawling it, with progress
       peerctl status --control 127.0.0.1:7410       # one node's counters (or --data-dir DIR)
       peerctl ring --node A=150 --node B=80 --node C=200 --node D=40 --remove C --add E=300 --hosts 1000000
+      peerctl status --cluster --data-dir ./a       # every member: state, pages, rate, queue, idle
+      peerctl ring --data-dir ./a                   # the live ring: weight share, key share, URLs received
+      peerctl join --data-dir ./c --seed 127.0.0.1:7400
+      peerctl leave --data-dir ./b                  # hand off everything, then exit
       peerctl stop --control 127.0.0.1:7410
     """
 )
@@ -54,6 +58,25 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--listen", help="peer address HOST:PORT (default 127.0.0.1:7400)")
     g.add_argument("--control", help="control/metrics address HOST:PORT; port 0 picks one (default 127.0.0.1:7410)")
     g.add_argument("--data-dir", dest="data_dir", help="directory for all durable state (default ./peercrawl-data)")
+    k = p.add_argument_group("cluster (a node without a secret runs standalone)")
+    k.add_argument("--cluster-secret-file", dest="cluster_secret_file", metavar="FILE",
+                   help="file holding the cluster secret (>= 16 bytes); or set PEERCRAWL_CLUSTER_SECRET")
+    k.add_argument("--join", dest="join", action="append", metavar="HOST:PORT",
+                   help="peer address of any member to join through (repeatable, tried in order)")
+    k.add_argument("--join-srv", dest="join_srv", metavar="NAME",
+                   help="DNS SRV name listing members to join through (Kubernetes headless service)")
+    k.add_argument("--advertise", metavar="HOST:PORT", help="address peers dial (default: the --listen address)")
+    k.add_argument("--codec", choices=["msgpack", "json"], help="wire codec offered first (default msgpack)")
+    k.add_argument("--batch-size", dest="batch_size", type=int, metavar="N",
+                   help="URLs per batch to a peer; a full batch goes at once (default 500)")
+    k.add_argument("--dispatch-interval", dest="dispatch_interval", type=float, metavar="SECONDS",
+                   help="flush timer for partial batches (default 0.2)")
+    k.add_argument("--handoff-wait", dest="handoff_wait", type=float, metavar="SECONDS",
+                   help="how long a gained arc waits for its hand-off before it is crawled anyway (default 30)")
+    k.add_argument("--leave-timeout", dest="leave_timeout", type=float, metavar="SECONDS",
+                   help="bound on a graceful leave's hand-off (default 120)")
+    k.add_argument("--suspicion-timeout", dest="suspicion_timeout", type=float, metavar="SECONDS",
+                   help="time a silent peer has to refute a suspicion before it is declared dead (default 5)")
     c = p.add_argument_group("crawl")
     c.add_argument("--seed", dest="seeds", action="append", metavar="URL", help="start URL (repeatable)")
     c.add_argument("--seeds-file", dest="seeds_file", metavar="FILE", help="file of start URLs, one per line")
@@ -87,17 +110,13 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     o.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 
-_NODE_KEYS = (
-    "node_id weight listen control data_dir seeds seeds_file allowed_hosts denied_hosts max_depth "
-    "max_pages_per_host delay concurrency user_agent contact dedup redis_url store store_types max_body exit_when_done nameservers "
-    "allow_private log_level log_format"
-).split()
-
-
 def _config_from(args: argparse.Namespace):
-    from .config import load
+    import dataclasses
 
-    flags = {k: getattr(args, k, None) for k in _NODE_KEYS}
+    from .config import Config, load
+
+    # every setting with a flag has the setting's name as its argparse dest; the rest are simply absent
+    flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(Config)}
     return load(toml=args.config, env=os.environ, flags=flags)
 
 
@@ -157,16 +176,20 @@ def _control_address(args: argparse.Namespace) -> str:
     return os.environ.get("PEERCRAWL_CONTROL", "127.0.0.1:7410")
 
 
-def control_request(address: str, method: str, path: str, timeout: float = 10.0) -> Any:
+def control_request(address: str, method: str, path: str, timeout: float = 10.0, body: Any = None) -> Any:
     import httpx
 
     url = f"http://{address}{path}"
     try:
-        resp = httpx.request(method, url, timeout=timeout)
+        resp = httpx.request(method, url, timeout=timeout, json=body)
     except httpx.HTTPError as exc:
         raise CliError(f"cannot reach node at {address}: {exc}") from exc
     if resp.status_code >= 400:
-        raise CliError(f"node at {address} answered {resp.status_code}: {resp.text.strip()[:200]}")
+        try:
+            reason = resp.json()["error"]
+        except Exception:  # noqa: BLE001 - any non-JSON answer is shown as text
+            reason = resp.text.strip()[:200]
+        raise CliError(f"node at {address} answered {resp.status_code}: {reason}")
     if resp.headers.get("content-type", "").startswith("application/json"):
         return resp.json()
     return resp.text
@@ -194,9 +217,29 @@ def format_status(st: dict[str, Any]) -> str:
 
 
 def _peerctl_status(args: argparse.Namespace) -> int:
+    from . import ctlcluster
+
+    if args.cluster:
+        cs = control_request(_control_address(args), "GET", "/cluster")
+        print(ctlcluster.dumps(cs) if args.json else ctlcluster.format_cluster(cs))
+        return 0
     st = control_request(_control_address(args), "GET", "/status")
     print(json.dumps(st, indent=1, sort_keys=True) if args.json else format_status(st))
     return 0
+
+
+def _peerctl_join(args: argparse.Namespace) -> int:
+    from . import ctlcluster
+
+    print(ctlcluster.join(control_request, _control_address(args), args.seed))
+    return 0
+
+
+def _peerctl_leave(args: argparse.Namespace) -> int:
+    from . import ctlcluster
+
+    return ctlcluster.leave(control_request, _control_address(args), wait=not args.no_wait,
+                            timeout=args.timeout, out=print)
 
 
 def _peerctl_stop(args: argparse.Namespace) -> int:
@@ -206,8 +249,14 @@ def _peerctl_stop(args: argparse.Namespace) -> int:
 
 
 def _peerctl_ring(args: argparse.Namespace) -> int:
-    from . import ringcmd
+    from . import ctlcluster, ringcmd
 
+    if args.control or args.data_dir:
+        cs = control_request(_control_address(args), "GET", "/cluster")
+        print(ctlcluster.dumps(cs) if args.json else ctlcluster.format_ring(cs))
+        return 0
+    if not args.node:
+        raise CliError("peerctl ring needs --node NAME=WEIGHT (a simulation) or --control/--data-dir (a live node)")
     return ringcmd.run(args)
 
 
@@ -229,16 +278,28 @@ def peerctl_main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--control", metavar="HOST:PORT", help="the node's control address")
         p.add_argument("--data-dir", dest="data_dir", metavar="DIR", help="find the node by its data dir")
 
-    p = sub.add_parser("status", help="a node's counters: pages, rate, queues, errors")
+    p = sub.add_parser("status", help="a node's counters: pages, rate, queues, errors (--cluster: every member)")
     target(p)
+    p.add_argument("--cluster", action="store_true", help="every member: state, pages, rate, queue, idle")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=_peerctl_status)
+    p = sub.add_parser("join", help="make a running node join a cluster through one of its members")
+    target(p)
+    p.add_argument("--seed", required=True, metavar="HOST:PORT", help="peer address of any member")
+    p.set_defaults(func=_peerctl_join)
+    p = sub.add_parser("leave", help="make a node leave gracefully: hand off everything, then exit")
+    target(p)
+    p.add_argument("--no-wait", action="store_true", help="return at once instead of following the hand-off")
+    p.add_argument("--timeout", type=float, default=300.0, help="give up following after this many seconds")
+    p.set_defaults(func=_peerctl_leave)
     p = sub.add_parser("stop", help="ask a node to stop cleanly")
     target(p)
     p.set_defaults(func=_peerctl_stop)
-    p = sub.add_parser("ring", help="ring-rebalance experiment in simulation (shares, moved keys)")
+    p = sub.add_parser("ring", help="the live ring of a running cluster (--control/--data-dir), or a simulation "
+                                     "(--node ...): shares, moved keys")
     from . import ringcmd
 
+    target(p)
     ringcmd.add_arguments(p)
     p.set_defaults(func=_peerctl_ring)
     p = sub.add_parser("demo", help="crawl a built-in local web with a local node, showing progress")

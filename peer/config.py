@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Config", "ConfigError", "load", "FIELDS", "parse_address", "read_seeds"]
+__all__ = ["Config", "ConfigError", "load", "FIELDS", "parse_address", "read_seeds", "read_secret"]
 
 DEFAULT_UA = "peercrawl/0.1"
 
@@ -31,8 +31,20 @@ class Config:
     node_id: str = ""
     weight: int = 100
     listen: str = "127.0.0.1:7400"
+    advertise: str = ""
     control: str = "127.0.0.1:7410"
     data_dir: str = "./peercrawl-data"
+    cluster_secret: str = ""
+    cluster_secret_file: str = ""
+    join: tuple[str, ...] = ()
+    join_srv: str = ""
+    codec: str = "msgpack"
+    batch_size: int = 500
+    dispatch_interval: float = 0.2
+    handoff_wait: float = 30.0
+    leave_timeout: float = 120.0
+    probe_interval: float = 1.0
+    suspicion_timeout: float = 5.0
     # what to crawl
     seeds: tuple[str, ...] = ()
     seeds_file: str = ""
@@ -92,8 +104,20 @@ FIELDS: dict[str, str] = {
     "node_id": "stable name of this node; empty means host name + listen port",
     "weight": "share of the ring; 100 is a neutral unit so weights read as percentages",
     "listen": "peer port on loopback: nothing is exposed until the operator says so",
+    "advertise": "address peers dial to reach this node; empty means the listen address (set it when listening on 0.0.0.0)",
     "control": "control/metrics endpoint on loopback: status and metrics are not public by default",
     "data_dir": "all durable state lives under one directory, never shared between node ids",
+    "cluster_secret": "shared secret (>= 16 bytes) proved by every peer connection; empty runs a standalone node",
+    "cluster_secret_file": "file holding the cluster secret, so it stays out of the process list and environment",
+    "join": "HOST:PORT of any member to join through at start (repeatable; tried in order); empty starts a new cluster",
+    "join_srv": "DNS SRV name listing members to join through (a Kubernetes headless service); tried after join",
+    "codec": "msgpack: compact and fast; json is the readable option for debugging the wire",
+    "batch_size": "500 URLs per batch: about 60 KB, one write, far under the 1 MiB frame limit",
+    "dispatch_interval": "200 ms: the design's flush timer; few messages, and links reach owners quickly",
+    "handoff_wait": "30 s: a gained arc waits this long for its previous owner's hand-off before it is crawled anyway",
+    "leave_timeout": "120 s for a graceful leave to hand everything off before the process exits regardless",
+    "probe_interval": "1 s: each node probes one peer a second (memberlist's LAN profile)",
+    "suspicion_timeout": "5 s to refute a suspicion before a silent node is declared dead",
     "seeds": "start URLs",
     "seeds_file": "file with one start URL per line (# comments allowed)",
     "allowed_hosts": "if set, only these hosts (and subdomains) are crawled",
@@ -191,6 +215,23 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"log_format must be auto, json or text, got {cfg.log_format!r}")
     parse_address(cfg.listen, "listen")
     parse_address(cfg.control, "control")
+    if cfg.advertise:
+        parse_address(cfg.advertise, "advertise")
+    for seed in cfg.join:
+        parse_address(seed, "join")
+    if cfg.codec not in ("msgpack", "json"):
+        raise ConfigError(f"codec must be msgpack or json, got {cfg.codec!r}")
+    if cfg.batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {cfg.batch_size}")
+    for name in ("dispatch_interval", "handoff_wait", "leave_timeout", "probe_interval", "suspicion_timeout"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{name} must be > 0 seconds, got {getattr(cfg, name)}")
+    if cfg.cluster_secret and cfg.cluster_secret_file:
+        raise ConfigError("give cluster_secret or cluster_secret_file, not both")
+    if cfg.cluster_secret and len(cfg.cluster_secret.encode()) < 16:
+        raise ConfigError("cluster_secret must be at least 16 bytes")
+    if (cfg.join or cfg.join_srv) and not (cfg.cluster_secret or cfg.cluster_secret_file):
+        raise ConfigError("joining a cluster needs its secret (--cluster-secret-file FILE or PEERCRAWL_CLUSTER_SECRET)")
 
 
 def load(
@@ -231,6 +272,21 @@ def load(
     cfg = Config(**values)
     _validate(cfg)
     return cfg
+
+
+def read_secret(cfg: Config) -> bytes | None:
+    """The cluster secret as bytes, from the setting or its file; None for a standalone node."""
+    if cfg.cluster_secret:
+        return cfg.cluster_secret.encode()
+    if not cfg.cluster_secret_file:
+        return None
+    try:
+        secret = Path(cfg.cluster_secret_file).read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"cluster secret file {cfg.cluster_secret_file}: {exc.strerror or exc}") from exc
+    if len(secret) < 16:
+        raise ConfigError(f"cluster secret file {cfg.cluster_secret_file}: the secret must be at least 16 bytes")
+    return secret
 
 
 def read_seeds(cfg: Config) -> list[str]:

@@ -50,6 +50,10 @@ _RETRY_ERRORS = frozenset(("connect", "timeout"))
 _SEEN_CACHE_SIZE = 200_000
 
 
+#: A host whose arc's hand-off has not arrived is looked at again this often.
+_BLOCKED_RECHECK = 0.25
+
+
 @dataclass(frozen=True, slots=True)
 class Link:
     """A URL on its way into the frontier: normalized, with its depth, redirect hops and referrer."""
@@ -81,6 +85,8 @@ class Crawler:
         stats: Stats | None = None,
         owns: Callable[[str], bool] | None = None,
         router: Callable[[str, Link], None] | None = None,
+        take_routed: Callable[[], list] | None = None,
+        blocked: Callable[[str], bool] | None = None,
         wallclock: Callable[[], float] = time.time,
     ) -> None:
         self.cfg = cfg
@@ -92,6 +98,11 @@ class Crawler:
         self.stats = stats or Stats()
         self.owns = owns
         self.router = router
+        # The cluster's staged routed links, stored in the transaction that finishes their page.
+        self.take_routed = take_routed
+        # A host this node owns but may not fetch yet (its arc's hand-off has not arrived).
+        self.blocked = blocked
+        self.stop_when_done = cfg.exit_when_done  # a cluster node keeps running: work can arrive from peers
         self.wallclock = wallclock
         self.user_agent = cfg.full_user_agent()
         self.scope = Scope(
@@ -159,7 +170,8 @@ class Crawler:
         hosts."""
         cands = batch.cands
         if done is not None:
-            items = self.store.finish(done, cands)
+            routed = self.take_routed() if self.take_routed is not None else None
+            items = self.store.finish(done, cands, routed) if routed else self.store.finish(done, cands)
         else:
             items = self.store.admit(cands) if cands else []
         if cands:
@@ -209,6 +221,64 @@ class Crawler:
         self._wakeup.set()
         return recovered
 
+    # ------------------------------------------------------------------ the cluster's hooks
+
+    def wake_hosts(self, items: Iterable[QueuedUrl]) -> None:
+        """URLs were queued outside a page commit (a peer's batch, a hand-off): schedule their hosts."""
+        now = trio.current_time()
+        woke = False
+        for item in items:
+            woke = self.sched.wake(item.host, now) or woke
+        if woke:
+            self._wakeup.set()
+
+    def take_over(self, items: Sequence[QueuedUrl], states: Sequence[HostState]) -> None:
+        """A hand-off arrived: adopt the hosts' politeness timers (never earlier than ours), then wake them."""
+        now, wall = trio.current_time(), self.wallclock()
+        for st in states:
+            t = self.sched.turn(st.host)
+            t.next_allowed = max(t.next_allowed, now + max(0.0, st.next_allowed - wall))
+            t.crawl_delay = max(t.crawl_delay, st.crawl_delay)
+            t.failures, t.pages = st.failures, max(t.pages, st.pages)
+        self.wake_hosts(items)
+
+    def rewake(self) -> int:
+        """After a view change: schedule every host with queued URLs that this node may now fetch."""
+        now = trio.current_time()
+        owns = self.owns
+        self.release_moved()
+        n = 0
+        for host, _count in self.frontier.hosts():
+            if owns is None or owns(host):
+                n += self.sched.wake(host, now)
+        self._wakeup.set()
+        return n
+
+    def release_moved(self) -> int:
+        """URLs parked (waiting for robots.txt or a retry) for hosts this node no longer owns go back to their
+        queues, so the hand-off of their arc carries them. A busy host keeps its URL until its turn ends."""
+        owns = self.owns
+        if owns is None:
+            return 0
+        back = []
+        for host in list(self._pending):
+            t = self.sched.turns.get(host)
+            if not owns(host) and not (t is not None and t.busy):
+                back.append(self._pending.pop(host))
+        return self.frontier.requeue(back)
+
+    def busy_hosts(self) -> list[str]:
+        """Hosts with a request under way (or a turn being worked): a hand-off of their arc waits for them."""
+        return [t.host for t in self.sched.turns.values() if t.busy]
+
+    def _let_go(self, turn: HostTurn) -> None:
+        """The host is no longer ours: its parked URL goes back to the queue, from which the hand-off takes it."""
+        parked = self._pending.pop(turn.host, None)
+        if parked is not None:
+            self.frontier.requeue([parked])
+        self.sched.release(turn, trio.current_time(), more_work=False)
+        self.stats.skipped["host-moved"] += 1
+
     # ------------------------------------------------------------------ the run loop
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -245,11 +315,19 @@ class Crawler:
             now = trio.current_time()
             turn = sched.pop_ready(now)
             if turn is not None:
-                await send.send(turn)
+                if turn.next_allowed > now:  # a hand-off moved its timer after it was queued
+                    sched.release(turn, now, more_work=True)
+                elif self.owns is not None and not self.owns(turn.host):
+                    self._let_go(turn)
+                elif self.blocked is not None and self.blocked(turn.host):
+                    turn.next_allowed = now + _BLOCKED_RECHECK
+                    sched.release(turn, now, more_work=True)
+                else:
+                    await send.send(turn)
                 continue
             if self.is_done():
                 self.done.set()
-                if self.cfg.exit_when_done:
+                if self.stop_when_done:
                     return
             nxt = sched.next_time()
             self._wakeup = trio.Event()
@@ -264,6 +342,8 @@ class Crawler:
                     await self._host_turn(turn)
                 finally:
                     self.active -= 1
+                    if self.owns is not None and turn.host in self._pending and not self.owns(turn.host):
+                        self.frontier.requeue([self._pending.pop(turn.host)])  # moved: into the hand-off
                     more = turn.host in self._pending or self.frontier.queued(turn.host) > 0
                     self.sched.release(turn, trio.current_time(), more_work=more)
                     self._wakeup.set()

@@ -187,7 +187,12 @@ class Dispatcher:
         self.store.outbox.put(staged)
         if self._local:
             local, self._local = self._local, []
-            self._admitted(self.store.admit(local))
+            ring = self.ring_of()[1]  # the view may have changed since these were found to be ours
+            mine = [item for item in local if ring.owner(item.host) == self.node_id]
+            others = [(ring.owner(item.host), item) for item in local if ring.owner(item.host) != self.node_id]
+            if others:
+                self._stored(others)
+            self._admitted(self.store.accept(mine, others))
         return len(staged)
 
     def _stored(self, routed: Sequence[tuple[str, QueuedUrl]]) -> None:
@@ -364,6 +369,10 @@ class Dispatcher:
         self.stats.urls_acked[peer_id] += removed
         if state is not None and state.pending >= self.config.batch_size:
             self._wake.set()  # room in the window for a full batch that was waiting
+
+    def wake(self) -> None:
+        """Tick now (the view changed, or work is waiting) instead of at the next timer."""
+        self._wake.set()
 
     # -- for status and termination -----------------------------------------------------------------------
 

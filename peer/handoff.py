@@ -59,6 +59,9 @@ class HandoffConfig:
     resend_after: float = 5.0
     # How often `run` looks for chunks to send or re-send.
     interval: float = 0.2
+    # A gained arc waits at most this long for its previous owner's transfer: views that reached the two nodes
+    # by different paths (or a previous owner that restarted) must not block its hosts forever.
+    wait: float = 30.0
 
 
 def handoff_arcs(moves: Iterable[ArcMove]) -> list[ArcMove]:
@@ -114,10 +117,15 @@ class _ArcSet:
         self.starts = [start for start, _ in self.arcs]
 
     def __contains__(self, position: int) -> bool:
+        return self.find(position) is not None
+
+    def find(self, position: int) -> tuple[int, int] | None:
+        """The arc holding `position`, or None."""
         if not self.arcs:
-            return False
+            return None
         index = bisect.bisect_right(self.starts, position) - 1
-        return in_arc(position, *self.arcs[index])  # index -1 is the last arc: the wrapping one, if any
+        arc = self.arcs[index]  # index -1 is the last arc: the wrapping one, if any
+        return arc if in_arc(position, *arc) else None
 
 
 class Handoff:
@@ -139,6 +147,8 @@ class Handoff:
         config: HandoffConfig = HandoffConfig(),
         wall_clock: Callable[[], float] = time.time,
         in_flight: Callable[[], Iterable[int]] | None = None,
+        on_applied: Callable[[list[QueuedUrl], list[HostState]], None] | None = None,
+        owner_of: Callable[[str], str] | None = None,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -148,44 +158,110 @@ class Handoff:
         # Ring positions of the hosts being fetched here now: a transfer starts once none lies in its arcs, so
         # the host states it carries include the last fetch (the politeness rule, docs/cluster.md).
         self.in_flight = in_flight
+        # Told what an applied chunk queued (new URLs) and which host states it set, so the crawler can wake
+        # those hosts and take over their politeness timers.
+        self.on_applied = on_applied
+        # The owner of a host under this node's current view: chunk content for hosts owned elsewhere (the arc
+        # moved on, or our view is older) is forwarded through the outbox instead of being stored here, where
+        # a later hand-off of that arc could drop it with the arc.
+        self.owner_of = owner_of
+        # peer -> ring ids of its completed transfers. Transfers are labelled with the id of the ring they hand
+        # off to (not the view epoch: two nodes can number the same ring differently), so both ends agree.
+        self._completed: dict[str, set[int]] = {}
+        self._ring_id: int | None = None
+        self.urls_forwarded = 0
+        self.urls_discarded = 0  # queued here, but the previous owner had already fetched them
+        self._run = 0  # the store's run counter, set by `run`: transfer ids never repeat an earlier process's
+        self._transfers = 0
         self._waiting: list[tuple[int, int, str, list[ArcMove]]] = []  # transfers not started yet
         self._outgoing: dict[int, _Outgoing] = {}
         self._incoming: dict[tuple[str, int], _Incoming] = {}
         self._lost = _ArcSet(())  # arcs lost at the latest view change
         self._pending: dict[tuple[str, int], _ArcSet] = {}  # (previous owner, epoch) -> arcs gained from it
+        self._pending_since: dict[tuple[str, int], float | None] = {}
         self.chunks_sent = 0
         self.chunks_resent = 0
         self.chunks_applied = 0
         self.transfers_completed = 0
+        self.transfers_received = 0
+        self.waits_expired = 0  # gained arcs released after `wait` without their transfer
+        self.urls_sent = 0  # queued URLs exported in transfers
+        self.urls_received = 0  # queued URLs that arrived in chunks and were new here
+        self.keys_sent = 0
 
     # -- view changes --
 
-    def view_changed(self, epoch: int, old: Ring, new: Ring, *, gone: Iterable[str] = ()) -> list[ArcMove]:
+    def view_changed(
+        self,
+        epoch: int,
+        old: Ring,
+        new: Ring,
+        *,
+        gone: Iterable[str] = (),
+        gains_from: Ring | None = None,
+        arcs: Sequence[ArcMove] | None = None,
+        gain_arcs: Sequence[ArcMove] | None = None,
+    ) -> list[ArcMove]:
         """Start handing off the arcs this node loses from `old` to `new`, and note the arcs it gains.
 
         `gone` names previous owners that will send nothing (dead nodes): their arcs are not waited for.
+        `gains_from` is the ring to compute gained arcs against when it is not `old`: a node that just joined
+        had only itself in `old`, but the arcs it gains come from the owners in the cluster's previous ring.
+        `arcs` and `gain_arcs` may carry `handoff_arcs(diff(old, new))` and `handoff_arcs(diff(gains_from, new))`
+        computed beforehand (in a worker thread: a diff of rings of many points takes a while).
         Returns the arcs this node loses (as `handoff_arcs`, so a wrapping arc is one).
         """
-        if not 0 <= epoch < 1 << 32:
-            raise ValueError(f"view epoch {epoch} must be in [0, 2**32) to number its transfers")
+        if not 0 <= epoch < 1 << 64:
+            raise ValueError(f"ring id {epoch} must be in [0, 2**64)")
+        self._ring_id = epoch
         gone = set(gone)
-        arcs = handoff_arcs(diff(old, new))
+        arcs = list(arcs) if arcs is not None else handoff_arcs(diff(old, new))
         lost = [a for a in arcs if a.previous == self.node_id]
         self._lost = _ArcSet((a.start, a.end) for a in lost)
         by_peer: dict[str, list[ArcMove]] = {}
         for arc in lost:
             if arc.next is not None:
                 by_peer.setdefault(arc.next, []).append(arc)
-        for index, peer in enumerate(sorted(by_peer)):
-            self._waiting.append((epoch << 32 | index, epoch, peer, by_peer[peer]))
+        for peer in sorted(by_peer):
+            self._waiting.append((self._next_transfer_id(), epoch, peer, by_peer[peer]))
         self._start_quiet()
+        if gain_arcs is not None:
+            arcs = list(gain_arcs)
+        elif gains_from is not None:
+            arcs = handoff_arcs(diff(gains_from, new))
         gained: dict[str, list[tuple[int, int]]] = {}
         for arc in arcs:
             if arc.next == self.node_id and arc.previous is not None and arc.previous not in gone:
                 gained.setdefault(arc.previous, []).append((arc.start, arc.end))
         for peer, peer_arcs in gained.items():
+            if epoch in self._completed.get(peer, ()):
+                self._release(peer, epoch)  # its transfer for this ring arrived before we adopted the ring
+                continue
             self._pending[(peer, epoch)] = _ArcSet(peer_arcs)
+            self._pending_since[(peer, epoch)] = None  # the next pump starts the clock
         return lost
+
+    def sweep(self, epoch: int, owner_of: Callable[[str], str], hosts: Iterable[str]) -> int:
+        """Hand off the state of `hosts` this node holds but does not own (a chunk that arrived after the
+        arc moved on, a restart with an older view): each host's point of the ring becomes a one-position
+        arc sent to its owner. Returns how many hosts were swept."""
+        by_peer: dict[str, dict[int, ArcMove]] = {}
+        for host in hosts:
+            owner = owner_of(host)
+            if owner == self.node_id:
+                continue
+            position = host_position(host)
+            by_peer.setdefault(owner, {})[position] = ArcMove(
+                start=position, end=(position + 1) % RING_SPACE, previous=self.node_id, next=owner
+            )
+        for peer, arcs in sorted(by_peer.items()):
+            self._waiting.append((self._next_transfer_id(), epoch, peer, list(arcs.values())))
+        self._start_quiet()
+        return sum(len(arcs) for arcs in by_peer.values())
+
+    def _next_transfer_id(self) -> int:
+        self._transfers += 1
+        return self._run << 40 | self._transfers
 
     def _start_quiet(self) -> None:
         """Start the waiting transfers none of whose arcs has a fetch in flight here."""
@@ -205,14 +281,22 @@ class Handoff:
         chunks: list[_Chunk] = []
         with_content: list[tuple[int, int]] = []
         urls = keys = 0
+        occupied = self._occupied(arcs)
+        in_flight = set(queued_url_keys(self.store.frontier.in_flight_items())) if occupied else set()
         for arc in arcs:
+            if (arc.start, arc.end) not in occupied:
+                continue
             items, states = self.store.frontier.export_arc(arc.start, arc.end)
-            queued = set(queued_url_keys(items))
+            # keys of URLs in flight here are not sent either: a URL is never marked seen at the new owner
+            # unless it is queued there or was fetched here
+            queued = set(queued_url_keys(items)) | in_flight
             seen = [key for key in self.store.dedup.scan(arc.start, arc.end) if key not in queued]
             if items or states or seen:
                 with_content.append((arc.start, arc.end))
                 chunks.extend(self._cut(len(chunks), arc, items, seen, states))
                 urls, keys = urls + len(items), keys + len(seen)
+        self.urls_sent += urls
+        self.keys_sent += keys
         if not chunks:  # nothing to move, but the receiver still learns that the transfer is complete
             chunks.append(_Chunk(seq=0, start=arcs[0].start, end=arcs[0].end))
         self._outgoing[transfer_id] = _Outgoing(
@@ -220,6 +304,21 @@ class Handoff:
             last=chunks[-1].seq, arcs=with_content,
         )
         log.info("hand-off started", extra={"peer": peer, "urls": urls, "keys": keys, "chunks": len(chunks)})
+
+    def _occupied(self, arcs: Sequence[ArcMove]) -> set[tuple[int, int]]:
+        """The arcs holding a host with queued URLs or a politeness state here. A join moves tens of thousands
+        of small arcs, most of them empty: finding the occupied ones from the hosts here costs one pass over the
+        hosts instead of three store scans per arc. Seen keys of hosts with neither are left behind: they only
+        spare the new owner a duplicate fetch, and the sweep and later hand-offs never need them."""
+        arc_set = _ArcSet((arc.start, arc.end) for arc in arcs)
+        found: set[tuple[int, int]] = set()
+        hosts = {host for host, _ in self.store.frontier.hosts()}
+        hosts.update(state.host for state in self.store.frontier.states())
+        for host in hosts:
+            arc = arc_set.find(host_position(host))
+            if arc is not None:
+                found.add(arc)
+        return found
 
     def _cut(
         self, first: int, arc: ArcMove, items: Sequence[QueuedUrl], keys: Sequence[bytes], states: Sequence[HostState]
@@ -267,6 +366,10 @@ class Handoff:
         """Arcs gained whose transfer is not complete: their hosts must not be fetched yet."""
         return [arc for arcs in self._pending.values() for arc in arcs.arcs]
 
+    def waiting(self) -> bool:
+        """Whether any gained arc still waits for its transfer (a cheap check before `blocked`)."""
+        return bool(self._pending)
+
     def blocked(self, position: int) -> bool:
         """Whether a host at ring `position` lies in an incoming arc whose transfer is not complete."""
         return any(position in arcs for arcs in self._pending.values())
@@ -275,6 +378,38 @@ class Handoff:
         """`peer_id` died: stop waiting for its arcs (what it held is rebuilt from re-sent batches)."""
         for key in [key for key in self._pending if key[0] == peer_id]:
             del self._pending[key]
+            self._pending_since.pop(key, None)
+
+    def cancel_to(self, peer_id: str) -> int:
+        """`peer_id` left or died: stop the transfers to it. Nothing is dropped: what they carried stays in
+        this store, outside our arcs, and `sweep` sends it to the hosts' current owners. Returns how many."""
+        gone = [tid for tid, t in self._outgoing.items() if t.peer == peer_id]
+        for tid in gone:
+            del self._outgoing[tid]
+        waiting = len(self._waiting)
+        self._waiting = [w for w in self._waiting if w[2] != peer_id]
+        return len(gone) + waiting - len(self._waiting)
+
+    def _release(self, peer_id: str, epoch: int) -> None:
+        """A transfer from `peer_id` to the ring `epoch` is complete. If that is our current ring, the peer has
+        handed off everything it held in arcs that ring gives away, which covers every arc we still wait for
+        from it (whatever rings it went through); an older ring's transfer covers only that ring's arcs."""
+        self._completed.setdefault(peer_id, set()).add(epoch)
+        current = epoch == self._ring_id
+        for key in [key for key in self._pending if key[0] == peer_id and (current or key[1] == epoch)]:
+            del self._pending[key]
+            self._pending_since.pop(key, None)
+
+    def _expire(self, now: float) -> None:
+        for key, since in list(self._pending_since.items()):
+            if since is None:
+                self._pending_since[key] = now
+            elif now - since >= self.config.wait:
+                self._pending.pop(key, None)
+                del self._pending_since[key]
+                self.waits_expired += 1
+                log.warning("gained arcs released without their hand-off after %.0f s", self.config.wait,
+                            extra={"peer": key[0], "epoch": key[1]})
 
     def outstanding(self) -> int:
         """Chunks sent or to send and not yet acknowledged, over all outgoing transfers (at least one for a
@@ -285,6 +420,7 @@ class Handoff:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Send new chunks and re-send unacknowledged ones every `interval`, until cancelled."""
+        self._run = self.store.outbox.new_run()
         task_status.started()
         while True:
             self.pump()
@@ -294,6 +430,7 @@ class Handoff:
         """Send what the window allows and re-send chunks older than `resend_after`."""
         self._start_quiet()
         now = trio.current_time()
+        self._expire(now)
         for transfer in list(self._outgoing.values()):
             in_flight = sum(1 for chunk in transfer.chunks.values() if chunk.sent_at is not None)
             for chunk in sorted(transfer.chunks.values(), key=lambda c: c.seq):
@@ -353,19 +490,22 @@ class Handoff:
     def _receive(self, peer_id: str, chunk: HandoffChunk) -> None:
         incoming = self._incoming.setdefault((peer_id, chunk.transfer_id), _Incoming())
         if not incoming.complete and chunk.chunk_seq not in incoming.applied:
-            self._apply(peer_id, chunk)
+            new, states = self._apply(peer_id, chunk)
             self.store.sync()  # durable before the ack (DESIGN decision 5)
             incoming.applied.add(chunk.chunk_seq)
             self.chunks_applied += 1
+            if self.on_applied is not None and (new or states):
+                self.on_applied(new, states)
         if chunk.last:
             incoming.last = chunk.chunk_seq
         if not incoming.complete and incoming.last is not None and len(incoming.applied) == incoming.last + 1:
             incoming.complete, incoming.applied = True, set()  # a late duplicate is only acknowledged again
-            self._pending.pop((peer_id, chunk.epoch), None)
+            self._release(peer_id, chunk.epoch)
+            self.transfers_received += 1
             log.info("incoming hand-off complete", extra={"peer": peer_id})
         self.links.send_nowait(peer_id, HandoffAck(transfer_id=chunk.transfer_id, chunk_seq=chunk.chunk_seq))
 
-    def _apply(self, peer_id: str, chunk: HandoffChunk) -> None:
+    def _apply(self, peer_id: str, chunk: HandoffChunk) -> tuple[list[QueuedUrl], list[HostState]]:
         start, end = chunk.arc_start, chunk.arc_end
         items = []
         for entry in chunk.urls:
@@ -379,16 +519,44 @@ class Handoff:
             items.append(
                 QueuedUrl(url=entry.url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on)
             )
-        self.store.admit(items)  # a URL already seen here (or applied before) is not queued again
+        owner_of = self.owner_of
+        forward: list[tuple[str, QueuedUrl]] = []
+        if owner_of is not None:
+            mine = []
+            for item in items:
+                owner = owner_of(item.host)
+                if owner == self.node_id:
+                    mine.append(item)
+                else:
+                    forward.append((owner, item))
+            items = mine
+            self.urls_forwarded += len(forward)
+        # a URL already seen here (or applied before) is not queued again
+        new = self.store.accept(items, forward) if forward else self.store.admit(items)
+        self.urls_received += len(new)
         keys = [
             key for key in chunk.seen_keys
             if len(key) > _KEY_POSITION and in_arc(int.from_bytes(key[:_KEY_POSITION], "big"), start, end)
         ]
+        hosts = chunk.hosts
+        if owner_of is not None and forward:
+            # the arc is not (or no longer) ours: its keys and timers stay with whoever owns it
+            owned = {item.host for item in items}
+            hosts = tuple(state for state in hosts if owner_of(state.host) == self.node_id or state.host in owned)
         if len(keys) < len(chunk.seen_keys):
             log.warning("hand-off keys outside their arc; dropped", extra={"peer": peer_id})
+        if keys:
+            # A key sent as seen was fetched (or given up) by the previous owner: if a peer's batch queued that
+            # URL here before this chunk came, it must not be fetched again.
+            wanted = set(keys)
+            queued_here, _ = self.store.frontier.export_arc(start, end)
+            stale = [i for i, k in zip(queued_here, queued_url_keys(queued_here)) if k in wanted]
+            if stale:
+                self.urls_discarded += self.store.frontier.discard(stale)
         self.store.dedup.insert(keys)
-        self.store.frontier.put_states([self._merge(state) for state in chunk.hosts if in_arc(
-            host_position(state.host), start, end)])
+        states = [self._merge(state) for state in hosts if in_arc(host_position(state.host), start, end)]
+        self.store.frontier.put_states(states)
+        return new, states
 
     def _merge(self, wire: WireHostState) -> HostState:
         """The wire state in wall-clock terms, keeping the later `next_allowed` of it and any state here."""

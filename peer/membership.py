@@ -22,7 +22,7 @@ import logging
 import math
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import trio
@@ -135,6 +135,7 @@ class Membership:
         nonce: Callable[[int], bytes] = os.urandom,
         on_view: Callable[[View], None] | None = None,
         on_message: MessageHandler | None = None,
+        codecs: Sequence[str] | None = None,
     ) -> None:
         self.node_id = node_id
         self.weight = weight
@@ -150,6 +151,7 @@ class Membership:
             config=link_config,
             limits=limits,
             nonce=nonce,
+            **({"codecs": tuple(codecs)} if codecs else {}),
         )
         self._rng = rng
         self._on_other = on_message
@@ -216,8 +218,11 @@ class Membership:
                 await trio.sleep(self.links.backoff(attempt))
         raise problem
 
-    async def leave(self) -> None:
+    async def leave(self, *, close_links: bool = True) -> None:
         """Leave gracefully: gossip our LEAVING record to every member, then say Goodbye on every link.
+
+        With `close_links=False` the links stay up (membership itself falls silent): the node still has its
+        arcs to hand off, and closes them with `links.close_all` when that is done.
 
         The record carries a bumped incarnation, so it supersedes any rumour about us (even a DEAD one from a
         partition that healed a moment ago), and it is sent to dead members too: they may be alive. Bounded by
@@ -234,7 +239,8 @@ class Membership:
             if member.node_id != self.node_id and member.state is not MemberState.LEAVING:
                 self._send(member.node_id, gossip)
         self._left = True
-        await self.links.close_all("leaving")
+        if close_links:
+            await self.links.close_all("leaving")
 
     # -- view changes -------------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ Data directory layout (docs/architecture.md has the full picture)::
     DIR/LOCK          flock held while a node runs: two processes never share one store
     DIR/NODE_ID       the node id this directory belongs to (a directory is never reused for another id)
     DIR/control.addr  HOST:PORT of the running node's control endpoint, for peerctl --data-dir
+    DIR/peer.addr     HOST:PORT peers dial (cluster nodes only), for --join and peerctl join --seed
     DIR/state/        one LMDB environment: seen URLs, queued URLs, in-flight records, per-host politeness
     DIR/warc/         WARC files and their CDXJ indexes
 """
@@ -12,6 +13,7 @@ Data directory layout (docs/architecture.md has the full picture)::
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -25,7 +27,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from storage import StorageError, open_page_store
 
-from .config import Config, ConfigError, parse_address, read_seeds
+from .cluster import Cluster, ClusterError
+from .config import Config, ConfigError, parse_address, read_secret, read_seeds
 from .control import Reply, json_reply, serve_control
 from .crawler import Crawler
 from .dns import CachingResolver
@@ -79,10 +82,12 @@ class Node:
         self.stats = Stats()
         self.started_wall = time.time()
         self.crawler: Crawler | None = None
+        self.cluster: Cluster | None = None
         self.resolver: CachingResolver | None = None
         self.control_port: int | None = None
         self.final_status: dict[str, Any] | None = None  # the last status, taken before the stores close
         self._stop = trio.Event()
+        self._leave = trio.Event()
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -105,6 +110,9 @@ class Node:
         out.update(self.stats.as_dict())
         if self.resolver is not None:
             out["dns"] = self.resolver.stats.as_dict()
+        out["cluster"] = self.cluster.status() if self.cluster is not None else {"enabled": False}
+        if self.cluster is not None:
+            out["done"] = out["cluster"]["done"]
         return out
 
     def _routes(self):
@@ -124,7 +132,40 @@ class Node:
             self.request_stop()
             return json_reply({"stopping": True})
 
+        def no_cluster() -> Reply:
+            return json_reply({"error": "this node runs standalone (no cluster secret)"}, status=409)
+
+        async def cluster(_body: bytes) -> Reply:
+            if self.cluster is None:
+                return no_cluster()
+            return json_reply(self.cluster.cluster_status())
+
+        async def join(body: bytes) -> Reply:
+            if self.cluster is None:
+                return no_cluster()
+            try:
+                seed = str(json.loads(body or b"{}")["seed"])
+                parse_address(seed, "seed")
+            except (ValueError, KeyError, TypeError, ConfigError) as exc:
+                return json_reply({"error": f"expected a JSON body {{\"seed\": \"HOST:PORT\"}} ({exc})"}, status=400)
+            try:
+                await self.cluster.join([seed])
+            except ClusterError as exc:
+                return json_reply({"error": str(exc)}, status=502)
+            return json_reply({"joined": seed, "members": len(self.cluster.view.members),
+                               "epoch": self.cluster.epoch})
+
+        async def leave(_body: bytes) -> Reply:
+            if self.cluster is None:
+                return no_cluster()
+            if not self._leave.is_set():
+                self._leave.set()
+            return json_reply({"leaving": True})
+
         return {
+            ("GET", "/cluster"): cluster,
+            ("POST", "/join"): join,
+            ("POST", "/leave"): leave,
             ("GET", "/status"): status,
             ("GET", "/metrics"): metrics,
             ("GET", "/healthz"): health,
@@ -156,6 +197,15 @@ class Node:
                 )
             except ValueError as exc:
                 raise NodeError(f"nameserver: {exc}") from exc
+            try:
+                secret = read_secret(cfg)
+            except ConfigError as exc:
+                raise NodeError(str(exc)) from exc
+            if secret is not None:
+                if cfg.dedup != "lmdb":
+                    raise NodeError(f"a cluster node needs --dedup lmdb (got {cfg.dedup}): peers' batches and "
+                                    "hand-offs are stored in the same transactions as the seen-set")
+                self.cluster = Cluster(cfg, node_id=self.node_id, store=store, secret=secret, stats=self.stats)
             async with Fetcher(
                 self.resolver,
                 user_agent=cfg.full_user_agent(),
@@ -164,19 +214,33 @@ class Node:
                 total_timeout=cfg.total_timeout,
                 max_body=cfg.max_body,
             ) as fetcher:
+                cluster = self.cluster
                 crawler = self.crawler = Crawler(
-                    cfg, fetcher=fetcher, store=store, pages=pages, stats=self.stats
+                    cfg, fetcher=fetcher, store=store, pages=pages, stats=self.stats,
+                    owns=cluster.owns if cluster else None,
+                    router=cluster.dispatcher.route if cluster else None,
+                    take_routed=cluster.dispatcher.take_routed if cluster else None,
+                    blocked=cluster.blocked if cluster else None,
                 )
+                if cluster is not None:
+                    crawler.stop_when_done = False  # work can arrive from peers: the cluster decides when it ends
+                    cluster.attach(crawler)
                 recovered = crawler.restore()
-                new = crawler.seed(seeds)
-                log.info("node starting", extra={"node_id": self.node_id, "recovered_in_flight": recovered,
-                                                 "queued": len(store.frontier), "new_seeds": new})
                 async with trio.open_nursery() as nursery:
                     chost, cport = parse_address(cfg.control, "control")
                     self.control_port = await nursery.start(serve_control, chost, cport, self._routes())
                     (self.data_dir / "control.addr").write_text(f"{chost}:{self.control_port}\n")
                     nursery.start_soon(self._housekeeping, store, pages)
                     nursery.start_soon(self._watch_signals)
+                    if cluster is not None:
+                        await nursery.start(cluster.run)
+                        (self.data_dir / "peer.addr").write_text(f"{cluster.address}\n")
+                        await self._join(cluster)
+                    new = crawler.seed(seeds)
+                    if cluster is not None:
+                        cluster.ready.set()
+                    log.info("node starting", extra={"node_id": self.node_id, "recovered_in_flight": recovered,
+                                                     "queued": len(store.frontier), "new_seeds": new})
                     await nursery.start(crawler.run)
                     task_status.started(self)
                     nursery.start_soon(self._wait_done_or_stop, nursery)
@@ -185,16 +249,51 @@ class Node:
                 log.info("node stopped", extra={"node_id": self.node_id, **self.stats.as_dict()})
         return 0
 
+    async def _join(self, cluster: Cluster) -> None:
+        """Join through --join seeds, then the --join-srv record's members; none given: a new cluster."""
+        seeds = list(self.cfg.join)
+        if self.cfg.join_srv:
+            from .discovery import DiscoveryError, srv_seeds
+
+            try:
+                seeds += await srv_seeds(self.cfg.join_srv, nameservers=self.cfg.nameservers,
+                                         exclude=[cluster.address or ""])
+            except DiscoveryError as exc:
+                log.warning("no members found through DNS SRV; starting a new cluster", extra={"error": str(exc)})
+        seeds = [seed for seed in dict.fromkeys(seeds) if seed != cluster.address]
+        if not seeds:
+            log.info("starting a new cluster", extra={"address": cluster.address})
+            return
+        try:
+            await cluster.join(seeds)
+        except ClusterError as exc:
+            if self.cfg.join_srv and not self.cfg.join:
+                # Pods of a StatefulSet come up together: members listed in DNS may not be serving yet.
+                log.warning("no listed member answered; starting a new cluster", extra={"error": str(exc)})
+                return
+            raise NodeError(f"cannot join the cluster: {exc}") from exc
+
     async def _wait_done_or_stop(self, nursery: trio.Nursery) -> None:
         assert self.crawler is not None
         async with trio.open_nursery() as inner:
             async def on_done() -> None:
-                if self.cfg.exit_when_done:
-                    await self.crawler.done.wait()
-                    log.info("crawl done: frontier empty and nothing in flight")
-                    inner.cancel_scope.cancel()
-                else:
+                if not self.cfg.exit_when_done:
                     await trio.sleep_forever()
+                if self.cluster is not None:
+                    await self.cluster.finished.wait()
+                    await self.cluster.linger()
+                else:
+                    await self.crawler.done.wait()
+                log.info("crawl done: frontier empty and nothing in flight")
+                inner.cancel_scope.cancel()
+
+            async def on_leave() -> None:
+                await self._leave.wait()
+                assert self.cluster is not None
+                log.info("leaving the cluster: handing everything off")
+                await self.cluster.leave(self.cfg.leave_timeout)
+                self.request_stop()
+                await trio.sleep_forever()
 
             async def on_stop() -> None:
                 await self._stop.wait()
@@ -202,10 +301,16 @@ class Node:
                 if not await self.crawler.drain(DRAIN_TIMEOUT):
                     log.warning("fetches still under way at stop; they are fetched again after a restart",
                                 extra={"in_progress": self.crawler.active})
+                if self.cluster is not None:
+                    self.cluster.dispatcher.flush_staged()  # routed links of the last pages wait in the outbox
+                    if not self._leave.is_set():
+                        await self.cluster.links.close_all("stopping")
                 inner.cancel_scope.cancel()
 
             inner.start_soon(on_done)
             inner.start_soon(on_stop)
+            if self.cluster is not None:
+                inner.start_soon(on_leave)
         nursery.cancel_scope.cancel()
 
     async def _housekeeping(self, store, pages) -> None:

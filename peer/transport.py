@@ -73,9 +73,12 @@ def _join_address(host: str, port: int) -> str:
 class TcpTransport:
     """Peers over TCP. `listen` is "host:port" to bind (port 0: the OS picks one, reported by `serve`)."""
 
-    def __init__(self, listen: str) -> None:
+    def __init__(self, listen: str, *, advertise: str | None = None) -> None:
         self.listen = listen
+        self.advertise = advertise  # what `serve` reports (peers dial it); None: the bound address
         self._host, self._port = split_address(listen)
+        if advertise is not None:
+            split_address(advertise)
 
     async def connect(self, address: str) -> trio.abc.Stream:
         host, port = split_address(address)
@@ -92,6 +95,9 @@ class TcpTransport:
         sockname = listeners[0].socket.getsockname()
         address = _join_address(sockname[0], sockname[1])
         log.info("peer transport listening on %s", address)
+        if self.advertise is not None:
+            host, port = split_address(self.advertise)
+            address = _join_address(host, port or sockname[1])
         await trio.serve_listeners(handler, listeners, task_status=_Reporter(task_status, address))
 
 

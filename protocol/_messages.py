@@ -198,6 +198,34 @@ class ProbeReply:
     alive: bool
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProgressQuery:
+    """Asks a peer for its crawl progress, answered with a ProgressReport of the same `seq`."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProgressReport:
+    """A node's crawl progress at the moment it answered, for cluster status and termination detection.
+
+    `idle`: its frontier is empty, nothing is being fetched, and every URL batch and hand-off chunk it sent is
+    acknowledged. `activity` grows with everything that could create work (pages fetched, URLs admitted, chunks
+    applied): two rounds of reports with every node idle and the same activity mean the crawl is finished.
+    `finished`: the node has concluded that (so a peer that asks may conclude it too).
+    """
+
+    seq: int
+    epoch: int
+    idle: bool
+    finished: bool
+    activity: int
+    pages: int
+    queued: int
+    urls_received: int
+    rate: float
+
+
 # --- hand-off ----------------------------------------------------------------------------------------------
 
 
@@ -247,6 +275,8 @@ Message: TypeAlias = (
     | Pong
     | ProbeRequest
     | ProbeReply
+    | ProgressQuery
+    | ProgressReport
     | HandoffChunk
     | HandoffAck
     | Goodbye
@@ -308,6 +338,19 @@ RECORDS: dict[int, Record] = {
     0x22: _record(Pong, seq=UInt(), epoch=UInt()),
     0x23: _record(ProbeRequest, seq=UInt(), target=Text()),
     0x24: _record(ProbeReply, seq=UInt(), target=Text(), alive=Flag()),
+    0x25: _record(ProgressQuery, seq=UInt()),
+    0x26: _record(
+        ProgressReport,
+        seq=UInt(),
+        epoch=UInt(),
+        idle=Flag(),
+        finished=Flag(),
+        activity=UInt(),
+        pages=UInt(),
+        queued=UInt(),
+        urls_received=UInt(),
+        rate=Seconds(),
+    ),
     0x30: _record(
         HandoffChunk,
         transfer_id=UInt(),

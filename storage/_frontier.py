@@ -201,6 +201,56 @@ class FrontierStore(Closing):
 
         return self._env.write(put_back)
 
+    def discard(self, items: Sequence[QueuedUrl]) -> int:
+        """Remove these queued URLs (matched by host and URL), e.g. ones a hand-off says were fetched by the
+        host's previous owner. Returns how many were removed."""
+        by_host: dict[str, set[str]] = {}
+        for item in items:
+            by_host.setdefault(item.host, set()).add(item.url)
+
+        def remove(txn: lmdb.Transaction) -> int:
+            n = 0
+            for host, urls in by_host.items():
+                prefix = host_prefix(host)
+                cur = txn.cursor(self._queue)
+                gone = 0
+                if cur.set_range(prefix):
+                    while cur.key().startswith(prefix):
+                        if _item_of(cur.key(), cur.value()).url in urls:
+                            if not cur.delete():
+                                break
+                            gone += 1
+                            continue
+                        if not cur.next():
+                            break
+                if gone:
+                    self._count_add(txn, prefix, -gone)
+                    n += gone
+            return n
+
+        return self._env.write(remove) if by_host else 0
+
+    def requeue(self, items: Sequence[QueuedUrl]) -> int:
+        """Put in-flight URLs back at their place in their queues (a fetch that will not happen here, e.g. the
+        host moved to another node); unknown items are ignored. Returns how many went back."""
+
+        def put_back(txn: lmdb.Transaction) -> int:
+            n = 0
+            for item in items:
+                prefix = host_prefix(item.host)
+                fkey = prefix + url_fingerprint(item.url)
+                old = txn.get(fkey, db=self._flight)
+                if old is None:
+                    continue
+                _count, qkey, url, hops, found_on = _unpackb(old)
+                if txn.put(qkey, _packb([url, hops, found_on]), overwrite=False, db=self._queue):
+                    self._count_add(txn, prefix, 1)
+                txn.delete(fkey, db=self._flight)
+                n += 1
+            return n
+
+        return self._env.write(put_back) if items else 0
+
     def hosts(self) -> Iterator[tuple[str, int]]:
         """Hosts with queued URLs and their counts, in ring order."""
         for key, value in self._env.scan(HOSTS, _WHOLE_RING):

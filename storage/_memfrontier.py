@@ -87,6 +87,33 @@ class MemoryFrontierStore(Closing):
         self._flight.clear()
         return n
 
+    def discard(self, items: Sequence[QueuedUrl]) -> int:
+        n = 0
+        for host in {item.host for item in items}:
+            urls = {item.url for item in items if item.host == host}
+            heap = self._queues.get(host, [])
+            keep = [entry for entry in heap if entry[2].url not in urls]
+            n += len(heap) - len(keep)
+            self._total -= len(heap) - len(keep)
+            if keep:
+                heapq.heapify(keep)
+                self._queues[host] = keep
+            else:
+                self._queues.pop(host, None)
+        return n
+
+    def requeue(self, items: Sequence[QueuedUrl]) -> int:
+        n = 0
+        for item in items:
+            record = self._flight.pop((item.host, item.url), None)
+            if record is None:
+                continue
+            _count, depth, seq, queued = record
+            heapq.heappush(self._queues.setdefault(queued.host, []), (depth, seq, queued))
+            self._total += 1
+            n += 1
+        return n
+
     def hosts(self) -> Iterator[tuple[str, int]]:
         return iter([(host, len(self._queues[host])) for host in sorted(self._queues, key=_ring_order)])
 

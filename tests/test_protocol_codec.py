@@ -31,6 +31,8 @@ from protocol import (
     Member,
     Ping,
     Pong,
+    ProgressQuery,
+    ProgressReport,
     ProbeReply,
     ProbeRequest,
     Reject,
@@ -100,6 +102,12 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
     Pong: st.builds(Pong, seq=U64, epoch=U64),
     ProbeRequest: st.builds(ProbeRequest, seq=U64, target=texts),
     ProbeReply: st.builds(ProbeReply, seq=U64, target=texts, alive=st.booleans()),
+    ProgressQuery: st.builds(ProgressQuery, seq=U64),
+    ProgressReport: st.builds(
+        ProgressReport, seq=U64, epoch=U64, idle=st.booleans(), finished=st.booleans(), activity=U64,
+        pages=U64, queued=U64, urls_received=U64,
+        rate=st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False),
+    ),
     HandoffChunk: st.builds(
         HandoffChunk,
         transfer_id=U64,

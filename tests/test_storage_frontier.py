@@ -102,6 +102,27 @@ def test_done_and_recover(frontier):
     assert drain(frontier, "a") == [first, third, items[1], items[3], items[5]]
 
 
+def test_requeue_puts_one_in_flight_url_back_in_place(frontier):
+    items = [q("a", n) for n in range(4)]
+    frontier.push(items)
+    first, second = frontier.pop("a"), frontier.pop("a")
+    assert frontier.requeue([first, q("a", 99)]) == 1  # the unknown item is ignored
+    assert frontier.in_flight() == 1 and len(frontier) == 3
+    assert frontier.requeue([first]) == 0  # no longer in flight
+    assert drain(frontier, "a") == [first, items[2], items[3]]
+    frontier.done(second)
+    assert frontier.in_flight() == 3  # drain() popped three without finishing them
+
+
+def test_discard_removes_only_the_named_queued_urls(frontier):
+    items = [q("a", n) for n in range(5)] + [q("b", n) for n in range(2)]
+    frontier.push(items)
+    assert frontier.discard([items[1], items[3], items[6], q("a", 99)]) == 3
+    assert len(frontier) == 4 and frontier.queued("a") == 3 and frontier.queued("b") == 1
+    assert drain(frontier, "a") == [items[0], items[2], items[4]]
+    assert drain(frontier, "b") == [items[5]]
+
+
 def test_same_url_in_flight_twice_needs_two_dones(frontier):
     frontier.push([q("a", 1), q("a", 1)])
     one, two = frontier.pop("a"), frontier.pop("a")

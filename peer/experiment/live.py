@@ -1,0 +1,520 @@
+"""Live mode: the plan's nodes as real ``peerd`` processes on loopback, crawling the local web.
+
+The local web (``peer.localweb``: ``SiteGraph``, ``serve_web``, ``serve_dns``) is generated from the plan's seed
+and ``[web]`` (hosts, pages per host, links per page, ``1 - internal_links`` of them to other hosts, chosen
+uniformly: the local web has no popularity skew, so ``web.popularity`` must be 0). Each node is started as
+
+    python -m peer start --node-id A --weight 150 --listen 127.0.0.1:0 --control 127.0.0.1:0 --data-dir DIR
+        --nameserver 127.0.0.1:P --allow-private --delay D --store none [--join PEER] [--seed URL ...]
+
+with ``PEERCRAWL_CLUSTER_SECRET`` set to a secret made for the run. The first node starts the cluster; every
+other joins through a running node's peer address (``DIR/peer.addr``). Only the last initial node is given the
+seeds, so the crawl starts when the whole initial cluster is up and the first phase is not a node crawling
+alone.
+
+Every ``live.sample_interval`` the runner reads ``GET /status`` of every running node. The URLs sent from node
+i to node j in a phase are the growth of i's ``cluster.dispatch.urls_sent[j]`` between the phase's boundaries
+(a boundary is a reading of every node taken just before the change). Changes: ``remove`` is ``POST /leave``
+(the node hands its arcs off and exits), ``kill`` is SIGKILL of the PID this runner started, ``add`` starts a
+new process with ``--join``. URLs moved at a change are the growth of ``cluster.handoff.urls_sent`` over all
+nodes until the next boundary (the leaving node's read until it exits); a killed node's queued URLs are
+counted as lost. Ring shares and host shares come from ``ring.Ring`` over the live weights and the local web's
+host names, and are checked against the nodes' own ``GET /cluster``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import secrets
+import shutil
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+import ring
+
+from .plan import Plan
+from .results import ChangeResult, ExperimentResult, PhaseResult, Sample
+
+__all__ = ["LiveError", "live_experiment", "run_live"]
+
+log = logging.getLogger(__name__)
+
+#: Member states that own arcs (docs/ring.md): a node's ring is built from these.
+_OWNING = ("alive", "suspect")
+#: One process per node on a 2-core machine: past this many the experiment measures the machine, not the ring.
+MAX_LIVE_NODES = 24
+#: Seconds a node gets to stop cleanly (POST /stop) at the end before it is killed.
+STOP_WAIT = 30.0
+#: Hosts the crawl starts from: a few, so the first pages spread over several owners at once.
+SEED_HOSTS = 4
+
+
+_LIVE_NOTE = ("live: URLs are first sends counted by each sender (cluster.dispatch.urls_sent). The local web links "
+              "hosts uniformly, so the 'links' part (measured against the host share) is not popularity but sampling "
+              "and the crawl itself: a sender sends a URL once (recently-sent filter), and which links are still "
+              "new changes as the crawl proceeds")
+
+
+class LiveError(RuntimeError):
+    """The live experiment cannot run or went wrong; the message is one line."""
+
+
+@dataclass(slots=True)
+class _Node:
+    node_id: str
+    weight: int
+    data_dir: Path
+    log_path: Path
+    proc: trio.Process
+    control: str = ""
+    peer: str = ""
+    state: str = "running"  # running, leaving, left, killed, stopped
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+def _counters(status: Mapping[str, Any]) -> dict[str, Any]:
+    cluster = status.get("cluster") or {}
+    dispatch = cluster.get("dispatch") or {}
+    handoff = cluster.get("handoff") or {}
+    return {
+        "pages": int(status.get("pages", 0)),
+        "sent": {str(k): int(v) for k, v in (dispatch.get("urls_sent") or {}).items()},
+        "handoff_received": int(handoff.get("urls_received", 0)),
+        "queued": int((status.get("queue") or {}).get("urls", 0)),
+        "cluster_done": bool(cluster.get("cluster_done", False)),
+    }
+
+
+def _settled(status: Mapping[str, Any], owners: set[str]) -> bool:
+    """Whether a node's status shows exactly ``owners`` owning arcs and no hand-off under way."""
+    cluster = status.get("cluster") or {}
+    members = {m["node_id"] for m in cluster.get("members", []) if m.get("state") in _OWNING}
+    handoff = cluster.get("handoff") or {}
+    return members == owners and not handoff.get("outstanding") and not handoff.get("pending_arcs")
+
+
+def _host_shares(the_ring: ring.Ring, hosts: list[str]) -> dict[str, float]:
+    counts = dict.fromkeys(the_ring.nodes, 0)
+    for host in hosts:
+        counts[the_ring.owner(host)] += 1
+    return {node: count / len(hosts) for node, count in counts.items()}
+
+
+class _Runner:
+    def __init__(self, plan: Plan, out: Path, web: Any, dns: Any, graph: Any, say: Callable[[str], None]) -> None:
+        self.plan = plan
+        self.out = out
+        self.web = web
+        self.dns_port = dns.address[1]
+        self.hosts = [h.name for h in graph.hosts]
+        self.seeds = web.seeds()[:SEED_HOSTS]
+        self.say = say
+        self.secret = secrets.token_hex(16)
+        self.nodes: dict[str, _Node] = {}
+        self.client = httpx.AsyncClient(timeout=5.0)
+        self.notes: list[str] = []
+        self.samples: list[Sample] = []
+        self.t0 = 0.0
+
+    # -- processes ------------------------------------------------------------------------------------
+
+    def _argv(self, node_id: str, weight: int, data_dir: Path, join: str | None, seeds: list[str]) -> list[str]:
+        plan = self.plan
+        argv = [sys.executable, "-m", "peer", "start", "--node-id", node_id, "--weight", str(weight),
+                "--listen", "127.0.0.1:0", "--control", "127.0.0.1:0", "--data-dir", str(data_dir),
+                "--nameserver", f"127.0.0.1:{self.dns_port}", "--allow-private", "--delay", str(plan.live.delay),
+                "--concurrency", str(plan.live.concurrency), "--store", "none", "--log-format", "json",
+                "--batch-size", str(plan.dispatch.batch_size),
+                "--dispatch-interval", str(plan.dispatch.interval), "--codec", plan.dispatch.codec,
+                "--suspicion-timeout", str(plan.live.suspicion_timeout)]
+        if join:
+            argv += ["--join", join]
+        for seed in seeds:
+            argv += ["--seed", seed]
+        return argv
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PEERCRAWL_CLUSTER_SECRET"] = self.secret
+        return env
+
+    def _tail(self, node: _Node, lines: int = 5) -> str:
+        try:
+            text = node.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return " | ".join(text[-lines:])
+
+    async def start(self, node_id: str, weight: int, *, seeds: list[str]) -> _Node:
+        running = [n for n in self.nodes.values() if n.state == "running" and n.peer]
+        join = running[0].peer if running else None
+        data_dir = self.out / "nodes" / node_id
+        if data_dir.exists():
+            shutil.rmtree(data_dir)
+        data_dir.mkdir(parents=True)
+        log_path = self.out / "nodes" / f"{node_id}.log"
+        argv = self._argv(node_id, weight, data_dir, join, seeds)
+        with log_path.open("ab") as log_file:
+            proc = await trio.lowlevel.open_process(argv, env=self._env(), stdout=log_file, stderr=log_file)
+        node = self.nodes[node_id] = _Node(node_id=node_id, weight=weight, data_dir=data_dir, log_path=log_path,
+                                           proc=proc)
+        self.say(f"started {node_id} (weight {weight}, pid {proc.pid})" + (f", joining {join}" if join else ""))
+        with trio.move_on_after(self.plan.live.settle_wait) as scope:
+            while True:
+                if proc.poll() is not None:
+                    raise LiveError(f"node {node_id} exited with {proc.returncode} while starting: "
+                                    f"{self._tail(node)}")
+                control, peer = data_dir / "control.addr", data_dir / "peer.addr"
+                if control.exists() and peer.exists():
+                    node.control = control.read_text().strip()
+                    node.peer = peer.read_text().strip()
+                    status = await self._get(node, "/status")
+                    if status is not None:
+                        node.status = status
+                        break
+                await trio.sleep(0.05)
+        if scope.cancelled_caught:
+            raise LiveError(f"node {node_id} did not come up within {self.plan.live.settle_wait:g} s "
+                            f"(live.settle_wait): {self._tail(node)}")
+        return node
+
+    async def settle(self, owners: Mapping[str, int]) -> float:
+        """Wait until every running node's view has exactly ``owners`` as its ring members (alive or suspect)
+        and no node has a hand-off under way (nothing outstanding, no arc pending); returns the seconds it took.
+        Until then the cluster is between two rings, and what it sends belongs to neither phase."""
+        began = trio.current_time()
+        wanted = set(owners)
+        with trio.move_on_after(self.plan.live.settle_wait) as scope:
+            while True:
+                await self.poll()  # keeps the leaving node's counters fresh until it exits
+                running = [n for n in self.nodes.values() if n.state == "running"]
+                if all(_settled(n.status, wanted) for n in running):
+                    return trio.current_time() - began
+                await trio.sleep(0.1)
+        if scope.cancelled_caught:
+            raise LiveError(f"the cluster did not settle on {', '.join(sorted(wanted))} (every view, no hand-off "
+                            f"under way) within {self.plan.live.settle_wait:g} s (live.settle_wait)")
+        return trio.current_time() - began
+
+    async def _get(self, node: _Node, path: str) -> dict[str, Any] | None:
+        try:
+            resp = await self.client.get(f"http://{node.control}{path}")
+            return resp.json() if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    async def _post(self, node: _Node, path: str) -> bool:
+        try:
+            resp = await self.client.post(f"http://{node.control}{path}")
+            return resp.status_code < 400
+        except httpx.HTTPError:
+            return False
+
+    async def poll(self) -> dict[str, dict[str, Any]]:
+        """Read every running (or leaving) node's status; a node that does not answer keeps its last reading."""
+        targets = [n for n in self.nodes.values() if n.state in ("running", "leaving")]
+
+        async def one(node: _Node) -> None:
+            status = await self._get(node, "/status")
+            if status is not None:
+                node.status = status
+
+        async with trio.open_nursery() as nursery:
+            for node in targets:
+                nursery.start_soon(one, node)
+        for node in targets:
+            if node.state == "leaving" and node.proc.poll() is not None:
+                node.state = "left"
+                self.say(f"{node.node_id} left (exit code {node.proc.returncode})")
+        return {node_id: _counters(n.status) for node_id, n in self.nodes.items() if n.status}
+
+    # -- changes --------------------------------------------------------------------------------------
+
+    async def leave(self, node: _Node) -> None:
+        if not await self._post(node, "/leave"):
+            raise LiveError(f"node {node.node_id} refused POST /leave: {self._tail(node)}")
+        node.state = "leaving"
+        self.say(f"{node.node_id} is leaving")
+
+    async def finish_leaving(self, node: _Node) -> None:
+        """Keep reading a leaving node until it exits (its hand-off counters grow meanwhile)."""
+        with trio.move_on_after(self.plan.live.leave_wait) as scope:
+            while node.proc.poll() is None:
+                status = await self._get(node, "/status")
+                if status is not None:
+                    node.status = status
+                await trio.sleep(0.2)
+            await node.proc.wait()
+        if scope.cancelled_caught:
+            self.notes.append(f"{node.node_id} did not finish leaving within {self.plan.live.leave_wait:g} s "
+                              "(live.leave_wait) and was killed")
+            self._kill(node)
+            await node.proc.wait()
+        elif node.proc.returncode != 0:
+            self.notes.append(f"{node.node_id} exited with {node.proc.returncode} after leaving")
+        node.state = "left"
+
+    def _kill(self, node: _Node) -> None:
+        if node.proc.poll() is None:
+            try:
+                os.kill(node.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    async def kill(self, node: _Node) -> None:
+        self._kill(node)
+        await node.proc.wait()
+        node.state = "killed"
+        self.say(f"{node.node_id} killed (SIGKILL, pid {node.proc.pid})")
+
+    async def stop_all(self) -> None:
+        running = [n for n in self.nodes.values() if n.proc.poll() is None]
+        for node in running:
+            await self._post(node, "/stop")
+        with trio.move_on_after(STOP_WAIT):
+            for node in running:
+                await node.proc.wait()
+        for node in running:
+            if node.proc.poll() is None:
+                self.notes.append(f"{node.node_id} did not stop within {STOP_WAIT:g} s and was killed")
+                self._kill(node)
+                await node.proc.wait()
+            if node.state == "running":
+                node.state = "stopped"
+
+    def kill_leftovers(self) -> None:
+        for node in self.nodes.values():
+            self._kill(node)
+
+    # -- the experiment -------------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return trio.current_time() - self.t0
+
+    async def run(self) -> ExperimentResult:
+        plan = self.plan
+        started = trio.current_time()
+        stages = plan.stage_weights()
+        names = plan.phase_names()
+        initial = list(stages[0].items())
+        # The first node starts the cluster and the others join it together, without seeds; once every view
+        # holds them, the last node joins with the seeds, so the crawl starts on the whole initial cluster.
+        if len(initial) > 1:
+            await self.start(*initial[0], seeds=[])
+            async with trio.open_nursery() as nursery:
+                for node_id, weight in initial[1:-1]:
+                    nursery.start_soon(functools.partial(self.start, node_id, weight, seeds=[]))
+            await self.settle(dict(initial[:-1]))
+        await self.start(*initial[-1], seeds=self.seeds)
+        await self.settle(stages[0])
+        self.t0 = trio.current_time()
+        self.say(f"cluster of {len(initial)} nodes up in {self.t0 - started:.1f} s; crawling")
+        boundary = previous = await self.poll()
+        page_offset = {node_id: c["pages"] for node_id, c in boundary.items()}
+        phases: list[PhaseResult] = []
+        changes: list[ChangeResult] = []
+        start_time = 0.0
+        triggers = [(p.at, p.after_pages) for p in plan.phases] + [(plan.end.at, plan.end.after_pages)]
+        deadline = self.t0 + plan.live.timeout
+        crawl_over = False
+        for k, weights in enumerate(stages):
+            at, after = triggers[k]
+            is_end = k == len(stages) - 1
+            while True:
+                await trio.sleep(plan.live.sample_interval)
+                now = await self.poll()
+                self._sample(k, weights, previous, now)
+                previous = now
+                pages = sum(c["pages"] - page_offset.get(node_id, 0) for node_id, c in now.items())
+                if at is not None and self.elapsed() >= at:
+                    break
+                if after is not None and pages >= after:
+                    break
+                finished = all(now[n]["cluster_done"] for n in weights if n in now)
+                if finished and (is_end and plan.end.when_done or not is_end):
+                    self.notes.append(f"the crawl finished at {self.elapsed():.1f} s, in phase {k + 1}"
+                                      + ("" if is_end else ": the web is too small for the plan's later phases"))
+                    crawl_over = True
+                    break
+                if trio.current_time() >= deadline:
+                    self.notes.append(f"stopped by live.timeout after {plan.live.timeout:g} s, in phase {k + 1}")
+                    break
+            end_time = self.elapsed()
+            phases.append(self._phase(k, names[k], weights, start_time, end_time, boundary, now))
+            self.say(f"phase {k + 1} ({names[k]}) ended at {end_time:.1f} s: {pages:,} pages so far, "
+                     f"{phases[-1].total_sent:,} URLs sent in the phase")
+            if is_end or crawl_over or trio.current_time() >= deadline:
+                break
+            change = await self._apply(k + 1, weights, stages[k + 1], now, end_time)
+            # The next phase starts once the cluster settled on the new ring: what is sent meanwhile is the
+            # transition, in no phase.
+            change["settle"] = await self.settle(stages[k + 1])
+            boundary = previous = await self.poll()
+            change["transition"] = sum(max(0, n - now.get(i, {}).get("sent", {}).get(j, 0))
+                                       for i, c in boundary.items() for j, n in c["sent"].items())
+            changes.append(self._close_change(change, boundary))
+            start_time = self.elapsed()
+            self.say(f"settled in {change['settle']:.1f} s: {changes[-1].urls_moved:,} URLs handed off, "
+                     f"{change['transition']:,} sent meanwhile")
+        await self.cross_check(phases[-1])
+        for node in list(self.nodes.values()):
+            if node.state == "leaving":
+                await self.finish_leaving(node)
+        await self.stop_all()
+        return ExperimentResult(
+            plan=plan, mode="live", phases=tuple(phases), samples=tuple(self.samples), changes=tuple(changes),
+            wall_seconds=trio.current_time() - started, peak_rss_bytes=0,
+            notes=(_LIVE_NOTE, *self.notes),
+        )
+
+    def _sample(self, k: int, weights: Mapping[str, int], before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+        sent_by: dict[str, int] = {}
+        received_by: dict[str, int] = {}
+        for i in weights:
+            if i not in after:
+                continue
+            for j, n in after[i]["sent"].items():
+                delta = n - (before.get(i, {}).get("sent", {}).get(j, 0))
+                if delta > 0 and j in weights and j != i:
+                    sent_by[i] = sent_by.get(i, 0) + delta
+                    received_by[j] = received_by.get(j, 0) + delta
+        self.samples.append(Sample(time=self.elapsed(), phase=k, sent_by=sent_by, received_by=received_by))
+
+    def _phase(self, k: int, name: str, weights: Mapping[str, int], start: float, end: float,
+               first: Mapping[str, Any], last: Mapping[str, Any]) -> PhaseResult:
+        sent: dict[tuple[str, str], int] = {}
+        for i in weights:
+            for j in weights:
+                if i != j and i in last:
+                    before = first.get(i, {}).get("sent", {}).get(j, 0)
+                    sent[(i, j)] = max(0, last[i]["sent"].get(j, 0) - before)
+        the_ring = ring.Ring(dict(weights), points_per_weight=self.plan.points_per_weight)
+        pages = sum(last[n]["pages"] - first.get(n, {}).get("pages", 0) for n in weights if n in last)
+        return PhaseResult(
+            index=k, name=name, start=start, end=end, pages=pages, weights=dict(weights),
+            key_shares=the_ring.shares(), host_shares=_host_shares(the_ring, self.hosts), popularity_shares=None,
+            sent=PhaseResult.matrix(list(weights), sent), kept=None,
+        )
+
+    async def _apply(self, k: int, old: Mapping[str, int], new: Mapping[str, int], now: Mapping[str, Any],
+                     when: float) -> dict[str, Any]:
+        phase = self.plan.phases[k - 1]
+        self.say(f"change {k}: {', '.join(phase.actions())} at {when:.1f} s")
+        lost = 0
+        killed = []
+        for node_id in phase.kill:
+            lost += now.get(node_id, {}).get("queued", 0)
+            killed.append(node_id)
+            await self.kill(self.nodes[node_id])
+        for node_id in phase.remove:
+            await self.leave(self.nodes[node_id])
+        for node_id, weight in phase.add:
+            await self.start(node_id, weight, seeds=[])
+        old_ring = ring.Ring(dict(old), points_per_weight=self.plan.points_per_weight)
+        new_ring = ring.Ring(dict(new), points_per_weight=self.plan.points_per_weight)
+        old_owner = [old_ring.owner(h) for h in self.hosts]
+        new_owner = [new_ring.owner(h) for h in self.hosts]
+        old_shares, new_shares = old_ring.weight_shares(), new_ring.weight_shares()
+        return {
+            "phase": k, "name": phase.name, "time": when, "actions": tuple(phase.actions()),
+            "ideal": sum(max(0.0, s - old_shares.get(n, 0.0)) for n, s in new_shares.items()),
+            "moved_keyspace": ring.moved_fraction(ring.diff(old_ring, new_ring)),
+            "hosts_moved": sum(1 for a, b in zip(old_owner, new_owner) if a != b),
+            "held": sum(c["queued"] for n, c in now.items() if n in old),
+            "handoff_before": {n: c["handoff_received"] for n, c in now.items()},
+            "lost": lost, "killed": killed,
+        }
+
+    def _close_change(self, change: dict[str, Any], now: Mapping[str, Any]) -> ChangeResult:
+        """The change's figures once the cluster settled: URLs moved are what the new owners received by
+        hand-off (their ``cluster.handoff.urls_received``; a node that left can no longer be read)."""
+        by_pair = {}
+        for node_id, counters in now.items():
+            moved = counters["handoff_received"] - change["handoff_before"].get(node_id, 0)
+            if moved > 0:
+                by_pair[("", node_id)] = moved
+        return ChangeResult(
+            phase=change["phase"], name=change["name"], time=change["time"], actions=change["actions"],
+            ideal_keyspace=change["ideal"], moved_keyspace=change["moved_keyspace"],
+            hosts_moved=change["hosts_moved"], hosts_total=len(self.hosts), urls_moved=sum(by_pair.values()),
+            urls_lost=change["lost"], urls_held=change["held"], by_pair=by_pair,
+            settle_seconds=change["settle"], transition_urls=change["transition"],
+        )
+
+    async def cross_check(self, phase: PhaseResult) -> None:
+        """Compare the phase's key shares (the experiment's own ring) with a running node's GET /cluster."""
+        for node in self.nodes.values():
+            if node.state != "running":
+                continue
+            view = await self._get(node, "/cluster")
+            if view is None:
+                continue
+            reported = {m["node_id"]: float(m.get("key_share", 0.0)) for m in view.get("nodes", [])
+                        if m.get("state") in ("alive", "suspect")}
+            for node_id, share in phase.key_shares.items():
+                if abs(reported.get(node_id, 0.0) - share) > 1e-9:
+                    self.notes.append(f"{node.node_id} reports key share {reported.get(node_id, 0.0):.6f} for "
+                                      f"{node_id}, the experiment's ring says {share:.6f}")
+            return
+
+
+async def live_experiment(plan: Plan, out: Path, *, progress: Callable[[str], None] | None = None
+                          ) -> ExperimentResult:
+    """Run ``plan`` with real nodes; node data and logs go under ``out/nodes/``."""
+    from peer.localweb.dns_server import serve_dns
+    from peer.localweb.graph import SiteGraph
+    from peer.localweb.server import serve_web
+
+    say = progress or (lambda line: log.info(line))
+    if plan.web.popularity != 0.0:
+        raise LiveError(f"plan {plan.name}: web.popularity: the local web links hosts uniformly; "
+                        "set web.popularity = 0 for live mode (e.g. --set web.popularity=0)")
+    if plan.points_per_weight != ring.DEFAULT_POINTS_PER_WEIGHT:
+        raise LiveError(f"plan {plan.name}: points_per_weight: the nodes use {ring.DEFAULT_POINTS_PER_WEIGHT}; "
+                        f"a live plan must too, got {plan.points_per_weight}")
+    everyone = {node for stage in plan.stage_weights() for node in stage}
+    if len(everyone) > MAX_LIVE_NODES:
+        raise LiveError(f"plan {plan.name}: {len(everyone)} nodes; live mode runs one process per node and "
+                        f"allows at most {MAX_LIVE_NODES} (simulate larger fleets)")
+    graph = SiteGraph.generate(seed=plan.seed, hosts=plan.web.hosts, pages_per_host=plan.web.pages_per_host,
+                               links_per_page=plan.web.links_per_page,
+                               cross_host_fraction=1.0 - plan.web.internal_links, features=False,
+                               seed_hosts=min(SEED_HOSTS, plan.web.hosts))
+    out.mkdir(parents=True, exist_ok=True)
+    async with trio.open_nursery() as nursery:
+        web = await nursery.start(serve_web, graph)
+        dns = await nursery.start(serve_dns, graph.zone())
+        say(f"local web: {plan.web.hosts:,} hosts x {plan.web.pages_per_host} pages on 127.0.0.1:{web.port}, "
+            f"DNS on 127.0.0.1:{dns.address[1]}")
+        runner = _Runner(plan, out, web, dns, graph, say)
+        try:
+            result = await runner.run()
+        finally:
+            runner.kill_leftovers()
+            await runner.client.aclose()
+            nursery.cancel_scope.cancel()
+    for node in runner.nodes.values():
+        shutil.rmtree(node.data_dir, ignore_errors=True)  # LMDB maps; the logs stay
+    return result
+
+
+def run_live(plan: Plan, out: Path, *, progress: Callable[[str], None] | None = None) -> ExperimentResult:
+    """``live_experiment`` under its own ``trio.run`` (for the command line)."""
+    import resource
+
+    result = trio.run(lambda: live_experiment(plan, out, progress=progress))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    from dataclasses import replace
+
+    return replace(result, peak_rss_bytes=peak)
