@@ -41,6 +41,9 @@ __all__ = ["Node", "run_node", "NodeError"]
 log = logging.getLogger(__name__)
 
 
+#: DNS SRV look-ups tried before a node gives up (about a minute with the back-off between them).
+SRV_ATTEMPTS = 8
+
 #: A clean stop waits this long for fetches under way (each is bounded by total_timeout anyway).
 DRAIN_TIMEOUT = 10.0
 
@@ -255,11 +258,21 @@ class Node:
         if self.cfg.join_srv:
             from .discovery import DiscoveryError, srv_seeds
 
-            try:
-                seeds += await srv_seeds(self.cfg.join_srv, nameservers=self.cfg.nameservers,
-                                         exclude=[cluster.address or ""])
-            except DiscoveryError as exc:
-                log.warning("no members found through DNS SRV; starting a new cluster", extra={"error": str(exc)})
+            # A failed look-up is retried: starting a new cluster on a passing DNS error would split the fleet.
+            # Only a record that lists no one but us (the first pod of a StatefulSet) starts a new cluster.
+            problem: DiscoveryError | None = None
+            for attempt in range(SRV_ATTEMPTS):
+                try:
+                    seeds += await srv_seeds(self.cfg.join_srv, nameservers=self.cfg.nameservers,
+                                             exclude=[cluster.address or ""])
+                    problem = None
+                    break
+                except DiscoveryError as exc:
+                    problem = exc
+                    log.warning("DNS SRV look-up failed; trying again", extra={"error": str(exc), "attempt": attempt + 1})
+                    await trio.sleep(min(10.0, 2.0 ** attempt))
+            if problem is not None:
+                raise NodeError(f"cannot find the cluster's members: {problem}")
         seeds = [seed for seed in dict.fromkeys(seeds) if seed != cluster.address]
         if not seeds:
             log.info("starting a new cluster", extra={"address": cluster.address})

@@ -9,17 +9,20 @@ uniformly: the local web has no popularity skew, so ``web.popularity`` must be 0
 
 with ``PEERCRAWL_CLUSTER_SECRET`` set to a secret made for the run. The first node starts the cluster; every
 other joins through a running node's peer address (``DIR/peer.addr``). Only the last initial node is given the
-seeds, so the crawl starts when the whole initial cluster is up and the first phase is not a node crawling
-alone.
+seeds, once the others are in every view, so the first phase is not one node crawling alone.
 
-Every ``live.sample_interval`` the runner reads ``GET /status`` of every running node. The URLs sent from node
-i to node j in a phase are the growth of i's ``cluster.dispatch.urls_sent[j]`` between the phase's boundaries
-(a boundary is a reading of every node taken just before the change). Changes: ``remove`` is ``POST /leave``
-(the node hands its arcs off and exits), ``kill`` is SIGKILL of the PID this runner started, ``add`` starts a
-new process with ``--join``. URLs moved at a change are the growth of ``cluster.handoff.urls_sent`` over all
-nodes until the next boundary (the leaving node's read until it exits); a killed node's queued URLs are
-counted as lost. Ring shares and host shares come from ``ring.Ring`` over the live weights and the local web's
-host names, and are checked against the nodes' own ``GET /cluster``.
+Every ``live.sample_interval`` the runner reads ``GET /status`` of every node. The URLs sent from node i to
+node j in a phase are the growth of i's ``cluster.dispatch.urls_sent[j]`` over the phase. Changes: ``remove``
+is ``POST /leave`` (the node hands its arcs off and exits), ``kill`` is SIGKILL of the PID this runner
+started, ``add`` starts a new process with ``--join``. A phase ends at its trigger; the next begins once the
+cluster has settled: every running node's view holds exactly the new ring's members and no hand-off is under
+way. What is sent while it settles (re-routed outboxes, the leaver's last batches) is the transition, counted
+apart; ``at`` and ``after_pages`` count time and pages inside phases only. URLs moved at a change are what the
+new owners received by hand-off (``cluster.handoff.urls_received``); a killed node's queued URLs are lost.
+
+Ring shares, host shares and what each change moves are computed from ``ring.Ring`` before any process
+starts (building rings in this process later would stall the local web it serves), and the last phase's key
+shares are checked against a node's own ``GET /cluster``.
 """
 
 from __future__ import annotations
@@ -94,6 +97,10 @@ def _counters(status: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _total_pages(counters: Mapping[str, Mapping[str, Any]]) -> int:
+    return sum(c["pages"] for c in counters.values())
+
+
 def _settled(status: Mapping[str, Any], owners: set[str]) -> bool:
     """Whether a node's status shows exactly ``owners`` owning arcs and no hand-off under way."""
     cluster = status.get("cluster") or {}
@@ -102,20 +109,43 @@ def _settled(status: Mapping[str, Any], owners: set[str]) -> bool:
     return members == owners and not handoff.get("outstanding") and not handoff.get("pending_arcs")
 
 
-def _host_shares(the_ring: ring.Ring, hosts: list[str]) -> dict[str, float]:
-    counts = dict.fromkeys(the_ring.nodes, 0)
-    for host in hosts:
-        counts[the_ring.owner(host)] += 1
-    return {node: count / len(hosts) for node, count in counts.items()}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _RingFigures:
+    """What the rings of a plan say, computed before any process starts (building a ring takes about a second
+    per 500,000 points: done while nodes run, it would stall the local web served from this process)."""
+
+    key_shares: list[dict[str, float]]
+    host_shares: list[dict[str, float]]
+    #: per change: (ideal key-space fraction, key-space fraction moved, hosts moved)
+    changes: list[tuple[float, float, int]]
+
+
+def ring_figures(plan: Plan, hosts: list[str]) -> _RingFigures:
+    rings = [ring.Ring(weights, points_per_weight=plan.points_per_weight) for weights in plan.stage_weights()]
+    owners = [[r.owner(host) for host in hosts] for r in rings]
+    host_shares = []
+    for r, owned in zip(rings, owners):
+        counts = dict.fromkeys(r.nodes, 0)
+        for node in owned:
+            counts[node] += 1
+        host_shares.append({node: count / len(hosts) for node, count in counts.items()})
+    changes = []
+    for old, new, old_owned, new_owned in zip(rings, rings[1:], owners, owners[1:]):
+        old_shares, new_shares = old.weight_shares(), new.weight_shares()
+        changes.append((sum(max(0.0, s - old_shares.get(n, 0.0)) for n, s in new_shares.items()),
+                        ring.moved_fraction(ring.diff(old, new)),
+                        sum(1 for a, b in zip(old_owned, new_owned) if a != b)))
+    return _RingFigures(key_shares=[r.shares() for r in rings], host_shares=host_shares, changes=changes)
 
 
 class _Runner:
-    def __init__(self, plan: Plan, out: Path, web: Any, dns: Any, graph: Any, say: Callable[[str], None]) -> None:
+    def __init__(self, plan: Plan, out: Path, web: Any, dns: Any, figures: _RingFigures,
+                 say: Callable[[str], None]) -> None:
         self.plan = plan
         self.out = out
         self.web = web
         self.dns_port = dns.address[1]
-        self.hosts = [h.name for h in graph.hosts]
+        self.figures = figures
         self.seeds = web.seeds()[:SEED_HOSTS]
         self.say = say
         self.secret = secrets.token_hex(16)
@@ -321,7 +351,9 @@ class _Runner:
         self.t0 = trio.current_time()
         self.say(f"cluster of {len(initial)} nodes up in {self.t0 - started:.1f} s; crawling")
         boundary = previous = await self.poll()
-        page_offset = {node_id: c["pages"] for node_id, c in boundary.items()}
+        # Triggers count time and pages inside phases only: the settling after a change is not counted.
+        offset_time = 0.0
+        offset_pages = _total_pages(boundary)
         phases: list[PhaseResult] = []
         changes: list[ChangeResult] = []
         start_time = 0.0
@@ -336,13 +368,13 @@ class _Runner:
                 now = await self.poll()
                 self._sample(k, weights, previous, now)
                 previous = now
-                pages = sum(c["pages"] - page_offset.get(node_id, 0) for node_id, c in now.items())
-                if at is not None and self.elapsed() >= at:
+                clock, pages = self.elapsed() - offset_time, _total_pages(now) - offset_pages
+                if at is not None and clock >= at:
                     break
                 if after is not None and pages >= after:
                     break
                 finished = all(now[n]["cluster_done"] for n in weights if n in now)
-                if finished and (is_end and plan.end.when_done or not is_end):
+                if finished and (not is_end or plan.end.when_done):
                     self.notes.append(f"the crawl finished at {self.elapsed():.1f} s, in phase {k + 1}"
                                       + ("" if is_end else ": the web is too small for the plan's later phases"))
                     crawl_over = True
@@ -352,11 +384,11 @@ class _Runner:
                     break
             end_time = self.elapsed()
             phases.append(self._phase(k, names[k], weights, start_time, end_time, boundary, now))
-            self.say(f"phase {k + 1} ({names[k]}) ended at {end_time:.1f} s: {pages:,} pages so far, "
-                     f"{phases[-1].total_sent:,} URLs sent in the phase")
+            self.say(f"phase {k + 1} ({names[k]}) ended at {end_time:.1f} s: {pages:,} pages in phases so far, "
+                     f"{phases[-1].total_sent:,} URLs sent in this one")
             if is_end or crawl_over or trio.current_time() >= deadline:
                 break
-            change = await self._apply(k + 1, weights, stages[k + 1], now, end_time)
+            change = await self._apply(k + 1, weights, now, end_time)
             # The next phase starts once the cluster settled on the new ring: what is sent meanwhile is the
             # transition, in no phase.
             change["settle"] = await self.settle(stages[k + 1])
@@ -365,6 +397,8 @@ class _Runner:
                                        for i, c in boundary.items() for j, n in c["sent"].items())
             changes.append(self._close_change(change, boundary))
             start_time = self.elapsed()
+            offset_time += start_time - end_time
+            offset_pages += _total_pages(boundary) - _total_pages(now)
             self.say(f"settled in {change['settle']:.1f} s: {changes[-1].urls_moved:,} URLs handed off, "
                      f"{change['transition']:,} sent meanwhile")
         await self.cross_check(phases[-1])
@@ -399,41 +433,31 @@ class _Runner:
                 if i != j and i in last:
                     before = first.get(i, {}).get("sent", {}).get(j, 0)
                     sent[(i, j)] = max(0, last[i]["sent"].get(j, 0) - before)
-        the_ring = ring.Ring(dict(weights), points_per_weight=self.plan.points_per_weight)
         pages = sum(last[n]["pages"] - first.get(n, {}).get("pages", 0) for n in weights if n in last)
         return PhaseResult(
             index=k, name=name, start=start, end=end, pages=pages, weights=dict(weights),
-            key_shares=the_ring.shares(), host_shares=_host_shares(the_ring, self.hosts), popularity_shares=None,
+            key_shares=self.figures.key_shares[k], host_shares=self.figures.host_shares[k], popularity_shares=None,
             sent=PhaseResult.matrix(list(weights), sent), kept=None,
         )
 
-    async def _apply(self, k: int, old: Mapping[str, int], new: Mapping[str, int], now: Mapping[str, Any],
-                     when: float) -> dict[str, Any]:
+    async def _apply(self, k: int, old: Mapping[str, int], now: Mapping[str, Any], when: float) -> dict[str, Any]:
         phase = self.plan.phases[k - 1]
         self.say(f"change {k}: {', '.join(phase.actions())} at {when:.1f} s")
         lost = 0
-        killed = []
         for node_id in phase.kill:
             lost += now.get(node_id, {}).get("queued", 0)
-            killed.append(node_id)
             await self.kill(self.nodes[node_id])
         for node_id in phase.remove:
             await self.leave(self.nodes[node_id])
         for node_id, weight in phase.add:
             await self.start(node_id, weight, seeds=[])
-        old_ring = ring.Ring(dict(old), points_per_weight=self.plan.points_per_weight)
-        new_ring = ring.Ring(dict(new), points_per_weight=self.plan.points_per_weight)
-        old_owner = [old_ring.owner(h) for h in self.hosts]
-        new_owner = [new_ring.owner(h) for h in self.hosts]
-        old_shares, new_shares = old_ring.weight_shares(), new_ring.weight_shares()
+        ideal, moved_keyspace, hosts_moved = self.figures.changes[k - 1]
         return {
-            "phase": k, "name": phase.name, "time": when, "actions": tuple(phase.actions()),
-            "ideal": sum(max(0.0, s - old_shares.get(n, 0.0)) for n, s in new_shares.items()),
-            "moved_keyspace": ring.moved_fraction(ring.diff(old_ring, new_ring)),
-            "hosts_moved": sum(1 for a, b in zip(old_owner, new_owner) if a != b),
+            "phase": k, "name": phase.name, "time": when, "actions": tuple(phase.actions()), "ideal": ideal,
+            "moved_keyspace": moved_keyspace, "hosts_moved": hosts_moved,
             "held": sum(c["queued"] for n, c in now.items() if n in old),
             "handoff_before": {n: c["handoff_received"] for n, c in now.items()},
-            "lost": lost, "killed": killed,
+            "lost": lost,
         }
 
     def _close_change(self, change: dict[str, Any], now: Mapping[str, Any]) -> ChangeResult:
@@ -447,8 +471,8 @@ class _Runner:
         return ChangeResult(
             phase=change["phase"], name=change["name"], time=change["time"], actions=change["actions"],
             ideal_keyspace=change["ideal"], moved_keyspace=change["moved_keyspace"],
-            hosts_moved=change["hosts_moved"], hosts_total=len(self.hosts), urls_moved=sum(by_pair.values()),
-            urls_lost=change["lost"], urls_held=change["held"], by_pair=by_pair,
+            hosts_moved=change["hosts_moved"], hosts_total=self.plan.web.hosts,
+            urls_moved=sum(by_pair.values()), urls_lost=change["lost"], urls_held=change["held"], by_pair=by_pair,
             settle_seconds=change["settle"], transition_urls=change["transition"],
         )
 
@@ -461,7 +485,7 @@ class _Runner:
             if view is None:
                 continue
             reported = {m["node_id"]: float(m.get("key_share", 0.0)) for m in view.get("nodes", [])
-                        if m.get("state") in ("alive", "suspect")}
+                        if m.get("state") in _OWNING}
             for node_id, share in phase.key_shares.items():
                 if abs(reported.get(node_id, 0.0) - share) > 1e-9:
                     self.notes.append(f"{node.node_id} reports key share {reported.get(node_id, 0.0):.6f} for "
@@ -491,13 +515,14 @@ async def live_experiment(plan: Plan, out: Path, *, progress: Callable[[str], No
                                links_per_page=plan.web.links_per_page,
                                cross_host_fraction=1.0 - plan.web.internal_links, features=False,
                                seed_hosts=min(SEED_HOSTS, plan.web.hosts))
+    figures = ring_figures(plan, [h.name for h in graph.hosts])
     out.mkdir(parents=True, exist_ok=True)
     async with trio.open_nursery() as nursery:
         web = await nursery.start(serve_web, graph)
         dns = await nursery.start(serve_dns, graph.zone())
         say(f"local web: {plan.web.hosts:,} hosts x {plan.web.pages_per_host} pages on 127.0.0.1:{web.port}, "
             f"DNS on 127.0.0.1:{dns.address[1]}")
-        runner = _Runner(plan, out, web, dns, graph, say)
+        runner = _Runner(plan, out, web, dns, figures, say)
         try:
             result = await runner.run()
         finally:

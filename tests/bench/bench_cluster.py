@@ -68,7 +68,7 @@ def _chunks(items: Sequence, size: int) -> list[Sequence]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DispatchRun:
-    """One run of `count` URLs routed from node a to their owner b over real TCP peer links."""
+    """One run: URLs routed from node a to their owner b over real TCP peer links, every batch acknowledged."""
 
     codec: str
     batch_size: int
@@ -115,7 +115,10 @@ async def _dispatch(tmp: Path, ring: Ring, items: Sequence[QueuedUrl], codec: st
     transports = {"a": CountingTransport(), "b": CountingTransport()}
     done = trio.Event()
     produced = False
-    with NodeStore.open(tmp / "a", map_size=MAP_SIZE) as store_a, NodeStore.open(tmp / "b", map_size=MAP_SIZE) as store_b:
+    with (
+        NodeStore.open(tmp / "a", map_size=MAP_SIZE) as store_a,
+        NodeStore.open(tmp / "b", map_size=MAP_SIZE) as store_b,
+    ):
 
         async def on_a(peer_id: str, message: Message) -> None:
             with meter.section(SENDER_ACKS):  # Dispatcher.on_message never yields: the section is its CPU only
@@ -434,7 +437,10 @@ async def _handoff(tmp: Path, items: Sequence[QueuedUrl], mode: str) -> HandoffR
         for chunk in _chunks(moved, HandoffConfig().urls_per_chunk):
             reference.admit(chunk)
         reference_admit = time.perf_counter() - start
-    with NodeStore.open(tmp / "a", map_size=MAP_SIZE) as store_a, NodeStore.open(tmp / "b", map_size=MAP_SIZE) as store_b:
+    with (
+        NodeStore.open(tmp / "a", map_size=MAP_SIZE) as store_a,
+        NodeStore.open(tmp / "b", map_size=MAP_SIZE) as store_b,
+    ):
         for chunk in _chunks(items, 5_000):
             store_a.admit(chunk)
         store_a.frontier.put_states(states)
@@ -508,7 +514,8 @@ async def _handoff(tmp: Path, items: Sequence[QueuedUrl], mode: str) -> HandoffR
 def print_wire(runs: Sequence[DispatchRun]) -> None:
     first = runs[0]
     ref = first.per_url(first.url_bytes)
-    print(f"1. URL batches on the wire: {first.urls:,} URLs a -> b over TCP 127.0.0.1, payload bytes written to the socket")
+    print(f"1. URL batches on the wire: {first.urls:,} URLs a -> b over TCP 127.0.0.1, payload bytes written to "
+          "the socket")
     print(f"   reference: newline-joined URLs, {ref:.1f} bytes/URL (each entry also carries depth, hops, found_on)")
     print(f"   {'codec':<8} {'batch':>5} {'batches':>7} {'bytes/URL':>9} {'vs ref':>6} {'ack bytes/URL':>13}")
     for run in runs:
@@ -547,7 +554,8 @@ def print_membership(runs: Sequence[ViewChangeRun], rtt: Sequence[float]) -> Non
           f"(N includes the node that joins and leaves)")
     print(f"   reference: Ping/Pong round trip over one link, median {ping * 1e6:.0f} us (min {min(rtt) * 1e6:.0f} us, "
           f"{len(rtt)} round trips)")
-    print(f"   {'N':>3} {'join median':>11} {'join max':>9} {'x RTT':>7} {'leave median':>12} {'leave max':>9} {'x RTT':>7}")
+    print(f"   {'N':>3} {'join median':>11} {'join max':>9} {'x RTT':>7} {'leave median':>12} {'leave max':>9} "
+          f"{'x RTT':>7}")
     for run in runs:
         join, join_max = spread(run.joins)
         leave, leave_max = spread(run.leaves)
