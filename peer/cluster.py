@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from protocol import Message, ProgressQuery, ProgressReport
-from ring import ArcMove, MemberState, Ring, View, diff, host_position
+from ring import DEFAULT_POINTS_PER_WEIGHT, ArcMove, MemberState, Ring, View, diff, host_position
 from storage import HostState, NodeStore, QueuedUrl
 
 from .config import Config
@@ -82,8 +82,10 @@ class Cluster:
         transport: Transport | None = None,
         rng: random.Random | None = None,
         wall_clock: Callable[[], float] = time.time,
+        points_per_weight: int = DEFAULT_POINTS_PER_WEIGHT,
     ) -> None:
         self.cfg = cfg
+        self.points_per_weight = points_per_weight  # fewer in simulations: a ring of many points takes a second
         self.node_id = node_id
         self.store = store
         self.stats = stats
@@ -238,7 +240,8 @@ class Cluster:
             if not key:  # nobody owns arcs (the last member is leaving): keep the ring we had
                 assert self.ring is not None
                 return self.ring
-            ring = await trio.to_thread.run_sync(view.ring)
+            ppw = self.points_per_weight
+            ring = await trio.to_thread.run_sync(lambda: view.ring(points_per_weight=ppw))
             if len(self._rings) >= 4:  # a few recent rings: views flap between the same members
                 del self._rings[next(iter(self._rings))]
             self._rings[key] = ring
@@ -265,7 +268,8 @@ class Cluster:
                 # Our own previous ring had only us: the arcs we gain come from the cluster's ring without us.
                 without = {n: w for n, w in new_ring.weights.items() if n != self.node_id}
                 if without and self.node_id in new_ring.weights:
-                    before = await trio.to_thread.run_sync(lambda: Ring(without))
+                    ppw = self.points_per_weight
+                    before = await trio.to_thread.run_sync(lambda: Ring(without, points_per_weight=ppw))
                     gain_arcs = await trio.to_thread.run_sync(lambda: handoff_arcs(diff(before, new_ring)))
                 else:
                     gain_arcs = []

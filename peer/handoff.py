@@ -283,7 +283,26 @@ class Handoff:
         urls = keys = 0
         occupied = self._occupied(arcs)
         in_flight = set(queued_url_keys(self.store.frontier.in_flight_items())) if occupied else set()
-        for arc in arcs:
+        # Consecutive occupied arcs share chunks: one chunk names the arc covering its group (entries are
+        # validated against it), so a join that moves thousands of small arcs sends a few dozen chunks, not one
+        # or more per arc. A wrapping arc is a group of its own.
+        group: list[ArcMove] = []
+        g_items: list[QueuedUrl] = []
+        g_seen: list[bytes] = []
+        g_states: list[HostState] = []
+
+        def flush() -> None:
+            if group:
+                cover = ArcMove(start=group[0].start, end=group[-1].end, previous=group[0].previous,
+                                next=group[0].next)
+                chunks.extend(self._cut(len(chunks), cover, g_items, g_seen, g_states))
+                group.clear()
+                g_items.clear()
+                g_seen.clear()
+                g_states.clear()
+
+        budget = self.config.urls_per_chunk
+        for arc in sorted(arcs, key=lambda a: (a.end < a.start and a.end != 0, a.start)):
             if (arc.start, arc.end) not in occupied:
                 continue
             items, states = self.store.frontier.export_arc(arc.start, arc.end)
@@ -291,10 +310,20 @@ class Handoff:
             # unless it is queued there or was fetched here
             queued = set(queued_url_keys(items)) | in_flight
             seen = [key for key in self.store.dedup.scan(arc.start, arc.end) if key not in queued]
-            if items or states or seen:
-                with_content.append((arc.start, arc.end))
-                chunks.extend(self._cut(len(chunks), arc, items, seen, states))
-                urls, keys = urls + len(items), keys + len(seen)
+            if not (items or states or seen):
+                continue
+            with_content.append((arc.start, arc.end))
+            urls, keys = urls + len(items), keys + len(seen)
+            wraps = arc.end != 0 and arc.end < arc.start or arc.end == 0
+            if wraps or (group and len(g_items) + len(g_seen) // 5 + len(items) > budget):
+                flush()
+            group.append(arc)
+            g_items.extend(items)
+            g_seen.extend(seen)
+            g_states.extend(states)
+            if wraps:
+                flush()
+        flush()
         self.urls_sent += urls
         self.keys_sent += keys
         if not chunks:  # nothing to move, but the receiver still learns that the transfer is complete
@@ -468,6 +497,7 @@ class Handoff:
             return  # a late duplicate ack of a finished transfer
         transfer.chunks.pop(ack.chunk_seq, None)
         if transfer.chunks:
+            self.pump()  # room in the window: send the next chunk now, not at the next tick
             return
         # Every chunk is durably at the new owner: only now does the arc's state leave this node.
         del self._outgoing[transfer.transfer_id]

@@ -317,7 +317,7 @@ async def test_join_and_leave_over_peer_links_with_link_breaks(tmp_path, seed, a
 
                 links = PeerLinks(node_id=node_id, secret=SECRET, transport=net.transport(node_id),
                                   on_message=on_message, rng=random.Random(seed * 10 + k))
-                handoff = Handoff(node_id, stores[node_id], links, config=HandoffConfig(resend_after=2.0), wall_clock=wall)
+                handoff = Handoff(node_id, stores[node_id], links, config=HandoffConfig(resend_after=2.0, urls_per_chunk=4, keys_per_chunk=8, hosts_per_chunk=8), wall_clock=wall)
                 handoff_holder.append(handoff)
                 handoffs[node_id] = handoff
                 await nursery.start(links.run)

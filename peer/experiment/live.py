@@ -8,8 +8,9 @@ uniformly: the local web has no popularity skew, so ``web.popularity`` must be 0
         --nameserver 127.0.0.1:P --allow-private --delay D --store none [--join PEER] [--seed URL ...]
 
 with ``PEERCRAWL_CLUSTER_SECRET`` set to a secret made for the run. The first node starts the cluster; every
-other joins through a running node's peer address (``DIR/peer.addr``). Only the last initial node is given the
-seeds, once the others are in every view, so the first phase is not one node crawling alone.
+other joins through a running node's peer address (``DIR/peer.addr``). The first node brings the seeds (a
+cluster started without work concludes at once, and for good, that its crawl is finished); the first phase
+starts once every view holds the whole initial cluster.
 
 Every ``live.sample_interval`` the runner reads ``GET /status`` of every node. The URLs sent from node i to
 node j in a phase are the growth of i's ``cluster.dispatch.urls_sent[j]`` over the phase. Changes: ``remove``
@@ -30,12 +31,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import resource
 import secrets
 import shutil
 import signal
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +95,7 @@ def _counters(status: Mapping[str, Any]) -> dict[str, Any]:
         "sent": {str(k): int(v) for k, v in (dispatch.get("urls_sent") or {}).items()},
         "handoff_received": int(handoff.get("urls_received", 0)),
         "queued": int((status.get("queue") or {}).get("urls", 0)),
+        "in_flight": int((status.get("queue") or {}).get("in_flight", 0)),
         "cluster_done": bool(cluster.get("cluster_done", False)),
     }
 
@@ -338,15 +341,14 @@ class _Runner:
         stages = plan.stage_weights()
         names = plan.phase_names()
         initial = list(stages[0].items())
-        # The first node starts the cluster and the others join it together, without seeds; once every view
-        # holds them, the last node joins with the seeds, so the crawl starts on the whole initial cluster.
-        if len(initial) > 1:
-            await self.start(*initial[0], seeds=[])
-            async with trio.open_nursery() as nursery:
-                for node_id, weight in initial[1:-1]:
-                    nursery.start_soon(functools.partial(self.start, node_id, weight, seeds=[]))
-            await self.settle(dict(initial[:-1]))
-        await self.start(*initial[-1], seeds=self.seeds)
+        # The first node starts the cluster with the seeds (a cluster started without work concludes at once
+        # that its crawl is finished, for good); the others join it together. The first phase starts once every
+        # view holds them all: what the first node sent before is not counted (it sent nothing: alone, it
+        # owned every host).
+        await self.start(*initial[0], seeds=self.seeds)
+        async with trio.open_nursery() as nursery:
+            for node_id, weight in initial[1:]:
+                nursery.start_soon(functools.partial(self.start, node_id, weight, seeds=[]))
         await self.settle(stages[0])
         self.t0 = trio.current_time()
         self.say(f"cluster of {len(initial)} nodes up in {self.t0 - started:.1f} s; crawling")
@@ -373,7 +375,8 @@ class _Runner:
                     break
                 if after is not None and pages >= after:
                     break
-                finished = all(now[n]["cluster_done"] for n in weights if n in now)
+                finished = all(now[n]["cluster_done"] and not now[n]["queued"] and not now[n]["in_flight"]
+                               for n in weights if n in now)
                 if finished and (not is_end or plan.end.when_done):
                     self.notes.append(f"the crawl finished at {self.elapsed():.1f} s, in phase {k + 1}"
                                       + ("" if is_end else ": the web is too small for the plan's later phases"))
@@ -531,15 +534,9 @@ async def live_experiment(plan: Plan, out: Path, *, progress: Callable[[str], No
             nursery.cancel_scope.cancel()
     for node in runner.nodes.values():
         shutil.rmtree(node.data_dir, ignore_errors=True)  # LMDB maps; the logs stay
-    return result
+    return replace(result, peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def run_live(plan: Plan, out: Path, *, progress: Callable[[str], None] | None = None) -> ExperimentResult:
     """``live_experiment`` under its own ``trio.run`` (for the command line)."""
-    import resource
-
-    result = trio.run(lambda: live_experiment(plan, out, progress=progress))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    from dataclasses import replace
-
-    return replace(result, peak_rss_bytes=peak)
+    return trio.run(functools.partial(live_experiment, plan, out, progress=progress))

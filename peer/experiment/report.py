@@ -184,6 +184,7 @@ def format_report(result: ExperimentResult) -> str:
     for change in result.changes:
         lines.append(_change_line(change))
     lines.append(f"wall time {result.wall_seconds:.1f} s, peak memory {result.peak_rss_bytes / 2**20:,.0f} MiB"
+                 + (" (this process; the nodes are separate processes)" if result.mode == "live" else "")
                  + ("; " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items()) if result.timings
                     else ""))
     return "\n".join(lines) + "\n"
@@ -214,9 +215,12 @@ def _change_line(change: Any) -> str:
             f"{_pct(change.moved_keyspace)} (ideal {_pct(change.ideal_keyspace)}, x{ideal_ratio:.3f}); ")
     if change.hosts_total:
         line += f"hosts moved {change.hosts_moved:,} of {change.hosts_total:,}; "
-    line += f"URLs moved {change.urls_moved:,}"
-    if change.urls_held:
-        line += f" of {change.urls_held:,} held (ideal {change.ideal_urls:,.0f})"
+    if change.settle_seconds:  # live: queues grow while the cluster settles, so "of what was held" means little
+        line += f"URLs handed off {change.urls_moved:,} (queued at the change: {change.urls_held:,})"
+    else:
+        line += f"URLs moved {change.urls_moved:,}"
+        if change.urls_held:
+            line += f" of {change.urls_held:,} held (ideal {change.ideal_urls:,.0f})"
     if change.urls_lost:
         line += f", lost with a killed node {change.urls_lost:,}"
     if change.settle_seconds:

@@ -1,0 +1,158 @@
+"""Two nodes against one: the same benchmark web crawled by one peerd, then by a cluster of two, in one run.
+
+Run: ``python -m tests.bench.bench_scaling [--hosts 1000] [--pages-per-host 20] [--store none] [--repeat 1]``
+
+The web is ``peer.localweb.bench`` (nginx, ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with about 30
+links each; its names come from ``peer.localweb.dns_server``). First one node crawls it to the end
+(``--exit-when-done``); then two nodes of equal weight (the second joins the first) crawl a fresh copy of the
+same crawl, each process with its own data dir. Measured from outside: wall time from the first start to the
+last exit, CPU of each node from its rusage, pages from each node's final counters. The figure is the ratio of
+pages per second, two nodes over one (issue 5's target: >= 1.8x on this 2-core machine); the web server's CPU
+is printed beside it, because it shares the same two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from peer.localweb.bench import BenchWeb, start_bench_web
+
+from .bench_crawl import BENCH_DOMAIN, _cpu_seconds, _final_stats, _start_dns, _stop
+
+SECRET = "bench-scaling-cluster-secret"
+
+
+def _node_cmd(name: str, data: Path, seeds: Path, dns_port: int, args: argparse.Namespace,
+              join: str | None) -> list[str]:
+    cmd = [sys.executable, "-m", "peer", "start", "--node-id", name, "--listen", "127.0.0.1:0",
+           "--control", "127.0.0.1:0", "--seeds-file", str(seeds), "--allow-host", BENCH_DOMAIN,
+           "--allow-private", "--nameserver", f"127.0.0.1:{dns_port}", "--delay", "0",
+           "--concurrency", str(args.concurrency), "--exit-when-done", "--data-dir", str(data),
+           "--store", args.store, "--log-format", "json", "--log-level", "info"]
+    if join:
+        cmd += ["--join", join]
+    return cmd
+
+
+def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Crawl the web with `nodes` processes (1: standalone; more: a cluster) and measure them."""
+    seeds = workdir / "seeds.txt"
+    seeds.write_text("\n".join(web.seeds) + "\n", encoding="utf-8")
+    env = dict(os.environ)
+    if nodes > 1:
+        env["PEERCRAWL_CLUSTER_SECRET"] = SECRET
+    procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+    spies: list[subprocess.Popen[bytes]] = []
+    web_cpu0 = _cpu_seconds(web.processes)
+    t0 = time.perf_counter()
+    join = None
+    try:
+        for i in range(nodes):
+            name = f"n{i}"
+            data = workdir / f"{nodes}-{name}"
+            shutil.rmtree(data, ignore_errors=True)
+            log = workdir / f"{nodes}-{name}.log"
+            with open(log, "wb") as err:
+                proc = subprocess.Popen(_node_cmd(name, data, seeds, dns_port, args, join), stdin=subprocess.DEVNULL,
+                                        stdout=err, stderr=err, env=env)
+            procs.append((name, proc, log))
+            if args.py_spy and nodes > 1 and i == 0:
+                spies.append(subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--rate", "200",
+                                               "--format", "raw", "--output", str(workdir / "py-spy-n0.txt"),
+                                               "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            if nodes > 1 and join is None:
+                deadline = time.perf_counter() + 60
+                while not (data / "peer.addr").exists():  # bounded: the node writes it once it listens
+                    if proc.poll() is not None or time.perf_counter() > deadline:
+                        raise SystemExit(f"bench_scaling: {name} did not start: {log.read_text()[-2000:]}")
+                    time.sleep(0.05)
+                join = (data / "peer.addr").read_text().strip()
+        cpu = 0.0
+        for name, proc, log in procs:
+            deadline = t0 + args.time_limit
+            while True:  # bounded by the time limit
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid == proc.pid:
+                    break
+                if time.perf_counter() > deadline:
+                    proc.kill()
+                    raise SystemExit(f"bench_scaling: {name} ran past {args.time_limit} s")
+                time.sleep(0.05)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode != 0:
+                raise SystemExit(f"bench_scaling: {name} exited {proc.returncode}: {log.read_text()[-2000:]}")
+            cpu += usage.ru_utime + usage.ru_stime
+        wall = time.perf_counter() - t0
+    finally:
+        for _name, proc, _log in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for spy in spies:
+            spy.wait(timeout=60)
+    finals = [_final_stats(log) for _name, _proc, log in procs]
+    pages = sum(int(f.get("pages", 0)) for f in finals)
+    return {"nodes": nodes, "wall_s": wall, "pages": pages, "pages_per_s": pages / wall, "cpu_s": cpu,
+            "cpu_ms_per_page": 1000 * cpu / max(1, pages), "web_cpu_s": _cpu_seconds(web.processes) - web_cpu0,
+            "per_node_pages": [int(f.get("pages", 0)) for f in finals]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m tests.bench.bench_scaling", description=__doc__.split("\n\n")[0])
+    p.add_argument("--hosts", type=int, default=1000)
+    p.add_argument("--pages-per-host", type=int, default=20)
+    p.add_argument("--links-per-page", type=int, default=30)
+    p.add_argument("--page-bytes", type=int, default=15_000)
+    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--store", choices=["warc", "none"], default="none")
+    p.add_argument("--repeat", type=int, default=1, help="alternate the 1- and 2-node runs this many times")
+    p.add_argument("--time-limit", type=float, default=600.0)
+    p.add_argument("--results-dir", default="bench-results")
+    p.add_argument("--keep", metavar="DIR", help="keep the nodes' data dirs and logs in DIR")
+    p.add_argument("--py-spy", action="store_true", help="record the first node of the cluster with py-spy")
+    args = p.parse_args()
+    results = Path(args.results_dir).resolve()
+    results.mkdir(parents=True, exist_ok=True)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 16384), hard), hard))
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="peercrawl-bench-scaling-") as tmp:
+        workdir = Path(args.keep) if args.keep else Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        with start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
+                             links_per_page=args.links_per_page, page_bytes=args.page_bytes) as web:
+            dns, dns_port = _start_dns(web.zone, workdir)
+            try:
+                print(f"web: {web.kind}, {args.hosts} hosts x {args.pages_per_host} pages, --store {args.store}",
+                      flush=True)
+                for _ in range(args.repeat):
+                    for nodes in (1, 2):
+                        r = run_cluster(web, dns_port, nodes, args, workdir)
+                        rows.append(r)
+                        print(f"  {nodes} node(s): {r['pages']} pages in {r['wall_s']:.1f} s = "
+                              f"{r['pages_per_s']:.0f} pages/s, {r['cpu_ms_per_page']:.2f} ms CPU/page, "
+                              f"web CPU {r['web_cpu_s']:.1f} s, per node {r['per_node_pages']}", flush=True)
+            finally:
+                _stop(dns)
+    ones = [r["pages_per_s"] for r in rows if r["nodes"] == 1]
+    twos = [r["pages_per_s"] for r in rows if r["nodes"] == 2]
+    ratios = [b / a for a, b in zip(ones, twos)]
+    load = os.getloadavg()
+    print(f"two nodes / one node, pages per second: {', '.join(f'{x:.2f}x' for x in ratios)} "
+          f"(target >= 1.8x); load average {load[0]:.1f} on {os.cpu_count()} cores")
+    doc = {"bench": "bench_scaling", "args": vars(args), "rows": rows, "ratios": ratios, "loadavg": load}
+    (results / "bench_scaling.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
