@@ -53,6 +53,30 @@ LINGER_TIMEOUT = 5.0
 _OWNING = (MemberState.ALIVE, MemberState.SUSPECT)
 
 
+class _Owners:
+    """A ring's owner look-up with a bounded memory of hosts already looked up: the crawler asks for every link
+    it screens, and a crawl's links name the same hosts over and over."""
+
+    __slots__ = ("ring", "_cache")
+
+    #: Hosts remembered per ring (about 150 bytes each); past it the memory starts over.
+    SIZE = 200_000
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        self._cache: dict[str, str] = {}
+
+    def owner(self, host: str) -> str:
+        try:
+            return self._cache[host]
+        except KeyError:
+            owner = self.ring.owner(host)
+            if len(self._cache) >= self.SIZE:
+                self._cache.clear()
+            self._cache[host] = owner
+            return owner
+
+
 @dataclass(frozen=True, slots=True)
 class NodeProgress:
     """One node's answer in a progress round (this node's own is taken locally)."""
@@ -104,6 +128,7 @@ class Cluster:
         self.view = View()
         self.epoch = 0
         self.ring: Ring | None = None
+        self._owners: _Owners | None = None
         self._rings: dict[frozenset[tuple[str, int]], Ring] = {}
         self.dispatcher = Dispatcher(
             node_id, store, self.links, ring_of=self.ring_of,
@@ -132,18 +157,23 @@ class Cluster:
     def attach(self, crawler: Crawler) -> None:
         self.crawler = crawler
 
-    def ring_of(self) -> tuple[int, Ring]:
-        assert self.ring is not None, "Cluster.run() builds the first ring"
-        return self.epoch, self.ring
+    def ring_of(self) -> tuple[int, Any]:
+        """The view epoch and the current ring's owner look-up (what the dispatcher needs of a ring)."""
+        assert self._owners is not None, "Cluster.run() builds the first ring"
+        return self.epoch, self._owners
+
+    def _set_ring(self, ring: Ring) -> None:
+        self.ring = ring
+        self._owners = _Owners(ring)
 
     def owns(self, host: str) -> bool:
         """Whether this node owns `host` under its current view (links to it are queued here, not routed)."""
-        ring = self.ring
-        return ring is not None and ring.owner(host) == self.node_id
+        owners = self._owners
+        return owners is not None and owners.owner(host) == self.node_id
 
     def _owner_of(self, host: str) -> str:
-        assert self.ring is not None
-        return self.ring.owner(host)
+        assert self._owners is not None
+        return self._owners.owner(host)
 
     def blocked(self, host: str) -> bool:
         """Whether `host` lies in a gained arc whose hand-off has not arrived: not to be fetched yet."""
@@ -170,7 +200,7 @@ class Cluster:
             self.address = await nursery.start(self.membership.run)
             self.view = self.membership.view
             self.epoch = self.view.epoch
-            self.ring = await self._ring(self.view)
+            self._set_ring(await self._ring(self.view))
             await nursery.start(self.dispatcher.run)
             await nursery.start(self.handoff.run)
             nursery.start_soon(self._follow_views, watch)
@@ -274,7 +304,8 @@ class Cluster:
                 else:
                     gain_arcs = []
         # No await from here on: the ring, the hand-off and the crawler change together.
-        self.view, self.epoch, self.ring = view, view.epoch, new_ring
+        self.view, self.epoch = view, view.epoch
+        self._set_ring(new_ring)
         self.view_changes += 1
         if self.crawler is not None:
             self.crawler.release_moved()  # parked URLs of moved hosts go back to the queue, into the hand-off
@@ -309,11 +340,12 @@ class Cluster:
     def sweep(self) -> int:
         if self.ring is None or self.handoff.outstanding():
             return 0
-        ring = self.ring
-        strays = [host for host, _ in self.store.frontier.hosts() if ring.owner(host) != self.node_id]
+        ring, owners = self.ring, self._owners
+        assert owners is not None
+        strays = [host for host, _ in self.store.frontier.hosts() if owners.owner(host) != self.node_id]
         if not strays:
             return 0
-        n = self.handoff.sweep(ring_id(ring), ring.owner, strays)
+        n = self.handoff.sweep(ring_id(ring), owners.owner, strays)
         self.hosts_swept += n
         log.info("handing queued hosts to their owners", extra={"hosts": n})
         return n

@@ -58,22 +58,15 @@ def test_view_changes_reach_every_node(capsys) -> None:
     assert "Ping/Pong" in capsys.readouterr().out
 
 
-def test_handoff_moves_the_gained_arcs_in_both_modes(tmp_path, capsys) -> None:
+def test_handoff_moves_the_gained_arcs(tmp_path, capsys) -> None:
     items = bench.handoff_items(400, 8)
     assert len({i.url for i in items}) == 400 and len({i.host for i in items}) == 8
-    runs = [bench.run_handoff(tmp_path / mode, items, mode) for mode in bench.MODES]
-    for run in runs:
-        assert 0 < run.urls_moved < run.urls and 0 < run.hosts_moved < run.hosts
-        assert run.chunks >= run.hosts_moved  # every moved host's state and URLs travel in chunks of their arc
-        mean_url = sum(len(i.url) for i in items) / len(items)
-        assert mean_url < run.bytes_sent / run.urls_moved < 10 * mean_url
-        assert run.view_changed_sender > 0 and run.view_changed_receiver > 0
-        assert run.streaming > 0 and run.cpu_streaming > 0 and run.reference_admit > 0
-    assert runs[0].urls_moved == runs[1].urls_moved
-    bench.print_handoff(runs)
+    run = bench.run_handoff(tmp_path, items)  # raises if b does not end with exactly the moved URLs
+    assert 0 < run.urls_moved < run.urls and 0 < run.hosts_moved < run.hosts
+    assert run.chunks >= 1
+    mean_url = sum(len(i.url) for i in items) / len(items)
+    assert mean_url < run.bytes_sent / run.urls_moved < 10 * mean_url
+    assert run.view_changed_sender > 0 and run.view_changed_receiver > 0
+    assert run.streaming > 0 and run.cpu_streaming > 0 and run.reference_admit > 0
+    bench.print_handoff(run)
     assert "store.admit" in capsys.readouterr().out
-
-
-def test_unknown_handoff_mode_is_refused(tmp_path) -> None:
-    with pytest.raises(ValueError, match="mode must be one of"):
-        bench.run_handoff(tmp_path, [], "fast")

@@ -152,6 +152,9 @@ BAD_PLANS = [
      "fleet.weight_max: must be >= fleet.weight_min (9)"),
     ("name = 'x'\nphase = 3\n[nodes]\nA = 1\n[end]\nat = 1.0", "phase: expected [[phase]] tables, got int 3"),
     ("name = 'x\n", "not valid TOML"),
+    ("name = 'x'\n[nodes]\nA = 15000\nB = 10000\n[end]\nat = 1.0",
+     ("points_per_weight: the largest ring would hold 25,000,000 points (total weight 25,000 x 1000), over the "
+      "ring's limit of 20,000,000; use points_per_weight <= 800")),
 ]
 
 

@@ -30,6 +30,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import ring
+
 __all__ = [
     "BUNDLED_PLANS",
     "Dispatch",
@@ -378,6 +380,7 @@ class _Checker:
                     dispatch=dispatch, simulate=simulate, live=live, phases=phases, end=end)
         self.membership(plan)
         self.order(plan)
+        self.ring_size(plan)
         return plan
 
     def trigger(self, raw: dict[str, Any], key: str) -> tuple[float | None, int | None]:
@@ -453,6 +456,16 @@ class _Checker:
             live.update(phase.add)
             if not live:
                 raise self.fail(key, "this change leaves no node in the cluster")
+
+    def ring_size(self, plan: Plan) -> None:
+        """Every phase's ring must be buildable: ``ring.Ring`` refuses more than ``ring.MAX_POINTS`` points."""
+        total = max(sum(weights.values()) for weights in plan.stage_weights())
+        points = total * plan.points_per_weight
+        if points > ring.MAX_POINTS:
+            fits = max(1, ring.MAX_POINTS // total)
+            raise self.fail("points_per_weight", f"the largest ring would hold {points:,} points (total weight "
+                                                 f"{total:,} x {plan.points_per_weight}), over the ring's limit of "
+                                                 f"{ring.MAX_POINTS:,}; use points_per_weight <= {fits}")
 
     def order(self, plan: Plan) -> None:
         """Triggers of one kind must increase; the end must come after the last change of its kind."""

@@ -33,7 +33,7 @@ from peer.handoff import Handoff, HandoffConfig
 from peer.membership import Membership
 from peer.peerlink import PeerLinks
 from peer.transport import TcpTransport
-from protocol import BatchAck, HandoffAck, HandoffChunk, Message, Ping, Pong, UrlBatch
+from protocol import Message, Ping, Pong
 from ring import MemberState, Ring, View
 from storage import HostState, NodeStore, QueuedUrl, queued_url_keys
 from tests.bench._cluster_helpers import (
@@ -381,7 +381,6 @@ async def _ping_rtt(count: int) -> list[float]:
 class HandoffRun:
     """A hand-off from a to b (who joined, equal weight) of what a holds in the arcs b gains."""
 
-    mode: str
     urls: int  # queued URLs on a before the change
     hosts: int
     urls_moved: int
@@ -401,12 +400,6 @@ class HandoffRun:
         return self.view_changed_sender + self.view_changed_receiver + self.streaming
 
 
-MODES = {
-    "run": "Handoff.run as configured (a window of 8 chunks, pumped every 0.2 s)",
-    "pump-on-ack": "the same, plus pump() after every ack (the links' and stores' own pace)",
-}
-
-
 def handoff_items(urls: int, hosts: int, seed: int = 3) -> list[QueuedUrl]:
     """`urls` distinct queued URLs spread evenly over `hosts` hosts; each found on an earlier URL of its host."""
     rng = random.Random(seed)
@@ -419,13 +412,12 @@ def handoff_items(urls: int, hosts: int, seed: int = 3) -> list[QueuedUrl]:
     ]
 
 
-def run_handoff(tmp: Path, items: Sequence[QueuedUrl], mode: str = "run") -> HandoffRun:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
-    return trio.run(_handoff, tmp, items, mode)
+def run_handoff(tmp: Path, items: Sequence[QueuedUrl]) -> HandoffRun:
+    """Fill a with `items`, let b join, and time the hand-off as `Handoff.run` does it with the default config."""
+    return trio.run(_handoff, tmp, items)
 
 
-async def _handoff(tmp: Path, items: Sequence[QueuedUrl], mode: str) -> HandoffRun:
+async def _handoff(tmp: Path, items: Sequence[QueuedUrl]) -> HandoffRun:
     old, new = Ring({"a": WEIGHTS["a"]}), Ring(WEIGHTS)
     moved = [item for item in items if new.owner(item.host) == "b"]
     hosts = sorted({item.host for item in items})
@@ -455,8 +447,6 @@ async def _handoff(tmp: Path, items: Sequence[QueuedUrl], mode: str) -> HandoffR
 
         async def on_a(peer_id: str, message: Message) -> None:
             await handoff_a.on_message(peer_id, message)
-            if mode == "pump-on-ack" and isinstance(message, HandoffAck):
-                handoff_a.pump()
             if started and finished():
                 done.set()
 
@@ -486,8 +476,6 @@ async def _handoff(tmp: Path, items: Sequence[QueuedUrl], mode: str) -> HandoffR
             chunks = handoff_a.outstanding()
             started = True
             cpu_start, start = time.process_time(), time.perf_counter()
-            if mode == "pump-on-ack":
-                handoff_a.pump()
             if finished():
                 done.set()
             with trio.fail_after(LIMIT):
@@ -503,7 +491,7 @@ async def _handoff(tmp: Path, items: Sequence[QueuedUrl], mode: str) -> HandoffR
             )
         hosts_moved = sum(1 for _ in store_b.frontier.states())
     return HandoffRun(
-        mode=mode, urls=len(items), hosts=len(hosts), urls_moved=len(moved), hosts_moved=hosts_moved,
+        urls=len(items), hosts=len(hosts), urls_moved=len(moved), hosts_moved=hosts_moved,
         keys_sent=handoff_a.keys_sent, chunks=chunks, bytes_sent=bytes_sent, view_changed_sender=vc_sender,
         view_changed_receiver=vc_receiver, streaming=streaming, cpu_streaming=cpu_streaming,
         reference_admit=reference_admit, released_early=handoff_b.waits_expired,
@@ -565,26 +553,28 @@ def print_membership(runs: Sequence[ViewChangeRun], rtt: Sequence[float]) -> Non
               f"{leave * 1e3:>10.1f}ms {leave_max * 1e3:>7.1f}ms {leave / ping:>7.1f}")
 
 
-def print_handoff(runs: Sequence[HandoffRun]) -> None:
-    first = runs[0]
-    print(f"\n4. Hand-off to a new node of equal weight: {first.urls:,} queued URLs on {first.hosts:,} hosts at a; "
-          f"b joins and gains {first.urls_moved:,} URLs on {first.hosts_moved:,} hosts")
-    ref_rate = first.urls_moved / first.reference_admit
-    print(f"   reference: store.admit of the same {first.urls_moved:,} URLs into a fresh store: "
-          f"{first.reference_admit:.2f} s, {ref_rate:,.0f} URLs/s")
-    print(f"   {'mode':<12} {'chunks':>6} {'bytes/URL':>9} {'view_changed a+b':>16} {'streaming':>9} "
-          f"{'URLs/s':>8} {'vs ref':>7} {'CPU s':>6} {'total URLs/s':>12}")
-    for run in runs:
-        rate = run.urls_moved / run.streaming
-        print(f"   {run.mode:<12} {run.chunks:>6} {run.bytes_sent / run.urls_moved:>9.1f} "
-              f"{run.view_changed_sender:>7.2f}+{run.view_changed_receiver:.2f} s {run.streaming:>7.2f} s "
-              f"{rate:>8,.0f} {rate / ref_rate:>7.3f} {run.cpu_streaming:>6.2f} {run.urls_moved / run.total:>12,.0f}")
-    for run in runs:
-        print(f"   {run.mode}: {MODES[run.mode]}")
-        if run.released_early:
-            print(f"     b stopped waiting for the transfer after HandoffConfig.wait ({HandoffConfig().wait:.0f} s) "
-                  "and released its gained arcs before the last chunk arrived")
-    print(f"   seen keys sent besides the queued URLs' own: {first.keys_sent:,}")
+def print_handoff(run: HandoffRun) -> None:
+    print(f"\n4. Hand-off to a new node of equal weight: {run.urls:,} queued URLs on {run.hosts:,} hosts at a; "
+          f"b joins and gains {run.urls_moved:,} URLs on {run.hosts_moved:,} hosts (Handoff.run, default config)")
+    ref_rate = run.urls_moved / run.reference_admit
+    rate = run.urls_moved / run.streaming
+    rows = [
+        ("reference: store.admit of the same URLs into a fresh store", f"{run.reference_admit:.2f} s",
+         f"{ref_rate:,.0f} URLs/s"),
+        ("view_changed at a (ring diff, arc scans, chunking)", f"{run.view_changed_sender:.2f} s", ""),
+        ("view_changed at b (ring diff)", f"{run.view_changed_receiver:.2f} s", ""),
+        ("streaming: from view_changed to the last ack, arcs dropped", f"{run.streaming:.2f} s",
+         f"{rate:,.0f} URLs/s, {rate / ref_rate:.3f} x ref"),
+        ("  CPU over the streaming, both nodes", f"{run.cpu_streaming:.2f} s", ""),
+        ("view change to done", f"{run.total:.2f} s", f"{run.urls_moved / run.total:,.0f} URLs/s"),
+        ("chunks", f"{run.chunks:,}", f"{run.bytes_sent / run.urls_moved:.1f} bytes/URL on a's socket"),
+        ("seen keys sent besides the queued URLs' own", f"{run.keys_sent:,}", ""),
+    ]
+    for label, value, note in rows:
+        print(f"   {label:<56} {value:>9}  {note}")
+    if run.released_early:
+        print(f"   b stopped waiting after HandoffConfig.wait ({HandoffConfig().wait:.0f} s) and released gained arcs "
+              "before their last chunk arrived")
 
 
 # == main ===========================================================================================================
@@ -635,7 +625,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print_membership([run_view_changes(n, sizes.repetitions) for n in sizes.nodes], rtt)
         if "handoff" in parts:
             items = handoff_items(sizes.handoff_urls, sizes.handoff_hosts)
-            print_handoff([run_handoff(tmp / f"handoff-{mode}", items, mode) for mode in MODES])
+            print_handoff(run_handoff(tmp / "handoff", items))
 
 
 if __name__ == "__main__":
