@@ -414,6 +414,15 @@ class Cluster:
     def _conclude(self, why: str) -> None:
         log.info("crawl finished across the cluster", extra={"reason": why, "members": len(self._live_peers()) + 1})
         self.finished.set()
+        # Tell every peer at once (an unasked report, seq 0): a peer still waiting for its second round then
+        # concludes without us, and one that concluded first need not wait for our answer before it exits.
+        me = self.local_progress()
+        for peer in self._live_peers():
+            member = self.view.member(peer)
+            self.links.send_nowait(peer, ProgressReport(
+                seq=0, epoch=me.epoch, idle=me.idle, finished=True, activity=me.activity, pages=me.pages,
+                queued=me.queued, urls_received=me.urls_received, rate=me.rate),
+                address=member.address if member else None)
 
     async def linger(self, timeout: float = LINGER_TIMEOUT) -> None:
         """After concluding, keep answering until every live peer has concluded too (bounded)."""

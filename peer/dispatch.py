@@ -56,6 +56,9 @@ class DispatchConfig:
     recent_size: int = 100_000
     # Batches in flight per owner: keeps a peer's link queue (256 messages) far from full.
     window: int = 8
+    # A receiver syncs once for the batches of the last 20 ms and then acks them all: one fsync per batch would
+    # cost more than the rest of receiving (measured: 8 of 25 ms per 1,000 URLs).
+    ack_delay: float = 0.02
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.window < 1 or self.recent_size < 0:
@@ -139,6 +142,9 @@ class Dispatcher:
         self._run = 0
         self._batches = 0
         self._wake = trio.Event()
+        self._unsynced: list[tuple[str, BatchAck]] = []  # received and stored, not yet synced and acked
+        self._sync_due = trio.Event()
+        self._syncing = False
 
     # -- the crawler's side -------------------------------------------------------------------------------
 
@@ -223,18 +229,20 @@ class Dispatcher:
         for owner, count in self.store.outbox.counts().items():
             self._owner(owner).pending += count
         self._check_view(force=True)
-        task_status.started()
-        interval = self.config.interval
-        next_tick = trio.current_time() + interval
-        while True:
-            with trio.move_on_at(next_tick):
-                await self._wake.wait()
-            self._wake = trio.Event()
-            now = trio.current_time()
-            timer = now >= next_tick
-            if timer:
-                next_tick += interval * max(1, math.ceil((now - next_tick) / interval + 1e-9))
-            self.tick(now, full_only=not timer)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._syncer)
+            task_status.started()
+            interval = self.config.interval
+            next_tick = trio.current_time() + interval
+            while True:
+                with trio.move_on_at(next_tick):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+                now = trio.current_time()
+                timer = now >= next_tick
+                if timer:
+                    next_tick += interval * max(1, math.ceil((now - next_tick) / interval + 1e-9))
+                self.tick(now, full_only=not timer)
 
     def tick(self, now: float, *, full_only: bool = False) -> None:
         """One flush: store what is staged, re-route on a view change, re-send what is due, send new batches
@@ -346,7 +354,6 @@ class Dispatcher:
             else:
                 forward.append((owner, item))
         new = self.store.accept(owned, forward)
-        self.store.sync()  # durable before the ack (DESIGN decision 5)
         stats = self.stats
         stats.batches_received += 1
         stats.urls_received[peer_id] += len(batch.urls)
@@ -356,7 +363,32 @@ class Dispatcher:
         self._stored(forward)
         self._admitted(new)
         ack = BatchAck(seq=batch.seq, new=len(new), seen=len(owned) - len(new), forwarded=len(forward), epoch=epoch)
-        self.links.send_nowait(peer_id, ack)  # if lost, the sender re-sends and we ack again
+        self._unsynced.append((peer_id, ack))
+        if self._syncing:
+            self._sync_due.set()  # `run`'s syncer makes it durable (with the others of the moment), then acks
+        else:
+            self.sync_and_ack()
+
+    def sync_and_ack(self) -> int:
+        """Force received batches to disk, then ack them (DESIGN decision 5: durable before the ack)."""
+        if not self._unsynced:
+            return 0
+        acks, self._unsynced = self._unsynced, []
+        self.store.sync()
+        for peer_id, ack in acks:
+            self.links.send_nowait(peer_id, ack)  # if lost, the sender re-sends and we ack again
+        return len(acks)
+
+    async def _syncer(self) -> None:
+        try:
+            self._syncing = True
+            while True:
+                await self._sync_due.wait()
+                self._sync_due = trio.Event()
+                await trio.sleep(self.config.ack_delay)
+                self.sync_and_ack()
+        finally:
+            self._syncing = False
 
     def _acked(self, peer_id: str, ack: BatchAck) -> None:
         state = self._owners.get(peer_id)

@@ -138,8 +138,8 @@ async def churn(sim: ClusterSim, web: Web, expected: set[str], *, restart: bool)
     return {"faults_end": faults_end, "converge": converge, "held": held}  # type: ignore[dict-item]
 
 
-def _churn_run(seed: int, *, restart: bool) -> tuple[ClusterSim, Web, set[str], dict]:
-    web = make_web(seed)
+def _churn_run(seed: int, *, restart: bool, time_scale: float = 1.0) -> tuple[ClusterSim, Web, set[str], dict]:
+    web = make_web(seed, time_scale=time_scale)
     expected = web.reachable(web.seeds)
     out: dict = {}
 

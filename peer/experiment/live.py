@@ -104,12 +104,20 @@ def _total_pages(counters: Mapping[str, Mapping[str, Any]]) -> int:
     return sum(c["pages"] for c in counters.values())
 
 
-def _settled(status: Mapping[str, Any], owners: set[str]) -> bool:
-    """Whether a node's status shows exactly ``owners`` owning arcs and no hand-off under way."""
+def _unsettled(status: Mapping[str, Any], owners: set[str]) -> str:
+    """Why a node's status does not show exactly ``owners`` owning arcs with no hand-off under way ("" if it
+    does)."""
     cluster = status.get("cluster") or {}
     members = {m["node_id"] for m in cluster.get("members", []) if m.get("state") in _OWNING}
     handoff = cluster.get("handoff") or {}
-    return members == owners and not handoff.get("outstanding") and not handoff.get("pending_arcs")
+    why = []
+    if members != owners:
+        why.append(f"ring members {','.join(sorted(members)) or 'none'}")
+    if handoff.get("outstanding"):
+        why.append(f"hand-off outstanding {handoff['outstanding']}")
+    if handoff.get("pending_arcs"):
+        why.append(f"{handoff['pending_arcs']} arcs pending")
+    return ", ".join(why)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -228,16 +236,19 @@ class _Runner:
         Until then the cluster is between two rings, and what it sends belongs to neither phase."""
         began = trio.current_time()
         wanted = set(owners)
+        reasons: dict[str, str] = {}
         with trio.move_on_after(self.plan.live.settle_wait) as scope:
             while True:
                 await self.poll()  # keeps the leaving node's counters fresh until it exits
                 running = [n for n in self.nodes.values() if n.state == "running"]
-                if all(_settled(n.status, wanted) for n in running):
+                reasons = {n.node_id: _unsettled(n.status, wanted) for n in running}
+                if not any(reasons.values()):
                     return trio.current_time() - began
                 await trio.sleep(0.1)
         if scope.cancelled_caught:
-            raise LiveError(f"the cluster did not settle on {', '.join(sorted(wanted))} (every view, no hand-off "
-                            f"under way) within {self.plan.live.settle_wait:g} s (live.settle_wait)")
+            detail = "; ".join(f"{node}: {why}" for node, why in reasons.items() if why)
+            raise LiveError(f"the cluster did not settle on {', '.join(sorted(wanted))} within "
+                            f"{self.plan.live.settle_wait:g} s (live.settle_wait): {detail}")
         return trio.current_time() - began
 
     async def _get(self, node: _Node, path: str) -> dict[str, Any] | None:
@@ -520,6 +531,7 @@ async def live_experiment(plan: Plan, out: Path, *, progress: Callable[[str], No
                                seed_hosts=min(SEED_HOSTS, plan.web.hosts))
     figures = ring_figures(plan, [h.name for h in graph.hosts])
     out.mkdir(parents=True, exist_ok=True)
+    failure: LiveError | None = None
     async with trio.open_nursery() as nursery:
         web = await nursery.start(serve_web, graph)
         dns = await nursery.start(serve_dns, graph.zone())
@@ -528,10 +540,14 @@ async def live_experiment(plan: Plan, out: Path, *, progress: Callable[[str], No
         runner = _Runner(plan, out, web, dns, figures, say)
         try:
             result = await runner.run()
+        except LiveError as exc:
+            failure = exc  # raised below, outside the nursery, as itself rather than in an exception group
         finally:
             runner.kill_leftovers()
             await runner.client.aclose()
             nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
     for node in runner.nodes.values():
         shutil.rmtree(node.data_dir, ignore_errors=True)  # LMDB maps; the logs stay
     return replace(result, peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

@@ -377,23 +377,28 @@ def write_plots(result: ExperimentResult, out: Path) -> list[Path]:
 
     many = len(result.all_nodes()) > PLOT_MAX_NODES
     fig, ax = plt.subplots(figsize=(10, 5.5), layout="constrained")
-    series: dict[str, tuple[list[float], list[float], list[float]]] = {node: ([], [], []) for node in shown}
+    # one line per node and phase: a change breaks the lines (and a live cluster's settling is shaded)
+    series: dict[tuple[str, int], tuple[list[float], list[float], list[float]]] = {}
     for s in result.samples:
         weights = result.phases[s.phase].weights
         total = sum(s.received_by.get(node, 0) for node in weights)
         expected = receiver_expected_shares(weights, s.sent_by)
         for node in shown:
             if node in weights and total:
-                xs, ys, es = series[node]
+                xs, ys, es = series.setdefault((node, s.phase), ([], [], []))
                 xs.append(s.time)
                 ys.append(s.received_by.get(node, 0) / total)
                 es.append(expected[node])
-    for node, (xs, ys, es) in series.items():
-        if xs:
-            ax.plot(xs, ys, marker=".", color=colours[node], label=f"{node} (w={result.weights()[node]})")
-            ax.plot(xs, es, linestyle="--", color=colours[node], alpha=0.7)
+    labelled: set[str] = set()
+    for (node, _), (xs, ys, es) in series.items():
+        label = None if node in labelled else f"{node} (w={result.weights()[node]})"
+        labelled.add(node)
+        ax.plot(xs, ys, marker=".", color=colours[node], label=label)
+        ax.plot(xs, es, linestyle="--", color=colours[node], alpha=0.7)
     for c in result.changes:
         ax.axvline(c.time, color="grey", linewidth=0.8)
+        if c.settle_seconds:
+            ax.axvspan(c.time, result.phases[c.phase].start, color="grey", alpha=0.15, linewidth=0)
         ax.annotate(c.name, (c.time, 1.0), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
                     fontsize=8)
     ax.set_xlabel("seconds since the start" + (" (simulated)" if result.mode == "simulate" else ""))

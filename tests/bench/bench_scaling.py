@@ -44,6 +44,32 @@ def _node_cmd(name: str, data: Path, seeds: Path, dns_port: int, args: argparse.
     return cmd
 
 
+def _pages_now(workdir: Path, nodes: int) -> int | None:
+    """Pages fetched so far by all nodes, from their control endpoints; None if one cannot be asked."""
+    import httpx
+
+    total = 0
+    for i in range(nodes):
+        try:
+            address = (workdir / f"{nodes}-n{i}" / "control.addr").read_text().strip()
+            total += int(httpx.get(f"http://{address}/status", timeout=2.0).json()["pages"])
+        except (OSError, ValueError, KeyError, httpx.HTTPError):
+            return None
+    return total
+
+
+def _steady_rate(samples: list[tuple[float, int]], total: int) -> float | None:
+    """Pages per second between 20% and 80% of the crawl: leaves out start-up (joins, ring builds, the first
+    hand-off) and the tail (the last hosts, termination rounds)."""
+    def crossing(fraction: float) -> tuple[float, int] | None:
+        return next(((t, n) for t, n in samples if n >= fraction * total), None)
+
+    low, high = crossing(0.2), crossing(0.8)
+    if low is None or high is None or high[0] <= low[0]:
+        return None
+    return (high[1] - low[1]) / (high[0] - low[0])
+
+
 def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Crawl the web with `nodes` processes (1: standalone; more: a cluster) and measure them."""
     seeds = workdir / "seeds.txt"
@@ -78,6 +104,8 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
                     time.sleep(0.05)
                 join = (data / "peer.addr").read_text().strip()
         cpu = 0.0
+        samples: list[tuple[float, int]] = []  # (seconds since start, pages of all nodes): the steady rate
+        last_sample = 0.0
         for name, proc, log in procs:
             deadline = t0 + args.time_limit
             while True:  # bounded by the time limit
@@ -87,6 +115,11 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
                 if time.perf_counter() > deadline:
                     proc.kill()
                     raise SystemExit(f"bench_scaling: {name} ran past {args.time_limit} s")
+                if time.perf_counter() - last_sample >= 0.5:
+                    last_sample = time.perf_counter()
+                    pages = _pages_now(workdir, nodes)
+                    if pages is not None:
+                        samples.append((last_sample - t0, pages))
                 time.sleep(0.05)
             proc.returncode = os.waitstatus_to_exitcode(status)
             if proc.returncode != 0:
@@ -103,6 +136,7 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
     finals = [_final_stats(log) for _name, _proc, log in procs]
     pages = sum(int(f.get("pages", 0)) for f in finals)
     return {"nodes": nodes, "wall_s": wall, "pages": pages, "pages_per_s": pages / wall, "cpu_s": cpu,
+            "steady_pages_per_s": _steady_rate(samples, pages),
             "cpu_ms_per_page": 1000 * cpu / max(1, pages), "web_cpu_s": _cpu_seconds(web.processes) - web_cpu0,
             "per_node_pages": [int(f.get("pages", 0)) for f in finals]}
 
@@ -139,18 +173,26 @@ def main() -> None:
                     for nodes in (1, 2):
                         r = run_cluster(web, dns_port, nodes, args, workdir)
                         rows.append(r)
+                        steady = r["steady_pages_per_s"]
                         print(f"  {nodes} node(s): {r['pages']} pages in {r['wall_s']:.1f} s = "
-                              f"{r['pages_per_s']:.0f} pages/s, {r['cpu_ms_per_page']:.2f} ms CPU/page, "
+                              f"{r['pages_per_s']:.0f} pages/s end to end, "
+                              f"{'-' if steady is None else f'{steady:.0f}'} pages/s from 20% to 80%, "
+                              f"{r['cpu_ms_per_page']:.2f} ms CPU/page, "
                               f"web CPU {r['web_cpu_s']:.1f} s, per node {r['per_node_pages']}", flush=True)
             finally:
                 _stop(dns)
     ones = [r["pages_per_s"] for r in rows if r["nodes"] == 1]
     twos = [r["pages_per_s"] for r in rows if r["nodes"] == 2]
     ratios = [b / a for a, b in zip(ones, twos)]
+    s1 = [r["steady_pages_per_s"] for r in rows if r["nodes"] == 1]
+    s2 = [r["steady_pages_per_s"] for r in rows if r["nodes"] == 2]
+    steady = [b / a for a, b in zip(s1, s2) if a and b]
     load = os.getloadavg()
-    print(f"two nodes / one node, pages per second: {', '.join(f'{x:.2f}x' for x in ratios)} "
+    print(f"two nodes / one node, pages per second end to end: {', '.join(f'{x:.2f}x' for x in ratios)}; "
+          f"from 20% to 80% of the crawl: {', '.join(f'{x:.2f}x' for x in steady) or '-'} "
           f"(target >= 1.8x); load average {load[0]:.1f} on {os.cpu_count()} cores")
-    doc = {"bench": "bench_scaling", "args": vars(args), "rows": rows, "ratios": ratios, "loadavg": load}
+    doc = {"bench": "bench_scaling", "args": vars(args), "rows": rows, "ratios": ratios, "steady_ratios": steady,
+           "loadavg": load}
     (results / "bench_scaling.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 

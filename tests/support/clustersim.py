@@ -118,9 +118,11 @@ def make_web(
     cross_host: float = 0.6,
     flaky: float = 0.04,
     seeds: int = 3,
+    time_scale: float = 1.0,
 ) -> Web:
     """A seeded web of `hosts` hosts (plus `island_hosts` unreachable ones) with 1 to `max_pages` pages each;
-    every page links to 1 to `max_links` pages, a share `cross_host` of them on another host."""
+    every page links to 1 to `max_links` pages, a share `cross_host` of them on another host. A host's gap is
+    1 s (2 s for a fifth of them) and a request takes 0.1-0.6 s, both times `time_scale`."""
     rng = random.Random(seed)
 
     def site(names: Sequence[str]) -> dict[str, list[str]]:
@@ -141,8 +143,8 @@ def make_web(
                     other = rng.choice(names) if rng.random() < cross_host else name
                     out.append(rng.choice(sites[other]))
                 links[url] = tuple(dict.fromkeys(out))
-    gap = {name: (1.0 if rng.random() < 0.2 else 0.5) for sites in (main, isle) for name in sites}
-    cost = {url: round(rng.uniform(0.05, 0.3), 3) for url in links}
+    gap = {name: (2.0 if rng.random() < 0.2 else 1.0) * time_scale for sites in (main, isle) for name in sites}
+    cost = {url: round(rng.uniform(0.1, 0.6) * time_scale, 3) for url in links}
     flaky_pages = frozenset(url for url in sorted(links) if rng.random() < flaky)
     start = tuple(main[name][0] for name in rng.sample(sorted(main), seeds))
     island = frozenset(url for pages in isle.values() for url in pages)
