@@ -10,7 +10,6 @@ Run as a script (`python -m tests.test_cluster_sim [seed ...]`) it prints the fi
 
 from __future__ import annotations
 
-import random
 import sys
 import tempfile
 import time
@@ -66,11 +65,12 @@ async def _start_settled(sim: ClusterSim, web: Web, count: int) -> list[SimNode]
     return nodes
 
 
-def _check_termination(sim: ClusterSim) -> dict[str, float]:
-    """Every running node concluded, within FINISH_BOUND of the last request's end, and at the moment each one
-    did, no running node held a queued or in-flight URL, an unacknowledged batch or chunk, or a request under way;
-    and no request started after the first conclusion."""
-    last = sim.ledger.last_end()
+def _check_termination(sim: ClusterSim, faults_end: float = 0.0) -> dict[str, float]:
+    """Every running node concluded, within FINISH_BOUND of the last request's end (or of the end of the faults,
+    if later: a dead peer holds every round up until it is declared dead), and at the moment each one did, no
+    running node held a queued or in-flight URL, an unacknowledged batch or chunk, or a request under way; and no
+    request started after the first conclusion."""
+    last = max(sim.ledger.last_end(), faults_end)
     running = {n.node_id for n in sim.running()}
     concluded = {snap.node for snap in sim.finishes}
     assert running <= concluded, f"never concluded: {sorted(running - concluded)}"
@@ -107,10 +107,10 @@ def _lost_within_dead_nodes_state(web: Web, expected: set[str], fetched: set[str
 # -- scenario 1: churn under faults ----------------------------------------------------------------------------
 
 
-async def churn(sim: ClusterSim, web: Web, expected: set[str], *, restart: bool) -> dict[str, float]:
+async def churn(sim: ClusterSim, web: Web, expected: set[str], *, restart: bool) -> dict:
     """Five nodes join one by one; at 15% of the pages a sixth joins, at 30% one leaves gracefully, at 45% one is
     killed, at 55% the cluster is split in two for 2 s (under the suspicion timeout) and heals; the killed node
-    is restarted on its store once everyone holds it dead (if `restart`). Then the faults stop."""
+    is restarted on its store once everyone holds it dead (if `restart`). Then the link breaks stop."""
     total = len(expected)
     a, b, c, d, e = await _start_settled(sim, web, 5)
     await sim.at_pages(0.15, total)
@@ -120,6 +120,7 @@ async def churn(sim: ClusterSim, web: Web, expected: set[str], *, restart: bool)
     assert sim.held(c) == set(), "the node that left still holds URLs"
     await sim.at_pages(0.45, total)
     await sim.kill(b)
+    killed = trio.current_time()
     await sim.at_pages(0.55, total)
     sim.net.partition([a.address, d.address], [e.address, f.address])
     sim.note("partition {a,d} | {e,f}")
@@ -127,15 +128,19 @@ async def churn(sim: ClusterSim, web: Web, expected: set[str], *, restart: bool)
     sim.net.heal()
     sim.note("healed")
     held = set() if restart else sim.held(b)
-    await sim.until(_dead_everywhere(sim, b), limit=30.0)
+    # Converged: the same view and ring everywhere, the split refuted, the killed node DEAD everywhere.
+    healed = trio.current_time()
+    await sim.until(sim.converged, limit=CONVERGE_LIMIT, step=0.05)
+    out = {"held": held, "kill_to_converged": trio.current_time() - killed,
+           "heal_to_converged": trio.current_time() - healed}
     if restart:
         await sim.restart(b, a)
     sim.net.break_probability = 0.0
-    faults_end = trio.current_time()
+    out["faults_end"] = trio.current_time()
     sim.note("faults stop")
-    converge = await sim.until(sim.converged, limit=CONVERGE_LIMIT, step=0.05)
+    out["converge"] = await sim.until(sim.converged, limit=CONVERGE_LIMIT, step=0.05)
     await sim.until(lambda: _all_finished(sim), limit=CRAWL_LIMIT, step=0.5)
-    return {"faults_end": faults_end, "converge": converge, "held": held}  # type: ignore[dict-item]
+    return out
 
 
 def _churn_run(seed: int, *, restart: bool, time_scale: float = 1.0) -> tuple[ClusterSim, Web, set[str], dict]:
@@ -153,29 +158,39 @@ def _churn_run(seed: int, *, restart: bool, time_scale: float = 1.0) -> tuple[Cl
     return out["sim"], web, expected, out
 
 
+def _report(name: str, figures: dict) -> None:
+    """One line of figures (shown with `pytest -s`)."""
+    shown = ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items())
+    print(f"{name}: {shown}")
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_churn_with_a_restart_loses_nothing_and_never_fetches_a_host_twice_at_once(seed: int) -> None:
     sim, web, expected, out = _churn_run(seed, restart=True)
-    _check_one_fetcher_per_host(sim)
     figures = sim.figures(expected)
+    _check_one_fetcher_per_host(sim)
     assert figures["lost"] == 0, f"{figures['lost']} reachable pages never fetched"
     assert figures["unexpected"] == 0
     assert figures["gap_breaks"] == 0, sim.ledger.gap_breaks(web.gap)[:3]
-    assert figures["link_breaks"] > 0 and figures["requests_cut"] >= 0  # the faults did happen
+    assert figures["link_breaks"] > 0 and figures["requests_cut"] > 0  # the faults did happen
     assert out["converge"] <= CONVERGE_LIMIT
-    _check_termination(sim)
-    # A death costs duplicates (its hosts' new owners lack its seen-set) but never more than one extra fetch.
+    figures.update(_check_termination(sim, out["faults_end"]))
+    # A death costs duplicates (its hosts' new owners lack its seen-set), never more than one extra fetch a page.
     assert max(sim.ledger.pages().values()) <= 2
+    _report(f"churn seed={seed} restart", figures | {k: v for k, v in out.items() if k != "held"})
 
 
 def test_churn_with_a_node_dead_for_good_loses_only_what_it_held() -> None:
     sim, web, expected, out = _churn_run(3, restart=False)
+    figures = sim.figures(expected)
     _check_one_fetcher_per_host(sim)
-    fetched = sim.ledger.fetched()
-    unexplained = _lost_within_dead_nodes_state(web, expected, fetched, out["held"])
+    unexplained = _lost_within_dead_nodes_state(web, expected, sim.ledger.fetched(), out["held"])
     assert not unexplained, f"lost without being held by the dead node: {sorted(unexplained)[:5]}"
-    assert out["converge"] <= CONVERGE_LIMIT
-    _check_termination(sim)
+    assert figures["unexpected"] == 0
+    assert max(sim.ledger.pages().values()) <= 2
+    figures.update(_check_termination(sim, out["faults_end"]))
+    _report("churn seed=3 dead for good", figures | {"held_by_dead_node": len(out["held"])}
+            | {k: v for k, v in out.items() if k != "held"})
 
 
 # -- random fault schedules ------------------------------------------------------------------------------------
@@ -225,6 +240,7 @@ def test_any_fault_schedule_keeps_one_fetcher_per_host_and_loses_nothing(operati
                 await trio.sleep(1.5)
                 sim.net.heal()
         sim.net.break_probability = 0.0
+        result["faults_end"] = trio.current_time()
         result["converge"] = await sim.until(sim.converged, limit=CONVERGE_LIMIT, step=0.05)
         await sim.until(lambda: _all_finished(sim), limit=CRAWL_LIMIT, step=0.5)
         result["sim"] = sim
@@ -234,7 +250,8 @@ def test_any_fault_schedule_keeps_one_fetcher_per_host_and_loses_nothing(operati
     sim = result["sim"]
     _check_one_fetcher_per_host(sim)
     assert sim.ledger.fetched() == expected
-    _check_termination(sim)
+    figures = sim.figures(expected) | _check_termination(sim, result["faults_end"])
+    _report(f"schedule seed={seed} {operations}", figures | {"converge": result["converge"]})
 
 
 # -- scenario 2: termination -----------------------------------------------------------------------------------
@@ -266,7 +283,8 @@ def test_the_crawl_is_concluded_everywhere_soon_after_the_last_fetch_and_never_e
     _run(seed, body)
     sim = result["sim"]
     assert sim.ledger.fetched() == expected
-    _check_termination(sim)
+    figures = _check_termination(sim)
+    _report(f"termination seed={seed} nodes={nodes} delay={delay} breaks={breaks}", figures)
 
 
 # -- scenario 3: a stale view ----------------------------------------------------------------------------------
@@ -305,6 +323,7 @@ def test_urls_routed_under_a_stale_view_are_forwarded_to_their_owner() -> None:
             batch = UrlBatch(seq=(1 << 40) + k, sender=sender.node_id, epoch=stale_epoch,
                              urls=tuple(UrlEntry(url=u, depth=0, found_on=None, hops=0) for u in urls))
             assert sender.cluster.links.send_nowait(old, batch)
+        assert not any(n.cluster.finished.is_set() for n in sim.running()), "the crawl ended before the test began"
         await sim.until(lambda: sender.cluster.dispatcher.stats.acks_unmatched - acks == len(groups), limit=10.0)
         await sim.until(lambda: _all_finished(sim), limit=CRAWL_LIMIT, step=0.5)
         result.update(sim=sim, ring=ring, groups=groups, misrouted=misrouted, forwarded_before=forwarded_before)
@@ -323,7 +342,49 @@ def test_urls_routed_under_a_stale_view_are_forwarded_to_their_owner() -> None:
             assert fetch.node == ring.owner(fetch.host), f"{fetch.url} fetched by {fetch.node}, not its owner"
     assert web.reachable(web.seeds) | web.reachable(injected) == fetched
     _check_one_fetcher_per_host(sim)
-    _check_termination(sim)
+    figures = _check_termination(sim)
+    _report("stale view", figures | {"misrouted": result["misrouted"], "forwarded": forwarded})
+
+
+# -- known defects (docs/cluster.md, "In the node": views that reach nodes in a different order) -----------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "A join and a leave at the same moment: (a) a receiver waits the full handoff_wait (30 s) for a transfer "
+    "labelled with a ring its previous owner never handed off under (Handoff._release only honours a completed "
+    "transfer to the receiver's current ring); (b) a chunk that reaches a node after its arc moved on leaves the "
+    "host's politeness state and seen keys there (Handoff._apply keeps or drops them, Cluster.sweep only sweeps "
+    "queued hosts), so the next owner fetches too early and re-fetches pages"))
+@pytest.mark.parametrize("gap", [0.0, 0.1])
+def test_a_join_and_a_leave_at_once_keep_crawl_delays_and_stall_no_host(gap: float) -> None:
+    seed = 1
+    web = make_web(seed, hosts=120)
+    expected = web.reachable(web.seeds)
+    result: dict = {}
+
+    async def body(nursery: trio.Nursery, tmp: Path) -> None:
+        sim = ClusterSim(nursery, tmp, web, seed=seed)
+        nodes = await _start_settled(sim, web, 4)
+        await sim.at_pages(0.2, len(expected))
+
+        async def leave() -> None:
+            await trio.sleep(gap)
+            await sim.leave(nodes[2])
+
+        nursery.start_soon(leave)
+        await sim.start(4, WEIGHTS[4], join=nodes[1])
+        await sim.until(lambda: _all_finished(sim), limit=CRAWL_LIMIT, step=0.5)
+        result["sim"] = sim
+        await sim.stop_all()
+
+    _run(seed, body)
+    sim = result["sim"]
+    figures = sim.figures(expected)
+    _report(f"join and leave {gap} s apart", figures)
+    _check_one_fetcher_per_host(sim)
+    assert figures["lost"] == 0
+    assert figures["handoff_waits_expired"] == 0, "gained arcs waited the whole hand-off wait"
+    assert figures["gap_breaks"] == 0, sim.ledger.gap_breaks(web.gap)[:3]
 
 
 # -- figures ---------------------------------------------------------------------------------------------------

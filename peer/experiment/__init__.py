@@ -16,6 +16,7 @@ promise, and split the deviation into the ring's key-space error, the host count
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -114,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
     if args.show_plan:
         sys.stdout.write(to_toml(plan))
         return 0
+    if args.plots and importlib.util.find_spec("matplotlib") is None:
+        print("peerctl experiment: the plots need matplotlib (pip install 'peercrawl[bench]'); or give --no-plots",
+              file=sys.stderr)
+        return 2
     out = Path(args.out) if args.out else default_run_dir(plan)
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     try:

@@ -47,7 +47,17 @@ from .results import (
     receiver_expected_shares,
 )
 
-__all__ = ["CELLS_CSV_MAX_NODES", "TABLE_MAX_NODES", "default_run_dir", "format_report", "write_run"]
+__all__ = [
+    "CELLS_CSV_MAX_NODES",
+    "PLOT_MAX_NODES",
+    "TABLE_MAX_NODES",
+    "default_run_dir",
+    "format_report",
+    "summary",
+    "write_csvs",
+    "write_plots",
+    "write_run",
+]
 
 log = logging.getLogger(__name__)
 
