@@ -66,6 +66,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     k.add_argument("--join-srv", dest="join_srv", metavar="NAME",
                    help="DNS SRV name listing members to join through (Kubernetes headless service)")
     k.add_argument("--advertise", metavar="HOST:PORT", help="address peers dial (default: the --listen address)")
+    k.add_argument("--tls-cert", dest="tls_cert", metavar="PEM", help="this node's certificate (mutual TLS)")
+    k.add_argument("--tls-key", dest="tls_key", metavar="PEM", help="its private key")
+    k.add_argument("--tls-ca", dest="tls_ca", metavar="PEM", help="the CA that signed every node's certificate")
     k.add_argument("--codec", choices=["msgpack", "json"], help="wire codec offered first (default msgpack)")
     k.add_argument("--batch-size", dest="batch_size", type=int, metavar="N",
                    help="URLs per batch to a peer; a full batch goes at once (default 500)")

@@ -34,7 +34,7 @@ from .crawler import Crawler
 from .dispatch import DispatchConfig, Dispatcher
 from .handoff import Handoff, HandoffConfig, handoff_arcs
 from .membership import Membership, MembershipConfig
-from .transport import TcpTransport, Transport
+from .transport import TcpTransport, TlsFiles, Transport
 
 __all__ = ["Cluster", "NodeProgress"]
 
@@ -118,7 +118,9 @@ class Cluster:
             node_id=node_id,
             weight=cfg.weight,
             secret=secret,
-            transport=transport or TcpTransport(cfg.listen, advertise=cfg.advertise or None),
+            transport=transport or TcpTransport(
+                cfg.listen, advertise=cfg.advertise or None,
+                tls=TlsFiles(cert=cfg.tls_cert, key=cfg.tls_key, ca=cfg.tls_ca) if cfg.tls_cert else None),
             rng=rng or random.Random(),
             config=MembershipConfig(probe_interval=cfg.probe_interval, suspicion_timeout=cfg.suspicion_timeout),
             on_message=self._on_message,

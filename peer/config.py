@@ -38,6 +38,9 @@ class Config:
     cluster_secret_file: str = ""
     join: tuple[str, ...] = ()
     join_srv: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
     codec: str = "msgpack"
     batch_size: int = 500
     dispatch_interval: float = 0.2
@@ -111,6 +114,9 @@ FIELDS: dict[str, str] = {
     "cluster_secret_file": "file holding the cluster secret, so it stays out of the process list and environment",
     "join": "HOST:PORT of any member to join through at start (repeatable; tried in order); empty starts a new cluster",
     "join_srv": "DNS SRV name listing members to join through (a Kubernetes headless service); tried after join",
+    "tls_cert": "PEM certificate of this node for mutual TLS between peers; empty: plain TCP (the secret still authenticates)",
+    "tls_key": "PEM private key of tls_cert",
+    "tls_ca": "PEM CA that signed every node's certificate: peers without one are refused",
     "codec": "msgpack: compact and fast; json is the readable option for debugging the wire",
     "batch_size": "500 URLs per batch: about 60 KB, one write, far under the 1 MiB frame limit",
     "dispatch_interval": "200 ms: the design's flush timer; few messages, and links reach owners quickly",
@@ -226,6 +232,9 @@ def _validate(cfg: Config) -> None:
     for name in ("dispatch_interval", "handoff_wait", "leave_timeout", "probe_interval", "suspicion_timeout"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be > 0 seconds, got {getattr(cfg, name)}")
+    tls = (cfg.tls_cert, cfg.tls_key, cfg.tls_ca)
+    if any(tls) and not all(tls):
+        raise ConfigError("mutual TLS needs all three of tls_cert, tls_key and tls_ca")
     if cfg.cluster_secret and cfg.cluster_secret_file:
         raise ConfigError("give cluster_secret or cluster_secret_file, not both")
     if cfg.cluster_secret and len(cfg.cluster_secret.encode()) < 16:

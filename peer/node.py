@@ -35,6 +35,7 @@ from .dns import CachingResolver
 from .http import Fetcher
 from .stats import Stats, StatsCollector
 from .stores import open_node_store
+from .transport import TransportError
 
 __all__ = ["Node", "run_node", "NodeError"]
 
@@ -208,7 +209,10 @@ class Node:
                 if cfg.dedup != "lmdb":
                     raise NodeError(f"a cluster node needs --dedup lmdb (got {cfg.dedup}): peers' batches and "
                                     "hand-offs are stored in the same transactions as the seen-set")
-                self.cluster = Cluster(cfg, node_id=self.node_id, store=store, secret=secret, stats=self.stats)
+                try:
+                    self.cluster = Cluster(cfg, node_id=self.node_id, store=store, secret=secret, stats=self.stats)
+                except TransportError as exc:
+                    raise NodeError(str(exc)) from exc
             async with Fetcher(
                 self.resolver,
                 user_agent=cfg.full_user_agent(),

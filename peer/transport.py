@@ -15,7 +15,9 @@ from __future__ import annotations
 import logging
 import math
 import random
+import ssl
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import trio
@@ -26,6 +28,7 @@ __all__ = [
     "MemoryStream",
     "MemoryTransport",
     "TcpTransport",
+    "TlsFiles",
     "Transport",
     "TransportError",
     "split_address",
@@ -70,22 +73,61 @@ def _join_address(host: str, port: int) -> str:
 # --- TCP ----------------------------------------------------------------------------------------------------
 
 
+#: An inbound peer gets this long to complete its TLS handshake.
+TLS_HANDSHAKE_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TlsFiles:
+    """PEM files for mutual TLS between peers: this node's certificate and key, and the cluster's CA."""
+
+    cert: str
+    key: str
+    ca: str
+
+    def context(self, purpose: ssl.Purpose) -> ssl.SSLContext:
+        try:
+            ctx = ssl.create_default_context(purpose, cafile=self.ca)
+            ctx.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as exc:
+            raise TransportError(f"TLS files (cert {self.cert}, key {self.key}, CA {self.ca}): {exc}") from exc
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+
 class TcpTransport:
     """Peers over TCP. `listen` is "host:port" to bind (port 0: the OS picks one, reported by `serve`)."""
 
-    def __init__(self, listen: str, *, advertise: str | None = None) -> None:
+    def __init__(self, listen: str, *, advertise: str | None = None, tls: TlsFiles | None = None) -> None:
         self.listen = listen
         self.advertise = advertise  # what `serve` reports (peers dial it); None: the bound address
         self._host, self._port = split_address(listen)
         if advertise is not None:
             split_address(advertise)
+        # Mutual TLS: both ends present a certificate signed by the cluster's CA and check the other's. Peers
+        # are dialled by address, so the name in a certificate is not checked: the CA is the trust.
+        self._client_ctx = self._server_ctx = None
+        if tls is not None:
+            self._client_ctx = tls.context(ssl.Purpose.SERVER_AUTH)
+            self._server_ctx = tls.context(ssl.Purpose.CLIENT_AUTH)
 
     async def connect(self, address: str) -> trio.abc.Stream:
         host, port = split_address(address)
         try:
-            return await trio.open_tcp_stream(host, port)
+            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
         except OSError as exc:
             raise TransportError(f"cannot connect to peer {address}: {exc}") from exc
+        if self._client_ctx is not None:
+            tls_stream = trio.SSLStream(stream, self._client_ctx, server_hostname=host)
+            try:
+                await tls_stream.do_handshake()
+            except (trio.BrokenResourceError, ssl.SSLError) as exc:
+                await trio.aclose_forcefully(tls_stream)
+                raise TransportError(f"TLS handshake with peer {address} failed: {exc.__cause__ or exc}") from exc
+            stream = tls_stream
+        return stream
 
     async def serve(self, handler: Handler, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -98,7 +140,24 @@ class TcpTransport:
         if self.advertise is not None:
             host, port = split_address(self.advertise)
             address = _join_address(host, port or sockname[1])
+        if self._server_ctx is not None:
+            listeners = [trio.SSLListener(listener, self._server_ctx, https_compatible=False) for listener in listeners]
+            handler = self._tls_handler(handler)
         await trio.serve_listeners(handler, listeners, task_status=_Reporter(task_status, address))
+
+    @staticmethod
+    def _tls_handler(handler: Handler) -> Handler:
+        async def accept(stream: trio.abc.Stream) -> None:
+            try:
+                with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                    await stream.do_handshake()  # type: ignore[attr-defined]
+            except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError) as exc:
+                log.info("inbound TLS handshake refused: %s", exc.__cause__ or exc)
+                await trio.aclose_forcefully(stream)
+                return
+            await handler(stream)
+
+        return accept
 
 
 class _Reporter:

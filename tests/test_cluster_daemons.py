@@ -40,13 +40,14 @@ class Cluster:
         self.procs: dict[str, trio.Process] = {}
         self.seed: str | None = None
 
-    async def start(self, name: str, weight: int, *, join: bool = True) -> trio.Process:
+    async def start(self, name: str, weight: int, *, join: bool = True, extra: tuple[str, ...] = ()) -> trio.Process:
         cfg = node_config(self.tmp / name, self.web, self.dns, node_id=name, **self.overrides)
         # each node names itself in its User-Agent (the contact URL), so the web's log tells who fetched what
         argv = peerd_argv(cfg) + ["--weight", str(weight), "--suspicion-timeout", "2",
                                   "--contact", f"https://nodes.test/{name}"]
         if join and self.seed:
             argv += ["--join", self.seed]
+        argv += list(extra)
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the test's tmp dir
         proc = await trio.lowlevel.open_process(argv, env=_cluster_env(), stderr=log)
         self.procs[name] = proc
@@ -166,3 +167,29 @@ async def test_four_nodes_join_leave_and_kill_lose_nothing(tmp_path):
     uncut = [r for r in web.log if not (r.wall_start <= kill_at <= r.wall_end + 0.05)]
     assert max(max_concurrent_connections_per_host(uncut).values()) == 1
     assert crawl_delay_violations(uncut, graph) == []
+
+
+async def test_two_nodes_over_mutual_tls_crawl_everything(tmp_path):
+    """The same crawl with peers speaking mutual TLS (certificates from a CA the test makes)."""
+    from tests.test_transport_tls import _ca, _node
+
+    ca = _ca(tmp_path, "cluster-ca")
+    graph = SiteGraph.generate(seed=52, hosts=30, pages_per_host=6, features=False, seed_hosts=2)
+    async with trio.open_nursery() as nursery:
+        web, dns = await start_local_web(nursery, graph)
+        expected = web.expected()
+        cluster = Cluster(tmp_path, web, dns, delay=0.3, concurrency=16)  # A is still crawling when B joins
+        try:
+            for name, weight, join in (("A", 100, False), ("B", 100, True)):
+                files = _node(tmp_path, ca, name)
+                await cluster.start(name, weight, join=join,
+                                    extra=("--tls-cert", files.cert, "--tls-key", files.key, "--tls-ca", files.ca))
+            with trio.fail_after(120):
+                for name in ("A", "B"):
+                    assert await cluster.procs[name].wait() == 0, cluster.log_tail(name)
+        finally:
+            cluster.kill_all()
+        nursery.cancel_scope.cancel()
+    assert urls_fetched(web, expected) == set(expected.fetched)
+    logs = (tmp_path / "A.log").read_text() + (tmp_path / "B.log").read_text()
+    assert '"hand-off complete"' in logs  # B's join moved arcs from A over the TLS link

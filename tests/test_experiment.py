@@ -535,12 +535,12 @@ timeout = 90.0
 sample_interval = 0.25
 
 [[phase]]
-after_pages = 100
+at = 3.0
 remove = ["C"]
 add = { E = 300 }
 
 [end]
-after_pages = 350
+at = 6.0
 """
 
 
@@ -567,7 +567,11 @@ async def test_live_experiment_runs_real_nodes_through_the_plan(tmp_path: Path) 
     assert [p.weights for p in result.phases] == [{"A": 150, "B": 80, "C": 200}, {"A": 150, "B": 80, "E": 300}]
     assert not any("crawl finished" in note or "timeout" in note for note in result.notes), (result.notes, lines)
     hosts = [f"h{i:04d}.web.test" for i in range(200)]
-    assert result.phases[0].pages >= 100 and result.phases[0].pages + result.phases[1].pages >= 350, lines
+    first, second = result.phases
+    # `at` counts time inside phases: the change at 3 s, the end at 6 s of phase time (the settling not counted)
+    assert first.end - first.start >= 3.0 and (first.end - first.start) + (second.end - second.start) >= 6.0, lines
+    assert second.start - first.end == pytest.approx(result.changes[0].settle_seconds, abs=0.5)
+    assert first.pages > 0 and second.pages > 0, lines
     for phase in result.phases:
         assert all(n > 0 for n in phase.row_totals().values()), (phase.name, lines)  # every node sent
         assert all(n > 0 for n in phase.column_totals().values()), (phase.name, lines)  # and received

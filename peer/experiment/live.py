@@ -353,14 +353,13 @@ class _Runner:
         names = plan.phase_names()
         initial = list(stages[0].items())
         # The first node starts the cluster with the seeds (a cluster started without work concludes at once
-        # that its crawl is finished, for good); the others join it together. The first phase starts once every
-        # view holds them all: what the first node sent before is not counted (it sent nothing: alone, it
-        # owned every host).
+        # that its crawl is finished, for good); the others join one at a time, each once the cluster has
+        # settled (joins at once can leave a node waiting out its hand-off timeout for arcs computed under a
+        # view it skipped). The first phase starts when all are in: what was sent before is not counted.
         await self.start(*initial[0], seeds=self.seeds)
-        async with trio.open_nursery() as nursery:
-            for node_id, weight in initial[1:]:
-                nursery.start_soon(functools.partial(self.start, node_id, weight, seeds=[]))
-        await self.settle(stages[0])
+        for i, (node_id, weight) in enumerate(initial[1:], start=2):
+            await self.start(node_id, weight, seeds=[])
+            await self.settle(dict(initial[:i]))
         self.t0 = trio.current_time()
         self.say(f"cluster of {len(initial)} nodes up in {self.t0 - started:.1f} s; crawling")
         boundary = previous = await self.poll()
@@ -405,12 +404,13 @@ class _Runner:
             change = await self._apply(k + 1, weights, now, end_time)
             # The next phase starts once the cluster settled on the new ring: what is sent meanwhile is the
             # transition, in no phase.
-            change["settle"] = await self.settle(stages[k + 1])
+            await self.settle(stages[k + 1])
             boundary = previous = await self.poll()
+            start_time = self.elapsed()
+            change["settle"] = start_time - end_time  # the change's own actions (a node starting) included
             change["transition"] = sum(max(0, n - now.get(i, {}).get("sent", {}).get(j, 0))
                                        for i, c in boundary.items() for j, n in c["sent"].items())
             changes.append(self._close_change(change, boundary))
-            start_time = self.elapsed()
             offset_time += start_time - end_time
             offset_pages += _total_pages(boundary) - _total_pages(now)
             self.say(f"settled in {change['settle']:.1f} s: {changes[-1].urls_moved:,} URLs handed off, "

@@ -124,8 +124,9 @@ class LiveSettings:
     sample_interval: float = 0.5
     #: a graceful leave hands its arcs off first: allow a minute before the process is killed.
     leave_wait: float = 60.0
-    #: a started node must answer within 30 s, and a change must show in every node's view within 30 s.
-    settle_wait: float = 30.0
+    #: a started node must answer, and the cluster settle after a change, within 45 s: longer than the node's
+    #: 30 s hand-off wait, after which a gained arc is crawled even if its previous owner never sent it.
+    settle_wait: float = 45.0
     #: the node's default: a killed node is declared dead about this long after it stops answering.
     suspicion_timeout: float = 5.0
 

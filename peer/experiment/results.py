@@ -121,7 +121,8 @@ class ChangeResult:
     urls_held: int
     #: (previous owner, new owner) -> URLs moved (or lost) between them.
     by_pair: dict[tuple[str, str], int] = field(default_factory=dict)
-    #: live: seconds from the change until every running node's view showed it (0 in simulation).
+    #: live: seconds from the change (its actions included) until the cluster settled on the new ring: every
+    #: view shows it and no hand-off is under way (0 in simulation).
     settle_seconds: float = 0.0
     #: live: URLs sent while the views were changing; they belong to no phase (0 in simulation).
     transition_urls: int = 0

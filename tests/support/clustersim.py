@@ -17,11 +17,13 @@ all in one `trio.run` under `MockClock`.
 
 Time: the `Cluster` builds rings and ring diffs with `trio.to_thread`. Under `MockClock(autojump_threshold=0)` the
 clock jumps to the next deadline whenever every task is blocked, and a task waiting for a thread is blocked: a
-ring build of 0.1 s real time let 74 virtual seconds pass beside a 0.2 s ticker (measured), enough for probes to
-time out and live nodes to be declared dead. A positive threshold long enough to cover a build would cost that
-much real time at every one of the thousands of idle moments of a run. So the simulations keep the threshold at
-0 and run `trio.to_thread.run_sync` inline (after a checkpoint, so other tasks still interleave there), which
-also keeps the runs independent of real thread timing: see `inline_threads`.
+ring build of 0.12 s real time (8 nodes, 16,800 points) let 74 virtual seconds pass beside a 0.2 s ticker, and
+0.07 s let 1.2 virtual seconds pass even with a 1 ms threshold (measured): enough for probes to time out and live
+nodes to be declared dead, at random. A threshold long enough to cover a build would cost that much real time
+at each of the thousands of idle moments of a run. So the simulations keep the threshold at 0 and run
+`trio.to_thread.run_sync` inline (after a checkpoint, so other tasks still interleave there): see
+`inline_threads`. With trio's scheduler seeded (`seed_scheduler`) a run is then repeatable: the same requests at
+the same virtual times, whatever the hash seed.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import logging
 import math
 import random
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -566,7 +568,8 @@ class SimNode:
         cfg = sim.config(self.weight)
         cluster = Cluster(
             cfg, node_id=self.node_id, store=self.store, secret=SECRET, stats=self.stats,
-            transport=sim.net.transport(self.address), rng=random.Random(sim.seed * 1000 + self.index * 10 + self.starts),
+            transport=sim.net.transport(self.address),
+            rng=random.Random(sim.seed * 1000 + self.index * 10 + self.starts),
             wall_clock=self.wallclock, points_per_weight=sim.points_per_weight,
         )
         cluster.finished = _WatchedEvent(lambda: sim.on_finished(self))  # type: ignore[assignment]
@@ -578,9 +581,11 @@ class SimNode:
         cluster.attach(crawler)  # type: ignore[arg-type]
         self.cluster, self.crawler = cluster, crawler
 
-    async def serve(self, join: str | None, seeds: Sequence[str], *,
+    async def serve(self, join: str | None, seeds: Sequence[str],
+                    before_join: Callable[[], Awaitable[None]] | None = None, *,
                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the node as `peer/node.py` does: restore, cluster, join, seed, ready, crawl."""
+        """Run the node as `peer/node.py` does: restore, cluster, join, seed, ready, crawl. `before_join` runs
+        while the node already serves peers but has not joined (a slow `--join-srv` look-up, say)."""
         assert self.cluster is not None and self.crawler is not None
         self.scope = trio.CancelScope()
         self.stopped = trio.Event()
@@ -589,6 +594,8 @@ class SimNode:
                 self.recovered = self.crawler.restore()
                 async with trio.open_nursery() as nursery:
                     await nursery.start(self.cluster.run)
+                    if before_join is not None:
+                        await before_join()
                     if join is not None:
                         await self.cluster.join([join])
                     self.crawler.seed(seeds)
@@ -671,11 +678,12 @@ class ClusterSim:
         self.note(f"{node.node_id} killed ({len(cut)} requests cut)")
         return cut
 
-    async def restart(self, node: SimNode, join: SimNode) -> None:
+    async def restart(self, node: SimNode, join: SimNode,
+                      before_join: Callable[[], Awaitable[None]] | None = None) -> None:
         """Start a killed node again on its store and address, joining through `join`."""
         assert not node.running
         node.build()
-        await self.nursery.start(node.serve, join.address, ())
+        await self.nursery.start(node.serve, join.address, (), before_join)
         self.gone.discard(node.node_id)
         self.note(f"{node.node_id} restarted ({node.recovered} in-flight URLs recovered)")
 
@@ -700,8 +708,7 @@ class ClusterSim:
             await node.stopped.wait()
         for node in self.nodes.values():
             if node.store is not None:
-                with contextlib.suppress(Exception):
-                    node.store.close()
+                node.store.close()  # idempotent
 
     # -- observations --
 
@@ -783,6 +790,8 @@ class ClusterSim:
             "handoff_urls_forwarded": sum(c.handoff.urls_forwarded for c in clusters),
             "handoff_waits_expired": sum(c.handoff.waits_expired for c in clusters),
             "link_breaks": self.net.breaks,
+            "blocked_turns": sum(n.crawler.blocked_turns for n in self.nodes.values() if n.crawler),
+            "hosts_let_go": sum(n.crawler.let_go for n in self.nodes.values() if n.crawler),
             "last_fetch_end": ledger.last_end(),
         }
 
