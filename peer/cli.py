@@ -39,6 +39,7 @@ PEERCTL_EPILOG = textwrap.dedent(
       peerctl join --data-dir ./c --seed 127.0.0.1:7400
       peerctl leave --data-dir ./b                  # hand off everything, then exit
       peerctl stop --control 127.0.0.1:7410
+      peerctl experiment --plan design --out runs/design   # the design's ring experiment, simulated
     """
 )
 
@@ -263,6 +264,12 @@ def _peerctl_ring(args: argparse.Namespace) -> int:
     return ringcmd.run(args)
 
 
+def _peerctl_experiment(args: argparse.Namespace) -> int:
+    from . import experiment
+
+    return experiment.run(args)
+
+
 def _peerctl_demo(args: argparse.Namespace) -> int:
     from . import demo
 
@@ -305,6 +312,12 @@ def peerctl_main(argv: Sequence[str] | None = None) -> int:
     target(p)
     ringcmd.add_arguments(p)
     p.set_defaults(func=_peerctl_ring)
+    p = sub.add_parser("experiment", help="ring-rebalance experiment (a TOML plan, simulated or with live nodes): "
+                                           "URLs sent between nodes against the weights, tables, CSV and plots")
+    from . import experiment
+
+    experiment.add_arguments(p)
+    p.set_defaults(func=_peerctl_experiment)
     p = sub.add_parser("demo", help="crawl a built-in local web with a local node, showing progress")
     from . import demo
 

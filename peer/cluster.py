@@ -484,7 +484,8 @@ class Cluster:
             "view_changes": self.view_changes,
             "leaving": self.leaving,
             "done": me.idle,
-            "cluster_done": self.finished.is_set(),
+            # concluded, and still true: work that arrives later (a joiner's seeds) makes it false again
+            "cluster_done": self.finished.is_set() and me.idle,
         }
 
     def cluster_status(self) -> dict[str, Any]:
@@ -507,7 +508,8 @@ class Cluster:
                 "epoch": report.epoch if report else None,
                 "connected": m.node_id == self.node_id or m.node_id in self.links.connected_peers(),
             })
-        return {"node_id": self.node_id, "epoch": self.epoch, "done": self.finished.is_set(), "nodes": nodes}
+        done = self.finished.is_set() and me.idle
+        return {"node_id": self.node_id, "epoch": self.epoch, "done": done, "nodes": nodes}
 
 
 def ring_id(ring: Ring) -> int:

@@ -4,8 +4,14 @@ nodes join, leave, are killed and restarted. Every request goes in one ledger, o
 checked: one node at a time per host, nothing lost, views and rings converge, the crawl ends everywhere and
 only once nothing is left anywhere.
 
+Scenarios: churn (joins, a graceful leave, a kill with and without a restart, a split that heals, link breaks);
+random fault schedules (Hypothesis); termination over delays and link breaks (Hypothesis); URLs routed under a
+stale view. The tests marked xfail(strict) pin defects these simulations found in peer/ (each reason says where):
+they fail today, and the marker goes when the defect is fixed.
+
 The helpers are in tests/support/clustersim.py (why `trio.to_thread` runs inline there: see its docstring).
-Run as a script (`python -m tests.test_cluster_sim [seed ...]`) it prints the figures of the churn runs.
+Runs are repeatable: fixed seeds, Hypothesis derandomized, trio's scheduler seeded. `pytest -s` prints each
+run's figures; run as a script (`python -m tests.test_cluster_sim [seed ...]`) it prints the churn runs'.
 """
 
 from __future__ import annotations
@@ -398,7 +404,7 @@ def test_a_join_and_a_leave_at_once_keep_crawl_delays_and_stall_no_host(gap: flo
     "change (alone_before is False), so it never waits for the members missing from the partial view, which "
     "held its hosts while it was dead: it fetches them while they still do, and before their politeness state "
     "arrives"))
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [4, 5])  # without the partial gossip, both (and seeds 1-8) pass
 def test_a_restarted_node_that_hears_a_partial_view_first_waits_for_every_previous_owner(seed: int) -> None:
     web = make_web(seed, hosts=200)
     expected = web.reachable(web.seeds)
