@@ -79,6 +79,8 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
                    help="how long a gained arc waits for its hand-off before it is crawled anyway (default 30)")
     k.add_argument("--leave-timeout", dest="leave_timeout", type=float, metavar="SECONDS",
                    help="bound on a graceful leave's hand-off (default 120)")
+    k.add_argument("--probe-timeout", dest="probe_timeout", type=float, metavar="SECONDS",
+                   help="wait for a direct probe's answer before asking others to probe (default 0.5)")
     k.add_argument("--suspicion-timeout", dest="suspicion_timeout", type=float, metavar="SECONDS",
                    help="time a silent peer has to refute a suspicion before it is declared dead (default 5)")
     c = p.add_argument_group("crawl")

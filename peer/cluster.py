@@ -82,7 +82,7 @@ class NodeProgress:
     """One node's answer in a progress round (this node's own is taken locally)."""
 
     node_id: str
-    epoch: int
+    ring: int  # the id of the ring the node uses: nodes can number the same ring with different view epochs
     idle: bool
     finished: bool
     activity: int
@@ -122,7 +122,8 @@ class Cluster:
                 cfg.listen, advertise=cfg.advertise or None,
                 tls=TlsFiles(cert=cfg.tls_cert, key=cfg.tls_key, ca=cfg.tls_ca) if cfg.tls_cert else None),
             rng=rng or random.Random(),
-            config=MembershipConfig(probe_interval=cfg.probe_interval, suspicion_timeout=cfg.suspicion_timeout),
+            config=MembershipConfig(probe_interval=cfg.probe_interval, probe_timeout=cfg.probe_timeout,
+                                    suspicion_timeout=cfg.suspicion_timeout),
             on_message=self._on_message,
             codecs=codecs,
         )
@@ -131,6 +132,7 @@ class Cluster:
         self.epoch = 0
         self.ring: Ring | None = None
         self._owners: _Owners | None = None
+        self._ring_id = 0
         self._rings: dict[frozenset[tuple[str, int]], Ring] = {}
         self.dispatcher = Dispatcher(
             node_id, store, self.links, ring_of=self.ring_of,
@@ -167,6 +169,7 @@ class Cluster:
     def _set_ring(self, ring: Ring) -> None:
         self.ring = ring
         self._owners = _Owners(ring)
+        self._ring_id = ring_id(ring)
 
     def owns(self, host: str) -> bool:
         """Whether this node owns `host` under its current view (links to it are queued here, not routed)."""
@@ -296,8 +299,9 @@ class Cluster:
             arcs: list[ArcMove] = []
         else:
             arcs = await trio.to_thread.run_sync(lambda: handoff_arcs(diff(old_ring, new_ring)))
-            if alone_before and new_ring.nodes != (self.node_id,):
-                # Our own previous ring had only us: the arcs we gain come from the cluster's ring without us.
+            if (alone_before or not self.ready.is_set()) and new_ring.nodes != (self.node_id,):
+                # Our own previous ring had only us, or we are still joining (a partial view merged first): the
+                # arcs we gain come from the owners in the cluster's ring without us.
                 without = {n: w for n, w in new_ring.weights.items() if n != self.node_id}
                 if without and self.node_id in new_ring.weights:
                     ppw = self.points_per_weight
@@ -366,7 +370,7 @@ class Cluster:
         )
         activity = self.stats.pages + self.stats.urls_new + d.urls_new + d.batches_received + h.chunks_applied
         return NodeProgress(
-            node_id=self.node_id, epoch=self.epoch, idle=idle, finished=self.finished.is_set(),
+            node_id=self.node_id, ring=self._ring_id, idle=idle, finished=self.finished.is_set(),
             activity=activity, pages=self.stats.pages, queued=len(self.store.frontier),
             urls_received=sum(d.urls_received.values()) + h.urls_received, rate=max(0.0, self.stats.rate()),
         )
@@ -404,9 +408,9 @@ class Cluster:
         if me.idle and any(r.finished for r in reports.values() if r.node_id != self.node_id):
             self._conclude("a peer concluded it")
             return True
-        this_round = {n: (r.epoch, r.idle, r.activity) for n, r in reports.items()}
+        this_round = {n: (r.ring, r.idle, r.activity) for n, r in reports.items()}
         all_idle = answered and len(reports) == len(peers) + 1 and all(r.idle for r in reports.values())
-        same_view = len({r.epoch for r in reports.values()}) == 1
+        same_view = len({r.ring for r in reports.values()}) == 1
         if all_idle and same_view and self._last_round == this_round:
             self._conclude("two rounds with every node idle")
             return True
@@ -422,7 +426,7 @@ class Cluster:
         for peer in self._live_peers():
             member = self.view.member(peer)
             self.links.send_nowait(peer, ProgressReport(
-                seq=0, epoch=me.epoch, idle=me.idle, finished=True, activity=me.activity, pages=me.pages,
+                seq=0, ring=me.ring, idle=me.idle, finished=True, activity=me.activity, pages=me.pages,
                 queued=me.queued, urls_received=me.urls_received, rate=me.rate),
                 address=member.address if member else None)
 
@@ -436,11 +440,11 @@ class Cluster:
         if isinstance(message, ProgressQuery):
             me = self.local_progress()
             self.links.send_nowait(peer_id, ProgressReport(
-                seq=message.seq, epoch=me.epoch, idle=me.idle, finished=me.finished, activity=me.activity,
+                seq=message.seq, ring=me.ring, idle=me.idle, finished=me.finished, activity=me.activity,
                 pages=me.pages, queued=me.queued, urls_received=me.urls_received, rate=me.rate))
         elif isinstance(message, ProgressReport):
             self.peers[peer_id] = NodeProgress(
-                node_id=peer_id, epoch=message.epoch, idle=message.idle, finished=message.finished,
+                node_id=peer_id, ring=message.ring, idle=message.idle, finished=message.finished,
                 activity=message.activity, pages=message.pages, queued=message.queued,
                 urls_received=message.urls_received, rate=message.rate)
             waiter = self._answers.get(message.seq)
@@ -505,7 +509,7 @@ class Cluster:
                 "queue": report.queued if report else None,
                 "urls_received": report.urls_received if report else None,
                 "idle": report.idle if report and live else None,
-                "epoch": report.epoch if report else None,
+                "ring": report.ring if report else None,
                 "connected": m.node_id == self.node_id or m.node_id in self.links.connected_peers(),
             })
         done = self.finished.is_set() and me.idle

@@ -47,6 +47,7 @@ class Config:
     handoff_wait: float = 30.0
     leave_timeout: float = 120.0
     probe_interval: float = 1.0
+    probe_timeout: float = 0.5
     suspicion_timeout: float = 5.0
     # what to crawl
     seeds: tuple[str, ...] = ()
@@ -123,6 +124,7 @@ FIELDS: dict[str, str] = {
     "handoff_wait": "30 s: a gained arc waits this long for its previous owner's hand-off before it is crawled anyway",
     "leave_timeout": "120 s for a graceful leave to hand everything off before the process exits regardless",
     "probe_interval": "1 s: each node probes one peer a second (memberlist's LAN profile)",
+    "probe_timeout": "0.5 s for a Pong before indirect probes; raise it on links slower than a few hundred ms",
     "suspicion_timeout": "5 s to refute a suspicion before a silent node is declared dead",
     "seeds": "start URLs",
     "seeds_file": "file with one start URL per line (# comments allowed)",
@@ -229,9 +231,13 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"codec must be msgpack or json, got {cfg.codec!r}")
     if cfg.batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {cfg.batch_size}")
-    for name in ("dispatch_interval", "handoff_wait", "leave_timeout", "probe_interval", "suspicion_timeout"):
+    for name in ("dispatch_interval", "handoff_wait", "leave_timeout", "probe_interval", "probe_timeout",
+                 "suspicion_timeout"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be > 0 seconds, got {getattr(cfg, name)}")
+    if cfg.probe_timeout >= cfg.probe_interval:
+        raise ConfigError(f"probe_timeout ({cfg.probe_timeout} s) must be shorter than probe_interval "
+                          f"({cfg.probe_interval} s): indirect probes need the rest of the interval")
     tls = (cfg.tls_cert, cfg.tls_key, cfg.tls_ca)
     if any(tls) and not all(tls):
         raise ConfigError("mutual TLS needs all three of tls_cert, tls_key and tls_ca")

@@ -224,6 +224,11 @@ class Handoff:
                 by_peer.setdefault(arc.next, []).append(arc)
         for peer in sorted(by_peer):
             self._waiting.append((self._next_transfer_id(), epoch, peer, by_peer[peer]))
+        # Every other owner of the new ring hears "nothing more from me up to this ring" (an empty transfer,
+        # after any earlier one to it): a receiver that saw the rings in another order, and waits for arcs this
+        # node labelled with a ring it never adopted, is released by it instead of by the wait timeout.
+        for peer in sorted(set(new.nodes) - set(by_peer) - {self.node_id}):
+            self._waiting.append((self._next_transfer_id(), epoch, peer, []))
         self._start_quiet()
         if gain_arcs is not None:
             arcs = list(gain_arcs)
@@ -264,17 +269,31 @@ class Handoff:
         return self._run << 40 | self._transfers
 
     def _start_quiet(self) -> None:
-        """Start the waiting transfers none of whose arcs has a fetch in flight here."""
+        """Start the waiting transfers that may go now. A transfer waits while
+        - a fetch is in flight here in one of its arcs (the states it carries must include that fetch);
+        - an earlier transfer to the same peer is unacknowledged (a complete transfer to the receiver's ring
+          releases every arc it waits for from us, so it must not overtake one still streaming);
+        - one of its arcs is still awaited here from its previous owner (an arc that moves on while it arrives
+          must reach its next owner with the timers and keys it is bringing, not without them)."""
         if not self._waiting:
             return
         busy = list(self.in_flight()) if self.in_flight is not None else []
+        sending = {transfer.peer for transfer in self._outgoing.values()}
+        awaited = [arc for arcs in self._pending.values() for arc in arcs.arcs]
         still: list[tuple[int, int, str, list[ArcMove]]] = []
         for transfer_id, epoch, peer, arcs in self._waiting:
             arc_set = _ArcSet((arc.start, arc.end) for arc in arcs)
-            if any(position in arc_set for position in busy):
+            if (
+                peer in sending
+                or any(position in arc_set for position in busy)
+                or any(start in arc_set for start, _ in awaited)
+                or any(arc.start in pending for arc in arcs for pending in self._pending.values())
+            ):
                 still.append((transfer_id, epoch, peer, arcs))
+                sending.add(peer)  # keep this peer's later transfers behind this one
             else:
                 self._start_transfer(transfer_id, epoch, peer, arcs)
+                sending.add(peer)
         self._waiting = still
 
     def _start_transfer(self, transfer_id: int, epoch: int, peer: str, arcs: list[ArcMove]) -> None:
@@ -327,7 +346,7 @@ class Handoff:
         self.urls_sent += urls
         self.keys_sent += keys
         if not chunks:  # nothing to move, but the receiver still learns that the transfer is complete
-            chunks.append(_Chunk(seq=0, start=arcs[0].start, end=arcs[0].end))
+            chunks.append(_Chunk(seq=0, start=arcs[0].start if arcs else 0, end=arcs[0].end if arcs else 0))
         self._outgoing[transfer_id] = _Outgoing(
             transfer_id=transfer_id, epoch=epoch, peer=peer, chunks={chunk.seq: chunk for chunk in chunks},
             last=chunks[-1].seq, arcs=with_content,

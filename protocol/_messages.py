@@ -212,11 +212,13 @@ class ProgressReport:
     `idle`: its frontier is empty, nothing is being fetched, and every URL batch and hand-off chunk it sent is
     acknowledged. `activity` grows with everything that could create work (pages fetched, URLs admitted, chunks
     applied): two rounds of reports with every node idle and the same activity mean the crawl is finished.
-    `finished`: the node has concluded that (so a peer that asks may conclude it too).
+    `finished`: the node has concluded that (so a peer that asks may conclude it too). `ring` names the ring the
+    node uses (a 63-bit hash of its members and weights): two nodes can number the same ring with different view
+    epochs, so the rounds compare rings.
     """
 
     seq: int
-    epoch: int
+    ring: int
     idle: bool
     finished: bool
     activity: int
@@ -342,7 +344,7 @@ RECORDS: dict[int, Record] = {
     0x26: _record(
         ProgressReport,
         seq=UInt(),
-        epoch=UInt(),
+        ring=UInt(),
         idle=Flag(),
         finished=Flag(),
         activity=UInt(),

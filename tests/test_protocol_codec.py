@@ -104,7 +104,7 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
     ProbeReply: st.builds(ProbeReply, seq=U64, target=texts, alive=st.booleans()),
     ProgressQuery: st.builds(ProgressQuery, seq=U64),
     ProgressReport: st.builds(
-        ProgressReport, seq=U64, epoch=U64, idle=st.booleans(), finished=st.booleans(), activity=U64,
+        ProgressReport, seq=U64, ring=U64, idle=st.booleans(), finished=st.booleans(), activity=U64,
         pages=U64, queued=U64, urls_received=U64,
         rate=st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False),
     ),

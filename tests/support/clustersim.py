@@ -29,6 +29,7 @@ the same virtual times, whatever the hash seed.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import random
@@ -232,7 +233,7 @@ class Ledger:
         one ended; requests cut by a kill are left out (the victim's state died with it)."""
         found = []
         for host, requests in self.by_host(include_cut=False).items():
-            for before, after in zip(requests, requests[1:]):
+            for before, after in itertools.pairwise(requests):
                 if after.start - before.end < gap[host] - slack:  # type: ignore[operator]
                     found.append((before, after))
         return found
