@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(to_toml(plan))
         return 0
     if args.plots and importlib.util.find_spec("matplotlib") is None:
-        print("peerctl experiment: the plots need matplotlib (pip install 'peercrawl[bench]'); or give --no-plots",
+        print("peerctl experiment: the plots need matplotlib (a dependency of peercrawl: pip install matplotlib); or give --no-plots",
               file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else default_run_dir(plan)
