@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Set up a virtualenv and run the demo: a local web and DNS server, and peercrawl crawling it.
+# Set up a virtualenv and run the demo: a local web and DNS server, a 4-node peercrawl cluster crawling it (C leaves
+# and E joins midway), then the tables, the verdict, the WARC files and the plots, all in ./demo-data/.
+# Arguments go to `peerctl demo` (e.g. --single for the one-node demo, --dir DIR for another run folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv

@@ -2,17 +2,24 @@
 
 The local web (``peer.localweb``: ``SiteGraph``, ``serve_web``, ``serve_dns``) is generated from the plan's seed
 and ``[web]`` (hosts, pages per host, links per page, ``1 - internal_links`` of them to other hosts, chosen
-uniformly: the local web has no popularity skew, so ``web.popularity`` must be 0). Each node is started as
+uniformly: the local web has no popularity skew, so ``web.popularity`` must be 0; ``web.features`` adds the
+feature hosts: robots.txt rules, Crawl-delays, redirects, traps). Each node is started as
 
     python -m peer start --node-id A --weight 150 --listen 127.0.0.1:0 --control 127.0.0.1:0 --data-dir DIR
-        --nameserver 127.0.0.1:P --allow-private --delay D --store none [--join PEER] [--seed URL ...]
+        --nameserver 127.0.0.1:P --allow-private --delay D --store none|warc [--exit-when-done]
+        [--join PEER] [--seed URL ...]
 
 with ``PEERCRAWL_CLUSTER_SECRET`` set to a secret made for the run. The first node starts the cluster; every
 other joins through a running node's peer address (``DIR/peer.addr``). The first node brings the seeds (a
 cluster started without work concludes at once, and for good, that its crawl is finished); the first phase
 starts once every view holds the whole initial cluster.
 
-Every ``live.sample_interval`` the runner reads ``GET /status`` of every node. The URLs sent from node i to
+``--exit-when-done`` is given when the plan ends ``when_done``: the cluster's own termination rounds decide that
+the crawl is finished, every node exits by itself, and the run ends once all have. A plan without it ends at
+its trigger, and the runner stops the nodes with ``POST /stop``.
+
+Every ``live.sample_interval`` the runner reads ``GET /status`` of every node (and every
+``live.progress_interval`` reports pages, rate and queues per node). The URLs sent from node i to
 node j in a phase are the growth of i's ``cluster.dispatch.urls_sent[j]`` over the phase. Changes: ``remove``
 is ``POST /leave`` (the node hands its arcs off and exits), ``kill`` is SIGKILL of the PID this runner
 started, ``add`` starts a new process with ``--join``. A phase ends at its trigger; the next begins once the
@@ -23,7 +30,11 @@ new owners received by hand-off (``cluster.handoff.urls_received``); a killed no
 
 Ring shares, host shares and what each change moves are computed from ``ring.Ring`` before any process
 starts (building rings in this process later would stall the local web it serves), and the last phase's key
-shares are checked against a node's own ``GET /cluster``.
+shares are checked against a node's own ``GET /cluster`` once the cluster has settled on it.
+
+``live_run`` returns the experiment's result with what a referee needs besides: the web's graph and port, its
+request log, and how each node ended (``NodeOutcome``); ``peer.demo`` judges the crawl with them. The node data
+dirs are removed at the end unless ``live.keep_data``.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import secrets
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,10 +58,13 @@ import trio
 
 import ring
 
+from peer.localweb.graph import SiteGraph
+from peer.localweb.referee import RequestRecord
+
 from .plan import Plan
 from .results import ChangeResult, ExperimentResult, PhaseResult, Sample
 
-__all__ = ["LiveError", "live_experiment", "run_live"]
+__all__ = ["LiveError", "LiveRun", "NodeOutcome", "live_experiment", "live_run", "run_live"]
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +97,44 @@ class _Node:
     proc: trio.Process
     control: str = ""
     peer: str = ""
-    state: str = "running"  # running, leaving, left, killed, stopped
+    #: running, leaving, left, killed, stopped (by the runner), done (exited by itself with 0: --exit-when-done),
+    #: failed (exited by itself with another code)
+    state: str = "running"
     status: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeOutcome:
+    """How one node of a live run ended."""
+
+    node_id: str
+    weight: int
+    #: left (graceful leave), killed, stopped (POST /stop by the runner), done (--exit-when-done, exit code 0),
+    #: failed (exited by itself with another code)
+    state: str
+    exit_code: int | None
+    data_dir: Path
+    log_path: Path
+    #: the last counters read from the node: pages fetched and pages written to its page store
+    pages: int
+    stored: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LiveRun:
+    """A live run: the experiment's result, and what a referee of the crawl needs (the web and its log)."""
+
+    result: ExperimentResult
+    graph: SiteGraph
+    port: int
+    log: tuple[RequestRecord, ...]
+    nodes: tuple[NodeOutcome, ...]
+    #: True when the run ended because every node exited through --exit-when-done
+    concluded: bool
+    #: (what, wall-clock start, wall-clock end) of every change of the ring, the joins at the start included:
+    #: from the change until the cluster settled on the new ring. A fetch under way then may be repeated by
+    #: the host's new owner (DESIGN decision 6 bounds duplicates by what was in flight).
+    changes: tuple[tuple[str, float, float], ...]
 
 
 def _counters(status: Mapping[str, Any]) -> dict[str, Any]:
@@ -165,6 +216,10 @@ class _Runner:
         self.notes: list[str] = []
         self.samples: list[Sample] = []
         self.t0 = 0.0
+        self.started = trio.current_time()
+        self.concluded = False  # a node exited through --exit-when-done: the cluster finished the crawl
+        self.windows: list[tuple[str, float, float]] = []  # ring changes, wall clock (LiveRun.changes)
+        self._last_progress: tuple[float, int] | None = None
 
     # -- processes ------------------------------------------------------------------------------------
 
@@ -173,10 +228,12 @@ class _Runner:
         argv = [sys.executable, "-m", "peer", "start", "--node-id", node_id, "--weight", str(weight),
                 "--listen", "127.0.0.1:0", "--control", "127.0.0.1:0", "--data-dir", str(data_dir),
                 "--nameserver", f"127.0.0.1:{self.dns_port}", "--allow-private", "--delay", str(plan.live.delay),
-                "--concurrency", str(plan.live.concurrency), "--store", "none", "--log-format", "json",
+                "--concurrency", str(plan.live.concurrency), "--store", plan.live.store, "--log-format", "json",
                 "--batch-size", str(plan.dispatch.batch_size),
                 "--dispatch-interval", str(plan.dispatch.interval), "--codec", plan.dispatch.codec,
                 "--suspicion-timeout", str(plan.live.suspicion_timeout)]
+        if plan.end.when_done:
+            argv.append("--exit-when-done")
         if join:
             argv += ["--join", join]
         for seed in seeds:
@@ -240,6 +297,8 @@ class _Runner:
         with trio.move_on_after(self.plan.live.settle_wait) as scope:
             while True:
                 await self.poll()  # keeps the leaving node's counters fresh until it exits
+                if self.concluded:
+                    return trio.current_time() - began  # the crawl ended while the cluster was settling
                 running = [n for n in self.nodes.values() if n.state == "running"]
                 reasons = {n.node_id: _unsettled(n.status, wanted) for n in running}
                 if not any(reasons.values()):
@@ -281,7 +340,60 @@ class _Runner:
             if node.state == "leaving" and node.proc.poll() is not None:
                 node.state = "left"
                 self.say(f"{node.node_id} left (exit code {node.proc.returncode})")
-        return {node_id: _counters(n.status) for node_id, n in self.nodes.items() if n.status}
+            elif node.state == "running" and node.proc.poll() is not None:
+                self._exited(node)
+        counters = {node_id: _counters(n.status) for node_id, n in self.nodes.items() if n.status}
+        self._progress(counters)
+        return counters
+
+    def _exited(self, node: _Node) -> None:
+        """A running node exited by itself: through --exit-when-done (0), or it failed."""
+        code = node.proc.returncode
+        if code == 0 and self.plan.end.when_done:
+            node.state = "done"
+            if not self.concluded:
+                self.concluded = True
+                self.say(f"{node.node_id} concluded that the cluster's crawl is finished and exited "
+                         "(--exit-when-done)")
+        else:
+            node.state = "failed"
+            self.notes.append(f"{node.node_id} exited by itself with {code}: {self._tail(node, 2)}")
+            self.say(f"{node.node_id} exited with {code} (log: {node.log_path})")
+
+    def _progress(self, counters: Mapping[str, Mapping[str, Any]]) -> None:
+        """A progress line every ``live.progress_interval``: pages, rate, queues, and each node's pages."""
+        interval = self.plan.live.progress_interval
+        now = trio.current_time()
+        pages = _total_pages(counters)
+        if not interval or not counters:
+            return
+        if self._last_progress is None:
+            self._last_progress = (now, pages)
+            return
+        then, before = self._last_progress
+        if now - then < interval:
+            return
+        self._last_progress = (now, pages)
+        marks = {"leaving": " (leaving)", "left": " (left)", "killed": " (killed)", "done": " (done)",
+                 "failed": " (failed)", "stopped": " (stopped)"}
+        per_node = "  ".join(f"{n} {c['pages']:,}{marks.get(self.nodes[n].state, '')}" for n, c in counters.items())
+        queued = sum(c["queued"] for n, c in counters.items() if self.nodes[n].state in ("running", "leaving"))
+        in_flight = sum(c["in_flight"] for n, c in counters.items()
+                        if self.nodes[n].state in ("running", "leaving"))
+        self.say(f"{now - self.started:6.1f} s  pages {pages:7,}  {(pages - before) / (now - then):6,.0f}/s  "
+                 f"queued {queued:7,}  in flight {in_flight:3}  | {per_node}")
+
+    async def wait_exits(self) -> None:
+        """Once one node concluded the crawl, the others conclude within a round or two (a node lingers up to
+        5 s for its peers): wait for every running or leaving node to exit by itself."""
+        with trio.move_on_after(self.plan.live.settle_wait):
+            while any(n.state in ("running", "leaving") for n in self.nodes.values()):
+                await self.poll()
+                await trio.sleep(0.1)
+        for node in self.nodes.values():
+            if node.state in ("running", "leaving"):
+                self.notes.append(f"{node.node_id} had not exited {self.plan.live.settle_wait:g} s after another "
+                                  "node concluded the crawl (live.settle_wait); it was stopped")
 
     # -- changes --------------------------------------------------------------------------------------
 
@@ -325,6 +437,9 @@ class _Runner:
     async def stop_all(self) -> None:
         running = [n for n in self.nodes.values() if n.proc.poll() is None]
         for node in running:
+            if node.state == "running":
+                node.state = "stopped"
+        for node in running:
             await self._post(node, "/stop")
         with trio.move_on_after(STOP_WAIT):
             for node in running:
@@ -334,8 +449,6 @@ class _Runner:
                 self.notes.append(f"{node.node_id} did not stop within {STOP_WAIT:g} s and was killed")
                 self._kill(node)
                 await node.proc.wait()
-            if node.state == "running":
-                node.state = "stopped"
 
     def kill_leftovers(self) -> None:
         for node in self.nodes.values():
@@ -358,10 +471,17 @@ class _Runner:
         # view it skipped). The first phase starts when all are in: what was sent before is not counted.
         await self.start(*initial[0], seeds=self.seeds)
         for i, (node_id, weight) in enumerate(initial[1:], start=2):
+            if self.concluded:
+                raise LiveError(f"the cluster finished the crawl before {node_id} could join: the web is too small "
+                                "for the plan (web.hosts, web.pages_per_host)")
+            wall = time.time()
             await self.start(node_id, weight, seeds=[])
             await self.settle(dict(initial[:i]))
+            self.windows.append((f"{node_id} joins at the start", wall, time.time()))
         self.t0 = trio.current_time()
         self.say(f"cluster of {len(initial)} nodes up in {self.t0 - started:.1f} s; crawling")
+        if len(stages) == 1:
+            await self.cross_check(0)
         boundary = previous = await self.poll()
         # Triggers count time and pages inside phases only: the settling after a change is not counted.
         offset_time = 0.0
@@ -385,10 +505,19 @@ class _Runner:
                     break
                 if after is not None and pages >= after:
                     break
-                finished = all(now[n]["cluster_done"] and not now[n]["queued"] and not now[n]["in_flight"]
-                               for n in weights if n in now)
-                if finished and (not is_end or plan.end.when_done):
-                    self.notes.append(f"the crawl finished at {self.elapsed():.1f} s, in phase {k + 1}"
+                if plan.end.when_done:
+                    # the cluster decides: its nodes exit through --exit-when-done
+                    finished = self.concluded
+                else:
+                    finished = not is_end and all(
+                        now[n]["cluster_done"] and not now[n]["queued"] and not now[n]["in_flight"]
+                        for n in weights if n in now)
+                if finished:
+                    if self.concluded:
+                        await self.wait_exits()
+                        now = await self.poll()
+                    how = " (every node exited through --exit-when-done)" if self.concluded else ""
+                    self.notes.append(f"the crawl finished at {self.elapsed():.1f} s, in phase {k + 1}{how}"
                                       + ("" if is_end else ": the web is too small for the plan's later phases"))
                     crawl_over = True
                     break
@@ -401,10 +530,12 @@ class _Runner:
                      f"{phases[-1].total_sent:,} URLs sent in this one")
             if is_end or crawl_over or trio.current_time() >= deadline:
                 break
+            wall = time.time()
             change = await self._apply(k + 1, weights, now, end_time)
             # The next phase starts once the cluster settled on the new ring: what is sent meanwhile is the
             # transition, in no phase.
             await self.settle(stages[k + 1])
+            self.windows.append((change["name"], wall, time.time()))
             boundary = previous = await self.poll()
             start_time = self.elapsed()
             change["settle"] = start_time - end_time  # the change's own actions (a node starting) included
@@ -415,7 +546,8 @@ class _Runner:
             offset_pages += _total_pages(boundary) - _total_pages(now)
             self.say(f"settled in {change['settle']:.1f} s: {changes[-1].urls_moved:,} URLs handed off, "
                      f"{change['transition']:,} sent meanwhile")
-        await self.cross_check(phases[-1])
+            if k + 1 == len(stages) - 1 and not self.concluded:
+                await self.cross_check(k + 1)
         for node in list(self.nodes.values()):
             if node.state == "leaving":
                 await self.finish_leaving(node)
@@ -490,8 +622,10 @@ class _Runner:
             settle_seconds=change["settle"], transition_urls=change["transition"],
         )
 
-    async def cross_check(self, phase: PhaseResult) -> None:
-        """Compare the phase's key shares (the experiment's own ring) with a running node's GET /cluster."""
+    async def cross_check(self, k: int) -> None:
+        """Compare stage ``k``'s key shares (the experiment's own ring) with a running node's GET /cluster, once
+        the cluster has settled on that stage (with --exit-when-done no node is left to ask at the end)."""
+        shares = self.figures.key_shares[k]
         for node in self.nodes.values():
             if node.state != "running":
                 continue
@@ -500,18 +634,17 @@ class _Runner:
                 continue
             reported = {m["node_id"]: float(m.get("key_share", 0.0)) for m in view.get("nodes", [])
                         if m.get("state") in _OWNING}
-            for node_id, share in phase.key_shares.items():
+            for node_id, share in shares.items():
                 if abs(reported.get(node_id, 0.0) - share) > 1e-9:
                     self.notes.append(f"{node.node_id} reports key share {reported.get(node_id, 0.0):.6f} for "
                                       f"{node_id}, the experiment's ring says {share:.6f}")
             return
 
 
-async def live_experiment(plan: Plan, out: Path, *, progress: Callable[[str], None] | None = None
-                          ) -> ExperimentResult:
-    """Run ``plan`` with real nodes; node data and logs go under ``out/nodes/``."""
+async def live_run(plan: Plan, out: Path, *, progress: Callable[[str], None] | None = None) -> LiveRun:
+    """Run ``plan`` with real nodes; node data and logs go under ``out/nodes/``. Returns the result with the web
+    and its request log, for a referee of the crawl."""
     from peer.localweb.dns_server import serve_dns
-    from peer.localweb.graph import SiteGraph
     from peer.localweb.server import serve_web
 
     say = progress or (lambda line: log.info(line))
@@ -527,7 +660,7 @@ async def live_experiment(plan: Plan, out: Path, *, progress: Callable[[str], No
                         f"allows at most {MAX_LIVE_NODES} (simulate larger fleets)")
     graph = SiteGraph.generate(seed=plan.seed, hosts=plan.web.hosts, pages_per_host=plan.web.pages_per_host,
                                links_per_page=plan.web.links_per_page,
-                               cross_host_fraction=1.0 - plan.web.internal_links, features=False,
+                               cross_host_fraction=1.0 - plan.web.internal_links, features=plan.web.features,
                                seed_hosts=min(SEED_HOSTS, plan.web.hosts))
     figures = ring_figures(plan, [h.name for h in graph.hosts])
     out.mkdir(parents=True, exist_ok=True)
@@ -535,8 +668,9 @@ async def live_experiment(plan: Plan, out: Path, *, progress: Callable[[str], No
     async with trio.open_nursery() as nursery:
         web = await nursery.start(serve_web, graph)
         dns = await nursery.start(serve_dns, graph.zone())
-        say(f"local web: {plan.web.hosts:,} hosts x {plan.web.pages_per_host} pages on 127.0.0.1:{web.port}, "
-            f"DNS on 127.0.0.1:{dns.address[1]}")
+        say(f"local web: {plan.web.hosts:,} hosts x {plan.web.pages_per_host} pages"
+            + (" with robots.txt rules, Crawl-delays, redirects and traps" if plan.web.features else "")
+            + f" on 127.0.0.1:{web.port}, DNS on 127.0.0.1:{dns.address[1]}")
         runner = _Runner(plan, out, web, dns, figures, say)
         try:
             result = await runner.run()
@@ -548,9 +682,23 @@ async def live_experiment(plan: Plan, out: Path, *, progress: Callable[[str], No
             nursery.cancel_scope.cancel()
     if failure is not None:
         raise failure
-    for node in runner.nodes.values():
-        shutil.rmtree(node.data_dir, ignore_errors=True)  # LMDB maps; the logs stay
-    return replace(result, peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    if not plan.live.keep_data:
+        for node in runner.nodes.values():
+            shutil.rmtree(node.data_dir, ignore_errors=True)  # LMDB maps; the logs stay
+    result = replace(result, peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    nodes = tuple(
+        NodeOutcome(node_id=n.node_id, weight=n.weight, state=n.state, exit_code=n.proc.returncode,
+                    data_dir=n.data_dir, log_path=n.log_path, pages=int(n.status.get("pages", 0)),
+                    stored=int(n.status.get("stored", 0)))
+        for n in runner.nodes.values())
+    return LiveRun(result=result, graph=graph, port=web.port, log=tuple(web.log), nodes=nodes,
+                   concluded=runner.concluded, changes=tuple(runner.windows))
+
+
+async def live_experiment(plan: Plan, out: Path, *, progress: Callable[[str], None] | None = None
+                          ) -> ExperimentResult:
+    """Run ``plan`` with real nodes (``live_run``) and return the experiment's result alone."""
+    return (await live_run(plan, out, progress=progress)).result
 
 
 def run_live(plan: Plan, out: Path, *, progress: Callable[[str], None] | None = None) -> ExperimentResult:

@@ -9,12 +9,17 @@ Layout (every table but ``[nodes]`` and ``[end]`` optional; see ``default.toml``
     name = "design"           mode = "simulate" | "live"      seed = 1      points_per_weight = 1000
     [nodes]     A = 150 ...                                  the initial cluster, node id = weight
     [fleet]     count, prefix, weight_min, weight_max        more initial nodes, weights drawn from the seed
-    [web]       hosts, pages_per_host, links_per_page, internal_links, popularity
+    [web]       hosts, pages_per_host, links_per_page, internal_links, popularity, features (live)
     [dispatch]  batch_size, interval, codec                  (live: passed to every peerd)
     [simulate]  pages_per_second, samples_per_phase
-    [live]      delay, concurrency, timeout, sample_interval, leave_wait, settle_wait, suspicion_timeout
+    [live]      delay, concurrency, timeout, sample_interval, progress_interval, leave_wait, settle_wait,
+                suspicion_timeout, store, keep_data
     [[phase]]   name, at | after_pages, add = {X = w}, remove = [..], kill = [..]
     [end]       at | after_pages, when_done
+
+``[end] when_done = true`` (live only) starts every node with ``--exit-when-done``: the cluster itself decides
+that the crawl is finished, and the run ends when every node has exited on its own (or earlier, at ``at`` or
+``after_pages`` when given, whichever comes first).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import ring
+
+from ..localweb.features import MIN_FEATURE_HOSTS
 
 __all__ = [
     "BUNDLED_PLANS",
@@ -51,11 +58,12 @@ __all__ = [
 ]
 
 #: Plans shipped inside the package, by name: ``--plan design`` needs no file.
-BUNDLED_PLANS = {"design": "default.toml", "live-small": "live-small.toml"}
+BUNDLED_PLANS = {"design": "default.toml", "live-small": "live-small.toml", "demo": "demo.toml"}
 
 _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 _MODES = ("simulate", "live")
 _CODECS = ("msgpack", "json")
+_STORES = ("none", "warc")
 
 
 class PlanError(ValueError):
@@ -76,6 +84,9 @@ class Web:
     internal_links: float = 0.7
     #: Zipf exponent of host popularity, P(rank k) ~ 1/k^s; 1.0 is the classic web in-link skew, 0 is uniform.
     popularity: float = 1.0
+    #: live: off, so every host is plain and the figures measure routing alone; on, the local web adds robots.txt
+    #: rules, Crawl-delays, redirects, traps, odd charsets and slow pages (docs/localweb.md), as the demo does.
+    features: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,6 +133,8 @@ class LiveSettings:
     timeout: float = 600.0
     #: read every node's counters twice a second: smooth curves at a negligible load.
     sample_interval: float = 0.5
+    #: a progress line (pages, rate, queues per node) every 2 s: visibly alive without flooding; 0 for none.
+    progress_interval: float = 2.0
     #: a graceful leave hands its arcs off first: allow a minute before the process is killed.
     leave_wait: float = 60.0
     #: a started node must answer, and the cluster settle after a change, within 45 s: longer than the node's
@@ -129,6 +142,12 @@ class LiveSettings:
     settle_wait: float = 45.0
     #: the node's default: a killed node is declared dead about this long after it stops answering.
     suspicion_timeout: float = 5.0
+    #: none: the experiment measures routing, and writing WARC files would only add disk load; warc keeps the
+    #: pages, as a real crawl does (with ``keep_data``, or they are removed with the data dirs).
+    store: str = "none"
+    #: the node data dirs (LMDB maps of a few hundred MB of address space, WARC files) are removed at the end;
+    #: the logs stay. true keeps them under ``OUT/nodes/<id>/``.
+    keep_data: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,7 +222,7 @@ class Plan:
 
 
 def bundled_plan_text(name: str) -> str:
-    """The text of a plan shipped with the package (``design``, ``live-small``)."""
+    """The text of a plan shipped with the package (``design``, ``live-small``, ``demo``)."""
     return resources.files(__package__).joinpath(BUNDLED_PLANS[name]).read_text(encoding="utf-8")
 
 
@@ -217,7 +236,7 @@ def load_plan(source: str | Path, *, overrides: Mapping[str, str] | None = None)
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
-            names = ", ".join(sorted(BUNDLED_PLANS))
+            names = ", ".join(BUNDLED_PLANS)
             raise PlanError(f"plan {path}: cannot read it ({exc.strerror}); bundled plans are: {names}") from exc
         label = path.name
     return parse_plan(text, label=label, overrides=overrides), label
@@ -297,6 +316,11 @@ class _Checker:
             raise self.fail(key, f"must be <= {high:g}, got {value:g}")
         return value
 
+    def boolean(self, value: Any, key: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, f"expected true or false, got {_kind(value)}")
+        return value
+
     def string(self, value: Any, key: str, choices: tuple[str, ...] | None = None) -> str:
         if not isinstance(value, str):
             raise self.fail(key, f"expected a string, got {_kind(value)}")
@@ -351,9 +375,16 @@ class _Checker:
             "links_per_page": lambda v, k: self.integer(v, k, low=1),
             "internal_links": lambda v, k: self.number(v, k, low=0.0, high=1.0),
             "popularity": lambda v, k: self.number(v, k, low=0.0, high=10.0),
+            "features": lambda v, k: self.boolean(v, k),
         })
         if web.hosts >= 1 << 32:
             raise self.fail("web.hosts", f"at most {(1 << 32) - 1:,} hosts, got {web.hosts:,}")
+        if web.features and mode != "live":
+            raise self.fail("web.features", "only a live run serves a local web with features: give mode = "
+                                           "\"live\" or web.features = false")
+        if web.features and web.hosts < MIN_FEATURE_HOSTS:
+            raise self.fail("web.hosts", f"a web with features needs at least {MIN_FEATURE_HOSTS} hosts (one per "
+                                         f"feature role), got {web.hosts}")
         dispatch = self.section(Dispatch, raw.get("dispatch", {}), "dispatch", {
             "batch_size": lambda v, k: self.integer(v, k, low=1),
             "interval": lambda v, k: self.number(v, k, positive=True),
@@ -368,10 +399,16 @@ class _Checker:
             "concurrency": lambda v, k: self.integer(v, k, low=1),
             "timeout": lambda v, k: self.number(v, k, positive=True),
             "sample_interval": lambda v, k: self.number(v, k, positive=True),
+            "progress_interval": lambda v, k: self.number(v, k, low=0.0),
             "leave_wait": lambda v, k: self.number(v, k, positive=True),
             "settle_wait": lambda v, k: self.number(v, k, positive=True),
             "suspicion_timeout": lambda v, k: self.number(v, k, positive=True),
+            "store": lambda v, k: self.string(v, k, _STORES),
+            "keep_data": lambda v, k: self.boolean(v, k),
         })
+        if live.store == "warc" and not live.keep_data:
+            raise self.fail("live.store", "the WARC files are written into the node data dirs, which are removed "
+                                          "at the end: give live.keep_data = true too")
         phases_raw = raw.get("phase", [])
         if not isinstance(phases_raw, list):
             raise self.fail("phase", f"expected [[phase]] tables, got {_kind(phases_raw)}")
@@ -419,9 +456,7 @@ class _Checker:
             raise self.fail("end", "missing: say when the experiment stops ([end] at = SECONDS or after_pages = N)")
         raw = self.table(raw, "end")
         self.known(raw, "end", {"at", "after_pages", "when_done"})
-        when_done = raw.get("when_done", False)
-        if not isinstance(when_done, bool):
-            raise self.fail("end.when_done", f"expected true or false, got {_kind(when_done)}")
+        when_done = self.boolean(raw.get("when_done", False), "end.when_done")
         if "at" not in raw and "after_pages" not in raw:
             if not when_done:
                 raise self.fail("end", "give at = SECONDS, after_pages = N or when_done = true")

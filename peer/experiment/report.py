@@ -50,6 +50,7 @@ from .results import (
 __all__ = [
     "CELLS_CSV_MAX_NODES",
     "PLOT_MAX_NODES",
+    "PLOT_MIN_URLS",
     "TABLE_MAX_NODES",
     "default_run_dir",
     "format_report",
@@ -67,6 +68,9 @@ TABLE_MAX_NODES = 12
 CELLS_CSV_MAX_NODES = 200
 #: Plots show at most this many nodes (the plan's named nodes first, then the largest deviations).
 PLOT_MAX_NODES = 12
+#: The share plot leaves out samples in which the nodes received fewer URLs than this: at the end of a live
+#: crawl a sample holds one or two URLs, and shares of 0 and 1 would hide the curves (shares.csv keeps them).
+PLOT_MIN_URLS = 20
 
 
 def default_run_dir(plan: Plan, *, root: Path = Path("runs"), now: float | None = None) -> Path:
@@ -394,7 +398,7 @@ def write_plots(result: ExperimentResult, out: Path) -> list[Path]:
         total = sum(s.received_by.get(node, 0) for node in weights)
         expected = receiver_expected_shares(weights, s.sent_by)
         for node in shown:
-            if node in weights and total:
+            if node in weights and total >= PLOT_MIN_URLS:
                 xs, ys, es = series.setdefault((node, s.phase), ([], [], []))
                 xs.append(s.time)
                 ys.append(s.received_by.get(node, 0) / total)
