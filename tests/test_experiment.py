@@ -79,9 +79,12 @@ def test_bundled_design_plan_is_the_design_experiment() -> None:
     assert plan.points_per_weight == ring.DEFAULT_POINTS_PER_WEIGHT
     live, _ = load_plan("live-small")
     assert live.mode == "live" and live.web.popularity == 0.0 and live.stage_weights() == plan.stage_weights()
+    wide, _ = load_plan("live-wide")  # the same experiment on ten times the hosts
+    assert wide.mode == "live" and wide.stage_weights() == plan.stage_weights()
+    assert wide.web.hosts == 10 * live.web.hosts and wide.web.popularity == 0.0
 
 
-@pytest.mark.parametrize("source", ["design", "live-small", SMALL])
+@pytest.mark.parametrize("source", ["design", "live-small", "live-wide", "demo", SMALL])
 def test_plan_round_trips_through_toml(source: str) -> None:
     plan = load_plan(source)[0] if source in experiment.BUNDLED_PLANS else parse_plan(source)
     again = parse_plan(to_toml(plan))
@@ -169,7 +172,7 @@ def test_bad_plans_fail_with_one_line_naming_the_key(text: str, message: str) ->
 
 
 def test_missing_plan_file_names_the_bundled_plans(tmp_path: Path) -> None:
-    with pytest.raises(PlanError, match=r"cannot read it .*bundled plans are: design, live-small"):
+    with pytest.raises(PlanError, match=r"cannot read it .*bundled plans are: design, live-small, live-wide, demo"):
         load_plan(tmp_path / "nope.toml")
 
 

@@ -10,7 +10,8 @@ promise, and split the deviation into the ring's key-space error, the host count
     peerctl experiment                                  # the design's plan (bundled), simulated
     peerctl experiment --plan my.toml --out runs/mine   # your plan, into a folder of your choice
     peerctl experiment --set web.hosts=10000000 --set fleet.count=996 --set points_per_weight=50
-    peerctl experiment --plan live-small                # real peerd processes on loopback
+    peerctl experiment --plan live-small                # real peerd processes on loopback, 400 hosts
+    peerctl experiment --plan live-wide                 # the same on 4,000 hosts: shares within a few percent
     peerctl experiment --plan demo --out runs/demo      # the demo's plan: a web with features, WARC files kept
 """
 

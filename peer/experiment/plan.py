@@ -58,7 +58,12 @@ __all__ = [
 ]
 
 #: Plans shipped inside the package, by name: ``--plan design`` needs no file.
-BUNDLED_PLANS = {"design": "default.toml", "live-small": "live-small.toml", "demo": "demo.toml"}
+BUNDLED_PLANS = {
+    "design": "default.toml",
+    "live-small": "live-small.toml",
+    "live-wide": "live-wide.toml",
+    "demo": "demo.toml",
+}
 
 _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 _MODES = ("simulate", "live")
@@ -222,7 +227,7 @@ class Plan:
 
 
 def bundled_plan_text(name: str) -> str:
-    """The text of a plan shipped with the package (``design``, ``live-small``, ``demo``)."""
+    """The text of a plan shipped with the package (``design``, ``live-small``, ``live-wide``, ``demo``)."""
     return resources.files(__package__).joinpath(BUNDLED_PLANS[name]).read_text(encoding="utf-8")
 
 
