@@ -280,6 +280,11 @@ class Membership:
     async def _suspicion_timer(self, node_id: str, incarnation: int) -> None:
         await trio.sleep(self.config.suspicion_timeout)
         self._suspicions.discard((node_id, incarnation))
+        if self._leaving:
+            # A leaving node runs no failure detection: it no longer probes, and the members that stay stop
+            # gossiping to it, so it would never hear the suspect's refutation and would declare a live member
+            # dead (and hand its arcs to the wrong owners). A DEAD record from the members that stay still counts.
+            return
         member = self.view.member(node_id)
         if member is not None and member.state is MemberState.SUSPECT and member.incarnation == incarnation:
             log.info("%s declares %s dead after %.1f s of suspicion", self.node_id, node_id,
@@ -344,6 +349,8 @@ class Membership:
                 return
         finally:
             del self._acks[seq]
+        if self._leaving:
+            return  # we started leaving during the probe: its indirect probes were not sent, it proves nothing
         current = self.view.member(target)
         # Suspect only the record we probed: a refutation that arrived meanwhile (higher incarnation) stands.
         if current is not None and current.state is MemberState.ALIVE and current == member:

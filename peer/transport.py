@@ -4,14 +4,21 @@ Everything above this module (peer links, membership, dispatch) sees only `Trans
 a byte stream, `serve(handler)` runs a listener and reports the address it bound. `TcpTransport` is the real
 thing. `MemoryNetwork` runs many nodes in one `trio.run`, so a cluster can be simulated under `MockClock`.
 
-Faults on a byte stream cannot drop or duplicate single messages without corrupting framing, so the in-memory
-network models them where a real network shows them to a TCP user: at the connection (a partition refuses new
-connections and breaks existing ones; a link can break at random) and at delivery (each write arrives after an
-added delay, in order). Every random choice comes from the network's injected `random.Random`.
+The in-memory network models faults where a real network shows them to a TCP user: at the connection (a
+partition refuses new connections and breaks existing ones; a link can break at random) and at delivery (each
+write arrives after an added delay, in order). It can also lose or duplicate single messages on a connection
+that stays up, which a real TCP connection never does: it stands for the loss and duplication an
+application-level protocol must survive anyway, a message lost with a connection that broke after it was
+written, a resend after a lost acknowledgement. A byte stream cannot do that by cutting bytes without
+corrupting its framing, but peer frames are length-prefixed (docs/protocol.md section 1) and carry no sequence
+number or MAC after the handshake, so a pipe that knows the framing drops or repeats whole frames cleanly. The
+handshake frames, `Reject` and `Goodbye` are never touched, so connections still form and close as they would.
+Every random choice comes from the network's injected `random.Random`; no wall clock is read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -21,6 +28,8 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import trio
+
+from protocol import TYPE_CODES, Challenge, Goodbye, Hello, Limits, Reject, Welcome
 
 __all__ = [
     "Handler",
@@ -174,21 +183,76 @@ class _Reporter:
 # --- in memory ----------------------------------------------------------------------------------------------
 
 
+#: Frames a message fault never touches: the handshake (Hello, Challenge, Welcome), Reject and Goodbye, so
+#: connections still form and close as they would.
+_UNTOUCHED_TYPES = frozenset(TYPE_CODES[cls] for cls in (Hello, Challenge, Welcome, Reject, Goodbye))
+#: A length field above this cannot be a peer frame (the protocol's default limit): the stream is not framed.
+_MAX_FRAME = Limits().max_frame
+_LENGTH_SIZE = 4
+
+
 class _Pipe:
-    """One direction of a memory connection: writes arrive in order, each after the network's delay."""
+    """One direction of a memory connection: writes arrive in order, each after the network's delay.
+
+    While the network loses or duplicates messages, the pipe cuts what is written into frames (a 4-byte
+    big-endian length, then that many bytes) and passes on only complete frames, each dropped, kept, or
+    repeated as the network draws; a frame split across writes is held until its last byte is written. A pipe
+    begins cutting at the first write after a message fault is switched on, so that write must begin a frame
+    (PeerLinks writes whole frames only). A length no peer frame can have (below 2, above the protocol's frame
+    limit) means the stream is not framed: the pipe then passes everything on untouched for the rest of its
+    life, and so the reader sees the bad length as it would have.
+    """
 
     def __init__(self, network: MemoryNetwork, capacity: int) -> None:
         self._network = network
         self._send, self._receive = trio.open_memory_channel[tuple[float, bytes]](capacity)
         self._last_due = -math.inf
         self._pending = b""
+        self._partial = bytearray()  # the start of a frame whose end has not been written yet
+        self._unframed = False
 
     async def write(self, data: bytes) -> None:
-        due = max(self._last_due, trio.current_time() + self._network.draw_delay())
+        network = self._network
+        if (network.message_faults or self._partial) and not self._unframed:
+            data = self._cut(data)
+            if not data:
+                return
+        due = max(self._last_due, trio.current_time() + network.draw_delay())
         self._last_due = due
         await self._send.send((due, data))
 
+    def _cut(self, data: bytes) -> bytes:
+        """The complete frames of what was written so far, after the network's message faults."""
+        buffer = self._partial
+        buffer += data
+        out = bytearray()
+        offset = 0
+        while len(buffer) - offset >= _LENGTH_SIZE:
+            length = int.from_bytes(buffer[offset : offset + _LENGTH_SIZE], "big")
+            if not 2 <= length <= _MAX_FRAME:
+                self._unframed = True  # not peer frames: deliver the rest as written
+                out += buffer[offset:]
+                offset = len(buffer)
+                break
+            size = _LENGTH_SIZE + length
+            if len(buffer) - offset < size:
+                break
+            frame = buffer[offset : offset + size]
+            offset += size
+            if frame[_LENGTH_SIZE] in _UNTOUCHED_TYPES:
+                out += frame
+            else:
+                out += frame * self._network.draw_copies()
+        del buffer[:offset]
+        return bytes(out)
+
     def write_eof(self) -> None:
+        if self._partial:
+            # The writer ended inside a frame: the reader gets that tail (and sees the stream end inside a frame)
+            # if there is room, else the tail is lost with the end of the connection.
+            with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                self._send.send_nowait((max(self._last_due, trio.current_time()), bytes(self._partial)))
+            self._partial.clear()
         self._send.close()
 
     async def read(self, max_bytes: int) -> bytes:
@@ -323,6 +387,10 @@ class MemoryNetwork:
 
     - `delay` + uniform(0, `jitter`) seconds are added to each write (order is kept, as TCP keeps it).
     - `break_probability`: the chance that any write breaks its connection (both ends see a reset).
+    - `loss_probability`: the chance that a frame (any but the handshake's, Reject and Goodbye) is dropped while
+      its connection stays up; `duplicate_probability`: the chance that it is delivered twice, the copy right
+      behind it. One draw per frame decides both (their sum is at most 1); counted in `lost` and `duplicated`.
+      With both at 0 the pipes cut nothing: the bytes pass as written, at no cost.
     - `partition(...)` / `block(a, b)`: blocked pairs cannot connect, and their open connections break.
     The fault settings are plain attributes: set them to 0 to stop the faults.
     """
@@ -334,18 +402,24 @@ class MemoryNetwork:
         delay: float = 0.0,
         jitter: float = 0.0,
         break_probability: float = 0.0,
+        loss_probability: float = 0.0,
+        duplicate_probability: float = 0.0,
         capacity: int = 64,
     ) -> None:
         self.rng = rng or random.Random(0)
         self.delay = delay
         self.jitter = jitter
         self.break_probability = break_probability
+        self.loss_probability = loss_probability
+        self.duplicate_probability = duplicate_probability
         self.capacity = capacity
         self._listeners: dict[str, trio.MemorySendChannel[trio.abc.Stream]] = {}
         self._blocked: set[frozenset[str]] = set()
         self._links: set[_MemoryLink] = set()
         self.connects = 0
         self.breaks = 0
+        self.lost = 0  # frames dropped by `loss_probability`
+        self.duplicated = 0  # frames delivered twice by `duplicate_probability`
 
     def transport(self, address: str) -> MemoryTransport:
         """The transport of the node that listens at `address` on this network."""
@@ -362,6 +436,25 @@ class MemoryNetwork:
             self.breaks += 1
             return True
         return False
+
+    @property
+    def message_faults(self) -> bool:
+        """Whether single messages are lost or duplicated now (pipes then cut their bytes into frames)."""
+        return self.loss_probability > 0 or self.duplicate_probability > 0
+
+    def draw_copies(self) -> int:
+        """How many times the next frame is delivered: 0 (lost), 1, or 2 (duplicated)."""
+        if not self.message_faults:
+            return 1
+        loss, duplicate = self.loss_probability, self.duplicate_probability
+        draw = self.rng.random()
+        if draw < loss:
+            self.lost += 1
+            return 0
+        if draw < loss + duplicate:
+            self.duplicated += 1
+            return 2
+        return 1
 
     def block(self, a: str, b: str) -> None:
         """Cut `a` from `b` (both ways): connecting fails and open connections between them break."""

@@ -204,6 +204,67 @@ def test_churn_with_a_node_dead_for_good_loses_only_what_it_held() -> None:
             | {k: v for k, v in out.items() if k != "held"})
 
 
+# -- scenario 2: messages lost and duplicated ------------------------------------------------------------------
+
+#: Each frame after the handshake is lost with this probability, and delivered twice with the same again.
+MESSAGE_FAULTS = 0.05
+#: Progress rounds need every report of two rounds in a row: with 5% of frames lost, a round of four peers
+#: (eight frames) completes about two times in three, so concluding can take a few rounds more than without loss.
+LOSSY_FINISH_BOUND = 15.0
+
+
+async def lossy(sim: ClusterSim, web: Web, expected: set[str]) -> dict:
+    """Four nodes join one by one; then the network loses and duplicates MESSAGE_FAULTS of the frames each way;
+    at 15% of the pages a fifth node joins, at 30% one leaves gracefully, at 50% the cluster is split in two for
+    2 s and heals. The faults last until every node has concluded the crawl, then stop."""
+    total = len(expected)
+    a, b, c, d = await _start_settled(sim, web, 4)
+    sim.net.loss_probability = sim.net.duplicate_probability = MESSAGE_FAULTS
+    sim.note("messages lost and duplicated")
+    await sim.at_pages(0.15, total)
+    e = await sim.start(4, WEIGHTS[4], join=b)
+    await sim.at_pages(0.30, total)
+    assert await sim.leave(c), "the leaving node did not hand everything off"
+    assert sim.held(c) == set(), "the node that left still holds URLs"
+    await sim.at_pages(0.50, total)
+    sim.net.partition([a.address, b.address], [d.address, e.address])
+    sim.note("partition {a,b} | {d,e}")
+    await trio.sleep(2.0)
+    sim.net.heal()
+    sim.note("healed")
+    await sim.until(lambda: _all_finished(sim), limit=CRAWL_LIMIT, step=0.5)
+    sim.net.loss_probability = sim.net.duplicate_probability = 0.0
+    sim.note("faults stop")
+    return {"converge": await sim.until(sim.converged, limit=CONVERGE_LIMIT, step=0.05)}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_lost_and_duplicated_messages_lose_no_url_and_never_fetch_a_host_twice_at_once(seed: int) -> None:
+    web = make_web(seed, hosts=300, max_pages=10)
+    expected = web.reachable(web.seeds)
+    out: dict = {}
+
+    async def body(nursery: trio.Nursery, tmp: Path) -> None:
+        sim = ClusterSim(nursery, tmp, web, seed=seed, delay=0.01, jitter=0.02)
+        out.update(await lossy(sim, web, expected))
+        out["sim"] = sim
+        await sim.stop_all()
+
+    _run(seed, body)
+    sim = out["sim"]
+    figures = sim.figures(expected)
+    assert figures["messages_lost"] > 100 and figures["messages_duplicated"] > 100  # the faults did happen
+    _check_one_fetcher_per_host(sim)
+    assert figures["lost"] == 0, f"{figures['lost']} reachable pages never fetched"
+    assert figures["unexpected"] == 0
+    assert figures["gap_breaks"] == 0, sim.ledger.gap_breaks(web.gap)[:3]
+    assert figures["handoff_waits_expired"] == 0, "gained arcs waited the whole hand-off wait"
+    # nothing died: a duplicate fetch could only come from state that missed its new owner
+    assert figures["extra_fetches"] == 0, sorted(sim.ledger.duplicates())[:5]
+    figures.update(_check_termination(sim, bound=LOSSY_FINISH_BOUND))
+    _report(f"lossy seed={seed}", figures | {"converge": out["converge"]})
+
+
 # -- random fault schedules ------------------------------------------------------------------------------------
 
 OPERATIONS = st.lists(
@@ -265,7 +326,7 @@ def test_any_fault_schedule_keeps_one_fetcher_per_host_and_loses_nothing(operati
     _report(f"schedule seed={seed} {operations}", figures | {"converge": result["converge"]})
 
 
-# -- scenario 2: termination -----------------------------------------------------------------------------------
+# -- scenario 3: termination -----------------------------------------------------------------------------------
 
 
 @settings(max_examples=4, deadline=None, derandomize=True, database=None)
@@ -299,7 +360,7 @@ def test_the_crawl_is_concluded_everywhere_soon_after_the_last_fetch_and_never_e
     _report(f"termination seed={seed} nodes={nodes} delay={delay} breaks={breaks}", figures)
 
 
-# -- scenario 3: a stale view ----------------------------------------------------------------------------------
+# -- scenario 4: a stale view ----------------------------------------------------------------------------------
 
 
 def test_urls_routed_under_a_stale_view_are_forwarded_to_their_owner() -> None:

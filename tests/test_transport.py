@@ -16,7 +16,7 @@ from peer.transport import (
     TransportError,
     split_address,
 )
-from protocol import Message, Ping
+from protocol import TYPE_CODES, BatchAck, Goodbye, Hello, Message, Ping, Reject, Welcome, encode_frame
 
 SECRET = b"transport test secret, 32 bytes"
 
@@ -200,6 +200,123 @@ def test_random_link_breaks_follow_the_injected_random_source() -> None:
     first = [sends_before_break(seed) for seed in (1, 2, 3)]
     assert first == [sends_before_break(seed) for seed in (1, 2, 3)]
     assert all(count < 1000 for count in first) and len(set(first)) > 1
+
+
+# --- lost and duplicated messages ---------------------------------------------------------------------------------
+
+HANDSHAKE_AND_CLOSING = [TYPE_CODES[cls] for cls in (Hello, Welcome, Reject, Goodbye)]
+
+
+def frames_sent() -> list[bytes]:
+    """A handshake frame, then 200 application frames of different sizes (each body names its index), a
+    Reject among them and a Goodbye at the end: what a peer link writes, as raw frames."""
+    frames = [encode_frame(TYPE_CODES[Hello], 0, b'{"hello": 1}')]
+    for i in range(200):
+        code = TYPE_CODES[BatchAck] if i % 2 else TYPE_CODES[Ping]
+        frames.append(encode_frame(code, 0, b"%05d:" % i + b"x" * (i * 7 % 300)))
+        if i == 100:
+            frames.append(encode_frame(TYPE_CODES[Reject], 0, b'{"reason": "test"}'))
+    frames.append(encode_frame(TYPE_CODES[Goodbye], 0, b'{"reason": "done"}'))
+    return frames
+
+
+def pieces(data: bytes, rng: random.Random) -> list[bytes]:
+    """`data` cut at random points: writes that split frames, and writes that join several."""
+    cuts = sorted(rng.sample(range(1, len(data)), 120))
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+
+
+def deliver(writes: list[bytes], *, seed: int, loss: float, duplicate: float) -> tuple[bytes, MemoryNetwork]:
+    """Write `writes` one by one on a memory connection with the given faults; everything the far end read."""
+    net = MemoryNetwork(random.Random(seed), delay=0.01, jitter=0.05, loss_probability=loss,
+                        duplicate_probability=duplicate)
+    got = bytearray()
+
+    async def sink(stream: trio.abc.Stream) -> None:
+        async with stream:
+            while data := await stream.receive_some(4096):
+                got.extend(data)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(net.transport("10.0.0.2:7000").serve, sink)
+            stream = await net.transport("10.0.0.1:7000").connect("10.0.0.2:7000")
+            for data in writes:
+                await stream.send_all(data)
+            await stream.send_eof()
+            await trio.sleep(5)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return bytes(got), net
+
+
+def frames_in(data: bytes) -> list[bytes]:
+    """`data` cut into whole frames (docs/protocol.md section 1); fails if it ends inside one."""
+    out = []
+    while data:
+        size = 4 + int.from_bytes(data[:4], "big")
+        assert len(data) >= size, "the stream ended inside a frame"
+        out.append(data[:size])
+        data = data[size:]
+    return out
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_lost_and_duplicated_frames_go_whole_in_order_sparing_handshake_reject_goodbye(split: bool) -> None:
+    sent = frames_sent()
+    stream = b"".join(sent)
+    # Joined: all frames in one write. Split: 121 writes cut anywhere, most of them through a frame.
+    writes = pieces(stream, random.Random(11)) if split else [stream]
+    data, net = deliver(writes, seed=3, loss=0.2, duplicate=0.2)
+    got = frames_in(data)
+    # Every frame arrived whole, in order, each sent frame 0, 1 or 2 times in a row.
+    index = 0
+    counts = []
+    for frame in sent:
+        n = 0
+        while index < len(got) and got[index] == frame:
+            n += 1
+            index += 1
+        counts.append(n)
+    assert index == len(got), "a frame arrived that was never sent, or out of order"
+    assert all(n <= 2 for n in counts)
+    untouched = [n for frame, n in zip(sent, counts) if frame[4] in HANDSHAKE_AND_CLOSING]
+    assert untouched == [1, 1, 1]  # Hello, Reject, Goodbye: exactly once
+    assert counts.count(0) == net.lost > 10
+    assert counts.count(2) == net.duplicated > 10
+    assert len(got) == len(sent) - net.lost + net.duplicated
+
+
+def test_a_seeded_run_loses_and_duplicates_the_same_frames() -> None:
+    writes = pieces(b"".join(frames_sent()), random.Random(12))
+    first, net1 = deliver(writes, seed=4, loss=0.1, duplicate=0.1)
+    again, net2 = deliver(writes, seed=4, loss=0.1, duplicate=0.1)
+    other, _ = deliver(writes, seed=5, loss=0.1, duplicate=0.1)
+    assert first == again and (net1.lost, net1.duplicated) == (net2.lost, net2.duplicated)
+    assert other != first
+
+
+def test_without_message_faults_bytes_pass_untouched_framed_or_not() -> None:
+    framed = b"".join(frames_sent())
+    writes = pieces(framed, random.Random(13))
+    data, net = deliver(writes, seed=6, loss=0.0, duplicate=0.0)
+    assert data == framed and net.lost == net.duplicated == 0
+    garbage = [b"\x00\x00\x00", b"\x01abc", b"\xff" * 1000]  # a length of 1, then anything
+    assert deliver(garbage, seed=6, loss=0.0, duplicate=0.0)[0] == b"".join(garbage)
+
+
+def test_a_stream_that_is_not_peer_frames_passes_untouched_even_with_message_faults() -> None:
+    # A length below 2 or above the frame limit is not a peer frame: the pipe stops cutting, and the reader
+    # sees the bytes as written (and rejects them itself, as it would on a real connection).
+    for junk in ([b"\x00\x00\x00\x01zzz", b"more"], [b"\xff\xff\xff\xff" + b"y" * 5000]):
+        data, net = deliver(junk, seed=7, loss=0.5, duplicate=0.5)
+        assert data == b"".join(junk) and net.lost == net.duplicated == 0
+    # Frames first, then junk: the frames are cut (and faulted), the junk passes as written.
+    frames = b"".join(frames_sent()[:50])
+    data, net = deliver([frames, b"\x00\x00\x00\x00tail"], seed=7, loss=0.3, duplicate=0.0)
+    assert data.endswith(b"\x00\x00\x00\x00tail") and net.lost > 0
+    assert len(frames_in(data[: -8])) == 50 - net.lost
 
 
 # --- peer links ------------------------------------------------------------------------------------------------

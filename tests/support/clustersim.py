@@ -624,6 +624,8 @@ class ClusterSim:
         delay: float = 0.01,
         jitter: float = 0.02,
         break_probability: float = 0.0,
+        loss_probability: float = 0.0,
+        duplicate_probability: float = 0.0,
         points_per_weight: int = 10,
         concurrency: int = 16,
         settings: dict | None = None,
@@ -634,7 +636,8 @@ class ClusterSim:
         self.seed = seed
         self.rng = random.Random(seed)
         self.net = MemoryNetwork(random.Random(seed + 1), delay=delay, jitter=jitter,
-                                 break_probability=break_probability)
+                                 break_probability=break_probability, loss_probability=loss_probability,
+                                 duplicate_probability=duplicate_probability)
         self.points_per_weight = points_per_weight
         self.concurrency = concurrency
         self.settings = {
@@ -791,6 +794,8 @@ class ClusterSim:
             "handoff_urls_forwarded": sum(c.handoff.urls_forwarded for c in clusters),
             "handoff_waits_expired": sum(c.handoff.waits_expired for c in clusters),
             "link_breaks": self.net.breaks,
+            "messages_lost": self.net.lost,
+            "messages_duplicated": self.net.duplicated,
             "blocked_turns": sum(n.crawler.blocked_turns for n in self.nodes.values() if n.crawler),
             "hosts_let_go": sum(n.crawler.let_go for n in self.nodes.values() if n.crawler),
             "last_fetch_end": ledger.last_end(),
