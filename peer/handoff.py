@@ -173,7 +173,8 @@ class Handoff:
         self.urls_discarded = 0  # queued here, but the previous owner had already fetched them
         self._run = 0  # the store's run counter, set by `run`: transfer ids never repeat an earlier process's
         self._transfers = 0
-        self._waiting: list[tuple[int, int, str, list[ArcMove]]] = []  # transfers not started yet
+        # transfers not started yet: (transfer id, ring id, peer, arcs, the ring it hands off to (None: a sweep))
+        self._waiting: list[tuple[int, int, str, list[ArcMove], Ring | None]] = []
         self._outgoing: dict[int, _Outgoing] = {}
         self._incoming: dict[tuple[str, int], _Incoming] = {}
         self._lost = _ArcSet(())  # arcs lost at the latest view change
@@ -223,12 +224,12 @@ class Handoff:
             if arc.next is not None:
                 by_peer.setdefault(arc.next, []).append(arc)
         for peer in sorted(by_peer):
-            self._waiting.append((self._next_transfer_id(), epoch, peer, by_peer[peer]))
+            self._waiting.append((self._next_transfer_id(), epoch, peer, by_peer[peer], new))
         # Every other owner of the new ring hears "nothing more from me up to this ring" (an empty transfer,
         # after any earlier one to it): a receiver that saw the rings in another order, and waits for arcs this
         # node labelled with a ring it never adopted, is released by it instead of by the wait timeout.
         for peer in sorted(set(new.nodes) - set(by_peer) - {self.node_id}):
-            self._waiting.append((self._next_transfer_id(), epoch, peer, []))
+            self._waiting.append((self._next_transfer_id(), epoch, peer, [], new))
         self._start_quiet()
         if gain_arcs is not None:
             arcs = list(gain_arcs)
@@ -260,7 +261,7 @@ class Handoff:
                 start=position, end=(position + 1) % RING_SPACE, previous=self.node_id, next=owner
             )
         for peer, arcs in sorted(by_peer.items()):
-            self._waiting.append((self._next_transfer_id(), epoch, peer, list(arcs.values())))
+            self._waiting.append((self._next_transfer_id(), epoch, peer, list(arcs.values()), None))
         self._start_quiet()
         return sum(len(arcs) for arcs in by_peer.values())
 
@@ -270,7 +271,10 @@ class Handoff:
 
     def _start_quiet(self) -> None:
         """Start the waiting transfers that may go now. A transfer waits while
-        - a fetch is in flight here in one of its arcs (the states it carries must include that fetch);
+        - a fetch is in flight here in one of its arcs (the states it carries must include that fetch), or of any
+          host the ring it hands off to gives its peer: a complete transfer to the peer's ring releases every arc
+          the peer waits for from us, even one whose content went elsewhere first (to a node that owned it in a
+          ring between), so even a transfer with no arcs must not release a host we are fetching;
         - an earlier transfer to the same peer is unacknowledged (a complete transfer to the receiver's ring
           releases every arc it waits for from us, so it must not overtake one still streaming);
         - one of its arcs is still awaited here from its previous owner (an arc that moves on while it arrives
@@ -280,16 +284,17 @@ class Handoff:
         busy = list(self.in_flight()) if self.in_flight is not None else []
         sending = {transfer.peer for transfer in self._outgoing.values()}
         awaited = [arc for arcs in self._pending.values() for arc in arcs.arcs]
-        still: list[tuple[int, int, str, list[ArcMove]]] = []
-        for transfer_id, epoch, peer, arcs in self._waiting:
+        still: list[tuple[int, int, str, list[ArcMove], Ring | None]] = []
+        for transfer_id, epoch, peer, arcs, ring in self._waiting:
             arc_set = _ArcSet((arc.start, arc.end) for arc in arcs)
             if (
                 peer in sending
                 or any(position in arc_set for position in busy)
+                or (ring is not None and peer in ring.weights and peer in ring.owners_at(busy))
                 or any(start in arc_set for start, _ in awaited)
                 or any(arc.start in pending for arc in arcs for pending in self._pending.values())
             ):
-                still.append((transfer_id, epoch, peer, arcs))
+                still.append((transfer_id, epoch, peer, arcs, ring))
                 sending.add(peer)  # keep this peer's later transfers behind this one
             else:
                 self._start_transfer(transfer_id, epoch, peer, arcs)

@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,10 @@ from peer.membership import to_wire
 from protocol import Gossip, UrlBatch, UrlEntry
 from ring import MemberState
 from tests.support.clustersim import ClusterSim, SimNode, Web, make_web, run_simulation
+from tests.test_membership import CONFIG as MEMBERSHIP_CONFIG
+from tests.test_membership import Sim as MembershipSim
+from tests.test_membership import build as build_members
+from tests.test_membership import run_sim as run_members
 
 WEIGHTS = (150, 80, 200, 40, 120, 100)
 #: After the faults stop: SWIM settles in a few probe rounds; a restarted node's refutation spreads by gossip.
@@ -265,6 +270,32 @@ def test_lost_and_duplicated_messages_lose_no_url_and_never_fetch_a_host_twice_a
     _report(f"lossy seed={seed}", figures | {"converge": out["converge"]})
 
 
+def test_a_leaving_node_declares_nobody_dead_on_a_rumour_it_cannot_see_refuted() -> None:
+    """The defect the lossy runs found, pinned at the membership layer: a leaving node still hands off over its
+    links, but no longer probes and nobody gossips to it, so a suspicion it hears is never refuted there. It
+    keeps the member SUSPECT (still an owner) instead of declaring it dead on its own timer (which cancelled its
+    transfer to a live node); a DEAD record from the members that stay still counts."""
+
+    async def body(msim: MembershipSim) -> None:
+        nodes = await build_members(msim, 5)
+        await msim.until(msim.converged, limit=5)
+        leaver, rumoured, teller = nodes[4], nodes[2], nodes[0]
+        await leaver.m.leave(close_links=False)
+        record = rumoured.m.view.member(rumoured.id)
+        assert record is not None
+        suspect = replace(record, state=MemberState.SUSPECT)
+        teller.m.links.send_nowait(leaver.id, Gossip(epoch=0, full=False, members=(to_wire(suspect),)))
+        await msim.until(lambda: leaver.state_of(rumoured.id) is MemberState.SUSPECT, limit=2)
+        await trio.sleep(3 * MEMBERSHIP_CONFIG.suspicion_timeout)
+        assert leaver.state_of(rumoured.id) is MemberState.SUSPECT
+        assert rumoured.id in leaver.m.view.owner_weights()  # its arcs are still its own here
+        dead = replace(record, state=MemberState.DEAD)
+        teller.m.links.send_nowait(leaver.id, Gossip(epoch=0, full=False, members=(to_wire(dead),)))
+        await msim.until(lambda: leaver.state_of(rumoured.id) is MemberState.DEAD, limit=2)
+
+    run_members(12, body)
+
+
 # -- random fault schedules ------------------------------------------------------------------------------------
 
 OPERATIONS = st.lists(
@@ -283,13 +314,33 @@ OPERATIONS = st.lists(
 @given(operations=OPERATIONS, seed=st.integers(0, 2**16))
 def test_any_fault_schedule_keeps_one_fetcher_per_host_and_loses_nothing(operations: list[tuple], seed: int) -> None:
     """Joins, graceful leaves, kills (each node restarted on its store once declared dead) and splits shorter than
-    the suspicion timeout, at any point of the crawl, over a network with delays and link breaks."""
+    the suspicion timeout, at any point of the crawl, over a network with delays, link breaks, and 2% of the
+    frames lost and 2% duplicated throughout."""
+    _fault_schedule(operations, seed)
+
+
+@pytest.mark.parametrize(("seed", "operations"), [
+    (3876, [("leave", 0.325, 89), ("kill", 0.115, 84), ("join", 0.634, 66), ("split", 0.328, 93)]),
+    (7705, [("leave", 0.783, 80), ("split", 0.217, 83), ("join", 0.346, 73), ("kill", 0.545, 54)]),
+])
+def test_a_transfer_releases_no_host_its_sender_is_fetching(seed: int, operations: list[tuple]) -> None:
+    """Schedules that found a defect (fixed in peer/handoff.py): a node that restarts and another that leaves at
+    once. The leaver, fetching a host whose arc the restarted node waited for from it, sent its content to a
+    third node (its view did not hold the restarted node yet), then an empty transfer labelled with the new ring
+    to the restarted node, which released every arc it waited for from the leaver, and fetched that host while
+    the leaver's request was under way. A transfer now waits while a fetch is in flight here of any host the
+    ring it hands off to gives its peer."""
+    _fault_schedule(operations, seed)
+
+
+def _fault_schedule(operations: list[tuple], seed: int) -> None:
     web = make_web(seed, hosts=150)
     expected = web.reachable(web.seeds)
     result: dict = {}
 
     async def body(nursery: trio.Nursery, tmp: Path) -> None:
-        sim = ClusterSim(nursery, tmp, web, seed=seed, delay=0.01, jitter=0.03, break_probability=0.002)
+        sim = ClusterSim(nursery, tmp, web, seed=seed, delay=0.01, jitter=0.03, break_probability=0.002,
+                         loss_probability=0.02, duplicate_probability=0.02)
         await _start_settled(sim, web, 4)
         next_index = 4
         for kind, share, pick in sorted(operations, key=lambda op: op[1]):
@@ -311,7 +362,7 @@ def test_any_fault_schedule_keeps_one_fetcher_per_host_and_loses_nothing(operati
                 sim.net.partition([n.address for n in live[:2]], [n.address for n in live[2:]])
                 await trio.sleep(1.5)
                 sim.net.heal()
-        sim.net.break_probability = 0.0
+        sim.net.break_probability = sim.net.loss_probability = sim.net.duplicate_probability = 0.0
         result["faults_end"] = trio.current_time()
         result["converge"] = await sim.until(sim.converged, limit=CONVERGE_LIMIT, step=0.05)
         await sim.until(lambda: _all_finished(sim), limit=CRAWL_LIMIT, step=0.5)
