@@ -1,15 +1,17 @@
 """Whole-cluster simulations: 5-6 weighted `Cluster` nodes with real LMDB stores crawl a synthetic web of a few
-hundred hosts over the in-memory network (delays, jitter, random link breaks, partitions) in virtual time, while
-nodes join, leave, are killed and restarted. Every request goes in one ledger, on which the invariants are
-checked: one node at a time per host, nothing lost, views and rings converge, the crawl ends everywhere and
-only once nothing is left anywhere.
+hundred hosts over the in-memory network (delays, jitter, random link breaks, partitions, lost and duplicated
+messages) in virtual time, while nodes join, leave, are killed and restarted. Every request goes in one ledger,
+on which the invariants are checked: one node at a time per host, nothing lost, views and rings converge, the
+crawl ends everywhere and only once nothing is left anywhere.
 
 Scenarios: churn (joins, a graceful leave, a kill with and without a restart, a split that heals, link breaks);
-random fault schedules (Hypothesis); termination over delays and link breaks (Hypothesis); URLs routed under a
-stale view. The tests of views that reach nodes in a different order pinned defects these simulations found in
-peer/ (fixed: transfers serialised per peer with an empty one to every owner of a new ring, a transfer waits for
-arcs still arriving, a joining node computes its gains against the cluster's ring without it, progress rounds
-compare rings).
+5% of the frames lost and 5% duplicated through a join, a graceful leave and a split; random fault schedules
+with 2% lost and 2% duplicated (Hypothesis); termination over delays and link breaks (Hypothesis); URLs routed
+under a stale view. The tests of views that reach nodes in a different order, and of the lossy runs, pinned
+defects these simulations found in peer/ (fixed: transfers serialised per peer with an empty one to every owner
+of a new ring, a transfer waits for arcs still arriving and for fetches of its peer's hosts, a joining node
+computes its gains against the cluster's ring without it, progress rounds compare rings, a leaving node declares
+nobody dead).
 
 The helpers are in tests/support/clustersim.py (why `trio.to_thread` runs inline there: see its docstring).
 Runs are repeatable: fixed seeds, Hypothesis derandomized, trio's scheduler seeded. `pytest -s` prints each
