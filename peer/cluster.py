@@ -8,6 +8,7 @@ cluster-wide termination, and graceful leave.
 - links to hosts owned elsewhere go to `dispatcher.route`, and the crawler stores them with the page that found
   them (`take_routed`);
 - a view change starts the hand-off of the arcs this node lost and notes those it gained;
+- the seen keys of the pages it fetches go to each arc's backup (`peer/replica.py`), so a death repeats little;
 - every second each node asks every live peer for a `ProgressReport`; two rounds in which every node is idle
   with unchanged activity at the same epoch mean the crawl is finished everywhere (the four-counter method:
   an idle node has nothing queued, nothing being fetched, and every batch and chunk it sent acknowledged).
@@ -34,6 +35,7 @@ from .crawler import Crawler
 from .dispatch import DispatchConfig, Dispatcher
 from .handoff import Handoff, HandoffConfig, handoff_arcs
 from .membership import Membership, MembershipConfig
+from .replica import SeenReplicas
 from .transport import TcpTransport, TlsFiles, Transport
 
 __all__ = ["Cluster", "NodeProgress"]
@@ -47,6 +49,9 @@ SWEEP_INTERVAL = 5.0
 #: After a join, how long to wait for the ring of the joined view (building one takes about a second per
 #: 500,000 points).
 JOIN_RING_TIMEOUT = 30.0
+#: A node seen LEAVING this long and no longer connected has left: its arcs are not waited for any more. Its
+#: links stay up while it hands off, so this only needs to cover a link that is not up yet.
+LEFT_GRACE = 2.0
 #: After concluding the crawl is finished, a node keeps answering until every peer has concluded too.
 LINGER_TIMEOUT = 5.0
 
@@ -142,7 +147,9 @@ class Cluster:
         self.handoff = Handoff(
             node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait), wall_clock=wall_clock,
             in_flight=self._busy_positions, on_applied=self._applied, owner_of=self._owner_of,
+            on_keys=lambda keys: self.replicas.adopt(keys),
         )
+        self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring))
         self.crawler: Crawler | None = None
         self.address: str | None = None
         self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
@@ -155,6 +162,7 @@ class Cluster:
         self._round_done = False
         self._seq = 0
         self._answers: dict[int, tuple[str, trio.Event]] = {}
+        self._leaving_since: dict[str, float] = {}  # peer -> when this node first saw it LEAVING
 
     # -- the crawler's hooks ------------------------------------------------------------------------------
 
@@ -208,6 +216,7 @@ class Cluster:
             self._set_ring(await self._ring(self.view))
             await nursery.start(self.dispatcher.run)
             await nursery.start(self.handoff.run)
+            await nursery.start(self.replicas.run)
             nursery.start_soon(self._follow_views, watch)
             nursery.start_soon(self._progress_loop)
             nursery.start_soon(self._sweep_loop)
@@ -312,6 +321,9 @@ class Cluster:
         # No await from here on: the ring, the hand-off and the crawler change together.
         self.view, self.epoch = view, view.epoch
         self._set_ring(new_ring)
+        # Fetched-page keys held for arcs owned elsewhere go to their owners now, ahead of the transfers below
+        # on the same links: a receiver released by a transfer must not fetch those pages again.
+        self.replicas.ring_changed(new_ring, view.epoch)
         self.view_changes += 1
         if self.crawler is not None:
             self.crawler.release_moved()  # parked URLs of moved hosts go back to the queue, into the hand-off
@@ -382,7 +394,29 @@ class Cluster:
         await self.ready.wait()  # a node that is still joining must not conclude anything from its lone view
         while True:
             await trio.sleep(PROGRESS_INTERVAL)
+            self.release_departed()
             await self.progress_round()
+
+    def release_departed(self) -> list[str]:
+        """Stop waiting for arcs from nodes that left: LEAVING for LEFT_GRACE and no longer connected (a leaving
+        node keeps its links until it has handed everything off, then exits). It handed off under its own last
+        ring; what we wait for under a ring it never adopted will not come, and without this the wait runs out
+        only after `handoff_wait` (30 s), the arcs' hosts unfetched meanwhile. Returns the peers released."""
+        now = trio.current_time()
+        connected = set(self.links.connected_peers())
+        released = []
+        for member in self.view.members:
+            peer = member.node_id
+            if member.state is not MemberState.LEAVING or peer == self.node_id:
+                self._leaving_since.pop(peer, None)
+                continue
+            since = self._leaving_since.setdefault(peer, now)
+            if now - since >= LEFT_GRACE and peer not in connected and self.handoff.waits_for(peer):
+                self.handoff.abandon(peer)
+                released.append(peer)
+                log.info("a node that left hands nothing more: its arcs are no longer waited for",
+                         extra={"peer": peer})
+        return released
 
     async def progress_round(self, timeout: float = PROGRESS_INTERVAL) -> bool:
         """Ask every live peer for its progress; conclude whether the crawl is finished everywhere."""
@@ -450,7 +484,7 @@ class Cluster:
             waiter = self._answers.get(message.seq)
             if waiter is not None and waiter[0] == peer_id:
                 waiter[1].set()
-        else:
+        elif not self.replicas.on_message(peer_id, message):
             await self.dispatcher.on_message(peer_id, message)
             await self.handoff.on_message(peer_id, message)
 
@@ -485,6 +519,7 @@ class Cluster:
                 "transfers_completed": h.transfers_completed, "transfers_received": h.transfers_received,
                 "waits_expired": h.waits_expired, "hosts_swept": self.hosts_swept,
             },
+            "replica": self.replicas.status(),
             "view_changes": self.view_changes,
             "leaving": self.leaving,
             "done": me.idle,

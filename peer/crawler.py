@@ -87,6 +87,7 @@ class Crawler:
         router: Callable[[str, Link], None] | None = None,
         take_routed: Callable[[], list] | None = None,
         blocked: Callable[[str], bool] | None = None,
+        fetched: Callable[[QueuedUrl], None] | None = None,
         wallclock: Callable[[], float] = time.time,
     ) -> None:
         self.cfg = cfg
@@ -102,6 +103,8 @@ class Crawler:
         self.take_routed = take_routed
         # A host this node owns but may not fetch yet (its arc's hand-off has not arrived).
         self.blocked = blocked
+        # Told of every page committed as fetched (the cluster replicates its seen key to the arc's backup).
+        self.fetched = fetched
         self.stop_when_done = cfg.exit_when_done  # a cluster node keeps running: work can arrive from peers
         self.wallclock = wallclock
         self.user_agent = cfg.full_user_agent()
@@ -479,6 +482,8 @@ class Crawler:
                 if not page.nofollow:
                     self._screen_found(batch, page.links, item.depth + 1, item.url)
         self._commit(batch, done=item)
+        if self.fetched is not None:
+            self.fetched(item)
         self._retries.pop(item.url, None)
         self._schedule_after_request(turn)
         self._save_state(turn)

@@ -100,6 +100,10 @@ class _Outgoing:
     chunks: dict[int, _Chunk]  # unacknowledged chunks by seq
     last: int
     arcs: list[tuple[int, int]]  # the arcs with content, dropped here once every chunk is acknowledged
+    # Seen keys sent, all of fetched pages: they stay here after the drop. Nothing here looks them up while
+    # the arc is elsewhere, and if it comes back before its keys do (a joiner whose first ring was stale hands
+    # on what it just received, then gains it again), they keep those pages from being fetched again.
+    kept: list[bytes] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -149,6 +153,7 @@ class Handoff:
         in_flight: Callable[[], Iterable[int]] | None = None,
         on_applied: Callable[[list[QueuedUrl], list[HostState]], None] | None = None,
         owner_of: Callable[[str], str] | None = None,
+        on_keys: Callable[[list[bytes]], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -165,6 +170,9 @@ class Handoff:
         # moved on, or our view is older) is forwarded through the outbox instead of being stored here, where
         # a later hand-off of that arc could drop it with the arc.
         self.owner_of = owner_of
+        # Told the seen keys of every applied chunk: a sender sends only keys of pages it fetched (never of URLs
+        # queued or in flight), so the cluster may replicate them, or pass them on to an owner elsewhere.
+        self.on_keys = on_keys
         # peer -> ring ids of its completed transfers. Transfers are labelled with the id of the ring they hand
         # off to (not the view epoch: two nodes can number the same ring differently), so both ends agree.
         self._completed: dict[str, set[int]] = {}
@@ -245,6 +253,12 @@ class Handoff:
                 continue
             self._pending[(peer, epoch)] = _ArcSet(peer_arcs)
             self._pending_since[(peer, epoch)] = None  # the next pump starts the clock
+        # A peer whose transfer to this ring arrived before we adopted it has nothing more for us up to this
+        # ring, so it releases what we still wait for from it under older rings too, even if it hands us nothing
+        # in this one (a joiner whose first ring still held a leaving node waited 30 s for such arcs).
+        for peer in {key[0] for key in self._pending}:
+            if epoch in self._completed.get(peer, ()):
+                self._release(peer, epoch)
         return lost
 
     def sweep(self, epoch: int, owner_of: Callable[[str], str], hosts: Iterable[str]) -> int:
@@ -354,7 +368,7 @@ class Handoff:
             chunks.append(_Chunk(seq=0, start=arcs[0].start if arcs else 0, end=arcs[0].end if arcs else 0))
         self._outgoing[transfer_id] = _Outgoing(
             transfer_id=transfer_id, epoch=epoch, peer=peer, chunks={chunk.seq: chunk for chunk in chunks},
-            last=chunks[-1].seq, arcs=with_content,
+            last=chunks[-1].seq, arcs=with_content, kept=[key for chunk in chunks for key in chunk.keys],
         )
         log.info("hand-off started", extra={"peer": peer, "urls": urls, "keys": keys, "chunks": len(chunks)})
 
@@ -427,8 +441,13 @@ class Handoff:
         """Whether a host at ring `position` lies in an incoming arc whose transfer is not complete."""
         return any(position in arcs for arcs in self._pending.values())
 
+    def waits_for(self, peer_id: str) -> bool:
+        """Whether gained arcs still wait for a transfer from `peer_id`."""
+        return any(key[0] == peer_id for key in self._pending)
+
     def abandon(self, peer_id: str) -> None:
-        """`peer_id` died: stop waiting for its arcs (what it held is rebuilt from re-sent batches)."""
+        """`peer_id` died or left: stop waiting for its arcs (what it held is rebuilt from re-sent batches, or
+        reached the owners of its last ring)."""
         for key in [key for key in self._pending if key[0] == peer_id]:
             del self._pending[key]
             self._pending_since.pop(key, None)
@@ -527,7 +546,8 @@ class Handoff:
         del self._outgoing[transfer.transfer_id]
         for start, end in transfer.arcs:
             self.store.frontier.drop_arc(start, end)
-            self.store.dedup.delete(start, end)
+            self.store.dedup.delete(start, end)  # the keys of the URLs it queued go: they were not fetched here
+        self.store.dedup.insert(transfer.kept)
         self.store.sync()
         self.transfers_completed += 1
         log.info("hand-off complete", extra={"peer": peer_id})
@@ -608,6 +628,8 @@ class Handoff:
             if stale:
                 self.urls_discarded += self.store.frontier.discard(stale)
         self.store.dedup.insert(keys)
+        if keys and self.on_keys is not None:
+            self.on_keys(keys)
         states = [self._merge(state) for state in hosts if in_arc(host_position(state.host), start, end)]
         self.store.frontier.put_states(states)
         return new, states

@@ -228,6 +228,7 @@ class Node:
                     router=cluster.dispatcher.route if cluster else None,
                     take_routed=cluster.dispatcher.take_routed if cluster else None,
                     blocked=cluster.blocked if cluster else None,
+                    fetched=cluster.replicas.fetched if cluster else None,
                 )
                 if cluster is not None:
                     crawler.stop_when_done = False  # work can arrive from peers: the cluster decides when it ends

@@ -121,6 +121,9 @@ class PeerLink:
         self._goodbye_reason = "closing"
         self._dial_scope = trio.CancelScope()
         self._done = trio.Event()  # set when the link's dialer has stopped for good
+        # Messages taken from the queue by a connection that ended before writing them (it was superseded by a
+        # duplicate, or said Goodbye): the next connection sends them first, so a closing connection loses none.
+        self._carry: list[Message] = []
         self.sent = 0
         self.received = 0
         self.dropped = 0
@@ -440,18 +443,28 @@ class PeerLinks:
 
     async def _writer(self, link: PeerLink, session: _Session) -> None:
         while True:
-            try:
-                batch = [await link._recv_q.receive()]
-            except (trio.EndOfChannel, trio.ClosedResourceError):
-                # The link was forgotten and its queue is drained: say goodbye, give the peer a moment to answer.
-                await session.goodbye(link._goodbye_reason, self.config.goodbye_timeout)
-                session.scope.deadline = min(session.scope.deadline, trio.current_time() + self.config.goodbye_timeout)
-                return
+            if link._carry:
+                batch, link._carry = link._carry, []
+            else:
+                try:
+                    batch = [await link._recv_q.receive()]
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    # The link was forgotten and its queue is drained: say goodbye, give the peer a moment to
+                    # answer.
+                    await session.goodbye(link._goodbye_reason, self.config.goodbye_timeout)
+                    session.scope.deadline = min(session.scope.deadline,
+                                                 trio.current_time() + self.config.goodbye_timeout)
+                    return
             while len(batch) < 64:
                 try:
                     batch.append(link._recv_q.receive_nowait())
                 except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                     break
+            if session.conn.sent_close or session.superseded:
+                # This connection is ending (it said Goodbye, or a duplicate replaced it): keep the batch for the
+                # next one instead of failing it here.
+                link._carry = batch + link._carry
+                return
             frames = []
             for message in batch:
                 try:
@@ -462,8 +475,12 @@ class PeerLinks:
             try:
                 await session.write(b"".join(frames))
             except _IO_ERRORS:
+                link._carry = batch + link._carry  # maybe partly delivered: a duplicate is harmless, a loss not
                 session.scope.cancel()
                 return
+            except trio.Cancelled:
+                link._carry = batch + link._carry
+                raise
             link.sent += len(frames)
 
     async def _reader(self, link: PeerLink, session: _Session) -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "ProbeReply",
     "ProbeRequest",
     "Reject",
+    "SeenReplica",
     "UrlBatch",
     "UrlEntry",
     "Welcome",
@@ -259,6 +260,18 @@ class HandoffAck:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SeenReplica:
+    """Seen keys of pages the sender fetched, for the node that would own their positions if the sender left.
+
+    Best effort and never acknowledged: a lost replica costs at most a page fetched again after the sender
+    dies, never a URL. The receiver marks the keys seen; they decide nothing while the sender owns the arc.
+    """
+
+    epoch: int
+    keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Goodbye:
     """The sender will send nothing more on this connection."""
 
@@ -281,6 +294,7 @@ Message: TypeAlias = (
     | ProgressReport
     | HandoffChunk
     | HandoffAck
+    | SeenReplica
     | Goodbye
 )
 
@@ -366,6 +380,7 @@ RECORDS: dict[int, Record] = {
         last=Flag(),
     ),
     0x31: _record(HandoffAck, transfer_id=UInt(), chunk_seq=UInt()),
+    0x32: _record(SeenReplica, epoch=UInt(), keys=Many(Blob(limit="max_key_length"), "max_keys_per_chunk")),
     0x40: _record(Goodbye, reason=Text()),
 }
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})

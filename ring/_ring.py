@@ -146,6 +146,37 @@ class Ring:
             owner = self._after[bisect_right(self._points, position, buckets[bucket], buckets[bucket + 1])]
         return owner
 
+    def backup_at(self, position: int) -> str | None:
+        """The node that would own ``position`` if its owner left (None in a ring of one): ``backups_at``'s first."""
+        backups = self.backups_at(position, 1)
+        return backups[0] if backups else None
+
+    def backups_at(self, position: int, count: int) -> tuple[str, ...]:
+        """Up to ``count`` nodes that would own ``position`` if the nodes before them left, in order: the first
+        owns it once its owner is gone, the second once the owner and the first are gone, and so on (exactly
+        ``Ring(weights without them).owner_at(position)``, since a node's points do not depend on the others).
+        They are the owners of the nearest points at or before the position that belong to other nodes."""
+        if not 0 <= position < RING_SPACE:
+            raise ValueError(f"ring positions are 0 <= p < 2**64, got {position}")
+        total = self._count
+        if not total:
+            raise EmptyRingError("the ring has no nodes: no member is alive or suspect in this view")
+        wanted = min(count, len(self._nodes) - 1)
+        if wanted <= 0:
+            return ()
+        after = self._after
+        # after[m + 1] owns point m; the position's own point is the last one at or before it (wrapping).
+        m = bisect_right(self._points, position) - 1
+        taken = [after[m + 1]]
+        for _ in range(total):
+            m = m - 1 if m > 0 else total - 1
+            node = after[m + 1]
+            if node not in taken:
+                taken.append(node)
+                if len(taken) > wanted:
+                    break
+        return tuple(taken[1:])
+
     def owners_at(self, positions: list[int]) -> list[str]:
         """The owner of each of ``positions`` (in range, unchecked): the batch form of ``owner_at``."""
         if not self._count:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import lmdb
 
@@ -23,7 +23,13 @@ from ._memfrontier import MemoryFrontierStore
 from ._outbox import OUTBOX_DB, Outbox
 from ._records import QueuedUrl
 
-__all__ = ["MemoryNodeStore", "NodeStore", "queued_url_keys"]
+__all__ = ["FETCHED_DB", "MemoryNodeStore", "NodeStore", "queued_url_keys"]
+
+#: Seen keys of the pages this node fetched itself (not those only queued): the keys it may replicate to a
+#: backup node (peer/replica.py), as a URL merely queued must never be marked seen elsewhere.
+FETCHED_DB = b"fetched"
+_EMPTY = b""
+_ALL = [(b"\x00" * 8, b"\xff" * 8)]
 
 
 def queued_url_keys(items: Sequence[QueuedUrl]) -> list[bytes]:
@@ -52,7 +58,7 @@ class NodeStore(Closing):
     ) -> NodeStore:
         """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
         env = LmdbEnv.open(
-            path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB), map_size=map_size, max_map_size=max_map_size
+            path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB), map_size=map_size, max_map_size=max_map_size
         )
         return cls(env)
 
@@ -107,6 +113,31 @@ class NodeStore(Closing):
             return moved, self._admit_in(txn, mine) if mine else []
 
         return self._env.write(run)
+
+    # -- pages fetched here (the replicas' record) --
+
+    def mark_fetched(self, keys: Iterable[bytes]) -> None:
+        """Record the seen keys of pages this node fetched, in one transaction."""
+        items = [(key, _EMPTY) for key in keys]
+        if items:
+            db = self._env.db(FETCHED_DB)
+            self._env.write(lambda txn: txn.cursor(db).putmulti(items, dupdata=False, overwrite=False))
+
+    def fetched_keys(self) -> Iterator[bytes]:
+        """Every recorded key, in ring order, read in short transactions (see `LmdbEnv.scan`)."""
+        for key, _value in self._env.scan(FETCHED_DB, _ALL):
+            yield key
+
+    def forget_fetched(self, keys: Iterable[bytes]) -> int:
+        """Drop recorded keys (their arcs moved to other nodes); return how many were there."""
+        keys = list(keys)
+        if not keys:
+            return 0
+        db = self._env.db(FETCHED_DB)
+        return self._env.write(lambda txn: sum(1 for key in keys if txn.delete(key, db=db)))
+
+    def fetched_count(self) -> int:
+        return self._env.entries(FETCHED_DB)
 
     def sync(self) -> None:
         self._env.sync()

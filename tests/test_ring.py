@@ -263,3 +263,42 @@ def test_design_diffs_move_only_the_changed_node(design_rings: list[Ring]) -> No
     assert ring.moved_fraction(addition) == pytest.approx(added.shares()["E"], rel=1e-12)
     check_diff(initial, removed, sample_positions([], random.Random(3), count=5000))
     assert isinstance(initial.arcs()[0], Arc)
+
+
+@settings(max_examples=150, deadline=None)
+@given(weights=weight_maps, ppw=small_ppw, seed=st.integers(0, 2**32))
+def test_the_backup_of_a_position_is_its_owner_once_the_owner_leaves(
+    weights: dict[str, int], ppw: int, seed: int
+) -> None:
+    r = Ring(weights, points_per_weight=ppw)
+    rng = random.Random(seed)
+    without = {n: Ring({m: w for m, w in weights.items() if m != n}, points_per_weight=ppw)
+               for n in weights if len(weights) > 1}
+    for position in sample_positions([r], rng, count=40):
+        owner, backup = r.owner_at(position), r.backup_at(position)
+        if len(weights) == 1:
+            assert backup is None and r.backups_at(position, 3) == ()
+            continue
+        assert backup != owner and backup == without[owner].owner_at(position)
+        chain = r.backups_at(position, 3)
+        assert len(chain) == min(3, len(weights) - 1) and chain[0] == backup and owner not in chain
+        gone = {owner}
+        for node in chain:  # each is the owner once the owner and the ones before it are gone
+            rest = {m: w for m, w in weights.items() if m not in gone}
+            assert Ring(rest, points_per_weight=ppw).owner_at(position) == node
+            gone.add(node)
+
+
+def test_backup_on_the_design_ring_and_bad_input(design_rings: list[Ring]) -> None:
+    r = design_rings[0]
+    third = Ring({"A": 150, "B": 80, "D": 40})  # the design ring once C has left
+    rng = random.Random(5)
+    positions = [p for p in (rng.randrange(RING_SPACE) for _ in range(400)) if r.owner_at(p) == "C"]
+    assert len(positions) > 100  # C owns 42.5% of the key space
+    assert all(r.backup_at(p) == third.owner_at(p) for p in positions)
+    assert {r.backup_at(p) for p in positions} == {"A", "B", "D"}
+    assert Ring({"solo": 3}).backup_at(12345) is None
+    with pytest.raises(ValueError, match="ring positions"):
+        r.backup_at(RING_SPACE)
+    with pytest.raises(EmptyRingError):
+        Ring({}).backup_at(0)

@@ -438,6 +438,27 @@ async def test_a_broken_link_reconnects_and_later_messages_arrive() -> None:
         nursery.cancel_scope.cancel()
 
 
+@virtual
+async def test_messages_a_failed_write_took_from_the_queue_go_on_the_next_connection() -> None:
+    """A connection that breaks as it writes (or ends after a Goodbye) hands the messages it had taken from the
+    queue to the next connection: nothing is lost on a link that keeps coming back."""
+    net = MemoryNetwork(random.Random(9), break_probability=0.3)
+    a, b = Node(net, "a", "10.0.0.1:7000"), Node(net, "b", "10.0.0.2:7000")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.links.run)
+        await nursery.start(b.links.run)
+        for seq in range(60):
+            assert a.links.send_nowait("b", Ping(seq=seq, epoch=1), address="10.0.0.2:7000")
+            await trio.sleep(0.05)
+        await trio.sleep(5)
+        net.break_probability = 0.0
+        with trio.fail_after(30):
+            while {m.seq for _, m in b.inbox} != set(range(60)):
+                await b.arrived.wait()
+        assert net.breaks > 5 and net.connects > 5  # the faults were real
+        nursery.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_simultaneous_dials_keep_exactly_the_link_dialled_by_the_lower_id(seed: int) -> None:
     async def main() -> None:

@@ -271,6 +271,7 @@ class SimCrawler:
         router: Callable[[str, Link], None],
         take_routed: Callable[[], list],
         wallclock: Callable[[], float],
+        fetched: Callable[[QueuedUrl], None] | None = None,
         concurrency: int = 16,
     ) -> None:
         self.node_id = node_id
@@ -283,6 +284,7 @@ class SimCrawler:
         self.blocked = blocked
         self.router = router
         self.take_routed = take_routed
+        self.fetched = fetched  # the cluster's seen-key replicas, as the crawler calls them
         self.wallclock = wallclock
         self.concurrency = concurrency
         self.sched = HostScheduler()
@@ -470,6 +472,8 @@ class SimCrawler:
         for url in self.web.links.get(item.url, ()):
             self._screen(batch, url, item.depth + 1, item.url)
         self._commit(batch, done=item)
+        if self.fetched is not None:
+            self.fetched(item)
         self._after_request(turn)
 
     def _after_request(self, turn: HostTurn) -> None:
@@ -577,7 +581,7 @@ class SimNode:
         crawler = SimCrawler(
             self.node_id, store=self.store, web=sim.web, ledger=sim.ledger, stats=self.stats,
             owns=cluster.owns, blocked=cluster.blocked, router=cluster.dispatcher.route,
-            take_routed=cluster.dispatcher.take_routed, wallclock=self.wallclock, concurrency=sim.concurrency,
+            take_routed=cluster.dispatcher.take_routed, wallclock=self.wallclock, fetched=cluster.replicas.fetched if sim.replicate else None, concurrency=sim.concurrency,
         )
         cluster.attach(crawler)  # type: ignore[arg-type]
         self.cluster, self.crawler = cluster, crawler
@@ -629,8 +633,11 @@ class ClusterSim:
         points_per_weight: int = 10,
         concurrency: int = 16,
         settings: dict | None = None,
+        replicate: bool = True,
     ) -> None:
         self.nursery = nursery
+        # the crawlers replicate the seen keys of the pages they fetch, as peer/crawler.py does in a cluster
+        self.replicate = replicate
         self.tmp_path = tmp_path
         self.web = web
         self.seed = seed

@@ -1,0 +1,237 @@
+"""Seen-key replicas: each page a node fetches is also marked seen on the node that would own its host if this
+node died, so a death costs only the fetches under way, not every page the dead node had fetched.
+
+Why: the owner's dedup store is the authority (DESIGN decision 4), and it dies with its node. Without a copy,
+the hosts' new owners fetch again every page of those hosts that is linked again while the dead node is away
+(hundreds of pages in the real-daemon test). Queued URLs are not replicated: a replica marks a URL seen, and a
+URL marked seen but queued nowhere would be lost; pages already fetched are the only keys that are safe to copy.
+
+How: after a page's commit the crawler calls `fetched(item)`; every `interval` the keys gathered are recorded
+in the store's `fetched` database, grouped by their backups, `ring.backups_at(position, 2)` (the owner of the
+position in the ring without this node, so a death moves each arc exactly to the node holding its replica, and
+the owner once that one is gone too), and sent as `SeenReplica` messages. The receiver puts the keys in its dedup store, where they decide nothing while
+the sender owns their arc: a node looks a URL up only for hosts it owns. Once it owns them (the sender died, or
+the arc moved to it by hand-off, which carries the same keys anyway) they keep those pages from being fetched
+again.
+
+A join or a leave changes backups: the next tick after the ring changed scans the `fetched` record and sends
+again every key to each backup it did not have under the ring of the last scan (all of them after a
+restart), and forgets the keys of arcs this node no longer owns (their seen keys left with the hand-off). The
+scan yields to trio every 4,096 keys; it costs about 5 µs of CPU per key recorded.
+
+Keys that arrive by hand-off are of fetched pages too (a sender never sends the keys of URLs queued or in
+flight). Those of arcs this node owns are recorded and replicated like its own (`adopt`); those of arcs owned
+elsewhere (the arc moved on while it travelled, or this node skipped a ring: it saw a join and a leave as one
+change, so it never hands on what the leaver gave it) are sent to their owner at once and again at each ring
+change, ahead of the hand-off transfers on the same links, so the owner knows them before a transfer releases
+their hosts (`ring_changed`).
+
+Best effort by design: no acks. A replica lost with a connection or a full send queue costs at most a page
+fetched twice after a death. The window between a page's commit and its replica leaving is `interval`.
+Replicas a node holds for arcs that later moved elsewhere stay in its store as harmless seen keys (every one of
+them names a page that was fetched); they cost about 40 bytes each on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from protocol import Limits, Message, SeenReplica
+from storage import NodeStore, QueuedUrl, queued_url_keys
+
+__all__ = ["REPLICA_INTERVAL", "SeenReplicas"]
+
+log = logging.getLogger(__name__)
+
+#: Keys leave 10 times a second: a kill loses the replicas of at most 0.1 s of pages, at one small message per
+#: backup per tick.
+REPLICA_INTERVAL = 0.1
+#: Keys waiting to leave, at most (about 2 MB): past it the oldest are dropped and counted. Only a node whose
+#: peers stay unreachable for a long time gets there, and a lost replica costs at most a repeated fetch.
+MAX_PENDING = 100_000
+#: Each key goes to the first two backups of its position: a node that dies while one of its backups is leaving
+#: or dead, or before it has seen a join or a leave move its backups (its replicas would have gone to a node that
+#: then left), still has one at the arc's next owner. Twice the replica traffic, about 40 bytes a page.
+REPLICA_COPIES = 2
+#: Keys per message, at most: 4,096 keys are about 70 KB in either codec, well inside the 1 MiB frame limit.
+MAX_KEYS_PER_MESSAGE = 4096
+#: A dedup key: 8 bytes of ring position, 8 of URL fingerprint (storage/_keys.py).
+KEY_SIZE = 16
+
+
+class SeenReplicas:
+    """Sends the seen keys of fetched pages to their backups and stores the keys peers send here."""
+
+    def __init__(
+        self,
+        node_id: str,
+        store: NodeStore,
+        links: Any,
+        *,
+        ring_of: Callable[[], tuple[int, Any]],
+        interval: float = REPLICA_INTERVAL,
+        max_pending: int = MAX_PENDING,
+        copies: int = REPLICA_COPIES,
+    ) -> None:
+        self.node_id = node_id
+        self.store = store
+        self.links = links
+        self.ring_of = ring_of  # () -> (view epoch, the current Ring or None)
+        self.interval = interval
+        self.max_pending = max_pending
+        self.copies = copies
+        self.max_keys = min(Limits().max_keys_per_chunk, MAX_KEYS_PER_MESSAGE)
+        self._pending: list[bytes] = []
+        self._foreign: dict[bytes, None] = {}  # fetched-page keys of arcs owned elsewhere, oldest first
+        self._synced: Any = None  # the ring under which every recorded key was last sent to its backup
+        self.rescans = 0
+        self.keys_resent = 0
+        self.keys_sent = 0
+        self.keys_dropped = 0  # the send queue was full, no link, or the pending list overflowed
+        self.keys_received = 0
+        self.keys_passed_on = 0  # hand-off keys of arcs owned elsewhere, sent to their owners
+        self.keys_refused = 0  # malformed keys from a peer
+
+    def fetched(self, item: QueuedUrl) -> None:
+        """The crawler committed `item` as fetched: its key goes to the backup at the next tick."""
+        pending = self._pending
+        pending.extend(queued_url_keys((item,)))
+        if len(pending) > self.max_pending:
+            excess = len(pending) - self.max_pending
+            del pending[:excess]
+            self.keys_dropped += excess
+
+    def adopt(self, keys: list[bytes]) -> None:
+        """Keys of fetched pages that came by hand-off: ours are replicated like our own, the others go to their
+        owner (now, and at every ring change while they are not ours)."""
+        epoch, ring = self.ring_of()
+        if ring is None:
+            return
+        node = self.node_id
+        foreign: dict[str, list[bytes]] = defaultdict(list)
+        for key in keys:
+            owner = ring.owner_at(int.from_bytes(key[:8], "big"))
+            if owner == node:
+                self._pending.append(key)
+            else:
+                foreign[owner].append(key)
+                self._foreign[key] = None
+        if len(self._foreign) > self.max_pending:
+            for key in list(self._foreign)[: len(self._foreign) - self.max_pending]:
+                del self._foreign[key]
+        if len(self._pending) > self.max_pending:
+            excess = len(self._pending) - self.max_pending
+            del self._pending[:excess]
+            self.keys_dropped += excess
+        self.keys_passed_on += self._send(epoch, foreign)
+
+    def ring_changed(self, ring: Any, epoch: int) -> None:
+        """Called as the node adopts `ring`, before its hand-off transfers start: the keys held for arcs owned
+        elsewhere go to their owners under `ring` (those now owned here become ours to replicate)."""
+        if not self._foreign:
+            return
+        node = self.node_id
+        foreign: dict[str, list[bytes]] = defaultdict(list)
+        for key in list(self._foreign):
+            owner = ring.owner_at(int.from_bytes(key[:8], "big"))
+            if owner == node:
+                del self._foreign[key]
+                self._pending.append(key)
+            else:
+                foreign[owner].append(key)
+        self.keys_passed_on += self._send(epoch, foreign)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(self.interval)
+            self.flush()
+            _epoch, ring = self.ring_of()
+            if ring is not None and ring is not self._synced:
+                await self.rescan(ring)
+
+    def flush(self) -> int:
+        """Record the keys gathered so far and send them, grouped by backup; returns how many were sent."""
+        if not self._pending:
+            return 0
+        keys, self._pending = self._pending, []
+        self.store.mark_fetched(keys)
+        epoch, ring = self.ring_of()
+        if ring is None:
+            return 0  # no ring yet: the first rescan sends them
+        by_backup: dict[str, list[bytes]] = defaultdict(list)
+        node, copies = self.node_id, self.copies
+        for key in keys:
+            # none in a cluster of one; this node, if the host moved away meanwhile (its key travels with the
+            # hand-off of the arc instead)
+            for backup in ring.backups_at(int.from_bytes(key[:8], "big"), copies):
+                if backup != node:
+                    by_backup[backup].append(key)
+        sent = self._send(epoch, by_backup)
+        self.keys_sent += sent
+        return sent
+
+    async def rescan(self, ring: Any) -> int:
+        """The ring changed to `ring`: send again each recorded key whose backup changed since the last scan
+        (every key after a start), forget those of arcs no longer owned here; returns how many were sent."""
+        old = self._synced
+        node = self.node_id
+        resend: dict[str, list[bytes]] = defaultdict(list)
+        forget: list[bytes] = []
+        for n, key in enumerate(self.store.fetched_keys(), start=1):
+            position = int.from_bytes(key[:8], "big")
+            if ring.owner_at(position) != node:
+                forget.append(key)
+                continue
+            had = old.backups_at(position, self.copies) if old is not None else ()
+            for backup in ring.backups_at(position, self.copies):
+                if backup not in had:
+                    resend[backup].append(key)
+            if n % 4096 == 0:
+                await trio.sleep(0)
+        self.store.forget_fetched(forget)
+        epoch, _ring = self.ring_of()
+        sent = self._send(epoch, resend)
+        self.keys_resent += sent
+        self._synced = ring
+        self.rescans += 1
+        if sent or forget:
+            log.info("replicas moved with the ring", extra={"keys_sent": sent, "keys_forgotten": len(forget)})
+        return sent
+
+    def _send(self, epoch: int, by_backup: dict[str, list[bytes]]) -> int:
+        sent = 0
+        for backup, group in by_backup.items():
+            for i in range(0, len(group), self.max_keys):
+                part = tuple(group[i : i + self.max_keys])
+                if self.links.send_nowait(backup, SeenReplica(epoch=epoch, keys=part)):
+                    sent += len(part)
+                else:
+                    self.keys_dropped += len(part)
+        return sent
+
+    def on_message(self, peer_id: str, message: Message) -> bool:
+        """Store a peer's `SeenReplica`; False for any other message."""
+        if not isinstance(message, SeenReplica):
+            return False
+        keys = [key for key in message.keys if len(key) == KEY_SIZE]
+        if len(keys) < len(message.keys):
+            self.keys_refused += len(message.keys) - len(keys)
+            log.warning("replica keys of the wrong size dropped", extra={"peer": peer_id})
+        if keys:
+            self.store.dedup.insert(keys)
+            self.keys_received += len(keys)
+        return True
+
+    def status(self) -> dict[str, Any]:
+        _epoch, ring = self.ring_of()
+        # synced: the keys recorded so far went to the backups of the current ring (new pages go every tick)
+        return {"synced": ring is not None and ring is self._synced,"keys_sent": self.keys_sent, "keys_resent": self.keys_resent, "keys_received": self.keys_received,
+                "keys_dropped": self.keys_dropped, "keys_refused": self.keys_refused,
+                "keys_passed_on": self.keys_passed_on, "keys_foreign": len(self._foreign),
+                "keys_pending": len(self._pending), "rescans": self.rescans}

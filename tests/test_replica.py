@@ -1,0 +1,176 @@
+"""Seen-key replicas (peer/replica.py): which keys go to which backup, when, and what a receiver does with them.
+
+Real LMDB stores, a recording stand-in for the peer links, rings of the design's weights; the run loop under
+MockClock. The whole-cluster effect (a death repeats only what was under way) is checked by the real-daemon
+test in tests/test_cluster_daemons.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from peer.replica import MAX_KEYS_PER_MESSAGE, SeenReplicas
+from protocol import BatchAck, SeenReplica
+from ring import Ring, host_position
+from storage import NodeStore, QueuedUrl, queued_url_keys
+
+WEIGHTS = {"A": 150, "B": 80, "C": 200}
+
+
+class Links:
+    """Records what would be sent; `refuse` names peers whose send queue is full."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, SeenReplica]] = []
+        self.refuse: set[str] = set()
+
+    def send_nowait(self, peer_id: str, message: SeenReplica) -> bool:
+        if peer_id in self.refuse:
+            return False
+        self.sent.append((peer_id, message))
+        return True
+
+    def keys_to(self) -> dict[str, set[bytes]]:
+        out: dict[str, set[bytes]] = {}
+        for peer, message in self.sent:
+            out.setdefault(peer, set()).update(message.keys)
+        return out
+
+
+def _items(ring: Ring, owner: str, count: int) -> list[QueuedUrl]:
+    """`count` pages on hosts that `owner` owns in `ring`."""
+    items, i = [], 0
+    while len(items) < count:
+        host = f"h{i}.test"
+        i += 1
+        if ring.owner(host) == owner:
+            items.append(QueuedUrl(url=f"http://{host}/p{i}", host=host, depth=1, hops=0, found_on=None))
+    return items
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = NodeStore.open(tmp_path / "a")
+    yield s
+    s.close()
+
+
+def test_each_fetched_key_goes_to_the_owner_of_its_position_once_the_sender_is_gone(store) -> None:
+    ring = Ring(WEIGHTS, points_per_weight=50)
+    without_a = Ring({"B": 80, "C": 200}, points_per_weight=50)
+    links = Links()
+    replicas = SeenReplicas("A", store, links, ring_of=lambda: (7, ring), copies=1)
+    items = _items(ring, "A", 300)
+    for item in items:
+        replicas.fetched(item)
+    assert replicas.flush() == 300 and replicas.flush() == 0
+    expected: dict[str, set[bytes]] = {}
+    for item, key in zip(items, queued_url_keys(items)):
+        expected.setdefault(without_a.owner(item.host), set()).add(key)
+    assert links.keys_to() == expected and set(expected) == {"B", "C"}
+    assert all(message.epoch == 7 for _, message in links.sent)
+    assert store.fetched_count() == 300  # recorded, for the next ring change
+
+    # by default every key also goes to the second backup: here, with three nodes, both others get them all
+    links.sent.clear()
+    both = SeenReplicas("A", store, links, ring_of=lambda: (7, ring))
+    for item in items:
+        both.fetched(item)
+    assert both.flush() == 600 and links.keys_to() == {"B": set(queued_url_keys(items)), "C": set(queued_url_keys(items))}
+
+
+def test_a_full_send_queue_drops_and_counts_and_a_cluster_of_one_sends_nothing(store) -> None:
+    ring = Ring(WEIGHTS, points_per_weight=50)
+    links = Links()
+    links.refuse = {"C"}
+    replicas = SeenReplicas("A", store, links, ring_of=lambda: (1, ring), copies=1)
+    for item in _items(ring, "A", 100):
+        replicas.fetched(item)
+    sent = replicas.flush()
+    assert sent + replicas.keys_dropped == 100 and replicas.keys_dropped > 0 and set(links.keys_to()) == {"B"}
+
+    alone = SeenReplicas("A", store, Links(), ring_of=lambda: (1, Ring({"A": 1}, points_per_weight=50)))
+    alone.fetched(_items(ring, "A", 1)[0])
+    assert alone.flush() == 0 and alone.links.sent == []
+
+
+def test_pending_keys_are_bounded_and_messages_fit_the_frame_limit(store) -> None:
+    ring = Ring({"A": 1, "B": 1}, points_per_weight=50)
+    links = Links()
+    replicas = SeenReplicas("A", store, links, ring_of=lambda: (1, ring), max_pending=MAX_KEYS_PER_MESSAGE + 10)
+    items = _items(ring, "A", MAX_KEYS_PER_MESSAGE + 30)
+    for item in items:
+        replicas.fetched(item)
+    assert replicas.keys_dropped == 20  # the oldest went
+    assert replicas.flush() == MAX_KEYS_PER_MESSAGE + 10
+    assert [len(m.keys) for _, m in links.sent] == [MAX_KEYS_PER_MESSAGE, 10]
+
+
+async def test_a_ring_change_resends_keys_whose_backup_changed_and_forgets_lost_arcs(
+    store, autojump_clock
+) -> None:
+    before = Ring(WEIGHTS, points_per_weight=50)
+    after = Ring({**WEIGHTS, "E": 300}, points_per_weight=50)  # E joins: some backups and arcs change
+    current = {"ring": before}
+    links = Links()
+    replicas = SeenReplicas("A", store, links, ring_of=lambda: (1, current["ring"]))
+    items = _items(before, "A", 400)
+    keys = dict(zip(queued_url_keys(items), items))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(replicas.run)
+        for item in items:
+            replicas.fetched(item)
+        await trio.sleep(0.15)  # one tick: sent, then the first scan (every key, as after a start)
+        assert replicas.rescans == 1 and replicas.keys_sent == 800 and replicas.keys_resent == 800
+        links.sent.clear()
+        current["ring"] = after
+        await trio.sleep(0.1)
+        assert replicas.rescans == 2
+        nursery.cancel_scope.cancel()
+    kept = {k for k, item in keys.items() if after.owner(item.host) == "A"}
+    expected: dict[str, set[bytes]] = {}
+    for k, item in keys.items():
+        if k in kept:
+            position = host_position(item.host)
+            for peer in set(after.backups_at(position, 2)) - set(before.backups_at(position, 2)):
+                expected.setdefault(peer, set()).add(k)
+    assert 0 < len(kept) < 400 and expected  # the join took arcs from A and changed some backups
+    assert links.keys_to() == expected and "E" in expected
+    assert set(store.fetched_keys()) == kept  # the keys of arcs that moved to E left with the hand-off
+
+
+def test_the_receiver_marks_keys_seen_and_refuses_malformed_ones(store) -> None:
+    replicas = SeenReplicas("B", store, Links(), ring_of=lambda: (1, None))
+    item = QueuedUrl(url="http://x.test/", host="x.test", depth=0, hops=0, found_on=None)
+    (key,) = queued_url_keys([item])
+    assert replicas.on_message("A", SeenReplica(epoch=3, keys=(key, b"short")))
+    assert key in store.dedup and replicas.keys_received == 1 and replicas.keys_refused == 1
+    assert store.admit([item]) == []  # the page the dead owner fetched is not queued again here
+    assert not replicas.on_message("A", BatchAck(seq=1, new=0, seen=0, forwarded=0, epoch=1))
+
+
+def test_hand_off_keys_of_our_arcs_are_replicated_and_the_others_passed_on_at_each_ring_change(store) -> None:
+    abcd = Ring({"A": 150, "B": 80, "C": 200, "D": 40}, points_per_weight=50)
+    abde = Ring({"A": 150, "B": 80, "D": 40, "E": 300}, points_per_weight=50)
+    current = {"ring": abcd}
+    links = Links()
+    replicas = SeenReplicas("A", store, links, ring_of=lambda: (4, current["ring"]), copies=1)
+    # A still holds the ring with C when C's leave hands it C's pages (C's arcs go to A in the ring without C)
+    abd = Ring({"A": 150, "B": 80, "D": 40}, points_per_weight=50)
+    items = [i for i in _items(abcd, "C", 400) if abd.owner(i.host) == "A"]
+    keys = dict(zip(queued_url_keys(items), items))
+    replicas.adopt(list(keys))
+    assert set(links.keys_to()) == {"C"}  # the owner in A's ring: C, which is leaving, so no help
+    links.sent.clear()
+    # A skips the ring without C: its next ring already holds E, which takes some of those arcs
+    current["ring"] = abde
+    replicas.ring_changed(abde, 5)
+    to_e = {k for k, item in keys.items() if abde.owner(item.host) == "E"}
+    assert to_e and links.keys_to() == {"E": to_e}
+    # the others are A's own now: recorded and replicated at the next flush
+    mine = set(keys) - to_e
+    assert mine and replicas.flush() == len(mine) and set(store.fetched_keys()) == mine
+    assert replicas.keys_passed_on == len(items) + len(to_e)
