@@ -148,8 +148,10 @@ class Cluster:
             node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait), wall_clock=wall_clock,
             in_flight=self._busy_positions, on_applied=self._applied, owner_of=self._owner_of,
             on_keys=lambda keys: self.replicas.adopt(keys),
+            on_foreign_states=lambda states: self.replicas.pass_states(states),
         )
-        self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring))
+        self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
+                                     apply_states=self._merge_states, wall_clock=wall_clock)
         self.crawler: Crawler | None = None
         self.address: str | None = None
         self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
@@ -198,6 +200,13 @@ class Cluster:
     def _admitted(self, new: list[QueuedUrl]) -> None:
         if self.crawler is not None:
             self.crawler.wake_hosts(new)
+
+    def _merge_states(self, wire_states) -> None:
+        """Politeness states a peer passed on for hosts owned here: merged as a hand-off's are."""
+        states = [self.handoff.merge_state(wire) for wire in wire_states]
+        self.store.frontier.put_states(states)
+        if self.crawler is not None:
+            self.crawler.take_over([], states)
 
     def _applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
         if self.crawler is not None:

@@ -154,6 +154,7 @@ class Handoff:
         on_applied: Callable[[list[QueuedUrl], list[HostState]], None] | None = None,
         owner_of: Callable[[str], str] | None = None,
         on_keys: Callable[[list[bytes]], None] | None = None,
+        on_foreign_states: Callable[[list[WireHostState]], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -173,6 +174,9 @@ class Handoff:
         # Told the seen keys of every applied chunk: a sender sends only keys of pages it fetched (never of URLs
         # queued or in flight), so the cluster may replicate them, or pass them on to an owner elsewhere.
         self.on_keys = on_keys
+        # Told the politeness states of an applied chunk for hosts owned elsewhere under this node's ring: they
+        # are not stored here (nothing here would ever hand them on) but passed on to the owner.
+        self.on_foreign_states = on_foreign_states
         # peer -> ring ids of its completed transfers. Transfers are labelled with the id of the ring they hand
         # off to (not the view epoch: two nodes can number the same ring differently), so both ends agree.
         self._completed: dict[str, set[int]] = {}
@@ -292,11 +296,17 @@ class Handoff:
         - an earlier transfer to the same peer is unacknowledged (a complete transfer to the receiver's ring
           releases every arc it waits for from us, so it must not overtake one still streaming);
         - one of its arcs is still awaited here from its previous owner (an arc that moves on while it arrives
-          must reach its next owner with the timers and keys it is bringing, not without them)."""
+          must reach its next owner with the timers and keys it is bringing, not without them);
+        - a transfer to an older ring, to any peer, is still waiting or unacknowledged: it may carry the timers
+          of hosts this ring gives this peer (to the node that owned them in the ring between, which passes
+          them on), and "nothing more from me up to this ring" must not release those hosts before."""
         if not self._waiting:
             return
         busy = list(self.in_flight()) if self.in_flight is not None else []
         sending = {transfer.peer for transfer in self._outgoing.values()}
+        # (transfer id, ring id) of every transfer not yet acknowledged, started or not
+        open_transfers = [(t.transfer_id, t.epoch) for t in self._outgoing.values()]
+        open_transfers += [(w[0], w[1]) for w in self._waiting]
         awaited = [arc for arcs in self._pending.values() for arc in arcs.arcs]
         still: list[tuple[int, int, str, list[ArcMove], Ring | None]] = []
         for transfer_id, epoch, peer, arcs, ring in self._waiting:
@@ -307,6 +317,7 @@ class Handoff:
                 or (ring is not None and peer in ring.weights and peer in ring.owners_at(busy))
                 or any(start in arc_set for start, _ in awaited)
                 or any(arc.start in pending for arc in arcs for pending in self._pending.values())
+                or any(tid < transfer_id and ring_id != epoch for tid, ring_id in open_transfers)
             ):
                 still.append((transfer_id, epoch, peer, arcs, ring))
                 sending.add(peer)  # keep this peer's later transfers behind this one
@@ -613,10 +624,14 @@ class Handoff:
             if len(key) > _KEY_POSITION and in_arc(int.from_bytes(key[:_KEY_POSITION], "big"), start, end)
         ]
         hosts = chunk.hosts
-        if owner_of is not None and forward:
-            # the arc is not (or no longer) ours: its keys and timers stay with whoever owns it
+        if owner_of is not None:
+            # the arc is not (or no longer) ours: its timers go on to whoever owns it
             owned = {item.host for item in items}
-            hosts = tuple(state for state in hosts if owner_of(state.host) == self.node_id or state.host in owned)
+            hosts = tuple(state for state in chunk.hosts if owner_of(state.host) == self.node_id or state.host in owned)
+            foreign = [state for state in chunk.hosts if state not in hosts
+                       and in_arc(host_position(state.host), start, end)]
+            if foreign and self.on_foreign_states is not None:
+                self.on_foreign_states(foreign)
         if len(keys) < len(chunk.seen_keys):
             log.warning("hand-off keys outside their arc; dropped", extra={"peer": peer_id})
         if keys:
@@ -633,6 +648,10 @@ class Handoff:
         states = [self._merge(state) for state in hosts if in_arc(host_position(state.host), start, end)]
         self.store.frontier.put_states(states)
         return new, states
+
+    def merge_state(self, wire: WireHostState) -> HostState:
+        """A politeness state that arrived from a peer, merged with any state here (see `_merge`)."""
+        return self._merge(wire)
 
     def _merge(self, wire: WireHostState) -> HostState:
         """The wire state in wall-clock terms, keeping the later `next_allowed` of it and any state here."""

@@ -26,6 +26,12 @@ change, so it never hands on what the leaver gave it) are sent to their owner at
 change, ahead of the hand-off transfers on the same links, so the owner knows them before a transfer releases
 their hosts (`ring_changed`).
 
+Politeness states take the same path: a hand-off chunk's states for hosts owned elsewhere (`pass_states`) go to
+their owner in the `hosts` of a `SeenReplica`, which merges them like a hand-off's (the later ready time wins),
+so a joiner does not fetch a host sooner than the leaver's Crawl-delay allows because the leaver's state went
+to a node that no longer owned the host. A node that receives states it does not own keeps them and sends them
+on only at its next ring change (never at once: two nodes whose views differ would pass them back and forth).
+
 Best effort by design: no acks. A replica lost with a connection or a full send queue costs at most a page
 fetched twice after a death. The window between a page's commit and its replica leaving is `interval`.
 Replicas a node holds for arcs that later moved elsewhere stay in its store as harmless seen keys (every one of
@@ -35,12 +41,14 @@ them names a page that was fetched); they cost about 40 bytes each on disk.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
 
+from protocol import HostState as WireHostState
 from protocol import Limits, Message, SeenReplica
 from storage import NodeStore, QueuedUrl, queued_url_keys
 
@@ -77,6 +85,8 @@ class SeenReplicas:
         interval: float = REPLICA_INTERVAL,
         max_pending: int = MAX_PENDING,
         copies: int = REPLICA_COPIES,
+        apply_states: Callable[[Sequence[WireHostState]], None] | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -88,6 +98,11 @@ class SeenReplicas:
         self.max_keys = min(Limits().max_keys_per_chunk, MAX_KEYS_PER_MESSAGE)
         self._pending: list[bytes] = []
         self._foreign: dict[bytes, None] = {}  # fetched-page keys of arcs owned elsewhere, oldest first
+        # host -> (crawl delay, ready at (wall clock), failures): states of hosts owned elsewhere, to pass on
+        self._states: dict[str, tuple[float, float, int]] = {}
+        self.apply_states = apply_states  # merge states of hosts owned here (the cluster: timers and store)
+        self.wall_clock = wall_clock  # states travel as durations; kept here as wall-clock times
+        self.states_passed_on = 0
         self._synced: Any = None  # the ring under which every recorded key was last sent to its backup
         self.rescans = 0
         self.keys_resent = 0
@@ -130,9 +145,60 @@ class SeenReplicas:
             self.keys_dropped += excess
         self.keys_passed_on += self._send(epoch, foreign)
 
+    def pass_states(self, states: Sequence[WireHostState]) -> None:
+        """Politeness states that came by hand-off for hosts owned elsewhere: sent to their owner now, and kept
+        to be sent again at ring changes until this node owns them (then merged here)."""
+        self._keep_states(states)
+        _epoch, ring = self.ring_of()
+        if ring is not None:
+            self._send_states(ring, only=[state.host for state in states])
+
+    def _keep_states(self, states: Sequence[WireHostState]) -> None:
+        wall = self.wall_clock()
+        kept = self._states
+        for state in states:
+            earlier = kept.get(state.host)
+            ready = wall + state.ready_in
+            if earlier is not None:
+                ready = max(ready, earlier[1])
+            kept[state.host] = (state.crawl_delay, ready, state.failures)
+        if len(kept) > self.max_pending // 10:
+            for host in list(kept)[: len(kept) - self.max_pending // 10]:
+                del kept[host]
+
+    def _send_states(self, ring: Any, only: Sequence[str] | None = None) -> None:
+        """Send the kept states (or those of `only`) to their owners under `ring`; merge and forget ours."""
+        epoch, _ring = self.ring_of()
+        wall = self.wall_clock()
+        node = self.node_id
+        by_owner: dict[str, list[WireHostState]] = defaultdict(list)
+        mine: list[WireHostState] = []
+        for host in list(only if only is not None else self._states):
+            entry = self._states.get(host)
+            if entry is None:
+                continue
+            delay, ready, failures = entry
+            if ready <= wall:
+                del self._states[host]  # nothing left to wait for
+                continue
+            wire = WireHostState(host=host, crawl_delay=delay, ready_in=ready - wall, failures=failures)
+            owner = ring.owner(host)
+            if owner == node:
+                del self._states[host]
+                mine.append(wire)
+            else:
+                by_owner[owner].append(wire)
+        if mine and self.apply_states is not None:
+            self.apply_states(mine)
+        for owner, states in by_owner.items():
+            if self.links.send_nowait(owner, SeenReplica(epoch=epoch, keys=(), hosts=tuple(states))):
+                self.states_passed_on += len(states)
+
     def ring_changed(self, ring: Any, epoch: int) -> None:
-        """Called as the node adopts `ring`, before its hand-off transfers start: the keys held for arcs owned
-        elsewhere go to their owners under `ring` (those now owned here become ours to replicate)."""
+        """Called as the node adopts `ring`, before its hand-off transfers start: the keys and states held for
+        arcs owned elsewhere go to their owners under `ring` (those now owned here become ours)."""
+        if self._states:
+            self._send_states(ring)
         if not self._foreign:
             return
         node = self.node_id
@@ -219,6 +285,13 @@ class SeenReplicas:
         """Store a peer's `SeenReplica`; False for any other message."""
         if not isinstance(message, SeenReplica):
             return False
+        if message.hosts:
+            _epoch, ring = self.ring_of()
+            if ring is not None:
+                mine = [state for state in message.hosts if ring.owner(state.host) == self.node_id]
+                if mine and self.apply_states is not None:
+                    self.apply_states(mine)
+                self._keep_states([state for state in message.hosts if ring.owner(state.host) != self.node_id])
         keys = [key for key in message.keys if len(key) == KEY_SIZE]
         if len(keys) < len(message.keys):
             self.keys_refused += len(message.keys) - len(keys)
@@ -234,4 +307,5 @@ class SeenReplicas:
         return {"synced": ring is not None and ring is self._synced,"keys_sent": self.keys_sent, "keys_resent": self.keys_resent, "keys_received": self.keys_received,
                 "keys_dropped": self.keys_dropped, "keys_refused": self.keys_refused,
                 "keys_passed_on": self.keys_passed_on, "keys_foreign": len(self._foreign),
+                "states_passed_on": self.states_passed_on, "states_foreign": len(self._states),
                 "keys_pending": len(self._pending), "rescans": self.rescans}

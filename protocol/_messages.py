@@ -261,14 +261,17 @@ class HandoffAck:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SeenReplica:
-    """Seen keys of pages the sender fetched, for the node that would own their positions if the sender left.
+    """Seen keys of pages the sender fetched, for the node that would own their positions if the sender left;
+    and politeness states of hosts the sender received by hand-off but does not own, for their owner.
 
     Best effort and never acknowledged: a lost replica costs at most a page fetched again after the sender
     dies, never a URL. The receiver marks the keys seen; they decide nothing while the sender owns the arc.
+    A state is merged like a hand-off's (the later ready time wins).
     """
 
     epoch: int
     keys: tuple[bytes, ...]
+    hosts: tuple[HostState, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -380,7 +383,8 @@ RECORDS: dict[int, Record] = {
         last=Flag(),
     ),
     0x31: _record(HandoffAck, transfer_id=UInt(), chunk_seq=UInt()),
-    0x32: _record(SeenReplica, epoch=UInt(), keys=Many(Blob(limit="max_key_length"), "max_keys_per_chunk")),
+    0x32: _record(SeenReplica, epoch=UInt(), keys=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"),
+                  hosts=Many(_HOST_STATE)),
     0x40: _record(Goodbye, reason=Text()),
 }
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})

@@ -487,11 +487,11 @@ def test_a_join_and_a_leave_at_once_keep_crawl_delays_and_stall_no_host(gap: flo
     result: dict = {}
 
     async def body(nursery: trio.Nursery, tmp: Path) -> None:
-        # Pinned as it was found, without seen-key replicas: their traffic shifts every later random draw of the
-        # network, and with it this run shows a defect still open (docs/cluster.md, "Still open"): at gap 0.1
-        # the leaver's politeness state for two hosts reaches a node that no longer owns them and is dropped
-        # there, and the joiner fetches them 0.1-0.3 s too early.
-        sim = ClusterSim(nursery, tmp, web, seed=seed, replicate=False)
+        # With seen-key replicas on (their traffic shifts every later random draw of the network) this run found
+        # a Crawl-delay broken at gap 0.1: the leaver's politeness states reached a node that no longer owned
+        # the hosts and were dropped there, and the leaver's "nothing more" released the joiner before they
+        # could arrive. Both fixed (peer/replica.py passes states on; peer/handoff.py orders transfers by ring).
+        sim = ClusterSim(nursery, tmp, web, seed=seed)
         nodes = await _start_settled(sim, web, 4)
         await sim.at_pages(0.2, len(expected))
 

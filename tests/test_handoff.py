@@ -481,3 +481,24 @@ async def test_a_transfer_waits_for_the_fetches_in_flight_in_its_arcs(stores, au
         assert a.outstanding() == 0 and not b.blocked(host_position(host_in))
         nursery.cancel_scope.cancel()
     assert store_b.frontier.get_state(host_in).next_allowed >= WALL0 + 50.0
+
+
+async def test_a_transfer_to_a_newer_ring_waits_for_older_transfers_to_any_peer(stores) -> None:
+    """The older transfer may carry timers of hosts the newer ring gives the newer transfer's peer (to a node
+    that owned them in between and passes them on): "nothing more up to this ring" must not overtake it."""
+    store_a, _ = stores
+    fill(store_a, hosts=40)
+    links = _Acks()
+    a = Handoff("a", store_a, links, config=CONFIG, wall_clock=wall)
+    r0 = Ring({"a": 1}, points_per_weight=8)
+    r1 = Ring({"a": 1, "x": 1}, points_per_weight=8)
+    r2 = Ring({"a": 1, "x": 1, "y": 1}, points_per_weight=8)
+    a.view_changed(1, r0, r1)
+    a.view_changed(2, r1, r2)
+    a.pump()
+    to = lambda peer: [m for p, m in links.sent if p == peer and isinstance(m, HandoffChunk)]  # noqa: E731
+    assert to("x") and not to("y")  # y waits, although its transfer (ring 2) is ready
+    for chunk in list(to("x")):
+        await a.on_message("x", HandoffAck(transfer_id=chunk.transfer_id, chunk_seq=chunk.chunk_seq))
+    a.pump()
+    assert to("y") and to("y")[-1].last

@@ -122,7 +122,7 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
         last=st.booleans(),
     ),
     HandoffAck: st.builds(HandoffAck, transfer_id=U64, chunk_seq=U64),
-    SeenReplica: st.builds(SeenReplica, epoch=U64, keys=tuples(st.binary(max_size=64), 10)),
+    SeenReplica: st.builds(SeenReplica, epoch=U64, keys=tuples(st.binary(max_size=64), 10), hosts=tuples(host_states)),
     Goodbye: st.builds(Goodbye, reason=texts),
 }
 APP_MESSAGES = st.one_of([s for cls, s in MESSAGE_STRATEGIES.items() if TYPE_CODES[cls] >= 0x10])

@@ -174,3 +174,33 @@ def test_hand_off_keys_of_our_arcs_are_replicated_and_the_others_passed_on_at_ea
     mine = set(keys) - to_e
     assert mine and replicas.flush() == len(mine) and set(store.fetched_keys()) == mine
     assert replicas.keys_passed_on == len(items) + len(to_e)
+
+
+def test_politeness_states_go_on_to_the_owner_and_are_merged_there(store) -> None:
+    from protocol import HostState as WireHostState
+
+    abd = Ring({"A": 150, "B": 80, "D": 40}, points_per_weight=50)
+    host = next(f"s{i}.test" for i in range(1000) if abd.owner(f"s{i}.test") == "D")
+    wall = {"now": 1000.0}
+    links = Links()
+    applied: list[WireHostState] = []
+    a = SeenReplicas("A", store, links, ring_of=lambda: (3, abd), apply_states=applied.extend,
+                     wall_clock=lambda: wall["now"])
+    # a hand-off gave A a timer for a host that D owns in A's ring: it goes to D at once, as a duration
+    a.pass_states([WireHostState(host=host, crawl_delay=1.0, ready_in=0.8, failures=0)])
+    ((peer, message),) = links.sent
+    assert peer == "D" and message.keys == () and message.hosts[0].host == host
+    assert message.hosts[0].ready_in == pytest.approx(0.8)
+    # D merges it (its own apply), and a node that does not own the host keeps it for its next ring change
+    applied_d: list[WireHostState] = []
+    d = SeenReplicas("D", store, Links(), ring_of=lambda: (3, abd), apply_states=applied_d.extend)
+    assert d.on_message("A", message) and [s.host for s in applied_d] == [host]
+    b_links = Links()
+    b = SeenReplicas("B", store, b_links, ring_of=lambda: (3, abd), apply_states=applied.extend,
+                     wall_clock=lambda: wall["now"])
+    assert b.on_message("A", message) and applied == [] and b_links.sent == []  # never straight back
+    # at B's next ring change the host is B's own: merged there, with what is left of the wait
+    wall["now"] += 0.5
+    b.ring_changed(Ring({"B": 1}, points_per_weight=50), 4)
+    assert [s.host for s in applied] == [host] and applied[0].ready_in == pytest.approx(0.3)
+    assert b.status()["states_foreign"] == 0
