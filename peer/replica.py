@@ -114,11 +114,14 @@ class SeenReplicas:
 
     def fetched(self, item: QueuedUrl) -> None:
         """The crawler committed `item` as fetched: its key goes to the backup at the next tick."""
-        pending = self._pending
-        pending.extend(queued_url_keys((item,)))
-        if len(pending) > self.max_pending:
-            excess = len(pending) - self.max_pending
-            del pending[:excess]
+        self._pending.extend(queued_url_keys((item,)))
+        self._trim_pending()
+
+    def _trim_pending(self) -> None:
+        """Past `max_pending` keys waiting to leave, the oldest go (counted as dropped)."""
+        excess = len(self._pending) - self.max_pending
+        if excess > 0:
+            del self._pending[:excess]
             self.keys_dropped += excess
 
     def adopt(self, keys: list[bytes]) -> None:
@@ -139,10 +142,7 @@ class SeenReplicas:
         if len(self._foreign) > self.max_pending:
             for key in list(self._foreign)[: len(self._foreign) - self.max_pending]:
                 del self._foreign[key]
-        if len(self._pending) > self.max_pending:
-            excess = len(self._pending) - self.max_pending
-            del self._pending[:excess]
-            self.keys_dropped += excess
+        self._trim_pending()
         self.keys_passed_on += self._send(epoch, foreign)
 
     def pass_states(self, states: Sequence[WireHostState]) -> None:
