@@ -1,6 +1,6 @@
 """The daemon: crawl engine, cluster, control API and CLI, composed under trio.
 
-Public names are re-exported here and loaded on first use, so ``python -m peer.localweb.server`` and the
+Public names are re-exported here and loaded on first use, so ``python -m peerlab.localweb.server`` and the
 CLI's ``--help`` do not pay for importing the whole node.
 """
 
@@ -12,16 +12,15 @@ from typing import Any
 _EXPORTS = {
     "Config": "config", "ConfigError": "config", "load": "config",
     "Node": "node", "NodeError": "node", "run_node": "node",
-    "Crawler": "crawler", "Link": "crawler",
-    "HostScheduler": "scheduler",
-    "CachingResolver": "dns", "DnsError": "dns", "Resolver": "dns",
-    "Fetcher": "http", "FetchError": "http", "Response": "http", "HttpxTransport": "http",
-    "RobotsTxt": "robots", "can_fetch": "robots", "decide": "robots",
-    "Scope": "urls", "normalize": "urls", "host_of": "urls", "origin_of": "urls",
-    "Page": "links", "extract": "links",
+    "Crawler": "crawl", "Link": "crawl", "HostScheduler": "crawl",
+    "RobotsTxt": "crawl", "can_fetch": "crawl", "decide": "crawl",
+    "Scope": "crawl", "normalize": "crawl", "host_of": "crawl", "origin_of": "crawl",
+    "Page": "crawl", "extract": "crawl",
+    "CachingResolver": "fetch", "DnsError": "fetch", "Resolver": "fetch",
+    "Fetcher": "fetch", "FetchError": "fetch", "Response": "fetch", "HttpxTransport": "fetch",
     "Stats": "stats",
-    "Transport": "transport", "TcpTransport": "transport", "MemoryNetwork": "transport",
-    "PeerLinks": "peerlink", "Membership": "membership", "MembershipConfig": "membership",
+    "Cluster": "cluster", "Transport": "cluster", "TcpTransport": "cluster", "MemoryNetwork": "cluster",
+    "PeerLinks": "cluster", "Membership": "cluster", "MembershipConfig": "cluster",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import peerd_main
+from peer.cli.main import peerd_main
 
 sys.exit(peerd_main())

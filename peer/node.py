@@ -27,15 +27,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from storage import StorageError, open_page_store
 
-from .cluster import Cluster, ClusterError
-from .config import Config, ConfigError, parse_address, read_secret, read_seeds
-from .control import Reply, json_reply, serve_control
-from .crawler import Crawler
-from .dns import CachingResolver
-from .http import Fetcher
-from .stats import Stats, StatsCollector
-from .stores import open_node_store
-from .transport import TransportError
+from peer.cluster.cluster import Cluster, ClusterError
+from peer.cluster.discovery import DiscoveryError, srv_seeds
+from peer.cluster.transport import TransportError
+from peer.config import Config, ConfigError, parse_address, read_secret, read_seeds
+from peer.control import Reply, json_reply, serve_control
+from peer.crawl.crawler import Crawler
+from peer.crawl.seenstores import open_node_store
+from peer.fetch.dns import CachingResolver
+from peer.fetch.http import Fetcher
+from peer.stats import Stats, StatsCollector
 
 __all__ = ["Node", "run_node", "NodeError"]
 
@@ -261,8 +262,6 @@ class Node:
         """Join through --join seeds, then the --join-srv record's members; none given: a new cluster."""
         seeds = list(self.cfg.join)
         if self.cfg.join_srv:
-            from .discovery import DiscoveryError, srv_seeds
-
             # A failed look-up is retried: starting a new cluster on a passing DNS error would split the fleet.
             # Only a record that lists no one but us (the first pod of a StatefulSet) starts a new cluster.
             problem: DiscoveryError | None = None

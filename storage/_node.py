@@ -26,7 +26,7 @@ from ._records import QueuedUrl
 __all__ = ["FETCHED_DB", "MemoryNodeStore", "NodeStore", "queued_url_keys"]
 
 #: Seen keys of the pages this node fetched itself (not those only queued): the keys it may replicate to a
-#: backup node (peer/replica.py), as a URL merely queued must never be marked seen elsewhere.
+#: backup node (peer/cluster/replicas.py), as a URL merely queued must never be marked seen elsewhere.
 FETCHED_DB = b"fetched"
 _EMPTY = b""
 _ALL = [(b"\x00" * 8, b"\xff" * 8)]

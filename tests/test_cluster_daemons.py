@@ -20,8 +20,8 @@ from pathlib import Path
 
 import trio
 
-from peer.localweb.graph import SiteGraph
-from peer.localweb.referee import (
+from peerlab.localweb.graph import SiteGraph
+from peerlab.localweb.referee import (
     RequestRecord,
     crawl_delay_violations,
     max_concurrent_connections_per_host,
@@ -130,7 +130,7 @@ async def test_four_nodes_join_leave_and_kill_lose_nothing(tmp_path):
             await _wait_fetched(web, expected, 0.25, 120)
             leave = await trio.to_thread.run_sync(
                 lambda: subprocess.run(
-                    [sys.executable, "-c", "import sys; from peer.cli import peerctl_main; sys.exit(peerctl_main())",
+                    [sys.executable, "-c", "import sys; from peer.cli.main import peerctl_main; sys.exit(peerctl_main())",
                      "leave", "--control", cluster.control("C"), "--timeout", "120"],
                     capture_output=True, text=True, timeout=150, env=child_env()))
             assert leave.returncode == 0, leave.stdout + leave.stderr
@@ -176,7 +176,7 @@ async def test_four_nodes_join_leave_and_kill_lose_nothing(tmp_path):
     in_flight_at_kill = sum(1 for r in web.log if r.wall_start <= kill_at and r.wall_end >= kill_at - 0.5
                             and not r.path.endswith("robots.txt"))
     # What died with B: its seen-set and its queue. B's seen keys of fetched pages were replicated to the node
-    # that owns each of its arcs once it is gone (peer/replica.py), so while B is dead its hosts' new owners
+    # that owns each of its arcs once it is gone (peer/cluster/replicas.py), so while B is dead its hosts' new owners
     # fetch again only what was under way at the kill, or fetched in the moment before it, whose replica had
     # not left yet (every 0.1 s). The joins and the leave move seen-sets with their arcs.
     firsts: dict[str, RequestRecord] = {}

@@ -11,8 +11,8 @@ import pytest
 import trio
 from warcio.archiveiterator import ArchiveIterator
 
-from peer.localweb.graph import SiteGraph
-from peer.localweb.referee import crawl_delay_violations, max_concurrent_connections_per_host, requested_urls
+from peerlab.localweb.graph import SiteGraph
+from peerlab.localweb.referee import crawl_delay_violations, max_concurrent_connections_per_host, requested_urls
 from peer.node import Node
 
 from .support.crawl import node_config, start_local_web, urls_fetched

@@ -16,8 +16,8 @@ import time
 
 import trio
 
-from peer.localweb.graph import SiteGraph
-from peer.localweb.referee import max_concurrent_connections_per_host, requested_urls
+from peerlab.localweb.graph import SiteGraph
+from peerlab.localweb.referee import max_concurrent_connections_per_host, requested_urls
 
 from .support.crawl import child_env, kill_pid, node_config, peerd_argv, start_local_web, urls_fetched
 
@@ -43,7 +43,7 @@ async def _run_to_completion(cfg, timeout: float) -> None:
 
 
 def _peerctl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "import sys; from peer.cli import peerctl_main; "
+    return subprocess.run([sys.executable, "-c", "import sys; from peer.cli.main import peerctl_main; "
                            "sys.exit(peerctl_main())", *args], capture_output=True, text=True, timeout=30,
                           env=child_env())
 

@@ -17,13 +17,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from peer.cli import peerctl_main
-from peer.demo import DemoError, WarcSummary, _clear_run_folder, judge, read_warcs
-from peer.experiment import bundled_plan_text, load_plan, parse_plan, to_toml
-from peer.experiment.live import NodeOutcome
-from peer.experiment.plan import PlanError
-from peer.localweb.graph import SiteGraph
-from peer.localweb.referee import RequestRecord
+from peer.cli.main import peerctl_main
+from peerlab.demo import DemoError, WarcSummary, _clear_run_folder, judge, read_warcs
+from peerlab.experiment import bundled_plan_text, load_plan, parse_plan, to_toml
+from peerlab.experiment.live import NodeOutcome
+from peerlab.experiment.plan import PlanError
+from peerlab.localweb.graph import SiteGraph
+from peerlab.localweb.referee import RequestRecord
 from storage import WarcPageStore
 
 # --------------------------------------------------------------------------- the plan

@@ -1,7 +1,7 @@
 """The deployment files (deploy/systemd, deploy/docker, deploy/k8s, deploy/README.md) and the configuration
 reference, checked against the code they drive.
 
-Every ``peerd``/``peerctl`` command line in them is parsed by the real argparse parsers of peer/cli.py (their
+Every ``peerd``/``peerctl`` command line in them is parsed by the real argparse parsers of peer/cli/main.py (their
 ``_run`` is replaced, so nothing runs) and every node's settings are built by ``peer.config.load`` from the
 same flags, environment and TOML the deployment gives it. The YAML is checked for the fields that matter
 (selectors, named ports, the SRV name), the Dockerfile's health check runs against a real node on loopback,
@@ -36,7 +36,7 @@ import httpx
 import pytest
 import yaml  # type: ignore[import-untyped]
 
-from peer import cli
+from peer.cli import main as cli
 from peer.config import FIELDS, Config, load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -389,8 +389,8 @@ def test_image_build_installs_from_what_it_copies(tmp_path: Path) -> None:
         pytest.skip(f"pip cannot reach a package index for the build backend: {out.stderr.strip()[-200:]}")
     assert out.returncode == 0, out.stderr
     assert {"peerd", "peerctl"} <= {p.name for p in (tmp_path / "site" / "bin").iterdir()}
-    modules = ["ring", "protocol", "storage", "peer.cli", "peer.node", "peer.discovery", "peer.localweb.server",
-               "peer.localweb.dns_server"]
+    modules = ["ring", "protocol", "storage", "peer.cli.main", "peer.node", "peer.cluster.discovery", "peerlab.localweb.server",
+               "peerlab.localweb.dns_server"]
     code = "import importlib, sys; print(*[importlib.import_module(m).__file__ for m in sys.argv[1:]])"
     found = subprocess.run([sys.executable, "-c", code, *modules], cwd=tmp_path, capture_output=True, text=True,
                            env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, timeout=60, check=False)
@@ -527,7 +527,7 @@ def test_compose_local_web_serves_the_seed(compose: dict[str, Any], tmp_path: Pa
     dns_args = _loopback(name_server["command"], zone_file=str(zone), host="127.0.0.1", port="0")
     assert name_server["command"][name_server["command"].index("--zone-file") + 1] == zone_ref["target"]
     web_args = _loopback(web["command"], host="127.0.0.1", port="0")
-    from peer.localweb.server import _parser as web_parser
+    from peerlab.localweb.server import _parser as web_parser
 
     web_parser().parse_args(web_args)
     nodes = compose_nodes(compose)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from peer.discovery import DiscoveryError, srv_seeds
+from peer.cluster.discovery import DiscoveryError, srv_seeds
 from tests.support.srv_dns import Srv, SrvServer, serve_srv
 
 NAME = "_peer._tcp.peerd.crawl.svc.cluster.local"

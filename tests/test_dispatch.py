@@ -11,10 +11,10 @@ import pytest
 import trio
 import trio.testing
 
-from peer.crawler import Link
-from peer.dispatch import DispatchConfig, Dispatcher
-from peer.peerlink import PeerLinks
-from peer.transport import MemoryNetwork
+from peer.crawl.crawler import Link
+from peer.cluster.dispatch import DispatchConfig, Dispatcher
+from peer.cluster.peerlinks import PeerLinks
+from peer.cluster.transport import MemoryNetwork
 from protocol import BatchAck, UrlBatch, UrlEntry
 from ring import Ring
 from storage import NodeStore, QueuedUrl

@@ -14,8 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from peer.dns import CachingResolver, DnsError, parse_nameserver, system_nameservers
-from peer.localweb.dns_server import DnsServer, read_zone_file, serve_dns
+from peer.fetch.dns import CachingResolver, DnsError, parse_nameserver, system_nameservers
+from peerlab.localweb.dns_server import DnsServer, read_zone_file, serve_dns
 
 
 @pytest.fixture
@@ -276,7 +276,7 @@ def test_server_runs_as_a_process(tmp_path: Path) -> None:
     zone = tmp_path / "zone.txt"
     zone.write_text("demo.test 127.0.0.1\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "peer.localweb.dns_server", "--zone-file", str(zone), "--port", "0"],
+        [sys.executable, "-m", "peerlab.localweb.dns_server", "--zone-file", str(zone), "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -294,7 +294,7 @@ def test_server_runs_as_a_process(tmp_path: Path) -> None:
 
 def test_server_process_reports_a_bad_zone_file(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "peer.localweb.dns_server", "--zone-file", str(tmp_path / "absent.txt")],
+        [sys.executable, "-m", "peerlab.localweb.dns_server", "--zone-file", str(tmp_path / "absent.txt")],
         capture_output=True,
         text=True,
         timeout=30,
@@ -305,8 +305,8 @@ def test_server_process_reports_a_bad_zone_file(tmp_path: Path) -> None:
 
 
 async def test_cache_size_zero_asks_every_time(nursery):
-    from peer.dns import CachingResolver
-    from peer.localweb.dns_server import serve_dns
+    from peer.fetch.dns import CachingResolver
+    from peerlab.localweb.dns_server import serve_dns
 
     server = await nursery.start(serve_dns, {"a.example": "192.0.2.7"})
     resolver = CachingResolver([f"127.0.0.1:{server.address[1]}"], cache_size=0, allow_private=True)

@@ -1,4 +1,4 @@
-"""The ring-rebalance experiment (``peer/experiment``): plans, the ratio arithmetic and its deviation split,
+"""The ring-rebalance experiment (``peerlab/experiment``): plans, the ratio arithmetic and its deviation split,
 the simulation, the report files, and ``peerctl experiment`` end to end."""
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 
 import ring
-from peer import experiment
-from peer.experiment import report as report_mod
-from peer.experiment.plan import PlanError, load_plan, parse_plan, to_toml
-from peer.experiment.results import (
+from peerlab import experiment
+from peerlab.experiment import report as report_mod
+from peerlab.experiment.plan import PlanError, load_plan, parse_plan, to_toml
+from peerlab.experiment.results import (
     PhaseResult,
     cells,
     node_deviations,
     ratio,
     receiver_expected_shares,
 )
-from peer.experiment.simulate import phase_boundaries, run_simulation
-from peer.experiment.synthweb import zipf_sampler
+from peerlab.experiment.simulate import phase_boundaries, run_simulation
+from peerlab.experiment.synthweb import zipf_sampler
 
 SMALL = """
 name = "small"
@@ -548,7 +548,7 @@ at = 6.0
 
 
 def test_live_plans_are_checked_before_anything_starts(tmp_path: Path) -> None:
-    from peer.experiment.live import LiveError, run_live
+    from peerlab.experiment.live import LiveError, run_live
 
     with pytest.raises(LiveError, match=r"web.popularity: the local web links hosts uniformly"):
         run_live(load_plan("design")[0], tmp_path / "run")
@@ -561,7 +561,7 @@ def test_live_plans_are_checked_before_anything_starts(tmp_path: Path) -> None:
 
 async def test_live_experiment_runs_real_nodes_through_the_plan(tmp_path: Path) -> None:
     """Three peerd processes on loopback crawl the local web; then C leaves gracefully while E joins."""
-    from peer.experiment.live import live_experiment
+    from peerlab.experiment.live import live_experiment
 
     plan = parse_plan(LIVE)
     lines: list[str] = []

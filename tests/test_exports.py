@@ -5,7 +5,7 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("package", ["ring", "protocol", "storage", "peer", "peer.localweb"])
+@pytest.mark.parametrize("package", ["ring", "protocol", "storage", "peer", "peerlab.localweb"])
 def test_all_names_resolve(package):
     mod = importlib.import_module(package)
     assert mod.__all__, f"{package} exports nothing"

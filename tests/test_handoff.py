@@ -12,9 +12,9 @@ from collections import Counter
 import pytest
 import trio
 
-from peer.handoff import Handoff, HandoffConfig, handoff_arcs
-from peer.peerlink import PeerLinks
-from peer.transport import MemoryNetwork
+from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
+from peer.cluster.peerlinks import PeerLinks
+from peer.cluster.transport import MemoryNetwork
 from protocol import HandoffAck, HandoffChunk, Limits, Message, decode_body, encode_body
 from ring import RING_SPACE, ArcMove, Ring, diff, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc, url_key

@@ -23,9 +23,9 @@ import pytest
 import trio
 import trio.testing
 
-from peer.dns import CachingResolver, DnsError
-from peer.http import Fetcher, FetchError, HttpxTransport
-from peer.localweb.dns_server import serve_dns
+from peer.fetch.dns import CachingResolver, DnsError
+from peer.fetch.http import Fetcher, FetchError, HttpxTransport
+from peerlab.localweb.dns_server import serve_dns
 
 UA = "peercrawl-test/1 (+http://127.0.0.1/contact)"
 PAGE = b"<html><body>" + b"".join(b"<a href='/p%d'>link %d</a>\n" % (i, i) for i in range(600)) + b"</body></html>"

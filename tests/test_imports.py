@@ -65,11 +65,102 @@ def test_the_checker_catches_what_it_should(tmp_path: Path) -> None:
     (package / "__init__.py").write_text("from . import ok\n")
     (package / "ok.py").write_text("import hashlib\nfrom .sibling import x\nfrom collections import abc\n")
     (package / "bad.py").write_text(
-        "import time\nfrom socket import socket\nimport random as r\nfrom peer.cli import main\n"
+        "import time\nfrom socket import socket\nimport random as r\nfrom peer.cli.main import main\n"
         "from .. import storage\nimport trio.lowlevel\nx = __import__('threading')\n"
     )
     found = violations("fake", PURE_FORBIDDEN, root=tmp_path)
     assert sorted(line.split(" imports ")[1] for line in found) == [
-        "peer.cli", "random", "socket", "storage", "threading", "time", "trio.lowlevel",
+        "peer.cli.main", "random", "socket", "storage", "threading", "time", "trio.lowlevel",
     ]
     assert all(line.startswith("fake/bad.py") for line in found)
+
+
+# The rooms of the daemon, from the top floor down. A room may import the rooms below it, never one above it
+# (nor its own floor's other rooms, except the base modules every room shares). The lab is outside the product.
+FLOORS: list[set[str]] = [
+    {"peer.__main__"},
+    {"peer.cli"},
+    {"peer.node"},
+    {"peer.cluster"},
+    {"peer.crawl"},
+    {"peer.fetch"},
+    {"peer.control", "peer.config", "peer.stats", "peer.log"},
+]
+
+
+def room_of(module: str) -> str | None:
+    """The room a dotted ``peer`` module belongs to (``peer.crawl.urls`` -> ``peer.crawl``)."""
+    parts = module.split(".")
+    if parts[0] != "peer" or len(parts) < 2:
+        return None
+    return ".".join(parts[:2])
+
+
+def floor_of(room: str) -> int:
+    for number, rooms in enumerate(FLOORS):
+        if room in rooms:
+            return number
+    raise AssertionError(f"{room} is on no floor: add it to FLOORS in tests/test_imports.py")
+
+
+def upward_imports(root: Path = ROOT) -> list[str]:
+    bad = []
+    for path in sorted((root / "peer").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        here = room_of(".".join(parts if parts[-1] != "__init__" else parts[:-1]))
+        if here is None:  # peer/__init__.py: the lazy face of the whole package
+            continue
+        for module in imported_modules(path, root, "peer"):
+            there = room_of(module)
+            if there is None or there == here:
+                continue
+            if floor_of(there) <= floor_of(here):
+                bad.append(f"{path.relative_to(root).as_posix()} ({here}) imports {module} ({there})")
+    return bad
+
+
+def test_every_room_of_peer_is_on_a_floor() -> None:
+    rooms = {p.stem if p.is_file() else p.name for p in (ROOT / "peer").iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    for room in rooms:
+        floor_of(f"peer.{room}")
+
+
+def test_rooms_import_only_downward() -> None:
+    assert upward_imports() == []
+
+
+def test_the_daemon_never_imports_the_lab() -> None:
+    assert violations("peer", {"peerlab"}) == []
+    assert violations("storage", {"peerlab"}) == []
+
+
+def test_no_import_inside_a_function_in_the_daemon() -> None:
+    """Imports live at the top of a module, where the import graph can be read; two known exceptions: the slow
+    charset detector (imported on first use) and the CLI's look-up of the optional lab by name."""
+    allowed = {("peer/crawl/charset.py", "charset_normalizer")}
+    found = []
+    for path in sorted((ROOT / "peer").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    name = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                    key = (path.relative_to(ROOT).as_posix(), name)
+                    if key not in allowed:
+                        found.append(f"{key[0]} imports {name} inside {func.name}()")
+    assert found == []
+
+
+def test_the_floor_check_catches_an_upward_import(tmp_path: Path) -> None:
+    (tmp_path / "peer" / "fetch").mkdir(parents=True)
+    (tmp_path / "peer" / "__init__.py").write_text("")
+    (tmp_path / "peer" / "fetch" / "__init__.py").write_text("")
+    (tmp_path / "peer" / "fetch" / "http.py").write_text("from peer.crawl.urls import normalize\nimport peer.config\n")
+    (tmp_path / "peer" / "config.py").write_text("from .fetch import http\n")
+    assert upward_imports(tmp_path) == [
+        "peer/config.py (peer.config) imports peer.fetch (peer.fetch)",
+        "peer/fetch/http.py (peer.fetch) imports peer.crawl.urls (peer.crawl)",
+    ]

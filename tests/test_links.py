@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer._charset import charset_of_content_type, decode_to_utf8, lookup
-from peer.links import MAX_TITLE_CHARS, Page, extract, is_html
-from peer.urls import normalize
+from peer.crawl.charset import charset_of_content_type, decode_to_utf8, lookup
+from peer.crawl.links import MAX_TITLE_CHARS, Page, extract, is_html
+from peer.crawl.urls import normalize
 
 URL = "http://site.example/dir/page.html"
 HTML = "text/html"

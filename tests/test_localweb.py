@@ -18,12 +18,12 @@ import lxml.html
 import pytest
 import trio
 
-from peer.localweb.bench import nginx_binary, start_bench_web
-from peer.localweb.features import MIN_FEATURE_HOSTS
-from peer.localweb.graph import SiteGraph, page_path
-from peer.localweb.model import HostSpec, Link, Resource, idna_host, make_url, norm_path
-from peer.localweb.oracle import TrapGuard
-from peer.localweb.referee import (
+from peerlab.localweb.bench import nginx_binary, start_bench_web
+from peerlab.localweb.features import MIN_FEATURE_HOSTS
+from peerlab.localweb.graph import SiteGraph, page_path
+from peerlab.localweb.model import HostSpec, Link, Resource, idna_host, make_url, norm_path
+from peerlab.localweb.oracle import TrapGuard
+from peerlab.localweb.referee import (
     RequestRecord,
     crawl_delay_violations,
     max_concurrent_connections_per_host,
@@ -31,10 +31,10 @@ from peer.localweb.referee import (
     requested_paths,
     requested_urls,
 )
-from peer.localweb.render import render
-from peer.localweb.robots_spec import RobotsGroup, RobotsSpec, Rule
-from peer.localweb.server import serve_web
-from peer.localweb.static import write_site
+from peerlab.localweb.render import render
+from peerlab.localweb.robots_spec import RobotsGroup, RobotsSpec, Rule
+from peerlab.localweb.server import serve_web
+from peerlab.localweb.static import write_site
 
 UA = "peercrawl/0.1 (+http://example.invalid/bot)"
 ROOT = Path(__file__).resolve().parents[1]
@@ -482,7 +482,7 @@ async def test_referees_catch_real_impoliteness(nursery: trio.Nursery) -> None:
 
 def test_server_process_prints_its_port_and_logs_json_lines(tmp_path: Path) -> None:
     log_file = tmp_path / "web.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "peer.localweb.server", "--seed", "7", "--hosts", "14",
+    proc = subprocess.Popen([sys.executable, "-m", "peerlab.localweb.server", "--seed", "7", "--hosts", "14",
                              "--pages-per-host", "4", "--port", "0", "--log", str(log_file)],
                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -502,7 +502,7 @@ def test_server_process_prints_its_port_and_logs_json_lines(tmp_path: Path) -> N
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    bad = subprocess.run([sys.executable, "-m", "peer.localweb.server", "--seed", "1", "--hosts", "3"],
+    bad = subprocess.run([sys.executable, "-m", "peerlab.localweb.server", "--seed", "1", "--hosts", "3"],
                          cwd=ROOT, capture_output=True, text=True, timeout=30, check=False)
     assert bad.returncode == 2 and bad.stderr.strip() == "error: features=True needs hosts >= 14, got 3"
 

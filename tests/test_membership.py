@@ -16,9 +16,9 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from peer.membership import Membership, MembershipConfig
-from peer.peerlink import LinkError
-from peer.transport import MemoryNetwork, TcpTransport
+from peer.cluster.membership import Membership, MembershipConfig
+from peer.cluster.peerlinks import LinkError
+from peer.cluster.transport import MemoryNetwork, TcpTransport
 from ring import MemberState, View
 
 SECRET = b"membership test secret, 32 byte"

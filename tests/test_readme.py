@@ -24,7 +24,7 @@ def test_readme_names_two_commands_and_ci_runs_the_test_one():
 
 def test_console_scripts_exist():
     text = (ROOT / "pyproject.toml").read_text()
-    assert 'peerd = "peer.cli:peerd_main"' in text and 'peerctl = "peer.cli:peerctl_main"' in text
-    from peer.cli import peerctl_main, peerd_main
+    assert 'peerd = "peer.cli.main:peerd_main"' in text and 'peerctl = "peer.cli.main:peerctl_main"' in text
+    from peer.cli.main import peerctl_main, peerd_main
 
     assert callable(peerd_main) and callable(peerctl_main)

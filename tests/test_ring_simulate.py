@@ -1,4 +1,4 @@
-"""The ring experiment (``ring.simulate``) and its command (``peerctl ring``, in peer/ringcmd.py)."""
+"""The ring experiment (``ring.simulate``) and its command (``peerctl ring``, in peer/cli/ring_cmd.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 import pytest
 
 import ring
-from peer import ringcmd
+from peer.cli import ring_cmd as ringcmd
 from ring import AddNode, RemoveNode, random_hosts, simulate
 
 DESIGN = {"A": 150, "B": 80, "C": 200, "D": 40}

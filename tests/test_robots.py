@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.robots import (
+from peer.crawl.robots import (
     MAX_ROBOTS_BYTES,
     ROBOTS_CACHE_SECONDS,
     ROBOTS_RETRY_SECONDS,

@@ -1,4 +1,4 @@
-from peer.scheduler import HostScheduler
+from peer.crawl.scheduler import HostScheduler
 
 
 def test_hosts_come_out_in_time_order_and_only_when_due():

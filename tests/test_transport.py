@@ -8,8 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from peer.peerlink import LinkConfig, LinkError, PeerLinks
-from peer.transport import (
+from peer.cluster.peerlinks import LinkConfig, LinkError, PeerLinks
+from peer.cluster.transport import (
     MemoryNetwork,
     TcpTransport,
     Transport,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.urls import (
+from peer.crawl.urls import (
     DEFAULT_BINARY_SUFFIXES,
     Scope,
     host_of,
@@ -241,7 +241,7 @@ def test_scope_defaults_and_bad_pattern() -> None:
     "http://h.test:8123", "HTTPS://a.b.c/%7euser/", "http://user:pw@host.example:81/x?y#z",
 ]) | st.text(max_size=60).map(lambda t: "http://h.example/" + t))
 def test_fast_host_and_origin_agree_on_normalized_urls(raw):
-    from peer.urls import host_of_normalized, origin_of_normalized
+    from peer.crawl.urls import host_of_normalized, origin_of_normalized
 
     url = normalize(raw)
     if url is None:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import trio
 
-from peer.transport import Handler, TcpTransport
-from peer.urls import host_of, normalize
+from peer.cluster.transport import Handler, TcpTransport
+from peer.crawl.urls import host_of, normalize
 from ring import Ring
 from storage import QueuedUrl
 from tests.bench.bench_protocol import make_hosts, make_url

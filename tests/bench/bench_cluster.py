@@ -27,12 +27,12 @@ from pathlib import Path
 import lmdb
 import trio
 
-from peer.crawler import Link
-from peer.dispatch import DispatchConfig, Dispatcher
-from peer.handoff import Handoff, HandoffConfig
-from peer.membership import Membership
-from peer.peerlink import PeerLinks
-from peer.transport import TcpTransport
+from peer.crawl.crawler import Link
+from peer.cluster.dispatch import DispatchConfig, Dispatcher
+from peer.cluster.handoff import Handoff, HandoffConfig
+from peer.cluster.membership import Membership
+from peer.cluster.peerlinks import PeerLinks
+from peer.cluster.transport import TcpTransport
 from protocol import Message, Ping, Pong
 from ring import MemberState, Ring, View
 from storage import HostState, NodeStore, QueuedUrl, queued_url_keys

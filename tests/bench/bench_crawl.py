@@ -3,8 +3,8 @@
 Run: ``python -m tests.bench.bench_crawl [--hosts 1000] [--pages-per-host 50] [--scrapy-pages 5000]
 [--skip-scrapy] [--stores warc,none] [--py-spy]``
 
-The web is ``peer.localweb.bench`` (nginx serving ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with
-about 30 links each); the host names are served by ``peer.localweb.dns_server`` in its own process. Each
+The web is ``peerlab.localweb.bench`` (nginx serving ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with
+about 30 links each); the host names are served by ``peerlab.localweb.dns_server`` in its own process. Each
 crawler runs as its own process and is measured from outside the same way: wall time from start to exit,
 user+system CPU and peak RSS from ``os.wait4`` (the kernel's rusage of the exited child), pages from its
 own final counters. Crawlers:
@@ -42,7 +42,7 @@ from typing import Any
 
 import psutil
 
-from peer.localweb.bench import BenchWeb, start_bench_web
+from peerlab.localweb.bench import BenchWeb, start_bench_web
 
 BENCH_DOMAIN = "web.test"
 TARGET_CPU_RATIO = 10.0
@@ -110,7 +110,7 @@ def _run_measured(cmd: list[str], *, cwd: Path, stderr: Path, time_limit: float,
 def _start_dns(zone: dict[str, str], workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
     zone_file = workdir / "zone.txt"
     zone_file.write_text("".join(f"{name} {ip}\n" for name, ip in zone.items()), encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, "-m", "peer.localweb.dns_server", "--zone-file", str(zone_file),
+    proc = subprocess.Popen([sys.executable, "-m", "peerlab.localweb.dns_server", "--zone-file", str(zone_file),
                              "--port", "0"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     line = proc.stdout.readline().decode().strip()  # the server prints one line once it listens

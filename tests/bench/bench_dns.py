@@ -5,7 +5,7 @@ Run: python -m tests.bench.bench_dns [--names 2000] [--concurrency 64]
 Figures, each beside a reference measured in the same run, as a ratio:
 - a cache hit (``await resolver.resolve(name)`` for a cached name) vs a bare ``LruTtlCache.get`` of the same
   key: what the resolver adds on every fetch's path;
-- cold look-ups of distinct names (A query over UDP to ``peer.localweb.dns_server`` in another process,
+- cold look-ups of distinct names (A query over UDP to ``peerlab.localweb.dns_server`` in another process,
   ``--concurrency`` in flight) vs dnspython's own stub resolver (``dns.resolver.Resolver.resolve``) run in
   trio worker threads, the usual way to use it under trio (``dns.asyncresolver`` is asyncio-only).
 """
@@ -23,7 +23,7 @@ import time
 import dns.resolver
 import trio
 
-from peer.dns import CachingResolver
+from peer.fetch.dns import CachingResolver
 from storage import LruTtlCache
 
 
@@ -32,7 +32,7 @@ def start_dns(names: list[str]) -> tuple[str, subprocess.Popen[str], str]:
     with os.fdopen(fd, "w") as f:
         f.write("*.bench.test 127.0.0.1\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "peer.localweb.dns_server", "--zone-file", zone_path],
+        [sys.executable, "-m", "peerlab.localweb.dns_server", "--zone-file", zone_path],
         stdout=subprocess.PIPE,
         text=True,
     )

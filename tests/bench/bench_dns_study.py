@@ -6,13 +6,13 @@ Run: python -m tests.bench.bench_dns_study [--lookups 1000000] [--names 100000] 
 The study (a C crawler, 2009) resolved 1,000,000 host names drawn from a crawl through a 50,000-entry LRU
 cache refreshed every 1,800 s, and reported 2-3x from the cache, about 1.5x from asynchrony and 3-5x from
 both. Here the trace is a Zipf draw (exponent ``--zipf``) over ``--names`` names; the name server is
-``peer.localweb.dns_server`` in its own process, behind ``tests.bench._delay_proxy`` (another process)
+``peerlab.localweb.dns_server`` in its own process, behind ``tests.bench._delay_proxy`` (another process)
 adding ``--delay`` seconds each way, so this process's CPU is the client's alone. Four resolvers:
 
 1. blocking: dnspython's stub ``dns.resolver.Resolver`` pointed at the proxy, one look-up at a time. It
    stands in for ``socket.getaddrinfo``, which reads /etc/resolv.conf and cannot be pointed at a port;
 2. blocking with our cache: ``storage.LruTtlCache`` in front of (1);
-3. asynchronous: ``peer.dns.CachingResolver`` with its cache and its merging of concurrent look-ups
+3. asynchronous: ``peer.fetch.dns.CachingResolver`` with its cache and its merging of concurrent look-ups
    bypassed (every look-up asks the server), ``--concurrency`` look-ups in flight;
 4. asynchronous with the cache: ``CachingResolver`` as the node uses it, same concurrency.
 
@@ -42,7 +42,7 @@ import numpy as np
 import psutil
 import trio
 
-from peer.dns import CachingResolver, DnsError
+from peer.fetch.dns import CachingResolver, DnsError
 from storage import LruTtlCache
 
 _ZONE_SUFFIX = "zipf.test"
@@ -101,7 +101,7 @@ class Services:
         with os.fdopen(fd, "w") as f:
             f.write(f"*.{_ZONE_SUFFIX} {_ADDRESS}\n")
         self.procs: list[subprocess.Popen[str]] = []
-        server = self._start([sys.executable, "-m", "peer.localweb.dns_server", "--zone-file", self._zone,
+        server = self._start([sys.executable, "-m", "peerlab.localweb.dns_server", "--zone-file", self._zone,
                               "--ttl", str(ttl)])
         proxy = self._start([sys.executable, "-m", "tests.bench._delay_proxy", "--upstream", server,
                              "--delay", str(delay)])

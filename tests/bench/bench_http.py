@@ -4,10 +4,10 @@ Run: python -m tests.bench.bench_http [--requests 5000] [--seconds 30] [--hosts 
 
 A local web on 127.0.0.1 (two forked asyncio worker processes sharing one listening socket, answering every
 request with the same ~15 KB page over keep-alive) serves 1,000 host names, all resolved to 127.0.0.1 by the
-local DNS server (``peer.localweb.dns_server``, a separate process). The client runs 256 requests in flight,
+local DNS server (``peerlab.localweb.dns_server``, a separate process). The client runs 256 requests in flight,
 host after host, and each mode stops after ``--requests`` requests or ``--seconds`` seconds. Modes:
 
-- fetcher: ``peer.http.Fetcher`` called directly (what the crawl engine uses);
+- fetcher: ``peer.fetch.http.Fetcher`` called directly (what the crawl engine uses);
 - httpx+transport: ``httpx.AsyncClient(transport=HttpxTransport(fetcher))``;
 - httpx stock (the reference): ``httpx.AsyncClient`` with its own pool (limits raised to 256 connections),
   names resolved by the same caching resolver through an httpcore network backend, so only the pool and the
@@ -35,8 +35,8 @@ import httpcore
 import httpx
 import trio
 
-from peer.dns import CachingResolver
-from peer.http import Fetcher, FetchError, HttpxTransport
+from peer.fetch.dns import CachingResolver
+from peer.fetch.http import Fetcher, FetchError, HttpxTransport
 
 UA = "peercrawl-bench/1 (+http://127.0.0.1/)"
 
@@ -98,7 +98,7 @@ def start_dns(hosts: Iterable[str]) -> tuple[str, subprocess.Popen[str], str]:
         for host in hosts:
             f.write(f"{host} 127.0.0.1\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "peer.localweb.dns_server", "--zone-file", zone_path, "--ttl", "3600"],
+        [sys.executable, "-m", "peerlab.localweb.dns_server", "--zone-file", zone_path, "--ttl", "3600"],
         stdout=subprocess.PIPE,
         text=True,
     )

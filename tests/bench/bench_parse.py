@@ -20,9 +20,9 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 
 from lxml import html as lxml_html
 
-from peer.links import extract
-from peer.robots import parse
-from peer.urls import normalize_all
+from peer.crawl.links import extract
+from peer.crawl.robots import parse
+from peer.crawl.urls import normalize_all
 
 _WORDS = (
     "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore "

@@ -2,8 +2,8 @@
 
 Run: ``python -m tests.bench.bench_scaling [--hosts 1000] [--pages-per-host 20] [--store none] [--repeat 1]``
 
-The web is ``peer.localweb.bench`` (nginx, ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with about 30
-links each; its names come from ``peer.localweb.dns_server``). First one node crawls it to the end
+The web is ``peerlab.localweb.bench`` (nginx, ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with about 30
+links each; its names come from ``peerlab.localweb.dns_server``). First one node crawls it to the end
 (``--exit-when-done``); then two nodes of equal weight (the second joins the first) crawl a fresh copy of the
 same crawl, each process with its own data dir. Measured from outside: wall time from the first start to the
 last exit, CPU of each node from its rusage, pages from each node's final counters. The figure is the ratio of
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from peer.localweb.bench import BenchWeb, start_bench_web
+from peerlab.localweb.bench import BenchWeb, start_bench_web
 
 from .bench_crawl import BENCH_DOMAIN, _cpu_seconds, _final_stats, _start_dns, _stop
 

@@ -19,8 +19,8 @@ import h11
 import psutil
 import trio
 
-from peer.localweb.bench import BenchWeb, nginx_binary, start_bench_web
-from peer.localweb.graph import page_path
+from peerlab.localweb.bench import BenchWeb, nginx_binary, start_bench_web
+from peerlab.localweb.graph import page_path
 
 
 def _cpu_seconds(web: BenchWeb) -> float:

@@ -8,7 +8,7 @@ all in one `trio.run` under `MockClock`.
   run on it (overlapping requests to one host, broken gaps, duplicates, what was never fetched).
 - `SimCrawler`: the crawl engine's cluster contract (`busy_hosts`, `wake_hosts`, `take_over`, `rewake`,
   `release_moved`, `is_done`, `active`) over the real politeness scheduler, doing with ownership what
-  `peer/crawler.py` does: links screened by `owns` (ours into `store.finish` with `routed=take_routed()`, the
+  `peer/crawl/crawler.py` does: links screened by `owns` (ours into `store.finish` with `routed=take_routed()`, the
   rest to `dispatcher.route`), a host that moved let go, a blocked host looked at again in 0.25 s, a retried URL
   parked until the host's next turn.
 - `ClusterSim`: starts, joins, kills (the node's cancel scope; its store stays on disk), restarts (same store,
@@ -41,13 +41,13 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from peer.cluster import Cluster, ring_id
+from peer.cluster.cluster import Cluster, ring_id
 from peer.config import Config, load
-from peer.crawler import Link
-from peer.scheduler import HostScheduler, HostTurn
+from peer.crawl.crawler import Link
+from peer.crawl.scheduler import HostScheduler, HostTurn
 from peer.stats import Stats
-from peer.transport import MemoryNetwork
-from peer.urls import host_of_normalized
+from peer.cluster.transport import MemoryNetwork
+from peer.crawl.urls import host_of_normalized
 from ring import MemberState
 from storage import HostState, NodeStore, QueuedUrl
 
@@ -339,7 +339,7 @@ class SimCrawler:
         self._wakeup.set()
         return recovered
 
-    # -- the cluster's hooks (as in peer/crawler.py) --
+    # -- the cluster's hooks (as in peer/crawl/crawler.py) --
 
     def wake_hosts(self, items: Iterable[QueuedUrl]) -> None:
         now = trio.current_time()
@@ -636,7 +636,7 @@ class ClusterSim:
         replicate: bool = True,
     ) -> None:
         self.nursery = nursery
-        # the crawlers replicate the seen keys of the pages they fetch, as peer/crawler.py does in a cluster
+        # the crawlers replicate the seen keys of the pages they fetch, as peer/crawl/crawler.py does in a cluster
         self.replicate = replicate
         self.tmp_path = tmp_path
         self.web = web

@@ -12,9 +12,9 @@ from pathlib import Path
 import trio
 
 from peer.config import Config, load
-from peer.localweb.dns_server import serve_dns
-from peer.localweb.graph import SiteGraph
-from peer.localweb.server import serve_web
+from peerlab.localweb.dns_server import serve_dns
+from peerlab.localweb.graph import SiteGraph
+from peerlab.localweb.server import serve_web
 
 
 async def start_local_web(nursery: trio.Nursery, graph: SiteGraph):
@@ -77,7 +77,7 @@ def child_env() -> dict[str, str]:
 
 def urls_fetched(web, expected) -> set[str]:
     """URLs the web answered, without robots.txt requests (and the targets robots.txt redirected to)."""
-    from peer.localweb.referee import requested_urls
+    from peerlab.localweb.referee import requested_urls
 
     return {u for u in requested_urls(web.log, port=web.port)
             if not u.endswith("/robots.txt") and u not in expected.robots}

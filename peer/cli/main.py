@@ -1,0 +1,306 @@
+"""Command lines: ``peerd`` runs a node; ``peerctl`` talks to running nodes and runs experiments.
+
+The only place ``trio.run`` is called. Errors to a person are one line; ``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import sys
+import textwrap
+from collections.abc import Sequence
+from types import ModuleType
+
+import trio
+
+from peer.cli import cluster_cmds, ring_cmd
+from peer.cli.client import control_address, control_request
+from peer.cli.errors import CliError
+from peer.cli.format import format_status
+from peer.config import FIELDS, Config, ConfigError, load
+from peer.log import setup_logging
+from peer.node import NodeError, run_node
+from storage import StorageError
+
+__all__ = ["peerd_main", "peerctl_main"]
+
+PEERD_EPILOG = textwrap.dedent(
+    """\
+    examples:
+      peerd start --weight 150 --seed https://example.org/ --data-dir /var/lib/peercrawl \\
+                  --contact https://example.org/crawler-info
+      peerd start --config peerd.toml --exit-when-done
+
+    Settings come from built-in defaults < --config TOML < PEERCRAWL_* environment < flags.
+    `peerd config` prints the effective settings with the reason for each default.
+    """
+)
+
+PEERCTL_EPILOG = textwrap.dedent(
+    """\
+    examples:
+      peerctl demo                                  # local web + DNS + a node crawling it, with progress
+      peerctl status --control 127.0.0.1:7410       # one node's counters (or --data-dir DIR)
+      peerctl ring --node A=150 --node B=80 --node C=200 --node D=40 --remove C --add E=300 --hosts 1000000
+      peerctl status --cluster --data-dir ./a       # every member: state, pages, rate, queue, idle
+      peerctl ring --data-dir ./a                   # the live ring: weight share, key share, URLs received
+      peerctl join --data-dir ./c --seed 127.0.0.1:7400
+      peerctl leave --data-dir ./b                  # hand off everything, then exit
+      peerctl stop --control 127.0.0.1:7410
+      peerctl experiment --plan design --out runs/design   # the design's ring experiment, simulated
+    """
+)
+
+
+# --------------------------------------------------------------------------- peerd
+
+
+def _add_node_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("node")
+    g.add_argument("--config", metavar="FILE", help="TOML file with settings (keys as in `peerd config`)")
+    g.add_argument("--node-id", dest="node_id", help="stable node name (default: hostname:listen-port)")
+    g.add_argument("--weight", type=int, help="ring weight, integer > 0 (default 100)")
+    g.add_argument("--listen", help="peer address HOST:PORT (default 127.0.0.1:7400)")
+    g.add_argument("--control", help="control/metrics address HOST:PORT; port 0 picks one (default 127.0.0.1:7410)")
+    g.add_argument("--data-dir", dest="data_dir", help="directory for all durable state (default ./peercrawl-data)")
+    k = p.add_argument_group("cluster (a node without a secret runs standalone)")
+    k.add_argument("--cluster-secret-file", dest="cluster_secret_file", metavar="FILE",
+                   help="file holding the cluster secret (>= 16 bytes); or set PEERCRAWL_CLUSTER_SECRET")
+    k.add_argument("--join", dest="join", action="append", metavar="HOST:PORT",
+                   help="peer address of any member to join through (repeatable, tried in order)")
+    k.add_argument("--join-srv", dest="join_srv", metavar="NAME",
+                   help="DNS SRV name listing members to join through (Kubernetes headless service)")
+    k.add_argument("--advertise", metavar="HOST:PORT", help="address peers dial (default: the --listen address)")
+    k.add_argument("--tls-cert", dest="tls_cert", metavar="PEM", help="this node's certificate (mutual TLS)")
+    k.add_argument("--tls-key", dest="tls_key", metavar="PEM", help="its private key")
+    k.add_argument("--tls-ca", dest="tls_ca", metavar="PEM", help="the CA that signed every node's certificate")
+    k.add_argument("--codec", choices=["msgpack", "json"], help="wire codec offered first (default msgpack)")
+    k.add_argument("--batch-size", dest="batch_size", type=int, metavar="N",
+                   help="URLs per batch to a peer; a full batch goes at once (default 500)")
+    k.add_argument("--dispatch-interval", dest="dispatch_interval", type=float, metavar="SECONDS",
+                   help="flush timer for partial batches (default 0.2)")
+    k.add_argument("--handoff-wait", dest="handoff_wait", type=float, metavar="SECONDS",
+                   help="how long a gained arc waits for its hand-off before it is crawled anyway (default 30)")
+    k.add_argument("--leave-timeout", dest="leave_timeout", type=float, metavar="SECONDS",
+                   help="bound on a graceful leave's hand-off (default 120)")
+    k.add_argument("--probe-timeout", dest="probe_timeout", type=float, metavar="SECONDS",
+                   help="wait for a direct probe's answer before asking others to probe (default 0.5)")
+    k.add_argument("--suspicion-timeout", dest="suspicion_timeout", type=float, metavar="SECONDS",
+                   help="time a silent peer has to refute a suspicion before it is declared dead (default 5)")
+    c = p.add_argument_group("crawl")
+    c.add_argument("--seed", dest="seeds", action="append", metavar="URL", help="start URL (repeatable)")
+    c.add_argument("--seeds-file", dest="seeds_file", metavar="FILE", help="file of start URLs, one per line")
+    c.add_argument("--allow-host", dest="allowed_hosts", action="append", metavar="PATTERN",
+                   help="crawl only these hosts and their subdomains (repeatable)")
+    c.add_argument("--deny-host", dest="denied_hosts", action="append", metavar="PATTERN",
+                   help="never crawl these hosts (repeatable)")
+    c.add_argument("--max-depth", dest="max_depth", type=int, help="link depth limit (-1: none)")
+    c.add_argument("--max-pages-per-host", dest="max_pages_per_host", type=int, help="(-1: none)")
+    c.add_argument("--delay", type=float, help="minimum seconds between requests to one host (default 1.0)")
+    c.add_argument("--concurrency", type=int, help="fetches in flight (default 256)")
+    c.add_argument("--user-agent", dest="user_agent", help="product token/version (default peercrawl/0.1)")
+    c.add_argument("--contact", help="URL or address for site owners, added to the User-Agent")
+    c.add_argument("--store", choices=["warc", "none"], help="page store (default warc)")
+    c.add_argument("--dedup", choices=["lmdb", "memory-urls", "memory-md5", "md5-tree", "bloom", "redis"],
+                   help="seen-URL store (default lmdb; others are the URL-dedup study's, see docs/experiments.md)")
+    c.add_argument("--redis-url", dest="redis_url", metavar="URL", help="redis://HOST:PORT/DB for --dedup redis")
+    c.add_argument("--store-type", dest="store_types", action="append", metavar="MIME",
+                   help="content type to store (repeatable; default text/html and application/xhtml+xml)")
+    c.add_argument("--max-body", dest="max_body", type=int, metavar="BYTES", help="body size cap (default 10 MiB)")
+    c.add_argument("--exit-when-done", dest="exit_when_done", action="store_const", const=True,
+                   help="exit 0 when the frontier is empty and nothing is in flight")
+    n = p.add_argument_group("network")
+    n.add_argument("--nameserver", dest="nameservers", action="append", metavar="ADDR[:PORT]",
+                   help="DNS server to use (repeatable; default: /etc/resolv.conf)")
+    n.add_argument("--allow-private", dest="allow_private", action="store_const", const=True,
+                   help="allow private, loopback and link-local addresses (tests, local demos)")
+    o = p.add_argument_group("output")
+    o.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
+    o.add_argument("--log-format", dest="log_format", choices=["auto", "json", "text"])
+    o.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+
+
+def _config_from(args: argparse.Namespace):
+    # every setting with a flag has the setting's name as its argparse dest; the rest are simply absent
+    flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(Config)}
+    return load(toml=args.config, env=os.environ, flags=flags)
+
+
+def _peerd_start(args: argparse.Namespace) -> int:
+    cfg = _config_from(args)
+    setup_logging(cfg.log_level, cfg.log_format)
+    return trio.run(run_node, cfg)
+
+
+def _peerd_config(args: argparse.Namespace) -> int:
+    cfg = _config_from(args)
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        print(f"{f.name} = {json.dumps(value)}    # {FIELDS.get(f.name, '')}")
+    return 0
+
+
+def peerd_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="peerd", description="Run a peercrawl node.", epilog=PEERD_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("start", help="run a crawler node", epilog=PEERD_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_node_flags(p)
+    p.set_defaults(func=_peerd_start)
+    p = sub.add_parser("config", help="print the effective settings and why each default is what it is")
+    _add_node_flags(p)
+    p.set_defaults(func=_peerd_config)
+    args = parser.parse_args(argv)
+    return _run(args, "peerd")
+
+
+# --------------------------------------------------------------------------- peerctl
+
+
+def _peerctl_status(args: argparse.Namespace) -> int:
+    if args.cluster:
+        cs = control_request(control_address(args), "GET", "/cluster")
+        print(cluster_cmds.dumps(cs) if args.json else cluster_cmds.format_cluster(cs))
+        return 0
+    st = control_request(control_address(args), "GET", "/status")
+    print(json.dumps(st, indent=1, sort_keys=True) if args.json else format_status(st))
+    return 0
+
+
+def _peerctl_join(args: argparse.Namespace) -> int:
+    print(cluster_cmds.join(control_request, control_address(args), args.seed))
+    return 0
+
+
+def _peerctl_leave(args: argparse.Namespace) -> int:
+    return cluster_cmds.leave(control_request, control_address(args), wait=not args.no_wait,
+                            timeout=args.timeout, out=print)
+
+
+def _peerctl_stop(args: argparse.Namespace) -> int:
+    control_request(control_address(args), "POST", "/stop")
+    print("stop requested")
+    return 0
+
+
+def _peerctl_ring(args: argparse.Namespace) -> int:
+    if args.control or args.data_dir:
+        cs = control_request(control_address(args), "GET", "/cluster")
+        print(cluster_cmds.dumps(cs) if args.json else cluster_cmds.format_ring(cs))
+        return 0
+    if not args.node:
+        raise CliError("peerctl ring needs --node NAME=WEIGHT (a simulation) or --control/--data-dir (a live node)")
+    return ring_cmd.run(args)
+
+
+# The lab (peerlab: the local web, the experiment, the demo) is a sibling package the daemon never imports; its
+# two commands are found by name when it is installed (`pip install 'peercrawl[lab]'`), like a plugin.
+LAB_COMMANDS = {"experiment": "peerlab.experiment", "demo": "peerlab.demo"}
+LAB_INSTALL = "pip install 'peercrawl[lab]'  (in a checkout: pip install -e '.[lab]')"
+
+
+def _lab(command: str) -> ModuleType | None:
+    """The lab module behind `peerctl COMMAND`, or None when the lab or one of its libraries is missing."""
+    try:
+        return importlib.import_module(LAB_COMMANDS[command])
+    except ImportError:
+        return None
+
+
+def _lab_missing(args: argparse.Namespace) -> int:
+    raise CliError(f"peerctl {args.cmd} needs the lab, which is not installed: {LAB_INSTALL}")
+
+
+def _add_lab_command(sub, command: str, help_text: str) -> None:
+    module = _lab(command)
+    if module is None:
+        p = sub.add_parser(command, help=f"{help_text} [needs the lab: {LAB_INSTALL}]")
+        p.set_defaults(func=_lab_missing)  # its arguments are unknown here: peerctl_main lets them pass
+        return
+    p = sub.add_parser(command, help=help_text)
+    module.add_arguments(p)
+    p.set_defaults(func=module.main if command == "demo" else module.run)
+
+
+def peerctl_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="peerctl", description="Control peercrawl nodes and run ring experiments.",
+        epilog=PEERCTL_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    def target(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--control", metavar="HOST:PORT", help="the node's control address")
+        p.add_argument("--data-dir", dest="data_dir", metavar="DIR", help="find the node by its data dir")
+
+    p = sub.add_parser("status", help="a node's counters: pages, rate, queues, errors (--cluster: every member)")
+    target(p)
+    p.add_argument("--cluster", action="store_true", help="every member: state, pages, rate, queue, idle")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.set_defaults(func=_peerctl_status)
+    p = sub.add_parser("join", help="make a running node join a cluster through one of its members")
+    target(p)
+    p.add_argument("--seed", required=True, metavar="HOST:PORT", help="peer address of any member")
+    p.set_defaults(func=_peerctl_join)
+    p = sub.add_parser("leave", help="make a node leave gracefully: hand off everything, then exit")
+    target(p)
+    p.add_argument("--no-wait", action="store_true", help="return at once instead of following the hand-off")
+    p.add_argument("--timeout", type=float, default=300.0, help="give up following after this many seconds")
+    p.set_defaults(func=_peerctl_leave)
+    p = sub.add_parser("stop", help="ask a node to stop cleanly")
+    target(p)
+    p.set_defaults(func=_peerctl_stop)
+    p = sub.add_parser("ring", help="the live ring of a running cluster (--control/--data-dir), or a simulation "
+                                     "(--node ...): shares, moved keys")
+    target(p)
+    ring_cmd.add_arguments(p)
+    p.set_defaults(func=_peerctl_ring)
+    _add_lab_command(sub, "experiment", "ring-rebalance experiment (a TOML plan, simulated or with live nodes): "
+                                        "URLs sent between nodes against the weights, tables, CSV and plots")
+    _add_lab_command(sub, "demo", "crawl a built-in local web with a local cluster, showing progress")
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and getattr(args, "func", None) is not _lab_missing:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return _run(args, "peerctl")
+
+
+# --------------------------------------------------------------------------- shared
+
+
+def _leaf_errors(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        out: list[BaseException] = []
+        for sub in exc.exceptions:
+            out.extend(_leaf_errors(sub))
+        return out
+    return [exc]
+
+
+def _run(args: argparse.Namespace, prog: str) -> int:
+    known = (CliError, ConfigError, NodeError, StorageError)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:  # noqa: BLE001 - the one place errors become one line for a person
+        if getattr(args, "debug", False) or isinstance(exc, SystemExit):
+            raise
+        leaves = _leaf_errors(exc)
+        for leaf in leaves:
+            if isinstance(leaf, known):
+                print(f"{prog}: error: {leaf}", file=sys.stderr)
+                return 2
+        if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            return 130
+        leaf = leaves[0]
+        print(f"{prog}: error: {type(leaf).__name__}: {leaf} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1

@@ -1,0 +1,21 @@
+"""The cluster: what makes one crawler node a member of a fleet. The transport (TCP, TLS, in-memory), links to
+peers, membership (SWIM-style probes, suspicion, views), discovery (DNS SRV), dispatch of links to their
+owners, hand-off of moved arcs, seen-key replicas, and the `Cluster` that composes them beside a crawler and
+decides together with its peers when the crawl is finished.
+"""
+
+from peer.cluster.cluster import Cluster, ClusterError, NodeProgress
+from peer.cluster.discovery import DiscoveryError, srv_seeds
+from peer.cluster.dispatch import DispatchConfig, DispatchStats, Dispatcher
+from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
+from peer.cluster.membership import Membership, MembershipConfig
+from peer.cluster.peerlinks import LinkConfig, LinkError, PeerLinks
+from peer.cluster.replicas import SeenReplicas
+from peer.cluster.transport import MemoryNetwork, TcpTransport, TlsFiles, Transport, TransportError
+
+__all__ = [
+    "Cluster", "ClusterError", "DiscoveryError", "DispatchConfig", "DispatchStats", "Dispatcher", "Handoff",
+    "HandoffConfig", "LinkConfig", "LinkError", "MemoryNetwork", "Membership", "MembershipConfig",
+    "NodeProgress", "PeerLinks", "SeenReplicas", "TcpTransport", "TlsFiles", "Transport", "TransportError",
+    "handoff_arcs", "srv_seeds",
+]

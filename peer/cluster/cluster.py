@@ -1,0 +1,571 @@
+"""The cluster side of one node: membership, the ring of each view, URL dispatch, arc hand-off, progress reports,
+cluster-wide termination, and graceful leave.
+
+`Cluster` composes the layers of docs/cluster.md around one node's store and crawler:
+
+- every view change gives a ring (built in a worker thread, cached by its members and weights); the crawler asks
+  `owns(host)` (the ring's owner is this node) and `blocked(host)` (the host's arc waits for its hand-off);
+- links to hosts owned elsewhere go to `dispatcher.route`, and the crawler stores them with the page that found
+  them (`take_routed`);
+- a view change starts the hand-off of the arcs this node lost and notes those it gained;
+- the seen keys of the pages it fetches go to each arc's backup (`peer/cluster/replicas.py`), so a death repeats little;
+- every second each node asks every live peer for a `ProgressReport`; two rounds in which every node is idle
+  with unchanged activity at the same epoch mean the crawl is finished everywhere (the four-counter method:
+  an idle node has nothing queued, nothing being fetched, and every batch and chunk it sent acknowledged).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from protocol import Message, ProgressQuery, ProgressReport
+from ring import DEFAULT_POINTS_PER_WEIGHT, ArcMove, MemberState, Ring, View, diff, host_position
+from storage import HostState, NodeStore, QueuedUrl
+
+from peer.config import Config
+from peer.crawl.crawler import Crawler
+from peer.cluster.dispatch import DispatchConfig, Dispatcher
+from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
+from peer.cluster.membership import Membership, MembershipConfig
+from peer.cluster.replicas import SeenReplicas
+from peer.cluster.transport import TcpTransport, TlsFiles, Transport
+
+__all__ = ["Cluster", "NodeProgress"]
+
+log = logging.getLogger(__name__)
+
+#: Progress rounds: each node asks every live peer once a second and waits this long for the answers.
+PROGRESS_INTERVAL = 1.0
+#: How often a node looks for queued hosts it no longer owns (state that arrived late or from an older view).
+SWEEP_INTERVAL = 5.0
+#: After a join, how long to wait for the ring of the joined view (building one takes about a second per
+#: 500,000 points).
+JOIN_RING_TIMEOUT = 30.0
+#: A node seen LEAVING this long and no longer connected has left: its arcs are not waited for any more. Its
+#: links stay up while it hands off, so this only needs to cover a link that is not up yet.
+LEFT_GRACE = 2.0
+#: After concluding the crawl is finished, a node keeps answering until every peer has concluded too.
+LINGER_TIMEOUT = 5.0
+
+_OWNING = (MemberState.ALIVE, MemberState.SUSPECT)
+
+
+class _Owners:
+    """A ring's owner look-up with a bounded memory of hosts already looked up: the crawler asks for every link
+    it screens, and a crawl's links name the same hosts over and over."""
+
+    __slots__ = ("ring", "_cache")
+
+    #: Hosts remembered per ring (about 150 bytes each); past it the memory starts over.
+    SIZE = 200_000
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        self._cache: dict[str, str] = {}
+
+    def owner(self, host: str) -> str:
+        try:
+            return self._cache[host]
+        except KeyError:
+            owner = self.ring.owner(host)
+            if len(self._cache) >= self.SIZE:
+                self._cache.clear()
+            self._cache[host] = owner
+            return owner
+
+
+@dataclass(frozen=True, slots=True)
+class NodeProgress:
+    """One node's answer in a progress round (this node's own is taken locally)."""
+
+    node_id: str
+    ring: int  # the id of the ring the node uses: nodes can number the same ring with different view epochs
+    idle: bool
+    finished: bool
+    activity: int
+    pages: int
+    queued: int
+    urls_received: int
+    rate: float
+
+
+class Cluster:
+    """One node's membership in the cluster. Build it, `attach` the crawler, then `await nursery.start(run)`."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        node_id: str,
+        store: NodeStore,
+        secret: bytes,
+        stats: Any,
+        transport: Transport | None = None,
+        rng: random.Random | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        points_per_weight: int = DEFAULT_POINTS_PER_WEIGHT,
+    ) -> None:
+        self.cfg = cfg
+        self.points_per_weight = points_per_weight  # fewer in simulations: a ring of many points takes a second
+        self.node_id = node_id
+        self.store = store
+        self.stats = stats
+        codecs = (cfg.codec, "json" if cfg.codec == "msgpack" else "msgpack")
+        self.membership = Membership(
+            node_id=node_id,
+            weight=cfg.weight,
+            secret=secret,
+            transport=transport or TcpTransport(
+                cfg.listen, advertise=cfg.advertise or None,
+                tls=TlsFiles(cert=cfg.tls_cert, key=cfg.tls_key, ca=cfg.tls_ca) if cfg.tls_cert else None),
+            rng=rng or random.Random(),
+            config=MembershipConfig(probe_interval=cfg.probe_interval, probe_timeout=cfg.probe_timeout,
+                                    suspicion_timeout=cfg.suspicion_timeout),
+            on_message=self._on_message,
+            codecs=codecs,
+        )
+        self.links = self.membership.links
+        self.view = View()
+        self.epoch = 0
+        self.ring: Ring | None = None
+        self._owners: _Owners | None = None
+        self._ring_id = 0
+        self._rings: dict[frozenset[tuple[str, int]], Ring] = {}
+        self.dispatcher = Dispatcher(
+            node_id, store, self.links, ring_of=self.ring_of,
+            config=DispatchConfig(batch_size=cfg.batch_size, interval=cfg.dispatch_interval),
+            on_admitted=self._admitted,
+        )
+        self.handoff = Handoff(
+            node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait), wall_clock=wall_clock,
+            in_flight=self._busy_positions, on_applied=self._applied, owner_of=self._owner_of,
+            on_keys=lambda keys: self.replicas.adopt(keys),
+            on_foreign_states=lambda states: self.replicas.pass_states(states),
+        )
+        self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
+                                     apply_states=self._merge_states, wall_clock=wall_clock)
+        self.crawler: Crawler | None = None
+        self.address: str | None = None
+        self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
+        self.ready = trio.Event()  # joined (or started a new cluster) and seeded: progress rounds may begin
+        self.leaving = False
+        self.view_changes = 0
+        self.hosts_swept = 0
+        self.peers: dict[str, NodeProgress] = {}  # the latest report of each peer
+        self._last_round: dict[str, tuple[int, bool, int]] | None = None
+        self._round_done = False
+        self._seq = 0
+        self._answers: dict[int, tuple[str, trio.Event]] = {}
+        self._leaving_since: dict[str, float] = {}  # peer -> when this node first saw it LEAVING
+
+    # -- the crawler's hooks ------------------------------------------------------------------------------
+
+    def attach(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+
+    def ring_of(self) -> tuple[int, Any]:
+        """The view epoch and the current ring's owner look-up (what the dispatcher needs of a ring)."""
+        assert self._owners is not None, "Cluster.run() builds the first ring"
+        return self.epoch, self._owners
+
+    def _set_ring(self, ring: Ring) -> None:
+        self.ring = ring
+        self._owners = _Owners(ring)
+        self._ring_id = ring_id(ring)
+
+    def owns(self, host: str) -> bool:
+        """Whether this node owns `host` under its current view (links to it are queued here, not routed)."""
+        owners = self._owners
+        return owners is not None and owners.owner(host) == self.node_id
+
+    def _owner_of(self, host: str) -> str:
+        assert self._owners is not None
+        return self._owners.owner(host)
+
+    def blocked(self, host: str) -> bool:
+        """Whether `host` lies in a gained arc whose hand-off has not arrived: not to be fetched yet."""
+        return self.handoff.waiting() and self.handoff.blocked(host_position(host))
+
+    def _busy_positions(self) -> list[int]:
+        return [host_position(host) for host in self.crawler.busy_hosts()] if self.crawler else []
+
+    def _admitted(self, new: list[QueuedUrl]) -> None:
+        if self.crawler is not None:
+            self.crawler.wake_hosts(new)
+
+    def _merge_states(self, wire_states) -> None:
+        """Politeness states a peer passed on for hosts owned here: merged as a hand-off's are."""
+        states = [self.handoff.merge_state(wire) for wire in wire_states]
+        self.store.frontier.put_states(states)
+        if self.crawler is not None:
+            self.crawler.take_over([], states)
+
+    def _applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
+        if self.crawler is not None:
+            self.crawler.take_over(new, states)
+
+    # -- lifetime -----------------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve peers, follow view changes, dispatch, hand off and report progress until cancelled; reports
+        the address peers dial."""
+        async with trio.open_nursery() as nursery:
+            watch = self.membership.watch()
+            self.address = await nursery.start(self.membership.run)
+            self.view = self.membership.view
+            self.epoch = self.view.epoch
+            self._set_ring(await self._ring(self.view))
+            await nursery.start(self.dispatcher.run)
+            await nursery.start(self.handoff.run)
+            await nursery.start(self.replicas.run)
+            nursery.start_soon(self._follow_views, watch)
+            nursery.start_soon(self._progress_loop)
+            nursery.start_soon(self._sweep_loop)
+            log.info("cluster member listening", extra={"node_id": self.node_id, "address": self.address})
+            task_status.started(self.address)
+
+    async def join(self, seeds: Iterable[str]) -> str:
+        """Join through the first seed that answers (each tried with the links' retries); the seed used."""
+        problems = []
+        for seed in seeds:
+            if seed == self.address:
+                continue
+            try:
+                joined = await self.membership.join(seed)
+            except Exception as exc:  # LinkError or a transport error: try the next seed
+                problems.append(str(exc))
+                continue
+            # Return once our ring is that of the joined view, so what is seeded next goes to its owners.
+            with trio.move_on_after(JOIN_RING_TIMEOUT):
+                while self.epoch < joined.epoch:
+                    await trio.sleep(0.02)
+            log.info("joined the cluster", extra={"seed": seed, "members": len(self.view.members)})
+            return seed
+        raise ClusterError("; ".join(problems) or "no seed to join through")
+
+    async def leave(self, timeout: float) -> bool:
+        """Leave gracefully: say so (the others take over our arcs), hand everything off, then close the links.
+        True if everything was handed off and acknowledged within `timeout`."""
+        self.leaving = True
+        others = [m for m in self.view.members if m.node_id != self.node_id and m.state in _OWNING]
+        if not others:
+            log.info("leaving: no other member to hand off to")
+            return True
+        await self.membership.leave(close_links=False)
+        with trio.move_on_after(timeout):
+            while True:
+                if (self.ring is not None and self.node_id not in self.ring.weights and self._settled()):
+                    break
+                await trio.sleep(0.1)
+        handed = self._settled()
+        if handed:
+            log.info("leave: everything handed off")
+        else:
+            log.warning("leave: not everything was handed off in time; it stays in this node's store",
+                        extra={"outbox": self.dispatcher.outstanding(), "chunks": self.handoff.outstanding(),
+                               "queued": len(self.store.frontier)})
+        await self.links.close_all("leaving")
+        return handed
+
+    def _settled(self) -> bool:
+        crawler = self.crawler
+        return (
+            self.dispatcher.outstanding() == 0
+            and self.handoff.outstanding() == 0
+            and len(self.store.frontier) == 0
+            and (crawler is None or crawler.active == 0)
+        )
+
+    # -- views --------------------------------------------------------------------------------------------
+
+    async def _ring(self, view: View) -> Ring:
+        key = frozenset(view.owner_weights().items())
+        ring = self._rings.get(key)
+        if ring is None:
+            if not key:  # nobody owns arcs (the last member is leaving): keep the ring we had
+                assert self.ring is not None
+                return self.ring
+            ppw = self.points_per_weight
+            ring = await trio.to_thread.run_sync(lambda: view.ring(points_per_weight=ppw))
+            if len(self._rings) >= 4:  # a few recent rings: views flap between the same members
+                del self._rings[next(iter(self._rings))]
+            self._rings[key] = ring
+        return ring
+
+    async def _follow_views(self, watch) -> None:
+        while True:
+            view = await watch.next()
+            await self._view_changed(view)
+
+    async def _view_changed(self, view: View) -> None:
+        old_view, old_ring = self.view, self.ring
+        assert old_ring is not None
+        new_ring = await self._ring(view)
+        alone_before = not any(
+            m.state in _OWNING for m in old_view.members if m.node_id != self.node_id
+        )
+        gain_arcs: list[ArcMove] | None = None
+        if new_ring == old_ring:
+            arcs: list[ArcMove] = []
+        else:
+            arcs = await trio.to_thread.run_sync(lambda: handoff_arcs(diff(old_ring, new_ring)))
+            if (alone_before or not self.ready.is_set()) and new_ring.nodes != (self.node_id,):
+                # Our own previous ring had only us, or we are still joining (a partial view merged first): the
+                # arcs we gain come from the owners in the cluster's ring without us.
+                without = {n: w for n, w in new_ring.weights.items() if n != self.node_id}
+                if without and self.node_id in new_ring.weights:
+                    ppw = self.points_per_weight
+                    before = await trio.to_thread.run_sync(lambda: Ring(without, points_per_weight=ppw))
+                    gain_arcs = await trio.to_thread.run_sync(lambda: handoff_arcs(diff(before, new_ring)))
+                else:
+                    gain_arcs = []
+        # No await from here on: the ring, the hand-off and the crawler change together.
+        self.view, self.epoch = view, view.epoch
+        self._set_ring(new_ring)
+        # Fetched-page keys held for arcs owned elsewhere go to their owners now, ahead of the transfers below
+        # on the same links: a receiver released by a transfer must not fetch those pages again.
+        self.replicas.ring_changed(new_ring, view.epoch)
+        self.view_changes += 1
+        if self.crawler is not None:
+            self.crawler.release_moved()  # parked URLs of moved hosts go back to the queue, into the hand-off
+        gone = {m.node_id for m in view.members if m.state is MemberState.DEAD}
+        for node in gone:
+            self.handoff.abandon(node)
+        for m in view.members:
+            if m.node_id != self.node_id and m.state not in _OWNING and self.handoff.cancel_to(m.node_id):
+                log.info("hand-off to a departed node stopped; its content goes to the current owners",
+                         extra={"peer": m.node_id, "state": m.state.value})
+        if arcs or gain_arcs:
+            lost = self.handoff.view_changed(
+                ring_id(new_ring), old_ring, new_ring, gone=gone, arcs=arcs, gain_arcs=gain_arcs
+            )
+            log.info("ring changed", extra={
+                "epoch": view.epoch, "members": ",".join(f"{n}={w}" for n, w in sorted(new_ring.weights.items())),
+                "arcs_moved": len(arcs), "arcs_lost": len(lost),
+                "arcs_pending": len(self.handoff.pending_arcs())})
+        if self.crawler is not None:
+            self.crawler.rewake()
+        self.dispatcher.wake()
+
+    # -- stray state --------------------------------------------------------------------------------------
+
+    async def _sweep_loop(self) -> None:
+        """Queued hosts this node does not own (a chunk that arrived after its arc moved on, a restart with an
+        older view) go to their owners, so nothing waits forever where nobody fetches it."""
+        while True:
+            await trio.sleep(SWEEP_INTERVAL)
+            self.sweep()
+
+    def sweep(self) -> int:
+        if self.ring is None or self.handoff.outstanding():
+            return 0
+        ring, owners = self.ring, self._owners
+        assert owners is not None
+        strays = [host for host, _ in self.store.frontier.hosts() if owners.owner(host) != self.node_id]
+        if not strays:
+            return 0
+        n = self.handoff.sweep(ring_id(ring), owners.owner, strays)
+        self.hosts_swept += n
+        log.info("handing queued hosts to their owners", extra={"hosts": n})
+        return n
+
+    # -- progress and termination -------------------------------------------------------------------------
+
+    def local_progress(self) -> NodeProgress:
+        crawler = self.crawler
+        d, h = self.dispatcher.stats, self.handoff
+        idle = (
+            crawler is not None
+            and crawler.is_done()
+            and self.dispatcher.outstanding() == 0
+            and h.outstanding() == 0
+            and not h.waiting()
+        )
+        activity = self.stats.pages + self.stats.urls_new + d.urls_new + d.batches_received + h.chunks_applied
+        return NodeProgress(
+            node_id=self.node_id, ring=self._ring_id, idle=idle, finished=self.finished.is_set(),
+            activity=activity, pages=self.stats.pages, queued=len(self.store.frontier),
+            urls_received=sum(d.urls_received.values()) + h.urls_received, rate=max(0.0, self.stats.rate()),
+        )
+
+    def _live_peers(self) -> list[str]:
+        return [m.node_id for m in self.view.members if m.node_id != self.node_id and m.state in _OWNING]
+
+    async def _progress_loop(self) -> None:
+        await self.ready.wait()  # a node that is still joining must not conclude anything from its lone view
+        while True:
+            await trio.sleep(PROGRESS_INTERVAL)
+            self.release_departed()
+            await self.progress_round()
+
+    def release_departed(self) -> list[str]:
+        """Stop waiting for arcs from nodes that left: LEAVING for LEFT_GRACE and no longer connected (a leaving
+        node keeps its links until it has handed everything off, then exits). It handed off under its own last
+        ring; what we wait for under a ring it never adopted will not come, and without this the wait runs out
+        only after `handoff_wait` (30 s), the arcs' hosts unfetched meanwhile. Returns the peers released."""
+        now = trio.current_time()
+        connected = set(self.links.connected_peers())
+        released = []
+        for member in self.view.members:
+            peer = member.node_id
+            if member.state is not MemberState.LEAVING or peer == self.node_id:
+                self._leaving_since.pop(peer, None)
+                continue
+            since = self._leaving_since.setdefault(peer, now)
+            if now - since >= LEFT_GRACE and peer not in connected and self.handoff.waits_for(peer):
+                self.handoff.abandon(peer)
+                released.append(peer)
+                log.info("a node that left hands nothing more: its arcs are no longer waited for",
+                         extra={"peer": peer})
+        return released
+
+    async def progress_round(self, timeout: float = PROGRESS_INTERVAL) -> bool:
+        """Ask every live peer for its progress; conclude whether the crawl is finished everywhere."""
+        peers = self._live_peers()
+        asked: dict[int, tuple[str, trio.Event]] = {}
+        for peer in peers:
+            self._seq += 1
+            event = trio.Event()
+            asked[self._seq] = (peer, event)
+            self._answers[self._seq] = (peer, event)
+            member = self.view.member(peer)
+            self.links.send_nowait(peer, ProgressQuery(seq=self._seq), address=member.address if member else None)
+        with trio.move_on_after(timeout):
+            for _peer, event in asked.values():
+                await event.wait()
+        for seq in asked:
+            self._answers.pop(seq, None)
+        answered = all(event.is_set() for _, event in asked.values())
+        me = self.local_progress()
+        reports = {me.node_id: me} | {p: self.peers[p] for p in peers if p in self.peers}
+        if self.finished.is_set():
+            return True
+        if me.idle and any(r.finished for r in reports.values() if r.node_id != self.node_id):
+            self._conclude("a peer concluded it")
+            return True
+        this_round = {n: (r.ring, r.idle, r.activity) for n, r in reports.items()}
+        all_idle = answered and len(reports) == len(peers) + 1 and all(r.idle for r in reports.values())
+        same_view = len({r.ring for r in reports.values()}) == 1
+        if all_idle and same_view and self._last_round == this_round:
+            self._conclude("two rounds with every node idle")
+            return True
+        self._last_round = this_round if all_idle and same_view else None
+        return False
+
+    def _conclude(self, why: str) -> None:
+        log.info("crawl finished across the cluster", extra={"reason": why, "members": len(self._live_peers()) + 1})
+        self.finished.set()
+        # Tell every peer at once (an unasked report, seq 0): a peer still waiting for its second round then
+        # concludes without us, and one that concluded first need not wait for our answer before it exits.
+        me = self.local_progress()
+        for peer in self._live_peers():
+            member = self.view.member(peer)
+            self.links.send_nowait(peer, ProgressReport(
+                seq=0, ring=me.ring, idle=me.idle, finished=True, activity=me.activity, pages=me.pages,
+                queued=me.queued, urls_received=me.urls_received, rate=me.rate),
+                address=member.address if member else None)
+
+    async def linger(self, timeout: float = LINGER_TIMEOUT) -> None:
+        """After concluding, keep answering until every live peer has concluded too (bounded)."""
+        with trio.move_on_after(timeout):
+            while not all(self.peers.get(p) is not None and self.peers[p].finished for p in self._live_peers()):
+                await trio.sleep(0.2)
+
+    async def _on_message(self, peer_id: str, message: Message) -> None:
+        if isinstance(message, ProgressQuery):
+            me = self.local_progress()
+            self.links.send_nowait(peer_id, ProgressReport(
+                seq=message.seq, ring=me.ring, idle=me.idle, finished=me.finished, activity=me.activity,
+                pages=me.pages, queued=me.queued, urls_received=me.urls_received, rate=me.rate))
+        elif isinstance(message, ProgressReport):
+            self.peers[peer_id] = NodeProgress(
+                node_id=peer_id, ring=message.ring, idle=message.idle, finished=message.finished,
+                activity=message.activity, pages=message.pages, queued=message.queued,
+                urls_received=message.urls_received, rate=message.rate)
+            waiter = self._answers.get(message.seq)
+            if waiter is not None and waiter[0] == peer_id:
+                waiter[1].set()
+        elif not self.replicas.on_message(peer_id, message):
+            await self.dispatcher.on_message(peer_id, message)
+            await self.handoff.on_message(peer_id, message)
+
+    # -- status -------------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        d, h = self.dispatcher.stats, self.handoff
+        me = self.local_progress()
+        return {
+            "enabled": True,
+            "address": self.address,
+            "epoch": self.epoch,
+            "members": [
+                {"node_id": m.node_id, "address": m.address, "weight": m.weight, "state": m.state.value,
+                 "incarnation": m.incarnation}
+                for m in self.view.members
+            ],
+            "peers_connected": self.links.connected_peers(),
+            "dispatch": {
+                "urls_routed": d.urls_routed, "urls_recent": d.urls_recent,
+                "urls_sent": dict(d.urls_sent), "urls_resent": dict(d.urls_resent),
+                "urls_acked": dict(d.urls_acked), "urls_received": dict(d.urls_received),
+                "urls_new": d.urls_new, "urls_seen": d.urls_seen, "urls_forwarded": d.urls_forwarded,
+                "urls_rerouted": d.urls_rerouted, "batches_sent": d.batches_sent,
+                "batches_resent": d.batches_resent, "batches_received": d.batches_received,
+                "outstanding": self.dispatcher.outstanding(),
+            },
+            "handoff": {
+                "outstanding": h.outstanding(), "pending_arcs": len(h.pending_arcs()),
+                "urls_sent": h.urls_sent, "urls_received": h.urls_received, "keys_sent": h.keys_sent,
+                "chunks_sent": h.chunks_sent, "chunks_resent": h.chunks_resent, "chunks_applied": h.chunks_applied,
+                "transfers_completed": h.transfers_completed, "transfers_received": h.transfers_received,
+                "waits_expired": h.waits_expired, "hosts_swept": self.hosts_swept,
+            },
+            "replica": self.replicas.status(),
+            "view_changes": self.view_changes,
+            "leaving": self.leaving,
+            "done": me.idle,
+            # concluded, and still true: work that arrives later (a joiner's seeds) makes it false again
+            "cluster_done": self.finished.is_set() and me.idle,
+        }
+
+    def cluster_status(self) -> dict[str, Any]:
+        """Every member as this node knows it: its view, ring shares, and the latest progress reports."""
+        ring = self.ring
+        shares = ring.shares() if ring is not None else {}
+        weight_shares = ring.weight_shares() if ring is not None else {}
+        me = self.local_progress()
+        nodes = []
+        for m in self.view.members:
+            report = me if m.node_id == self.node_id else self.peers.get(m.node_id)
+            live = m.state in _OWNING
+            nodes.append({
+                "node_id": m.node_id, "address": m.address, "weight": m.weight, "state": m.state.value,
+                "key_share": shares.get(m.node_id, 0.0), "weight_share": weight_shares.get(m.node_id, 0.0),
+                "pages": report.pages if report else None, "rate": report.rate if report else None,
+                "queue": report.queued if report else None,
+                "urls_received": report.urls_received if report else None,
+                "idle": report.idle if report and live else None,
+                "ring": report.ring if report else None,
+                "connected": m.node_id == self.node_id or m.node_id in self.links.connected_peers(),
+            })
+        done = self.finished.is_set() and me.idle
+        return {"node_id": self.node_id, "epoch": self.epoch, "done": done, "nodes": nodes}
+
+
+def ring_id(ring: Ring) -> int:
+    """A 63-bit name of a ring, the same on every node that built it: hand-off transfers are labelled with it."""
+    text = ",".join(f"{node}={weight}" for node, weight in sorted(ring.weights.items()))
+    text += f"/{ring.points_per_weight}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
+
+
+class ClusterError(RuntimeError):
+    """The node cannot take part in the cluster as asked (for instance no seed answered)."""

@@ -1,0 +1,451 @@
+"""Cluster membership in the SWIM manner of HashiCorp's memberlist, over peer links.
+
+Failure detection: every probe interval a node pings the next member of a shuffled round (Ping/Pong). With no
+Pong within the probe timeout it asks `indirect_probes` other members to ping the target for it (ProbeRequest/
+ProbeReply), which tells a dead node from a bad link. If nobody reaches the target by the end of the interval it
+is marked SUSPECT, and any node that still sees it SUSPECT at the same incarnation a suspicion timeout later
+marks it DEAD. A node that hears it is suspected (or dead, or leaving when it is not) refutes by bumping its
+incarnation, which supersedes the rumour everywhere (see ring/_view.py for the merge order).
+
+Dissemination: every change of a record is gossiped (Gossip, full=False) to a few random members each gossip
+interval, a bounded number of times (retransmit_mult * log10(n+1), as memberlist). Full views travel on join,
+every sync interval to one random member, and whenever a Ping shows the sender's epoch differs from ours; the
+receiver of a full view answers with its own when the sender lacked something (push-pull), so any two nodes
+that talk converge. Dead members are retried now and then (serf's reconnect), so a healed partition merges.
+
+Every change of the merged view notifies subscribers with the new View; the ring follows from `View.ring()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import trio
+
+import protocol
+from protocol import Gossip, Limits, Message, Ping, Pong, ProbeReply, ProbeRequest
+from ring import Member, MemberState, View, merge
+
+from peer.cluster.peerlinks import LinkConfig, LinkError, MessageHandler, PeerLinks
+from peer.cluster.transport import Transport
+
+__all__ = ["Membership", "MembershipConfig", "ViewWatch", "from_wire", "to_wire"]
+
+log = logging.getLogger(__name__)
+
+_LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
+_MAX_INDIRECT_TASKS = 64
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MembershipConfig:
+    """SWIM timing; every default has its reason (memberlist's LAN profile, unless said otherwise)."""
+
+    # Each node checks one peer a second: failure detection in a few seconds for a constant load per node.
+    probe_interval: float = 1.0
+    # A Pong between peers takes milliseconds; half the interval leaves the other half for indirect probes.
+    probe_timeout: float = 0.5
+    # Three other nodes try the target before it is suspected, so one bad link does not condemn a node.
+    indirect_probes: int = 3
+    # A suspect has this long to hear the rumour and refute it: several probe and gossip rounds.
+    suspicion_timeout: float = 5.0
+    # Changes spread every 200 ms to a few random members: a view change reaches everyone in about a second.
+    gossip_interval: float = 0.2
+    gossip_fanout: int = 3
+    # A change is gossiped retransmit_mult * ceil(log10(n + 1)) times: enough to reach all n with high probability.
+    retransmit_mult: int = 4
+    # Full-view exchange with one random member: repairs whatever gossip missed (memberlist uses 30 s).
+    sync_interval: float = 10.0
+    # Retry one dead member this often, so the two sides of a healed partition find each other (serf: 30 s).
+    reconnect_interval: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("probe_interval", "probe_timeout", "suspicion_timeout", "gossip_interval", "sync_interval",
+                     "reconnect_interval"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}")
+        if not self.probe_timeout < self.probe_interval:
+            raise ValueError(
+                f"probe_timeout ({self.probe_timeout}) must be below probe_interval ({self.probe_interval}): "
+                "the rest of the interval is for indirect probes"
+            )
+        for name in ("indirect_probes", "gossip_fanout", "retransmit_mult"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
+
+
+def to_wire(member: Member) -> protocol.Member:
+    return protocol.Member(
+        node_id=member.node_id,
+        address=member.address,
+        weight=member.weight,
+        incarnation=member.incarnation,
+        state=member.state.value,
+    )
+
+
+def from_wire(member: protocol.Member) -> Member:
+    """The view record of a wire member; ValueError if the peer sent an impossible one."""
+    return Member(
+        node_id=member.node_id,
+        address=member.address,
+        weight=member.weight,
+        incarnation=member.incarnation,
+        state=MemberState(member.state),
+    )
+
+
+class ViewWatch:
+    """Waits for views newer than the last one it returned; intermediate views may be skipped (latest wins)."""
+
+    def __init__(self, membership: Membership) -> None:
+        self._membership = membership
+        self._last: View | None = None
+
+    async def next(self) -> View:
+        while self._membership.view is self._last:
+            await self._membership._view_event.wait()
+        self._last = self._membership.view
+        return self._last
+
+
+class Membership:
+    """One node's membership service. Start it with `await nursery.start(membership.run)` (reports the address).
+
+    Messages other than membership ones go to `on_message(peer_id, message)` (dispatch and hand-off use it);
+    `links` is the node's PeerLinks, for the layers that send their own messages to peers.
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        weight: int,
+        secret: bytes,
+        transport: Transport,
+        rng: random.Random,
+        config: MembershipConfig | None = None,
+        link_config: LinkConfig | None = None,
+        limits: Limits | None = None,
+        nonce: Callable[[int], bytes] = os.urandom,
+        on_view: Callable[[View], None] | None = None,
+        on_message: MessageHandler | None = None,
+        codecs: Sequence[str] | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.weight = weight
+        self.config = config or MembershipConfig()
+        self.address: str | None = None
+        self.view = View()
+        self.links = PeerLinks(
+            node_id=node_id,
+            secret=secret,
+            transport=transport,
+            on_message=self._on_message,
+            rng=rng,
+            config=link_config,
+            limits=limits,
+            nonce=nonce,
+            **({"codecs": tuple(codecs)} if codecs else {}),
+        )
+        self._rng = rng
+        self._on_other = on_message
+        self._subscribers: list[Callable[[View], None]] = [on_view] if on_view is not None else []
+        self._view_event = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._seq = 0
+        self._acks: dict[int, trio.Event] = {}
+        self._probe_round: list[str] = []
+        self._broadcast: dict[str, int] = {}
+        self._suspicions: set[tuple[str, int]] = set()
+        self._indirect_tasks = 0
+        self._leaving = False
+        self._left = False
+
+    # -- service ------------------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve links and run the probe, gossip, sync and reconnect loops until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self.address = await nursery.start(self.links.run)
+            self._nursery = nursery
+            self._apply(View().join(self.node_id, self.address, self.weight))
+            for loop in (self._probe_loop, self._gossip_loop, self._sync_loop, self._reconnect_loop):
+                nursery.start_soon(loop)
+            task_status.started(self.address)
+
+    # -- public API ---------------------------------------------------------------------------------------
+
+    def subscribe(self, callback: Callable[[View], None]) -> Callable[[], None]:
+        """Call `callback(view)` on every change of the view; returns the function that unsubscribes."""
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback)
+
+    def watch(self) -> ViewWatch:
+        """An awaitable stream of view changes that always yields the newest view."""
+        return ViewWatch(self)
+
+    async def join(self, seed_address: str, *, attempts: int = 3) -> View:
+        """Join the cluster through the member at `seed_address`; returns once the seed's view is merged.
+
+        Tries `attempts` times with the links' back-off between tries, then raises LinkError saying why; each try
+        waits at most the handshake timeout for the seed's answer. The caller may bound it further.
+        """
+        if self.address is None:
+            raise RuntimeError("Membership.run() must be started before join()")
+        wait = self.links.config.handshake_timeout
+        problem = LinkError(f"cannot join through {seed_address}: no attempt made")
+        for attempt in range(1, attempts + 1):
+            try:
+                seed_id = await self.links.introduce(seed_address)
+            except LinkError as exc:
+                problem = LinkError(f"cannot join through {seed_address}: {exc}")
+            else:
+                self.links.send_nowait(seed_id, self._full_gossip(), address=seed_address)
+                watch = self.watch()
+                with trio.move_on_after(wait):
+                    while self.view.member(seed_id) is None:
+                        await watch.next()
+                if self.view.member(seed_id) is not None:
+                    return self.view
+                problem = LinkError(f"cannot join through {seed_address}: the seed did not answer within {wait} s")
+            if attempt < attempts:
+                await trio.sleep(self.links.backoff(attempt))
+        raise problem
+
+    async def leave(self, *, close_links: bool = True) -> None:
+        """Leave gracefully: gossip our LEAVING record to every member, then say Goodbye on every link.
+
+        With `close_links=False` the links stay up (membership itself falls silent): the node still has its
+        arcs to hand off, and closes them with `links.close_all` when that is done.
+
+        The record carries a bumped incarnation, so it supersedes any rumour about us (even a DEAD one from a
+        partition that healed a moment ago), and it is sent to dead members too: they may be alive. Bounded by
+        the link timeouts (a dial in progress, then the goodbyes).
+        """
+        if self.address is None or self._left:
+            return
+        self._leaving = True
+        me = self.view.member(self.node_id)
+        assert me is not None
+        self._apply(self.view.with_member(replace(me, incarnation=me.incarnation + 1, state=MemberState.LEAVING)))
+        gossip = self._full_gossip()
+        for member in self.view.members:
+            if member.node_id != self.node_id and member.state is not MemberState.LEAVING:
+                self._send(member.node_id, gossip)
+        self._left = True
+        if close_links:
+            await self.links.close_all("leaving")
+
+    # -- view changes -------------------------------------------------------------------------------------
+
+    def _apply(self, new: View) -> bool:
+        """Adopt `new` (already merged with the current view); refute rumours about us; notify. Changed?"""
+        old = self.view
+        me = new.member(self.node_id)
+        rumour = me is not None and (me.state, me.address, me.weight) != (MemberState.ALIVE, self.address, self.weight)
+        if rumour and not self._leaving and self.address is not None:
+            assert me is not None
+            new = new.join(self.node_id, self.address, self.weight)
+            log.info("%s refutes %s at incarnation %d", self.node_id, me.state.value, me.incarnation)
+        if new.epoch == old.epoch and new.members == old.members:
+            return False
+        self.view = new
+        limit = self.config.retransmit_mult * max(1, math.ceil(math.log10(len(new.members) + 1)))
+        for member in new.members:
+            before = old.member(member.node_id)
+            if before == member:
+                continue
+            self._broadcast[member.node_id] = limit
+            if member.node_id == self.node_id:
+                continue
+            if member.state is MemberState.SUSPECT and (member.node_id, member.incarnation) not in self._suspicions:
+                self._suspicions.add((member.node_id, member.incarnation))
+                if self._nursery is not None:
+                    self._nursery.start_soon(self._suspicion_timer, member.node_id, member.incarnation)
+            was_live = before is not None and before.state in _LIVE
+            if member.state not in _LIVE and was_live:
+                self.links.forget(member.node_id, f"{member.node_id} is {member.state.value}")
+        self._view_event.set()
+        self._view_event = trio.Event()
+        for callback in list(self._subscribers):
+            callback(new)
+        return True
+
+    async def _suspicion_timer(self, node_id: str, incarnation: int) -> None:
+        await trio.sleep(self.config.suspicion_timeout)
+        self._suspicions.discard((node_id, incarnation))
+        if self._leaving:
+            # A leaving node runs no failure detection: it no longer probes, and the members that stay stop
+            # gossiping to it, so it would never hear the suspect's refutation and would declare a live member
+            # dead (and hand its arcs to the wrong owners). A DEAD record from the members that stay still counts.
+            return
+        member = self.view.member(node_id)
+        if member is not None and member.state is MemberState.SUSPECT and member.incarnation == incarnation:
+            log.info("%s declares %s dead after %.1f s of suspicion", self.node_id, node_id,
+                     self.config.suspicion_timeout)
+            self._apply(self.view.update(node_id, state=MemberState.DEAD))
+
+    # -- sending ------------------------------------------------------------------------------------------
+
+    def _live_peers(self) -> list[Member]:
+        return [m for m in self.view.members if m.state in _LIVE and m.node_id != self.node_id]
+
+    def _full_gossip(self) -> Gossip:
+        return Gossip(epoch=self.view.epoch, full=True, members=tuple(to_wire(m) for m in self.view.members))
+
+    def _send(self, peer_id: str, message: Message) -> bool:
+        if self._left or self._nursery is None:
+            return False
+        member = self.view.member(peer_id)
+        return self.links.send_nowait(peer_id, message, address=member.address if member else None)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    # -- loops --------------------------------------------------------------------------------------------
+
+    async def _probe_loop(self) -> None:
+        while True:
+            started = trio.current_time()
+            target = None if self._leaving else self._next_probe_target()
+            if target is not None:
+                await self._probe(target, started)
+            await trio.sleep_until(started + self.config.probe_interval)
+
+    def _next_probe_target(self) -> str | None:
+        for _ in range(2):
+            while self._probe_round:
+                node_id = self._probe_round.pop()
+                member = self.view.member(node_id)
+                if member is not None and member.state in _LIVE:
+                    return node_id
+            self._probe_round = [m.node_id for m in self._live_peers()]
+            self._rng.shuffle(self._probe_round)
+        return None
+
+    async def _probe(self, target: str, started: float) -> None:
+        seq = self._next_seq()
+        acked = self._acks[seq] = trio.Event()
+        try:
+            member = self.view.member(target)
+            self._send(target, Ping(seq=seq, epoch=self.view.epoch))
+            with trio.move_on_after(self.config.probe_timeout):
+                await acked.wait()
+            if acked.is_set():
+                return
+            helpers = [m.node_id for m in self._live_peers() if m.node_id != target and m.state is MemberState.ALIVE]
+            for helper in self._rng.sample(helpers, min(self.config.indirect_probes, len(helpers))):
+                self._send(helper, ProbeRequest(seq=seq, target=target))
+            with trio.move_on_at(started + self.config.probe_interval):
+                await acked.wait()
+            if acked.is_set():
+                return
+        finally:
+            del self._acks[seq]
+        if self._leaving:
+            return  # we started leaving during the probe: its indirect probes were not sent, it proves nothing
+        current = self.view.member(target)
+        # Suspect only the record we probed: a refutation that arrived meanwhile (higher incarnation) stands.
+        if current is not None and current.state is MemberState.ALIVE and current == member:
+            log.info("%s suspects %s: no answer to direct or indirect probes", self.node_id, target)
+            self._apply(self.view.update(target, state=MemberState.SUSPECT))
+
+    async def _ping(self, target: str, timeout: float) -> bool:
+        seq = self._next_seq()
+        acked = self._acks[seq] = trio.Event()
+        try:
+            self._send(target, Ping(seq=seq, epoch=self.view.epoch))
+            with trio.move_on_after(timeout):
+                await acked.wait()
+            return acked.is_set()
+        finally:
+            del self._acks[seq]
+
+    async def _probe_for(self, requester: str, request: ProbeRequest) -> None:
+        try:
+            member = self.view.member(request.target)
+            alive = False
+            if member is not None and request.target != self.node_id:
+                alive = await self._ping(request.target, self.config.probe_timeout)
+            self._send(requester, ProbeReply(seq=request.seq, target=request.target, alive=alive))
+        finally:
+            self._indirect_tasks -= 1
+
+    async def _gossip_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.gossip_interval)
+            if not self._broadcast or self._left:
+                continue
+            members = tuple(to_wire(m) for node_id in sorted(self._broadcast) if (m := self.view.member(node_id)))
+            gossip = Gossip(epoch=self.view.epoch, full=False, members=members)
+            peers = self._live_peers()
+            for member in self._rng.sample(peers, min(self.config.gossip_fanout, len(peers))):
+                self._send(member.node_id, gossip)
+            for node_id in list(self._broadcast):
+                self._broadcast[node_id] -= 1
+                if self._broadcast[node_id] <= 0:
+                    del self._broadcast[node_id]
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.sync_interval * self._rng.uniform(0.5, 1.5))
+            peers = self._live_peers()
+            if peers and not self._left:
+                self._send(self._rng.choice(peers).node_id, self._full_gossip())
+
+    async def _reconnect_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.reconnect_interval * self._rng.uniform(0.5, 1.5))
+            if self._left:
+                continue
+            dead = [m for m in self.view.members if m.state is MemberState.DEAD and m.node_id != self.node_id]
+            for member in dead:
+                self.links.forget(member.node_id, "retry done")
+            if dead:
+                self._send(self._rng.choice(dead).node_id, self._full_gossip())
+
+    # -- receiving ----------------------------------------------------------------------------------------
+
+    async def _on_message(self, peer_id: str, message: Message) -> None:
+        if isinstance(message, Ping):
+            self._send(peer_id, Pong(seq=message.seq, epoch=self.view.epoch))
+            if message.epoch != self.view.epoch:
+                self._send(peer_id, self._full_gossip())
+        elif isinstance(message, Pong):
+            if (acked := self._acks.get(message.seq)) is not None:
+                acked.set()
+        elif isinstance(message, ProbeReply):
+            if message.alive and (acked := self._acks.get(message.seq)) is not None:
+                acked.set()
+        elif isinstance(message, ProbeRequest):
+            if self._indirect_tasks < _MAX_INDIRECT_TASKS and self._nursery is not None:
+                self._indirect_tasks += 1
+                self._nursery.start_soon(self._probe_for, peer_id, message)
+            else:
+                self._send(peer_id, ProbeReply(seq=message.seq, target=message.target, alive=False))
+        elif isinstance(message, Gossip):
+            self._on_gossip(peer_id, message)
+        elif self._on_other is not None:
+            await self._on_other(peer_id, message)
+        else:
+            log.debug("%s ignores %s from %s", self.node_id, type(message).__name__, peer_id)
+
+    def _on_gossip(self, peer_id: str, gossip: Gossip) -> None:
+        try:
+            members = tuple(from_wire(m) for m in gossip.members)
+            incoming = View(members=members)
+            # A partial gossip's epoch is that of the sender's whole view; only a full view keeps it.
+            incoming = View(epoch=gossip.epoch if gossip.full else incoming.rank, members=members)
+        except ValueError as exc:
+            log.warning("gossip from %s ignored, it holds an impossible record: %s", peer_id, exc)
+            return
+        self._apply(merge(self.view, incoming))
+        if gossip.full and (self.view.epoch, self.view.members) != (incoming.epoch, incoming.members):
+            self._send(peer_id, self._full_gossip())

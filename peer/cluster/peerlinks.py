@@ -1,0 +1,524 @@
+"""Persistent authenticated links between peers, one per pair of nodes, over any `Transport`.
+
+Each peer gets a `PeerLink`: a bounded queue of outgoing messages and at most one live connection that speaks
+`protocol.Connection` (HMAC handshake on the cluster secret first). A link redials with exponential back-off and
+jitter while it is wanted, and keeps its queue across reconnects; a message that was being written when a
+connection broke may be lost, so the layers above treat delivery as at-most-once and acknowledge what matters
+(URL batches, hand-off chunks), as SWIM already does for probes.
+
+Both nodes may dial each other at the same moment. Each then briefly holds two connections and both keep the
+same one by a rule that needs no coordination: the connection dialled by the lower node id wins; the other is
+closed with Goodbye("duplicate link"). A connection from the same dialer replaces the older one (the dialer
+redials only when it saw its connection die), and so does any connection that arrives after the current one
+has settled (older than the handshake timeout), because the peer dials only when its side of the link is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import trio
+
+from protocol import (
+    CODECS,
+    MIN_SECRET_SIZE,
+    NEED_DATA,
+    Connection,
+    ConnectionClosed,
+    Established,
+    Event,
+    Goodbye,
+    Limits,
+    LocalProtocolError,
+    Message,
+    Reject,
+    RemoteProtocolError,
+    Role,
+    State,
+)
+
+from peer.cluster.transport import Transport, TransportError
+
+__all__ = ["LinkConfig", "LinkError", "MessageHandler", "PeerLink", "PeerLinks"]
+
+log = logging.getLogger(__name__)
+
+MessageHandler = Callable[[str, Message], Awaitable[None]]
+
+_IO_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+class LinkError(Exception):
+    """A link to a peer could not be established: unreachable, refused, or it failed the handshake."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkConfig:
+    """Link tuning; every default has its reason."""
+
+    # Messages waiting per peer: enough for bursts of gossip and batches; beyond it senders feel back-pressure.
+    queue_size: int = 256
+    # A healthy peer answers a handshake within milliseconds; 5 s covers a loaded machine.
+    handshake_timeout: float = 5.0
+    # First redial after 100 ms, doubling to at most 10 s: quick after a blip, cheap for a node that is gone.
+    backoff_initial: float = 0.1
+    backoff_max: float = 10.0
+    # Time given to a Goodbye (and the peer's answer) before the connection is simply closed.
+    goodbye_timeout: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.queue_size < 1:
+            raise ValueError(f"queue_size must be at least 1, got {self.queue_size}")
+        for name in ("handshake_timeout", "backoff_initial", "backoff_max", "goodbye_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}")
+
+
+class _Session:
+    """One established connection."""
+
+    def __init__(self, conn: Connection, stream: trio.abc.Stream, peer_id: str, dialer: str) -> None:
+        self.conn = conn
+        self.stream = stream
+        self.peer_id = peer_id
+        self.dialer = dialer
+        self.scope = trio.CancelScope()
+        self.lock = trio.Lock()
+        self.established_at = trio.current_time()
+        self.superseded = False
+
+    async def write(self, data: bytes) -> None:
+        if data:
+            async with self.lock:
+                await self.stream.send_all(data)
+
+    async def goodbye(self, reason: str, timeout: float) -> None:
+        """Send Goodbye if the connection can still take it; never raises, never waits longer than `timeout`."""
+        with trio.move_on_after(timeout) as scope:
+            scope.shield = True
+            try:
+                if not self.conn.sent_close and self.conn.state is State.ESTABLISHED:
+                    await self.write(self.conn.send(Goodbye(reason=reason)))
+            except (*_IO_ERRORS, LocalProtocolError):
+                pass
+
+
+class PeerLink:
+    """The link to one peer: its outgoing queue and its current connection, if any."""
+
+    def __init__(self, owner: PeerLinks, peer_id: str, address: str | None) -> None:
+        self.peer_id = peer_id
+        self.address = address
+        self._owner = owner
+        self._send_q, self._recv_q = trio.open_memory_channel[Message](owner.config.queue_size)
+        self._current: _Session | None = None
+        self._changed = trio.Event()
+        self._closing = False
+        self._goodbye_reason = "closing"
+        self._dial_scope = trio.CancelScope()
+        self._done = trio.Event()  # set when the link's dialer has stopped for good
+        # Messages taken from the queue by a connection that ended before writing them (it was superseded by a
+        # duplicate, or said Goodbye): the next connection sends them first, so a closing connection loses none.
+        self._carry: list[Message] = []
+        self.sent = 0
+        self.received = 0
+        self.dropped = 0
+        self.connects = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._current is not None
+
+    @property
+    def dialer(self) -> str | None:
+        """The node that dialled the current connection (the lower id, after a simultaneous dial), or None."""
+        return None if self._current is None else self._current.dialer
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def send_nowait(self, message: Message) -> bool:
+        """Queue `message`; False (and counted as dropped) if the queue is full or the link is closing."""
+        try:
+            self._send_q.send_nowait(message)
+        except (trio.WouldBlock, trio.ClosedResourceError):
+            self.dropped += 1
+            return False
+        return True
+
+    async def send(self, message: Message) -> None:
+        """Queue `message`, waiting for room; LinkError if the link is closing."""
+        try:
+            await self._send_q.send(message)
+        except trio.ClosedResourceError:
+            raise LinkError(f"the link to {self.peer_id} is closing") from None
+
+    # -- session bookkeeping ------------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _adopt(self, new: _Session, settle: float) -> bool:
+        """Whether `new` becomes the current connection (see the module docstring for the rule)."""
+        current = self._current
+        if current is not None:
+            if self._closing:
+                return False
+            preferred = min(self._owner.node_id, self.peer_id)
+            settled = trio.current_time() - current.established_at >= settle
+            if not (new.dialer == current.dialer or new.dialer == preferred or settled):
+                return False
+            current.superseded = True
+            current.scope.cancel()
+        self._current = new
+        self.connects += 1
+        self._notify()
+        return True
+
+    def _release(self, session: _Session) -> None:
+        if self._current is session:
+            self._current = None
+            self._notify()
+
+    def _set_address(self, address: str | None) -> None:
+        if address is not None and address != self.address:
+            self.address = address
+            self._notify()
+
+
+class PeerLinks:
+    """Every link of one node: serves inbound connections, dials outbound ones, delivers what arrives.
+
+    Run it with `await nursery.start(links.run)` (reports the bound address); messages from peers go to
+    `on_message(peer_id, message)`, awaited in the connection's reader (so a slow handler slows that peer).
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        secret: bytes,
+        transport: Transport,
+        on_message: MessageHandler,
+        rng: random.Random,
+        config: LinkConfig | None = None,
+        limits: Limits | None = None,
+        nonce: Callable[[int], bytes] = os.urandom,
+        codecs: Sequence[str] = CODECS,
+        compressions: Sequence[str] = ("none",),
+    ) -> None:
+        if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_SIZE:
+            raise ValueError(f"cluster_secret must be at least {MIN_SECRET_SIZE} bytes")
+        self.node_id = node_id
+        self.config = config or LinkConfig()
+        self.address: str | None = None
+        self._secret = secret
+        self._transport = transport
+        self._on_message = on_message
+        self._rng = rng
+        self._limits = limits or Limits()
+        self._nonce = nonce
+        self._codecs = tuple(codecs)
+        self._compressions = tuple(compressions)
+        self._links: dict[str, PeerLink] = {}
+        self._nursery: trio.Nursery | None = None
+        self.handshake_failures = 0
+
+    # -- service ------------------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve and maintain links until cancelled; reports the address the transport bound."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                self.address = await nursery.start(self._transport.serve, self._accept)
+                task_status.started(self.address)
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    # -- public API ---------------------------------------------------------------------------------------
+
+    def link(self, peer_id: str, address: str | None = None) -> PeerLink:
+        """The link to `peer_id`, created (and dialled, once its address is known) if needed."""
+        if peer_id == self.node_id:
+            raise ValueError(f"a node does not link to itself ({peer_id!r})")
+        link = self._links.get(peer_id)
+        if link is None:
+            if self._nursery is None:
+                raise RuntimeError("PeerLinks.run() is not running")
+            link = PeerLink(self, peer_id, address)
+            self._links[peer_id] = link
+            self._nursery.start_soon(self._maintain, link)
+        else:
+            link._set_address(address)
+        return link
+
+    def get(self, peer_id: str) -> PeerLink | None:
+        return self._links.get(peer_id)
+
+    def send_nowait(self, peer_id: str, message: Message, *, address: str | None = None) -> bool:
+        """Queue `message` for `peer_id` without waiting; False if its queue is full."""
+        return self.link(peer_id, address).send_nowait(message)
+
+    async def send(self, peer_id: str, message: Message, *, address: str | None = None) -> None:
+        """Queue `message` for `peer_id`, waiting for room in its queue."""
+        await self.link(peer_id, address).send(message)
+
+    def connected_peers(self) -> list[str]:
+        return sorted(peer_id for peer_id, link in self._links.items() if link.connected)
+
+    def forget(self, peer_id: str, reason: str = "forgotten") -> None:
+        """Stop keeping a link to `peer_id`: what is queued is written, then Goodbye(reason), then it closes."""
+        link = self._links.pop(peer_id, None)
+        if link is None:
+            return
+        link._closing = True
+        link._goodbye_reason = reason
+        link._send_q.close()
+        if link._recv_q.statistics().current_buffer_used == 0:
+            link._dial_scope.cancel()  # nothing to deliver: no point finishing a dial in progress
+        link._notify()
+
+    async def close_all(self, reason: str) -> None:
+        """Gracefully close every link (queued messages first, then Goodbye). Bounded: a dial in progress gets
+        the handshake timeout, a Goodbye the goodbye timeout."""
+        links = list(self._links.values())
+        for link in links:
+            self.forget(link.peer_id, reason)
+        with trio.move_on_after(self.config.handshake_timeout + 2 * self.config.goodbye_timeout):
+            for link in links:
+                while link._current is not None or not link._done.is_set():
+                    with trio.move_on_after(self.config.goodbye_timeout):
+                        await link._changed.wait()
+
+    async def introduce(self, address: str) -> str:
+        """Connect to whoever listens at `address` (a seed), adopt the connection as its link; its node id."""
+        try:
+            with trio.fail_after(self.config.handshake_timeout):
+                stream = await self._transport.connect(address)
+                session = await self._handshake(stream, Role.INITIATOR, expected=None)
+        except TransportError as exc:
+            raise LinkError(str(exc)) from exc
+        except trio.TooSlowError:
+            raise LinkError(f"peer at {address} did not complete the handshake in time") from None
+        link = self.link(session.peer_id, address)
+        # Adopt now, before the link's dialer first runs, so it does not dial a second connection.
+        adopted = link._adopt(session, settle=self.config.handshake_timeout)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_session, link, session, adopted)
+        return session.peer_id
+
+    # -- internals ----------------------------------------------------------------------------------------
+
+    def backoff(self, failures: int) -> float:
+        """Seconds to wait after `failures` consecutive failures: doubling from the initial delay up to the
+        maximum, times a random factor in [0.5, 1] so that peers that failed together do not retry together."""
+        base = min(self.config.backoff_max, self.config.backoff_initial * 2 ** max(0, failures - 1))
+        return base * self._rng.uniform(0.5, 1.0)
+
+    async def _maintain(self, link: PeerLink) -> None:
+        """Keep `link` connected while it is wanted: dial when no connection is up, back off on failures."""
+        failures = 0
+        while True:
+            if link._closing:
+                # A forgotten link dials once more only to deliver what was queued before it was forgotten.
+                pending = link._recv_q.statistics().current_buffer_used > 0
+                if link._current is not None or not pending or link.address is None:
+                    break
+            elif link._current is not None or link.address is None:
+                await link._changed.wait()
+                continue
+            address = link.address
+            session: _Session | None = None
+            link._dial_scope = trio.CancelScope()
+            with link._dial_scope:
+                try:
+                    with trio.fail_after(self.config.handshake_timeout):
+                        stream = await self._transport.connect(address)
+                        session = await self._handshake(stream, Role.INITIATOR, expected=link.peer_id)
+                except (LinkError, TransportError, trio.TooSlowError) as exc:
+                    log.debug("link %s -> %s (%s): %s", self.node_id, link.peer_id, address, exc)
+            if link._closing:
+                if session is not None:  # deliver the queue, then Goodbye
+                    await self._run_session(link, session)
+                break
+            if session is None:
+                failures += 1
+            else:
+                started = trio.current_time()
+                await self._run_session(link, session)
+                lasted = trio.current_time() - started
+                failures = 1 if lasted >= self.config.backoff_max else failures + 1
+            with trio.move_on_after(self.backoff(failures)):  # back off, unless forgotten or connected meanwhile
+                while link._current is None and not link._closing:
+                    await link._changed.wait()
+        link._done.set()
+        link._notify()
+
+    async def _accept(self, stream: trio.abc.Stream) -> None:
+        """Transport handler: handshake as responder, then run the connection as the link to that peer."""
+        try:
+            with trio.fail_after(self.config.handshake_timeout):
+                session = await self._handshake(stream, Role.RESPONDER, expected=None)
+        except (LinkError, trio.TooSlowError) as exc:
+            log.info("inbound connection to %s refused: %s", self.node_id, exc)
+            await trio.aclose_forcefully(stream)
+            return
+        existing = self._links.get(session.peer_id)
+        link = existing if existing is not None else self.link(session.peer_id)
+        await self._run_session(link, session)
+
+    async def _handshake(self, stream: trio.abc.Stream, role: Role, *, expected: str | None) -> _Session:
+        conn = Connection(
+            role,
+            node_id=self.node_id,
+            secret=self._secret,
+            nonce=self._nonce,
+            limits=self._limits,
+            codecs=self._codecs,
+            compressions=self._compressions,
+        )
+        try:
+            if role is Role.INITIATOR:
+                await stream.send_all(conn.initiate())
+            event = await _next_event(conn, stream)
+            if isinstance(event, Reject):
+                raise LinkError(f"peer refused the connection: {event.reason}")
+            if not isinstance(event, Established):
+                raise LinkError(f"peer closed the connection during the handshake ({type(event).__name__})")
+            peer_id = event.node_id
+            problem = None
+            if peer_id == self.node_id:
+                problem = f"peer claims our own node id {peer_id!r}"
+            elif expected is not None and peer_id != expected:
+                problem = f"expected node {expected!r} at this address, reached {peer_id!r}"
+            if problem is not None:
+                await stream.send_all(conn.send(Reject(reason=problem)))
+                raise LinkError(problem)
+        except RemoteProtocolError as exc:
+            self.handshake_failures += 1
+            await trio.aclose_forcefully(stream)
+            raise LinkError(f"handshake failed: {exc}") from exc
+        except (LinkError, *_IO_ERRORS) as exc:
+            if isinstance(exc, LinkError):
+                self.handshake_failures += 1
+            await trio.aclose_forcefully(stream)
+            if isinstance(exc, LinkError):
+                raise
+            raise LinkError(f"connection lost during the handshake: {exc}") from exc
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        dialer = self.node_id if role is Role.INITIATOR else peer_id
+        return _Session(conn, stream, peer_id, dialer)
+
+    async def _run_session(self, link: PeerLink, session: _Session, adopted: bool | None = None) -> None:
+        """Run one established connection as `link`'s current one until it ends or is superseded."""
+        timeout = self.config.goodbye_timeout
+        try:
+            if adopted is None:
+                adopted = link._adopt(session, settle=self.config.handshake_timeout)
+            if adopted:
+                with session.scope:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._writer, link, session)
+                        await self._reader(link, session)
+                        nursery.cancel_scope.cancel()
+            if not adopted or session.superseded:
+                # The duplicate of a connection we keep: tell the peer, and still deliver what it wrote on this
+                # one before it heard, so the rule costs no messages.
+                await session.goodbye("duplicate link", timeout)
+                with trio.move_on_after(timeout):
+                    await self._reader(link, session)
+        finally:
+            link._release(session)
+            await trio.aclose_forcefully(session.stream)
+
+    async def _writer(self, link: PeerLink, session: _Session) -> None:
+        while True:
+            if link._carry:
+                batch, link._carry = link._carry, []
+            else:
+                try:
+                    batch = [await link._recv_q.receive()]
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    # The link was forgotten and its queue is drained: say goodbye, give the peer a moment to
+                    # answer.
+                    await session.goodbye(link._goodbye_reason, self.config.goodbye_timeout)
+                    session.scope.deadline = min(session.scope.deadline,
+                                                 trio.current_time() + self.config.goodbye_timeout)
+                    return
+            while len(batch) < 64:
+                try:
+                    batch.append(link._recv_q.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                    break
+            if session.conn.sent_close or session.superseded:
+                # This connection is ending (it said Goodbye, or a duplicate replaced it): keep the batch for the
+                # next one instead of failing it here.
+                link._carry = batch + link._carry
+                return
+            frames = []
+            for message in batch:
+                try:
+                    frames.append(session.conn.send(message))
+                except LocalProtocolError as exc:
+                    link.dropped += 1
+                    log.error("message to %s dropped, it is invalid: %s", link.peer_id, exc)
+            try:
+                await session.write(b"".join(frames))
+            except _IO_ERRORS:
+                link._carry = batch + link._carry  # maybe partly delivered: a duplicate is harmless, a loss not
+                session.scope.cancel()
+                return
+            except trio.Cancelled:
+                link._carry = batch + link._carry
+                raise
+            link.sent += len(frames)
+
+    async def _reader(self, link: PeerLink, session: _Session) -> None:
+        conn, stream = session.conn, session.stream
+        while True:
+            try:
+                event = await _next_event(conn, stream, session)
+            except RemoteProtocolError as exc:
+                log.warning("peer %s broke the protocol, connection closed: %s", link.peer_id, exc)
+                return
+            except _IO_ERRORS:
+                return
+            if isinstance(event, ConnectionClosed):
+                return
+            if isinstance(event, Reject):
+                log.warning("peer %s rejected the connection: %s", link.peer_id, event.reason)
+                return
+            if isinstance(event, Goodbye):
+                await session.goodbye("goodbye", self.config.goodbye_timeout)
+                return
+            if isinstance(event, Established):
+                continue
+            link.received += 1
+            await self._on_message(link.peer_id, event)
+
+
+async def _next_event(conn: Connection, stream: trio.abc.Stream, session: _Session | None = None) -> Event:
+    """docs/protocol.md section 7: flush what the connection made after every step; read only on NEED_DATA."""
+    while True:
+        try:
+            event = conn.next_event()
+        finally:
+            if out := conn.data_to_send():
+                if session is not None:
+                    await session.write(out)
+                else:
+                    await stream.send_all(out)
+        if event is not NEED_DATA:
+            return event
+        data = await stream.receive_some(65536)
+        conn.receive_data(data if isinstance(data, bytes) else bytes(data))

@@ -1,0 +1,441 @@
+"""The node's HTTP fetcher: HTTP/1.1 with h11 over trio streams, a per-origin keep-alive pool, the node's DNS.
+
+Measured on this machine (``tests/bench/bench_http.py``), httpx's own pool collapses over many hosts, and its
+client layer alone costs about as much CPU per request as this whole fetch path; so the crawl engine calls
+``Fetcher`` directly, and tools that want httpx's API get it through ``HttpxTransport``, a transport over the
+same fetcher. The address comes
+from the node's resolver (cached, checked against private ranges) and is the one connected to: the name goes
+only into the Host header and TLS SNI, never to a second resolver. Redirects are returned, not followed: the
+engine routes a Location like any discovered link, since in a cluster it may belong to another node.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+from urllib.parse import quote, urlsplit
+
+import h11
+import httpx
+import trio
+
+from peer.fetch.decoding import BodyDecoder, DecodeError, make_decoder
+from peer.fetch.pool import (
+    Connection,
+    ConnectionPool,
+    OriginKey,
+    default_max_idle_total,
+    open_connection,
+)
+from peer.fetch.dns import DnsError, Resolver
+
+__all__ = ["FetchError", "Fetcher", "HttpxTransport", "Response"]
+
+_CHUNK = 65536  # read in large chunks: one receive per 15 KB page on loopback
+_MAX_HEAD = 65536  # status line plus headers; some sites send large cookies and CSP headers
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_NOT_FROM_CALLER = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+_SAFE_TARGET = "!#$%&'()*+,/:;=?@[]~"
+
+
+class FetchError(Exception):
+    """A fetch failed. ``kind`` is one of "dns", "connect", "timeout", "protocol", "too-large",
+    "refused-address", "tls"."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Response:
+    """What a fetch returned. ``headers`` as received (names lower-case); ``body`` already decoded from its
+    Content-Encoding and cut at ``max_body`` (then ``truncated``); ``request_headers`` as sent (for WARC)."""
+
+    url: str
+    status: int
+    reason: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    ip: str
+    truncated: bool
+    elapsed: float
+    request_headers: list[tuple[str, str]]
+
+
+class _StaleConnection(Exception):
+    """A reused keep-alive connection was closed by the server before it answered: retry on a fresh one."""
+
+
+class Fetcher:
+    """An async context manager that fetches URLs; closes its idle connections on exit.
+
+    ``connect_timeout`` bounds the TCP and TLS handshakes, ``read_timeout`` each wait for data,
+    ``total_timeout`` the whole fetch including DNS and waiting for the origin's connection slot.
+    """
+
+    def __init__(
+        self,
+        resolver: Resolver,
+        *,
+        user_agent: str,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 30.0,
+        total_timeout: float = 60.0,
+        max_body: int = 10 * 2**20,
+        max_connections_per_origin: int = 1,
+        max_idle_per_origin: int = 1,
+        idle_timeout: float = 30.0,
+        max_idle_total: int | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        if not user_agent:
+            raise ValueError("user_agent must name the crawler (and ideally a contact URL)")
+        if max_body < 0:
+            raise ValueError(f"max_body must be >= 0, got {max_body}")
+        self._resolver = resolver
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._total_timeout = total_timeout
+        self._max_body = max_body
+        self._idle_timeout = idle_timeout
+        self._pool = ConnectionPool(
+            max_connections_per_origin=max_connections_per_origin,
+            max_idle_per_origin=max_idle_per_origin,
+            max_idle_total=default_max_idle_total() if max_idle_total is None else max_idle_total,
+            idle_timeout=idle_timeout,
+        )
+        self._ssl_context = ssl_context
+        self._defaults = [("user-agent", user_agent), ("accept-encoding", "gzip, deflate, br"), ("accept", "*/*")]
+        self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def pool(self) -> ConnectionPool:
+        return self._pool
+
+    async def __aenter__(self) -> Self:
+        manager = trio.open_nursery()
+        self._nursery = await manager.__aenter__()
+        self._nursery_manager = manager
+        self._nursery.start_soon(self._sweep_idle)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._nursery is not None and self._nursery_manager is not None
+        self._nursery.cancel_scope.cancel()
+        try:
+            # Only the sweeper runs in here; the caller's exception (if any) propagates untouched.
+            await self._nursery_manager.__aexit__(None, None, None)
+        finally:
+            self._nursery = self._nursery_manager = None
+            self._pool.close_all()
+
+    async def _sweep_idle(self) -> None:
+        interval = min(max(self._idle_timeout / 2, 0.5), 10.0)
+        while True:
+            await trio.sleep(interval)
+            self._pool.sweep(trio.current_time())
+
+    async def fetch(self, url: str, *, headers: Sequence[tuple[str, str]] = ()) -> Response:
+        """GET ``url``. Redirects are returned as they are; raises FetchError."""
+        return await self.request("GET", url, headers=headers)
+
+    async def request(
+        self, method: str, url: str, *, headers: Sequence[tuple[str, str]] = (), content: bytes = b""
+    ) -> Response:
+        """Send one request (any method, optional body) and read the whole response; raises FetchError."""
+        start = trio.current_time()
+        scheme, host, port, target, host_header = _split_url(url)
+        request_headers = self._request_headers(host_header, headers, method, content)
+        key: OriginKey = (scheme, host, port)
+        deadline = start + self._total_timeout
+        # One cancel scope per request: its deadline is the whole-request limit, pulled in to "now +
+        # read_timeout" before each wait for data, so the reason it fired is read off the deadline it had.
+        with trio.CancelScope(deadline=deadline) as scope:
+            try:
+                ip = await self._resolver.resolve(host)
+            except DnsError as exc:
+                kind = "refused-address" if exc.kind == "refused-address" else "dns"
+                raise FetchError(kind, f"{url}: {exc}") from exc
+            origin = await self._pool.acquire(key)
+            try:
+                for _ in range(2):
+                    scope.deadline = deadline
+                    conn = self._pool.take_idle(origin, trio.current_time())
+                    if conn is None:
+                        conn = await self._connect(key, ip, host, url)
+                    reused = conn.requests > 0
+                    try:
+                        head, body, truncated = await self._exchange(
+                            conn, method, target, request_headers, content, url, reused, scope, deadline
+                        )
+                    except _StaleConnection:
+                        conn.close()
+                        continue
+                    except BaseException:
+                        conn.close()
+                        raise
+                    h = conn.h11
+                    if not truncated and h.our_state is h11.DONE and h.their_state is h11.DONE:
+                        h.start_next_cycle()
+                        conn.requests += 1
+                        self._pool.put_idle(origin, conn, trio.current_time())
+                    else:
+                        conn.close()
+                    return Response(
+                        url=url,
+                        status=head.status_code,
+                        reason=head.reason.decode("latin-1"),
+                        headers=[(n.decode("latin-1"), v.decode("latin-1")) for n, v in head.headers],
+                        body=body,
+                        ip=ip,
+                        truncated=truncated,
+                        elapsed=trio.current_time() - start,
+                        request_headers=request_headers,
+                    )
+                raise FetchError("protocol", f"{url}: the server closed two connections without answering")
+            finally:
+                self._pool.release(key, origin)
+        if scope.deadline < deadline:
+            raise FetchError("timeout", f"{url}: no data from the server for {self._read_timeout:g} s")
+        raise FetchError("timeout", f"{url}: no complete response within {self._total_timeout:g} s")
+
+    def _request_headers(
+        self, host_header: str, headers: Sequence[tuple[str, str]], method: str, content: bytes
+    ) -> list[tuple[str, str]]:
+        if not headers:
+            out = [("host", host_header), *self._defaults]
+        else:
+            given = {name.lower() for name, _ in headers}
+            out = [("host", host_header)]
+            out += [d for d in self._defaults if d[0] not in given]
+            out += [(n, v) for n, v in headers if n.lower() not in _NOT_FROM_CALLER]
+        if content or method in ("POST", "PUT", "PATCH"):
+            out.append(("content-length", str(len(content))))
+        return out
+
+    async def _connect(self, key: OriginKey, ip: str, host: str, url: str) -> Connection:
+        tls = self._tls_context() if key[0] == "https" else None
+        where = f"{ip}:{key[2]}"
+        with trio.move_on_after(self._connect_timeout):
+            try:
+                return await open_connection(key, ip, host, tls, _MAX_HEAD)
+            except ssl.SSLError as exc:
+                raise FetchError("tls", f"{url}: TLS handshake with {where} failed: {_tls_reason(exc)}") from exc
+            except trio.BrokenResourceError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, ssl.SSLError):
+                    message = f"{url}: TLS handshake with {where} failed: {_tls_reason(cause)}"
+                else:
+                    message = f"{url}: {where} closed the connection during the TLS handshake"
+                raise FetchError("tls", message) from exc
+            except OSError as exc:
+                raise FetchError("connect", f"{url}: cannot connect to {where}: {exc.strerror or exc}") from exc
+        raise FetchError("timeout", f"{url}: connecting to {where} took over {self._connect_timeout:g} s")
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._ssl_context is None:
+            context = ssl.create_default_context()
+            context.set_alpn_protocols(["http/1.1"])
+            self._ssl_context = context
+        return self._ssl_context
+
+    async def _exchange(
+        self,
+        conn: Connection,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        content: bytes,
+        url: str,
+        reused: bool,
+        scope: trio.CancelScope,
+        deadline: float,
+    ) -> tuple[h11.Response, bytes, bool]:
+        """Send the request and read the response: (head, decoded body, truncated)."""
+        h = conn.h11
+        try:
+            data = h.send(h11.Request(method=method, target=target, headers=headers))
+            if content:
+                data += h.send(h11.Data(data=content))
+            data += h.send(h11.EndOfMessage())
+        except h11.LocalProtocolError as exc:
+            raise FetchError("protocol", f"{url}: cannot send this request: {exc}") from exc
+        try:
+            await conn.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            if reused:
+                raise _StaleConnection from exc
+            raise FetchError("protocol", f"{url}: the connection broke while sending the request") from exc
+
+        max_body = self._max_body
+        read_timeout = self._read_timeout
+        head: h11.Response | None = None
+        decoder: BodyDecoder | None = None
+        chunks: list[bytes] = []
+        size = 0
+        raw_size = 0
+        head_size = 0
+        received = False
+        truncated = False
+        try:
+            while True:
+                event = h.next_event()
+                if event is h11.NEED_DATA:
+                    read_deadline = trio.current_time() + read_timeout
+                    scope.deadline = min(deadline, read_deadline)
+                    try:
+                        chunk = await conn.receive_some(_CHUNK)
+                    except trio.BrokenResourceError as exc:
+                        if reused and not received:
+                            raise _StaleConnection from exc
+                        raise FetchError("protocol", f"{url}: the connection broke mid-response") from exc
+                    if chunk:
+                        received = True
+                        if head is None:
+                            head_size += len(chunk)
+                            if head_size > _MAX_HEAD:
+                                raise FetchError("too-large", f"{url}: response head exceeds {_MAX_HEAD} bytes")
+                    elif not received:
+                        if reused:
+                            raise _StaleConnection
+                        raise FetchError("protocol", f"{url}: the server closed the connection without a response")
+                    h.receive_data(chunk)
+                    continue
+                kind = type(event)
+                if kind is h11.Data:
+                    piece = event.data
+                    raw_size += len(piece)
+                    if decoder is not None:
+                        piece = decoder.decompress(piece, max_body - size + 1)
+                    if size + len(piece) > max_body or raw_size > max_body:
+                        chunks.append(piece[: max_body - size])
+                        truncated = True
+                        break
+                    chunks.append(piece)
+                    size += len(piece)
+                elif kind is h11.Response:
+                    head = event
+                    encoding = _header(event.headers, b"content-encoding")
+                    if encoding is not None:
+                        decoder = make_decoder(encoding.decode("latin-1"))
+                elif kind is h11.EndOfMessage:
+                    if decoder is not None:
+                        tail = decoder.flush(max_body - size + 1)
+                        if size + len(tail) > max_body:
+                            tail = tail[: max_body - size]
+                            truncated = True
+                        chunks.append(tail)
+                    break
+                elif kind is h11.ConnectionClosed:
+                    raise FetchError("protocol", f"{url}: the server closed the connection without a response")
+                # InformationalResponse (1xx): keep reading for the final response.
+        except h11.RemoteProtocolError as exc:
+            if exc.error_status_hint == 431:
+                raise FetchError("too-large", f"{url}: response head exceeds {_MAX_HEAD} bytes") from exc
+            raise FetchError("protocol", f"{url}: malformed HTTP response: {exc}") from exc
+        except DecodeError as exc:
+            raise FetchError("protocol", f"{url}: {exc}") from exc
+        assert head is not None
+        return head, b"".join(chunks), truncated
+
+
+def _tls_reason(exc: ssl.SSLError) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"certificate not trusted ({exc.verify_message})"
+    return str(exc.reason or exc)
+
+
+def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    for n, v in headers:
+        if n == name:
+            return v
+    return None
+
+
+def _split_url(url: str) -> tuple[str, str, int, str, str]:
+    """(scheme, host, port, request target, Host header) of an http(s) URL; raises FetchError."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        port = parts.port
+    except ValueError as exc:
+        raise FetchError("protocol", f"{url}: not a valid URL: {exc}") from None
+    scheme = parts.scheme
+    default = _DEFAULT_PORTS.get(scheme)
+    if default is None:
+        raise FetchError("protocol", f"{url}: only http and https URLs can be fetched")
+    if not host:
+        raise FetchError("protocol", f"{url}: the URL has no host")
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            raise FetchError("protocol", f"{url}: the host is not a valid name") from None
+    port = port or default
+    target = parts.path or "/"
+    if parts.query:
+        target += "?" + parts.query
+    if not target.isascii() or " " in target:
+        target = quote(target, safe=_SAFE_TARGET)
+    host_header = f"[{host}]" if ":" in host else host
+    if port != default:
+        host_header += f":{port}"
+    return scheme, host, port, target, host_header
+
+
+_HTTPX_ERRORS: dict[str, type[httpx.TransportError]] = {
+    "dns": httpx.ConnectError,
+    "connect": httpx.ConnectError,
+    "refused-address": httpx.ConnectError,
+    "tls": httpx.ConnectError,
+    "timeout": httpx.ReadTimeout,
+    "protocol": httpx.RemoteProtocolError,
+    "too-large": httpx.RemoteProtocolError,
+}
+_NOT_TO_HTTPX = frozenset({b"content-encoding", b"content-length", b"transfer-encoding"})
+_HTTPX_DEFAULT_UA = f"python-httpx/{httpx.__version__}"
+
+
+class HttpxTransport(httpx.AsyncBaseTransport):
+    """An httpx transport over a Fetcher: httpx's client API on the node's pool, DNS and limits.
+
+    The body arrives decoded (Content-Encoding is removed from the headers httpx sees); a body cut at
+    ``max_body`` is marked by the response extension ``"peercrawl.truncated"``. httpx's own default
+    User-Agent is replaced by the fetcher's. The fetcher's timeouts apply, not httpx's.
+    """
+
+    def __init__(self, fetcher: Fetcher) -> None:
+        self._fetcher = fetcher
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        content = await request.aread()
+        headers = [
+            (name, value)
+            for name, value in request.headers.multi_items()
+            if not (name == "user-agent" and value == _HTTPX_DEFAULT_UA) and name != "accept-encoding"
+        ]
+        try:
+            result = await self._fetcher.request(request.method, str(request.url), headers=headers, content=content)
+        except FetchError as exc:
+            raise _HTTPX_ERRORS.get(exc.kind, httpx.TransportError)(str(exc), request=request) from exc
+        response_headers = [(n, v) for n, v in result.headers if n.encode("latin-1") not in _NOT_TO_HTTPX]
+        response_headers.append(("content-length", str(len(result.body))))
+        return httpx.Response(
+            result.status,
+            headers=response_headers,
+            content=result.body,
+            extensions={
+                "http_version": b"HTTP/1.1",
+                "reason_phrase": result.reason.encode("latin-1"),
+                "peercrawl.truncated": result.truncated,
+                "peercrawl.ip": result.ip,
+            },
+        )

@@ -1,0 +1,209 @@
+"""The benchmark web: 1,000 hosts x 50 pages served by nginx (or, failing that, several Python servers).
+
+A crawler doing 1,000-2,000 pages/s on a 2-core machine must not wait on its web; nginx serves static
+files with sendfile at a few tens of microseconds of CPU per request, the pure-Python server costs about
+ten times more. ``start_bench_web`` picks nginx when it is installed and falls back to ``workers``
+processes of ``python -m peerlab.localweb.server --reuse-port`` sharing one port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .graph import SiteGraph
+from .static import read_stamp, write_site
+
+__all__ = ["BenchWeb", "nginx_binary", "nginx_config", "start_bench_web"]
+
+_READY_TIMEOUT = 20.0
+
+
+@dataclass(slots=True, kw_only=True)
+class BenchWeb:
+    """A running benchmark web. ``process`` is the nginx master (or the first Python server)."""
+
+    graph: SiteGraph
+    kind: str
+    port: int
+    base_urls: list[str]
+    seeds: list[str]
+    zone: dict[str, str]
+    process: subprocess.Popen[bytes]
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    directory: Path | None = None
+
+
+def nginx_binary() -> str | None:
+    """The nginx executable, or None when nginx is not installed."""
+    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
+                                          if os.access(p, os.X_OK)), None)
+
+
+def nginx_config(*, prefix: Path, site: Path, port: int, workers: int) -> str:
+    """An nginx.conf serving ``site/<host>/`` by the Host header on 127.0.0.1:``port``."""
+    temp = prefix / "tmp"
+    # Run the workers as the user that wrote the site (nginx started by root would otherwise drop to
+    # "nobody", who cannot read a private temp directory).
+    user = f"user {pwd.getpwuid(os.getuid()).pw_name};" if os.geteuid() == 0 else ""
+    return f"""
+{user}
+worker_processes {workers};
+worker_rlimit_nofile 16384;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{ worker_connections 8192; multi_accept on; }}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    tcp_nodelay on;
+    keepalive_timeout 65;
+    keepalive_requests 1000000;
+    open_file_cache max=4096 inactive=60s;
+    types {{ text/html html; text/plain txt; }}
+    default_type application/octet-stream;
+    charset utf-8;
+    charset_types text/plain;
+    client_body_temp_path {temp}/body;
+    proxy_temp_path {temp}/proxy;
+    fastcgi_temp_path {temp}/fastcgi;
+    uwsgi_temp_path {temp}/uwsgi;
+    scgi_temp_path {temp}/scgi;
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        server_name _;
+        root {site}/$host;
+        index index.html;
+    }}
+}}
+"""
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + _READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode} before listening on port {port}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on port {port} within {_READY_TIMEOUT:g} s")
+
+
+def _wait_line(proc: subprocess.Popen[bytes], prefix: str, what: str) -> str:
+    """The first line ``proc`` prints, which must start with ``prefix``, read within the ready timeout."""
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout=_READY_TIMEOUT):
+            raise RuntimeError(f"{what} printed nothing within {_READY_TIMEOUT:g} s")
+    line = proc.stdout.readline().decode("utf-8", "replace").strip()
+    if not line.startswith(prefix):
+        raise RuntimeError(f"{what} failed to start (status {proc.poll()}): {line or 'no output'}")
+    return line
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def start_bench_web(
+    *,
+    seed: int = 1,
+    hosts: int = 1000,
+    pages_per_host: int = 50,
+    links_per_page: int = 30,
+    page_bytes: int = 15_000,
+    server: str = "auto",
+    workers: int = 2,
+    directory: str | Path | None = None,
+) -> Iterator[BenchWeb]:
+    """Start the benchmark web; stop it (by PID) on exit.
+
+    ``server`` is ``"nginx"``, ``"python"`` or ``"auto"`` (nginx when installed). The static site is cached
+    in ``directory`` (default: a folder under the temp dir named by the parameters) and reused when the
+    port it was written for is still free.
+    """
+    if server not in ("auto", "nginx", "python"):
+        raise ValueError(f"server must be 'auto', 'nginx' or 'python', got {server!r}")
+    nginx = nginx_binary()
+    if server == "nginx" and nginx is None:
+        raise RuntimeError("nginx is not installed (apt-get install -y nginx-light), or use server='python'")
+    kind = "nginx" if nginx is not None and server != "python" else "python"
+    graph = SiteGraph.generate(seed=seed, hosts=hosts, pages_per_host=pages_per_host, links_per_page=links_per_page,
+                               page_bytes=page_bytes, features=False, seed_hosts=min(hosts, 10))
+    processes: list[subprocess.Popen[bytes]] = []
+    site = None
+    with contextlib.ExitStack() as stack:
+        if kind == "nginx":
+            assert nginx is not None
+            site = Path(directory) if directory is not None else Path(tempfile.gettempdir()) / (
+                f"peercrawl-benchweb-{seed}-{hosts}x{pages_per_host}-{links_per_page}-{page_bytes}")
+            stamp = read_stamp(site)
+            old_port = stamp.get("port") if stamp else None
+            port = old_port if isinstance(old_port, int) and _port_free(old_port) else _free_port()
+            write_site(graph, site, port=port)
+            prefix = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="peercrawl-nginx-")))
+            os.chmod(prefix, 0o755)
+            (prefix / "tmp").mkdir()
+            conf = prefix / "nginx.conf"
+            conf.write_text(nginx_config(prefix=prefix, site=site, port=port, workers=workers), encoding="utf-8")
+            proc = subprocess.Popen([nginx, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log"),
+                                     "-g", "daemon off;"], stdin=subprocess.DEVNULL)
+            processes.append(proc)
+            stack.callback(_stop, proc)
+            _wait_listening(port, proc, "nginx")
+        else:
+            port = _free_port()
+            cmd = [sys.executable, "-m", "peerlab.localweb.server", "--seed", str(seed), "--hosts", str(hosts),
+                   "--pages-per-host", str(pages_per_host), "--links-per-page", str(links_per_page),
+                   "--page-bytes", str(page_bytes), "--no-features", "--seed-hosts", str(min(hosts, 10)),
+                   "--port", str(port), "--reuse-port"]
+            for _ in range(max(1, workers)):
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+                processes.append(proc)
+                stack.callback(_stop, proc)
+            for proc in processes:
+                _wait_line(proc, "listening ", "python -m peerlab.localweb.server")
+        yield BenchWeb(
+            graph=graph, kind=kind, port=port, base_urls=[f"http://{h.name}:{port}" for h in graph.hosts],
+            seeds=graph.seeds(port=port), zone=graph.zone(), process=processes[0], processes=processes,
+            directory=site,
+        )

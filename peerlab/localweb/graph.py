@@ -1,0 +1,258 @@
+"""A deterministic web of many hosts, generated from a seed: the ground truth of every crawl test.
+
+Ordinary pages are not stored: page ``j`` of host ``i`` is ``/`` (j = 0) or ``/p/{j}.html``, and its links
+are drawn from a random generator seeded by ``(seed, i, j)``, so a graph of 50,000 pages costs no memory
+and any process given the same arguments sees the same web. Feature resources (see ``features.py``) are
+stored explicitly. The same lookup, ``resource()``, serves the HTTP server and the oracle.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable, Collection, Iterator, Mapping
+
+from .features import MIN_FEATURE_HOSTS, TRAP_PREFIX, build_features
+from .model import PORT, HostSpec, Link, Resource, idna_host, make_url, norm_path
+from .oracle import DEFAULT_SKIP_SUFFIXES, Expected, TrapGuard, expected
+from .robots_spec import RobotsGroup, RobotsSpec, Rule
+
+__all__ = ["SiteGraph", "page_path"]
+
+_PAGE = re.compile(r"/p/([1-9][0-9]*)\.html")
+_TRAP_TAIL = re.compile(r"(?:a/)*")
+#: Seconds the slow page waits before answering: noticeable, yet far under any sane read timeout.
+DEFAULT_SLOW_DELAY = 1.0
+#: Bytes of the huge page: twice the crawler's default maximum body.
+DEFAULT_HUGE_BYTES = 20 * 2**20
+
+
+def page_path(j: int) -> str:
+    """The path of ordinary page ``j`` of any host."""
+    return "/" if j == 0 else f"/p/{j}.html"
+
+
+class SiteGraph:
+    """The generated web. Build it with :meth:`generate`; it is immutable afterwards."""
+
+    def __init__(
+        self,
+        *,
+        seed: int,
+        domain: str,
+        hosts: tuple[HostSpec, ...],
+        pages_per_host: int,
+        links_per_page: int,
+        cross_host_fraction: float,
+        page_bytes: int,
+        features: bool,
+        seed_hosts: int,
+        resources: Mapping[tuple[str, str], Resource],
+        extra_links: Mapping[tuple[str, str], tuple[Link, ...]],
+        feature_urls: Mapping[str, tuple[tuple[str, str], ...]],
+        nxdomain: tuple[str, ...],
+        trap_host: str | None,
+    ) -> None:
+        self.seed = seed
+        self.domain = domain
+        self.hosts = hosts
+        self.pages_per_host = pages_per_host
+        self.links_per_page = links_per_page
+        self.cross_host_fraction = cross_host_fraction
+        self.page_bytes = page_bytes
+        self.features = features
+        self.seed_hosts = seed_hosts
+        self.nxdomain = nxdomain
+        self.trap_host = trap_host
+        self._resources = dict(resources)
+        self._extra_links = dict(extra_links)
+        self._feature_urls = dict(feature_urls)
+        self._by_name = {h.name: h for h in hosts}
+        # Ordinary links are shared between pages: (host index, page, written form) -> Link.
+        self._links: dict[tuple[int, int, int], Link] = {}
+
+    @classmethod
+    def generate(
+        cls,
+        *,
+        seed: int,
+        hosts: int = 50,
+        pages_per_host: int = 20,
+        links_per_page: int = 10,
+        cross_host_fraction: float = 0.3,
+        page_bytes: int = 2000,
+        features: bool = True,
+        domain: str = "web.test",
+        seed_hosts: int = 1,
+        huge_bytes: int = DEFAULT_HUGE_BYTES,
+        slow_delay: float = DEFAULT_SLOW_DELAY,
+    ) -> SiteGraph:
+        """Generate the web for ``seed``; the same arguments always give the same web."""
+        if hosts < 1 or pages_per_host < 1 or links_per_page < 0 or page_bytes < 0:
+            raise ValueError("hosts and pages_per_host must be >= 1, links_per_page and page_bytes >= 0")
+        if not 0.0 <= cross_host_fraction <= 1.0:
+            raise ValueError(f"cross_host_fraction must be within [0, 1], got {cross_host_fraction}")
+        if features and hosts < MIN_FEATURE_HOSTS:
+            raise ValueError(f"features=True needs hosts >= {MIN_FEATURE_HOSTS}, got {hosts}")
+        if not 1 <= seed_hosts <= hosts:
+            raise ValueError(f"seed_hosts must be within [1, hosts], got {seed_hosts}")
+        domain = idna_host(domain)
+        specs = [cls._plain_host(seed, i, domain, features) for i in range(hosts)]
+        resources: dict[tuple[str, str], Resource] = {}
+        extra: dict[tuple[str, str], tuple[Link, ...]] = {}
+        feature_urls: dict[str, tuple[tuple[str, str], ...]] = {}
+        nxdomain: tuple[str, ...] = ()
+        trap_host = None
+        if features:
+            fs = build_features(specs, domain, huge_bytes=huge_bytes, slow_delay=slow_delay)
+            for index, robots in fs.robots.items():
+                old = specs[index]
+                specs[index] = HostSpec(index=index, name=old.name, display=old.display, robots=robots, role=old.role)
+            resources = fs.resources
+            extra = {key: tuple(links) for key, links in fs.extra_links.items()}
+            feature_urls = {name: tuple(keys) for name, keys in fs.features.items()}
+            nxdomain = fs.nxdomain
+            trap_host = fs.trap_host
+        return cls(
+            seed=seed, domain=domain, hosts=tuple(specs), pages_per_host=pages_per_host,
+            links_per_page=links_per_page, cross_host_fraction=cross_host_fraction, page_bytes=page_bytes,
+            features=features, seed_hosts=seed_hosts, resources=resources, extra_links=extra,
+            feature_urls=feature_urls, nxdomain=nxdomain, trap_host=trap_host,
+        )
+
+    @staticmethod
+    def _plain_host(seed: int, i: int, domain: str, features: bool) -> HostSpec:
+        name = f"h{i:04d}.{domain}"
+        rules: tuple[Rule, ...] = ()
+        # With features on, one ordinary host in five disallows the prefix "/p/1" (so /p/1.html and
+        # /p/10.html .. /p/19.html): prefix matching exercised across many hosts.
+        if features and i != 0 and random.Random(f"{seed}:robots:{i}").random() < 0.2:
+            rules = (Rule(allow=False, pattern="/p/1"),)
+        robots = RobotsSpec(groups=(RobotsGroup(agents=("*",), rules=rules),))
+        return HostSpec(index=i, name=name, display=name, robots=robots)
+
+    # -- lookups -----------------------------------------------------------------------------------
+
+    def host(self, name: str) -> HostSpec | None:
+        """The host called ``name`` (ASCII or Unicode, any case), or None if the web has no such host."""
+        try:
+            return self._by_name.get(idna_host(name))
+        except UnicodeError:
+            return None
+
+    def resource(self, host: str, path: str) -> Resource | None:
+        """What ``path`` (normalized path and query) on ``host`` answers, or None for a 404."""
+        spec = self._by_name.get(host)
+        if spec is None:
+            return None
+        res = self._resources.get((host, path))
+        if res is not None:
+            return res
+        if path == "/":
+            return self._page(spec, 0)
+        m = _PAGE.fullmatch(path)
+        if m is not None:
+            j = int(m.group(1))
+            return self._page(spec, j) if j < self.pages_per_host else None
+        if host == self.trap_host and path.startswith(TRAP_PREFIX) and _TRAP_TAIL.fullmatch(path[len(TRAP_PREFIX):]):
+            return Resource(host=host, path=path, feature="trap", links=(Link(host=host, path=path + "a/", href="a/"),))
+        return None
+
+    def _page(self, spec: HostSpec, j: int) -> Resource:
+        rng = random.Random(f"{self.seed}:{spec.index}:{j}")
+        rand = rng.random
+        links: list[Link] = []
+        n = len(self.hosts)
+        pages = self.pages_per_host
+        cross = self.cross_host_fraction if n > 1 else 0.0
+        cache = self._links
+        for _ in range(self.links_per_page):
+            p = int(rand() * pages)
+            if rand() < cross:
+                t = int(rand() * (n - 1))
+                key = (t + (t >= spec.index), p, 3)
+            else:
+                # written as "/p/3.html", or relative: "p/3.html" from the root, "3.html" from a page
+                key = (spec.index, p, 0 if p == 0 or rand() < 0.5 else (1 if j == 0 else 2))
+            link = cache.get(key)
+            if link is None:
+                link = cache[key] = self._make_link(*key)
+            links.append(link)
+        links.extend(self._extra_links.get((spec.name, page_path(j)), ()))
+        return Resource(host=spec.name, path=page_path(j), links=tuple(links), size=self.page_bytes)
+
+    def _make_link(self, index: int, p: int, form: int) -> Link:
+        """Form 0: "/p/3.html"; 1: "p/3.html" (from the root); 2: "3.html" (from a page); 3: absolute."""
+        target = self.hosts[index].name
+        path = page_path(p)
+        if form == 3:
+            return Link(host=target, path=path, href=f"http://{target}:{PORT}{path}", text=f"{target} {p}")
+        href = (path, path[1:], path[3:])[form]
+        return Link(host=target, path=path, href=href, text=f"page {p}")
+
+    def robots(self, host: str) -> RobotsSpec | None:
+        spec = self._by_name.get(host)
+        return None if spec is None else spec.robots
+
+    def iter_resources(self) -> Iterator[Resource]:
+        """Every finite resource of the web (ordinary pages and stored features; not the trap)."""
+        for spec in self.hosts:
+            for j in range(self.pages_per_host):
+                yield self._page(spec, j)
+        yield from self._resources.values()
+
+    # -- URLs for tests --------------------------------------------------------------------------
+
+    def url(self, host: str, path: str, *, port: int | None = None) -> str:
+        return make_url(idna_host(host), norm_path(path), port)
+
+    def seeds(self, *, port: int | None = None) -> list[str]:
+        """The crawl's start URLs: the root pages of the first ``seed_hosts`` hosts (host 0 is the hub)."""
+        return [make_url(h.name, "/", port) for h in self.hosts[: self.seed_hosts]]
+
+    def zone(self) -> dict[str, str]:
+        """Host name (ASCII) -> ``"127.0.0.1"`` for the DNS server; the NXDOMAIN names are left out."""
+        return {h.name: "127.0.0.1" for h in self.hosts}
+
+    def feature_names(self) -> list[str]:
+        return sorted(self._feature_urls)
+
+    def feature(self, name: str, *, port: int | None = None) -> list[str]:
+        """The URLs that carry feature ``name`` (e.g. ``"gzip"``, ``"redirect_chain"``, ``"trap"``)."""
+        if name not in self._feature_urls:
+            raise KeyError(f"no feature {name!r} in this graph; it has {', '.join(self.feature_names())}")
+        return [make_url(h, p, port) for h, p in self._feature_urls[name]]
+
+    def role(self, role: str) -> HostSpec:
+        """The host playing ``role`` (``"hub"``, ``"robots-agent"``, ``"redirects"``, ...)."""
+        for spec in self.hosts:
+            if spec.role == role:
+                return spec
+        raise KeyError(f"no host has role {role!r} (features={self.features})")
+
+    def crawl_delay(self, host: str, user_agent: str = "peercrawl") -> float | None:
+        robots = self.robots(host)
+        return None if robots is None else robots.crawl_delay(user_agent)
+
+    def expected(
+        self,
+        *,
+        user_agent: str = "peercrawl",
+        max_depth: int | None = None,
+        max_body: int = 10 * 2**20,
+        max_redirect_hops: int = 5,
+        trap_guard: Callable[[str], bool] | None = None,
+        skip_suffixes: Collection[str] | None = None,
+        port: int | None = None,
+    ) -> Expected:
+        """The oracle: what a correct crawl fetches and must not fetch (see ``peerlab.localweb.oracle``)."""
+        return expected(
+            self, user_agent=user_agent, max_depth=max_depth, max_body=max_body,
+            max_redirect_hops=max_redirect_hops, trap_guard=trap_guard or TrapGuard(),
+            skip_suffixes=DEFAULT_SKIP_SUFFIXES if skip_suffixes is None else skip_suffixes, port=port,
+        )
+
+    def __repr__(self) -> str:
+        return (f"SiteGraph(seed={self.seed}, hosts={len(self.hosts)}, pages_per_host={self.pages_per_host}, "
+                f"features={self.features})")
+
