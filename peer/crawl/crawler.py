@@ -21,7 +21,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 import trio
 
@@ -31,7 +30,7 @@ from peer.config import Config
 from peer.crawl.links import extract, is_html
 from peer.crawl.robots import RobotsDecision, decide
 from peer.crawl.scheduler import HostScheduler, HostTurn
-from peer.crawl.seams import Ownership, PageFetcher, Solo
+from peer.crawl.seams import Link, Ownership, PageFetcher, Solo
 from peer.crawl.urls import Scope, host_of_normalized, normalize, origin_of_normalized
 from peer.fetch.dns import DnsError
 from peer.fetch.http import FetchError, Response
@@ -54,16 +53,6 @@ _SEEN_CACHE_SIZE = 200_000
 
 #: A host whose arc's hand-off has not arrived is looked at again this often.
 _BLOCKED_RECHECK = 0.25
-
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    """A URL on its way into the frontier: normalized, with its depth, redirect hops and referrer."""
-
-    url: str
-    depth: int
-    hops: int = 0
-    found_on: str | None = None
 
 
 class _Batch:
