@@ -35,8 +35,12 @@ __all__ = [
     "Pong",
     "ProbeReply",
     "ProbeRequest",
+    "Count",
     "Reject",
     "SeenReplica",
+    "SlowHost",
+    "StatusQuery",
+    "StatusReport",
     "UrlBatch",
     "UrlEntry",
     "Welcome",
@@ -229,6 +233,63 @@ class ProgressReport:
     rate: float
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Count:
+    """A named counter: an error kind, a peer's node id, a status class."""
+
+    name: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlowHost:
+    """A host that makes the crawl wait: the seconds between its requests (the larger of the node's delay and
+    its Crawl-delay), its current back-off, its consecutive failures and its queued URLs."""
+
+    host: str
+    delay: float
+    backoff: float
+    failures: int
+    queued: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusQuery:
+    """Asks a peer for its detailed status (the dashboard's view of it), answered by a StatusReport."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusReport:
+    """A node's detailed status, for the dashboard any node serves for the whole cluster.
+
+    `history`: pages fetched in each of the last seconds, oldest first. `sent`: URLs sent to each peer so far;
+    `sent_recent`: over the last `window` seconds. `idle_for`: seconds since the node last received a page
+    (counted from its start if it has none). `rss`: resident memory in bytes.
+    """
+
+    seq: int
+    pages: int
+    bytes: int
+    queued: int
+    in_flight: int
+    hosts_queued: int
+    hosts_known: int
+    rss: int
+    idle_for: float
+    errors: tuple[Count, ...]
+    dns_hits: int
+    dns_misses: int
+    robots_hits: int
+    robots_misses: int
+    history: tuple[int, ...]
+    window: float
+    sent: tuple[Count, ...]
+    sent_recent: tuple[Count, ...]
+    slow_hosts: tuple[SlowHost, ...]
+
+
 # --- hand-off ----------------------------------------------------------------------------------------------
 
 
@@ -295,6 +356,8 @@ Message: TypeAlias = (
     | ProbeReply
     | ProgressQuery
     | ProgressReport
+    | StatusQuery
+    | StatusReport
     | HandoffChunk
     | HandoffAck
     | SeenReplica
@@ -325,6 +388,8 @@ _MEMBER = _record(
     state=Choice(MEMBER_STATES),
 )
 _HOST_STATE = _record(HostState, host=Text(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32)
+_COUNT = _record(Count, name=Text(), count=UInt())
+_SLOW_HOST = _record(SlowHost, host=Text(), delay=Seconds(), backoff=Seconds(), failures=_U32, queued=UInt())
 _NONCE = Blob(size=NONCE_SIZE)
 _PROOF = Blob(size=PROOF_SIZE)
 
@@ -369,6 +434,29 @@ RECORDS: dict[int, Record] = {
         queued=UInt(),
         urls_received=UInt(),
         rate=Seconds(),
+    ),
+    0x27: _record(StatusQuery, seq=UInt()),
+    0x28: _record(
+        StatusReport,
+        seq=UInt(),
+        pages=UInt(),
+        bytes=UInt(),
+        queued=UInt(),
+        in_flight=UInt(),
+        hosts_queued=UInt(),
+        hosts_known=UInt(),
+        rss=UInt(),
+        idle_for=Seconds(),
+        errors=Many(_COUNT),
+        dns_hits=UInt(),
+        dns_misses=UInt(),
+        robots_hits=UInt(),
+        robots_misses=UInt(),
+        history=Many(UInt()),
+        window=Seconds(),
+        sent=Many(_COUNT),
+        sent_recent=Many(_COUNT),
+        slow_hosts=Many(_SLOW_HOST),
     ),
     0x30: _record(
         HandoffChunk,

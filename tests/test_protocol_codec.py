@@ -25,6 +25,7 @@ from protocol import (
     HandoffAck,
     HandoffChunk,
     Hello,
+    Count,
     HostState,
     Limits,
     LocalProtocolError,
@@ -33,6 +34,9 @@ from protocol import (
     Pong,
     ProgressQuery,
     ProgressReport,
+    SlowHost,
+    StatusQuery,
+    StatusReport,
     ProbeReply,
     ProbeRequest,
     Reject,
@@ -69,6 +73,8 @@ members = st.builds(
     state=st.sampled_from(MEMBER_STATES),
 )
 host_states = st.builds(HostState, host=texts, crawl_delay=seconds, ready_in=seconds, failures=U32)
+counts = st.builds(Count, name=texts, count=U64)
+slow_hosts = st.builds(SlowHost, host=texts, delay=seconds, backoff=seconds, failures=U32, queued=U64)
 
 
 def tuples(elements: st.SearchStrategy, max_size: int = 6) -> st.SearchStrategy:
@@ -108,6 +114,13 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
         ProgressReport, seq=U64, ring=U64, idle=st.booleans(), finished=st.booleans(), activity=U64,
         pages=U64, queued=U64, urls_received=U64,
         rate=st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False),
+    ),
+    StatusQuery: st.builds(StatusQuery, seq=U64),
+    StatusReport: st.builds(
+        StatusReport, seq=U64, pages=U64, bytes=U64, queued=U64, in_flight=U64, hosts_queued=U64,
+        hosts_known=U64, rss=U64, idle_for=seconds, errors=tuples(counts), dns_hits=U64, dns_misses=U64,
+        robots_hits=U64, robots_misses=U64, history=tuples(U64, 30), window=seconds, sent=tuples(counts),
+        sent_recent=tuples(counts), slow_hosts=tuples(slow_hosts),
     ),
     HandoffChunk: st.builds(
         HandoffChunk,
