@@ -39,6 +39,7 @@ __all__ = [
     "Reject",
     "SeenReplica",
     "SlowHost",
+    "Transfer",
     "StatusQuery",
     "StatusReport",
     "UrlBatch",
@@ -254,6 +255,17 @@ class SlowHost:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Transfer:
+    """A hand-off under way at the reporting node: arcs coming from `peer` (`incoming`, `share` of the key space
+    still waited for) or going to it (`chunks` not yet acknowledged)."""
+
+    peer: str
+    incoming: bool
+    share: float
+    chunks: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StatusQuery:
     """Asks a peer for its detailed status (the dashboard's view of it), answered by a StatusReport."""
 
@@ -266,7 +278,7 @@ class StatusReport:
 
     `history`: pages fetched in each of the last seconds, oldest first. `sent`: URLs sent to each peer so far;
     `sent_recent`: over the last `window` seconds. `idle_for`: seconds since the node last received a page
-    (counted from its start if it has none). `rss`: resident memory in bytes.
+    (counted from its start if it has none). `rss`: resident memory in bytes. `transfers`: its hand-offs under way.
     """
 
     seq: int
@@ -288,6 +300,7 @@ class StatusReport:
     sent: tuple[Count, ...]
     sent_recent: tuple[Count, ...]
     slow_hosts: tuple[SlowHost, ...]
+    transfers: tuple[Transfer, ...]
 
 
 # --- hand-off ----------------------------------------------------------------------------------------------
@@ -390,6 +403,7 @@ _MEMBER = _record(
 _HOST_STATE = _record(HostState, host=Text(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32)
 _COUNT = _record(Count, name=Text(), count=UInt())
 _SLOW_HOST = _record(SlowHost, host=Text(), delay=Seconds(), backoff=Seconds(), failures=_U32, queued=UInt())
+_TRANSFER = _record(Transfer, peer=Text(), incoming=Flag(), share=Seconds(), chunks=UInt())
 _NONCE = Blob(size=NONCE_SIZE)
 _PROOF = Blob(size=PROOF_SIZE)
 
@@ -457,6 +471,7 @@ RECORDS: dict[int, Record] = {
         sent=Many(_COUNT),
         sent_recent=Many(_COUNT),
         slow_hosts=Many(_SLOW_HOST),
+        transfers=Many(_TRANSFER),
     ),
     0x30: _record(
         HandoffChunk,

@@ -37,6 +37,7 @@ from protocol import (
     SlowHost,
     StatusQuery,
     StatusReport,
+    Transfer,
     ProbeReply,
     ProbeRequest,
     Reject,
@@ -74,6 +75,7 @@ members = st.builds(
 )
 host_states = st.builds(HostState, host=texts, crawl_delay=seconds, ready_in=seconds, failures=U32)
 counts = st.builds(Count, name=texts, count=U64)
+transfers = st.builds(Transfer, peer=texts, incoming=st.booleans(), share=seconds, chunks=U64)
 slow_hosts = st.builds(SlowHost, host=texts, delay=seconds, backoff=seconds, failures=U32, queued=U64)
 
 
@@ -120,7 +122,7 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
         StatusReport, seq=U64, pages=U64, bytes=U64, queued=U64, in_flight=U64, hosts_queued=U64,
         hosts_known=U64, rss=U64, idle_for=seconds, errors=tuples(counts), dns_hits=U64, dns_misses=U64,
         robots_hits=U64, robots_misses=U64, history=tuples(U64, 30), window=seconds, sent=tuples(counts),
-        sent_recent=tuples(counts), slow_hosts=tuples(slow_hosts),
+        sent_recent=tuples(counts), slow_hosts=tuples(slow_hosts), transfers=tuples(transfers),
     ),
     HandoffChunk: st.builds(
         HandoffChunk,
