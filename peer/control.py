@@ -3,25 +3,39 @@
 Routes are ``(method, path) -> async handler(body: bytes) -> Reply``. Requests are bounded (header size by
 h11, body by ``MAX_BODY``, whole request by ``REQUEST_TIMEOUT``) so a stuck or hostile client cannot hold
 the node; the endpoint listens on loopback unless the operator says otherwise.
+
+Access: the node writes a fresh random token to ``DATA_DIR/control.token`` (mode 0600) at every start, and every
+request must carry ``Authorization: Bearer <token>`` except the routes served in the open: the dashboard page
+(``GET /``, static, it holds no data: its script reads the token from the address's fragment, which never
+reaches the server, and sends it with each call), the liveness probe ``GET /healthz`` and Prometheus'
+``GET /metrics`` (counters only; nothing there changes the node).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
+import os
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import h11
 import trio
 
-__all__ = ["Reply", "serve_control", "json_reply"]
+__all__ = ["OPEN_ROUTES", "TOKEN_FILE", "Reply", "json_reply", "read_token", "serve_control", "write_token"]
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20
 REQUEST_TIMEOUT = 30.0
+#: The control token's file in the data directory.
+TOKEN_FILE = "control.token"
+#: Routes served without the token: the static dashboard page, the liveness probe, Prometheus' scrape.
+OPEN_ROUTES = frozenset({("GET", "/"), ("GET", "/healthz"), ("GET", "/metrics")})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,6 +43,35 @@ class Reply:
     status: int = 200
     content_type: str = "application/json"
     body: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def write_token(data_dir: Path) -> str:
+    """A fresh random token, written to ``data_dir/control.token`` readable by its owner only (0600)."""
+    token = secrets.token_urlsafe(32)
+    path = Path(data_dir) / TOKEN_FILE
+    tmp = path.with_name(TOKEN_FILE + ".new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an older file of that name may have had other bits
+        os.write(fd, token.encode() + b"\n")
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return token
+
+
+def read_token(data_dir: Path | str) -> str:
+    """The running node's control token; OSError if the file cannot be read."""
+    return (Path(data_dir) / TOKEN_FILE).read_text().strip()
+
+
+def _authorized(req: h11.Request, token: str) -> bool:
+    for name, value in req.headers:
+        if name == b"authorization":
+            scheme, _, given = value.decode("latin-1").partition(" ")
+            return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+    return False
 
 
 def json_reply(obj: Any, status: int = 200) -> Reply:
@@ -38,7 +81,7 @@ def json_reply(obj: Any, status: int = 200) -> Reply:
 Handler = Callable[[bytes], Awaitable[Reply]]
 
 
-async def _serve_one(stream: trio.SocketStream, routes: dict[tuple[str, str], Handler]) -> None:
+async def _serve_one(stream: trio.SocketStream, routes: dict[tuple[str, str], Handler], token: str | None) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=16 * 1024)
     try:
         with trio.fail_after(REQUEST_TIMEOUT):
@@ -67,7 +110,11 @@ async def _serve_one(stream: trio.SocketStream, routes: dict[tuple[str, str], Ha
                 method = req.method.decode()
                 path = req.target.decode().split("?", 1)[0]
                 handler = routes.get((method, path))
-                if handler is None:
+                if token is not None and (method, path) not in OPEN_ROUTES and not _authorized(req, token):
+                    reply = json_reply({"error": "unauthorized: send 'Authorization: Bearer TOKEN' with the token in "
+                                        f"the node's DATA_DIR/{TOKEN_FILE}"}, 401)
+                    reply = Reply(status=401, body=reply.body, headers=(("www-authenticate", "Bearer"),))
+                elif handler is None:
                     known = any(p == path for _, p in routes)
                     reply = json_reply({"error": f"{'method not allowed' if known else 'not found'}: {path}"},
                                        405 if known else 404)
@@ -98,6 +145,8 @@ async def _send(stream: trio.SocketStream, conn: h11.Connection, reply: Reply) -
         ("content-type", reply.content_type),
         ("content-length", str(len(reply.body))),
         ("server", "peercrawl-control"),
+        ("cache-control", "no-store"),
+        *reply.headers,
     ]
     data = conn.send(h11.Response(status_code=reply.status, headers=headers))
     data += conn.send(h11.Data(data=reply.body)) + conn.send(h11.EndOfMessage())
@@ -109,18 +158,20 @@ async def serve_control(
     port: int,
     routes: dict[tuple[str, str], Handler],
     *,
+    token: str | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``routes`` on ``host:port``; started() reports the bound port (useful with port 0)."""
+    """Serve ``routes`` on ``host:port``; started() reports the bound port (useful with port 0). With a ``token``,
+    every route but ``OPEN_ROUTES`` answers 401 to a request without ``Authorization: Bearer <token>``."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
         for listener in listeners:
-            nursery.start_soon(_accept_loop, listener, routes, nursery)
+            nursery.start_soon(_accept_loop, listener, routes, token, nursery)
         task_status.started(bound)
 
 
-async def _accept_loop(listener: trio.SocketListener, routes, nursery: trio.Nursery) -> None:
+async def _accept_loop(listener: trio.SocketListener, routes, token: str | None, nursery: trio.Nursery) -> None:
     async with listener:
         while True:
             try:
@@ -129,4 +180,4 @@ async def _accept_loop(listener: trio.SocketListener, routes, nursery: trio.Nurs
                 log.warning("control accept failed", extra={"error": str(exc)})
                 await trio.sleep(0.1)
                 continue
-            nursery.start_soon(_serve_one, stream, routes)
+            nursery.start_soon(_serve_one, stream, routes, token)
