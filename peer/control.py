@@ -26,7 +26,8 @@ from typing import Any
 import h11
 import trio
 
-__all__ = ["OPEN_ROUTES", "TOKEN_FILE", "Reply", "json_reply", "read_token", "serve_control", "write_token"]
+__all__ = ["OPEN_ROUTES", "TOKEN_FILE", "Reply", "dashboard_address", "json_reply", "read_token", "serve_control",
+           "write_token"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,14 @@ def write_token(data_dir: Path) -> str:
 def read_token(data_dir: Path | str) -> str:
     """The running node's control token; OSError if the file cannot be read."""
     return (Path(data_dir) / TOKEN_FILE).read_text().strip()
+
+
+def dashboard_address(address: str, token: str | None) -> str:
+    """The dashboard's address for a browser: the control endpoint, the token in the fragment (never sent)."""
+    host, _, port = address.rpartition(":")
+    if host in ("0.0.0.0", "::", "[::]", ""):  # listening everywhere: this machine reaches it on loopback
+        host = "127.0.0.1"
+    return f"http://{host}:{port}/" + (f"#token={token}" if token else "")
 
 
 def _authorized(req: h11.Request, token: str) -> bool:

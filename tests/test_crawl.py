@@ -108,7 +108,9 @@ async def test_max_pages_per_host_and_metrics_while_running(tmp_path):
                 await trio.sleep(0.05)
         async with httpx.AsyncClient() as client:
             metrics = (await client.get(f"http://127.0.0.1:{node.control_port}/metrics")).text
-            status = (await client.get(f"http://127.0.0.1:{node.control_port}/status")).json()
+            token = (tmp_path / "node" / "control.token").read_text().strip()
+            status = (await client.get(f"http://127.0.0.1:{node.control_port}/status",
+                                       headers={"authorization": f"Bearer {token}"})).json()
         node.request_stop()
         with trio.fail_after(20):
             while node.final_status is None:

@@ -18,10 +18,11 @@ from types import ModuleType
 import trio
 
 from peer.cli import cluster_cmds, ring_cmd
-from peer.cli.client import control_address, control_request
+from peer.cli.client import control, control_address, control_request, control_token
 from peer.cli.errors import CliError
 from peer.cli.format import format_status
 from peer.config import FIELDS, Config, ConfigError, load
+from peer.control import dashboard_address
 from peer.log import setup_logging
 from peer.node import NodeError, run_node
 from storage import StorageError
@@ -48,6 +49,7 @@ PEERCTL_EPILOG = textwrap.dedent(
       peerctl ring --node A=150 --node B=80 --node C=200 --node D=40 --remove C --add E=300 --hosts 1000000
       peerctl status --cluster --data-dir ./a       # every member: state, pages, rate, queue, idle
       peerctl ring --data-dir ./a                   # the live ring: weight share, key share, URLs received
+      peerctl dashboard --data-dir ./a              # the live dashboard's address (ring, flows, crawl)
       peerctl join --data-dir ./c --seed 127.0.0.1:7400
       peerctl leave --data-dir ./b                  # hand off everything, then exit
       peerctl stop --control 127.0.0.1:7410
@@ -165,39 +167,53 @@ def peerd_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _peerctl_status(args: argparse.Namespace) -> int:
+    address, request = control(args)
     if args.cluster:
-        cs = control_request(control_address(args), "GET", "/cluster")
+        cs = request(address, "GET", "/cluster")
         print(cluster_cmds.dumps(cs) if args.json else cluster_cmds.format_cluster(cs))
         return 0
-    st = control_request(control_address(args), "GET", "/status")
+    st = request(address, "GET", "/status")
     print(json.dumps(st, indent=1, sort_keys=True) if args.json else format_status(st))
     return 0
 
 
 def _peerctl_join(args: argparse.Namespace) -> int:
-    print(cluster_cmds.join(control_request, control_address(args), args.seed))
+    address, request = control(args)
+    print(cluster_cmds.join(request, address, args.seed))
     return 0
 
 
 def _peerctl_leave(args: argparse.Namespace) -> int:
-    return cluster_cmds.leave(control_request, control_address(args), wait=not args.no_wait,
-                            timeout=args.timeout, out=print)
+    address, request = control(args)
+    return cluster_cmds.leave(request, address, wait=not args.no_wait, timeout=args.timeout, out=print)
 
 
 def _peerctl_stop(args: argparse.Namespace) -> int:
-    control_request(control_address(args), "POST", "/stop")
+    address, request = control(args)
+    request(address, "POST", "/stop")
     print("stop requested")
     return 0
 
 
 def _peerctl_ring(args: argparse.Namespace) -> int:
     if args.control or args.data_dir:
-        cs = control_request(control_address(args), "GET", "/cluster")
+        address, request = control(args)
+        cs = request(address, "GET", "/cluster")
         print(cluster_cmds.dumps(cs) if args.json else cluster_cmds.format_ring(cs))
         return 0
     if not args.node:
         raise CliError("peerctl ring needs --node NAME=WEIGHT (a simulation) or --control/--data-dir (a live node)")
     return ring_cmd.run(args)
+
+
+def _peerctl_dashboard(args: argparse.Namespace) -> int:
+    address, token = control_address(args), control_token(args)
+    if token is None:
+        raise CliError("peerctl dashboard needs the node's token: give --data-dir DIR, --token-file FILE or "
+                       "$PEERCRAWL_CONTROL_TOKEN")
+    control_request(address, "GET", "/healthz", timeout=5.0)  # the node is there
+    print(dashboard_address(address, token))
+    return 0
 
 
 # The lab (peerlab: the local web, the experiment, the demo) is a sibling package the daemon never imports; its
@@ -239,7 +255,10 @@ def peerctl_main(argv: Sequence[str] | None = None) -> int:
 
     def target(p: argparse.ArgumentParser) -> None:
         p.add_argument("--control", metavar="HOST:PORT", help="the node's control address")
-        p.add_argument("--data-dir", dest="data_dir", metavar="DIR", help="find the node by its data dir")
+        p.add_argument("--data-dir", dest="data_dir", metavar="DIR",
+                       help="find the node (and its control token) by its data dir")
+        p.add_argument("--token-file", dest="token_file", metavar="FILE",
+                       help="the node's control token (default: DIR/control.token, or $PEERCRAWL_CONTROL_TOKEN)")
 
     p = sub.add_parser("status", help="a node's counters: pages, rate, queues, errors (--cluster: every member)")
     target(p)
@@ -258,6 +277,13 @@ def peerctl_main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("stop", help="ask a node to stop cleanly")
     target(p)
     p.set_defaults(func=_peerctl_stop)
+    p = sub.add_parser("dashboard", help="print the address of the node's live dashboard (open it in a browser)",
+                       description="Print the address of the dashboard the node serves for the whole cluster: "
+                       "its control endpoint, with the control token in the fragment (a browser never sends "
+                       "it to a server; the page sends it with each API call). Example: "
+                       "peerctl dashboard --data-dir ./a")
+    target(p)
+    p.set_defaults(func=_peerctl_dashboard)
     p = sub.add_parser("ring", help="the live ring of a running cluster (--control/--data-dir), or a simulation "
                                      "(--node ...): shares, moved keys")
     target(p)

@@ -473,6 +473,21 @@ class Handoff:
         """Arcs gained whose transfer is not complete: their hosts must not be fetched yet."""
         return [arc for arcs in self._pending.values() for arc in arcs.arcs]
 
+    def progress(self) -> list[tuple[str, bool, float, int]]:
+        """Transfers under way, for the dashboard: (peer, True, share of the key space awaited from it, 0) for
+        incoming ones, (peer, False, 0.0, chunks not yet acknowledged) for outgoing ones."""
+        awaited: dict[str, int] = {}
+        for (peer, _epoch), arcs in self._pending.items():
+            awaited[peer] = awaited.get(peer, 0) + sum((end - start) % RING_SPACE or RING_SPACE
+                                                       for start, end in arcs.arcs)
+        sending: dict[str, int] = {}
+        for transfer in self._outgoing.values():
+            sending[transfer.peer] = sending.get(transfer.peer, 0) + len(transfer.chunks)
+        for _tid, _epoch, peer, _arcs, _ring in self._waiting:
+            sending[peer] = sending.get(peer, 0) + 1
+        return ([(peer, True, length / RING_SPACE, 0) for peer, length in sorted(awaited.items())]
+                + [(peer, False, 0.0, n) for peer, n in sorted(sending.items()) if n])
+
     def waiting(self) -> bool:
         """Whether any gained arc still waits for its transfer (a cheap check before `blocked`)."""
         return bool(self._pending)

@@ -58,6 +58,7 @@ import trio
 
 import ring
 
+from peer.control import dashboard_address, read_token
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import RequestRecord
 
@@ -282,6 +283,9 @@ class _Runner:
                         node.status = status
                         break
                 await trio.sleep(0.05)
+        if join is None and not scope.cancelled_caught:  # the first node: its dashboard shows the whole cluster
+            self.say(f"dashboard (any node serves it for the whole cluster): "
+                     f"{dashboard_address(node.control, read_token(data_dir))}")
         if scope.cancelled_caught:
             raise LiveError(f"node {node_id} did not come up within {self.plan.live.settle_wait:g} s "
                             f"(live.settle_wait): {self._tail(node)}")
@@ -310,16 +314,23 @@ class _Runner:
                             f"{self.plan.live.settle_wait:g} s (live.settle_wait): {detail}")
         return trio.current_time() - began
 
+    @staticmethod
+    def _auth(node: _Node) -> dict[str, str]:
+        try:
+            return {"authorization": f"Bearer {read_token(node.data_dir)}"}
+        except OSError:  # not written yet: the request is refused, as a node that does not answer yet
+            return {}
+
     async def _get(self, node: _Node, path: str) -> dict[str, Any] | None:
         try:
-            resp = await self.client.get(f"http://{node.control}{path}")
+            resp = await self.client.get(f"http://{node.control}{path}", headers=self._auth(node))
             return resp.json() if resp.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
 
     async def _post(self, node: _Node, path: str) -> bool:
         try:
-            resp = await self.client.post(f"http://{node.control}{path}")
+            resp = await self.client.post(f"http://{node.control}{path}", headers=self._auth(node))
             return resp.status_code < 400
         except httpx.HTTPError:
             return False
