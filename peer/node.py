@@ -19,10 +19,10 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import trio

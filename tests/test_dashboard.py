@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from peer.control import dashboard_address, read_token
-from peer.localweb.graph import SiteGraph
+from peerlab.localweb.graph import SiteGraph
 from tests.support.browser import browser, need_browser
 from tests.support.crawl import child_env, start_local_web
 from tests.test_cluster_daemons import Cluster
