@@ -4,7 +4,7 @@ crawling the local web the test serves (HTTP + DNS on loopback).
 Three nodes A=150, B=80, C=200 form a cluster; A's dashboard must show three nodes on the ring with the key
 shares `peerctl ring` prints; then C leaves (`peerctl leave`) and the ring must be redrawn without it within a
 few seconds, with the shares `peerctl ring` then prints. Screenshots of both go to the test's directory, and to
-$PEERCRAWL_SCREENSHOTS when set (docs/dashboard-*.png were taken so). Without chromium and chromedriver the
+$DASHBOARD_SCREENSHOTS when set (docs/dashboard-*.png were taken so). Without chromium and chromedriver the
 tests skip, saying what to install.
 """
 
@@ -74,7 +74,7 @@ def _save(driver, tmp_path: Path, name: str) -> Path:
     path = tmp_path / name
     assert driver.save_screenshot(str(path)), f"no screenshot {name}"
     assert path.stat().st_size > 10_000  # a drawn page, not a blank one
-    keep = os.environ.get("PEERCRAWL_SCREENSHOTS")
+    keep = os.environ.get("DASHBOARD_SCREENSHOTS")
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy(path, Path(keep) / name)
