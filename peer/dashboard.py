@@ -14,6 +14,7 @@ seconds) and when the last page came in (stall detection).
 from __future__ import annotations
 
 import collections
+import heapq
 import os
 import resource
 from collections.abc import Callable
@@ -94,7 +95,7 @@ class NodeWatch:
 
 def slow_hosts(turns: Any, queued: Callable[[str], int], base_delay: float, limit: int = SLOW_HOSTS) -> list[dict[str, Any]]:
     """The hosts with work that wait longest between requests (delay, Crawl-delay, back-off), slowest first."""
-    waiting = [t for t in turns.values() if t.waiting or t.busy]
-    waiting.sort(key=lambda t: (max(base_delay, t.crawl_delay) + t.backoff, t.failures), reverse=True)
+    slowest = heapq.nlargest(limit, (t for t in turns.values() if t.waiting or t.busy),
+                             key=lambda t: (max(base_delay, t.crawl_delay) + t.backoff, t.failures))
     return [{"host": t.host, "delay": round(max(base_delay, t.crawl_delay), 3), "backoff": round(t.backoff, 3),
-             "failures": t.failures, "queued": queued(t.host)} for t in waiting[:limit]]
+             "failures": t.failures, "queued": queued(t.host)} for t in slowest]

@@ -238,7 +238,7 @@ class Node:
         async def cluster(_body: bytes) -> Reply:
             if self.cluster is None:
                 return no_cluster()
-            await self.cluster.watched()  # peers send their detailed status while someone looks
+            self.cluster.watched()  # peers send their detailed status while someone looks
             out = self.cluster.cluster_status(detail=True)
             out["stall_after"] = STALL_AFTER
             return json_reply(out)

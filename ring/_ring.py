@@ -239,12 +239,6 @@ class Ring:
             lengths[owner] += end - start
         return {node: length / RING_SPACE for node, length in lengths.items()}
 
-    def bin_shares(self, bins: int) -> list[dict[str, float]]:
-        """The ring folded into ``bins`` equal slices from position 0: each node's fraction of each slice.
-
-        A ring has thousands of points per node, too many to draw; a picture draws these slices instead."""
-        return fold_arcs(self.runs(), bins)
-
     def weight_shares(self) -> dict[str, float]:
         """Each node's fraction of the total weight: what ``shares()`` aims at."""
         total = sum(self._weights.values())

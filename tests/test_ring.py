@@ -304,11 +304,11 @@ def test_backup_on_the_design_ring_and_bad_input(design_rings: list[Ring]) -> No
         Ring({}).backup_at(0)
 
 
-def test_bin_shares_fold_the_ring_into_slices_that_add_up_to_its_shares() -> None:
+def test_fold_arcs_folds_the_ring_into_slices_that_add_up_to_its_shares() -> None:
     from ring import fold_arcs
 
     r = Ring({"a": 3, "b": 1}, points_per_weight=50)
-    bins = r.bin_shares(64)
+    bins = fold_arcs(r.runs(), 64)
     assert len(bins) == 64
     for slot in bins:
         assert abs(sum(slot.values()) - 1.0) < 1e-9

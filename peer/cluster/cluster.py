@@ -47,7 +47,7 @@ from peer.cluster.membership import Membership, MembershipConfig
 from peer.cluster.replicas import SeenReplicas
 from peer.cluster.transport import TcpTransport, TlsFiles, Transport
 
-__all__ = ["Cluster", "NodeProgress", "status_dict", "status_report"]
+__all__ = ["Cluster", "NodeProgress", "ring_slices", "status_dict", "status_report"]
 
 log = logging.getLogger(__name__)
 
@@ -582,23 +582,13 @@ class Cluster:
 
     # -- the dashboard ------------------------------------------------------------------------------------
 
-    async def watched(self, wait: float = PROGRESS_INTERVAL) -> None:
+    def watched(self) -> None:
         """Someone looks at the cluster: peers are asked for their detailed status once a second for the next
-        `WATCH_TIMEOUT` seconds. If nobody looked before, wait (at most `wait`) for the first answers."""
+        `WATCH_TIMEOUT` seconds (their answers show from the next look on)."""
         now = trio.current_time()
-        first = now >= self._watch_until
-        self._watch_until = now + WATCH_TIMEOUT
-        ring, ring_key = self.ring, self._ring_id
-        if ring is not None and (self._slices is None or self._slices[0] != ring_key):
-            # Folding a ring of a few hundred thousand points takes most of a second: not on the event loop.
-            folded = await trio.to_thread.run_sync(ring.bin_shares, RING_SLICES)
-            self._slices = (ring_key, [{n: round(f, 4) for n, f in s.items()} for s in folded])
-        if first:
+        if now >= self._watch_until:
             self._watch_wake.set()
-            peers = self._live_peers()
-            with trio.move_on_after(wait):
-                while any(self.details.get(p, (-1e18,))[0] < now for p in peers):
-                    await trio.sleep(0.05)
+        self._watch_until = now + WATCH_TIMEOUT
 
     async def _status_loop(self) -> None:
         while True:
@@ -627,11 +617,13 @@ class Cluster:
         return {node: (keys.get(node, 0.0), weights.get(node, 0.0)) for node in ring.nodes}
 
     def ring_map(self) -> dict[str, Any]:
-        """The ring folded into `RING_SLICES` slices (each node's fraction of each), and the fraction of each
-        slice whose hand-off this node still awaits. The folding is made by `watched` (in a thread), so the
-        slices may be those of the ring just before the current one for a moment."""
-        if self._slices is None:
+        """The ring folded into `RING_SLICES` slices (each node's fraction of each, sampled: `ring_slices`), and the
+        fraction of each slice whose hand-off this node still awaits."""
+        ring = self.ring
+        if ring is None:
             return {"slices": [], "pending": []}
+        if self._slices is None or self._slices[0] != self._ring_id:
+            self._slices = (self._ring_id, ring_slices(ring, RING_SLICES))
         pending_arcs: list[tuple[int, int, str]] = []
         for start, end in self.handoff.pending_arcs():
             if end > start:
@@ -680,6 +672,25 @@ class Cluster:
             return None
         age = trio.current_time() - got[0]
         return None if age > DETAIL_MAX_AGE else {**got[1], "age": round(age, 1)}
+
+
+#: Positions sampled per slice of the ring's picture.
+SLICE_SAMPLES = 16
+
+
+def ring_slices(ring: Ring, slices: int, samples: int = SLICE_SAMPLES) -> list[dict[str, float]]:
+    """Each node's share of each of `slices` equal slices of the ring, estimated from `samples` evenly spaced
+    positions per slice: a picture's worth (a ring of a few hundred thousand points folded exactly takes most of
+    a second; this takes milliseconds)."""
+    step = RING_SPACE // (slices * samples)
+    owners = ring.owners_at([i * step + step // 2 for i in range(slices * samples)])
+    out = []
+    for k in range(slices):
+        counts: dict[str, int] = {}
+        for owner in owners[k * samples:(k + 1) * samples]:
+            counts[owner] = counts.get(owner, 0) + 1
+        out.append({node: round(n / samples, 4) for node, n in counts.items()})
+    return out
 
 
 def status_report(seq: int, d: dict[str, Any]) -> StatusReport:
