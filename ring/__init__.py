@@ -7,7 +7,7 @@ docs/ring.md for the placement, the measured balance and the cost.
 from ._diff import ArcMove, diff, moved_fraction
 from ._hash import RING_SPACE, host_position, node_points
 from ._hostnames import RandomSource, random_hosts
-from ._ring import DEFAULT_POINTS_PER_WEIGHT, MAX_BINS, MAX_POINTS, Arc, EmptyRingError, Ring, fold_arcs
+from ._ring import DEFAULT_POINTS_PER_WEIGHT, MAX_POINTS, Arc, EmptyRingError, Ring
 from ._simulate import AddNode, ChangeFigures, NodeFigures, RemoveNode, SimulationReport, Stage, simulate
 from ._view import Member, MemberState, View, merge
 
@@ -18,7 +18,6 @@ __all__ = [
     "ChangeFigures",
     "DEFAULT_POINTS_PER_WEIGHT",
     "EmptyRingError",
-    "MAX_BINS",
     "MAX_POINTS",
     "Member",
     "MemberState",
@@ -31,7 +30,6 @@ __all__ = [
     "Stage",
     "View",
     "diff",
-    "fold_arcs",
     "host_position",
     "merge",
     "moved_fraction",

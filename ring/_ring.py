@@ -28,7 +28,7 @@ from operator import and_, lshift, or_, rshift
 
 from ._hash import RING_SPACE, node_points
 
-__all__ = ["Arc", "DEFAULT_POINTS_PER_WEIGHT", "EmptyRingError", "MAX_POINTS", "MAX_BINS", "Ring", "fold_arcs"]
+__all__ = ["Arc", "DEFAULT_POINTS_PER_WEIGHT", "EmptyRingError", "MAX_POINTS", "Ring"]
 
 #: Points per unit of weight. A node's key-space share misses its weight share by about 1/sqrt(points), so the
 #: smallest node of the design (weight 40) gets 40,000 points: a 0.5% standard error, 2% at four sigma.
@@ -36,9 +36,6 @@ DEFAULT_POINTS_PER_WEIGHT = 1000
 
 #: Largest ring we agree to build: about 40 bytes per point once built, ~75 while sorting (see docs/ring.md).
 MAX_POINTS = 20_000_000
-
-#: Most slices a picture of the ring may fold it into (a picture is a few hundred pixels round).
-MAX_BINS = 4096
 
 _MAX_BUCKET_BITS = 22
 _from_bytes = int.from_bytes
@@ -256,25 +253,3 @@ class Ring:
 
     def __repr__(self) -> str:
         return f"Ring({self._weights!r}, points_per_weight={self._ppw})"
-
-
-def fold_arcs(arcs: Iterator[tuple[int, int, str]] | list[tuple[int, int, str]], bins: int) -> list[dict[str, float]]:
-    """Fold non-wrapping arcs ``(start, end, label)`` into ``bins`` equal slices of the ring: for each slice, the
-    fraction of it each label covers (slices no arc covers are empty dicts). Arcs may leave gaps (a set of arcs
-    waiting for a hand-off), and may overlap (their fractions then add up)."""
-    if not 1 <= bins <= MAX_BINS:
-        raise ValueError(f"bins must be in [1, {MAX_BINS}], got {bins}")
-    width = RING_SPACE / bins
-    out: list[dict[str, float]] = [{} for _ in range(bins)]
-    for start, end, label in arcs:
-        if not 0 <= start <= end <= RING_SPACE:
-            raise ValueError(f"arc [{start}, {end}) is not a non-wrapping arc of the ring")
-        first = start * bins // RING_SPACE
-        last = min(bins - 1, max(first, (end - 1) * bins // RING_SPACE)) if end > start else first
-        for index in range(first, last + 1):
-            lo = max(start, index * RING_SPACE // bins)
-            hi = min(end, (index + 1) * RING_SPACE // bins)
-            if hi > lo:
-                slot = out[index]
-                slot[label] = slot.get(label, 0.0) + (hi - lo) / width
-    return out

@@ -302,24 +302,3 @@ def test_backup_on_the_design_ring_and_bad_input(design_rings: list[Ring]) -> No
         r.backup_at(RING_SPACE)
     with pytest.raises(EmptyRingError):
         Ring({}).backup_at(0)
-
-
-def test_fold_arcs_folds_the_ring_into_slices_that_add_up_to_its_shares() -> None:
-    from ring import fold_arcs
-
-    r = Ring({"a": 3, "b": 1}, points_per_weight=50)
-    bins = fold_arcs(r.runs(), 64)
-    assert len(bins) == 64
-    for slot in bins:
-        assert abs(sum(slot.values()) - 1.0) < 1e-9
-    shares = r.shares()
-    for node in ("a", "b"):
-        assert abs(sum(slot.get(node, 0.0) for slot in bins) / 64 - shares[node]) < 1e-9
-    # arcs with gaps: one quarter of the ring, straddling two slices of four
-    quarter = RING_SPACE // 4
-    folded = fold_arcs([(quarter // 2, quarter // 2 + quarter, "x")], 4)
-    assert folded == [{"x": 0.5}, {"x": 0.5}, {}, {}]
-    with pytest.raises(ValueError, match="bins"):
-        fold_arcs([], 0)
-    with pytest.raises(ValueError, match="non-wrapping"):
-        fold_arcs([(10, 5, "x")], 4)

@@ -36,7 +36,7 @@ from protocol import (
     StatusReport,
     Transfer,
 )
-from ring import RING_SPACE, DEFAULT_POINTS_PER_WEIGHT, ArcMove, MemberState, Ring, View, diff, fold_arcs, host_position
+from ring import DEFAULT_POINTS_PER_WEIGHT, RING_SPACE, ArcMove, MemberState, Ring, View, diff, host_position
 from storage import HostState, NodeStore, QueuedUrl
 
 from peer.config import Config
@@ -617,20 +617,14 @@ class Cluster:
         return {node: (keys.get(node, 0.0), weights.get(node, 0.0)) for node in ring.nodes}
 
     def ring_map(self) -> dict[str, Any]:
-        """The ring folded into `RING_SLICES` slices (each node's fraction of each, sampled: `ring_slices`), and the
-        fraction of each slice whose hand-off this node still awaits."""
+        """The ring in `RING_SLICES` slices (each node's fraction of each, sampled: `ring_slices`), and the fraction
+        of each slice whose hand-off this node still awaits (`ring_pending`)."""
         ring = self.ring
         if ring is None:
             return {"slices": [], "pending": []}
         if self._slices is None or self._slices[0] != self._ring_id:
             self._slices = (self._ring_id, ring_slices(ring, RING_SLICES))
-        pending_arcs: list[tuple[int, int, str]] = []
-        for start, end in self.handoff.pending_arcs():
-            if end > start:
-                pending_arcs.append((start, end, "pending"))
-            else:  # wraps through zero (equal bounds: the whole ring)
-                pending_arcs += [(start, RING_SPACE, "pending"), (0, end, "pending")]
-        pending = [round(s.get("pending", 0.0), 4) for s in fold_arcs(pending_arcs, RING_SLICES)]
+        pending = ring_pending(self.handoff.blocked, RING_SLICES) if self.handoff.waiting() else [0.0] * RING_SLICES
         return {"slices": self._slices[1], "pending": pending}
 
     def cluster_status(self, *, detail: bool = False) -> dict[str, Any]:
@@ -691,6 +685,13 @@ def ring_slices(ring: Ring, slices: int, samples: int = SLICE_SAMPLES) -> list[d
             counts[owner] = counts.get(owner, 0) + 1
         out.append({node: round(n / samples, 4) for node, n in counts.items()})
     return out
+
+
+def ring_pending(blocked: Callable[[int], bool], slices: int, samples: int = SLICE_SAMPLES) -> list[float]:
+    """The fraction of each slice of the ring that waits for a hand-off, from the same sampled positions."""
+    step = RING_SPACE // (slices * samples)
+    return [sum(1 for i in range(k * samples, (k + 1) * samples) if blocked(i * step + step // 2)) / samples
+            for k in range(slices)]
 
 
 def status_report(seq: int, d: dict[str, Any]) -> StatusReport:

@@ -119,6 +119,13 @@ class _ArcSet:
     def __init__(self, arcs: Iterable[tuple[int, int]]) -> None:
         self.arcs = sorted(arcs)
         self.starts = [start for start, _ in self.arcs]
+        self._length: int | None = None
+
+    def length(self) -> int:
+        """The positions the arcs cover (equal bounds: the whole ring); computed once, on first use."""
+        if self._length is None:
+            self._length = sum((end - start) % RING_SPACE or RING_SPACE for start, end in self.arcs)
+        return self._length
 
     def __contains__(self, position: int) -> bool:
         return self.find(position) is not None
@@ -478,8 +485,7 @@ class Handoff:
         incoming ones, (peer, False, 0.0, chunks not yet acknowledged) for outgoing ones."""
         awaited: dict[str, int] = {}
         for (peer, _epoch), arcs in self._pending.items():
-            awaited[peer] = awaited.get(peer, 0) + sum((end - start) % RING_SPACE or RING_SPACE
-                                                       for start, end in arcs.arcs)
+            awaited[peer] = awaited.get(peer, 0) + arcs.length()
         sending: dict[str, int] = {}
         for transfer in self._outgoing.values():
             sending[transfer.peer] = sending.get(transfer.peer, 0) + len(transfer.chunks)
