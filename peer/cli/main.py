@@ -240,6 +240,8 @@ def peerctl_main(argv: Sequence[str] | None = None) -> int:
     def target(p: argparse.ArgumentParser) -> None:
         p.add_argument("--control", metavar="HOST:PORT", help="the node's control address")
         p.add_argument("--data-dir", dest="data_dir", metavar="DIR", help="find the node by its data dir")
+        p.add_argument("--token-file", dest="token_file", metavar="FILE",
+                       help="the node's control token (default: DIR/control.token, or PEERCRAWL_CONTROL_TOKEN)")
 
     p = sub.add_parser("status", help="a node's counters: pages, rate, queues, errors (--cluster: every member)")
     target(p)
