@@ -161,7 +161,7 @@ class TcpTransport:
                 with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
                     await stream.do_handshake()  # type: ignore[attr-defined]
             except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError) as exc:
-                log.info("inbound TLS handshake refused: %s", exc.__cause__ or exc)
+                log.debug("inbound TLS handshake refused: %s", exc.__cause__ or exc)
                 await trio.aclose_forcefully(stream)
                 return
             await handler(stream)
