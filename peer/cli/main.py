@@ -140,8 +140,17 @@ def _peerd_config(args: argparse.Namespace) -> int:
     cfg = _config_from(args)
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
-        print(f"{f.name} = {json.dumps(value)}    # {FIELDS.get(f.name, '')}")
+        if f.name in SECRET_SETTINGS and value:
+            # The output is pasted into tickets and chats: a secret is shown only as set, never its value.
+            shown = json.dumps(f"<set: {len(value.encode())} bytes, not shown>")
+        else:
+            shown = json.dumps(value)
+        print(f"{f.name} = {shown}    # {FIELDS.get(f.name, '')}")
     return 0
+
+
+#: Settings `peerd config` never prints.
+SECRET_SETTINGS = frozenset({"cluster_secret", "control_token"})
 
 
 def peerd_main(argv: Sequence[str] | None = None) -> int:
