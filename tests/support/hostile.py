@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 import brotli
 import trio
 
-__all__ = ["BOMB_SIZE", "HOSTILE_PAGES", "HostileWeb", "serve_hostile"]
+__all__ = ["BOMB_SIZE", "HANG_PATH", "HOSTILE_PAGES", "HostileWeb", "serve_hostile"]
 
 #: What each decompression bomb inflates to: 25 times the default 10 MiB page limit, from a few KB at most.
 BOMB_SIZE = 256 << 20
+#: Never answered (not linked from the index): a URL that is in flight whenever the node is killed.
+HANG_PATH = "/hang.html"
 #: Links on /links.html (the page itself is about 8 MB, under the default 10 MiB body limit).
 LINK_COUNT = 250_000
 _MIB = bytes(1 << 20)
@@ -152,6 +154,8 @@ async def _serve_one(stream: trio.SocketStream, web: HostileWeb, table: dict[str
             return
         path = parts[1]
         web.log.append(path)
+        if path == HANG_PATH:
+            await trio.sleep_forever()  # a request that never ends: the node is stopped while it is in flight
         page = table.get(path) or Page(404, (("Content-Type", "text/plain"),), b"not here", "not found")
         reason = {200: "OK", 302: "Found", 404: "Not Found", 429: "Too Many Requests", 503: "Service Unavailable"}
         lines = [f"HTTP/1.1 {page.status} {reason.get(page.status, 'X')}"]
