@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import ipaddress
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ from storage import StorageError, open_page_store
 from peer.cluster.cluster import Cluster, ClusterError
 from peer.cluster.discovery import DiscoveryError, srv_seeds
 from peer.cluster.transport import TransportError
-from peer.config import Config, ConfigError, parse_address, read_secret, read_seeds
+from peer.config import Config, ConfigError, parse_address, read_control_token, read_secret, read_seeds
 from peer.control import Reply, json_reply, load_or_create_token, serve_control
 from peer.crawl.crawler import Crawler
 from peer.crawl.seenstores import open_node_store
@@ -233,12 +234,18 @@ class Node:
                     cluster.attach(crawler)
                 recovered = crawler.restore()
                 self._record_dropped(crawler.dropped_urls)
+                configured = read_control_token(cfg)
                 try:
-                    token = load_or_create_token(self.data_dir, cfg.control_token or None)
+                    token = load_or_create_token(self.data_dir, configured)
                 except (OSError, ValueError) as exc:
                     raise ConfigError(f"control token: {exc}") from exc
                 async with trio.open_nursery() as nursery:
                     chost, cport = parse_address(cfg.control, "control")
+                    if configured is None and not _is_loopback(chost):
+                        # A token nobody chose is only in this data dir: then only this machine may ask.
+                        log.warning("control endpoint kept on loopback: set control_token or control_token_file "
+                                    "to listen on %s", chost, extra={"control": cfg.control})
+                        chost = "127.0.0.1"
                     self.control_port = await nursery.start(
                         functools.partial(serve_control, chost, cport, self._routes(), token=token)
                     )
@@ -370,3 +377,12 @@ async def run_node(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> int:
     except ConfigError as exc:
         raise NodeError(str(exc)) from exc
     return await node.run(task_status=task_status)
+
+
+def _is_loopback(host: str) -> bool:
+    if host.strip("[]").lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

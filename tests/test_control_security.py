@@ -123,3 +123,22 @@ async def test_peerctl_reads_the_token_from_the_data_dir(nursery: trio.Nursery, 
     os.chmod(tmp_path / TOKEN_FILE, 0o600)
     assert await trio.to_thread.run_sync(peerctl_main, ["stop", "--data-dir", str(tmp_path)]) == 0
     assert calls == ["stop"]
+
+
+async def test_without_a_token_set_the_control_endpoint_stays_on_loopback(tmp_path: Path) -> None:
+    """What the container image relies on: PEERCRAWL_CONTROL=0.0.0.0:7410 binds loopback until a token is set."""
+    from peer.config import load
+    from peer.node import Node
+
+    for token, expected in ((None, "127.0.0.1"), ("operator-token-0123456789", "0.0.0.0")):
+        data = tmp_path / (token or "none")
+        flags = {"node_id": "loop", "data_dir": str(data), "control": "0.0.0.0:0", "listen": "127.0.0.1:0",
+                 "exit_when_done": False}
+        env = {"PEERCRAWL_CONTROL_TOKEN": token} if token else {}
+        node = Node(load(env=env, flags=flags))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.run)
+            host = (data / "control.addr").read_text().strip().rsplit(":", 1)[0]
+            node.request_stop()
+        assert host == expected
+        assert (data / TOKEN_FILE).read_text().strip() == (token or (data / TOKEN_FILE).read_text().strip())

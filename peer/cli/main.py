@@ -68,6 +68,8 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--control", help="control/metrics address HOST:PORT; port 0 picks one (default 127.0.0.1:7410)")
     g.add_argument("--data-dir", dest="data_dir", help="directory for all durable state (default ./peercrawl-data)")
     k = p.add_argument_group("cluster (a node without a secret runs standalone)")
+    g.add_argument("--control-token-file", dest="control_token_file", metavar="FILE",
+                   help="file holding the control endpoint's token; without a token set, control stays on loopback")
     k.add_argument("--cluster-secret-file", dest="cluster_secret_file", metavar="FILE",
                    help="file holding the cluster secret (>= 16 bytes); or set PEERCRAWL_CLUSTER_SECRET")
     k.add_argument("--join", dest="join", action="append", metavar="HOST:PORT",
