@@ -174,3 +174,47 @@ async def test_a_url_in_flight_at_three_kills_in_a_row_is_dropped_and_recorded(t
     records = log_records(log)
     assert any(r.get("url") == seed and "dropped" in r.get("msg", "") for r in records)
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("120", 120.0), (" 7 ", 7.0), ("\u0661\u0662", None), ("\u00b2", None), ("\u0967", None), ("9" * 400, 999999999999.0),
+     ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0), ("soon", None), ("", None)],
+)
+def test_retry_after_reads_only_ascii_seconds_or_a_date(value: str, seconds: float | None) -> None:
+    """str.isdigit() is true of '١٢' and '²'; int() fails on '²' and reads '١٢' as 12: neither is HTTP."""
+    from peer.crawl.crawler import _retry_after
+    from peer.fetch.http import Response
+
+    resp = Response(url="http://h/", status=503, reason="", headers=[("retry-after", value)], body=b"", ip="",
+                    truncated=False, elapsed=0.0, request_headers=[])
+    assert _retry_after(resp, now=2_000_000_000.0) == seconds
+
+
+async def test_a_page_of_a_quarter_million_links_is_parsed_off_the_event_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    import peer.crawl.crawler as crawler_module
+
+    real_extract = crawler_module.extract
+    threads: dict[str, bool] = {}
+
+    def extract(body: bytes, url: str, ctype: str | None):
+        threads[url.rsplit("/", 1)[1]] = threading.current_thread() is threading.main_thread()
+        return real_extract(body, url, ctype)
+
+    monkeypatch.setattr(crawler_module, "extract", extract)
+    async with trio.open_nursery() as nursery:
+        web = await nursery.start(serve_hostile)
+        cfg = load(env={}, flags={
+            "node_id": "links", "data_dir": str(tmp_path / "node"), "control": "127.0.0.1:0",
+            "listen": "127.0.0.1:0", "seeds": [web.url("/links.html"), web.url("/bad-charset.html")],
+            "allow_private": True, "delay": 0.02, "exit_when_done": True,
+        })
+        node = Node(cfg)
+        with trio.fail_after(120):
+            await node.run()
+        nursery.cancel_scope.cancel()
+    # The 8 MB page went to a worker thread; a small one stayed on the event loop (parse_in_thread is off).
+    assert threads == {"links.html": False, "bad-charset.html": True}
