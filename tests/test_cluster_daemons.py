@@ -132,7 +132,7 @@ async def test_four_nodes_join_leave_and_kill_lose_nothing(tmp_path):
             leave = await trio.to_thread.run_sync(
                 lambda: subprocess.run(
                     [sys.executable, "-c", "import sys; from peer.cli.main import peerctl_main; sys.exit(peerctl_main())",
-                     "leave", "--control", cluster.control("C"), "--timeout", "120"],
+                     "leave", "--data-dir", str(cluster.tmp / "C"), "--timeout", "120"],
                     capture_output=True, text=True, timeout=150, env=child_env()))
             assert leave.returncode == 0, leave.stdout + leave.stderr
             with trio.fail_after(90):
