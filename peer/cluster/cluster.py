@@ -546,6 +546,10 @@ class Cluster:
                 "waits_expired": h.waits_expired, "hosts_swept": self.hosts_swept,
             },
             "replica": self.replicas.status(),
+            # inbound connections refused before or in the handshake, by reason (each logged at debug only),
+            # and connections closed because handling a peer's message raised
+            "links": {"refused_inbound": dict(self.links.refused), "handshake_failures": self.links.handshake_failures,
+                      "handler_errors": self.links.handler_errors},
             "view_changes": self.view_changes,
             "leaving": self.leaving,
             "done": me.idle,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import trio
 
-from storage import HostState, LruTtlCache, QueuedUrl
+from storage import HostState, LruTtlCache, QueuedUrl, StorageError
 
 from peer.config import Config
 from peer.crawl.links import extract, is_html
@@ -50,6 +50,10 @@ _RETRY_ERRORS = frozenset(("connect", "timeout"))
 #: Past it the memory starts over; the dedup store stays the authority, so that only costs look-ups.
 _SEEN_CACHE_SIZE = 200_000
 
+
+#: A page larger than this is parsed in a worker thread even without ``parse_in_thread``: a million links take
+#: lxml about 0.7 s, longer than the membership probe timeout, and the event loop must keep answering.
+_THREAD_PARSE_BYTES = 512 * 1024
 
 #: A host whose arc's hand-off has not arrived is looked at again this often.
 _BLOCKED_RECHECK = 0.25
@@ -108,6 +112,9 @@ class Crawler:
         self.active = 0
         self._draining = False
         self.store_types = tuple(t.lower() for t in cfg.store_types)
+        self._current: dict[str, QueuedUrl] = {}  # host -> the URL its turn is working on
+        #: URLs given up because the node stopped while fetching them, max_crashes times in a row (this run).
+        self.dropped_urls: list[str] = []
 
     # ------------------------------------------------------------------ admission
 
@@ -194,8 +201,16 @@ class Crawler:
 
     def restore(self) -> int:
         """After a restart: in-flight URLs go back to their queues and every host with work is scheduled,
-        keeping its saved politeness state (wall-clock times are turned into trio times)."""
-        recovered = self.frontier.recover()
+        keeping its saved politeness state (wall-clock times are turned into trio times).
+
+        A URL that was in flight at ``cfg.max_crashes`` stops in a row is dropped instead: it may be what stopped
+        the node. It is logged, counted (``errors{kind="crash-loop"}``) and recorded in ``dropped_urls``."""
+        recovered, dropped = self.frontier.recover_in_flight(max_crashes=self.cfg.max_crashes)
+        for item in dropped:
+            self.stats.errors["crash-loop"] += 1
+            self.dropped_urls.append(item.url)
+            log.error("URL dropped: it was being fetched at %d stops of the node in a row", self.cfg.max_crashes,
+                      extra={"url": item.url, "host": item.host})
         now, wall = trio.current_time(), self.wallclock()
         for st in self.frontier.states():
             t = self.sched.turn(st.host)
@@ -325,13 +340,36 @@ class Crawler:
                 self.active += 1
                 try:
                     await self._host_turn(turn)
+                except Exception as exc:  # noqa: BLE001 - one host's input must not end the node
+                    self._contain(turn, exc)
                 finally:
+                    self._current.pop(turn.host, None)
                     self.active -= 1
                     if self.owns is not None and turn.host in self._pending and not self.owns(turn.host):
                         self.frontier.requeue([self._pending.pop(turn.host)])  # moved: into the hand-off
                     more = turn.host in self._pending or self.frontier.queued(turn.host) > 0
                     self.sched.release(turn, trio.current_time(), more_work=more)
                     self._wakeup.set()
+
+    def _contain(self, turn: HostTurn, exc: Exception) -> None:
+        """An unexpected exception in one host's turn: log it with the URL, count it, finish the URL and back the
+        host off, so whatever the host sent costs that URL and a pause of that host, never the node. A storage
+        fault is the disk's, not the host's: it still ends the node (with its message)."""
+        if isinstance(exc, StorageError):
+            raise exc
+        item = self._current.get(turn.host)
+        self.stats.errors["internal"] += 1
+        log.error("internal error in the turn of host %s; URL finished, host backed off", turn.host,
+                  exc_info=exc, extra={"host": turn.host, "url": item.url if item is not None else None})
+        if item is not None:
+            if self._pending.get(turn.host) == item:
+                del self._pending[turn.host]
+            self._retries.pop(item.url, None)
+            self.frontier.done(item)
+        turn.failures += 1
+        turn.backoff = min(self.cfg.max_backoff, max(self.cfg.delay, 1.0) * 2 ** min(turn.failures, 16))
+        self._schedule_after_request(turn)
+        self._save_state(turn)
 
     # ------------------------------------------------------------------ one host turn
 
@@ -341,6 +379,7 @@ class Crawler:
             item = self._pending.pop(host, None) or self.frontier.pop(host)
             if item is None:
                 return
+            self._current[host] = item
             if self.cfg.max_pages_per_host >= 0 and turn.pages >= self.cfg.max_pages_per_host:
                 self.stats.skipped["max-pages-per-host"] += 1
                 self.frontier.done(item)
@@ -456,7 +495,7 @@ class Crawler:
             ctype = _header(resp, "content-type")
             self._store(resp, ctype)
             if is_html(ctype):
-                if self.cfg.parse_in_thread:
+                if self.cfg.parse_in_thread or len(resp.body) > _THREAD_PARSE_BYTES:
                     page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype)
                 else:
                     page = extract(resp.body, item.url, ctype)
@@ -501,6 +540,7 @@ class Crawler:
             body=resp.body,
             ip=resp.ip,
             fetched_at=self.wallclock(),
+            truncated=resp.truncated,
         )
         self.stats.stored += 1
 
@@ -546,7 +586,11 @@ def _retry_after(resp: Response, now: float) -> float | None:
         return None
     value = value.strip()
     if value.isdigit():
-        return float(value)
+        # str.isdigit is true of other scripts' digits and of '²', which int() cannot read or reads as a number
+        # the server did not mean: only ASCII delta-seconds count, and a huge one is capped (by max_backoff later).
+        if not value.isascii():
+            return None
+        return float(int(value[:12]))
     try:
         when = email.utils.parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError, IndexError, OverflowError):
