@@ -45,6 +45,12 @@ _MAX_SLOTS = 65_535
 _from_bytes = int.from_bytes
 
 
+def _bucket_shift(count: int) -> int:
+    """64 minus the bucket bits for a ring of ``count`` points: two to four points per bucket (their 16-32 bytes
+    share a cache line, so the bisect within a bucket costs one memory access), at most 2**22 buckets."""
+    return 64 - min(_MAX_BUCKET_BITS, max(4, (count // 4).bit_length()))
+
+
 class EmptyRingError(LookupError):
     """A lookup on a ring with no nodes: the caller asked before any member could own anything."""
 
@@ -129,25 +135,32 @@ class Ring:
         self._install(pos, slot, list(nodes))
 
     def _install(self, pos: np.ndarray, slot: np.ndarray, slots: list[str | None]) -> None:
-        """Adopt sorted positions and their owners' slots; derive the bucket table and the lookup views."""
-        count = len(pos)
-        after = np.empty(count + 1, dtype=np.uint16)
+        """Adopt sorted positions and their owners' slots (a fresh build)."""
+        after = np.empty(len(pos) + 1, dtype=np.uint16)
         after[1:] = slot
-        after[0] = slot[-1] if count else 0
+        self._adopt(pos, after, slots, None)
+
+    def _adopt(self, pos: np.ndarray, after: np.ndarray, slots: list[str | None],
+               buckets: tuple[int, np.ndarray] | None) -> None:
+        """Adopt sorted positions and the owner array shifted by one (``after[0]`` is set here); ``buckets`` is a
+        bucket table already made for these points, with its shift, or None to count them."""
+        count = len(pos)
+        after[0] = after[-1] if count else 0
         self._pos = pos
         self._after = after
         self._slots = slots if count else _NoOwner()
         self._slot_of = {node: index for index, node in enumerate(slots) if node is not None}
         self._count = count
-        bucket_bits = min(_MAX_BUCKET_BITS, max(4, (2 * count).bit_length()))
-        self._shift = 64 - bucket_bits
-        per_bucket = np.bincount((pos >> np.uint64(self._shift)).astype(np.intp), minlength=1 << bucket_bits)
-        buckets = np.zeros((1 << bucket_bits) + 1, dtype=np.uint32)
-        np.cumsum(per_bucket, out=buckets[1:])
-        self._buckets = buckets
+        if buckets is None or buckets[0] != _bucket_shift(count):
+            shift = _bucket_shift(count)
+            per_bucket = np.bincount((pos >> np.uint64(shift)).astype(np.intp), minlength=1 << (64 - shift))
+            table = np.zeros((1 << (64 - shift)) + 1, dtype=np.uint32)
+            np.cumsum(per_bucket, out=table[1:])
+            buckets = (shift, table)
+        self._shift, self._buckets = buckets
         self._points = memoryview(pos)
         self._after_view = memoryview(after)
-        self._bucket_view = memoryview(buckets)
+        self._bucket_view = memoryview(self._buckets)
 
     def with_weights(self, weights: Mapping[str, int]) -> Ring:
         """The ring of ``weights`` (same points per weight), derived from this one: only the points of nodes that
@@ -165,12 +178,21 @@ class Ring:
         ring._nodes = tuple(sorted(weights))
         ring._weights = {node: weights[node] for node in ring._nodes}
         ring._ppw = self._ppw
-        pos, slot = self._pos, self._after[1:]
-        slots = list(self._slots)
+        pos, after, slots = self._pos, self._after, list(self._slots)
+        shift, table = self._shift, self._buckets
+        bucket_delta = np.zeros(len(table) - 1, dtype=np.int32)
         gone = [self._slot_of[node] for node in changed if node in self._weights]
         if gone:
-            keep = ~np.isin(slot, np.array(gone, dtype=np.uint16))
-            pos, slot = pos[keep], slot[keep]
+            owners = after[1:]
+            drop = owners == gone[0] if len(gone) == 1 else np.isin(owners, np.array(gone, dtype=np.uint16))
+            bucket_delta -= np.bincount((pos[drop] >> np.uint64(shift)).astype(np.intp),
+                                        minlength=len(bucket_delta)).astype(np.int32)
+            keep = ~drop
+            kept = int(np.count_nonzero(keep))
+            pos = np.compress(keep, pos)
+            trimmed = np.empty(kept + 1, dtype=np.uint16)
+            np.compress(keep, owners, out=trimmed[1:])
+            after = trimmed
             for index in gone:
                 slots[index] = None
         arriving = [node for node in changed if node in weights]
@@ -193,11 +215,25 @@ class Ring:
             hit = at < len(pos)
             if np.any(pos[at[hit]] == add_pos[hit]) or np.any(add_pos[1:] == add_pos[:-1]):
                 return Ring(weights, points_per_weight=self._ppw)  # a point shared with another: order by id
-            pos = np.insert(pos, at, add_pos)
-            slot = np.insert(slot, at, add_slot)
-        else:
-            pos, slot = pos.copy(), slot.copy()
-        ring._install(pos, slot, slots)
+            bucket_delta += np.bincount((add_pos >> np.uint64(shift)).astype(np.intp),
+                                        minlength=len(bucket_delta)).astype(np.int32)
+            # where each new point lands in the merged arrays, and where the old ones go
+            landing = at + np.arange(len(at))
+            is_new = np.zeros(len(pos) + len(add_pos), dtype=bool)
+            is_new[landing] = True
+            merged = np.empty(len(is_new), dtype=np.uint64)
+            merged[landing] = add_pos
+            merged[~is_new] = pos
+            grown = np.empty(len(is_new) + 1, dtype=np.uint16)
+            owners = grown[1:]
+            owners[landing] = add_slot
+            owners[~is_new] = after[1:]
+            pos, after = merged, grown
+        # the counts below each bucket move by the points added and removed (uint32 arithmetic wraps, and the
+        # true result is in range, so adding a negative change cast to uint32 is exact)
+        table = table.copy()
+        table[1:] += np.cumsum(bucket_delta, dtype=np.int32).view(np.uint32)
+        ring._adopt(pos, after, slots, (shift, table))
         return ring
 
     # -- lookups -------------------------------------------------------------------------------------------
