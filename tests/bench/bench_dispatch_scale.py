@@ -1,5 +1,5 @@
 """Dispatch at 10, 100 and 1,000 nodes: frames and bytes per URL, and how long a URL waits, with the batching
-that waits one interval per 16 peers against the fixed 200 ms timer, in the same run.
+that waits one interval per 12 peers against the fixed 200 ms timer, in the same run.
 
 Run: ``python -m tests.bench.bench_dispatch_scale [--sizes 10 100 1000] [--rate 2000] [--seconds 60]``.
 
@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()
     policies = {"fixed 200 ms timer": DispatchConfig(peers_per_interval=10**9),
-                "one interval per 16 peers (default)": DispatchConfig()}
+                "one interval per 12 peers (default)": DispatchConfig()}
     print(f"dispatch: {args.rate} links/s for {args.seconds:g} virtual s, batch_size 500, interval 200 ms")
     for label, config in policies.items():
         print(f"  {label}:")
