@@ -21,6 +21,7 @@ import time
 import tracemalloc
 from array import array
 
+from peer.cluster.handoff import handoff_arcs
 from ring import Ring, diff, host_position
 
 
@@ -128,11 +129,11 @@ def view_change(total_weight: int = 10_000, ppw: int = 1000) -> None:
           f"points_per_weight {ppw}); full build {build_wall:.2f} s")
     for label, after in (("join of weight 150", {**weights, "joiner": 150}),
                          ("leave of weight 150+", {k: v for k, v in weights.items() if k != "n0002"})):
-        def change():
+        def change():  # what a node computes for a view change (peer/cluster/cluster.py)
             new = ring.with_weights(after)
-            return new, diff(ring, new)
+            return new, handoff_arcs(diff(ring, new))
         (new, moves), wall, cpu = best_of(change, 3)
-        print(f"  {label:22s} ring + diff {wall * 1000:6.1f} ms wall {cpu * 1000:6.1f} ms CPU ({len(moves):,} arcs)"
+        print(f"  {label:22s} ring + diff + hand-off arcs {wall * 1000:6.1f} ms wall {cpu * 1000:6.1f} ms CPU ({len(moves):,} arcs)"
               f"   target <= 100 ms CPU")
 
 
