@@ -71,6 +71,11 @@ class _Owners:
         self.ring = ring
         self._cache: dict[str, str] = {}
 
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The ring's node ids (the dispatcher sizes its batching wait by them)."""
+        return self.ring.nodes
+
     def owner(self, host: str) -> str:
         try:
             return self._cache[host]
