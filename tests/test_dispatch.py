@@ -448,3 +448,30 @@ async def test_view_change_mid_flight_reroutes_and_loses_nothing(tmp_path, seed,
         assert count == 1 or (count == 2 and url in c.mine), url
     for node in nodes:
         node.store.close()
+
+
+async def test_a_partial_batch_waits_one_interval_per_twelve_peers(store, autojump_clock):
+    """With 39 peers each owner gets a fortieth of the links: a partial batch waits four ticks, not one, so
+    batches keep their size as the fleet grows; a full batch still leaves at once."""
+    ring40 = Ring({"a": 100, **{f"p{i:02d}": 100 for i in range(39)}}, points_per_weight=10)
+    links = FakeLinks()
+    config = DispatchConfig(batch_size=4, interval=0.2, resend_after=50.0)
+    d = Dispatcher("a", store, links, ring_of=lambda: (1, ring40), config=config)
+    hosts = owned_hosts(ring40, "p07", 6)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        start = trio.current_time()
+        await trio.sleep(0.05)
+        for host in hosts[:2]:
+            d.route(host, Link(f"http://{host}/", 1))
+        await trio.sleep(0.7)  # ticks at 0.2 (stored), 0.4, 0.6: still waiting
+        assert batches(links) == []
+        await trio.sleep(0.1)  # the tick at 0.8: stored 0.6 s ago
+        [(t, peer, batch)] = batches(links)
+        assert (t - start, peer, len(batch.urls)) == (pytest.approx(0.8), "p07", 2)
+        for i in range(4):
+            d.route(hosts[2], Link(f"http://{hosts[2]}/{i}", 1))
+        await trio.sleep(0.001)
+        assert [len(b.urls) for _, _, b in batches(links)] == [2, 4]  # full: at once
+        assert batches(links)[1][0] - start == pytest.approx(0.85)  # the moment the 4th URL was routed
+        nursery.cancel_scope.cancel()

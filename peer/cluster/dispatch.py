@@ -50,6 +50,10 @@ class DispatchConfig:
     batch_size: int = 500
     # A partial batch waits at most 200 ms (the design's timer): few messages, and links reach owners quickly.
     interval: float = 0.2
+    # ... per 12 peers: with n peers each owner gets 1/n of the links, so a partial batch may wait one interval
+    # per 12 peers (200 ms up to 12 peers, 1.8 s at 100, 16.8 s at 1,000) and batches keep about the same size
+    # (docs/cluster.md: frames per URL at 10, 100 and 1,000 nodes within 2x). Full batches never wait.
+    peers_per_interval: int = 12
     # An unacked batch is sent again after 5 s: an ack needs one store commit and an fsync, far less than that.
     resend_after: float = 5.0
     # 100,000 fingerprints (about 10 MB) cover the popular links of a wide crawl (site-wide menus, footers).
@@ -61,8 +65,8 @@ class DispatchConfig:
     ack_delay: float = 0.02
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.window < 1 or self.recent_size < 0:
-            raise ValueError("dispatch batch_size and window must be >= 1, recent_size >= 0")
+        if self.batch_size < 1 or self.window < 1 or self.recent_size < 0 or self.peers_per_interval < 1:
+            raise ValueError("dispatch batch_size, window and peers_per_interval must be >= 1, recent_size >= 0")
         if self.interval <= 0 or self.resend_after <= 0:
             raise ValueError("dispatch interval and resend_after must be > 0 seconds")
 
@@ -102,6 +106,7 @@ class _Batch:
 class _Owner:
     cursor: int = 0  # the highest outbox seq put in a batch by this process
     pending: int = 0  # entries beyond the cursor, as far as we know (used to flush full batches early)
+    since: float | None = None  # when the oldest of those entries was stored here (None: unknown, send now)
     inflight: dict[int, _Batch] = field(default_factory=dict)
 
 
@@ -203,8 +208,11 @@ class Dispatcher:
 
     def _stored(self, routed: Sequence[tuple[str, QueuedUrl]]) -> None:
         full = False
+        now = trio.current_time()
         for owner, _ in routed:
             state = self._owner(owner)
+            if not state.pending and state.since is None:
+                state.since = now
             state.pending += 1
             full = full or state.pending >= self.config.batch_size
         if full:
@@ -249,9 +257,14 @@ class Dispatcher:
         (only full ones when `full_only`)."""
         self.flush_staged()
         self._check_view()
+        peers = max(0, len(self.ring_of()[1].nodes) - 1)
+        # links are stored at the tick after they were found, so a partial batch stored that many intervals ago
+        # goes now: with up to peers_per_interval peers, at the tick that stores it (the design's timer)
+        waited = self.config.interval * (math.ceil(peers / self.config.peers_per_interval) - 1)
         for owner, state in list(self._owners.items()):
             self._resend(owner, state, now)
-            self._send_new(owner, state, now, full_only=full_only)
+            young = state.since is not None and now - state.since < waited - 1e-9
+            self._send_new(owner, state, now, full_only=full_only or young)
 
     def _check_view(self, *, force: bool = False) -> None:
         epoch, ring = self.ring_of()
@@ -309,13 +322,14 @@ class Dispatcher:
                 return
             entries = self.store.outbox.take(owner, size, after=state.cursor)
             if not entries:
-                state.pending = 0
+                state.pending, state.since = 0, None
                 return
             if full_only and len(entries) < size:
                 state.pending = len(entries)
                 return
             state.cursor = entries[-1][0]
             state.pending = max(0, state.pending - len(entries))
+            state.since = now if state.pending else None
             self._batches += 1
             seq = (self._run << 32) | (self._batches & 0xFFFFFFFF)
             sent = self._send(owner, seq, entries)

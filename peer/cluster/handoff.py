@@ -76,8 +76,9 @@ def handoff_arcs(moves: Iterable[ArcMove]) -> list[ArcMove]:
             and (first.previous, first.next) == (final.previous, final.next)
         ):
             arcs = [ArcMove(start=final.start, end=first.end, previous=first.previous, next=first.next), *arcs[1:-1]]
-    return [
-        ArcMove(start=a.start, end=a.end % RING_SPACE, previous=a.previous, next=a.next) for a in arcs
+    return [  # moves are immutable: only one ending at 2**64 needs a new record
+        a if a.end < RING_SPACE else ArcMove(start=a.start, end=a.end % RING_SPACE, previous=a.previous, next=a.next)
+        for a in arcs
     ]
 
 

@@ -61,6 +61,10 @@ class MembershipConfig:
     retransmit_mult: int = 4
     # Full-view exchange with one random member: repairs whatever gossip missed (memberlist uses 30 s).
     sync_interval: float = 10.0
+    # ... stretched by (live members / sync_members) past that many: a full view of n members costs n records, so
+    # the cluster as a whole then does sync_members / sync_interval (1.6) syncs a second and a node's sync bytes
+    # per second stay flat as the fleet grows (every Ping still compares epochs and pulls a view that differs).
+    sync_members: int = 16
     # Retry one dead member this often, so the two sides of a healed partition find each other (serf: 30 s).
     reconnect_interval: float = 10.0
 
@@ -74,7 +78,7 @@ class MembershipConfig:
                 f"probe_timeout ({self.probe_timeout}) must be below probe_interval ({self.probe_interval}): "
                 "the rest of the interval is for indirect probes"
             )
-        for name in ("indirect_probes", "gossip_fanout", "retransmit_mult"):
+        for name in ("indirect_probes", "gossip_fanout", "retransmit_mult", "sync_members"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
 
@@ -395,7 +399,8 @@ class Membership:
 
     async def _sync_loop(self) -> None:
         while True:
-            await trio.sleep(self.config.sync_interval * self._rng.uniform(0.5, 1.5))
+            stretch = max(1.0, (len(self._live_peers()) + 1) / self.config.sync_members)
+            await trio.sleep(self.config.sync_interval * stretch * self._rng.uniform(0.5, 1.5))
             peers = self._live_peers()
             if peers and not self._left:
                 self._send(self._rng.choice(peers).node_id, self._full_gossip())
