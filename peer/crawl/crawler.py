@@ -28,7 +28,7 @@ from storage import HostState, LruTtlCache, QueuedUrl, StorageError
 
 from peer.config import Config
 from peer.crawl.links import extract, is_html
-from peer.crawl.robots import RobotsDecision, decide
+from peer.crawl.robots import RobotsDecision, decide, product_token
 from peer.crawl.scheduler import HostScheduler, HostTurn
 from peer.crawl.seams import Link, Ownership, PageFetcher, Solo
 from peer.crawl.urls import Scope, host_of_normalized, normalize, origin_of_normalized
@@ -95,6 +95,7 @@ class Crawler:
         self.stop_when_done = cfg.exit_when_done and self.ownership.solo
         self.wallclock = wallclock
         self.user_agent = cfg.full_user_agent()
+        self.robots_agent = product_token(self.user_agent)  # the name robots.txt groups are matched against
         self.scope = Scope(
             allowed_hosts=cfg.allowed_hosts,
             denied_hosts=cfg.denied_hosts,
@@ -392,7 +393,7 @@ class Crawler:
                 await self._fetch_robots(turn, origin)
                 return
             path = _path_of(item.url, origin)
-            if not decision.robots.can_fetch(self.user_agent, path):
+            if not decision.robots.can_fetch(self.robots_agent, path):
                 self.stats.skipped["robots" if decision.kind == "parsed" else "robots-unavailable"] += 1
                 self.frontier.done(item)
                 continue
@@ -453,7 +454,7 @@ class Crawler:
                 return
         self._robots_failures.pop(origin, None)
         self.robots.put(origin, decision, decision.expires_at)
-        delay = decision.robots.crawl_delay(self.user_agent)
+        delay = decision.robots.crawl_delay(self.robots_agent)
         turn.crawl_delay = float(delay) if delay else 0.0
         turn.backoff = 0.0
         self._schedule_after_request(turn)
