@@ -75,6 +75,8 @@ class Config:
     dns_min_ttl: float = 60.0
     dns_max_ttl: float = 1800.0
     robots_cache_size: int = 100_000
+    sitemaps: bool = True
+    sitemap_xml: bool = False
     # storage
     dedup: str = "lmdb"
     dedup_expected: int = 10_000_000
@@ -153,6 +155,8 @@ FIELDS: dict[str, str] = {
     "dns_min_ttl": "60 s floor: very short TTLs would make the cache useless",
     "dns_max_ttl": "1800 s ceiling: the refresh period of the resolver study",
     "robots_cache_size": "robots.txt decisions kept for this many origins (each up to 24 h)",
+    "sitemaps": "read the sitemaps robots.txt names: the site's own list of its pages, with last-modified times",
+    "sitemap_xml": "off: /sitemap.xml is a guess that costs a request on every host whose robots.txt names none",
     "dedup": "lmdb: the seen-set shares the frontier's transactions, so a crash loses nothing",
     "dedup_expected": "URLs a Bloom filter is sized for (--dedup bloom)",
     "dedup_fp_rate": "a Bloom filter's false-positive target: each false positive is a URL never crawled",

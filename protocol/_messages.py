@@ -53,12 +53,15 @@ MEMBER_STATES = ("alive", "suspect", "leaving", "dead")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UrlEntry:
-    """One URL to crawl: its crawl depth, the page it was found on (None for seeds), redirect hops so far."""
+    """One URL to crawl: its crawl depth, the page it was found on (None for seeds), redirect hops so far; the
+    last modification a sitemap gave for it (epoch seconds, or None), and whether it is a sitemap to read."""
 
     url: str
     depth: int
     found_on: str | None
     hops: int
+    lastmod: float | None = None
+    sitemap: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -315,7 +318,9 @@ def _record(cls: type, **kinds: Kind) -> Record:
 
 _U32 = UInt(0, 0xFFFF_FFFF)
 _URL = Text("max_url_length")
-_URL_ENTRY = _record(UrlEntry, url=_URL, depth=_U32, found_on=Maybe(_URL), hops=_U32)
+_URL_ENTRY = _record(
+    UrlEntry, url=_URL, depth=_U32, found_on=Maybe(_URL), hops=_U32, lastmod=Maybe(Seconds()), sitemap=Flag()
+)
 _MEMBER = _record(
     Member,
     node_id=Text(),

@@ -113,6 +113,10 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--store-type", dest="store_types", action="append", metavar="MIME",
                    help="content type to store (repeatable; default text/html and application/xhtml+xml)")
     c.add_argument("--max-body", dest="max_body", type=int, metavar="BYTES", help="body size cap (default 10 MiB)")
+    c.add_argument("--no-sitemaps", dest="sitemaps", action="store_const", const=False,
+                   help="do not read the sitemaps robots.txt names")
+    c.add_argument("--sitemap-xml", dest="sitemap_xml", action="store_const", const=True,
+                   help="read /sitemap.xml of hosts whose robots.txt names no sitemap")
     c.add_argument("--exit-when-done", dest="exit_when_done", action="store_const", const=True,
                    help="exit 0 when the frontier is empty and nothing is in flight")
     n = p.add_argument_group("network")

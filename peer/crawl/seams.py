@@ -15,27 +15,33 @@ from typing import Protocol
 
 from storage import QueuedUrl
 
-from peer.fetch.http import Response
+from peer.fetch.http import BodySink, Response
 
 __all__ = ["Link", "Ownership", "PageFetcher", "Solo"]
 
 
 @dataclass(frozen=True, slots=True)
 class Link:
-    """A URL on its way into the frontier: normalized, with its depth, redirect hops and referrer. What the
-    crawler hands its `Ownership` for a host owned elsewhere."""
+    """A URL on its way into the frontier: normalized, with its depth, redirect hops and referrer; the last
+    modification a sitemap gave for it, and whether it is itself a sitemap to read. What the crawler hands
+    its `Ownership` for a host owned elsewhere."""
 
     url: str
     depth: int
     hops: int = 0
     found_on: str | None = None
+    lastmod: float | None = None
+    sitemap: bool = False
 
 
 class PageFetcher(Protocol):
     """One method: fetch `url` with these request headers and return the response (status, headers, body), or
-    raise `peer.fetch.FetchError` / `peer.fetch.DnsError`."""
+    raise `peer.fetch.FetchError` / `peer.fetch.DnsError`. With a `sink` the body is streamed to it instead
+    (`peer.fetch.http.BodySink`: sitemaps are read as they arrive, never held whole)."""
 
-    async def fetch(self, url: str, *, headers: Sequence[tuple[str, str]] = ()) -> Response: ...
+    async def fetch(
+        self, url: str, *, headers: Sequence[tuple[str, str]] = (), sink: BodySink | None = None
+    ) -> Response: ...
 
 
 class Ownership(Protocol):
