@@ -27,6 +27,7 @@ class Stats:
         self.sitemap_fetches = 0  # sitemap requests (any outcome)
         self.sitemap_urls = 0  # URLs the sitemaps read listed (before scope, robots and dedup)
         self.retries = 0
+        self.address_waits = 0  # host turns put off because their server address had no free lane
         self.stored = 0
         self._samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
 
@@ -61,6 +62,7 @@ class Stats:
             "sitemap_fetches": self.sitemap_fetches,
             "sitemap_urls": self.sitemap_urls,
             "retries": self.retries,
+            "address_waits": self.address_waits,
             "stored": self.stored,
         }
 

@@ -104,6 +104,10 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--max-pages-per-host", dest="max_pages_per_host", type=int, help="(-1: none)")
     c.add_argument("--delay", type=float, help="minimum seconds between requests to one host (default 1.0)")
     c.add_argument("--concurrency", type=int, help="fetches in flight (default 256)")
+    c.add_argument("--ip-connections", dest="ip_connections", type=int, metavar="N",
+                   help="requests in service at once to one server address (default 4; 0: no per-address limits)")
+    c.add_argument("--ip-delay", dest="ip_delay", type=float, metavar="SECONDS",
+                   help="seconds between the end of a request to an address and the next on its lane (default 0)")
     c.add_argument("--user-agent", dest="user_agent", help="product token/version (default peercrawl/0.1)")
     c.add_argument("--contact", help="URL or address for site owners, added to the User-Agent")
     c.add_argument("--store", choices=["warc", "none"], help="page store (default warc)")

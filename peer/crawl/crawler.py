@@ -27,6 +27,7 @@ import trio
 from storage import HostState, LruTtlCache, QueuedUrl, StorageError
 
 from peer.config import Config
+from peer.crawl.addressgate import AddressGate, Lane
 from peer.crawl.links import extract, is_html
 from peer.crawl.robots import RobotsDecision, decide, product_token
 from peer.crawl.scheduler import HostScheduler, HostTurn
@@ -110,6 +111,12 @@ class Crawler:
             max_url_length=cfg.max_url_length,
         )
         self.sched = HostScheduler()
+        # per-address politeness (peer/crawl/addressgate.py): lanes per server address, and the hosts parked
+        # until a lane of their address is given back
+        self.gate = AddressGate(cfg.ip_connections, cfg.ip_delay)
+        self._address_waiters: dict[str, set[str]] = {}
+        self._pinned: dict[str, str] = {}  # host -> the address its turn's request must go to
+        self._requests: dict[str, int] = {}  # host -> requests made in its current turn
         self.robots: LruTtlCache[str, RobotsDecision] = LruTtlCache(cfg.robots_cache_size)
         self._robots_failures: dict[str, int] = {}
         self._pending: dict[str, QueuedUrl] = {}  # host -> URL popped but parked while its robots.txt came in
@@ -357,8 +364,12 @@ class Crawler:
         async with recv:
             async for turn in recv:
                 self.active += 1
+                parked = False
                 try:
-                    await self._host_turn(turn)
+                    if self.gate.active:
+                        parked = await self._gated_turn(turn)
+                    else:
+                        await self._host_turn(turn)
                 except Exception as exc:  # noqa: BLE001 - one host's input must not end the node
                     self._contain(turn, exc)
                 finally:
@@ -366,7 +377,7 @@ class Crawler:
                     self.active -= 1
                     if self.owns is not None and turn.host in self._pending and not self.owns(turn.host):
                         self.frontier.requeue([self._pending.pop(turn.host)])  # moved: into the hand-off
-                    more = turn.host in self._pending or self.frontier.queued(turn.host) > 0
+                    more = not parked and (turn.host in self._pending or self.frontier.queued(turn.host) > 0)
                     self.sched.release(turn, trio.current_time(), more_work=more)
                     self._wakeup.set()
 
@@ -389,6 +400,54 @@ class Crawler:
         turn.backoff = min(self.cfg.max_backoff, max(self.cfg.delay, 1.0) * 2 ** min(turn.failures, 16))
         self._schedule_after_request(turn)
         self._save_state(turn)
+
+    async def _gated_turn(self, turn: HostTurn) -> bool:
+        """A host turn under the per-address limits: take a lane of the host's current address (from the node's
+        DNS cache, so a host whose address changes moves to the new address's lanes), make the turn's request
+        to that address, give the lane back. With no lane free the host waits without a worker: until a lane
+        has rested, or (all in service) parked until one is given back. True if parked."""
+        host = turn.host
+        try:
+            address = await self.fetcher.address(host)
+        except DnsError:
+            await self._host_turn(turn)  # the fetch fails on the same DNS error and is handled as usual
+            return False
+        now = trio.current_time()
+        got = self.gate.try_acquire(address, now)
+        if not isinstance(got, Lane):
+            self.stats.address_waits += 1
+            if math.isinf(got):
+                self._address_waiters.setdefault(address, set()).add(host)
+                return True
+            turn.next_allowed = max(turn.next_allowed, got)
+            return False
+        self._pinned[host] = address
+        self._requests[host] = 0
+        try:
+            await self._host_turn(turn)
+        finally:
+            used = self._requests.pop(host, 0) > 0
+            self._pinned.pop(host, None)
+            end = trio.current_time()
+            self.gate.release(got, end, used=used)
+            waiters = self._address_waiters.pop(address, None)
+            if waiters:
+                free_at = end + self.gate.delay if used else got.before
+                for other in waiters:
+                    t = self.sched.turn(other)
+                    t.next_allowed = max(t.next_allowed, free_at)
+                    self.sched.wake(other, end)
+        return False
+
+    async def _fetch(self, host: str, url: str, **kw) -> Response:
+        """One request of a host turn: counted for the address lane, and sent to the address the lane is for
+        when the URL is on the turn's host."""
+        if host in self._requests:
+            self._requests[host] += 1
+        address = self._pinned.get(host)
+        if address is not None and host_of_normalized(url) == host:
+            return await self.fetcher.fetch(url, address=address, **kw)
+        return await self.fetcher.fetch(url, **kw)
 
     # ------------------------------------------------------------------ one host turn
 
@@ -446,7 +505,7 @@ class Crawler:
         self.stats.robots_fetches += 1
         try:
             while True:
-                resp = await self.fetcher.fetch(url, headers=(("user-agent", self.user_agent),))
+                resp = await self._fetch(turn.host, url, headers=(("user-agent", self.user_agent),))
                 status, body = resp.status, resp.body
                 location = _header(resp, "location")
                 if resp.status in _REDIRECTS and location and hops < 5:
@@ -485,7 +544,7 @@ class Crawler:
     async def _fetch_page(self, turn: HostTurn, item: QueuedUrl) -> None:
         stats = self.stats
         try:
-            resp = await self.fetcher.fetch(item.url, headers=(("user-agent", self.user_agent),))
+            resp = await self._fetch(turn.host, item.url, headers=(("user-agent", self.user_agent),))
         except (FetchError, DnsError) as exc:
             kind = getattr(exc, "kind", "error")
             stats.errors[kind] += 1
@@ -560,7 +619,7 @@ class Crawler:
         headers = (("user-agent", self.user_agent), ("accept-encoding", "identity"))
         stats.sitemap_fetches += 1
         try:
-            resp = await self.fetcher.fetch(item.url, headers=headers, sink=sink)
+            resp = await self._fetch(turn.host, item.url, headers=headers, sink=sink)
         except (FetchError, DnsError) as exc:
             kind = getattr(exc, "kind", "error")
             stats.errors[f"sitemap-{kind}"] += 1

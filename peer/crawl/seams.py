@@ -35,13 +35,22 @@ class Link:
 
 
 class PageFetcher(Protocol):
-    """One method: fetch `url` with these request headers and return the response (status, headers, body), or
+    """`fetch`: fetch `url` with these request headers and return the response (status, headers, body), or
     raise `peer.fetch.FetchError` / `peer.fetch.DnsError`. With a `sink` the body is streamed to it instead
-    (`peer.fetch.http.BodySink`: sitemaps are read as they arrive, never held whole)."""
+    (`peer.fetch.http.BodySink`: sitemaps are read as they arrive, never held whole); with an `address` the
+    request goes to that address (the one its per-address lane is for). `address`: the address a host's
+    requests go to now (the node's DNS cache), or DnsError."""
 
     async def fetch(
-        self, url: str, *, headers: Sequence[tuple[str, str]] = (), sink: BodySink | None = None
+        self,
+        url: str,
+        *,
+        headers: Sequence[tuple[str, str]] = (),
+        sink: BodySink | None = None,
+        address: str | None = None,
     ) -> Response: ...
+
+    async def address(self, host: str) -> str: ...
 
 
 class Ownership(Protocol):

@@ -164,11 +164,22 @@ class Fetcher:
             self._pool.sweep(trio.current_time())
 
     async def fetch(
-        self, url: str, *, headers: Sequence[tuple[str, str]] = (), sink: BodySink | None = None
+        self,
+        url: str,
+        *,
+        headers: Sequence[tuple[str, str]] = (),
+        sink: BodySink | None = None,
+        address: str | None = None,
     ) -> Response:
         """GET ``url``. Redirects are returned as they are; raises FetchError. With ``sink`` the body is
-        streamed to it and ``Response.body`` is empty."""
-        return await self.request("GET", url, headers=headers, sink=sink)
+        streamed to it and ``Response.body`` is empty; with ``address`` (one `address` gave) the request goes
+        there instead of to a fresh look-up."""
+        return await self.request("GET", url, headers=headers, sink=sink, address=address)
+
+    async def address(self, host: str) -> str:
+        """The address requests to ``host`` go to now: the node's resolver (cached; refused ranges refused).
+        Raises DnsError."""
+        return await self._resolver.resolve(host)
 
     async def request(
         self,
@@ -178,6 +189,7 @@ class Fetcher:
         headers: Sequence[tuple[str, str]] = (),
         content: bytes = b"",
         sink: BodySink | None = None,
+        address: str | None = None,
     ) -> Response:
         """Send one request (any method, optional body) and read the whole response (or stream it to
         ``sink``); raises FetchError."""
@@ -190,7 +202,7 @@ class Fetcher:
         # read_timeout" before each wait for data, so the reason it fired is read off the deadline it had.
         with trio.CancelScope(deadline=deadline) as scope:
             try:
-                ip = await self._resolver.resolve(host)
+                ip = address if address is not None else await self._resolver.resolve(host)
             except DnsError as exc:
                 kind = "refused-address" if exc.kind == "refused-address" else "dns"
                 raise FetchError(kind, f"{url}: {exc}") from exc
