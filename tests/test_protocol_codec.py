@@ -39,6 +39,9 @@ from protocol import (
     RemoteProtocolError,
     SeenReplica,
     UrlBatch,
+    LaneAsk,
+    LaneGrant,
+    LaneReturn,
     UrlEntry,
     Welcome,
     decode_body,
@@ -130,6 +133,11 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
     ),
     HandoffAck: st.builds(HandoffAck, transfer_id=U64, chunk_seq=U64),
     SeenReplica: st.builds(SeenReplica, epoch=U64, keys=tuples(st.binary(min_size=9, max_size=64), 10), hosts=tuples(host_states)),
+    LaneAsk: st.builds(LaneAsk, address=st.text(max_size=16), seq=U64, want=st.integers(1, 0xFFFF)),
+    LaneGrant: st.builds(LaneGrant, address=st.text(max_size=16), seq=U64, lanes=tuples(st.integers(0, 0xFFFF), 8),
+                         ready_in=tuples(seconds, 8), lease=seconds),
+    LaneReturn: st.builds(LaneReturn, address=st.text(max_size=16), lanes=tuples(st.integers(0, 0xFFFF), 8),
+                          ready_in=tuples(seconds, 8)),
     Goodbye: st.builds(Goodbye, reason=texts),
 }
 APP_MESSAGES = st.one_of([s for cls, s in MESSAGE_STRATEGIES.items() if TYPE_CODES[cls] >= 0x10])

@@ -31,7 +31,7 @@ from peer.crawl.addressgate import AddressGate, Lane
 from peer.crawl.links import extract, is_html
 from peer.crawl.robots import RobotsDecision, decide, product_token
 from peer.crawl.scheduler import HostScheduler, HostTurn
-from peer.crawl.seams import Link, Ownership, PageFetcher, Solo
+from peer.crawl.seams import AddressLimits, Link, Ownership, PageFetcher, Solo
 from peer.crawl.sitemaps import MAX_SITEMAP_BYTES, SitemapEntry, SitemapReader, may_list
 from peer.crawl.urls import Scope, host_of_normalized, normalize, origin_of_normalized
 from peer.fetch.dns import DnsError
@@ -87,6 +87,7 @@ class Crawler:
         pages,
         stats: Stats | None = None,
         ownership: Ownership | None = None,
+        limits: AddressLimits | None = None,
         wallclock: Callable[[], float] = time.time,
     ) -> None:
         self.cfg = cfg
@@ -113,7 +114,7 @@ class Crawler:
         self.sched = HostScheduler()
         # per-address politeness (peer/crawl/addressgate.py): lanes per server address, and the hosts parked
         # until a lane of their address is given back
-        self.gate = AddressGate(cfg.ip_connections, cfg.ip_delay)
+        self.gate: AddressLimits = limits if limits is not None else AddressGate(cfg.ip_connections, cfg.ip_delay)
         self._address_waiters: dict[str, set[str]] = {}
         self._pinned: dict[str, str] = {}  # host -> the address its turn's request must go to
         self._requests: dict[str, int] = {}  # host -> requests made in its current turn
@@ -430,14 +431,18 @@ class Crawler:
             self._pinned.pop(host, None)
             end = trio.current_time()
             self.gate.release(got, end, used=used)
-            waiters = self._address_waiters.pop(address, None)
-            if waiters:
-                free_at = end + self.gate.delay if used else got.before
-                for other in waiters:
-                    t = self.sched.turn(other)
-                    t.next_allowed = max(t.next_allowed, free_at)
-                    self.sched.wake(other, end)
+            self.address_ready(address)
         return False
+
+    def address_ready(self, address: str) -> None:
+        """A lane of `address` was given back here or arrived from its owner: the hosts parked on it try again
+        (those that find no lane park again)."""
+        waiters = self._address_waiters.pop(address, None)
+        if waiters:
+            now = trio.current_time()
+            for host in waiters:
+                self.sched.wake(host, now)
+            self._wakeup.set()
 
     async def _fetch(self, host: str, url: str, **kw) -> Response:
         """One request of a host turn: counted for the address lane, and sent to the address the lane is for

@@ -15,9 +15,10 @@ from typing import Protocol
 
 from storage import QueuedUrl
 
+from peer.crawl.addressgate import Lane
 from peer.fetch.http import BodySink, Response
 
-__all__ = ["Link", "Ownership", "PageFetcher", "Solo"]
+__all__ = ["AddressLimits", "Link", "Ownership", "PageFetcher", "Solo"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,19 @@ class PageFetcher(Protocol):
     ) -> Response: ...
 
     async def address(self, host: str) -> str: ...
+
+
+class AddressLimits(Protocol):
+    """Lanes per server address (peer/crawl/addressgate.py on one node; the Cluster's `FleetLanes` across a
+    fleet). `try_acquire` answers a lane for a request starting now, or the time to try again (inf: the host
+    waits until the crawler's `address_ready(address)` is called, or a lane of the address is given back here);
+    `release` gives the lane back when the request ended (or, `used=False`, was not made)."""
+
+    active: bool
+
+    def try_acquire(self, address: str, now: float) -> Lane | float: ...
+
+    def release(self, lane: Lane, now: float, *, used: bool = True) -> None: ...
 
 
 class Ownership(Protocol):
