@@ -93,13 +93,16 @@ def requested_urls(log: Iterable[RequestRecord], *, port: int | None = None) -> 
     return Counter(make_url(r.host, r.path, port) for r in log)
 
 
-def max_in_service_per_address(log: Iterable[RequestRecord]) -> dict[str, int]:
+def max_in_service_per_address(log: Iterable[RequestRecord], *, slack: float = 0.0) -> dict[str, int]:
     """The most requests in service at one moment on one server address, per address (as
-    `max_concurrent_connections_per_host`, keyed by the address the server answered on)."""
+    `max_concurrent_connections_per_host`, keyed by the address the server answered on). ``slack`` takes that
+    much off each end: the server stamps an end when its task runs again after the last byte went to the
+    kernel, which under load can be a fraction of a millisecond after the client read it and sent its next
+    request."""
     events: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for r in log:
         events[r.address].append((r.start, 1))
-        events[r.address].append((r.end, 0))
+        events[r.address].append((max(r.start, r.end - slack), 0))
     result = {}
     for address, evs in events.items():
         evs.sort()  # at equal times, ends (0) come before starts (1)

@@ -3,7 +3,7 @@ parser (github.com/google/robotstxt), expressed as data: (name, robots.txt, prod
 
 The URLs are given as the reference takes them: already percent-encoded by the caller; the path, params and
 query are matched as they are. `tests/test_robots_conformance.py` runs every case against
-`peer.crawl.robots.can_fetch`; `python -m tests.bench.robots_conformance` also runs them through Protego.
+`peer.crawl.robots.can_fetch`; `python -m tests.bench.bench_robots_conformance` also runs them through Protego.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """robots.txt conformance: how many of the reference cases (tests/support/robots_cases.py) each parser passes.
 
-Run: python -m tests.bench.robots_conformance [--show-failures]
+Run: python -m tests.bench.bench_robots_conformance [--show-failures]
 
 Ours (`peer.crawl.robots.can_fetch`) against Protego, Scrapy's parser, on the same robots.txt bodies, product
 tokens and URLs. Protego takes text, so a case given as bytes is decoded as UTF-8 (bad bytes replaced) for it.
