@@ -8,6 +8,7 @@ one-line reason in ``FIELDS``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import tomllib
@@ -65,6 +66,8 @@ class Config:
     contact: str = ""
     concurrency: int = 256
     delay: float = 1.0
+    ip_connections: int = 4
+    ip_delay: float = 0.0
     max_backoff: float = 600.0
     max_retries: int = 3
     connect_timeout: float = 10.0
@@ -75,6 +78,8 @@ class Config:
     dns_min_ttl: float = 60.0
     dns_max_ttl: float = 1800.0
     robots_cache_size: int = 100_000
+    sitemaps: bool = True
+    sitemap_xml: bool = False
     # storage
     dedup: str = "lmdb"
     dedup_expected: int = 10_000_000
@@ -143,6 +148,8 @@ FIELDS: dict[str, str] = {
     "contact": "a URL or mail address where site owners can reach the operator; put it in the User-Agent",
     "concurrency": "256 fetches in flight keep one core busy on a wide crawl without piling up sockets",
     "delay": "1 s between requests to one host: polite by default; robots Crawl-delay can only raise it",
+    "ip_connections": "4 requests at once per server address: shared hosts serve hundreds of sites from one address, and a browser opens about six connections to a server; 0 turns per-address limits off",
+    "ip_delay": "0 s: the connection cap and each host's delay already space a shared server; raise it for servers that ask for a pause between requests (needs ip_connections >= 1)",
     "max_backoff": "10 min cap on per-host back-off after 429/503/errors",
     "max_retries": "3 retries of a URL after transient errors before it is given up",
     "connect_timeout": "10 s: a host that cannot connect in 10 s is effectively down",
@@ -153,6 +160,8 @@ FIELDS: dict[str, str] = {
     "dns_min_ttl": "60 s floor: very short TTLs would make the cache useless",
     "dns_max_ttl": "1800 s ceiling: the refresh period of the resolver study",
     "robots_cache_size": "robots.txt decisions kept for this many origins (each up to 24 h)",
+    "sitemaps": "read the sitemaps robots.txt names: the site's own list of its pages, with last-modified times",
+    "sitemap_xml": "off: /sitemap.xml is a guess that costs a request on every host whose robots.txt names none",
     "dedup": "lmdb: the seen-set shares the frontier's transactions, so a crash loses nothing",
     "dedup_expected": "URLs a Bloom filter is sized for (--dedup bloom)",
     "dedup_fp_rate": "a Bloom filter's false-positive target: each false positive is a URL never crawled",
@@ -223,6 +232,12 @@ def _validate(cfg: Config) -> None:
     token = cfg.control_token
     if token and (len(token) < 16 or not token.isascii() or not token.isprintable() or " " in token):
         raise ConfigError("control_token must be at least 16 printable ASCII characters without spaces")
+    if cfg.ip_connections < 0:
+        raise ConfigError(f"ip_connections must be >= 0 (0: no per-address limits), got {cfg.ip_connections}")
+    if not (cfg.ip_delay >= 0 and math.isfinite(cfg.ip_delay)):
+        raise ConfigError(f"ip_delay must be a finite number >= 0, got {cfg.ip_delay}")
+    if cfg.ip_delay > 0 and cfg.ip_connections == 0:
+        raise ConfigError("ip_delay needs ip_connections >= 1: the delay is kept per connection lane of an address")
     kinds = ("lmdb", "memory-urls", "memory-md5", "md5-tree", "bloom", "redis")
     if cfg.dedup not in kinds:
         raise ConfigError(f"dedup must be one of {', '.join(kinds)}, got {cfg.dedup!r}")

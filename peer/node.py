@@ -229,6 +229,7 @@ class Node:
                 cluster = self.cluster
                 crawler = self.crawler = Crawler(
                     cfg, fetcher=fetcher, store=store, pages=pages, stats=self.stats, ownership=cluster,
+                    limits=cluster.lanes if cluster is not None else None,
                 )
                 if cluster is not None:
                     cluster.attach(crawler)

@@ -33,6 +33,10 @@ class Limits:
     max_keys_per_chunk: int = 65_536
     # A seen-URL key is a ring position plus a fingerprint (16 bytes today); 64 leaves room to grow.
     max_key_length: int = 64
+    # A server address as text: an IPv6 address with a zone fits in 64 bytes.
+    max_address: int = 64
+    # Lanes of one address in one grant or return: --ip-connections beyond this is not a per-address limit.
+    max_lanes: int = 1024
 
     def __post_init__(self) -> None:
         for field in fields(self):

@@ -39,6 +39,9 @@ from protocol import (
     RemoteProtocolError,
     SeenReplica,
     UrlBatch,
+    LaneAsk,
+    LaneGrant,
+    LaneReturn,
     UrlEntry,
     Welcome,
     decode_body,
@@ -59,7 +62,10 @@ urls = st.one_of(
     ),
 )
 seconds = st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False)
-url_entries = st.builds(UrlEntry, url=urls, depth=U32, found_on=st.none() | urls, hops=U32)
+url_entries = st.builds(
+    UrlEntry, url=urls, depth=U32, found_on=st.none() | urls, hops=U32,
+    lastmod=st.none() | st.floats(min_value=0, max_value=4e9, allow_nan=False), sitemap=st.booleans(),
+)
 members = st.builds(
     Member,
     node_id=texts,
@@ -127,6 +133,11 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
     ),
     HandoffAck: st.builds(HandoffAck, transfer_id=U64, chunk_seq=U64),
     SeenReplica: st.builds(SeenReplica, epoch=U64, keys=tuples(st.binary(min_size=9, max_size=64), 10), hosts=tuples(host_states)),
+    LaneAsk: st.builds(LaneAsk, address=st.text(max_size=16), seq=U64, want=st.integers(1, 0xFFFF)),
+    LaneGrant: st.builds(LaneGrant, address=st.text(max_size=16), seq=U64, lanes=tuples(st.integers(0, 0xFFFF), 8),
+                         ready_in=tuples(seconds, 8), lease=seconds),
+    LaneReturn: st.builds(LaneReturn, address=st.text(max_size=16), lanes=tuples(st.integers(0, 0xFFFF), 8),
+                          ready_in=tuples(seconds, 8)),
     Goodbye: st.builds(Goodbye, reason=texts),
 }
 APP_MESSAGES = st.one_of([s for cls, s in MESSAGE_STRATEGIES.items() if TYPE_CODES[cls] >= 0x10])
@@ -164,10 +175,15 @@ def test_json_is_readable_and_msgpack_is_positional() -> None:
         "seq": 7,
         "sender": "a",
         "epoch": 3,
-        "urls": [{"url": "https://example.com/", "depth": 1, "found_on": None, "hops": 0}],
+        "urls": [{"url": "https://example.com/", "depth": 1, "found_on": None, "hops": 0, "lastmod": None,
+                  "sitemap": False}],
     }
     _, mp = encode_body(batch, "msgpack", LIMITS)
-    assert msgpack.unpackb(mp) == [7, "a", 3, [["https://example.com/", 1, None, 0]]]
+    assert msgpack.unpackb(mp) == [7, "a", 3, [["https://example.com/", 1, None, 0, None, False]]]
+    sitemap = UrlEntry(url="https://example.com/s.xml", depth=0, found_on=None, hops=1, lastmod=5.0, sitemap=True)
+    _, mp = encode_body(UrlBatch(seq=8, sender="a", epoch=3, urls=(sitemap,)), "msgpack", LIMITS)
+    assert msgpack.unpackb(mp)[3] == [["https://example.com/s.xml", 0, None, 1, 5.0, True]]
+    assert decode_body(TYPE_CODES[UrlBatch], mp, "msgpack", LIMITS).urls == (sitemap,)
     _, welcome = encode_body(Welcome(proof=b"\x00" * 32), "json", LIMITS)
     assert json.loads(welcome) == {"proof": "A" * 43 + "="}
 
@@ -303,9 +319,10 @@ BAD_INCOMING = [
         "json",
         TYPE_CODES[UrlBatch],
         b'{"seq":1,"sender":"a","epoch":1,"urls":[{"url":"u","depth":0,"found_on":null,"x":0}]}',
-        "UrlBatch.urls[0]: object fields differ: missing ['hops'], unexpected ['x']",
+        "UrlBatch.urls[0]: object fields differ: missing ['hops', 'lastmod', 'sitemap'], unexpected ['x']",
     ),
-    ("msgpack", TYPE_CODES[UrlBatch], msgpack.packb([1, "a", 1, [["u", 2**32, None, 0]]]), "urls[0].depth"),
+    ("msgpack", TYPE_CODES[UrlBatch], msgpack.packb([1, "a", 1, [["u", 2**32, None, 0, None, False]]]), "urls[0].depth"),
+    ("msgpack", TYPE_CODES[UrlBatch], msgpack.packb([1, "a", 1, [["u", 0, None, 0, -1.0, True]]]), "urls[0].lastmod"),
     ("json", TYPE_CODES[Welcome], b'{"proof":"AAAA"}', "exactly 32 bytes"),
     ("json", TYPE_CODES[Welcome], b'{"proof":"' + b"A" * 100 + b'"}', "too long"),
     ("json", TYPE_CODES[Goodbye], b'{"reason":"\\ud800"}', "surrogate"),

@@ -104,6 +104,10 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--max-pages-per-host", dest="max_pages_per_host", type=int, help="(-1: none)")
     c.add_argument("--delay", type=float, help="minimum seconds between requests to one host (default 1.0)")
     c.add_argument("--concurrency", type=int, help="fetches in flight (default 256)")
+    c.add_argument("--ip-connections", dest="ip_connections", type=int, metavar="N",
+                   help="requests in service at once to one server address (default 4; 0: no per-address limits)")
+    c.add_argument("--ip-delay", dest="ip_delay", type=float, metavar="SECONDS",
+                   help="seconds between the end of a request to an address and the next on its lane (default 0)")
     c.add_argument("--user-agent", dest="user_agent", help="product token/version (default peercrawl/0.1)")
     c.add_argument("--contact", help="URL or address for site owners, added to the User-Agent")
     c.add_argument("--store", choices=["warc", "none"], help="page store (default warc)")
@@ -113,6 +117,10 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--store-type", dest="store_types", action="append", metavar="MIME",
                    help="content type to store (repeatable; default text/html and application/xhtml+xml)")
     c.add_argument("--max-body", dest="max_body", type=int, metavar="BYTES", help="body size cap (default 10 MiB)")
+    c.add_argument("--no-sitemaps", dest="sitemaps", action="store_const", const=False,
+                   help="do not read the sitemaps robots.txt names")
+    c.add_argument("--sitemap-xml", dest="sitemap_xml", action="store_const", const=True,
+                   help="read /sitemap.xml of hosts whose robots.txt names no sitemap")
     c.add_argument("--exit-when-done", dest="exit_when_done", action="store_const", const=True,
                    help="exit 0 when the frontier is empty and nothing is in flight")
     n = p.add_argument_group("network")

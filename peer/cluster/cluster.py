@@ -35,6 +35,7 @@ from peer.crawl.crawler import Crawler, Link
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
 from peer.cluster.membership import Membership, MembershipConfig
+from peer.cluster.lanes import LEASE, FleetLanes
 from peer.cluster.replicas import SeenReplicas
 from peer.cluster.transport import TcpTransport, TlsFiles, Transport
 
@@ -154,6 +155,13 @@ class Cluster:
         # the hand-off asks the cluster (its delegate) what is busy, who owns what, and where keys go
         self.handoff = Handoff(node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait),
                                wall_clock=wall_clock, delegate=self)
+        # per-address limits held fleet-wide: this node owns the addresses the ring gives it and lends their
+        # lanes (peer/cluster/lanes.py); the crawler borrows through it
+        self.lanes = (
+            FleetLanes(node_id, cfg.ip_connections, cfg.ip_delay, lease=LEASE, max_request=cfg.total_timeout,
+                       delegate=self)
+            if cfg.ip_connections > 0 else None
+        )
         self.crawler: Crawler | None = None
         self.address: str | None = None
         self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
@@ -194,6 +202,24 @@ class Cluster:
         self.ring = ring
         self._owners = _Owners(ring)
         self._ring_id = ring_id(ring)
+        if self.lanes is not None:
+            self.lanes.ring_changed(self._owners.owner)
+
+    # -- the lanes' delegate (peer/cluster/lanes.py: LanesDelegate) ----------------------------------------
+
+    def send_lanes(self, peer_id: str, message: Message) -> bool:
+        return self.links.send_nowait(peer_id, message)
+
+    def address_ready(self, address: str) -> None:
+        if self.crawler is not None:
+            self.crawler.address_ready(address)
+
+    async def _lanes_loop(self) -> None:
+        assert self.lanes is not None
+        while True:
+            await trio.sleep(0.1)
+            members = {m.node_id for m in self.view.members if m.state in _OWNING} | {self.node_id}
+            self.lanes.tick(members)
 
     def owns(self, host: str) -> bool:
         """Whether this node owns `host` under its current view (links to it are queued here, not routed)."""
@@ -251,6 +277,8 @@ class Cluster:
             nursery.start_soon(self._follow_views, watch)
             nursery.start_soon(self._progress_loop)
             nursery.start_soon(self._sweep_loop)
+            if self.lanes is not None:
+                nursery.start_soon(self._lanes_loop)
             log.info("cluster member listening", extra={"node_id": self.node_id, "address": self.address})
             task_status.started(self.address)
 
@@ -518,6 +546,8 @@ class Cluster:
             waiter = self._answers.get(message.seq)
             if waiter is not None and waiter[0] == peer_id:
                 waiter[1].set()
+        elif self.lanes is not None and self.lanes.on_message(peer_id, message):
+            return
         elif not self.replicas.on_message(peer_id, message):
             await self.dispatcher.on_message(peer_id, message)
             await self.handoff.on_message(peer_id, message)
@@ -558,6 +588,7 @@ class Cluster:
             # and connections closed because handling a peer's message raised
             "links": {"refused_inbound": dict(self.links.refused), "handshake_failures": self.links.handshake_failures,
                       "handler_errors": self.links.handler_errors},
+            "lanes": self.lanes.status() if self.lanes is not None else None,
             "view_changes": self.view_changes,
             "leaving": self.leaving,
             "done": me.idle,

@@ -167,7 +167,10 @@ class Dispatcher:
             if len(recent) > self.config.recent_size:
                 del recent[next(iter(recent))]
         self._staged.append(
-            QueuedUrl(url=link.url, host=host, depth=link.depth, hops=link.hops, found_on=link.found_on)
+            QueuedUrl(
+                url=link.url, host=host, depth=link.depth, hops=link.hops, found_on=link.found_on,
+                lastmod=link.lastmod, sitemap=link.sitemap,
+            )
         )
         if len(self._staged) >= self.config.batch_size:
             self._wake.set()
@@ -282,7 +285,10 @@ class Dispatcher:
         self._admitted(mine)
 
     def _send(self, owner: str, seq: int, entries: Sequence[tuple[int, QueuedUrl]]) -> bool:
-        urls = tuple(UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops) for _, i in entries)
+        urls = tuple(
+            UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops, lastmod=i.lastmod, sitemap=i.sitemap)
+            for _, i in entries
+        )
         batch = UrlBatch(seq=seq, sender=self.node_id, epoch=self._epoch or 0, urls=urls)
         if self.links.send_nowait(owner, batch):
             return True
@@ -361,7 +367,10 @@ class Dispatcher:
                 self.stats.urls_rejected += 1
                 log.warning("peer sent a URL with no usable host; dropped", extra={"peer": peer_id})
                 continue
-            item = QueuedUrl(url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on)
+            item = QueuedUrl(
+                url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on,
+                lastmod=entry.lastmod, sitemap=entry.sitemap,
+            )
             owner = ring.owner(host)
             if owner == self.node_id:
                 owned.append(item)

@@ -451,7 +451,8 @@ class Handoff:
             if batch and (len(batch) >= config.urls_per_chunk or size + cost > config.url_bytes_per_chunk):
                 add(urls=tuple(batch))
                 batch, size = [], 0
-            batch.append(UrlEntry(url=item.url, depth=item.depth, found_on=item.found_on, hops=item.hops))
+            batch.append(UrlEntry(url=item.url, depth=item.depth, found_on=item.found_on, hops=item.hops,
+                                  lastmod=item.lastmod, sitemap=item.sitemap))
             size += cost
         if batch:
             add(urls=tuple(batch))
@@ -630,7 +631,10 @@ class Handoff:
                 log.warning("hand-off URL unusable or outside its arc; dropped", extra={"peer": peer_id})
                 continue
             items.append(
-                QueuedUrl(url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on)
+                QueuedUrl(
+                    url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on,
+                    lastmod=entry.lastmod, sitemap=entry.sitemap,
+                )
             )
         owner_of = self.delegate.owner_of
         forward: list[tuple[str, QueuedUrl]] = []

@@ -27,10 +27,12 @@ import trio
 from storage import HostState, LruTtlCache, QueuedUrl, StorageError
 
 from peer.config import Config
+from peer.crawl.addressgate import AddressGate, Lane
 from peer.crawl.links import extract, is_html
-from peer.crawl.robots import RobotsDecision, decide
+from peer.crawl.robots import RobotsDecision, decide, product_token
 from peer.crawl.scheduler import HostScheduler, HostTurn
-from peer.crawl.seams import Link, Ownership, PageFetcher, Solo
+from peer.crawl.seams import AddressLimits, Link, Ownership, PageFetcher, Solo
+from peer.crawl.sitemaps import MAX_SITEMAP_BYTES, SitemapEntry, SitemapReader, may_list
 from peer.crawl.urls import Scope, host_of_normalized, normalize, origin_of_normalized
 from peer.fetch.dns import DnsError
 from peer.fetch.http import FetchError, Response
@@ -59,6 +61,12 @@ _THREAD_PARSE_BYTES = 512 * 1024
 _BLOCKED_RECHECK = 0.25
 
 
+#: Sitemap entries admitted in one store transaction while a sitemap streams in.
+_SITEMAP_BATCH = 1000
+#: Sitemap lines of one robots.txt that are read (a file naming thousands is not a site's own list).
+_MAX_NAMED_SITEMAPS = 64
+
+
 class _Batch:
     """Links screened for one store transaction: what to queue if new, and seen-cache hits."""
 
@@ -79,6 +87,7 @@ class Crawler:
         pages,
         stats: Stats | None = None,
         ownership: Ownership | None = None,
+        limits: AddressLimits | None = None,
         wallclock: Callable[[], float] = time.time,
     ) -> None:
         self.cfg = cfg
@@ -95,6 +104,7 @@ class Crawler:
         self.stop_when_done = cfg.exit_when_done and self.ownership.solo
         self.wallclock = wallclock
         self.user_agent = cfg.full_user_agent()
+        self.robots_agent = product_token(self.user_agent)  # the name robots.txt groups are matched against
         self.scope = Scope(
             allowed_hosts=cfg.allowed_hosts,
             denied_hosts=cfg.denied_hosts,
@@ -102,6 +112,12 @@ class Crawler:
             max_url_length=cfg.max_url_length,
         )
         self.sched = HostScheduler()
+        # per-address politeness (peer/crawl/addressgate.py): lanes per server address, and the hosts parked
+        # until a lane of their address is given back
+        self.gate: AddressLimits = limits if limits is not None else AddressGate(cfg.ip_connections, cfg.ip_delay)
+        self._address_waiters: dict[str, set[str]] = {}
+        self._pinned: dict[str, str] = {}  # host -> the address its turn's request must go to
+        self._requests: dict[str, int] = {}  # host -> requests made in its current turn
         self.robots: LruTtlCache[str, RobotsDecision] = LruTtlCache(cfg.robots_cache_size)
         self._robots_failures: dict[str, int] = {}
         self._pending: dict[str, QueuedUrl] = {}  # host -> URL popped but parked while its robots.txt came in
@@ -122,7 +138,7 @@ class Crawler:
         """Scope-check, route, dedup and queue links. Returns (new, already seen) for the links owned here."""
         batch = _Batch()
         for link in links:
-            self._screen(batch, link.url, link.depth, link.hops, link.found_on)
+            self._screen(batch, link.url, link.depth, link.hops, link.found_on, link.lastmod, link.sitemap)
         return self._commit(batch)
 
     def _screen_found(self, batch: _Batch, urls: Sequence[str], depth: int, found_on: str) -> None:
@@ -145,16 +161,27 @@ class Crawler:
             self._screen(batch, url, depth, 0, found_on)
         batch.seen += hits
 
-    def _screen(self, batch: _Batch, url: str, depth: int, hops: int, found_on: str | None) -> None:
+    def _screen(
+        self,
+        batch: _Batch,
+        url: str,
+        depth: int,
+        hops: int,
+        found_on: str | None,
+        lastmod: float | None = None,
+        sitemap: bool = False,
+    ) -> None:
         host = host_of_normalized(url)
-        reason = self.scope.check(url, host, depth)
+        reason = self.scope.check(url, host, depth, sitemap=sitemap)
         if reason is not None:
             self.stats.skipped[reason] += 1
             return
         if self.owns is not None and not self.owns(host):
-            self.ownership.route(host, Link(url, depth, hops, found_on))
+            self.ownership.route(host, Link(url, depth, hops, found_on, lastmod, sitemap))
             return
-        batch.cands.append(QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on))
+        batch.cands.append(
+            QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on, lastmod=lastmod, sitemap=sitemap)
+        )
 
     def _commit(self, batch: _Batch, done: QueuedUrl | None = None) -> tuple[int, int]:
         """One store transaction: mark the batch seen, queue the new URLs and (with ``done``) clear the page
@@ -338,8 +365,12 @@ class Crawler:
         async with recv:
             async for turn in recv:
                 self.active += 1
+                parked = False
                 try:
-                    await self._host_turn(turn)
+                    if self.gate.active:
+                        parked = await self._gated_turn(turn)
+                    else:
+                        await self._host_turn(turn)
                 except Exception as exc:  # noqa: BLE001 - one host's input must not end the node
                     self._contain(turn, exc)
                 finally:
@@ -347,7 +378,7 @@ class Crawler:
                     self.active -= 1
                     if self.owns is not None and turn.host in self._pending and not self.owns(turn.host):
                         self.frontier.requeue([self._pending.pop(turn.host)])  # moved: into the hand-off
-                    more = turn.host in self._pending or self.frontier.queued(turn.host) > 0
+                    more = not parked and (turn.host in self._pending or self.frontier.queued(turn.host) > 0)
                     self.sched.release(turn, trio.current_time(), more_work=more)
                     self._wakeup.set()
 
@@ -371,6 +402,58 @@ class Crawler:
         self._schedule_after_request(turn)
         self._save_state(turn)
 
+    async def _gated_turn(self, turn: HostTurn) -> bool:
+        """A host turn under the per-address limits: take a lane of the host's current address (from the node's
+        DNS cache, so a host whose address changes moves to the new address's lanes), make the turn's request
+        to that address, give the lane back. With no lane free the host waits without a worker: until a lane
+        has rested, or (all in service) parked until one is given back. True if parked."""
+        host = turn.host
+        try:
+            address = await self.fetcher.address(host)
+        except DnsError:
+            await self._host_turn(turn)  # the fetch fails on the same DNS error and is handled as usual
+            return False
+        now = trio.current_time()
+        got = self.gate.try_acquire(address, now)
+        if not isinstance(got, Lane):
+            self.stats.address_waits += 1
+            if math.isinf(got):
+                self._address_waiters.setdefault(address, set()).add(host)
+                return True
+            turn.next_allowed = max(turn.next_allowed, got)
+            return False
+        self._pinned[host] = address
+        self._requests[host] = 0
+        try:
+            await self._host_turn(turn)
+        finally:
+            used = self._requests.pop(host, 0) > 0
+            self._pinned.pop(host, None)
+            end = trio.current_time()
+            self.gate.release(got, end, used=used)
+            self.address_ready(address)
+        return False
+
+    def address_ready(self, address: str) -> None:
+        """A lane of `address` was given back here or arrived from its owner: the hosts parked on it try again
+        (those that find no lane park again)."""
+        waiters = self._address_waiters.pop(address, None)
+        if waiters:
+            now = trio.current_time()
+            for host in waiters:
+                self.sched.wake(host, now)
+            self._wakeup.set()
+
+    async def _fetch(self, host: str, url: str, **kw) -> Response:
+        """One request of a host turn: counted for the address lane, and sent to the address the lane is for
+        when the URL is on the turn's host."""
+        if host in self._requests:
+            self._requests[host] += 1
+        address = self._pinned.get(host)
+        if address is not None and host_of_normalized(url) == host:
+            return await self.fetcher.fetch(url, address=address, **kw)
+        return await self.fetcher.fetch(url, **kw)
+
     # ------------------------------------------------------------------ one host turn
 
     async def _host_turn(self, turn: HostTurn) -> None:
@@ -392,11 +475,14 @@ class Crawler:
                 await self._fetch_robots(turn, origin)
                 return
             path = _path_of(item.url, origin)
-            if not decision.robots.can_fetch(self.user_agent, path):
+            if not decision.robots.can_fetch(self.robots_agent, path):
                 self.stats.skipped["robots" if decision.kind == "parsed" else "robots-unavailable"] += 1
                 self.frontier.done(item)
                 continue
-            await self._fetch_page(turn, item)
+            if item.sitemap:
+                await self._fetch_sitemap(turn, item)
+            else:
+                await self._fetch_page(turn, item)
             return
 
     def _schedule_after_request(self, turn: HostTurn, *, extra: float = 0.0) -> None:
@@ -424,7 +510,7 @@ class Crawler:
         self.stats.robots_fetches += 1
         try:
             while True:
-                resp = await self.fetcher.fetch(url, headers=(("user-agent", self.user_agent),))
+                resp = await self._fetch(turn.host, url, headers=(("user-agent", self.user_agent),))
                 status, body = resp.status, resp.body
                 location = _header(resp, "location")
                 if resp.status in _REDIRECTS and location and hops < 5:
@@ -453,7 +539,8 @@ class Crawler:
                 return
         self._robots_failures.pop(origin, None)
         self.robots.put(origin, decision, decision.expires_at)
-        delay = decision.robots.crawl_delay(self.user_agent)
+        self._admit_sitemaps(origin, decision)
+        delay = decision.robots.crawl_delay(self.robots_agent)
         turn.crawl_delay = float(delay) if delay else 0.0
         turn.backoff = 0.0
         self._schedule_after_request(turn)
@@ -462,7 +549,7 @@ class Crawler:
     async def _fetch_page(self, turn: HostTurn, item: QueuedUrl) -> None:
         stats = self.stats
         try:
-            resp = await self.fetcher.fetch(item.url, headers=(("user-agent", self.user_agent),))
+            resp = await self._fetch(turn.host, item.url, headers=(("user-agent", self.user_agent),))
         except (FetchError, DnsError) as exc:
             kind = getattr(exc, "kind", "error")
             stats.errors[kind] += 1
@@ -508,6 +595,89 @@ class Crawler:
         self._schedule_after_request(turn)
         self._save_state(turn)
 
+    # ------------------------------------------------------------------ sitemaps
+
+    def _admit_sitemaps(self, origin: str, decision: RobotsDecision) -> None:
+        """Queue the sitemaps a robots.txt names (and, with ``sitemap_xml``, /sitemap.xml when it names none)
+        as sitemap items for their hosts' owners: read in the host's turn like any request."""
+        if not self.cfg.sitemaps or decision.kind == "disallow-all-retry":
+            return
+        robots_url = origin + "/robots.txt"
+        named = decision.robots.sitemaps[:_MAX_NAMED_SITEMAPS]
+        batch = _Batch()
+        for raw in named:
+            url = normalize(raw, robots_url, max_length=self.cfg.max_url_length)
+            if url is None:
+                self.stats.skipped["sitemap-bad-url"] += 1
+                continue
+            self._screen(batch, url, 0, 0, robots_url, sitemap=True)
+        if not named and self.cfg.sitemap_xml:
+            self._screen(batch, origin + "/sitemap.xml", 0, 0, None, sitemap=True)
+        if batch.cands:
+            self._commit(batch)
+
+    async def _fetch_sitemap(self, turn: HostTurn, item: QueuedUrl) -> None:
+        """Read one sitemap or sitemap index as it streams in, admitting what it may list a batch at a time
+        (the same scope, ownership and dedup path as links; robots.txt is checked when each URL's turn comes)."""
+        stats = self.stats
+        sink = _SitemapSink(self, item)
+        headers = (("user-agent", self.user_agent), ("accept-encoding", "identity"))
+        stats.sitemap_fetches += 1
+        try:
+            resp = await self._fetch(turn.host, item.url, headers=headers, sink=sink)
+        except (FetchError, DnsError) as exc:
+            kind = getattr(exc, "kind", "error")
+            stats.errors[f"sitemap-{kind}"] += 1
+            if kind in _RETRY_ERRORS and self._retry(turn, item):
+                return
+            sink.flush()
+            self.frontier.done(item)
+            turn.failures += 1
+            self._schedule_after_request(turn)
+            self._save_state(turn)
+            return
+        status = resp.status
+        stats.status[f"{status // 100}xx"] += 1
+        if status in _RETRY_STATUSES and self._retry(turn, item, retry_after=_retry_after(resp, self.wallclock())):
+            return
+        turn.failures = 0
+        turn.backoff = 0.0
+        batch = _Batch()
+        if status in _REDIRECTS:
+            location = _header(resp, "location")
+            target = normalize(location, item.url, max_length=self.cfg.max_url_length) if location else None
+            if target is not None and item.hops + 1 <= self.cfg.max_redirect_hops:
+                self._screen(batch, target, item.depth, item.hops + 1, item.found_on, sitemap=True)
+            elif target is not None:
+                stats.skipped["redirect-hops"] += 1
+        elif 200 <= status < 300:
+            sink.finish(batch)
+        self._commit(batch, done=item)
+        self.ownership.fetched(item)
+        self._retries.pop(item.url, None)
+        self._schedule_after_request(turn)
+        self._save_state(turn)
+
+    def _screen_listed(self, batch: _Batch, sitemap: QueuedUrl, entries: Sequence[SitemapEntry]) -> None:
+        """Screen what a sitemap lists: the protocol's location rule, then the links' path."""
+        named_by = sitemap.found_on if sitemap.found_on and sitemap.found_on.endswith("/robots.txt") else None
+        max_length = self.cfg.max_url_length
+        skipped = self.stats.skipped
+        self.stats.sitemap_urls += len(entries)
+        for entry in entries:
+            url = normalize(entry.loc, sitemap.url, max_length=max_length)
+            if url is None:
+                skipped["sitemap-bad-url"] += 1
+            elif not may_list(sitemap.url, url, named_by=named_by):
+                skipped["sitemap-location"] += 1
+            elif entry.is_sitemap:
+                if sitemap.hops + 1 > self.cfg.max_redirect_hops:
+                    skipped["sitemap-nesting"] += 1
+                else:
+                    self._screen(batch, url, sitemap.depth, sitemap.hops + 1, named_by or sitemap.url, sitemap=True)
+            else:
+                self._screen(batch, url, sitemap.depth + 1, 0, sitemap.url, entry.lastmod)
+
     def _retry(self, turn: HostTurn, item: QueuedUrl, *, retry_after: float | None = None) -> bool:
         """Re-queue after a transient failure with per-host exponential back-off. False once retries are spent."""
         attempts = self._retries.get(item.url, 0) + 1
@@ -552,6 +722,52 @@ class Crawler:
             "hosts_known": float(len(self.sched.turns)),
             "workers_busy": float(self.active),
         }
+
+
+class _SitemapSink:
+    """The body sink of one sitemap fetch (``peer.fetch.http.BodySink``): only a 2xx body is read; its pieces
+    go through a `SitemapReader`, and what it lists is admitted every `_SITEMAP_BATCH` entries, so neither
+    the document nor its list is ever held whole."""
+
+    __slots__ = ("crawler", "item", "reader", "pending", "max_bytes")
+
+    def __init__(self, crawler: Crawler, item: QueuedUrl) -> None:
+        self.crawler = crawler
+        self.item = item
+        self.reader = SitemapReader()
+        self.pending: list[SitemapEntry] = []
+        self.max_bytes = MAX_SITEMAP_BYTES  # on the wire; the reader bounds the inflated size the same
+
+    def head(self, status: int, headers: list[tuple[str, str]]) -> bool:
+        return 200 <= status < 300
+
+    async def write(self, piece: bytes) -> bool:
+        reader = self.reader
+        self.pending += reader.feed(piece)
+        while reader.backlog:  # a compressed piece inflating to many steps: let other fetches run between them
+            if len(self.pending) >= _SITEMAP_BATCH:
+                self.flush()
+            await trio.sleep(0)
+            self.pending += reader.feed(b"")
+        if len(self.pending) >= _SITEMAP_BATCH:
+            self.flush()
+        return not reader.done
+
+    def flush(self) -> None:
+        """Admit the entries read so far in one store transaction."""
+        if self.pending:
+            batch = _Batch()
+            self.crawler._screen_listed(batch, self.item, self.pending)
+            self.pending = []
+            self.crawler._commit(batch)
+
+    def finish(self, batch: _Batch) -> None:
+        """The body ended: the last entries go into `batch` (committed with the sitemap's own record)."""
+        self.pending += self.reader.close()
+        self.crawler._screen_listed(batch, self.item, self.pending)
+        self.pending = []
+        if self.reader.stopped is not None:
+            self.crawler.stats.skipped[f"sitemap-{self.reader.stopped}"] += 1
 
 
 _DECODED_DROP = frozenset(("content-encoding", "transfer-encoding", "content-length"))

@@ -15,27 +15,56 @@ from typing import Protocol
 
 from storage import QueuedUrl
 
-from peer.fetch.http import Response
+from peer.crawl.addressgate import Lane
+from peer.fetch.http import BodySink, Response
 
-__all__ = ["Link", "Ownership", "PageFetcher", "Solo"]
+__all__ = ["AddressLimits", "Link", "Ownership", "PageFetcher", "Solo"]
 
 
 @dataclass(frozen=True, slots=True)
 class Link:
-    """A URL on its way into the frontier: normalized, with its depth, redirect hops and referrer. What the
-    crawler hands its `Ownership` for a host owned elsewhere."""
+    """A URL on its way into the frontier: normalized, with its depth, redirect hops and referrer; the last
+    modification a sitemap gave for it, and whether it is itself a sitemap to read. What the crawler hands
+    its `Ownership` for a host owned elsewhere."""
 
     url: str
     depth: int
     hops: int = 0
     found_on: str | None = None
+    lastmod: float | None = None
+    sitemap: bool = False
 
 
 class PageFetcher(Protocol):
-    """One method: fetch `url` with these request headers and return the response (status, headers, body), or
-    raise `peer.fetch.FetchError` / `peer.fetch.DnsError`."""
+    """`fetch`: fetch `url` with these request headers and return the response (status, headers, body), or
+    raise `peer.fetch.FetchError` / `peer.fetch.DnsError`. With a `sink` the body is streamed to it instead
+    (`peer.fetch.http.BodySink`: sitemaps are read as they arrive, never held whole); with an `address` the
+    request goes to that address (the one its per-address lane is for). `address`: the address a host's
+    requests go to now (the node's DNS cache), or DnsError."""
 
-    async def fetch(self, url: str, *, headers: Sequence[tuple[str, str]] = ()) -> Response: ...
+    async def fetch(
+        self,
+        url: str,
+        *,
+        headers: Sequence[tuple[str, str]] = (),
+        sink: BodySink | None = None,
+        address: str | None = None,
+    ) -> Response: ...
+
+    async def address(self, host: str) -> str: ...
+
+
+class AddressLimits(Protocol):
+    """Lanes per server address (peer/crawl/addressgate.py on one node; the Cluster's `FleetLanes` across a
+    fleet). `try_acquire` answers a lane for a request starting now, or the time to try again (inf: the host
+    waits until the crawler's `address_ready(address)` is called, or a lane of the address is given back here);
+    `release` gives the lane back when the request ended (or, `used=False`, was not made)."""
+
+    active: bool
+
+    def try_acquire(self, address: str, now: float) -> Lane | float: ...
+
+    def release(self, lane: Lane, now: float, *, used: bool = True) -> None: ...
 
 
 class Ownership(Protocol):

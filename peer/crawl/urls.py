@@ -460,8 +460,9 @@ class Scope:
         self.max_path_segments = max_path_segments
         self.max_repeated_segment = max_repeated_segment
 
-    def check(self, url: str, host: str, depth: int) -> str | None:
-        """None if `url` (normalized, on `host`, found at `depth`) is in scope, else a short reason."""
+    def check(self, url: str, host: str, depth: int, *, sitemap: bool = False) -> str | None:
+        """None if `url` (normalized, on `host`, found at `depth`) is in scope, else a short reason. A sitemap
+        is not judged by its suffix (".xml.gz" is a sitemap's usual name, not a binary to skip)."""
         if len(url) > self.max_url_length:
             return "too-long"
         if self._denied and self._denied.matches(host):
@@ -475,7 +476,7 @@ class Scope:
             return None
         end = url.find("?", start)
         path = url[start:] if end < 0 else url[start:end]
-        if self._suffixes and path.lower().endswith(self._suffixes):
+        if self._suffixes and not sitemap and path.lower().endswith(self._suffixes):
             return "suffix"
         segments = [s for s in path.split("/") if s]
         if len(segments) > self.max_path_segments:

@@ -6,7 +6,7 @@ loopback and link-local addresses unless the operator allows them. Knows nothing
 from peer.fetch.addresses import ip_literal, is_public_address, refusal_reason
 from peer.fetch.decoding import BodyDecoder, DecodeError, make_decoder
 from peer.fetch.dns import CachingResolver, DnsError, DnsStats, Resolver, parse_nameserver, system_nameservers
-from peer.fetch.http import FetchError, Fetcher, HttpxTransport, Response
+from peer.fetch.http import BodySink, FetchError, Fetcher, HttpxTransport, Response
 
 __all__ = [
     "BodyDecoder", "CachingResolver", "DecodeError", "DnsError", "DnsStats", "FetchError", "Fetcher",

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 from urllib.parse import quote, urlsplit
 
 import h11
@@ -33,7 +33,7 @@ from peer.fetch.pool import (
 )
 from peer.fetch.dns import DnsError, Resolver
 
-__all__ = ["FetchError", "Fetcher", "HttpxTransport", "Response"]
+__all__ = ["BodySink", "FetchError", "Fetcher", "HttpxTransport", "Response"]
 
 _CHUNK = 65536  # read in large chunks: one receive per 15 KB page on loopback
 _MAX_HEAD = 65536  # status line plus headers; some sites send large cookies and CSP headers
@@ -65,6 +65,26 @@ class Response:
     truncated: bool
     elapsed: float
     request_headers: list[tuple[str, str]]
+
+
+class BodySink(Protocol):
+    """Where a streamed body goes instead of into ``Response.body`` (a sitemap reader, say).
+
+    ``head`` sees the status and headers first and answers whether to stream the body at all (no: the fetch
+    stops reading and the body is dropped); ``write`` takes each decoded piece as it arrives and answers
+    whether to go on (it may await, to let other tasks run while it works through a piece). ``max_bytes`` replaces the fetcher's ``max_body`` for this response.
+    """
+
+    max_bytes: int
+
+    def head(self, status: int, headers: list[tuple[str, str]]) -> bool: ...
+
+    async def write(self, piece: bytes) -> bool: ...
+
+
+#: With a sink, one network read may inflate (Content-Encoding) to at most this much before the body is cut,
+#: so a bomb never sits in memory; a sink's own decoder (a .gz sitemap) takes the rest in steps of its own.
+_SINK_STEP = 4 * 2**20
 
 
 class _StaleConnection(Exception):
@@ -143,14 +163,36 @@ class Fetcher:
             await trio.sleep(interval)
             self._pool.sweep(trio.current_time())
 
-    async def fetch(self, url: str, *, headers: Sequence[tuple[str, str]] = ()) -> Response:
-        """GET ``url``. Redirects are returned as they are; raises FetchError."""
-        return await self.request("GET", url, headers=headers)
+    async def fetch(
+        self,
+        url: str,
+        *,
+        headers: Sequence[tuple[str, str]] = (),
+        sink: BodySink | None = None,
+        address: str | None = None,
+    ) -> Response:
+        """GET ``url``. Redirects are returned as they are; raises FetchError. With ``sink`` the body is
+        streamed to it and ``Response.body`` is empty; with ``address`` (one `address` gave) the request goes
+        there instead of to a fresh look-up."""
+        return await self.request("GET", url, headers=headers, sink=sink, address=address)
+
+    async def address(self, host: str) -> str:
+        """The address requests to ``host`` go to now: the node's resolver (cached; refused ranges refused).
+        Raises DnsError."""
+        return await self._resolver.resolve(host)
 
     async def request(
-        self, method: str, url: str, *, headers: Sequence[tuple[str, str]] = (), content: bytes = b""
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Sequence[tuple[str, str]] = (),
+        content: bytes = b"",
+        sink: BodySink | None = None,
+        address: str | None = None,
     ) -> Response:
-        """Send one request (any method, optional body) and read the whole response; raises FetchError."""
+        """Send one request (any method, optional body) and read the whole response (or stream it to
+        ``sink``); raises FetchError."""
         start = trio.current_time()
         scheme, host, port, target, host_header = _split_url(url)
         request_headers = self._request_headers(host_header, headers, method, content)
@@ -160,7 +202,7 @@ class Fetcher:
         # read_timeout" before each wait for data, so the reason it fired is read off the deadline it had.
         with trio.CancelScope(deadline=deadline) as scope:
             try:
-                ip = await self._resolver.resolve(host)
+                ip = address if address is not None else await self._resolver.resolve(host)
             except DnsError as exc:
                 kind = "refused-address" if exc.kind == "refused-address" else "dns"
                 raise FetchError(kind, f"{url}: {exc}") from exc
@@ -174,7 +216,7 @@ class Fetcher:
                     reused = conn.requests > 0
                     try:
                         head, body, truncated = await self._exchange(
-                            conn, method, target, request_headers, content, url, reused, scope, deadline
+                            conn, method, target, request_headers, content, url, reused, scope, deadline, sink
                         )
                     except _StaleConnection:
                         conn.close()
@@ -258,8 +300,10 @@ class Fetcher:
         reused: bool,
         scope: trio.CancelScope,
         deadline: float,
+        sink: BodySink | None = None,
     ) -> tuple[h11.Response, bytes, bool]:
-        """Send the request and read the response: (head, decoded body, truncated)."""
+        """Send the request and read the response: (head, decoded body, truncated). With ``sink``, the decoded
+        body goes to it piece by piece and the body returned is empty."""
         h = conn.h11
         try:
             data = h.send(h11.Request(method=method, target=target, headers=headers))
@@ -275,7 +319,8 @@ class Fetcher:
                 raise _StaleConnection from exc
             raise FetchError("protocol", f"{url}: the connection broke while sending the request") from exc
 
-        max_body = self._max_body
+        max_body = self._max_body if sink is None else sink.max_bytes
+        step = max_body if sink is None else _SINK_STEP
         read_timeout = self._read_timeout
         head: h11.Response | None = None
         decoder: BodyDecoder | None = None
@@ -314,15 +359,30 @@ class Fetcher:
                     piece = event.data
                     raw_size += len(piece)
                     if decoder is not None:
-                        piece = decoder.decompress(piece, max_body - size + 1)
-                    if size + len(piece) > max_body or raw_size > max_body:
-                        chunks.append(piece[: max_body - size])
+                        piece = decoder.decompress(piece, min(step, max_body - size + 1))
+                        if sink is not None and len(piece) >= step:
+                            truncated = True  # one read inflating past a step: cut, never held whole
+                    if truncated or size + len(piece) > max_body or raw_size > max_body:
+                        piece = piece[: max_body - size]
+                        if sink is None:
+                            chunks.append(piece)
+                        else:
+                            await sink.write(piece)
                         truncated = True
                         break
-                    chunks.append(piece)
                     size += len(piece)
+                    if sink is None:
+                        chunks.append(piece)
+                    elif not await sink.write(piece):
+                        truncated = True
+                        break
                 elif kind is h11.Response:
                     head = event
+                    if sink is not None and not sink.head(
+                        event.status_code, [(n.decode("latin-1"), v.decode("latin-1")) for n, v in event.headers]
+                    ):
+                        truncated = True  # the sink wants no body: stop reading, drop the connection
+                        break
                     encoding = _header(event.headers, b"content-encoding")
                     if encoding is not None:
                         decoder = make_decoder(encoding.decode("latin-1"))
@@ -332,7 +392,10 @@ class Fetcher:
                         if size + len(tail) > max_body:
                             tail = tail[: max_body - size]
                             truncated = True
-                        chunks.append(tail)
+                        if sink is None:
+                            chunks.append(tail)
+                        elif tail:
+                            await sink.write(tail)
                     break
                 elif kind is h11.ConnectionClosed:
                     raise FetchError("protocol", f"{url}: the server closed the connection without a response")
