@@ -222,7 +222,8 @@ async def test_two_nodes_over_mutual_tls_crawl_everything(tmp_path):
     async with trio.open_nursery() as nursery:
         web, dns = await start_local_web(nursery, graph)
         expected = web.expected()
-        cluster = Cluster(tmp_path, web, dns, delay=0.3, concurrency=16)  # A is still crawling when B joins
+        # A is still crawling when B joins: a join takes 4-6 s on a loaded 2-core machine, A alone about twice that
+        cluster = Cluster(tmp_path, web, dns, delay=0.6, concurrency=16)
         try:
             for name, weight, join in (("A", 100, False), ("B", 100, True)):
                 files = _node(tmp_path, ca, name)

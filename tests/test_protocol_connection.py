@@ -546,10 +546,11 @@ def test_handshake_matches_the_documented_vector_and_an_independent_proof() -> N
     batch = UrlBatch(
         seq=5, sender="a", epoch=3, urls=(UrlEntry(url="https://example.com/", depth=1, found_on=None, hops=0),)
     )
-    assert a.send(batch).hex() == (
-        "0000003110009405a161039194b468747470733a2f2f6578616d706c652e636f6d2f01c000"
-        "de01698cd3d9a14cff2efdda8e10c4e8"
-    )
+    body = bytes.fromhex("9405a161039196b468747470733a2f2f6578616d706c652e636f6d2f01c000c0c2")
+    batch_tag = hashlib.blake2b(struct.pack("!Q", 1) + bytes((0x10, 0)) + body, key=initiator_key,
+                                digest_size=16).digest()  # the initiator's frame 1
+    assert a.send(batch) == bytes.fromhex("0000003310") + b"\x00" + body + batch_tag
+    assert batch_tag.hex() == "bc0b458acfb078c5ae62c73025b815fc"
 
 
 # --- frame authentication and the pre-handshake limit --------------------------------------------------------
