@@ -34,8 +34,8 @@ from peer.crawl.scheduler import HostScheduler, HostTurn
 from peer.crawl.seams import AddressLimits, Link, Ownership, PageFetcher, Solo
 from peer.crawl.sitemaps import MAX_SITEMAP_BYTES, SitemapEntry, SitemapReader, may_list
 from peer.crawl.urls import Scope, host_of_normalized, normalize, origin_of_normalized
-from peer.fetch.dns import DnsError
-from peer.fetch.http import FetchError, Response
+from peer.fetch.errors import TRANSIENT, DnsError, FetchError
+from peer.fetch.http import Response
 from peer.stats import Stats
 
 __all__ = ["Crawler", "Link"]
@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 _SKIP_BUDGET = 256
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 _RETRY_STATUSES = frozenset((429, 503))
-_RETRY_ERRORS = frozenset(("connect", "timeout"))
 #: URLs remembered as already answered by the dedup store (about 200 B each: 200,000 is about 40 MiB).
 #: Past it the memory starts over; the dedup store stays the authority, so that only costs look-ups.
 _SEEN_CACHE_SIZE = 200_000
@@ -522,7 +521,7 @@ class Crawler:
                 break
         except (FetchError, DnsError) as exc:
             status, body = None, None
-            self.stats.errors[f"robots-{getattr(exc, 'kind', 'error')}"] += 1
+            self.stats.errors[f"robots-{exc.label}"] += 1
         if status is not None and status in _REDIRECTS:
             status = 404  # more than 5 redirects: RFC 9309 says treat as unavailable (allow all)
         decision = decide(status, body, now=self.wallclock(), redirects_followed=hops)
@@ -551,9 +550,8 @@ class Crawler:
         try:
             resp = await self._fetch(turn.host, item.url, headers=(("user-agent", self.user_agent),))
         except (FetchError, DnsError) as exc:
-            kind = getattr(exc, "kind", "error")
-            stats.errors[kind] += 1
-            if kind in _RETRY_ERRORS and self._retry(turn, item):
+            stats.errors[exc.label] += 1
+            if isinstance(exc, TRANSIENT) and self._retry(turn, item):
                 return
             self.frontier.done(item)
             turn.failures += 1
@@ -626,9 +624,8 @@ class Crawler:
         try:
             resp = await self._fetch(turn.host, item.url, headers=headers, sink=sink)
         except (FetchError, DnsError) as exc:
-            kind = getattr(exc, "kind", "error")
-            stats.errors[f"sitemap-{kind}"] += 1
-            if kind in _RETRY_ERRORS and self._retry(turn, item):
+            stats.errors[f"sitemap-{exc.label}"] += 1
+            if isinstance(exc, TRANSIENT) and self._retry(turn, item):
                 return
             sink.flush()
             self.frontier.done(item)

@@ -37,7 +37,7 @@ class Link:
 
 class PageFetcher(Protocol):
     """`fetch`: fetch `url` with these request headers and return the response (status, headers, body), or
-    raise `peer.fetch.FetchError` / `peer.fetch.DnsError`. With a `sink` the body is streamed to it instead
+    raise a `peer.fetch.FetchError` (whose class says what failed: `peer/fetch/errors.py`). With a `sink` the body is streamed to it instead
     (`peer.fetch.http.BodySink`: sitemaps are read as they arrive, never held whole); with an `address` the
     request goes to that address (the one its per-address lane is for). `address`: the address a host's
     requests go to now (the node's DNS cache), or DnsError."""
