@@ -12,7 +12,6 @@ are re-keyed to their new owner when the view changes. Duplicates are harmless: 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections import Counter
@@ -24,9 +23,8 @@ import trio
 
 from protocol import BatchAck, Message, UrlBatch, UrlEntry
 from ring import Ring
-from storage import NodeStore, QueuedUrl
+from storage import NodeStore, QueuedUrl, url_fingerprint
 
-from peer.crawl.crawler import Link
 from peer.crawl.urls import host_of_normalized, normalize
 
 __all__ = ["DispatchConfig", "DispatchStats", "Dispatcher", "LinkLayer"]
@@ -110,10 +108,6 @@ class _Owner:
     inflight: dict[int, _Batch] = field(default_factory=dict)
 
 
-def _fingerprint(url: str) -> bytes:
-    return hashlib.blake2b(url.encode("utf-8"), digest_size=8).digest()
-
-
 class Dispatcher:
     """Routes links to their owners and receives the batches peers route to this node.
 
@@ -153,25 +147,20 @@ class Dispatcher:
 
     # -- the crawler's side -------------------------------------------------------------------------------
 
-    def route(self, host: str, link: Link) -> None:
+    def route(self, item: QueuedUrl) -> None:
         """Queue a link for the owner of `host` (the crawler's `router`). Repeats of a recently sent URL are
         dropped: the owner already has it or will have it."""
         self.stats.urls_routed += 1
         recent = self._recent
         if self.config.recent_size:
-            key = _fingerprint(link.url)
+            key = url_fingerprint(item.url)
             if key in recent:
                 self.stats.urls_recent += 1
                 return
             recent[key] = None
             if len(recent) > self.config.recent_size:
                 del recent[next(iter(recent))]
-        self._staged.append(
-            QueuedUrl(
-                url=link.url, host=host, depth=link.depth, hops=link.hops, found_on=link.found_on,
-                lastmod=link.lastmod, sitemap=link.sitemap,
-            )
-        )
+        self._staged.append(item)
         if len(self._staged) >= self.config.batch_size:
             self._wake.set()
 
