@@ -355,11 +355,15 @@ async def test_idle_connections_expire(web: LocalWeb, clock: trio.testing.MockCl
         await fetcher.fetch(web.url("/echo"))
         assert fetcher.pool.idle_count == 1
         await trio.sleep(29.0)
-        assert fetcher.pool.idle_count == 1
-        await trio.sleep(16.0)  # the sweeper runs every 15 s
-        assert fetcher.pool.idle_count == 0 and fetcher.pool.origin_count == 0
-        await fetcher.fetch(web.url("/echo"))
-    assert web.connections == 2
+        await fetcher.fetch(web.url("/echo", host="other.test"))  # 29 s idle: site.test's connection stays
+        assert fetcher.pool.idle_count == 2 and web.connections == 2
+        await trio.sleep(29.0)
+        # Using the pool expires what has been idle too long: site.test's after 58 s, not other.test's.
+        await fetcher.fetch(web.url("/echo", host="third.test"))
+        assert fetcher.pool.idle_count == 2 and fetcher.pool.origin_count == 2
+        await fetcher.fetch(web.url("/echo"))  # a new connection: the old one was closed
+        assert web.connections == 4
+    assert fetcher.pool.idle_count == 0 and fetcher.pool.origin_count == 0
 
 
 async def test_redirects_are_returned_not_followed(web: LocalWeb) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, Self
@@ -138,37 +137,18 @@ class Fetcher:
         )
         self._ssl_context = ssl_context
         self._defaults = [("user-agent", user_agent), ("accept-encoding", "gzip, deflate, br"), ("accept", "*/*")]
-        self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
-        self._nursery: trio.Nursery | None = None
 
     @property
     def pool(self) -> ConnectionPool:
         return self._pool
 
     async def __aenter__(self) -> Self:
-        manager = trio.open_nursery()
-        self._nursery = await manager.__aenter__()
-        self._nursery_manager = manager
-        self._nursery.start_soon(self._sweep_idle)
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        assert self._nursery is not None and self._nursery_manager is not None
-        self._nursery.cancel_scope.cancel()
-        try:
-            # Only the sweeper runs in here; the caller's exception (if any) propagates untouched.
-            await self._nursery_manager.__aexit__(None, None, None)
-        finally:
-            self._nursery = self._nursery_manager = None
-            self._pool.close_all()
-
-    async def _sweep_idle(self) -> None:
-        interval = min(max(self._idle_timeout / 2, 0.5), 10.0)
-        while True:
-            await trio.sleep(interval)
-            self._pool.sweep(trio.current_time())
+        self._pool.close_all()
 
     async def fetch(
         self,
