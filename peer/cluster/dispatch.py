@@ -25,6 +25,7 @@ from protocol import BatchAck, Message, UrlBatch, UrlEntry
 from ring import Ring
 from storage import NodeStore, QueuedUrl, url_fingerprint
 
+from peer.config import DEFAULTS
 from peer.crawl.urls import host_of_normalized, normalize
 
 __all__ = ["DispatchConfig", "DispatchStats", "Dispatcher", "LinkLayer"]
@@ -44,10 +45,9 @@ class LinkLayer(Protocol):
 class DispatchConfig:
     """Dispatch tuning; every default has its reason."""
 
-    # URLs per UrlBatch: a batch of 500 URLs is about 40 KB of msgpack, one write, well under the frame limit.
-    batch_size: int = 500
-    # A partial batch waits at most 200 ms (the design's timer): few messages, and links reach owners quickly.
-    interval: float = 0.2
+    # The operator's settings (batch_size, dispatch_interval): default and reason in peer.config (FIELDS).
+    batch_size: int = DEFAULTS["batch_size"]
+    interval: float = DEFAULTS["dispatch_interval"]
     # ... per 12 peers: with n peers each owner gets 1/n of the links, so a partial batch may wait one interval
     # per 12 peers (200 ms up to 12 peers, 1.8 s at 100, 16.8 s at 1,000) and batches keep about the same size
     # (docs/cluster.md: frames per URL at 10, 100 and 1,000 nodes within 2x). Full batches never wait.

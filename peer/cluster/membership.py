@@ -31,6 +31,7 @@ import protocol
 from protocol import Gossip, Limits, Message, Ping, Pong, ProbeReply, ProbeRequest
 from ring import Member, MemberState, View, merge
 
+from peer.config import DEFAULTS
 from peer.cluster.peerlinks import LinkConfig, LinkError, MessageHandler, PeerLinks
 from peer.cluster.transport import Transport
 
@@ -46,14 +47,12 @@ _MAX_INDIRECT_TASKS = 64
 class MembershipConfig:
     """SWIM timing; every default has its reason (memberlist's LAN profile, unless said otherwise)."""
 
-    # Each node checks one peer a second: failure detection in a few seconds for a constant load per node.
-    probe_interval: float = 1.0
-    # A Pong between peers takes milliseconds; half the interval leaves the other half for indirect probes.
-    probe_timeout: float = 0.5
+    # The operator's settings: default and reason in peer.config (FIELDS).
+    probe_interval: float = DEFAULTS["probe_interval"]
+    probe_timeout: float = DEFAULTS["probe_timeout"]
+    suspicion_timeout: float = DEFAULTS["suspicion_timeout"]
     # Three other nodes try the target before it is suspected, so one bad link does not condemn a node.
     indirect_probes: int = 3
-    # A suspect has this long to hear the rumour and refute it: several probe and gossip rounds.
-    suspicion_timeout: float = 5.0
     # Changes spread every 200 ms to a few random members: a view change reaches everyone in about a second.
     gossip_interval: float = 0.2
     gossip_fanout: int = 3

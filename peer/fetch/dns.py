@@ -27,6 +27,7 @@ import dns.rdataclass
 import dns.rdatatype
 import trio
 
+from peer.config import DEFAULTS
 from peer.fetch.addresses import ip_literal, refusal_reason
 from peer.fetch.errors import (
     DnsError,
@@ -143,9 +144,9 @@ class CachingResolver:
         self,
         nameservers: Sequence[str] = (),
         *,
-        cache_size: int = 50_000,
-        min_ttl: float = 60.0,
-        max_ttl: float = 1800.0,
+        cache_size: int = DEFAULTS["dns_cache_size"],
+        min_ttl: float = DEFAULTS["dns_min_ttl"],
+        max_ttl: float = DEFAULTS["dns_max_ttl"],
         negative_ttl: float = 300.0,
         timeout: float = 5.0,
         allow_private: bool = False,

@@ -22,6 +22,7 @@ import h11
 import httpx
 import trio
 
+from peer.config import DEFAULTS
 from peer.fetch.decoding import BodyDecoder, DecodeError, make_decoder
 from peer.fetch.pool import (
     Connection,
@@ -109,10 +110,10 @@ class Fetcher:
         resolver: Resolver,
         *,
         user_agent: str,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 30.0,
-        total_timeout: float = 60.0,
-        max_body: int = 10 * 2**20,
+        connect_timeout: float = DEFAULTS["connect_timeout"],
+        read_timeout: float = DEFAULTS["read_timeout"],
+        total_timeout: float = DEFAULTS["total_timeout"],
+        max_body: int = DEFAULTS["max_body"],
         max_connections_per_origin: int = 1,
         max_idle_per_origin: int = 1,
         idle_timeout: float = 30.0,
