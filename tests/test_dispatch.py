@@ -317,6 +317,7 @@ def urls_for(ring: Ring, sender: str, count: int, rng: random.Random) -> list[Qu
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_simulation_with_link_breaks_and_a_restarted_receiver(tmp_path, seed, autojump_clock):
     rng = random.Random(seed)
@@ -411,6 +412,7 @@ async def test_a_sender_killed_before_sending_loses_nothing(tmp_path, autojump_c
         node.store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [5, 6, 7])
 async def test_view_change_mid_flight_reroutes_and_loses_nothing(tmp_path, seed, autojump_clock):
     rng = random.Random(seed)

@@ -273,6 +273,7 @@ def test_zone_file_parsing(tmp_path: Path) -> None:
         read_zone_file(str(bad))
 
 
+@pytest.mark.slow
 def test_server_runs_as_a_process(tmp_path: Path) -> None:
     zone = tmp_path / "zone.txt"
     zone.write_text("demo.test 127.0.0.1\n")
