@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
 from peer.control import auth_headers
@@ -29,6 +30,8 @@ from peerlab.localweb.referee import (
     requested_urls,
 )
 from tests.support.crawl import child_env, kill_pid, node_config, peerd_argv, start_local_web, urls_fetched
+
+pytestmark = pytest.mark.slow  # real peerd daemons
 
 SECRET = "test-cluster-secret-0123456789"
 #: A page fetched this long before the kill may have lost its replica with B (they leave every 0.1 s; the rest

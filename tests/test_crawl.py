@@ -29,6 +29,7 @@ async def _crawl(graph, tmp_path, **overrides):
     return web, node
 
 
+@pytest.mark.slow
 async def test_crawl_fetches_exactly_the_reachable_and_allowed_set(tmp_path):
     graph = SiteGraph.generate(seed=3, hosts=24, pages_per_host=12)
     web, node = await _crawl(graph, tmp_path)

@@ -372,6 +372,7 @@ def test_dockerfile_image() -> None:
     check_command(entry, env)
 
 
+@pytest.mark.slow
 def test_image_build_installs_from_what_it_copies(tmp_path: Path) -> None:
     """The build stage's COPY set is enough: pip builds the project from only those files, and the result
     has the console scripts and the modules the image and the compose file run."""
@@ -406,6 +407,7 @@ def healthcheck_command() -> list[str]:
     return [sys.executable, *cmd[1:]]
 
 
+@pytest.mark.slow
 def test_healthcheck_and_sigterm_against_a_real_node(tmp_path: Path) -> None:
     """The image's HEALTHCHECK passes against a running node, which SIGTERM stops cleanly, and then fails."""
     data = tmp_path / "node"
@@ -516,6 +518,7 @@ def _loopback(args: list[str], **replace: str) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_compose_local_web_serves_the_seed(compose: dict[str, Any], tmp_path: Path) -> None:
     """The compose file's web and DNS services, run on loopback with its own arguments: the seed's host
     resolves to the web service's address and the web answers the seed URL."""
@@ -615,6 +618,7 @@ def test_leave_drop_in_waits_for_the_hand_off() -> None:
     assert Config().leave_timeout < args.timeout < float(keys["TimeoutStopSec"][0])
 
 
+@pytest.mark.slow
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     tool = shutil.which("systemd-analyze")
     if tool is None:
@@ -644,6 +648,7 @@ def readme_shell_blocks() -> str:
     return "\n".join(re.findall(r"```(?:sh|bash|shell)\n(.*?)```", text, flags=re.DOTALL))
 
 
+@pytest.mark.slow
 def test_shellcheck(tmp_path: Path) -> None:
     tool = shutil.which("shellcheck")
     if tool is None:

@@ -43,12 +43,12 @@ SCRIPT = textwrap.dedent(
                 await resolver.resolve("example.test")
                 print("dns: no error")
             except DnsError as exc:
-                print("dns:", exc.kind)
+                print("dns:", exc.label)
             try:
                 await fetcher.fetch("http://127.0.0.1:9/")
                 print("http: no error")
             except FetchError as exc:
-                print("http:", exc.kind)
+                print("http:", exc.label)
             # The peer listener meets EMFILE on accept: it must keep serving.
             for fd in filler[:6]:
                 os.close(fd)
@@ -75,7 +75,7 @@ SCRIPT = textwrap.dedent(
             try:
                 await resolver.resolve("other.test")
             except DnsError as exc:
-                print("dns after:", exc.kind)
+                print("dns after:", exc.label)
             nursery.cancel_scope.cancel()
 
     trio.run(main)

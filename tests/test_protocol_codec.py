@@ -446,6 +446,7 @@ def outcome(kind: object, method: str, value: object, js: bool, limits: Limits) 
         return ("invalid", exc.where("urls"), exc.message)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(items=st.lists(entry_trees, max_size=6), js=st.booleans())
 def test_url_list_fast_path_loads_exactly_like_the_general_path(items: list[object], js: bool) -> None:
@@ -455,6 +456,7 @@ def test_url_list_fast_path_loads_exactly_like_the_general_path(items: list[obje
     assert outcome(fast, "load", items, js, limits) == outcome(general, "load", items, js, limits)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     entries=st.lists(

@@ -68,6 +68,7 @@ def test_node_points_are_fixed_and_prefix_stable() -> None:
         node_points("A", -1)
 
 
+@pytest.mark.slow
 def test_design_owners_match_golden_values(design_rings: list[Ring]) -> None:
     initial, _, final = design_rings
     assert {h: initial.owner(h) for h in HOSTS} == {
@@ -101,6 +102,7 @@ def test_weight_alone_as_point_count_is_far_off() -> None:
 # -- lookups ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_lookup_path_agrees_with_the_arcs(design_rings: list[Ring]) -> None:
     rng = random.Random(7)
     for r in design_rings:
@@ -116,6 +118,7 @@ def test_every_lookup_path_agrees_with_the_arcs(design_rings: list[Ring]) -> Non
         assert [r.owner(h) for h in names] == [r.owner_at(host_position(h)) for h in names]
 
 
+@pytest.mark.slow
 def test_arcs_tile_the_circle(design_rings: list[Ring]) -> None:
     for r in design_rings:
         arcs = r.arcs()
@@ -162,6 +165,7 @@ def test_value_semantics() -> None:
 # -- the four properties ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(weights=weight_maps, ppw=small_ppw, seed=st.integers(0, 2**32))
 def test_one_owner_per_key_as_defined(weights: dict[str, int], ppw: int, seed: int) -> None:
@@ -253,6 +257,7 @@ def test_diff_with_empty_rings() -> None:
     assert diff(full, empty) == [ArcMove(start=a.start, end=a.end, previous=a.owner, next=None) for a in full.arcs()]
 
 
+@pytest.mark.slow
 def test_design_diffs_move_only_the_changed_node(design_rings: list[Ring]) -> None:
     initial, removed, added = design_rings
     removal = diff(initial, removed)
@@ -265,6 +270,7 @@ def test_design_diffs_move_only_the_changed_node(design_rings: list[Ring]) -> No
     assert isinstance(initial.arcs()[0], Arc)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(weights=weight_maps, ppw=small_ppw, seed=st.integers(0, 2**32))
 def test_the_backup_of_a_position_is_its_owner_once_the_owner_leaves(

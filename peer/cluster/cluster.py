@@ -21,7 +21,6 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -31,7 +30,7 @@ from ring import DEFAULT_POINTS_PER_WEIGHT, ArcMove, MemberState, Ring, View, di
 from storage import HostState, NodeStore, QueuedUrl
 
 from peer.config import Config
-from peer.crawl.crawler import Crawler, Link
+from peer.crawl.crawler import Crawler
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
 from peer.cluster.membership import Membership, MembershipConfig
@@ -39,7 +38,7 @@ from peer.cluster.lanes import LEASE, FleetLanes
 from peer.cluster.replicas import SeenReplicas
 from peer.cluster.transport import TcpTransport, TlsFiles, Transport
 
-__all__ = ["Cluster", "NodeProgress"]
+__all__ = ["Cluster"]
 
 log = logging.getLogger(__name__)
 
@@ -86,21 +85,6 @@ class _Owners:
                 self._cache.clear()
             self._cache[host] = owner
             return owner
-
-
-@dataclass(frozen=True, slots=True)
-class NodeProgress:
-    """One node's answer in a progress round (this node's own is taken locally)."""
-
-    node_id: str
-    ring: int  # the id of the ring the node uses: nodes can number the same ring with different view epochs
-    idle: bool
-    finished: bool
-    activity: int
-    pages: int
-    queued: int
-    urls_received: int
-    rate: float
 
 
 class Cluster:
@@ -169,7 +153,7 @@ class Cluster:
         self.leaving = False
         self.view_changes = 0
         self.hosts_swept = 0
-        self.peers: dict[str, NodeProgress] = {}  # the latest report of each peer
+        self.peers: dict[str, ProgressReport] = {}  # the latest report of each peer
         self._last_round: dict[str, tuple[int, bool, int]] | None = None
         self._round_done = False
         self._seq = 0
@@ -184,8 +168,8 @@ class Cluster:
         """The crawler this cluster wakes when work arrives (built with `ownership=cluster`)."""
         self.crawler = crawler
 
-    def route(self, host: str, link: Link) -> None:
-        self.dispatcher.route(host, link)
+    def route(self, item: QueuedUrl) -> None:
+        self.dispatcher.route(item)
 
     def take_routed(self) -> list[tuple[str, QueuedUrl]]:
         return self.dispatcher.take_routed()
@@ -432,7 +416,8 @@ class Cluster:
 
     # -- progress and termination -------------------------------------------------------------------------
 
-    def local_progress(self) -> NodeProgress:
+    def local_progress(self, seq: int = 0) -> ProgressReport:
+        """This node's progress as the report it sends (``seq`` answers a query; 0 when unasked or kept here)."""
         crawler = self.crawler
         d, h = self.dispatcher.stats, self.handoff
         idle = (
@@ -443,8 +428,8 @@ class Cluster:
             and not h.waiting()
         )
         activity = self.stats.pages + self.stats.urls_new + d.urls_new + d.batches_received + h.chunks_applied
-        return NodeProgress(
-            node_id=self.node_id, ring=self._ring_id, idle=idle, finished=self.finished.is_set(),
+        return ProgressReport(
+            seq=seq, ring=self._ring_id, idle=idle, finished=self.finished.is_set(),
             activity=activity, pages=self.stats.pages, queued=len(self.store.frontier),
             urls_received=sum(d.urls_received.values()) + h.urls_received, rate=max(0.0, self.stats.rate()),
         )
@@ -498,10 +483,10 @@ class Cluster:
             self._answers.pop(seq, None)
         answered = all(event.is_set() for _, event in asked.values())
         me = self.local_progress()
-        reports = {me.node_id: me} | {p: self.peers[p] for p in peers if p in self.peers}
+        reports = {self.node_id: me} | {p: self.peers[p] for p in peers if p in self.peers}
         if self.finished.is_set():
             return True
-        if me.idle and any(r.finished for r in reports.values() if r.node_id != self.node_id):
+        if me.idle and any(r.finished for n, r in reports.items() if n != self.node_id):
             self._conclude("a peer concluded it")
             return True
         this_round = {n: (r.ring, r.idle, r.activity) for n, r in reports.items()}
@@ -521,10 +506,7 @@ class Cluster:
         me = self.local_progress()
         for peer in self._live_peers():
             member = self.view.member(peer)
-            self.links.send_nowait(peer, ProgressReport(
-                seq=0, ring=me.ring, idle=me.idle, finished=True, activity=me.activity, pages=me.pages,
-                queued=me.queued, urls_received=me.urls_received, rate=me.rate),
-                address=member.address if member else None)
+            self.links.send_nowait(peer, me, address=member.address if member else None)
 
     async def linger(self, timeout: float = LINGER_TIMEOUT) -> None:
         """After concluding, keep answering until every live peer has concluded too (bounded)."""
@@ -534,15 +516,9 @@ class Cluster:
 
     async def _on_message(self, peer_id: str, message: Message) -> None:
         if isinstance(message, ProgressQuery):
-            me = self.local_progress()
-            self.links.send_nowait(peer_id, ProgressReport(
-                seq=message.seq, ring=me.ring, idle=me.idle, finished=me.finished, activity=me.activity,
-                pages=me.pages, queued=me.queued, urls_received=me.urls_received, rate=me.rate))
+            self.links.send_nowait(peer_id, self.local_progress(message.seq))
         elif isinstance(message, ProgressReport):
-            self.peers[peer_id] = NodeProgress(
-                node_id=peer_id, ring=message.ring, idle=message.idle, finished=message.finished,
-                activity=message.activity, pages=message.pages, queued=message.queued,
-                urls_received=message.urls_received, rate=message.rate)
+            self.peers[peer_id] = message
             waiter = self._answers.get(message.seq)
             if waiter is not None and waiter[0] == peer_id:
                 waiter[1].set()

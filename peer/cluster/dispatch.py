@@ -12,7 +12,6 @@ are re-keyed to their new owner when the view changes. Duplicates are harmless: 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections import Counter
@@ -24,9 +23,9 @@ import trio
 
 from protocol import BatchAck, Message, UrlBatch, UrlEntry
 from ring import Ring
-from storage import NodeStore, QueuedUrl
+from storage import NodeStore, QueuedUrl, url_fingerprint
 
-from peer.crawl.crawler import Link
+from peer.config import DEFAULTS
 from peer.crawl.urls import host_of_normalized, normalize
 
 __all__ = ["DispatchConfig", "DispatchStats", "Dispatcher", "LinkLayer"]
@@ -46,10 +45,9 @@ class LinkLayer(Protocol):
 class DispatchConfig:
     """Dispatch tuning; every default has its reason."""
 
-    # URLs per UrlBatch: a batch of 500 URLs is about 40 KB of msgpack, one write, well under the frame limit.
-    batch_size: int = 500
-    # A partial batch waits at most 200 ms (the design's timer): few messages, and links reach owners quickly.
-    interval: float = 0.2
+    # The operator's settings (batch_size, dispatch_interval): default and reason in peer.config (FIELDS).
+    batch_size: int = DEFAULTS["batch_size"]
+    interval: float = DEFAULTS["dispatch_interval"]
     # ... per 12 peers: with n peers each owner gets 1/n of the links, so a partial batch may wait one interval
     # per 12 peers (200 ms up to 12 peers, 1.8 s at 100, 16.8 s at 1,000) and batches keep about the same size
     # (docs/cluster.md: frames per URL at 10, 100 and 1,000 nodes within 2x). Full batches never wait.
@@ -110,10 +108,6 @@ class _Owner:
     inflight: dict[int, _Batch] = field(default_factory=dict)
 
 
-def _fingerprint(url: str) -> bytes:
-    return hashlib.blake2b(url.encode("utf-8"), digest_size=8).digest()
-
-
 class Dispatcher:
     """Routes links to their owners and receives the batches peers route to this node.
 
@@ -153,25 +147,20 @@ class Dispatcher:
 
     # -- the crawler's side -------------------------------------------------------------------------------
 
-    def route(self, host: str, link: Link) -> None:
+    def route(self, item: QueuedUrl) -> None:
         """Queue a link for the owner of `host` (the crawler's `router`). Repeats of a recently sent URL are
         dropped: the owner already has it or will have it."""
         self.stats.urls_routed += 1
         recent = self._recent
         if self.config.recent_size:
-            key = _fingerprint(link.url)
+            key = url_fingerprint(item.url)
             if key in recent:
                 self.stats.urls_recent += 1
                 return
             recent[key] = None
             if len(recent) > self.config.recent_size:
                 del recent[next(iter(recent))]
-        self._staged.append(
-            QueuedUrl(
-                url=link.url, host=host, depth=link.depth, hops=link.hops, found_on=link.found_on,
-                lastmod=link.lastmod, sitemap=link.sitemap,
-            )
-        )
+        self._staged.append(item)
         if len(self._staged) >= self.config.batch_size:
             self._wake.set()
 

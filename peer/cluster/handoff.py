@@ -27,6 +27,7 @@ from protocol import HostState as WireHostState
 from ring import RING_SPACE, ArcMove, Ring, diff, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc, queued_url_keys
 
+from peer.config import DEFAULTS
 from peer.crawl.urls import host_of_normalized, normalize
 
 __all__ = ["Alone", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "handoff_arcs"]
@@ -60,8 +61,9 @@ class HandoffConfig:
     # How often `run` looks for chunks to send or re-send.
     interval: float = 0.2
     # A gained arc waits at most this long for its previous owner's transfer: views that reached the two nodes
-    # by different paths (or a previous owner that restarted) must not block its hosts forever.
-    wait: float = 30.0
+    # by different paths (or a previous owner that restarted) must not block its hosts forever. The operator's
+    # setting handoff_wait: default and reason in peer.config (FIELDS).
+    wait: float = DEFAULTS["handoff_wait"]
 
 
 def handoff_arcs(moves: Iterable[ArcMove]) -> list[ArcMove]:

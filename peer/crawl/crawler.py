@@ -31,14 +31,14 @@ from peer.crawl.addressgate import AddressGate, Lane
 from peer.crawl.links import extract, is_html
 from peer.crawl.robots import RobotsDecision, decide, product_token
 from peer.crawl.scheduler import HostScheduler, HostTurn
-from peer.crawl.seams import AddressLimits, Link, Ownership, PageFetcher, Solo
+from peer.crawl.seams import AddressLimits, Ownership, PageFetcher, Solo
 from peer.crawl.sitemaps import MAX_SITEMAP_BYTES, SitemapEntry, SitemapReader, may_list
 from peer.crawl.urls import Scope, host_of_normalized, normalize, origin_of_normalized
-from peer.fetch.dns import DnsError
-from peer.fetch.http import FetchError, Response
+from peer.fetch.errors import TRANSIENT, DnsError, FetchError
+from peer.fetch.http import Response
 from peer.stats import Stats
 
-__all__ = ["Crawler", "Link"]
+__all__ = ["Crawler"]
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 _SKIP_BUDGET = 256
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 _RETRY_STATUSES = frozenset((429, 503))
-_RETRY_ERRORS = frozenset(("connect", "timeout"))
 #: URLs remembered as already answered by the dedup store (about 200 B each: 200,000 is about 40 MiB).
 #: Past it the memory starts over; the dedup store stays the authority, so that only costs look-ups.
 _SEEN_CACHE_SIZE = 200_000
@@ -134,15 +133,16 @@ class Crawler:
 
     # ------------------------------------------------------------------ admission
 
-    def admit(self, links: Iterable[Link]) -> tuple[int, int]:
-        """Scope-check, route, dedup and queue links. Returns (new, already seen) for the links owned here."""
+    def admit(self, items: Iterable[QueuedUrl]) -> tuple[int, int]:
+        """Scope-check, route, dedup and queue normalized URLs (their host is taken from the URL). Returns
+        (new, already seen) for the URLs owned here."""
         batch = _Batch()
-        for link in links:
-            self._screen(batch, link.url, link.depth, link.hops, link.found_on, link.lastmod, link.sitemap)
+        for item in items:
+            self._screen(batch, item.url, item.depth, item.hops, item.found_on, item.lastmod, item.sitemap)
         return self._commit(batch)
 
     def _screen_found(self, batch: _Batch, urls: Sequence[str], depth: int, found_on: str) -> None:
-        """Screen the links of one page, without a ``Link`` per URL: the crawl's hottest loop.
+        """Screen the links of one page, without a record per URL: the crawl's hottest loop.
 
         Most links of a wide crawl were seen before; a URL the dedup store already answered for, on a host
         this node still owns, is counted as seen without being parsed, scope-checked or looked up again.
@@ -176,12 +176,11 @@ class Crawler:
         if reason is not None:
             self.stats.skipped[reason] += 1
             return
+        item = QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on, lastmod=lastmod, sitemap=sitemap)
         if self.owns is not None and not self.owns(host):
-            self.ownership.route(host, Link(url, depth, hops, found_on, lastmod, sitemap))
+            self.ownership.route(item)
             return
-        batch.cands.append(
-            QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on, lastmod=lastmod, sitemap=sitemap)
-        )
+        batch.cands.append(item)
 
     def _commit(self, batch: _Batch, done: QueuedUrl | None = None) -> tuple[int, int]:
         """One store transaction: mark the batch seen, queue the new URLs and (with ``done``) clear the page
@@ -222,7 +221,7 @@ class Crawler:
             if url is None:
                 log.warning("seed is not a crawlable http(s) URL, skipped", extra={"seed": raw})
                 continue
-            links.append(Link(url, 0))
+            links.append(QueuedUrl(url=url, host=host_of_normalized(url), depth=0))
         new, _ = self.admit(links)
         return new
 
@@ -522,7 +521,7 @@ class Crawler:
                 break
         except (FetchError, DnsError) as exc:
             status, body = None, None
-            self.stats.errors[f"robots-{getattr(exc, 'kind', 'error')}"] += 1
+            self.stats.errors[f"robots-{exc.label}"] += 1
         if status is not None and status in _REDIRECTS:
             status = 404  # more than 5 redirects: RFC 9309 says treat as unavailable (allow all)
         decision = decide(status, body, now=self.wallclock(), redirects_followed=hops)
@@ -551,9 +550,8 @@ class Crawler:
         try:
             resp = await self._fetch(turn.host, item.url, headers=(("user-agent", self.user_agent),))
         except (FetchError, DnsError) as exc:
-            kind = getattr(exc, "kind", "error")
-            stats.errors[kind] += 1
-            if kind in _RETRY_ERRORS and self._retry(turn, item):
+            stats.errors[exc.label] += 1
+            if isinstance(exc, TRANSIENT) and self._retry(turn, item):
                 return
             self.frontier.done(item)
             turn.failures += 1
@@ -626,9 +624,8 @@ class Crawler:
         try:
             resp = await self._fetch(turn.host, item.url, headers=headers, sink=sink)
         except (FetchError, DnsError) as exc:
-            kind = getattr(exc, "kind", "error")
-            stats.errors[f"sitemap-{kind}"] += 1
-            if kind in _RETRY_ERRORS and self._retry(turn, item):
+            stats.errors[f"sitemap-{exc.label}"] += 1
+            if isinstance(exc, TRANSIENT) and self._retry(turn, item):
                 return
             sink.flush()
             self.frontier.done(item)

@@ -10,7 +10,6 @@ httpx's transports are), with the default a single node needs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from storage import QueuedUrl
@@ -18,26 +17,12 @@ from storage import QueuedUrl
 from peer.crawl.addressgate import Lane
 from peer.fetch.http import BodySink, Response
 
-__all__ = ["AddressLimits", "Link", "Ownership", "PageFetcher", "Solo"]
-
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    """A URL on its way into the frontier: normalized, with its depth, redirect hops and referrer; the last
-    modification a sitemap gave for it, and whether it is itself a sitemap to read. What the crawler hands
-    its `Ownership` for a host owned elsewhere."""
-
-    url: str
-    depth: int
-    hops: int = 0
-    found_on: str | None = None
-    lastmod: float | None = None
-    sitemap: bool = False
+__all__ = ["AddressLimits", "Ownership", "PageFetcher", "Solo"]
 
 
 class PageFetcher(Protocol):
     """`fetch`: fetch `url` with these request headers and return the response (status, headers, body), or
-    raise `peer.fetch.FetchError` / `peer.fetch.DnsError`. With a `sink` the body is streamed to it instead
+    raise a `peer.fetch.FetchError` (whose class says what failed: `peer/fetch/errors.py`). With a `sink` the body is streamed to it instead
     (`peer.fetch.http.BodySink`: sitemaps are read as they arrive, never held whole); with an `address` the
     request goes to that address (the one its per-address lane is for). `address`: the address a host's
     requests go to now (the node's DNS cache), or DnsError."""
@@ -81,7 +66,7 @@ class Ownership(Protocol):
     def blocked(self, host: str) -> bool:
         """Whether `host` is owned here but may not be fetched yet (its arc's hand-off has not arrived)."""
 
-    def route(self, host: str, link: Link) -> None:
+    def route(self, item: QueuedUrl) -> None:
         """Take a link for a host owned elsewhere (the dispatcher stages it for its owner)."""
 
     def take_routed(self) -> list[tuple[str, QueuedUrl]]:
@@ -102,8 +87,8 @@ class Solo:
     def blocked(self, host: str) -> bool:
         return False
 
-    def route(self, host: str, link: Link) -> None:
-        raise AssertionError(f"a node on its own owns every host; nothing to route ({host})")
+    def route(self, item: QueuedUrl) -> None:
+        raise AssertionError(f"a node on its own owns every host; nothing to route ({item.host})")
 
     def take_routed(self) -> list[tuple[str, QueuedUrl]]:
         return []

@@ -27,6 +27,8 @@ from urllib.parse import unquote
 
 import idna
 
+from peer.config import DEFAULTS
+
 __all__ = [
     "DEFAULT_BINARY_SUFFIXES",
     "Scope",
@@ -42,7 +44,7 @@ __all__ = [
     "path_and_query_of",
 ]
 
-DEFAULT_MAX_URL_LENGTH = 2048  # longer URLs are almost always session ids, traps or garbage
+DEFAULT_MAX_URL_LENGTH: int = DEFAULTS["max_url_length"]  # the setting's default (peer.config): traps, junk
 
 _DEFAULT_PORTS = {"http": "80", "https": "443"}
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")

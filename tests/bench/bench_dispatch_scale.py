@@ -20,11 +20,10 @@ import trio
 import trio.testing
 
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
-from peer.crawl.crawler import Link
 from protocol import HEADER_SIZE, BatchAck, Limits, UrlBatch
 from protocol._codec import encode_body
 from ring import Ring
-from storage import NodeStore
+from storage import NodeStore, QueuedUrl
 
 LIMITS = Limits()
 
@@ -99,7 +98,7 @@ def measure(count: int, rate: int, seconds: float, config: DispatchConfig, seed:
                     url = f"https://{host}/page/{made}"
                     if ring.owner(host) != "a":
                         routed_at[url] = trio.current_time()
-                        dispatcher.route(host, Link(url, 1))
+                        dispatcher.route(QueuedUrl(url=url, host=host, depth=1))
                 await trio.sleep(step)
             await trio.sleep(60)  # every partial batch leaves and is acked
             waits = sorted(links.waits)
