@@ -24,7 +24,10 @@ class Stats:
         self.urls_new = 0
         self.urls_seen = 0
         self.robots_fetches = 0
+        self.sitemap_fetches = 0  # sitemap requests (any outcome)
+        self.sitemap_urls = 0  # URLs the sitemaps read listed (before scope, robots and dedup)
         self.retries = 0
+        self.address_waits = 0  # host turns put off because their server address had no free lane
         self.stored = 0
         self._samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
 
@@ -56,7 +59,10 @@ class Stats:
             "urls_new": self.urls_new,
             "urls_seen": self.urls_seen,
             "robots_fetches": self.robots_fetches,
+            "sitemap_fetches": self.sitemap_fetches,
+            "sitemap_urls": self.sitemap_urls,
             "retries": self.retries,
+            "address_waits": self.address_waits,
             "stored": self.stored,
         }
 
@@ -79,6 +85,8 @@ class StatsCollector(Collector):
             ("peercrawl_urls_new", "URLs that were new to the dedup store", s.urls_new),
             ("peercrawl_urls_seen", "URLs the dedup store had already seen", s.urls_seen),
             ("peercrawl_robots_fetches", "robots.txt requests", s.robots_fetches),
+            ("peercrawl_sitemap_fetches", "sitemap requests", s.sitemap_fetches),
+            ("peercrawl_sitemap_urls", "URLs listed by the sitemaps read", s.sitemap_urls),
             ("peercrawl_retries", "URLs re-queued after a transient failure", s.retries),
             ("peercrawl_stored", "Pages written to the page store", s.stored),
         ]

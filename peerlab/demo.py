@@ -36,7 +36,7 @@ import httpx
 import trio
 
 from peer.cli.main import format_status
-from peer.control import read_token
+from peer.control import auth_headers
 from peerlab.localweb.dns_server import serve_dns
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.model import make_url
@@ -412,12 +412,11 @@ def _peerd_command(args: argparse.Namespace, seeds: list[str], dns_port: int, da
 async def _status(data_dir: Path) -> dict[str, Any] | None:
     try:
         addr = (data_dir / "control.addr").read_text().strip()
-        token = read_token(data_dir)
     except OSError:
         return None
     try:
         async with httpx.AsyncClient(timeout=2.0) as client:
-            resp = await client.get(f"http://{addr}/status", headers={"authorization": f"Bearer {token}"})
+            resp = await client.get(f"http://{addr}/status", headers=auth_headers(data_dir))
         return resp.json()
     except (httpx.HTTPError, ValueError):
         return None

@@ -8,7 +8,7 @@ from ._codec import CODECS, decode_body, encode_body
 from ._connection import NEED_DATA, Connection, ConnectionClosed, Established, Event, NeedData, Role, State
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._frames import COMPRESSIONS, FLAG_ZLIB, HEADER_SIZE, encode_frame
-from ._handshake import MIN_SECRET_SIZE, PROTOCOL_VERSION, SUPPORTED_VERSIONS
+from ._handshake import MIN_SECRET_SIZE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, TAG_SIZE, FrameKeys, frame_keys, frame_tag
 from ._limits import Limits
 from ._messages import (
     MEMBER_STATES,
@@ -25,6 +25,9 @@ from ._messages import (
     HandoffChunk,
     Hello,
     HostState,
+    LaneAsk,
+    LaneGrant,
+    LaneReturn,
     Member,
     Message,
     Ping,
@@ -57,6 +60,7 @@ __all__ = [
     "PROTOCOL_NAME",
     "PROTOCOL_VERSION",
     "SUPPORTED_VERSIONS",
+    "TAG_SIZE",
     "TYPE_CODES",
     "BatchAck",
     "Challenge",
@@ -64,6 +68,7 @@ __all__ = [
     "Count",
     "ConnectionClosed",
     "Established",
+    "FrameKeys",
     "Event",
     "Gossip",
     "Goodbye",
@@ -71,6 +76,9 @@ __all__ = [
     "HandoffChunk",
     "Hello",
     "HostState",
+    "LaneAsk",
+    "LaneGrant",
+    "LaneReturn",
     "Limits",
     "LocalProtocolError",
     "Member",
@@ -98,4 +106,6 @@ __all__ = [
     "decode_body",
     "encode_body",
     "encode_frame",
+    "frame_keys",
+    "frame_tag",
 ]

@@ -18,6 +18,9 @@ class Limits:
 
     # 1 MiB: ten times a default batch, small enough that one frame per connection is cheap to buffer.
     max_frame: int = 1 << 20
+    # 4 KiB: the largest frame accepted before the handshake completes. A real Hello or Challenge is under 300
+    # bytes and a Reject under 600; a stranger who has proved nothing may make us hold no more than this.
+    max_handshake_frame: int = 4096
     # Dispatch flushes at 1,000 URLs by default; 10,000 leaves headroom for a large --batch-size.
     max_urls_per_batch: int = 10_000
     # 2,048 bytes: the sitemaps protocol's limit; longer URLs are nearly always traps or session junk.
@@ -30,6 +33,10 @@ class Limits:
     max_keys_per_chunk: int = 65_536
     # A seen-URL key is a ring position plus a fingerprint (16 bytes today); 64 leaves room to grow.
     max_key_length: int = 64
+    # A server address as text: an IPv6 address with a zone fits in 64 bytes.
+    max_address: int = 64
+    # Lanes of one address in one grant or return: --ip-connections beyond this is not a per-address limit.
+    max_lanes: int = 1024
 
     def __post_init__(self) -> None:
         for field in fields(self):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TypeAlias
 
-from ._schema import Blob, Choice, Flag, Kind, Many, Maybe, Record, Seconds, Text, UInt
+from ._schema import Blob, Choice, Flag, HostName, Kind, Many, Maybe, Record, Seconds, Text, UInt
 from ._urllist import UrlList
 
 __all__ = [
@@ -42,6 +42,9 @@ __all__ = [
     "Transfer",
     "StatusQuery",
     "StatusReport",
+    "LaneReturn",
+    "LaneGrant",
+    "LaneAsk",
     "UrlBatch",
     "UrlEntry",
     "Welcome",
@@ -58,12 +61,15 @@ MEMBER_STATES = ("alive", "suspect", "leaving", "dead")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UrlEntry:
-    """One URL to crawl: its crawl depth, the page it was found on (None for seeds), redirect hops so far."""
+    """One URL to crawl: its crawl depth, the page it was found on (None for seeds), redirect hops so far; the
+    last modification a sitemap gave for it (epoch seconds, or None), and whether it is a sitemap to read."""
 
     url: str
     depth: int
     found_on: str | None
     hops: int
+    lastmod: float | None = None
+    sitemap: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -349,6 +355,39 @@ class SeenReplica:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LaneAsk:
+    """The sender has hosts waiting on server `address` and asks its owner for up to `want` of its lanes
+    (docs/cluster.md, "Per-address limits"); `seq` is echoed by the grant."""
+
+    address: str
+    seq: int
+    want: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneGrant:
+    """Lanes of `address` lent to the receiver in answer to ask `seq`: it may start requests on them until
+    `lease` seconds after it sent that ask, each lane no sooner than its `ready_in` seconds after receipt.
+    Durations, as the two nodes' clocks are unrelated."""
+
+    address: str
+    seq: int
+    lanes: tuple[int, ...]
+    ready_in: tuple[float, ...]
+    lease: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneReturn:
+    """Lanes of `address` given back, none with a request in service; each may be used again `ready_in`
+    seconds after this was sent (its rest after the last request on it)."""
+
+    address: str
+    lanes: tuple[int, ...]
+    ready_in: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Goodbye:
     """The sender will send nothing more on this connection."""
 
@@ -374,6 +413,9 @@ Message: TypeAlias = (
     | HandoffChunk
     | HandoffAck
     | SeenReplica
+    | LaneAsk
+    | LaneGrant
+    | LaneReturn
     | Goodbye
 )
 
@@ -391,7 +433,9 @@ def _record(cls: type, **kinds: Kind) -> Record:
 
 _U32 = UInt(0, 0xFFFF_FFFF)
 _URL = Text("max_url_length")
-_URL_ENTRY = _record(UrlEntry, url=_URL, depth=_U32, found_on=Maybe(_URL), hops=_U32)
+_URL_ENTRY = _record(
+    UrlEntry, url=_URL, depth=_U32, found_on=Maybe(_URL), hops=_U32, lastmod=Maybe(Seconds()), sitemap=Flag()
+)
 _MEMBER = _record(
     Member,
     node_id=Text(),
@@ -400,9 +444,11 @@ _MEMBER = _record(
     incarnation=UInt(),
     state=Choice(MEMBER_STATES),
 )
-_HOST_STATE = _record(HostState, host=Text(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32)
+# A seen-URL key: the host's 8-byte ring position and at least one byte of fingerprint (16 bytes today).
+_SEEN_KEY = Blob(limit="max_key_length", minimum=9)
+_HOST_STATE = _record(HostState, host=HostName(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32)
 _COUNT = _record(Count, name=Text(), count=UInt())
-_SLOW_HOST = _record(SlowHost, host=Text(), delay=Seconds(), backoff=Seconds(), failures=_U32, queued=UInt())
+_SLOW_HOST = _record(SlowHost, host=HostName(), delay=Seconds(), backoff=Seconds(), failures=_U32, queued=UInt())
 _TRANSFER = _record(Transfer, peer=Text(), incoming=Flag(), share=Seconds(), chunks=UInt())
 _NONCE = Blob(size=NONCE_SIZE)
 _PROOF = Blob(size=PROOF_SIZE)
@@ -481,13 +527,18 @@ RECORDS: dict[int, Record] = {
         arc_start=UInt(),
         arc_end=UInt(),
         urls=UrlList(_URL_ENTRY, "max_urls_per_batch"),
-        seen_keys=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"),
+        seen_keys=Many(_SEEN_KEY, "max_keys_per_chunk"),
         hosts=Many(_HOST_STATE),
         last=Flag(),
     ),
     0x31: _record(HandoffAck, transfer_id=UInt(), chunk_seq=UInt()),
-    0x32: _record(SeenReplica, epoch=UInt(), keys=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"),
+    0x32: _record(SeenReplica, epoch=UInt(), keys=Many(_SEEN_KEY, "max_keys_per_chunk"),
                   hosts=Many(_HOST_STATE)),
+    0x50: _record(LaneAsk, address=Text("max_address"), seq=UInt(), want=UInt(1, 0xFFFF)),
+    0x51: _record(LaneGrant, address=Text("max_address"), seq=UInt(), lanes=Many(UInt(0, 0xFFFF), "max_lanes"),
+                  ready_in=Many(Seconds(), "max_lanes"), lease=Seconds()),
+    0x52: _record(LaneReturn, address=Text("max_address"), lanes=Many(UInt(0, 0xFFFF), "max_lanes"),
+                  ready_in=Many(Seconds(), "max_lanes")),
     0x40: _record(Goodbye, reason=Text()),
 }
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})

@@ -4,9 +4,10 @@ Everything lives in LMDB, so memory stays bounded however many URLs are queued, 
 kill -9 resumes where its last commit left it. Databases (all keys begin with the host's ring position, so
 an arc of the ring is one key range; `hp` = position(8) + host + NUL, see `host_prefix`):
 
-- queue:  hp + depth(4, big-endian) + seq(8)  ->  msgpack [url, hops, found_on]
+- queue:  hp + depth(4, big-endian) + seq(8)  ->  msgpack [url, hops, found_on(, crashes(, lastmod, sitemap))]
+          the optional fields only when set (`_record`), so records written before them read the same
           key order within a host is depth, then arrival: `pop` takes the first key, breadth first.
-- flight: hp + url fingerprint(8)             ->  msgpack [count, queue key, url, hops, found_on]
+- flight: hp + url fingerprint(8)             ->  msgpack [count, queue key, url, hops, found_on(, ...)]
           a popped URL until `done`; `recover` puts it back under its original queue key.
 - hosts:  hp                                  ->  queued count (8 bytes), for `hosts()` and `queued()`
 - state:  hp                                  ->  msgpack [next_allowed, crawl_delay, backoff, failures, pages]
@@ -45,12 +46,31 @@ def _host_of(prefix: bytes) -> str:
     return prefix[8:-1].decode("utf-8")
 
 
+def _record(item: QueuedUrl, crashes: int = 0) -> list:
+    """The queue record of `item`: [url, hops, found_on], then the times in a row the process stopped with it
+    in flight, then a sitemap's lastmod and the sitemap flag; trailing fields only when set."""
+    record = [item.url, item.hops, item.found_on]
+    if item.lastmod is not None or item.sitemap:
+        return [*record, crashes, item.lastmod, item.sitemap]
+    return [*record, crashes] if crashes else record
+
+
 def _item_of(key: bytes, value: bytes) -> QueuedUrl:
-    url, hops, found_on = _unpackb(value)
+    return _item_from(key, _unpackb(value))
+
+
+def _item_from(key: bytes, record: list) -> QueuedUrl:
+    url, hops, found_on = record[:3]
+    lastmod, sitemap = record[4:6] if len(record) >= 6 else (None, False)
     return QueuedUrl(
         url=url, host=key[8:-13].decode("utf-8"), depth=int.from_bytes(key[-12:-8], "big"), hops=hops,
-        found_on=found_on,
+        found_on=found_on, lastmod=lastmod, sitemap=sitemap,
     )
+
+
+def _crashes_of(value: bytes) -> int:
+    fields = _unpackb(value)
+    return int(fields[3]) if len(fields) > 3 else 0
 
 
 def _state_of(key: bytes, value: bytes) -> HostState:
@@ -120,7 +140,7 @@ class FrontierStore(Closing):
                 raise ValueError(f"depth must be in [0, 2**32), got {depth} for {item.url!r}")
             seq += 1
             put(prefix + depth.to_bytes(4, "big") + seq.to_bytes(8, "big"),
-                _packb([item.url, item.hops, item.found_on]), db=queue)
+                _packb(_record(item)), db=queue)
             counts[prefix] = counts.get(prefix, 0) + 1
         for prefix, n in counts.items():
             self._count_add(txn, prefix, n)
@@ -141,7 +161,10 @@ class FrontierStore(Closing):
         fkey = prefix + url_fingerprint(item.url)
         old = txn.get(fkey, db=self._flight)
         count = _unpackb(old)[0] + 1 if old else 1
-        txn.put(fkey, _packb([count, key, item.url, item.hops, item.found_on]), db=self._flight)
+        # A queue value may carry a fourth field: how many times in a row the process stopped with this URL in
+        # flight (`recover_in_flight`). It rides along in the flight record; a finished fetch deletes it.
+        crashes = _crashes_of(value)
+        txn.put(fkey, _packb([count, key, *_record(item, crashes)]), db=self._flight)
         return item
 
     def _done_in(self, txn: lmdb.Transaction, item: QueuedUrl) -> bool:
@@ -183,21 +206,37 @@ class FrontierStore(Closing):
 
     def recover(self) -> int:
         """At startup: put every in-flight URL back at its place in its queue; return how many."""
+        return self.recover_in_flight(max_crashes=0)[0]
 
-        def put_back(txn: lmdb.Transaction) -> int:
+    def recover_in_flight(self, *, max_crashes: int) -> tuple[int, list[QueuedUrl]]:
+        """At startup: put in-flight URLs back in their queues, counting the stop against each of them.
+
+        A URL in flight when the process stopped may be what stopped it. Each is put back with its count of
+        stops in a row while it was in flight (a fetch that finishes forgets the count); one that reaches
+        `max_crashes` (0: never) is dropped instead, so no input can make a node crash-loop. Returns how many
+        went back and the dropped URLs, for the caller to record.
+        """
+
+        def put_back(txn: lmdb.Transaction) -> tuple[int, list[QueuedUrl]]:
             cur = txn.cursor(self._flight)
             n = 0
+            dropped: list[QueuedUrl] = []
             if cur.first():
                 while True:
                     fkey = cur.key()
                     if not fkey:
                         break
-                    _count, qkey, url, hops, found_on = _unpackb(cur.value())
-                    if txn.put(qkey, _packb([url, hops, found_on]), overwrite=False, db=self._queue):
-                        self._count_add(txn, fkey[:-8], 1)
+                    _count, qkey, *record = _unpackb(cur.value())
+                    crashes = (record[3] if len(record) > 3 else 0) + 1
+                    item = _item_from(qkey, record)
+                    if max_crashes and crashes >= max_crashes:
+                        dropped.append(item)
+                    else:
+                        if txn.put(qkey, _packb(_record(item, crashes)), overwrite=False, db=self._queue):
+                            self._count_add(txn, fkey[:-8], 1)
+                        n += 1
                     cur.delete()
-                    n += 1
-            return n
+            return n, dropped
 
         return self._env.write(put_back)
 
@@ -242,8 +281,8 @@ class FrontierStore(Closing):
                 old = txn.get(fkey, db=self._flight)
                 if old is None:
                     continue
-                _count, qkey, url, hops, found_on = _unpackb(old)
-                if txn.put(qkey, _packb([url, hops, found_on]), overwrite=False, db=self._queue):
+                _count, qkey, *record = _unpackb(old)
+                if txn.put(qkey, _packb(_record(_item_from(qkey, record))), overwrite=False, db=self._queue):
                     self._count_add(txn, prefix, 1)
                 txn.delete(fkey, db=self._flight)
                 n += 1
@@ -271,8 +310,8 @@ class FrontierStore(Closing):
         """The URLs now in flight (each once), in ring order."""
         out = []
         for key, value in self._env.scan(FLIGHT, _WHOLE_RING):
-            _count, qkey, url, hops, found_on = _unpackb(value)
-            out.append(_item_of(qkey, _packb([url, hops, found_on])))
+            _count, qkey, *record = _unpackb(value)
+            out.append(_item_from(qkey, record))
         return out
 
     # -- politeness state --

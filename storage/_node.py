@@ -8,7 +8,6 @@ its links re-admitted, or all of it happened. A sender's batch is acknowledged o
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -17,7 +16,7 @@ import lmdb
 from ._closing import Closing
 from ._dedup import DEDUP_DB, DedupStore, MemoryDedupStore
 from ._frontier import FRONTIER_DBS, FrontierStore
-from ._keys import host_position_bytes
+from ._keys import host_position_bytes, url_fingerprint
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
 from ._memfrontier import MemoryFrontierStore
 from ._outbox import OUTBOX_DB, Outbox
@@ -34,9 +33,8 @@ _ALL = [(b"\x00" * 8, b"\xff" * 8)]
 
 def queued_url_keys(items: Sequence[QueuedUrl]) -> list[bytes]:
     """The dedup keys of queued URLs: `url_key(host_position(item.host), item.url)` for each, made fast."""
-    blake2b = hashlib.blake2b
-    position = host_position_bytes
-    return [position(item.host) + blake2b(item.url.encode("utf-8"), digest_size=8).digest() for item in items]
+    position, fingerprint = host_position_bytes, url_fingerprint
+    return [position(item.host) + fingerprint(item.url) for item in items]
 
 
 class NodeStore(Closing):

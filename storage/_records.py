@@ -16,7 +16,10 @@ class QueuedUrl:
 
     `host` is the lower-case IDNA host without port (the partition key); `depth` counts links from a seed
     (the frontier is breadth-first by depth); `hops` counts redirects followed to reach this URL;
-    `found_on` is the page it was found on, if any.
+    `found_on` is the page it was found on, if any. `lastmod` is the last modification a sitemap gave for
+    it (epoch seconds), kept for revisits. `sitemap` marks a sitemap to read rather than a page; for one,
+    `found_on` is the robots.txt that named it (or the index that listed it) and `hops` counts the steps
+    from robots.txt (redirects and index levels).
     """
 
     url: str
@@ -24,6 +27,8 @@ class QueuedUrl:
     depth: int
     hops: int = 0
     found_on: str | None = None
+    lastmod: float | None = None
+    sitemap: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

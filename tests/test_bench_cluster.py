@@ -10,6 +10,8 @@ import pytest
 
 from tests.bench import bench_cluster as bench
 
+pytestmark = pytest.mark.slow  # the cluster benchmarks' checks
+
 
 @pytest.fixture(scope="module")
 def dispatch_runs(tmp_path_factory):

@@ -43,6 +43,8 @@ from tests.test_membership import Sim as MembershipSim
 from tests.test_membership import build as build_members
 from tests.test_membership import run_sim as run_members
 
+pytestmark = pytest.mark.slow  # whole-cluster simulations
+
 WEIGHTS = (150, 80, 200, 40, 120, 100)
 #: After the faults stop: SWIM settles in a few probe rounds; a restarted node's refutation spreads by gossip.
 CONVERGE_LIMIT = 30.0

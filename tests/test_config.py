@@ -1,6 +1,15 @@
+import argparse
+import inspect
+
 import pytest
 
-from peer.config import FIELDS, Config, ConfigError, load, parse_address, read_seeds
+from peer.cli.main import _add_node_flags
+from peer.cluster.dispatch import DispatchConfig
+from peer.cluster.handoff import HandoffConfig
+from peer.cluster.membership import MembershipConfig
+from peer.config import DEFAULTS, FIELDS, Config, ConfigError, default_text, load, parse_address, read_seeds
+from peer.crawl.urls import DEFAULT_MAX_URL_LENGTH
+from peer.fetch import CachingResolver, Fetcher
 
 
 def test_defaults_have_reasons():
@@ -68,3 +77,63 @@ def test_parse_address():
     assert parse_address("[::1]:80") == ("::1", 80)
     with pytest.raises(ConfigError):
         parse_address(":80")
+
+
+def test_peerd_config_never_prints_the_cluster_secret_or_the_control_token(tmp_path, monkeypatch, capsys):
+    from peer.cli.main import peerd_main
+
+    secret = "a cluster secret that must stay private"
+    token = "control-token-that-must-stay-private"
+    monkeypatch.setenv("PEERCRAWL_CLUSTER_SECRET", secret)
+    monkeypatch.setenv("PEERCRAWL_CONTROL_TOKEN", token)
+    assert peerd_main(["config", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert secret not in out and token not in out
+    assert f'cluster_secret = "<set: {len(secret)} bytes, not shown>"' in out
+    assert 'control_token = "<set: ' in out
+    monkeypatch.delenv("PEERCRAWL_CLUSTER_SECRET")
+    monkeypatch.delenv("PEERCRAWL_CONTROL_TOKEN")
+    assert peerd_main(["config", "--data-dir", str(tmp_path)]) == 0
+    assert 'cluster_secret = ""' in capsys.readouterr().out
+
+
+def test_max_crashes_and_control_token_are_checked():
+    assert load(env={}, flags={}).max_crashes == 3
+    with pytest.raises(ConfigError, match="max_crashes"):
+        load(env={"PEERCRAWL_MAX_CRASHES": "-1"}, flags={})
+    with pytest.raises(ConfigError, match="control_token"):
+        load(env={"PEERCRAWL_CONTROL_TOKEN": "short"}, flags={})
+
+
+def test_components_take_their_defaults_from_the_config():
+    """Each operator-visible default is stated once (peer.config) and the components read it."""
+    membership, dispatch = MembershipConfig(), DispatchConfig()
+    assert (membership.probe_interval, membership.probe_timeout, membership.suspicion_timeout) == (
+        DEFAULTS["probe_interval"], DEFAULTS["probe_timeout"], DEFAULTS["suspicion_timeout"])
+    assert (dispatch.batch_size, dispatch.interval) == (DEFAULTS["batch_size"], DEFAULTS["dispatch_interval"])
+    assert HandoffConfig().wait == DEFAULTS["handoff_wait"]
+    assert DEFAULT_MAX_URL_LENGTH == DEFAULTS["max_url_length"]
+    fetcher = inspect.signature(Fetcher).parameters
+    for name in ("connect_timeout", "read_timeout", "total_timeout", "max_body"):
+        assert fetcher[name].default == DEFAULTS[name], name
+    resolver = inspect.signature(CachingResolver).parameters
+    for param, name in (("cache_size", "dns_cache_size"), ("min_ttl", "dns_min_ttl"), ("max_ttl", "dns_max_ttl")):
+        assert resolver[param].default == DEFAULTS[name], name
+
+
+def test_flag_help_shows_the_config_defaults():
+    """`peerd start --help` states each non-empty default as Config has it, and no flag states one by hand."""
+    parser = argparse.ArgumentParser(prog="peerd start")
+    _add_node_flags(parser)
+    shown = 0
+    for action in parser._actions:
+        if action.dest not in DEFAULTS or action.help is None:
+            continue
+        text = default_text(action.dest)
+        defaults_stated = action.help.count("(default")
+        if text is None:
+            assert f"(default {DEFAULTS[action.dest]}" not in action.help, action.dest
+        else:
+            assert action.help.endswith(f"(default {text})") and defaults_stated == 1, action.help
+            shown += 1
+    assert shown >= 20

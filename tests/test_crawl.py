@@ -13,6 +13,7 @@ from warcio.archiveiterator import ArchiveIterator
 
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import crawl_delay_violations, max_concurrent_connections_per_host, requested_urls
+from peer.control import auth_headers
 from peer.node import Node
 
 from .support.crawl import node_config, start_local_web, urls_fetched
@@ -28,6 +29,7 @@ async def _crawl(graph, tmp_path, **overrides):
     return web, node
 
 
+@pytest.mark.slow
 async def test_crawl_fetches_exactly_the_reachable_and_allowed_set(tmp_path):
     graph = SiteGraph.generate(seed=3, hosts=24, pages_per_host=12)
     web, node = await _crawl(graph, tmp_path)
@@ -106,11 +108,9 @@ async def test_max_pages_per_host_and_metrics_while_running(tmp_path):
         with trio.fail_after(60):
             while not node.crawler.is_done():
                 await trio.sleep(0.05)
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(headers=auth_headers(tmp_path / "node")) as client:
             metrics = (await client.get(f"http://127.0.0.1:{node.control_port}/metrics")).text
-            token = (tmp_path / "node" / "control.token").read_text().strip()
-            status = (await client.get(f"http://127.0.0.1:{node.control_port}/status",
-                                       headers={"authorization": f"Bearer {token}"})).json()
+            status = (await client.get(f"http://127.0.0.1:{node.control_port}/status")).json()
         node.request_stop()
         with trio.fail_after(20):
             while node.final_status is None:

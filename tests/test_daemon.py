@@ -14,12 +14,15 @@ import subprocess
 import sys
 import time
 
+import pytest
 import trio
 
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import max_concurrent_connections_per_host, requested_urls
 
 from .support.crawl import child_env, kill_pid, node_config, peerd_argv, start_local_web, urls_fetched
+
+pytestmark = pytest.mark.slow  # real peerd daemons
 
 
 async def _wait_control(data_dir, proc, timeout=30.0) -> str:

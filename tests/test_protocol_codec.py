@@ -44,6 +44,9 @@ from protocol import (
     RemoteProtocolError,
     SeenReplica,
     UrlBatch,
+    LaneAsk,
+    LaneGrant,
+    LaneReturn,
     UrlEntry,
     Welcome,
     decode_body,
@@ -64,7 +67,10 @@ urls = st.one_of(
     ),
 )
 seconds = st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False)
-url_entries = st.builds(UrlEntry, url=urls, depth=U32, found_on=st.none() | urls, hops=U32)
+url_entries = st.builds(
+    UrlEntry, url=urls, depth=U32, found_on=st.none() | urls, hops=U32,
+    lastmod=st.none() | st.floats(min_value=0, max_value=4e9, allow_nan=False), sitemap=st.booleans(),
+)
 members = st.builds(
     Member,
     node_id=texts,
@@ -73,10 +79,14 @@ members = st.builds(
     incarnation=U64,
     state=st.sampled_from(MEMBER_STATES),
 )
-host_states = st.builds(HostState, host=texts, crawl_delay=seconds, ready_in=seconds, failures=U32)
+host_names = st.one_of(
+    st.from_regex(r"[a-z0-9](?:[a-z0-9_-]{0,20}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,20}[a-z0-9])?){0,4}", fullmatch=True),
+    st.ip_addresses(v=6).map(lambda ip: f"[{ip.compressed}]"),
+)
+host_states = st.builds(HostState, host=host_names, crawl_delay=seconds, ready_in=seconds, failures=U32)
 counts = st.builds(Count, name=texts, count=U64)
 transfers = st.builds(Transfer, peer=texts, incoming=st.booleans(), share=seconds, chunks=U64)
-slow_hosts = st.builds(SlowHost, host=texts, delay=seconds, backoff=seconds, failures=U32, queued=U64)
+slow_hosts = st.builds(SlowHost, host=host_names, delay=seconds, backoff=seconds, failures=U32, queued=U64)
 
 
 def tuples(elements: st.SearchStrategy, max_size: int = 6) -> st.SearchStrategy:
@@ -132,12 +142,17 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
         arc_start=U64,
         arc_end=U64,
         urls=tuples(url_entries),
-        seen_keys=tuples(st.binary(max_size=64), 10),
+        seen_keys=tuples(st.binary(min_size=9, max_size=64), 10),
         hosts=tuples(host_states),
         last=st.booleans(),
     ),
     HandoffAck: st.builds(HandoffAck, transfer_id=U64, chunk_seq=U64),
-    SeenReplica: st.builds(SeenReplica, epoch=U64, keys=tuples(st.binary(max_size=64), 10), hosts=tuples(host_states)),
+    SeenReplica: st.builds(SeenReplica, epoch=U64, keys=tuples(st.binary(min_size=9, max_size=64), 10), hosts=tuples(host_states)),
+    LaneAsk: st.builds(LaneAsk, address=st.text(max_size=16), seq=U64, want=st.integers(1, 0xFFFF)),
+    LaneGrant: st.builds(LaneGrant, address=st.text(max_size=16), seq=U64, lanes=tuples(st.integers(0, 0xFFFF), 8),
+                         ready_in=tuples(seconds, 8), lease=seconds),
+    LaneReturn: st.builds(LaneReturn, address=st.text(max_size=16), lanes=tuples(st.integers(0, 0xFFFF), 8),
+                          ready_in=tuples(seconds, 8)),
     Goodbye: st.builds(Goodbye, reason=texts),
 }
 APP_MESSAGES = st.one_of([s for cls, s in MESSAGE_STRATEGIES.items() if TYPE_CODES[cls] >= 0x10])
@@ -175,10 +190,15 @@ def test_json_is_readable_and_msgpack_is_positional() -> None:
         "seq": 7,
         "sender": "a",
         "epoch": 3,
-        "urls": [{"url": "https://example.com/", "depth": 1, "found_on": None, "hops": 0}],
+        "urls": [{"url": "https://example.com/", "depth": 1, "found_on": None, "hops": 0, "lastmod": None,
+                  "sitemap": False}],
     }
     _, mp = encode_body(batch, "msgpack", LIMITS)
-    assert msgpack.unpackb(mp) == [7, "a", 3, [["https://example.com/", 1, None, 0]]]
+    assert msgpack.unpackb(mp) == [7, "a", 3, [["https://example.com/", 1, None, 0, None, False]]]
+    sitemap = UrlEntry(url="https://example.com/s.xml", depth=0, found_on=None, hops=1, lastmod=5.0, sitemap=True)
+    _, mp = encode_body(UrlBatch(seq=8, sender="a", epoch=3, urls=(sitemap,)), "msgpack", LIMITS)
+    assert msgpack.unpackb(mp)[3] == [["https://example.com/s.xml", 0, None, 1, 5.0, True]]
+    assert decode_body(TYPE_CODES[UrlBatch], mp, "msgpack", LIMITS).urls == (sitemap,)
     _, welcome = encode_body(Welcome(proof=b"\x00" * 32), "json", LIMITS)
     assert json.loads(welcome) == {"proof": "A" * 43 + "="}
 
@@ -314,9 +334,10 @@ BAD_INCOMING = [
         "json",
         TYPE_CODES[UrlBatch],
         b'{"seq":1,"sender":"a","epoch":1,"urls":[{"url":"u","depth":0,"found_on":null,"x":0}]}',
-        "UrlBatch.urls[0]: object fields differ: missing ['hops'], unexpected ['x']",
+        "UrlBatch.urls[0]: object fields differ: missing ['hops', 'lastmod', 'sitemap'], unexpected ['x']",
     ),
-    ("msgpack", TYPE_CODES[UrlBatch], msgpack.packb([1, "a", 1, [["u", 2**32, None, 0]]]), "urls[0].depth"),
+    ("msgpack", TYPE_CODES[UrlBatch], msgpack.packb([1, "a", 1, [["u", 2**32, None, 0, None, False]]]), "urls[0].depth"),
+    ("msgpack", TYPE_CODES[UrlBatch], msgpack.packb([1, "a", 1, [["u", 0, None, 0, -1.0, True]]]), "urls[0].lastmod"),
     ("json", TYPE_CODES[Welcome], b'{"proof":"AAAA"}', "exactly 32 bytes"),
     ("json", TYPE_CODES[Welcome], b'{"proof":"' + b"A" * 100 + b'"}', "too long"),
     ("json", TYPE_CODES[Goodbye], b'{"reason":"\\ud800"}', "surrogate"),
@@ -348,7 +369,7 @@ SMALL = Limits(
     max_string=8,
     max_list=2,
     max_keys_per_chunk=2,
-    max_key_length=4,
+    max_key_length=10,
 )
 OVER_SMALL_LIMITS = [
     (UrlBatch(seq=1, sender="a", epoch=1, urls=(ENTRY,) * 4), "max_urls_per_batch=3"),
@@ -372,7 +393,7 @@ OVER_SMALL_LIMITS = [
             arc_start=0,
             arc_end=1,
             urls=(),
-            seen_keys=(b"k",) * 3,
+            seen_keys=(b"k" * 9,) * 3,
             hosts=(),
             last=False,
         ),
@@ -386,11 +407,11 @@ OVER_SMALL_LIMITS = [
             arc_start=0,
             arc_end=1,
             urls=(),
-            seen_keys=(b"kkkkk",),
+            seen_keys=(b"k" * 11,),
             hosts=(),
             last=False,
         ),
-        "max_key_length=4",
+        "max_key_length=10",
     ),
 ]
 
@@ -440,6 +461,7 @@ def outcome(kind: object, method: str, value: object, js: bool, limits: Limits) 
         return ("invalid", exc.where("urls"), exc.message)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(items=st.lists(entry_trees, max_size=6), js=st.booleans())
 def test_url_list_fast_path_loads_exactly_like_the_general_path(items: list[object], js: bool) -> None:
@@ -449,6 +471,7 @@ def test_url_list_fast_path_loads_exactly_like_the_general_path(items: list[obje
     assert outcome(fast, "load", items, js, limits) == outcome(general, "load", items, js, limits)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     entries=st.lists(
@@ -496,3 +519,53 @@ def test_the_specification_lists_the_codes_and_limits_the_code_uses() -> None:
         name: int(value.replace(",", "")) for name, value in re.findall(r"^\| `(max_\w+)` \| ([\d,]+) \|", text, re.M)
     }
     assert limits == {field.name: getattr(LIMITS, field.name) for field in fields(Limits)}
+
+
+@pytest.mark.parametrize(
+    ("host", "fragment"),
+    [
+        ("", "1-253 characters, got 0"),
+        ("a" * 600, "1-253 characters, got 600"),
+        (("a" * 63 + ".") * 4 + "com", "1-253 characters, got 259"),
+        ("a" * 64 + ".com", "not a lower-case ASCII host name"),
+        ("Example.COM", "not a lower-case ASCII host name"),
+        ("exa mple.com", "not a lower-case ASCII host name"),
+        ("example..com", "label ''"),
+        ("-example.com", "not a lower-case ASCII host name"),
+        ("bücher.de", "not a lower-case ASCII host name"),
+        ("xn--bcher-kv%a.de", "not a lower-case ASCII host name"),
+        ("xn--99999999999.de", "does not decode"),
+        ("[::1", "IPv6"),
+        ("[0:0::1]", "IPv6"),
+        ("[example.com]", "IPv6"),
+    ],
+)
+@pytest.mark.parametrize("codec", CODECS)
+def test_host_names_from_a_peer_are_held_to_what_a_url_host_can_be(host: str, fragment: str, codec: str) -> None:
+    good = HostState(host="h", crawl_delay=1.0, ready_in=0.0, failures=0)
+    code, body = encode_body(SeenReplica(epoch=1, keys=(), hosts=(good,)), codec, LIMITS)
+    body = body.replace(b'"h"', json.dumps(host).encode()) if codec == "json" else body.replace(
+        b"\xa1h", msgpack.packb(host)
+    )
+    with pytest.raises(RemoteProtocolError, match=re.escape(fragment)) as info:
+        decode_body(code, body, codec, LIMITS)
+    assert "hosts[0].host" in str(info.value)
+    with pytest.raises(LocalProtocolError):
+        encode_body(SeenReplica(epoch=1, keys=(), hosts=(HostState(host=host, crawl_delay=1.0, ready_in=0.0,
+                                                                        failures=0),)), codec, LIMITS)
+
+
+@pytest.mark.parametrize(
+    "host", ["example.com", "xn--bcher-kva.de", "a-b_c.example", "127.0.0.1", "[::1]", "[2001:db8::1]", "x" * 63]
+)
+def test_host_names_that_urls_have_pass(host: str) -> None:
+    state = HostState(host=host, crawl_delay=1.0, ready_in=0.0, failures=0)
+    for codec in CODECS:
+        code, body = encode_body(SeenReplica(epoch=1, keys=(b"k" * 16,), hosts=(state,)), codec, LIMITS)
+        assert decode_body(code, body, codec, LIMITS).hosts == (state,)
+
+
+def test_seen_keys_shorter_than_a_ring_position_and_a_fingerprint_are_refused() -> None:
+    code, body = encode_body(SeenReplica(epoch=1, keys=(b"k" * 9,)), "msgpack", LIMITS)
+    with pytest.raises(RemoteProtocolError, match="at least 9 bytes, got 0"):
+        decode_body(code, body.replace(b"\xc4\x09" + b"k" * 9, b"\xc4\x00"), "msgpack", LIMITS)

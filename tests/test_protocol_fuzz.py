@@ -86,6 +86,7 @@ def test_well_framed_random_bodies(codec: str, code: int, flags: int, body: byte
     survives(b, [encode_frame(code, flags, body)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codec", CODECS)
 @settings(max_examples=200, deadline=None)
 @given(
@@ -132,6 +133,7 @@ def to_json(tree: object) -> object:
     return tree
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(code=st.sampled_from(sorted(TYPE_CODES.values())), tree=trees)
 def test_arbitrary_trees_decode_or_raise_remote_errors(code: int, tree: object) -> None:

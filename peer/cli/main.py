@@ -18,10 +18,10 @@ from types import ModuleType
 import trio
 
 from peer.cli import cluster_cmds, ring_cmd
-from peer.cli.client import control, control_address, control_request, control_token
+from peer.cli.client import control_address, control_request, find_token
 from peer.cli.errors import CliError
 from peer.cli.format import format_status
-from peer.config import FIELDS, Config, ConfigError, load
+from peer.config import DEFAULTS, FIELDS, Config, ConfigError, default_text, load
 from peer.control import dashboard_address
 from peer.log import setup_logging
 from peer.node import NodeError, run_node
@@ -65,11 +65,13 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("node")
     g.add_argument("--config", metavar="FILE", help="TOML file with settings (keys as in `peerd config`)")
     g.add_argument("--node-id", dest="node_id", help="stable node name (default: hostname:listen-port)")
-    g.add_argument("--weight", type=int, help="ring weight, integer > 0 (default 100)")
-    g.add_argument("--listen", help="peer address HOST:PORT (default 127.0.0.1:7400)")
-    g.add_argument("--control", help="control/metrics address HOST:PORT; port 0 picks one (default 127.0.0.1:7410)")
-    g.add_argument("--data-dir", dest="data_dir", help="directory for all durable state (default ./peercrawl-data)")
+    g.add_argument("--weight", type=int, help="ring weight, integer > 0")
+    g.add_argument("--listen", help="peer address HOST:PORT")
+    g.add_argument("--control", help="control/metrics address HOST:PORT; port 0 picks one")
+    g.add_argument("--data-dir", dest="data_dir", help="directory for all durable state")
     k = p.add_argument_group("cluster (a node without a secret runs standalone)")
+    g.add_argument("--control-token-file", dest="control_token_file", metavar="FILE",
+                   help="file holding the control endpoint's token; without a token set, control stays on loopback")
     k.add_argument("--cluster-secret-file", dest="cluster_secret_file", metavar="FILE",
                    help="file holding the cluster secret (>= 16 bytes); or set PEERCRAWL_CLUSTER_SECRET")
     k.add_argument("--join", dest="join", action="append", metavar="HOST:PORT",
@@ -80,19 +82,19 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     k.add_argument("--tls-cert", dest="tls_cert", metavar="PEM", help="this node's certificate (mutual TLS)")
     k.add_argument("--tls-key", dest="tls_key", metavar="PEM", help="its private key")
     k.add_argument("--tls-ca", dest="tls_ca", metavar="PEM", help="the CA that signed every node's certificate")
-    k.add_argument("--codec", choices=["msgpack", "json"], help="wire codec offered first (default msgpack)")
+    k.add_argument("--codec", choices=["msgpack", "json"], help="wire codec offered first")
     k.add_argument("--batch-size", dest="batch_size", type=int, metavar="N",
-                   help="URLs per batch to a peer; a full batch goes at once (default 500)")
+                   help="URLs per batch to a peer; a full batch goes at once")
     k.add_argument("--dispatch-interval", dest="dispatch_interval", type=float, metavar="SECONDS",
-                   help="flush timer for partial batches (default 0.2)")
+                   help="flush timer for partial batches")
     k.add_argument("--handoff-wait", dest="handoff_wait", type=float, metavar="SECONDS",
-                   help="how long a gained arc waits for its hand-off before it is crawled anyway (default 30)")
+                   help="how long a gained arc waits for its hand-off before it is crawled anyway")
     k.add_argument("--leave-timeout", dest="leave_timeout", type=float, metavar="SECONDS",
-                   help="bound on a graceful leave's hand-off (default 120)")
+                   help="bound on a graceful leave's hand-off")
     k.add_argument("--probe-timeout", dest="probe_timeout", type=float, metavar="SECONDS",
-                   help="wait for a direct probe's answer before asking others to probe (default 0.5)")
+                   help="wait for a direct probe's answer before asking others to probe")
     k.add_argument("--suspicion-timeout", dest="suspicion_timeout", type=float, metavar="SECONDS",
-                   help="time a silent peer has to refute a suspicion before it is declared dead (default 5)")
+                   help="time a silent peer has to refute a suspicion before it is declared dead")
     c = p.add_argument_group("crawl")
     c.add_argument("--seed", dest="seeds", action="append", metavar="URL", help="start URL (repeatable)")
     c.add_argument("--seeds-file", dest="seeds_file", metavar="FILE", help="file of start URLs, one per line")
@@ -102,17 +104,25 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
                    help="never crawl these hosts (repeatable)")
     c.add_argument("--max-depth", dest="max_depth", type=int, help="link depth limit (-1: none)")
     c.add_argument("--max-pages-per-host", dest="max_pages_per_host", type=int, help="(-1: none)")
-    c.add_argument("--delay", type=float, help="minimum seconds between requests to one host (default 1.0)")
-    c.add_argument("--concurrency", type=int, help="fetches in flight (default 256)")
-    c.add_argument("--user-agent", dest="user_agent", help="product token/version (default peercrawl/0.1)")
+    c.add_argument("--delay", type=float, help="minimum seconds between requests to one host")
+    c.add_argument("--concurrency", type=int, help="fetches in flight")
+    c.add_argument("--ip-connections", dest="ip_connections", type=int, metavar="N",
+                   help="requests in service at once to one server address (0: no per-address limits)")
+    c.add_argument("--ip-delay", dest="ip_delay", type=float, metavar="SECONDS",
+                   help="seconds between the end of a request to an address and the next on its lane")
+    c.add_argument("--user-agent", dest="user_agent", help="product token/version")
     c.add_argument("--contact", help="URL or address for site owners, added to the User-Agent")
-    c.add_argument("--store", choices=["warc", "none"], help="page store (default warc)")
+    c.add_argument("--store", choices=["warc", "none"], help="page store")
     c.add_argument("--dedup", choices=["lmdb", "memory-urls", "memory-md5", "md5-tree", "bloom", "redis"],
-                   help="seen-URL store (default lmdb; others are the URL-dedup study's, see docs/experiments.md)")
+                   help="seen-URL store (the others are the URL-dedup study's, see docs/experiments.md)")
     c.add_argument("--redis-url", dest="redis_url", metavar="URL", help="redis://HOST:PORT/DB for --dedup redis")
     c.add_argument("--store-type", dest="store_types", action="append", metavar="MIME",
-                   help="content type to store (repeatable; default text/html and application/xhtml+xml)")
-    c.add_argument("--max-body", dest="max_body", type=int, metavar="BYTES", help="body size cap (default 10 MiB)")
+                   help="content type to store (repeatable)")
+    c.add_argument("--max-body", dest="max_body", type=int, metavar="BYTES", help="body size cap")
+    c.add_argument("--no-sitemaps", dest="sitemaps", action="store_const", const=False,
+                   help="do not read the sitemaps robots.txt names")
+    c.add_argument("--sitemap-xml", dest="sitemap_xml", action="store_const", const=True,
+                   help="read /sitemap.xml of hosts whose robots.txt names no sitemap")
     c.add_argument("--exit-when-done", dest="exit_when_done", action="store_const", const=True,
                    help="exit 0 when the frontier is empty and nothing is in flight")
     n = p.add_argument_group("network")
@@ -124,6 +134,15 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     o.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
     o.add_argument("--log-format", dest="log_format", choices=["auto", "json", "text"])
     o.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    _add_defaults(p)
+
+
+def _add_defaults(p: argparse.ArgumentParser) -> None:
+    """Append each setting's built-in default to its flag's help, from peer.config: stated once, shown here."""
+    for action in p._actions:
+        text = default_text(action.dest) if action.dest in DEFAULTS else None
+        if text is not None and action.help is not None:
+            action.help += f" (default {text})".replace("%", "%%")
 
 
 def _config_from(args: argparse.Namespace):
@@ -142,8 +161,17 @@ def _peerd_config(args: argparse.Namespace) -> int:
     cfg = _config_from(args)
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
-        print(f"{f.name} = {json.dumps(value)}    # {FIELDS.get(f.name, '')}")
+        if f.name in SECRET_SETTINGS and value:
+            # The output is pasted into tickets and chats: a secret is shown only as set, never its value.
+            shown = json.dumps(f"<set: {len(value.encode())} bytes, not shown>")
+        else:
+            shown = json.dumps(value)
+        print(f"{f.name} = {shown}    # {FIELDS.get(f.name, '')}")
     return 0
+
+
+#: Settings `peerd config` never prints.
+SECRET_SETTINGS = frozenset({"cluster_secret", "control_token"})
 
 
 def peerd_main(argv: Sequence[str] | None = None) -> int:
@@ -167,38 +195,34 @@ def peerd_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _peerctl_status(args: argparse.Namespace) -> int:
-    address, request = control(args)
     if args.cluster:
-        cs = request(address, "GET", "/cluster")
+        cs = control_request(control_address(args), "GET", "/cluster")
         print(cluster_cmds.dumps(cs) if args.json else cluster_cmds.format_cluster(cs))
         return 0
-    st = request(address, "GET", "/status")
+    st = control_request(control_address(args), "GET", "/status")
     print(json.dumps(st, indent=1, sort_keys=True) if args.json else format_status(st))
     return 0
 
 
 def _peerctl_join(args: argparse.Namespace) -> int:
-    address, request = control(args)
-    print(cluster_cmds.join(request, address, args.seed))
+    print(cluster_cmds.join(control_request, control_address(args), args.seed))
     return 0
 
 
 def _peerctl_leave(args: argparse.Namespace) -> int:
-    address, request = control(args)
-    return cluster_cmds.leave(request, address, wait=not args.no_wait, timeout=args.timeout, out=print)
+    return cluster_cmds.leave(control_request, control_address(args), wait=not args.no_wait,
+                            timeout=args.timeout, out=print)
 
 
 def _peerctl_stop(args: argparse.Namespace) -> int:
-    address, request = control(args)
-    request(address, "POST", "/stop")
+    control_request(control_address(args), "POST", "/stop")
     print("stop requested")
     return 0
 
 
 def _peerctl_ring(args: argparse.Namespace) -> int:
     if args.control or args.data_dir:
-        address, request = control(args)
-        cs = request(address, "GET", "/cluster")
+        cs = control_request(control_address(args), "GET", "/cluster")
         print(cluster_cmds.dumps(cs) if args.json else cluster_cmds.format_ring(cs))
         return 0
     if not args.node:
@@ -207,10 +231,10 @@ def _peerctl_ring(args: argparse.Namespace) -> int:
 
 
 def _peerctl_dashboard(args: argparse.Namespace) -> int:
-    address, token = control_address(args), control_token(args)
+    address, token = control_address(args), find_token(args)
     if token is None:
-        raise CliError("peerctl dashboard needs the node's token: give --data-dir DIR, --token-file FILE or "
-                       "$PEERCRAWL_CONTROL_TOKEN")
+        raise CliError("peerctl dashboard needs the node's control token: give --data-dir DIR, --token-file FILE "
+                       "or PEERCRAWL_CONTROL_TOKEN")
     control_request(address, "GET", "/healthz", timeout=5.0)  # the node is there
     print(dashboard_address(address, token))
     return 0
@@ -255,10 +279,9 @@ def peerctl_main(argv: Sequence[str] | None = None) -> int:
 
     def target(p: argparse.ArgumentParser) -> None:
         p.add_argument("--control", metavar="HOST:PORT", help="the node's control address")
-        p.add_argument("--data-dir", dest="data_dir", metavar="DIR",
-                       help="find the node (and its control token) by its data dir")
+        p.add_argument("--data-dir", dest="data_dir", metavar="DIR", help="find the node by its data dir")
         p.add_argument("--token-file", dest="token_file", metavar="FILE",
-                       help="the node's control token (default: DIR/control.token, or $PEERCRAWL_CONTROL_TOKEN)")
+                       help="the node's control token (default: DIR/control.token, or PEERCRAWL_CONTROL_TOKEN)")
 
     p = sub.add_parser("status", help="a node's counters: pages, rate, queues, errors (--cluster: every member)")
     target(p)

@@ -21,7 +21,6 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -40,14 +39,15 @@ from ring import DEFAULT_POINTS_PER_WEIGHT, RING_SPACE, ArcMove, MemberState, Ri
 from storage import HostState, NodeStore, QueuedUrl
 
 from peer.config import Config
-from peer.crawl.crawler import Crawler, Link
+from peer.crawl.crawler import Crawler
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
 from peer.cluster.membership import Membership, MembershipConfig
+from peer.cluster.lanes import LEASE, FleetLanes
 from peer.cluster.replicas import SeenReplicas
 from peer.cluster.transport import TcpTransport, TlsFiles, Transport
 
-__all__ = ["Cluster", "NodeProgress", "ring_slices", "status_dict", "status_report"]
+__all__ = ["Cluster", "ring_slices", "status_dict", "status_report"]
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,8 @@ log = logging.getLogger(__name__)
 PROGRESS_INTERVAL = 1.0
 #: How often a node looks for queued hosts it no longer owns (state that arrived late or from an older view).
 SWEEP_INTERVAL = 5.0
-#: After a join, how long to wait for the ring of the joined view (building one takes about a second per
-#: 500,000 points).
+#: After a join, how long to wait for the ring of the joined view (a build takes about 0.1 s per million points;
+#: a view change derives the next ring from the current one in a few tens of milliseconds).
 JOIN_RING_TIMEOUT = 30.0
 #: A node seen LEAVING this long and no longer connected has left: its arcs are not waited for any more. Its
 #: links stay up while it hands off, so this only needs to cover a link that is not up yet.
@@ -86,6 +86,11 @@ class _Owners:
         self.ring = ring
         self._cache: dict[str, str] = {}
 
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The ring's node ids (the dispatcher sizes its batching wait by them)."""
+        return self.ring.nodes
+
     def owner(self, host: str) -> str:
         try:
             return self._cache[host]
@@ -95,21 +100,6 @@ class _Owners:
                 self._cache.clear()
             self._cache[host] = owner
             return owner
-
-
-@dataclass(frozen=True, slots=True)
-class NodeProgress:
-    """One node's answer in a progress round (this node's own is taken locally)."""
-
-    node_id: str
-    ring: int  # the id of the ring the node uses: nodes can number the same ring with different view epochs
-    idle: bool
-    finished: bool
-    activity: int
-    pages: int
-    queued: int
-    urls_received: int
-    rate: float
 
 
 class Cluster:
@@ -164,6 +154,13 @@ class Cluster:
         # the hand-off asks the cluster (its delegate) what is busy, who owns what, and where keys go
         self.handoff = Handoff(node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait),
                                wall_clock=wall_clock, delegate=self)
+        # per-address limits held fleet-wide: this node owns the addresses the ring gives it and lends their
+        # lanes (peer/cluster/lanes.py); the crawler borrows through it
+        self.lanes = (
+            FleetLanes(node_id, cfg.ip_connections, cfg.ip_delay, lease=LEASE, max_request=cfg.total_timeout,
+                       delegate=self)
+            if cfg.ip_connections > 0 else None
+        )
         self.crawler: Crawler | None = None
         self.address: str | None = None
         self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
@@ -171,7 +168,7 @@ class Cluster:
         self.leaving = False
         self.view_changes = 0
         self.hosts_swept = 0
-        self.peers: dict[str, NodeProgress] = {}  # the latest report of each peer
+        self.peers: dict[str, ProgressReport] = {}  # the latest report of each peer
         self._last_round: dict[str, tuple[int, bool, int]] | None = None
         self._round_done = False
         self._seq = 0
@@ -192,8 +189,8 @@ class Cluster:
         """The crawler this cluster wakes when work arrives (built with `ownership=cluster`)."""
         self.crawler = crawler
 
-    def route(self, host: str, link: Link) -> None:
-        self.dispatcher.route(host, link)
+    def route(self, item: QueuedUrl) -> None:
+        self.dispatcher.route(item)
 
     def take_routed(self) -> list[tuple[str, QueuedUrl]]:
         return self.dispatcher.take_routed()
@@ -210,6 +207,24 @@ class Cluster:
         self.ring = ring
         self._owners = _Owners(ring)
         self._ring_id = ring_id(ring)
+        if self.lanes is not None:
+            self.lanes.ring_changed(self._owners.owner)
+
+    # -- the lanes' delegate (peer/cluster/lanes.py: LanesDelegate) ----------------------------------------
+
+    def send_lanes(self, peer_id: str, message: Message) -> bool:
+        return self.links.send_nowait(peer_id, message)
+
+    def address_ready(self, address: str) -> None:
+        if self.crawler is not None:
+            self.crawler.address_ready(address)
+
+    async def _lanes_loop(self) -> None:
+        assert self.lanes is not None
+        while True:
+            await trio.sleep(0.1)
+            members = {m.node_id for m in self.view.members if m.state in _OWNING} | {self.node_id}
+            self.lanes.tick(members)
 
     def owns(self, host: str) -> bool:
         """Whether this node owns `host` under its current view (links to it are queued here, not routed)."""
@@ -268,6 +283,8 @@ class Cluster:
             nursery.start_soon(self._progress_loop)
             nursery.start_soon(self._sweep_loop)
             nursery.start_soon(self._status_loop)
+            if self.lanes is not None:
+                nursery.start_soon(self._lanes_loop)
             log.info("cluster member listening", extra={"node_id": self.node_id, "address": self.address})
             task_status.started(self.address)
 
@@ -332,8 +349,12 @@ class Cluster:
             if not key:  # nobody owns arcs (the last member is leaving): keep the ring we had
                 assert self.ring is not None
                 return self.ring
-            ppw = self.points_per_weight
-            ring = await trio.to_thread.run_sync(lambda: view.ring(points_per_weight=ppw))
+            ppw, base, weights = self.points_per_weight, self.ring, view.owner_weights()
+            if base is not None and base.points_per_weight == ppw:
+                # only the points of the members that joined, left or changed weight are inserted or removed
+                ring = await trio.to_thread.run_sync(lambda: base.with_weights(weights))
+            else:
+                ring = await trio.to_thread.run_sync(lambda: view.ring(points_per_weight=ppw))
             if len(self._rings) >= 4:  # a few recent rings: views flap between the same members
                 del self._rings[next(iter(self._rings))]
             self._rings[key] = ring
@@ -361,8 +382,7 @@ class Cluster:
                 # arcs we gain come from the owners in the cluster's ring without us.
                 without = {n: w for n, w in new_ring.weights.items() if n != self.node_id}
                 if without and self.node_id in new_ring.weights:
-                    ppw = self.points_per_weight
-                    before = await trio.to_thread.run_sync(lambda: Ring(without, points_per_weight=ppw))
+                    before = await trio.to_thread.run_sync(lambda: new_ring.with_weights(without))
                     gain_arcs = await trio.to_thread.run_sync(lambda: handoff_arcs(diff(before, new_ring)))
                 else:
                     gain_arcs = []
@@ -418,7 +438,8 @@ class Cluster:
 
     # -- progress and termination -------------------------------------------------------------------------
 
-    def local_progress(self) -> NodeProgress:
+    def local_progress(self, seq: int = 0) -> ProgressReport:
+        """This node's progress as the report it sends (``seq`` answers a query; 0 when unasked or kept here)."""
         crawler = self.crawler
         d, h = self.dispatcher.stats, self.handoff
         idle = (
@@ -429,8 +450,8 @@ class Cluster:
             and not h.waiting()
         )
         activity = self.stats.pages + self.stats.urls_new + d.urls_new + d.batches_received + h.chunks_applied
-        return NodeProgress(
-            node_id=self.node_id, ring=self._ring_id, idle=idle, finished=self.finished.is_set(),
+        return ProgressReport(
+            seq=seq, ring=self._ring_id, idle=idle, finished=self.finished.is_set(),
             activity=activity, pages=self.stats.pages, queued=len(self.store.frontier),
             urls_received=sum(d.urls_received.values()) + h.urls_received, rate=max(0.0, self.stats.rate()),
         )
@@ -484,10 +505,10 @@ class Cluster:
             self._answers.pop(seq, None)
         answered = all(event.is_set() for _, event in asked.values())
         me = self.local_progress()
-        reports = {me.node_id: me} | {p: self.peers[p] for p in peers if p in self.peers}
+        reports = {self.node_id: me} | {p: self.peers[p] for p in peers if p in self.peers}
         if self.finished.is_set():
             return True
-        if me.idle and any(r.finished for r in reports.values() if r.node_id != self.node_id):
+        if me.idle and any(r.finished for n, r in reports.items() if n != self.node_id):
             self._conclude("a peer concluded it")
             return True
         this_round = {n: (r.ring, r.idle, r.activity) for n, r in reports.items()}
@@ -507,10 +528,7 @@ class Cluster:
         me = self.local_progress()
         for peer in self._live_peers():
             member = self.view.member(peer)
-            self.links.send_nowait(peer, ProgressReport(
-                seq=0, ring=me.ring, idle=me.idle, finished=True, activity=me.activity, pages=me.pages,
-                queued=me.queued, urls_received=me.urls_received, rate=me.rate),
-                address=member.address if member else None)
+            self.links.send_nowait(peer, me, address=member.address if member else None)
 
     async def linger(self, timeout: float = LINGER_TIMEOUT) -> None:
         """After concluding, keep answering until every live peer has concluded too (bounded)."""
@@ -520,15 +538,9 @@ class Cluster:
 
     async def _on_message(self, peer_id: str, message: Message) -> None:
         if isinstance(message, ProgressQuery):
-            me = self.local_progress()
-            self.links.send_nowait(peer_id, ProgressReport(
-                seq=message.seq, ring=me.ring, idle=me.idle, finished=me.finished, activity=me.activity,
-                pages=me.pages, queued=me.queued, urls_received=me.urls_received, rate=me.rate))
+            self.links.send_nowait(peer_id, self.local_progress(message.seq))
         elif isinstance(message, ProgressReport):
-            self.peers[peer_id] = NodeProgress(
-                node_id=peer_id, ring=message.ring, idle=message.idle, finished=message.finished,
-                activity=message.activity, pages=message.pages, queued=message.queued,
-                urls_received=message.urls_received, rate=message.rate)
+            self.peers[peer_id] = message
             waiter = self._answers.get(message.seq)
             if waiter is not None and waiter[0] == peer_id:
                 waiter[1].set()
@@ -537,6 +549,8 @@ class Cluster:
                 self.links.send_nowait(peer_id, status_report(message.seq, self.summary()))
         elif isinstance(message, StatusReport):
             self.details[peer_id] = (trio.current_time(), status_dict(message))
+        elif self.lanes is not None and self.lanes.on_message(peer_id, message):
+            return
         elif not self.replicas.on_message(peer_id, message):
             await self.dispatcher.on_message(peer_id, message)
             await self.handoff.on_message(peer_id, message)
@@ -573,6 +587,11 @@ class Cluster:
                 "waits_expired": h.waits_expired, "hosts_swept": self.hosts_swept,
             },
             "replica": self.replicas.status(),
+            # inbound connections refused before or in the handshake, by reason (each logged at debug only),
+            # and connections closed because handling a peer's message raised
+            "links": {"refused_inbound": dict(self.links.refused), "handshake_failures": self.links.handshake_failures,
+                      "handler_errors": self.links.handler_errors},
+            "lanes": self.lanes.status() if self.lanes is not None else None,
             "view_changes": self.view_changes,
             "leaving": self.leaving,
             "done": me.idle,

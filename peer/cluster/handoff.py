@@ -27,7 +27,8 @@ from protocol import HostState as WireHostState
 from ring import RING_SPACE, ArcMove, Ring, diff, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc, queued_url_keys
 
-from peer.crawl.urls import host_of
+from peer.config import DEFAULTS
+from peer.crawl.urls import host_of_normalized, normalize
 
 __all__ = ["Alone", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "handoff_arcs"]
 
@@ -60,8 +61,9 @@ class HandoffConfig:
     # How often `run` looks for chunks to send or re-send.
     interval: float = 0.2
     # A gained arc waits at most this long for its previous owner's transfer: views that reached the two nodes
-    # by different paths (or a previous owner that restarted) must not block its hosts forever.
-    wait: float = 30.0
+    # by different paths (or a previous owner that restarted) must not block its hosts forever. The operator's
+    # setting handoff_wait: default and reason in peer.config (FIELDS).
+    wait: float = DEFAULTS["handoff_wait"]
 
 
 def handoff_arcs(moves: Iterable[ArcMove]) -> list[ArcMove]:
@@ -76,8 +78,9 @@ def handoff_arcs(moves: Iterable[ArcMove]) -> list[ArcMove]:
             and (first.previous, first.next) == (final.previous, final.next)
         ):
             arcs = [ArcMove(start=final.start, end=first.end, previous=first.previous, next=first.next), *arcs[1:-1]]
-    return [
-        ArcMove(start=a.start, end=a.end % RING_SPACE, previous=a.previous, next=a.next) for a in arcs
+    return [  # moves are immutable: only one ending at 2**64 needs a new record
+        a if a.end < RING_SPACE else ArcMove(start=a.start, end=a.end % RING_SPACE, previous=a.previous, next=a.next)
+        for a in arcs
     ]
 
 
@@ -457,7 +460,8 @@ class Handoff:
             if batch and (len(batch) >= config.urls_per_chunk or size + cost > config.url_bytes_per_chunk):
                 add(urls=tuple(batch))
                 batch, size = [], 0
-            batch.append(UrlEntry(url=item.url, depth=item.depth, found_on=item.found_on, hops=item.hops))
+            batch.append(UrlEntry(url=item.url, depth=item.depth, found_on=item.found_on, hops=item.hops,
+                                  lastmod=item.lastmod, sitemap=item.sitemap))
             size += cost
         if batch:
             add(urls=tuple(batch))
@@ -644,15 +648,16 @@ class Handoff:
         start, end = chunk.arc_start, chunk.arc_end
         items = []
         for entry in chunk.urls:
-            try:
-                host = host_of(entry.url)
-            except ValueError:
-                host = ""
+            url = normalize(entry.url)  # held to what a link from the web is, before it reaches the stores
+            host = host_of_normalized(url) if url is not None else ""
             if not host or not in_arc(host_position(host), start, end):
-                log.warning("hand-off URL outside its arc; dropped", extra={"peer": peer_id})
+                log.warning("hand-off URL unusable or outside its arc; dropped", extra={"peer": peer_id})
                 continue
             items.append(
-                QueuedUrl(url=entry.url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on)
+                QueuedUrl(
+                    url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on,
+                    lastmod=entry.lastmod, sitemap=entry.sitemap,
+                )
             )
         owner_of = self.delegate.owner_of
         forward: list[tuple[str, QueuedUrl]] = []

@@ -24,19 +24,21 @@ from collections.abc import Callable, Iterable, Sequence
 
 import trio
 
-from storage import HostState, LruTtlCache, QueuedUrl
+from storage import HostState, LruTtlCache, QueuedUrl, StorageError
 
 from peer.config import Config
+from peer.crawl.addressgate import AddressGate, Lane
 from peer.crawl.links import extract, is_html
-from peer.crawl.robots import RobotsDecision, decide
+from peer.crawl.robots import RobotsDecision, decide, product_token
 from peer.crawl.scheduler import HostScheduler, HostTurn
-from peer.crawl.seams import Link, Ownership, PageFetcher, Solo
+from peer.crawl.seams import AddressLimits, Ownership, PageFetcher, Solo
+from peer.crawl.sitemaps import MAX_SITEMAP_BYTES, SitemapEntry, SitemapReader, may_list
 from peer.crawl.urls import Scope, host_of_normalized, normalize, origin_of_normalized
-from peer.fetch.dns import DnsError
-from peer.fetch.http import FetchError, Response
+from peer.fetch.errors import TRANSIENT, DnsError, FetchError
+from peer.fetch.http import Response
 from peer.stats import Stats
 
-__all__ = ["Crawler", "Link"]
+__all__ = ["Crawler"]
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +47,23 @@ log = logging.getLogger(__name__)
 _SKIP_BUDGET = 256
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 _RETRY_STATUSES = frozenset((429, 503))
-_RETRY_ERRORS = frozenset(("connect", "timeout"))
 #: URLs remembered as already answered by the dedup store (about 200 B each: 200,000 is about 40 MiB).
 #: Past it the memory starts over; the dedup store stays the authority, so that only costs look-ups.
 _SEEN_CACHE_SIZE = 200_000
 
 
+#: A page larger than this is parsed in a worker thread even without ``parse_in_thread``: a million links take
+#: lxml about 0.7 s, longer than the membership probe timeout, and the event loop must keep answering.
+_THREAD_PARSE_BYTES = 512 * 1024
+
 #: A host whose arc's hand-off has not arrived is looked at again this often.
 _BLOCKED_RECHECK = 0.25
+
+
+#: Sitemap entries admitted in one store transaction while a sitemap streams in.
+_SITEMAP_BATCH = 1000
+#: Sitemap lines of one robots.txt that are read (a file naming thousands is not a site's own list).
+_MAX_NAMED_SITEMAPS = 64
 
 
 class _Batch:
@@ -75,6 +86,7 @@ class Crawler:
         pages,
         stats: Stats | None = None,
         ownership: Ownership | None = None,
+        limits: AddressLimits | None = None,
         wallclock: Callable[[], float] = time.time,
     ) -> None:
         self.cfg = cfg
@@ -91,6 +103,7 @@ class Crawler:
         self.stop_when_done = cfg.exit_when_done and self.ownership.solo
         self.wallclock = wallclock
         self.user_agent = cfg.full_user_agent()
+        self.robots_agent = product_token(self.user_agent)  # the name robots.txt groups are matched against
         self.scope = Scope(
             allowed_hosts=cfg.allowed_hosts,
             denied_hosts=cfg.denied_hosts,
@@ -98,6 +111,12 @@ class Crawler:
             max_url_length=cfg.max_url_length,
         )
         self.sched = HostScheduler()
+        # per-address politeness (peer/crawl/addressgate.py): lanes per server address, and the hosts parked
+        # until a lane of their address is given back
+        self.gate: AddressLimits = limits if limits is not None else AddressGate(cfg.ip_connections, cfg.ip_delay)
+        self._address_waiters: dict[str, set[str]] = {}
+        self._pinned: dict[str, str] = {}  # host -> the address its turn's request must go to
+        self._requests: dict[str, int] = {}  # host -> requests made in its current turn
         self.robots: LruTtlCache[str, RobotsDecision] = LruTtlCache(cfg.robots_cache_size)
         self._robots_failures: dict[str, int] = {}
         self._pending: dict[str, QueuedUrl] = {}  # host -> URL popped but parked while its robots.txt came in
@@ -108,18 +127,22 @@ class Crawler:
         self.active = 0
         self._draining = False
         self.store_types = tuple(t.lower() for t in cfg.store_types)
+        self._current: dict[str, QueuedUrl] = {}  # host -> the URL its turn is working on
+        #: URLs given up because the node stopped while fetching them, max_crashes times in a row (this run).
+        self.dropped_urls: list[str] = []
 
     # ------------------------------------------------------------------ admission
 
-    def admit(self, links: Iterable[Link]) -> tuple[int, int]:
-        """Scope-check, route, dedup and queue links. Returns (new, already seen) for the links owned here."""
+    def admit(self, items: Iterable[QueuedUrl]) -> tuple[int, int]:
+        """Scope-check, route, dedup and queue normalized URLs (their host is taken from the URL). Returns
+        (new, already seen) for the URLs owned here."""
         batch = _Batch()
-        for link in links:
-            self._screen(batch, link.url, link.depth, link.hops, link.found_on)
+        for item in items:
+            self._screen(batch, item.url, item.depth, item.hops, item.found_on, item.lastmod, item.sitemap)
         return self._commit(batch)
 
     def _screen_found(self, batch: _Batch, urls: Sequence[str], depth: int, found_on: str) -> None:
-        """Screen the links of one page, without a ``Link`` per URL: the crawl's hottest loop.
+        """Screen the links of one page, without a record per URL: the crawl's hottest loop.
 
         Most links of a wide crawl were seen before; a URL the dedup store already answered for, on a host
         this node still owns, is counted as seen without being parsed, scope-checked or looked up again.
@@ -138,16 +161,26 @@ class Crawler:
             self._screen(batch, url, depth, 0, found_on)
         batch.seen += hits
 
-    def _screen(self, batch: _Batch, url: str, depth: int, hops: int, found_on: str | None) -> None:
+    def _screen(
+        self,
+        batch: _Batch,
+        url: str,
+        depth: int,
+        hops: int,
+        found_on: str | None,
+        lastmod: float | None = None,
+        sitemap: bool = False,
+    ) -> None:
         host = host_of_normalized(url)
-        reason = self.scope.check(url, host, depth)
+        reason = self.scope.check(url, host, depth, sitemap=sitemap)
         if reason is not None:
             self.stats.skipped[reason] += 1
             return
+        item = QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on, lastmod=lastmod, sitemap=sitemap)
         if self.owns is not None and not self.owns(host):
-            self.ownership.route(host, Link(url, depth, hops, found_on))
+            self.ownership.route(item)
             return
-        batch.cands.append(QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on))
+        batch.cands.append(item)
 
     def _commit(self, batch: _Batch, done: QueuedUrl | None = None) -> tuple[int, int]:
         """One store transaction: mark the batch seen, queue the new URLs and (with ``done``) clear the page
@@ -188,14 +221,22 @@ class Crawler:
             if url is None:
                 log.warning("seed is not a crawlable http(s) URL, skipped", extra={"seed": raw})
                 continue
-            links.append(Link(url, 0))
+            links.append(QueuedUrl(url=url, host=host_of_normalized(url), depth=0))
         new, _ = self.admit(links)
         return new
 
     def restore(self) -> int:
         """After a restart: in-flight URLs go back to their queues and every host with work is scheduled,
-        keeping its saved politeness state (wall-clock times are turned into trio times)."""
-        recovered = self.frontier.recover()
+        keeping its saved politeness state (wall-clock times are turned into trio times).
+
+        A URL that was in flight at ``cfg.max_crashes`` stops in a row is dropped instead: it may be what stopped
+        the node. It is logged, counted (``errors{kind="crash-loop"}``) and recorded in ``dropped_urls``."""
+        recovered, dropped = self.frontier.recover_in_flight(max_crashes=self.cfg.max_crashes)
+        for item in dropped:
+            self.stats.errors["crash-loop"] += 1
+            self.dropped_urls.append(item.url)
+            log.error("URL dropped: it was being fetched at %d stops of the node in a row", self.cfg.max_crashes,
+                      extra={"url": item.url, "host": item.host})
         now, wall = trio.current_time(), self.wallclock()
         for st in self.frontier.states():
             t = self.sched.turn(st.host)
@@ -323,15 +364,94 @@ class Crawler:
         async with recv:
             async for turn in recv:
                 self.active += 1
+                parked = False
                 try:
-                    await self._host_turn(turn)
+                    if self.gate.active:
+                        parked = await self._gated_turn(turn)
+                    else:
+                        await self._host_turn(turn)
+                except Exception as exc:  # noqa: BLE001 - one host's input must not end the node
+                    self._contain(turn, exc)
                 finally:
+                    self._current.pop(turn.host, None)
                     self.active -= 1
                     if self.owns is not None and turn.host in self._pending and not self.owns(turn.host):
                         self.frontier.requeue([self._pending.pop(turn.host)])  # moved: into the hand-off
-                    more = turn.host in self._pending or self.frontier.queued(turn.host) > 0
+                    more = not parked and (turn.host in self._pending or self.frontier.queued(turn.host) > 0)
                     self.sched.release(turn, trio.current_time(), more_work=more)
                     self._wakeup.set()
+
+    def _contain(self, turn: HostTurn, exc: Exception) -> None:
+        """An unexpected exception in one host's turn: log it with the URL, count it, finish the URL and back the
+        host off, so whatever the host sent costs that URL and a pause of that host, never the node. A storage
+        fault is the disk's, not the host's: it still ends the node (with its message)."""
+        if isinstance(exc, StorageError):
+            raise exc
+        item = self._current.get(turn.host)
+        self.stats.errors["internal"] += 1
+        log.error("internal error in the turn of host %s; URL finished, host backed off", turn.host,
+                  exc_info=exc, extra={"host": turn.host, "url": item.url if item is not None else None})
+        if item is not None:
+            if self._pending.get(turn.host) == item:
+                del self._pending[turn.host]
+            self._retries.pop(item.url, None)
+            self.frontier.done(item)
+        turn.failures += 1
+        turn.backoff = min(self.cfg.max_backoff, max(self.cfg.delay, 1.0) * 2 ** min(turn.failures, 16))
+        self._schedule_after_request(turn)
+        self._save_state(turn)
+
+    async def _gated_turn(self, turn: HostTurn) -> bool:
+        """A host turn under the per-address limits: take a lane of the host's current address (from the node's
+        DNS cache, so a host whose address changes moves to the new address's lanes), make the turn's request
+        to that address, give the lane back. With no lane free the host waits without a worker: until a lane
+        has rested, or (all in service) parked until one is given back. True if parked."""
+        host = turn.host
+        try:
+            address = await self.fetcher.address(host)
+        except DnsError:
+            await self._host_turn(turn)  # the fetch fails on the same DNS error and is handled as usual
+            return False
+        now = trio.current_time()
+        got = self.gate.try_acquire(address, now)
+        if not isinstance(got, Lane):
+            self.stats.address_waits += 1
+            if math.isinf(got):
+                self._address_waiters.setdefault(address, set()).add(host)
+                return True
+            turn.next_allowed = max(turn.next_allowed, got)
+            return False
+        self._pinned[host] = address
+        self._requests[host] = 0
+        try:
+            await self._host_turn(turn)
+        finally:
+            used = self._requests.pop(host, 0) > 0
+            self._pinned.pop(host, None)
+            end = trio.current_time()
+            self.gate.release(got, end, used=used)
+            self.address_ready(address)
+        return False
+
+    def address_ready(self, address: str) -> None:
+        """A lane of `address` was given back here or arrived from its owner: the hosts parked on it try again
+        (those that find no lane park again)."""
+        waiters = self._address_waiters.pop(address, None)
+        if waiters:
+            now = trio.current_time()
+            for host in waiters:
+                self.sched.wake(host, now)
+            self._wakeup.set()
+
+    async def _fetch(self, host: str, url: str, **kw) -> Response:
+        """One request of a host turn: counted for the address lane, and sent to the address the lane is for
+        when the URL is on the turn's host."""
+        if host in self._requests:
+            self._requests[host] += 1
+        address = self._pinned.get(host)
+        if address is not None and host_of_normalized(url) == host:
+            return await self.fetcher.fetch(url, address=address, **kw)
+        return await self.fetcher.fetch(url, **kw)
 
     # ------------------------------------------------------------------ one host turn
 
@@ -341,6 +461,7 @@ class Crawler:
             item = self._pending.pop(host, None) or self.frontier.pop(host)
             if item is None:
                 return
+            self._current[host] = item
             if self.cfg.max_pages_per_host >= 0 and turn.pages >= self.cfg.max_pages_per_host:
                 self.stats.skipped["max-pages-per-host"] += 1
                 self.frontier.done(item)
@@ -353,11 +474,14 @@ class Crawler:
                 await self._fetch_robots(turn, origin)
                 return
             path = _path_of(item.url, origin)
-            if not decision.robots.can_fetch(self.user_agent, path):
+            if not decision.robots.can_fetch(self.robots_agent, path):
                 self.stats.skipped["robots" if decision.kind == "parsed" else "robots-unavailable"] += 1
                 self.frontier.done(item)
                 continue
-            await self._fetch_page(turn, item)
+            if item.sitemap:
+                await self._fetch_sitemap(turn, item)
+            else:
+                await self._fetch_page(turn, item)
             return
 
     def _schedule_after_request(self, turn: HostTurn, *, extra: float = 0.0) -> None:
@@ -385,7 +509,7 @@ class Crawler:
         self.stats.robots_fetches += 1
         try:
             while True:
-                resp = await self.fetcher.fetch(url, headers=(("user-agent", self.user_agent),))
+                resp = await self._fetch(turn.host, url, headers=(("user-agent", self.user_agent),))
                 status, body = resp.status, resp.body
                 location = _header(resp, "location")
                 if resp.status in _REDIRECTS and location and hops < 5:
@@ -397,7 +521,7 @@ class Crawler:
                 break
         except (FetchError, DnsError) as exc:
             status, body = None, None
-            self.stats.errors[f"robots-{getattr(exc, 'kind', 'error')}"] += 1
+            self.stats.errors[f"robots-{exc.label}"] += 1
         if status is not None and status in _REDIRECTS:
             status = 404  # more than 5 redirects: RFC 9309 says treat as unavailable (allow all)
         decision = decide(status, body, now=self.wallclock(), redirects_followed=hops)
@@ -414,7 +538,8 @@ class Crawler:
                 return
         self._robots_failures.pop(origin, None)
         self.robots.put(origin, decision, decision.expires_at)
-        delay = decision.robots.crawl_delay(self.user_agent)
+        self._admit_sitemaps(origin, decision)
+        delay = decision.robots.crawl_delay(self.robots_agent)
         turn.crawl_delay = float(delay) if delay else 0.0
         turn.backoff = 0.0
         self._schedule_after_request(turn)
@@ -423,11 +548,10 @@ class Crawler:
     async def _fetch_page(self, turn: HostTurn, item: QueuedUrl) -> None:
         stats = self.stats
         try:
-            resp = await self.fetcher.fetch(item.url, headers=(("user-agent", self.user_agent),))
+            resp = await self._fetch(turn.host, item.url, headers=(("user-agent", self.user_agent),))
         except (FetchError, DnsError) as exc:
-            kind = getattr(exc, "kind", "error")
-            stats.errors[kind] += 1
-            if kind in _RETRY_ERRORS and self._retry(turn, item):
+            stats.errors[exc.label] += 1
+            if isinstance(exc, TRANSIENT) and self._retry(turn, item):
                 return
             self.frontier.done(item)
             turn.failures += 1
@@ -456,7 +580,7 @@ class Crawler:
             ctype = _header(resp, "content-type")
             self._store(resp, ctype)
             if is_html(ctype):
-                if self.cfg.parse_in_thread:
+                if self.cfg.parse_in_thread or len(resp.body) > _THREAD_PARSE_BYTES:
                     page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype)
                 else:
                     page = extract(resp.body, item.url, ctype)
@@ -468,6 +592,88 @@ class Crawler:
         self._retries.pop(item.url, None)
         self._schedule_after_request(turn)
         self._save_state(turn)
+
+    # ------------------------------------------------------------------ sitemaps
+
+    def _admit_sitemaps(self, origin: str, decision: RobotsDecision) -> None:
+        """Queue the sitemaps a robots.txt names (and, with ``sitemap_xml``, /sitemap.xml when it names none)
+        as sitemap items for their hosts' owners: read in the host's turn like any request."""
+        if not self.cfg.sitemaps or decision.kind == "disallow-all-retry":
+            return
+        robots_url = origin + "/robots.txt"
+        named = decision.robots.sitemaps[:_MAX_NAMED_SITEMAPS]
+        batch = _Batch()
+        for raw in named:
+            url = normalize(raw, robots_url, max_length=self.cfg.max_url_length)
+            if url is None:
+                self.stats.skipped["sitemap-bad-url"] += 1
+                continue
+            self._screen(batch, url, 0, 0, robots_url, sitemap=True)
+        if not named and self.cfg.sitemap_xml:
+            self._screen(batch, origin + "/sitemap.xml", 0, 0, None, sitemap=True)
+        if batch.cands:
+            self._commit(batch)
+
+    async def _fetch_sitemap(self, turn: HostTurn, item: QueuedUrl) -> None:
+        """Read one sitemap or sitemap index as it streams in, admitting what it may list a batch at a time
+        (the same scope, ownership and dedup path as links; robots.txt is checked when each URL's turn comes)."""
+        stats = self.stats
+        sink = _SitemapSink(self, item)
+        headers = (("user-agent", self.user_agent), ("accept-encoding", "identity"))
+        stats.sitemap_fetches += 1
+        try:
+            resp = await self._fetch(turn.host, item.url, headers=headers, sink=sink)
+        except (FetchError, DnsError) as exc:
+            stats.errors[f"sitemap-{exc.label}"] += 1
+            if isinstance(exc, TRANSIENT) and self._retry(turn, item):
+                return
+            sink.flush()
+            self.frontier.done(item)
+            turn.failures += 1
+            self._schedule_after_request(turn)
+            self._save_state(turn)
+            return
+        status = resp.status
+        stats.status[f"{status // 100}xx"] += 1
+        if status in _RETRY_STATUSES and self._retry(turn, item, retry_after=_retry_after(resp, self.wallclock())):
+            return
+        turn.failures = 0
+        turn.backoff = 0.0
+        batch = _Batch()
+        if status in _REDIRECTS:
+            location = _header(resp, "location")
+            target = normalize(location, item.url, max_length=self.cfg.max_url_length) if location else None
+            if target is not None and item.hops + 1 <= self.cfg.max_redirect_hops:
+                self._screen(batch, target, item.depth, item.hops + 1, item.found_on, sitemap=True)
+            elif target is not None:
+                stats.skipped["redirect-hops"] += 1
+        elif 200 <= status < 300:
+            sink.finish(batch)
+        self._commit(batch, done=item)
+        self.ownership.fetched(item)
+        self._retries.pop(item.url, None)
+        self._schedule_after_request(turn)
+        self._save_state(turn)
+
+    def _screen_listed(self, batch: _Batch, sitemap: QueuedUrl, entries: Sequence[SitemapEntry]) -> None:
+        """Screen what a sitemap lists: the protocol's location rule, then the links' path."""
+        named_by = sitemap.found_on if sitemap.found_on and sitemap.found_on.endswith("/robots.txt") else None
+        max_length = self.cfg.max_url_length
+        skipped = self.stats.skipped
+        self.stats.sitemap_urls += len(entries)
+        for entry in entries:
+            url = normalize(entry.loc, sitemap.url, max_length=max_length)
+            if url is None:
+                skipped["sitemap-bad-url"] += 1
+            elif not may_list(sitemap.url, url, named_by=named_by):
+                skipped["sitemap-location"] += 1
+            elif entry.is_sitemap:
+                if sitemap.hops + 1 > self.cfg.max_redirect_hops:
+                    skipped["sitemap-nesting"] += 1
+                else:
+                    self._screen(batch, url, sitemap.depth, sitemap.hops + 1, named_by or sitemap.url, sitemap=True)
+            else:
+                self._screen(batch, url, sitemap.depth + 1, 0, sitemap.url, entry.lastmod)
 
     def _retry(self, turn: HostTurn, item: QueuedUrl, *, retry_after: float | None = None) -> bool:
         """Re-queue after a transient failure with per-host exponential back-off. False once retries are spent."""
@@ -501,6 +707,7 @@ class Crawler:
             body=resp.body,
             ip=resp.ip,
             fetched_at=self.wallclock(),
+            truncated=resp.truncated,
         )
         self.stats.stored += 1
 
@@ -512,6 +719,52 @@ class Crawler:
             "hosts_known": float(len(self.sched.turns)),
             "workers_busy": float(self.active),
         }
+
+
+class _SitemapSink:
+    """The body sink of one sitemap fetch (``peer.fetch.http.BodySink``): only a 2xx body is read; its pieces
+    go through a `SitemapReader`, and what it lists is admitted every `_SITEMAP_BATCH` entries, so neither
+    the document nor its list is ever held whole."""
+
+    __slots__ = ("crawler", "item", "reader", "pending", "max_bytes")
+
+    def __init__(self, crawler: Crawler, item: QueuedUrl) -> None:
+        self.crawler = crawler
+        self.item = item
+        self.reader = SitemapReader()
+        self.pending: list[SitemapEntry] = []
+        self.max_bytes = MAX_SITEMAP_BYTES  # on the wire; the reader bounds the inflated size the same
+
+    def head(self, status: int, headers: list[tuple[str, str]]) -> bool:
+        return 200 <= status < 300
+
+    async def write(self, piece: bytes) -> bool:
+        reader = self.reader
+        self.pending += reader.feed(piece)
+        while reader.backlog:  # a compressed piece inflating to many steps: let other fetches run between them
+            if len(self.pending) >= _SITEMAP_BATCH:
+                self.flush()
+            await trio.sleep(0)
+            self.pending += reader.feed(b"")
+        if len(self.pending) >= _SITEMAP_BATCH:
+            self.flush()
+        return not reader.done
+
+    def flush(self) -> None:
+        """Admit the entries read so far in one store transaction."""
+        if self.pending:
+            batch = _Batch()
+            self.crawler._screen_listed(batch, self.item, self.pending)
+            self.pending = []
+            self.crawler._commit(batch)
+
+    def finish(self, batch: _Batch) -> None:
+        """The body ended: the last entries go into `batch` (committed with the sitemap's own record)."""
+        self.pending += self.reader.close()
+        self.crawler._screen_listed(batch, self.item, self.pending)
+        self.pending = []
+        if self.reader.stopped is not None:
+            self.crawler.stats.skipped[f"sitemap-{self.reader.stopped}"] += 1
 
 
 _DECODED_DROP = frozenset(("content-encoding", "transfer-encoding", "content-length"))
@@ -546,7 +799,11 @@ def _retry_after(resp: Response, now: float) -> float | None:
         return None
     value = value.strip()
     if value.isdigit():
-        return float(value)
+        # str.isdigit is true of other scripts' digits and of '²', which int() cannot read or reads as a number
+        # the server did not mean: only ASCII delta-seconds count, and a huge one is capped (by max_backoff later).
+        if not value.isascii():
+            return None
+        return float(int(value[:12]))
     try:
         when = email.utils.parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError, IndexError, OverflowError):

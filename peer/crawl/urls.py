@@ -27,6 +27,8 @@ from urllib.parse import unquote
 
 import idna
 
+from peer.config import DEFAULTS
+
 __all__ = [
     "DEFAULT_BINARY_SUFFIXES",
     "Scope",
@@ -42,7 +44,7 @@ __all__ = [
     "path_and_query_of",
 ]
 
-DEFAULT_MAX_URL_LENGTH = 2048  # longer URLs are almost always session ids, traps or garbage
+DEFAULT_MAX_URL_LENGTH: int = DEFAULTS["max_url_length"]  # the setting's default (peer.config): traps, junk
 
 _DEFAULT_PORTS = {"http": "80", "https": "443"}
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -460,8 +462,9 @@ class Scope:
         self.max_path_segments = max_path_segments
         self.max_repeated_segment = max_repeated_segment
 
-    def check(self, url: str, host: str, depth: int) -> str | None:
-        """None if `url` (normalized, on `host`, found at `depth`) is in scope, else a short reason."""
+    def check(self, url: str, host: str, depth: int, *, sitemap: bool = False) -> str | None:
+        """None if `url` (normalized, on `host`, found at `depth`) is in scope, else a short reason. A sitemap
+        is not judged by its suffix (".xml.gz" is a sitemap's usual name, not a binary to skip)."""
         if len(url) > self.max_url_length:
             return "too-long"
         if self._denied and self._denied.matches(host):
@@ -475,7 +478,7 @@ class Scope:
             return None
         end = url.find("?", start)
         path = url[start:] if end < 0 else url[start:end]
-        if self._suffixes and path.lower().endswith(self._suffixes):
+        if self._suffixes and not sitemap and path.lower().endswith(self._suffixes):
             return "suffix"
         segments = [s for s in path.split("/") if s]
         if len(segments) > self.max_path_segments:

@@ -57,8 +57,8 @@ import httpx
 import trio
 
 import ring
+from peer.control import auth_headers, dashboard_address, read_token
 
-from peer.control import dashboard_address, read_token
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import RequestRecord
 
@@ -314,23 +314,17 @@ class _Runner:
                             f"{self.plan.live.settle_wait:g} s (live.settle_wait): {detail}")
         return trio.current_time() - began
 
-    @staticmethod
-    def _auth(node: _Node) -> dict[str, str]:
-        try:
-            return {"authorization": f"Bearer {read_token(node.data_dir)}"}
-        except OSError:  # not written yet: the request is refused, as a node that does not answer yet
-            return {}
-
     async def _get(self, node: _Node, path: str) -> dict[str, Any] | None:
         try:
-            resp = await self.client.get(f"http://{node.control}{path}", headers=self._auth(node))
+            resp = await self.client.get(f"http://{node.control}{path}", headers=auth_headers(node.data_dir))
             return resp.json() if resp.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
 
     async def _post(self, node: _Node, path: str) -> bool:
         try:
-            resp = await self.client.post(f"http://{node.control}{path}", headers=self._auth(node))
+            resp = await self.client.post(f"http://{node.control}{path}", json={},
+                                          headers=auth_headers(node.data_dir))
             return resp.status_code < 400
         except httpx.HTTPError:
             return False

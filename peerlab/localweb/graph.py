@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 from .features import MIN_FEATURE_HOSTS, TRAP_PREFIX, build_features
 from .model import PORT, HostSpec, Link, Resource, idna_host, make_url, norm_path
@@ -210,9 +210,13 @@ class SiteGraph:
         """The crawl's start URLs: the root pages of the first ``seed_hosts`` hosts (host 0 is the hub)."""
         return [make_url(h.name, "/", port) for h in self.hosts[: self.seed_hosts]]
 
-    def zone(self) -> dict[str, str]:
-        """Host name (ASCII) -> ``"127.0.0.1"`` for the DNS server; the NXDOMAIN names are left out."""
-        return {h.name: "127.0.0.1" for h in self.hosts}
+    def zone(self, addresses: Sequence[str] = ("127.0.0.1",)) -> dict[str, str]:
+        """Host name (ASCII) -> its address for the DNS server; the NXDOMAIN names are left out. With several
+        `addresses` the hosts are dealt over them in order (host i on ``addresses[i % len(addresses)]``), so many
+        host names share each server address, as on shared hosting."""
+        if not addresses:
+            raise ValueError("zone needs at least one address")
+        return {h.name: addresses[i % len(addresses)] for i, h in enumerate(self.hosts)}
 
     def feature_names(self) -> list[str]:
         return sorted(self._feature_urls)

@@ -19,7 +19,7 @@ import socket as stdlib_socket
 import sys
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import h11
@@ -188,7 +188,7 @@ class WebServer:
         finally:
             record = RequestRecord(host=host, path=path, status=progress.status, conn_id=conn_id, start=start,
                                    end=trio.current_time(), wall_start=wall_start, wall_end=time.time(),
-                                   user_agent=user_agent, bytes_sent=progress.sent)
+                                   user_agent=user_agent, bytes_sent=progress.sent, address=_local_address(stream))
             if self._keep_log:
                 self.log.append(record)
             if self._on_record is not None:
@@ -273,6 +273,14 @@ def _request_path(target: bytes) -> str:
     return norm_path(text or "/")
 
 
+def _local_address(stream: trio.abc.Stream) -> str:
+    sock = getattr(stream, "socket", None)
+    try:
+        return sock.getsockname()[0] if sock is not None else ""
+    except OSError:
+        return ""
+
+
 async def _open_listener(host: str, port: int, reuse_port: bool) -> trio.SocketListener:
     sock = trio.socket.socket(stdlib_socket.AF_INET, stdlib_socket.SOCK_STREAM)
     try:
@@ -295,29 +303,47 @@ async def serve_web(
     on_record: Callable[[RequestRecord], None] | None = None,
     keep_log: bool = True,
     reuse_port: bool = False,
+    addresses: Sequence[str] = (),
     task_status: trio.TaskStatus[WebServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``graph`` on ``host:port`` until cancelled; ``nursery.start`` returns the :class:`WebServer`.
 
     ``reuse_port`` lets several processes share one port (the multi-process benchmark server);
     ``keep_log=False`` keeps memory flat on long runs (``on_record`` still sees every request).
+    ``addresses`` (loopback addresses such as 127.0.1.1) serves on each of them, on one port, instead of
+    ``host``: with ``graph.zone(addresses)`` many host names share each server address, and each logged
+    request names the address it came in on (``RequestRecord.address``).
     """
-    listener = await _open_listener(host, port, reuse_port)
-    await _serve_on(listener, graph, on_record=on_record, keep_log=keep_log, task_status=task_status)
+    listeners = [await _open_listener(addresses[0] if addresses else host, port, reuse_port)]
+    try:
+        chosen = listeners[0].socket.getsockname()[1]
+        for address in addresses[1:]:
+            listeners.append(await _open_listener(address, chosen, reuse_port))
+    except BaseException:
+        for listener in listeners:
+            await listener.aclose()
+        raise
+    await _serve_on(listeners, graph, on_record=on_record, keep_log=keep_log, task_status=task_status)
 
 
 async def _serve_on(
-    listener: trio.SocketListener,
+    listeners: trio.SocketListener | list[trio.SocketListener],
     graph: SiteGraph,
     *,
     on_record: Callable[[RequestRecord], None] | None,
     keep_log: bool,
     task_status: trio.TaskStatus[WebServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    server = WebServer(graph, port=listener.socket.getsockname()[1], on_record=on_record, keep_log=keep_log)
-    async with listener:
+    if not isinstance(listeners, list):
+        listeners = [listeners]
+    server = WebServer(graph, port=listeners[0].socket.getsockname()[1], on_record=on_record, keep_log=keep_log)
+    try:
         task_status.started(server)
-        await trio.serve_listeners(server.handle, [listener])
+        await trio.serve_listeners(server.handle, listeners)
+    finally:
+        with trio.CancelScope(shield=True):
+            for listener in listeners:
+                await listener.aclose()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -43,7 +43,6 @@ import trio.testing
 
 from peer.cluster.cluster import Cluster, ring_id
 from peer.config import Config, load
-from peer.crawl.crawler import Link
 from peer.crawl.scheduler import HostScheduler, HostTurn
 from peer.stats import Stats
 from peer.cluster.transport import MemoryNetwork
@@ -268,7 +267,7 @@ class SimCrawler:
         stats: Stats,
         owns: Callable[[str], bool],
         blocked: Callable[[str], bool],
-        router: Callable[[str, Link], None],
+        router: Callable[[QueuedUrl], None],
         take_routed: Callable[[], list],
         wallclock: Callable[[], float],
         fetched: Callable[[QueuedUrl], None] | None = None,
@@ -299,10 +298,11 @@ class SimCrawler:
 
     def _screen(self, batch: _Batch, url: str, depth: int, found_on: str | None) -> None:
         host = host_of_normalized(url)
+        item = QueuedUrl(url=url, host=host, depth=depth, hops=0, found_on=found_on)
         if not self.owns(host):
-            self.router(host, Link(url, depth, 0, found_on))
+            self.router(item)
             return
-        batch.cands.append(QueuedUrl(url=url, host=host, depth=depth, hops=0, found_on=found_on))
+        batch.cands.append(item)
 
     def _commit(self, batch: _Batch, done: QueuedUrl | None = None) -> int:
         cands = batch.cands
@@ -644,7 +644,7 @@ class ClusterSim:
         self.rng = random.Random(seed)
         self.net = MemoryNetwork(random.Random(seed + 1), delay=delay, jitter=jitter,
                                  break_probability=break_probability, loss_probability=loss_probability,
-                                 duplicate_probability=duplicate_probability)
+                                 duplicate_probability=duplicate_probability, secret=SECRET)
         self.points_per_weight = points_per_weight
         self.concurrency = concurrency
         self.settings = {
