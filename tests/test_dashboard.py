@@ -150,7 +150,7 @@ async def test_dashboard_draws_the_ring_and_redraws_it_when_a_node_leaves(tmp_pa
                     return driver.execute_script("""
                         const m = window.peercrawlDashboard.last;
                         return m && m.nodes.length === 3 && m.nodes.every(n => n.detail && n.detail.history.length > 2)
-                               && m.nodes.some(n => Object.keys(n.detail.sent_recent).length > 0);""")
+                               && m.nodes.some(n => Object.keys(n.detail.sent).length > 0);""")
 
                 await _until(details_in, 20, "every node's detailed status, and URLs sent between nodes")
                 cards = driver.execute_script(
