@@ -4,7 +4,7 @@ export, both as the ``/status`` JSON and as Prometheus metrics built at scrape t
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -70,9 +70,11 @@ class Stats:
 class StatsCollector(Collector):
     """Prometheus view of a node: counters from Stats plus gauges read from ``gauges()`` at scrape time."""
 
-    def __init__(self, stats: Stats, gauges: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, stats: Stats, gauges: Callable[[], dict[str, float]],
+                 families: Callable[[], Iterable[Any]] | None = None) -> None:
         self._stats = stats
         self._gauges = gauges
+        self._families = families  # labelled or computed metric families from the node's other parts
 
     def collect(self) -> Iterator[Any]:
         s = self._stats
@@ -101,3 +103,5 @@ class StatsCollector(Collector):
             yield fam
         for name, value in self._gauges().items():
             yield GaugeMetricFamily(f"peercrawl_{name}", name.replace("_", " "), value=value)
+        if self._families is not None:
+            yield from self._families()

@@ -35,8 +35,13 @@ __all__ = [
     "Pong",
     "ProbeReply",
     "ProbeRequest",
+    "Count",
     "Reject",
     "SeenReplica",
+    "SlowHost",
+    "Transfer",
+    "StatusQuery",
+    "StatusReport",
     "LaneReturn",
     "LaneGrant",
     "LaneAsk",
@@ -235,6 +240,75 @@ class ProgressReport:
     rate: float
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Count:
+    """A named counter: an error kind, a peer's node id, a status class."""
+
+    name: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlowHost:
+    """A host that makes the crawl wait: the seconds between its requests (the larger of the node's delay and
+    its Crawl-delay), its current back-off, its consecutive failures and its queued URLs."""
+
+    host: str
+    delay: float
+    backoff: float
+    failures: int
+    queued: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transfer:
+    """A hand-off under way at the reporting node: arcs coming from `peer` (`incoming`, `share` of the key space
+    still waited for) or going to it (`chunks` not yet acknowledged)."""
+
+    peer: str
+    incoming: bool
+    share: float
+    chunks: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusQuery:
+    """Asks a peer for its detailed status (the dashboard's view of it), answered by a StatusReport."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusReport:
+    """A node's detailed status, for the dashboard any node serves for the whole cluster.
+
+    `history`: pages fetched in each of the last seconds, oldest first. `sent`: URLs sent to each peer so far;
+    `sent_recent`: over the last `window` seconds. `idle_for`: seconds since the node last received a page
+    (counted from its start if it has none). `rss`: resident memory in bytes. `transfers`: its hand-offs under way.
+    """
+
+    seq: int
+    pages: int
+    bytes: int
+    queued: int
+    in_flight: int
+    hosts_queued: int
+    hosts_known: int
+    rss: int
+    idle_for: float
+    errors: tuple[Count, ...]
+    dns_hits: int
+    dns_misses: int
+    robots_hits: int
+    robots_misses: int
+    history: tuple[int, ...]
+    window: float
+    sent: tuple[Count, ...]
+    sent_recent: tuple[Count, ...]
+    slow_hosts: tuple[SlowHost, ...]
+    transfers: tuple[Transfer, ...]
+
+
 # --- hand-off ----------------------------------------------------------------------------------------------
 
 
@@ -334,6 +408,8 @@ Message: TypeAlias = (
     | ProbeReply
     | ProgressQuery
     | ProgressReport
+    | StatusQuery
+    | StatusReport
     | HandoffChunk
     | HandoffAck
     | SeenReplica
@@ -371,6 +447,9 @@ _MEMBER = _record(
 # A seen-URL key: the host's 8-byte ring position and at least one byte of fingerprint (16 bytes today).
 _SEEN_KEY = Blob(limit="max_key_length", minimum=9)
 _HOST_STATE = _record(HostState, host=HostName(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32)
+_COUNT = _record(Count, name=Text(), count=UInt())
+_SLOW_HOST = _record(SlowHost, host=HostName(), delay=Seconds(), backoff=Seconds(), failures=_U32, queued=UInt())
+_TRANSFER = _record(Transfer, peer=Text(), incoming=Flag(), share=Seconds(), chunks=UInt())
 _NONCE = Blob(size=NONCE_SIZE)
 _PROOF = Blob(size=PROOF_SIZE)
 
@@ -415,6 +494,30 @@ RECORDS: dict[int, Record] = {
         queued=UInt(),
         urls_received=UInt(),
         rate=Seconds(),
+    ),
+    0x27: _record(StatusQuery, seq=UInt()),
+    0x28: _record(
+        StatusReport,
+        seq=UInt(),
+        pages=UInt(),
+        bytes=UInt(),
+        queued=UInt(),
+        in_flight=UInt(),
+        hosts_queued=UInt(),
+        hosts_known=UInt(),
+        rss=UInt(),
+        idle_for=Seconds(),
+        errors=Many(_COUNT),
+        dns_hits=UInt(),
+        dns_misses=UInt(),
+        robots_hits=UInt(),
+        robots_misses=UInt(),
+        history=Many(UInt()),
+        window=Seconds(),
+        sent=Many(_COUNT),
+        sent_recent=Many(_COUNT),
+        slow_hosts=Many(_SLOW_HOST),
+        transfers=Many(_TRANSFER),
     ),
     0x30: _record(
         HandoffChunk,

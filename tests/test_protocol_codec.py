@@ -25,6 +25,7 @@ from protocol import (
     HandoffAck,
     HandoffChunk,
     Hello,
+    Count,
     HostState,
     Limits,
     LocalProtocolError,
@@ -33,6 +34,10 @@ from protocol import (
     Pong,
     ProgressQuery,
     ProgressReport,
+    SlowHost,
+    StatusQuery,
+    StatusReport,
+    Transfer,
     ProbeReply,
     ProbeRequest,
     Reject,
@@ -79,6 +84,9 @@ host_names = st.one_of(
     st.ip_addresses(v=6).map(lambda ip: f"[{ip.compressed}]"),
 )
 host_states = st.builds(HostState, host=host_names, crawl_delay=seconds, ready_in=seconds, failures=U32)
+counts = st.builds(Count, name=texts, count=U64)
+transfers = st.builds(Transfer, peer=texts, incoming=st.booleans(), share=seconds, chunks=U64)
+slow_hosts = st.builds(SlowHost, host=host_names, delay=seconds, backoff=seconds, failures=U32, queued=U64)
 
 
 def tuples(elements: st.SearchStrategy, max_size: int = 6) -> st.SearchStrategy:
@@ -118,6 +126,13 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
         ProgressReport, seq=U64, ring=U64, idle=st.booleans(), finished=st.booleans(), activity=U64,
         pages=U64, queued=U64, urls_received=U64,
         rate=st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False),
+    ),
+    StatusQuery: st.builds(StatusQuery, seq=U64),
+    StatusReport: st.builds(
+        StatusReport, seq=U64, pages=U64, bytes=U64, queued=U64, in_flight=U64, hosts_queued=U64,
+        hosts_known=U64, rss=U64, idle_for=seconds, errors=tuples(counts), dns_hits=U64, dns_misses=U64,
+        robots_hits=U64, robots_misses=U64, history=tuples(U64, 30), window=seconds, sent=tuples(counts),
+        sent_recent=tuples(counts), slow_hosts=tuples(slow_hosts), transfers=tuples(transfers),
     ),
     HandoffChunk: st.builds(
         HandoffChunk,

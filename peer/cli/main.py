@@ -18,10 +18,11 @@ from types import ModuleType
 import trio
 
 from peer.cli import cluster_cmds, ring_cmd
-from peer.cli.client import control_address, control_request
+from peer.cli.client import control_address, control_request, find_token
 from peer.cli.errors import CliError
 from peer.cli.format import format_status
 from peer.config import DEFAULTS, FIELDS, Config, ConfigError, default_text, load
+from peer.control import dashboard_address
 from peer.log import setup_logging
 from peer.node import NodeError, run_node
 from storage import StorageError
@@ -48,6 +49,7 @@ PEERCTL_EPILOG = textwrap.dedent(
       peerctl ring --node A=150 --node B=80 --node C=200 --node D=40 --remove C --add E=300 --hosts 1000000
       peerctl status --cluster --data-dir ./a       # every member: state, pages, rate, queue, idle
       peerctl ring --data-dir ./a                   # the live ring: weight share, key share, URLs received
+      peerctl dashboard --data-dir ./a              # the live dashboard's address (ring, flows, crawl)
       peerctl join --data-dir ./c --seed 127.0.0.1:7400
       peerctl leave --data-dir ./b                  # hand off everything, then exit
       peerctl stop --control 127.0.0.1:7410
@@ -228,6 +230,16 @@ def _peerctl_ring(args: argparse.Namespace) -> int:
     return ring_cmd.run(args)
 
 
+def _peerctl_dashboard(args: argparse.Namespace) -> int:
+    address, token = control_address(args), find_token(args)
+    if token is None:
+        raise CliError("peerctl dashboard needs the node's control token: give --data-dir DIR, --token-file FILE "
+                       "or PEERCRAWL_CONTROL_TOKEN")
+    control_request(address, "GET", "/healthz", timeout=5.0)  # the node is there
+    print(dashboard_address(address, token))
+    return 0
+
+
 # The lab (peerlab: the local web, the experiment, the demo) is a sibling package the daemon never imports; its
 # two commands are found by name when it is installed (`pip install 'peercrawl[lab]'`), like a plugin.
 LAB_COMMANDS = {"experiment": "peerlab.experiment", "demo": "peerlab.demo"}
@@ -288,6 +300,13 @@ def peerctl_main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("stop", help="ask a node to stop cleanly")
     target(p)
     p.set_defaults(func=_peerctl_stop)
+    p = sub.add_parser("dashboard", help="print the address of the node's live dashboard (open it in a browser)",
+                       description="Print the address of the dashboard the node serves for the whole cluster: "
+                       "its control endpoint, with the control token in the fragment (a browser never sends "
+                       "it to a server; the page sends it with each API call). Example: "
+                       "peerctl dashboard --data-dir ./a")
+    target(p)
+    p.set_defaults(func=_peerctl_dashboard)
     p = sub.add_parser("ring", help="the live ring of a running cluster (--control/--data-dir), or a simulation "
                                      "(--node ...): shares, moved keys")
     target(p)

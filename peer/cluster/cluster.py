@@ -25,8 +25,17 @@ from typing import Any
 
 import trio
 
-from protocol import Message, ProgressQuery, ProgressReport
-from ring import DEFAULT_POINTS_PER_WEIGHT, ArcMove, MemberState, Ring, View, diff, host_position
+from protocol import (
+    Count,
+    Message,
+    ProgressQuery,
+    ProgressReport,
+    SlowHost,
+    StatusQuery,
+    StatusReport,
+    Transfer,
+)
+from ring import DEFAULT_POINTS_PER_WEIGHT, RING_SPACE, ArcMove, MemberState, Ring, View, diff, host_position
 from storage import HostState, NodeStore, QueuedUrl
 
 from peer.config import Config
@@ -38,7 +47,7 @@ from peer.cluster.lanes import LEASE, FleetLanes
 from peer.cluster.replicas import SeenReplicas
 from peer.cluster.transport import TcpTransport, TlsFiles, Transport
 
-__all__ = ["Cluster"]
+__all__ = ["Cluster", "ring_slices", "status_dict", "status_report"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +63,12 @@ JOIN_RING_TIMEOUT = 30.0
 LEFT_GRACE = 2.0
 #: After concluding the crawl is finished, a node keeps answering until every peer has concluded too.
 LINGER_TIMEOUT = 5.0
+#: Peers send their detailed status (the dashboard's) once a second while someone watched within this long.
+WATCH_TIMEOUT = 30.0
+#: A peer's detailed status older than this is not shown.
+DETAIL_MAX_AGE = 10.0
+#: The dashboard's picture folds the ring into this many slices.
+RING_SLICES = 360
 
 _OWNING = (MemberState.ALIVE, MemberState.SUSPECT)
 
@@ -159,6 +174,12 @@ class Cluster:
         self._seq = 0
         self._answers: dict[int, tuple[str, trio.Event]] = {}
         self._leaving_since: dict[str, float] = {}  # peer -> when this node first saw it LEAVING
+        # The dashboard: this node's detailed status (set by the node), its peers' latest, and until when to ask.
+        self.summary: Callable[[], dict[str, Any]] | None = None
+        self.details: dict[str, tuple[float, dict[str, Any]]] = {}  # peer -> (trio time received, status)
+        self._watch_until = -1.0
+        self._watch_wake = trio.Event()
+        self._slices: tuple[int, list[dict[str, float]]] | None = None  # (ring id, the ring folded)
 
     # -- the crawler's Ownership (peer/crawl/seams.py) -------------------------------------------------------
 
@@ -261,6 +282,7 @@ class Cluster:
             nursery.start_soon(self._follow_views, watch)
             nursery.start_soon(self._progress_loop)
             nursery.start_soon(self._sweep_loop)
+            nursery.start_soon(self._status_loop)
             if self.lanes is not None:
                 nursery.start_soon(self._lanes_loop)
             log.info("cluster member listening", extra={"node_id": self.node_id, "address": self.address})
@@ -522,6 +544,11 @@ class Cluster:
             waiter = self._answers.get(message.seq)
             if waiter is not None and waiter[0] == peer_id:
                 waiter[1].set()
+        elif isinstance(message, StatusQuery):
+            if self.summary is not None:
+                self.links.send_nowait(peer_id, status_report(message.seq, self.summary()))
+        elif isinstance(message, StatusReport):
+            self.details[peer_id] = (trio.current_time(), status_dict(message))
         elif self.lanes is not None and self.lanes.on_message(peer_id, message):
             return
         elif not self.replicas.on_message(peer_id, message):
@@ -572,8 +599,56 @@ class Cluster:
             "cluster_done": self.finished.is_set() and me.idle,
         }
 
-    def cluster_status(self) -> dict[str, Any]:
-        """Every member as this node knows it: its view, ring shares, and the latest progress reports."""
+    # -- the dashboard ------------------------------------------------------------------------------------
+
+    def watched(self) -> None:
+        """Someone looks at the cluster: peers are asked for their detailed status once a second for the next
+        `WATCH_TIMEOUT` seconds (their answers show from the next look on)."""
+        now = trio.current_time()
+        if now >= self._watch_until:
+            self._watch_wake.set()
+        self._watch_until = now + WATCH_TIMEOUT
+
+    async def _status_loop(self) -> None:
+        while True:
+            now = trio.current_time()
+            if now >= self._watch_until:
+                self._watch_wake = trio.Event()
+                await self._watch_wake.wait()
+                continue
+            for peer in self._live_peers():
+                self._seq += 1
+                member = self.view.member(peer)
+                self.links.send_nowait(peer, StatusQuery(seq=self._seq), address=member.address if member else None)
+            await trio.sleep(PROGRESS_INTERVAL)
+
+    def transfers(self) -> list[dict[str, Any]]:
+        """Hand-offs under way here: the key share still awaited from each peer, the chunks each has not acked."""
+        return [{"peer": peer, "incoming": incoming, "share": round(share, 6), "chunks": chunks}
+                for peer, incoming, share, chunks in self.handoff.progress()]
+
+    def shares(self) -> dict[str, tuple[float, float]]:
+        """Each member's (key share, weight share) on the current ring."""
+        ring = self.ring
+        if ring is None:
+            return {}
+        keys, weights = ring.shares(), ring.weight_shares()
+        return {node: (keys.get(node, 0.0), weights.get(node, 0.0)) for node in ring.nodes}
+
+    def ring_map(self) -> dict[str, Any]:
+        """The ring in `RING_SLICES` slices (each node's fraction of each, sampled: `ring_slices`), and the fraction
+        of each slice whose hand-off this node still awaits (`ring_pending`)."""
+        ring = self.ring
+        if ring is None:
+            return {"slices": [], "pending": []}
+        if self._slices is None or self._slices[0] != self._ring_id:
+            self._slices = (self._ring_id, ring_slices(ring, RING_SLICES))
+        pending = ring_pending(self.handoff.blocked, RING_SLICES) if self.handoff.waiting() else [0.0] * RING_SLICES
+        return {"slices": self._slices[1], "pending": pending}
+
+    def cluster_status(self, *, detail: bool = False) -> dict[str, Any]:
+        """Every member as this node knows it: its view, ring shares, and the latest progress reports; with
+        `detail`, each member's detailed status (the dashboard's) and the ring folded into slices."""
         ring = self.ring
         shares = ring.shares() if ring is not None else {}
         weight_shares = ring.weight_shares() if ring is not None else {}
@@ -592,8 +667,84 @@ class Cluster:
                 "ring": report.ring if report else None,
                 "connected": m.node_id == self.node_id or m.node_id in self.links.connected_peers(),
             })
+            if detail:
+                nodes[-1]["detail"] = self._detail_of(m.node_id, m.state)
         done = self.finished.is_set() and me.idle
-        return {"node_id": self.node_id, "epoch": self.epoch, "done": done, "nodes": nodes}
+        out = {"node_id": self.node_id, "epoch": self.epoch, "done": done, "nodes": nodes}
+        if detail:
+            out["ring_map"] = self.ring_map()
+        return out
+
+    def _detail_of(self, node: str, state: MemberState) -> dict[str, Any] | None:
+        if node == self.node_id:
+            return self.summary() if self.summary is not None else None
+        if state not in _OWNING and state is not MemberState.LEAVING:
+            return None
+        got = self.details.get(node)
+        if got is None:
+            return None
+        age = trio.current_time() - got[0]
+        return None if age > DETAIL_MAX_AGE else {**got[1], "age": round(age, 1)}
+
+
+#: Positions sampled per slice of the ring's picture.
+SLICE_SAMPLES = 16
+
+
+def ring_slices(ring: Ring, slices: int, samples: int = SLICE_SAMPLES) -> list[dict[str, float]]:
+    """Each node's share of each of `slices` equal slices of the ring, estimated from `samples` evenly spaced
+    positions per slice: a picture's worth (a ring of a few hundred thousand points folded exactly takes most of
+    a second; this takes milliseconds)."""
+    step = RING_SPACE // (slices * samples)
+    owners = ring.owners_at([i * step + step // 2 for i in range(slices * samples)])
+    out = []
+    for k in range(slices):
+        counts: dict[str, int] = {}
+        for owner in owners[k * samples:(k + 1) * samples]:
+            counts[owner] = counts.get(owner, 0) + 1
+        out.append({node: round(n / samples, 4) for node, n in counts.items()})
+    return out
+
+
+def ring_pending(blocked: Callable[[int], bool], slices: int, samples: int = SLICE_SAMPLES) -> list[float]:
+    """The fraction of each slice of the ring that waits for a hand-off, from the same sampled positions."""
+    step = RING_SPACE // (slices * samples)
+    return [sum(1 for i in range(k * samples, (k + 1) * samples) if blocked(i * step + step // 2)) / samples
+            for k in range(slices)]
+
+
+def status_report(seq: int, d: dict[str, Any]) -> StatusReport:
+    """A node's summary (`Node.summary`) as the message its peers receive."""
+    def counts(m: dict[str, int]) -> tuple[Count, ...]:
+        return tuple(Count(name=str(k), count=int(v)) for k, v in sorted(m.items()))
+
+    return StatusReport(
+        seq=seq, pages=d["pages"], bytes=d["bytes"], queued=d["queued"], in_flight=d["in_flight"],
+        hosts_queued=d["hosts_queued"], hosts_known=d["hosts_known"], rss=d["rss"], idle_for=float(d["idle_for"]),
+        errors=counts(d["errors"]), dns_hits=d["dns"]["hits"], dns_misses=d["dns"]["misses"],
+        robots_hits=d["robots"]["hits"], robots_misses=d["robots"]["misses"], history=tuple(d["history"]),
+        window=float(d["window"]), sent=counts(d["sent"]), sent_recent=counts(d["sent_recent"]),
+        slow_hosts=tuple(SlowHost(host=h["host"], delay=float(h["delay"]), backoff=float(h["backoff"]),
+                                  failures=h["failures"], queued=h["queued"]) for h in d["slow_hosts"]),
+        transfers=tuple(Transfer(peer=t["peer"], incoming=t["incoming"], share=float(t["share"]), chunks=t["chunks"])
+                        for t in d["transfers"]),
+    )
+
+
+def status_dict(r: StatusReport) -> dict[str, Any]:
+    """A peer's StatusReport in the form of `Node.summary`."""
+    return {
+        "pages": r.pages, "bytes": r.bytes, "queued": r.queued, "in_flight": r.in_flight,
+        "hosts_queued": r.hosts_queued, "hosts_known": r.hosts_known, "rss": r.rss, "idle_for": r.idle_for,
+        "errors": {c.name: c.count for c in r.errors}, "dns": {"hits": r.dns_hits, "misses": r.dns_misses},
+        "robots": {"hits": r.robots_hits, "misses": r.robots_misses}, "history": list(r.history),
+        "window": r.window, "sent": {c.name: c.count for c in r.sent},
+        "sent_recent": {c.name: c.count for c in r.sent_recent},
+        "slow_hosts": [{"host": h.host, "delay": h.delay, "backoff": h.backoff, "failures": h.failures,
+                        "queued": h.queued} for h in r.slow_hosts],
+        "transfers": [{"peer": t.peer, "incoming": t.incoming, "share": t.share, "chunks": t.chunks}
+                      for t in r.transfers],
+    }
 
 
 def ring_id(ring: Ring) -> int:

@@ -122,6 +122,13 @@ class _ArcSet:
     def __init__(self, arcs: Iterable[tuple[int, int]]) -> None:
         self.arcs = sorted(arcs)
         self.starts = [start for start, _ in self.arcs]
+        self._length: int | None = None
+
+    def length(self) -> int:
+        """The positions the arcs cover (equal bounds: the whole ring); computed once, on first use."""
+        if self._length is None:
+            self._length = sum((end - start) % RING_SPACE or RING_SPACE for start, end in self.arcs)
+        return self._length
 
     def __contains__(self, position: int) -> bool:
         return self.find(position) is not None
@@ -476,6 +483,20 @@ class Handoff:
     def pending_arcs(self) -> list[tuple[int, int]]:
         """Arcs gained whose transfer is not complete: their hosts must not be fetched yet."""
         return [arc for arcs in self._pending.values() for arc in arcs.arcs]
+
+    def progress(self) -> list[tuple[str, bool, float, int]]:
+        """Transfers under way, for the dashboard: (peer, True, share of the key space awaited from it, 0) for
+        incoming ones, (peer, False, 0.0, chunks not yet acknowledged) for outgoing ones."""
+        awaited: dict[str, int] = {}
+        for (peer, _epoch), arcs in self._pending.items():
+            awaited[peer] = awaited.get(peer, 0) + arcs.length()
+        sending: dict[str, int] = {}
+        for transfer in self._outgoing.values():
+            sending[transfer.peer] = sending.get(transfer.peer, 0) + len(transfer.chunks)
+        for _tid, _epoch, peer, _arcs, _ring in self._waiting:
+            sending[peer] = sending.get(peer, 0) + 1
+        return ([(peer, True, length / RING_SPACE, 0) for peer, length in sorted(awaited.items())]
+                + [(peer, False, 0.0, n) for peer, n in sorted(sending.items()) if n])
 
     def waiting(self) -> bool:
         """Whether any gained arc still waits for its transfer (a cheap check before `blocked`)."""

@@ -57,7 +57,7 @@ import httpx
 import trio
 
 import ring
-from peer.control import auth_headers
+from peer.control import auth_headers, dashboard_address, read_token
 
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import RequestRecord
@@ -283,6 +283,9 @@ class _Runner:
                         node.status = status
                         break
                 await trio.sleep(0.05)
+        if join is None and not scope.cancelled_caught:  # the first node: its dashboard shows the whole cluster
+            self.say(f"dashboard (any node serves it for the whole cluster): "
+                     f"{dashboard_address(node.control, read_token(data_dir))}")
         if scope.cancelled_caught:
             raise LiveError(f"node {node_id} did not come up within {self.plan.live.settle_wait:g} s "
                             f"(live.settle_wait): {self._tail(node)}")
