@@ -15,7 +15,7 @@ queued (each checkpoint that fits `--urls`) it prints:
 
 Then the in-memory structures of a running node that grow with hosts or URLs, each filled to the size this
 web would give it and measured (bytes per entry from the growth of anonymous RSS): the scheduler's per-host
-state and heap (`peer.scheduler.HostScheduler`, one entry per host with work), and the crawler's seen-URL
+state and heap (`peer.crawl.scheduler.HostScheduler`, one entry per host with work), and the crawler's seen-URL
 memory at its bound. The reference for those is a Python set of the same number of URL strings.
 """
 
@@ -123,7 +123,7 @@ def grown(build) -> tuple[object, int]:
 
 
 def in_memory(hosts: int, seen_bound: int) -> None:
-    from peer.scheduler import HostScheduler
+    from peer.crawl.scheduler import HostScheduler
 
     print(f"\n== in-memory structures that grow with hosts or URLs ({hosts:,} hosts) ==")
 
