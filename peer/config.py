@@ -103,6 +103,7 @@ class Config:
     control_token: str = ""
     control_token_file: str = ""
     parse_in_thread: bool = False
+    page_threads: int = 0
     log_level: str = "info"
     log_format: str = "auto"
 
@@ -202,6 +203,7 @@ FIELDS: dict[str, str] = {
     "control_token": "bearer token of the control endpoint; empty: one is made at start in DATA_DIR/control.token (mode 0600) and the endpoint stays on loopback",
     "control_token_file": "file holding the control token (a Kubernetes secret); a set token lets the control endpoint listen beyond loopback",
     "parse_in_thread": "lxml parsing in a worker thread; inline is cheaper for small pages on few cores",
+    "page_threads": "threads that store and parse pages (gzip, digests, lxml release the GIL); 0 = inline",
     "log_level": "info: one line per notable event, not per page",
     "log_format": "auto: JSON lines when stderr is not a terminal, text otherwise",
 }
@@ -252,6 +254,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"weight must be an integer > 0, got {cfg.weight}")
     if cfg.concurrency <= 0:
         raise ConfigError(f"concurrency must be > 0, got {cfg.concurrency}")
+    if not 0 <= cfg.page_threads <= 256:
+        raise ConfigError(f"page_threads must be within [0, 256], got {cfg.page_threads}")
     if cfg.delay < 0:
         raise ConfigError(f"delay must be >= 0, got {cfg.delay}")
     if cfg.max_crashes < 0:

@@ -106,6 +106,8 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--max-pages-per-host", dest="max_pages_per_host", type=int, help="(-1: none)")
     c.add_argument("--delay", type=float, help="minimum seconds between requests to one host")
     c.add_argument("--concurrency", type=int, help="fetches in flight")
+    c.add_argument("--page-threads", dest="page_threads", type=int, metavar="N",
+                   help="threads that store and parse pages, to use more cores (0: inline; docs/operations.md)")
     c.add_argument("--ip-connections", dest="ip_connections", type=int, metavar="N",
                    help="requests in service at once to one server address (0: no per-address limits)")
     c.add_argument("--ip-delay", dest="ip_delay", type=float, metavar="SECONDS",
