@@ -154,7 +154,9 @@ def run_node(web: BenchWeb, dns_port: int, store: str, args: argparse.Namespace,
            "--control", "127.0.0.1:0", "--seeds-file", str(seeds), "--allow-host", BENCH_DOMAIN,
            "--allow-private", "--nameserver", f"127.0.0.1:{dns_port}", "--delay", "0",
            "--concurrency", str(args.concurrency), "--exit-when-done", "--data-dir", str(data),
-           "--store", store, "--log-format", "json", "--log-level", "info"]
+           "--store", store, "--log-format", "json", "--log-level", "info", "--page-threads", str(args.page_threads)]
+    if args.node_cpus:
+        cmd = ["taskset", "-c", args.node_cpus, *cmd]
     on_start = None
     if args.py_spy:
         spy = shutil.which("py-spy")
@@ -337,6 +339,8 @@ def main() -> None:
     p.add_argument("--results-dir", default="bench-results")
     p.add_argument("--py-spy", action="store_true", help="record the node with py-spy (slows it down)")
     p.add_argument("--cross-host", type=float, default=0.3, help="fraction of a page's links to other hosts")
+    p.add_argument("--node-cpus", default="", help="run the node under taskset -c CPUS (e.g. 0 for one core)")
+    p.add_argument("--page-threads", type=int, default=0, help="the node's --page-threads")
     p.add_argument("--page-sigma", type=float, default=0.0, help="log-normal sigma of page sizes (0: all equal)")
     p.add_argument("--links-spread", type=int, default=0, help="links per page vary by +- this much")
     p.add_argument("--crawl-delay-fraction", type=float, default=0.0, help="hosts asking for Crawl-delay 2")
