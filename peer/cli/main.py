@@ -83,6 +83,7 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     k.add_argument("--tls-key", dest="tls_key", metavar="PEM", help="its private key")
     k.add_argument("--tls-ca", dest="tls_ca", metavar="PEM", help="the CA that signed every node's certificate")
     k.add_argument("--codec", choices=["msgpack", "json"], help="wire codec offered first")
+    k.add_argument("--compression", choices=["br", "zlib", "none"], help="frame compression offered first")
     k.add_argument("--batch-size", dest="batch_size", type=int, metavar="N",
                    help="URLs per batch to a peer; a full batch goes at once")
     k.add_argument("--dispatch-interval", dest="dispatch_interval", type=float, metavar="SECONDS",
