@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._limits import Limits
-from ._schema import Invalid, Record
+from ._schema import Invalid
 from ._urllist import UrlList
 
 __all__ = ["UrlColumns"]
@@ -91,9 +91,6 @@ class UrlColumns(UrlList):
 
     __slots__ = ()
 
-    def __init__(self, entry: Record, limit: str) -> None:
-        super().__init__(entry, limit)
-
     def dump(self, value: Any, js: bool, limits: Limits) -> Any:
         rows = super().dump(value, js, limits)  # every entry checked as in version 2
         if js:
@@ -142,11 +139,11 @@ class UrlColumns(UrlList):
         urls = _front_decode(prefix, size, text, longest, "url")
         table: list[str | None] = [None]
         table += _front_decode(found_prefix, found_size, found_text, longest, "found_on")
-        size = len(table)
+        slots = len(table)
         rows: list[Any] = []
         for index in range(n):
             slot = found[index]
-            if type(slot) is not int or not 0 <= slot < size:
-                raise Invalid(f"found[{index}]: {slot!r} is not an index into the {size - 1} referrers")
+            if type(slot) is not int or not 0 <= slot < slots:
+                raise Invalid(f"found[{index}]: {slot!r} is not an index into the {slots - 1} referrers")
             rows.append([urls[index], depth[index], table[slot], hops[index], lastmods[index], sitemaps[index]])
         return super().load(rows, js, limits)
