@@ -1,5 +1,5 @@
 """Wire cost of URL batches: bytes per URL and URLs per second (encode + decode), msgpack vs JSON, protocol
-versions 1 and 2 (front-coded URL columns), with and without zlib or brotli, for batches of 1,000 realistic URLs.
+versions 2 (entries) and 3 (front-coded URL columns), with and without zlib or brotli, for batches of 1,000 realistic URLs.
 Run: python -m tests.bench.bench_protocol [--batches N]
 
 Two batch shapes: "random referrer" gives every entry a referrer drawn at random (nearly every entry's
@@ -105,7 +105,7 @@ def make_batches(seed: int, batches: int, size: int) -> list[UrlBatch]:
     return out
 
 
-def pair(codec: str, compression: str, level: int, version: int = 2) -> tuple[Connection, Connection]:
+def pair(codec: str, compression: str, level: int, version: int = 3) -> tuple[Connection, Connection]:
     counter = iter(range(1, 1000))
     nonce = lambda size: next(counter).to_bytes(size, "big")  # noqa: E731 - deterministic stand-in
     a = Connection(
@@ -140,7 +140,7 @@ def best_of(repeats: int, run: Callable[[], int]) -> tuple[float, int]:
 
 
 def measure_protocol(
-    batches: list[UrlBatch], codec: str, compression: str, level: int, version: int = 2
+    batches: list[UrlBatch], codec: str, compression: str, level: int, version: int = 3
 ) -> tuple[float, int]:
     a, b = pair(codec, compression, level, version)
 
@@ -205,7 +205,7 @@ def report(title: str, batches: list[UrlBatch]) -> None:
     floor_time, floor_bytes = measure_floor(batches)
     rows.append(("floor: bare msgpack of the 4 fields, unchecked", floor_bytes / urls, urls / floor_time))
     results = {}
-    for codec, version in (("msgpack", 1), ("msgpack", 2), ("json", 2)):
+    for codec, version in (("msgpack", 2), ("msgpack", 3), ("json", 3)):
         for compression, level in (("none", 0), ("zlib", 1), ("zlib", 6), ("br", 0)):
             seconds, size = measure_protocol(batches, codec, compression, level, version)
             packing = {"none": "no compression", "zlib": f"zlib level {level}", "br": "brotli quality 5"}
@@ -221,7 +221,7 @@ def report(title: str, batches: list[UrlBatch]) -> None:
             f"{label:<52} {per_url:>9.1f} {per_url / (ref_bytes / urls):>7.2f} {rate:>10,.0f} {rate / ref_rate:>7.2f}"
         )
     print("\ncompression pays when the link is slower than (bytes saved per URL) / (extra CPU seconds per URL):")
-    for codec, version in (("msgpack", 2), ("json", 2)):
+    for codec, version in (("msgpack", 3), ("json", 3)):
         plain_bytes, plain_time = results[(codec, version, "none", 0)]
         for compression, level in (("zlib", 1), ("zlib", 6), ("br", 0)):
             packed_bytes, packed_time = results[(codec, version, compression, level)]
