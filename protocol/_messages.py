@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import TypeAlias
 
 from ._schema import Blob, Choice, Flag, HostName, Kind, Many, Maybe, Record, Seconds, Text, UInt
+from ._urlcolumns import UrlColumns
 from ._urllist import UrlList
 
 __all__ = [
@@ -541,5 +542,16 @@ RECORDS: dict[int, Record] = {
                   ready_in=Many(Seconds(), "max_lanes")),
     0x40: _record(Goodbye, reason=Text()),
 }
+
+# Version 3 differs from 2 only in the msgpack form of URL lists (front-coded columns, protocol/_urlcolumns.py).
+_URL_COLUMNS = UrlColumns(_URL_ENTRY, "max_urls_per_batch")
+RECORDS_V3: dict[int, Record] = dict(RECORDS)
+for _code, _field in ((0x10, "urls"), (0x30, "urls")):
+    _old = RECORDS[_code]
+    RECORDS_V3[_code] = Record(
+        _old.cls, tuple((name, _URL_COLUMNS if name == _field else kind) for name, kind in _old.fields)
+    )
+# protocol version -> its wire table
+RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3}
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})
 TYPE_CODES: dict[type, int] = {record.cls: code for code, record in RECORDS.items()}

@@ -124,6 +124,7 @@ class Cluster:
         self.store = store
         self.stats = stats
         codecs = (cfg.codec, "json" if cfg.codec == "msgpack" else "msgpack")
+        compressions = (cfg.compression, *(c for c in ("br", "zlib", "none") if c != cfg.compression))
         self.membership = Membership(
             node_id=node_id,
             weight=cfg.weight,
@@ -136,6 +137,7 @@ class Cluster:
                                     suspicion_timeout=cfg.suspicion_timeout),
             on_message=self._on_message,
             codecs=codecs,
+            compressions=compressions,
         )
         self.links = self.membership.links
         self.view = View()
