@@ -46,6 +46,7 @@ __all__ = [
     "LaneReturn",
     "LaneGrant",
     "LaneAsk",
+    "LaneHandover",
     "UrlBatch",
     "UrlEntry",
     "Welcome",
@@ -389,6 +390,15 @@ class LaneReturn:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LaneHandover:
+    """The sender owned `address` until its view changed and lends none of its lanes any more; each lane may
+    be lent again `ready_in` seconds after this was sent (its lease's end, or its rest, still to come)."""
+
+    address: str
+    ready_in: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Goodbye:
     """The sender will send nothing more on this connection."""
 
@@ -417,6 +427,7 @@ Message: TypeAlias = (
     | LaneAsk
     | LaneGrant
     | LaneReturn
+    | LaneHandover
     | Goodbye
 )
 
@@ -540,6 +551,7 @@ RECORDS: dict[int, Record] = {
                   ready_in=Many(Seconds(), "max_lanes"), lease=Seconds()),
     0x52: _record(LaneReturn, address=Text("max_address"), lanes=Many(UInt(0, 0xFFFF), "max_lanes"),
                   ready_in=Many(Seconds(), "max_lanes")),
+    0x53: _record(LaneHandover, address=Text("max_address"), ready_in=Many(Seconds(), "max_lanes")),
     0x40: _record(Goodbye, reason=Text()),
 }
 

@@ -47,6 +47,7 @@ from protocol import (
     UrlBatch,
     LaneAsk,
     LaneGrant,
+    LaneHandover,
     LaneReturn,
     UrlEntry,
     Welcome,
@@ -154,6 +155,7 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
                          ready_in=tuples(seconds, 8), lease=seconds),
     LaneReturn: st.builds(LaneReturn, address=st.text(max_size=16), lanes=tuples(st.integers(0, 0xFFFF), 8),
                           ready_in=tuples(seconds, 8)),
+    LaneHandover: st.builds(LaneHandover, address=st.text(max_size=16), ready_in=tuples(seconds, 8)),
     Goodbye: st.builds(Goodbye, reason=texts),
 }
 APP_MESSAGES = st.one_of([s for cls, s in MESSAGE_STRATEGIES.items() if TYPE_CODES[cls] >= 0x10])
