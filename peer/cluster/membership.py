@@ -172,6 +172,9 @@ class Membership:
         self._suspicions: dict[tuple[str, int], float] = {}
         self._suspicion_added = trio.Event()
         self._indirect_tasks = 0
+        # Probe requests from peers, as data for the indirect-probe loop (the message handler only records them).
+        self._probe_requests: list[tuple[str, ProbeRequest]] = []
+        self._probe_requested = trio.Event()
         self._leaving = False
         self._left = False
 
@@ -184,7 +187,7 @@ class Membership:
             self._nursery = nursery
             self._apply(View().join(self.node_id, self.address, self.weight))
             for loop in (self._probe_loop, self._gossip_loop, self._sync_loop, self._reconnect_loop,
-                         self._suspicion_loop):
+                         self._suspicion_loop, self._indirect_probe_loop):
                 nursery.start_soon(loop)
             task_status.started(self.address)
 
@@ -387,6 +390,16 @@ class Membership:
         finally:
             del self._acks[seq]
 
+    async def _indirect_probe_loop(self) -> None:
+        """Probe the targets peers asked about, each in a task of this loop's own nursery."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                self._probe_requested = added = trio.Event()
+                requests, self._probe_requests = self._probe_requests, []
+                for requester, request in requests:
+                    nursery.start_soon(self._probe_for, requester, request)
+                await added.wait()
+
     async def _probe_for(self, requester: str, request: ProbeRequest) -> None:
         try:
             member = self.view.member(request.target)
@@ -447,7 +460,8 @@ class Membership:
         elif isinstance(message, ProbeRequest):
             if self._indirect_tasks < _MAX_INDIRECT_TASKS and self._nursery is not None:
                 self._indirect_tasks += 1
-                self._nursery.start_soon(self._probe_for, peer_id, message)
+                self._probe_requests.append((peer_id, message))
+                self._probe_requested.set()
             else:
                 self._send(peer_id, ProbeReply(seq=message.seq, target=message.target, alive=False))
         elif isinstance(message, Gossip):
