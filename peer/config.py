@@ -51,6 +51,7 @@ class Config:
     tls_key: str = ""
     tls_ca: str = ""
     codec: str = "msgpack"
+    compression: str = "br"
     batch_size: int = 500
     dispatch_interval: float = 0.2
     handoff_wait: float = 30.0
@@ -103,6 +104,7 @@ class Config:
     control_token: str = ""
     control_token_file: str = ""
     parse_in_thread: bool = False
+    page_threads: int = 0
     log_level: str = "info"
     log_format: str = "auto"
 
@@ -154,6 +156,7 @@ FIELDS: dict[str, str] = {
     "tls_key": "PEM private key of tls_cert",
     "tls_ca": "PEM CA that signed every node's certificate: peers without one are refused",
     "codec": "msgpack: compact and fast; json is the readable option for debugging the wire",
+    "compression": "br: about 29 bytes per routed URL instead of 57 unpacked, for about 3 µs of CPU per URL; none on a fast LAN",
     "batch_size": "URLs per batch to a peer: about 60 KB, one write, far under the 1 MiB frame limit",
     "dispatch_interval": "the design's flush timer for partial batches: few messages, and links reach owners quickly",
     "handoff_wait": "a gained arc waits this long for its previous owner's hand-off before it is crawled anyway",
@@ -202,6 +205,7 @@ FIELDS: dict[str, str] = {
     "control_token": "bearer token of the control endpoint; empty: one is made at start in DATA_DIR/control.token (mode 0600) and the endpoint stays on loopback",
     "control_token_file": "file holding the control token (a Kubernetes secret); a set token lets the control endpoint listen beyond loopback",
     "parse_in_thread": "lxml parsing in a worker thread; inline is cheaper for small pages on few cores",
+    "page_threads": "threads that store and parse pages (gzip, digests, lxml release the GIL); 0 = inline",
     "log_level": "info: one line per notable event, not per page",
     "log_format": "auto: JSON lines when stderr is not a terminal, text otherwise",
 }
@@ -252,6 +256,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"weight must be an integer > 0, got {cfg.weight}")
     if cfg.concurrency <= 0:
         raise ConfigError(f"concurrency must be > 0, got {cfg.concurrency}")
+    if not 0 <= cfg.page_threads <= 256:
+        raise ConfigError(f"page_threads must be within [0, 256], got {cfg.page_threads}")
     if cfg.delay < 0:
         raise ConfigError(f"delay must be >= 0, got {cfg.delay}")
     if cfg.max_crashes < 0:
@@ -282,6 +288,8 @@ def _validate(cfg: Config) -> None:
         parse_address(seed, "join")
     if cfg.codec not in ("msgpack", "json"):
         raise ConfigError(f"codec must be msgpack or json, got {cfg.codec!r}")
+    if cfg.compression not in ("br", "zlib", "none"):
+        raise ConfigError(f"compression must be br, zlib or none, got {cfg.compression!r}")
     if cfg.batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {cfg.batch_size}")
     for name in ("dispatch_interval", "handoff_wait", "leave_timeout", "probe_interval", "probe_timeout",

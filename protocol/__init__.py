@@ -7,7 +7,7 @@ a random source (the handshake's nonces are passed in). The wire format is speci
 from ._codec import CODECS, decode_body, encode_body
 from ._connection import NEED_DATA, Connection, ConnectionClosed, Established, Event, NeedData, Role, State
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
-from ._frames import COMPRESSIONS, FLAG_ZLIB, HEADER_SIZE, encode_frame
+from ._frames import COMPRESSIONS, FLAG_BROTLI, FLAG_ZLIB, HEADER_SIZE, encode_frame
 from ._handshake import MIN_SECRET_SIZE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, TAG_SIZE, FrameKeys, frame_keys, frame_tag
 from ._limits import Limits
 from ._messages import (
@@ -27,6 +27,7 @@ from ._messages import (
     HostState,
     LaneAsk,
     LaneGrant,
+    LaneHandover,
     LaneReturn,
     Member,
     Message,
@@ -50,6 +51,7 @@ from ._messages import (
 __all__ = [
     "CODECS",
     "COMPRESSIONS",
+    "FLAG_BROTLI",
     "FLAG_ZLIB",
     "HEADER_SIZE",
     "MEMBER_STATES",
@@ -78,6 +80,7 @@ __all__ = [
     "HostState",
     "LaneAsk",
     "LaneGrant",
+    "LaneHandover",
     "LaneReturn",
     "Limits",
     "LocalProtocolError",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import TypeAlias
 
 from ._schema import Blob, Choice, Flag, HostName, Kind, Many, Maybe, Record, Seconds, Text, UInt
+from ._urlcolumns import UrlColumns
 from ._urllist import UrlList
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "LaneReturn",
     "LaneGrant",
     "LaneAsk",
+    "LaneHandover",
     "UrlBatch",
     "UrlEntry",
     "Welcome",
@@ -388,6 +390,15 @@ class LaneReturn:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LaneHandover:
+    """The sender owned `address` until its view changed and lends none of its lanes any more; each lane may
+    be lent again `ready_in` seconds after this was sent (its lease's end, or its rest, still to come)."""
+
+    address: str
+    ready_in: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Goodbye:
     """The sender will send nothing more on this connection."""
 
@@ -416,6 +427,7 @@ Message: TypeAlias = (
     | LaneAsk
     | LaneGrant
     | LaneReturn
+    | LaneHandover
     | Goodbye
 )
 
@@ -539,7 +551,19 @@ RECORDS: dict[int, Record] = {
                   ready_in=Many(Seconds(), "max_lanes"), lease=Seconds()),
     0x52: _record(LaneReturn, address=Text("max_address"), lanes=Many(UInt(0, 0xFFFF), "max_lanes"),
                   ready_in=Many(Seconds(), "max_lanes")),
+    0x53: _record(LaneHandover, address=Text("max_address"), ready_in=Many(Seconds(), "max_lanes")),
     0x40: _record(Goodbye, reason=Text()),
 }
+
+# Version 3 differs from 2 only in the msgpack form of URL lists (front-coded columns, protocol/_urlcolumns.py).
+_URL_COLUMNS = UrlColumns(_URL_ENTRY, "max_urls_per_batch")
+RECORDS_V3: dict[int, Record] = dict(RECORDS)
+for _code, _field in ((0x10, "urls"), (0x30, "urls")):
+    _old = RECORDS[_code]
+    RECORDS_V3[_code] = Record(
+        _old.cls, tuple((name, _URL_COLUMNS if name == _field else kind) for name, kind in _old.fields)
+    )
+# protocol version -> its wire table
+RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3}
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})
 TYPE_CODES: dict[type, int] = {record.cls: code for code, record in RECORDS.items()}

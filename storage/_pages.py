@@ -13,6 +13,7 @@ survives kill -9 of the process; `sync()` forces the files to disk. The records 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import zlib
 from abc import ABC, abstractmethod
@@ -154,6 +155,9 @@ class WarcPageStore(PageStore):
         self._serial = 0
         self._closed = False
         self._failure: StorageError | None = None  # after a failed write the files are left for recovery
+        # store() may be called from several threads: records, digests and gzip (which release the GIL) run
+        # in parallel, the file writes and the index line one thread at a time
+        self._lock = threading.Lock()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             for leftover in sorted(self.directory.glob("*" + _OPEN_SUFFIX)):
@@ -201,22 +205,28 @@ class WarcPageStore(PageStore):
               truncated: bool = False) -> None:
         if self._closed:
             raise ValueError(f"page store at {self.directory} is closed")
+        records = exchange_records(url=url, request_headers=request_headers, status=status, reason=reason,
+                                   response_headers=response_headers, body=body, ip=ip, fetched_at=fetched_at,
+                                   truncated=truncated)
+        resp = gzip_member(records.response, self.compress_level)
+        req = gzip_member((records.request,), self.compress_level)
+        mime = _mime(response_headers)
+        with self._lock:
+            self._append(url, status, fetched_at, mime, records.payload_digest, resp, req, truncated)
+
+    def _append(self, url: str, status: int, fetched_at: float, mime: str, digest: str, resp: bytes,
+                req: bytes, truncated: bool) -> None:
+        if self._closed:
+            raise ValueError(f"page store at {self.directory} is closed")
         if self._failure is not None:
             raise self._failure
         try:
             if self._warc is None:
                 self._start_file(fetched_at)
-            records = exchange_records(url=url, request_headers=request_headers, status=status, reason=reason,
-                                       response_headers=response_headers, body=body, ip=ip,
-                                       fetched_at=fetched_at, truncated=truncated)
-            resp = gzip_member(records.response, self.compress_level)
-            req = gzip_member((records.request,), self.compress_level)
             offset = self._size
             self._write(resp + req)
-            mime = _mime(response_headers)
             entry = CdxjEntry(url=url, timestamp=warc_timestamp(fetched_at), filename=self._name, offset=offset,
-                              length=len(resp), status=status, mime=mime,
-                              digest=records.payload_digest, truncated=truncated)
+                              length=len(resp), status=status, mime=mime, digest=digest, truncated=truncated)
             assert self._index is not None
             _write_all(self._index, cdxj_line(entry).encode("utf-8"))
             self.pages += 1
@@ -243,9 +253,10 @@ class WarcPageStore(PageStore):
 
     def sync(self) -> None:
         try:
-            for fh in (self._warc, self._index):
-                if fh is not None:
-                    os.fsync(fh.fileno())
+            with self._lock:
+                for fh in (self._warc, self._index):
+                    if fh is not None:
+                        os.fsync(fh.fileno())
         except OSError as exc:
             raise StorageError(f"cannot sync WARC in {self.directory}: {exc.strerror or exc}") from exc
 
@@ -259,7 +270,8 @@ class WarcPageStore(PageStore):
                     fh.close()
             return
         try:
-            self._finish_file()
+            with self._lock:
+                self._finish_file()
         except OSError as exc:
             raise StorageError(f"cannot finish WARC in {self.directory}: {exc.strerror or exc}") from exc
 

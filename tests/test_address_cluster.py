@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 
+import pytest
 import trio
 
 from peerlab.localweb.dns_server import serve_dns
@@ -21,6 +22,7 @@ ADDRESSES = ("127.0.2.1", "127.0.2.2", "127.0.2.3")
 IP_DELAY = 0.05
 
 
+@pytest.mark.slow
 async def test_four_daemons_keep_one_request_per_address(tmp_path) -> None:
     graph = SiteGraph.generate(seed=21, hosts=60, pages_per_host=5, links_per_page=6, seed_hosts=4, features=False)
     env = child_env()

@@ -45,6 +45,8 @@ def test_env_lists_are_comma_separated():
         ({"flags": {"store": "s3"}}, "store must be"),
         ({"flags": {"listen": "localhost"}}, "HOST:PORT"),
         ({"env": {"PEERCRAWL_ALLOW_PRIVATE": "maybe"}}, "not a boolean"),
+        ({"flags": {"compression": "lz4"}}, "compression must be br, zlib or none"),
+        ({"env": {"PEERCRAWL_PAGE_THREADS": "-1"}}, "page_threads must be within"),
     ],
 )
 def test_bad_values_name_the_setting(kwargs, needle):
@@ -137,3 +139,8 @@ def test_flag_help_shows_the_config_defaults():
             assert action.help.endswith(f"(default {text})") and defaults_stated == 1, action.help
             shown += 1
     assert shown >= 20
+def test_compression_and_page_threads_load_from_each_source(tmp_path):
+    assert (load().compression, load().page_threads) == ("br", 0)
+    cfg = load(env={"PEERCRAWL_COMPRESSION": "zlib", "PEERCRAWL_PAGE_THREADS": "2"})
+    assert (cfg.compression, cfg.page_threads) == ("zlib", 2)
+    assert load(env={"PEERCRAWL_COMPRESSION": "zlib"}, flags={"compression": "none"}).compression == "none"

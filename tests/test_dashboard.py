@@ -27,6 +27,8 @@ from tests.support.browser import browser, need_browser
 from tests.support.crawl import child_env, start_local_web
 from tests.test_cluster_daemons import Cluster
 
+pytestmark = pytest.mark.slow  # real daemons and a real browser
+
 #: The page must show a leave within this long (the node polls its peers once a second; the page polls it once
 #: a second; the leave's gossip takes a moment): a bound on the wait, not a figure measured.
 REDRAW_BOUND = 10.0

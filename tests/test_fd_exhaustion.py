@@ -11,12 +11,13 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import os, resource, socket, sys
     import trio
-    from peer.fetch.dns import CachingResolver, DnsError
-    from peer.fetch.http import FetchError, Fetcher
+    from peer.fetch import CachingResolver, DnsError, FetchError, Fetcher
     from peer.cluster.transport import TcpTransport
 
     async def main():
@@ -84,6 +85,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_descriptor_exhaustion_fails_the_request_not_the_node() -> None:
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -12,6 +12,7 @@ import random
 
 import pytest
 
+from peer.cluster.cluster import LANES_FILE, _lent_until
 from peer.cluster.lanes import LEASE, FleetLanes
 from peer.crawl.addressgate import Lane
 from protocol import Message
@@ -173,3 +174,19 @@ def test_a_new_owner_waits_out_the_old_leases() -> None:
     sim.run_until(moved + b.quarantine + 0.3)
     got = a.try_acquire(address, sim.now)
     assert isinstance(got, Lane) and got.lender == "B"
+
+
+def test_a_fresh_start_lends_at_once_and_a_restart_waits_what_it_lent(tmp_path) -> None:
+    assert _lent_until(tmp_path / LANES_FILE, 1000.0) == 0.0  # never lent to another node
+    (tmp_path / LANES_FILE).write_text("1012.5\n")
+    assert _lent_until(tmp_path / LANES_FILE, 1000.0) == 12.5
+    assert _lent_until(tmp_path / LANES_FILE, 2000.0) == 0.0
+    (tmp_path / LANES_FILE).write_text("garbage")
+    assert _lent_until(tmp_path / LANES_FILE, 1000.0) is None  # unreadable: the whole wait
+    for start_wait, lent_at_once in ((0.0, True), (None, False), (3.0, False)):
+        sim = Sim(["A"], 1, 0.0, 2)
+        sim.nodes["A"] = FleetLanes("A", 1, 0.0, lease=LEASE, max_request=MAX_REQUEST,
+                                    delegate=_Delegate(sim, "A"), start_wait=start_wait, clock=lambda: sim.now)
+        sim.nodes["A"].ring_changed(lambda _a: "A")
+        got = sim.nodes["A"].try_acquire("10.0.0.1", sim.now)
+        assert isinstance(got, Lane) is lent_at_once

@@ -17,6 +17,7 @@ from protocol import (
     CODECS,
     MEMBER_STATES,
     NONCE_SIZE,
+    SUPPORTED_VERSIONS,
     TYPE_CODES,
     BatchAck,
     Challenge,
@@ -46,6 +47,7 @@ from protocol import (
     UrlBatch,
     LaneAsk,
     LaneGrant,
+    LaneHandover,
     LaneReturn,
     UrlEntry,
     Welcome,
@@ -153,6 +155,7 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
                          ready_in=tuples(seconds, 8), lease=seconds),
     LaneReturn: st.builds(LaneReturn, address=st.text(max_size=16), lanes=tuples(st.integers(0, 0xFFFF), 8),
                           ready_in=tuples(seconds, 8)),
+    LaneHandover: st.builds(LaneHandover, address=st.text(max_size=16), ready_in=tuples(seconds, 8)),
     Goodbye: st.builds(Goodbye, reason=texts),
 }
 APP_MESSAGES = st.one_of([s for cls, s in MESSAGE_STRATEGIES.items() if TYPE_CODES[cls] >= 0x10])
@@ -165,17 +168,18 @@ def test_every_message_type_has_a_strategy() -> None:
 
 @pytest.mark.parametrize("cls", list(MESSAGE_STRATEGIES), ids=lambda cls: cls.__name__)
 @pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_round_trip(cls: type, codec: str, data: st.DataObject) -> None:
+def test_round_trip(cls: type, codec: str, version: int, data: st.DataObject) -> None:
     message = data.draw(MESSAGE_STRATEGIES[cls])
-    code, body = encode_body(message, codec, LIMITS)
+    code, body = encode_body(message, codec, LIMITS, version)
     assert code == TYPE_CODES[cls]
-    decoded = decode_body(code, body, codec, LIMITS)
+    decoded = decode_body(code, body, codec, LIMITS, version)
     assert decoded == message
     assert type(decoded) is cls
     # Encoding is deterministic: the same message always gives the same bytes.
-    assert encode_body(decoded, codec, LIMITS) == (code, body)
+    assert encode_body(decoded, codec, LIMITS, version) == (code, body)
 
 
 def test_json_is_readable_and_msgpack_is_positional() -> None:
@@ -193,12 +197,19 @@ def test_json_is_readable_and_msgpack_is_positional() -> None:
         "urls": [{"url": "https://example.com/", "depth": 1, "found_on": None, "hops": 0, "lastmod": None,
                   "sitemap": False}],
     }
-    _, mp = encode_body(batch, "msgpack", LIMITS)
+    _, mp = encode_body(batch, "msgpack", LIMITS, version=2)
     assert msgpack.unpackb(mp) == [7, "a", 3, [["https://example.com/", 1, None, 0, None, False]]]
     sitemap = UrlEntry(url="https://example.com/s.xml", depth=0, found_on=None, hops=1, lastmod=5.0, sitemap=True)
-    _, mp = encode_body(UrlBatch(seq=8, sender="a", epoch=3, urls=(sitemap,)), "msgpack", LIMITS)
+    _, mp = encode_body(UrlBatch(seq=8, sender="a", epoch=3, urls=(sitemap,)), "msgpack", LIMITS, version=2)
     assert msgpack.unpackb(mp)[3] == [["https://example.com/s.xml", 0, None, 1, 5.0, True]]
-    assert decode_body(TYPE_CODES[UrlBatch], mp, "msgpack", LIMITS).urls == (sitemap,)
+    assert decode_body(TYPE_CODES[UrlBatch], mp, "msgpack", LIMITS, version=2).urls == (sitemap,)
+    # version 3: the same lists as front-coded columns (JSON is the same in both versions)
+    _, mp = encode_body(batch, "msgpack", LIMITS, version=3)
+    assert msgpack.unpackb(mp) == [7, "a", 3, [[0], [20], "https://example.com/", [1], [0], [0], [], [], "", [], []]]
+    _, mp = encode_body(UrlBatch(seq=8, sender="a", epoch=3, urls=(sitemap,)), "msgpack", LIMITS, version=3)
+    assert msgpack.unpackb(mp)[3][9:] == [[5.0], [True]]
+    assert decode_body(TYPE_CODES[UrlBatch], mp, "msgpack", LIMITS, version=3).urls == (sitemap,)
+    assert encode_body(batch, "json", LIMITS, version=2) == encode_body(batch, "json", LIMITS, version=3)
     _, welcome = encode_body(Welcome(proof=b"\x00" * 32), "json", LIMITS)
     assert json.loads(welcome) == {"proof": "A" * 43 + "="}
 
@@ -207,7 +218,7 @@ def test_integral_seconds_are_read_as_floats() -> None:
     message = decode_body(TYPE_CODES[Gossip], msgpack.packb([1, True, []]), "msgpack", LIMITS)
     assert message == Gossip(epoch=1, full=True, members=())
     chunk = msgpack.packb([1, 0, 1, 0, 5, [], [], [["h", 2, 0, 1]], True])
-    decoded = decode_body(TYPE_CODES[HandoffChunk], chunk, "msgpack", LIMITS)
+    decoded = decode_body(TYPE_CODES[HandoffChunk], chunk, "msgpack", LIMITS, version=2)
     assert decoded.hosts == (HostState(host="h", crawl_delay=2.0, ready_in=0.0, failures=1),)
     assert type(decoded.hosts[0].crawl_delay) is float
 
@@ -358,7 +369,7 @@ BAD_INCOMING = [
 @pytest.mark.parametrize(("codec", "code", "body", "fragment"), BAD_INCOMING)
 def test_invalid_incoming_bodies_are_remote_errors(codec: str, code: int, body: bytes, fragment: str) -> None:
     with pytest.raises(RemoteProtocolError) as info:
-        decode_body(code, body, codec, LIMITS)
+        decode_body(code, body, codec, LIMITS, version=2)  # the version 2 wire form (columns: test_protocol_urlcolumns)
     assert fragment in str(info.value)
 
 

@@ -355,6 +355,7 @@ def test_one_join_or_leave_at_a_time_is_applied_incrementally(data: st.DataObjec
         same_ring(current, Ring(weights, points_per_weight=3), rng)
 
 
+@pytest.mark.slow
 def test_with_weights_on_the_design_and_its_edges(design_rings: list[Ring]) -> None:
     initial, removed, added = design_rings
     rng = random.Random(11)

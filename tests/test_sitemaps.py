@@ -104,6 +104,7 @@ def test_reader_limits_and_refusals() -> None:
     assert all("aaaa" not in e.loc for e in entries)
 
 
+@pytest.mark.slow
 def test_reader_stops_a_gzip_bomb_at_the_size_limit() -> None:
     packer = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
     parts = [packer.compress(f"<urlset {NS}>".encode())]
@@ -233,6 +234,7 @@ async def test_sitemap_xml_behind_a_flag_and_the_location_rule(tmp_path: Path, g
     assert node.final_status["skipped"].get("sitemap-location") == 1
 
 
+@pytest.mark.slow
 async def test_lastmod_is_kept_in_the_queued_record(tmp_path: Path) -> None:
     routes: dict[str, Route] = {}
     async with trio.open_nursery() as nursery:
@@ -319,6 +321,7 @@ async def _daemon(site, tmp_path: Path) -> tuple[object, int, dict]:
     return web, usage.ru_maxrss, final
 
 
+@pytest.mark.slow
 async def test_hostile_sitemaps_cost_bounded_memory_and_reads(tmp_path: Path) -> None:
     _web, plain_peak, _ = await _daemon(_plain, tmp_path / "plain")
     web, peak, final = await _daemon(_hostile, tmp_path / "hostile")

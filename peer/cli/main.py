@@ -83,6 +83,7 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     k.add_argument("--tls-key", dest="tls_key", metavar="PEM", help="its private key")
     k.add_argument("--tls-ca", dest="tls_ca", metavar="PEM", help="the CA that signed every node's certificate")
     k.add_argument("--codec", choices=["msgpack", "json"], help="wire codec offered first")
+    k.add_argument("--compression", choices=["br", "zlib", "none"], help="frame compression offered first")
     k.add_argument("--batch-size", dest="batch_size", type=int, metavar="N",
                    help="URLs per batch to a peer; a full batch goes at once")
     k.add_argument("--dispatch-interval", dest="dispatch_interval", type=float, metavar="SECONDS",
@@ -106,6 +107,8 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--max-pages-per-host", dest="max_pages_per_host", type=int, help="(-1: none)")
     c.add_argument("--delay", type=float, help="minimum seconds between requests to one host")
     c.add_argument("--concurrency", type=int, help="fetches in flight")
+    c.add_argument("--page-threads", dest="page_threads", type=int, metavar="N",
+                   help="threads that store and parse pages, to use more cores (0: inline; docs/operations.md)")
     c.add_argument("--ip-connections", dest="ip_connections", type=int, metavar="N",
                    help="requests in service at once to one server address (0: no per-address limits)")
     c.add_argument("--ip-delay", dest="ip_delay", type=float, metavar="SECONDS",

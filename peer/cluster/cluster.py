@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -124,6 +126,7 @@ class Cluster:
         self.store = store
         self.stats = stats
         codecs = (cfg.codec, "json" if cfg.codec == "msgpack" else "msgpack")
+        compressions = (cfg.compression, *(c for c in ("br", "zlib", "none") if c != cfg.compression))
         self.membership = Membership(
             node_id=node_id,
             weight=cfg.weight,
@@ -136,6 +139,7 @@ class Cluster:
                                     suspicion_timeout=cfg.suspicion_timeout),
             on_message=self._on_message,
             codecs=codecs,
+            compressions=compressions,
         )
         self.links = self.membership.links
         self.view = View()
@@ -156,11 +160,14 @@ class Cluster:
                                wall_clock=wall_clock, delegate=self)
         # per-address limits held fleet-wide: this node owns the addresses the ring gives it and lends their
         # lanes (peer/cluster/lanes.py); the crawler borrows through it
+        self._lanes_file = Path(cfg.data_dir) / LANES_FILE
+        self._lanes_written = -math.inf
         self.lanes = (
             FleetLanes(node_id, cfg.ip_connections, cfg.ip_delay, lease=LEASE, max_request=cfg.total_timeout,
-                       delegate=self)
+                       delegate=self, start_wait=_lent_until(self._lanes_file, wall_clock()))
             if cfg.ip_connections > 0 else None
         )
+        self._wall_clock = wall_clock
         self.crawler: Crawler | None = None
         self.address: str | None = None
         self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
@@ -224,6 +231,17 @@ class Cluster:
             await trio.sleep(0.1)
             members = {m.node_id for m in self.view.members if m.state in _OWNING} | {self.node_id}
             self.lanes.tick(members)
+            # Until when lanes lent to other nodes may be in use, on disk (as wall time), so that a restart waits
+            # out only what this run lent: written when it moves on by a second or more.
+            until = self.lanes.lent_until
+            if until > self._lanes_written + 1.0:
+                wall = self._wall_clock() + (until - trio.current_time())
+                try:
+                    self._lanes_file.write_text(f"{wall:.3f}\n")
+                    self._lanes_written = until
+                except OSError as exc:
+                    log.warning("cannot record the lanes lent (a restart waits the whole lease time instead)",
+                                extra={"path": str(self._lanes_file), "error": str(exc)})
 
     def owns(self, host: str) -> bool:
         """Whether this node owns `host` under its current view (links to it are queued here, not routed)."""
@@ -735,6 +753,26 @@ def status_dict(r: StatusReport) -> dict[str, Any]:
         "transfers": [{"peer": t.peer, "incoming": t.incoming, "share": t.share, "chunks": t.chunks}
                       for t in r.transfers],
     }
+
+
+#: In the data dir: the wall time until which lanes this node lent to others may still be in use.
+LANES_FILE = "lanes.until"
+
+
+def _lent_until(path: Path, now: float) -> float | None:
+    """Seconds a starting node must wait before lending lanes: what its previous run lent may still run. No file:
+    it never lent to another node (0). An unreadable one: None (wait the whole lease time)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return 0.0
+    except OSError:
+        return None
+    try:
+        until = float(text.strip())
+    except ValueError:
+        return None
+    return max(0.0, until - now) if math.isfinite(until) else None
 
 
 def ring_id(ring: Ring) -> int:

@@ -108,6 +108,10 @@ class _Owner:
     inflight: dict[int, _Batch] = field(default_factory=dict)
 
 
+def _by_url(item: QueuedUrl) -> str:
+    return item.url
+
+
 class Dispatcher:
     """Routes links to their owners and receives the batches peers route to this node.
 
@@ -274,9 +278,11 @@ class Dispatcher:
         self._admitted(mine)
 
     def _send(self, owner: str, seq: int, entries: Sequence[tuple[int, QueuedUrl]]) -> bool:
+        # sorted: the wire form codes each URL against the one before it (protocol/_urlcolumns.py)
+        ordered = sorted((i for _, i in entries), key=_by_url)
         urls = tuple(
             UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops, lastmod=i.lastmod, sitemap=i.sitemap)
-            for _, i in entries
+            for i in ordered
         )
         batch = UrlBatch(seq=seq, sender=self.node_id, epoch=self._epoch or 0, urls=urls)
         if self.links.send_nowait(owner, batch):

@@ -10,8 +10,11 @@ The rule (docs/cluster.md, "Per-address limits", has the proof sketch):
   `delay` seconds on the borrower before it starts another one; a lane given back carries the rest still due.
 - The owner takes a lane back when it is returned (free `ready_in` after receipt) or, if it never is (the
   borrower died or is cut off), `lease + max_request + delay` after the grant. A new owner of an address (a
-  view change moved it here, or the process just started) lends none of its lanes until `quarantine =
-  lease + max_request + delay` after it became the owner, so every lease of a previous owner has run out.
+  view change moved it here) lends none of its lanes until the previous owner's `LaneHandover` arrives (sent
+  once that owner stopped lending, with when each lane may be lent again) or, failing that (it died),
+  `quarantine = lease + max_request + delay` after it became the owner, so every older lease has run out. A
+  process that starts waits out what its previous run may have lent (`start_wait`, from a file the cluster
+  keeps), none if it never lent to another node.
 
 Everything is a duration on the wire and a local trio time on each side: the two clocks are never compared.
 Lanes on the node that owns the address are lent to itself the same way, without a message.
@@ -28,7 +31,7 @@ from typing import Protocol
 
 import trio
 
-from protocol import LaneAsk, LaneGrant, LaneReturn, Message
+from protocol import LaneAsk, LaneGrant, LaneHandover, LaneReturn, Message
 
 from peer.crawl.addressgate import Lane
 
@@ -94,6 +97,7 @@ class FleetLanes:
         lease: float,
         max_request: float,
         delegate: LanesDelegate,
+        start_wait: float | None = None,
         clock: Callable[[], float] = trio.current_time,
     ) -> None:
         if connections < 1:
@@ -110,6 +114,11 @@ class FleetLanes:
         self._held: dict[str, _Held] = {}
         self._seq = 0
         self._rings: deque[tuple[float, Callable[[str], str]]] = deque(maxlen=_RING_HISTORY)
+        # the first ring is the process start: what a previous run lent may still run for `start_wait`
+        self._start_wait = self.quarantine if start_wait is None else min(max(0.0, start_wait), self.quarantine)
+        self._started_at: float | None = None
+        self._handed: dict[str, tuple[float, tuple[float, ...]]] = {}  # address -> (received at, ready_in)
+        self.lent_until = -math.inf  # the latest time a lane lent to another node may still be in use
         self.grants_sent = 0
         self.asks_sent = 0
         self.reclaimed = 0
@@ -122,9 +131,25 @@ class FleetLanes:
         """A new ring is in force (the first one at start): owned addresses that moved away stop being lent
         from here (their leases run out on their own); asks from departed members are dropped later."""
         now = self.clock()
+        if self._started_at is None:
+            self._started_at = now
         self._rings.append((now, owner_of))
         for address in [a for a in self._owned if owner_of(a) != self.node_id]:
-            del self._owned[address]
+            entry = self._owned.pop(address)
+            # hand over: from now on nothing is lent here; each lane may be lent again once its lease (with its
+            # longest request and rest) is over, or its rest, or this node's own wait, has run out
+            wait = max(0.0, self._ready_at(entry) - now)
+            ready = tuple(
+                max(wait, (lane.reclaim_at if lane.holder is not None else lane.free_at) - now, 0.0)
+                for lane in entry.lanes
+            )
+            target = owner_of(address)
+            message = LaneHandover(address=address, ready_in=ready)
+            if target == self.node_id:
+                continue
+            self.delegate.send_lanes(target, message)
+        for address in [a for a in self._handed if now - self._handed[a][0] > self.quarantine]:
+            del self._handed[address]
 
     def _owned_since(self, address: str) -> float:
         """Since when this node has owned `address` without a break, by the rings remembered (the oldest one
@@ -227,6 +252,14 @@ class FleetLanes:
 
     # -- the owner --------------------------------------------------------------------------------------------
 
+    def _ready_at(self, entry: _Owned) -> float:
+        """When the owner may start lending: its wait after becoming the owner is over."""
+        if entry.since == -math.inf:
+            return -math.inf  # handed over
+        if entry.since == self._started_at:
+            return entry.since + self._start_wait
+        return entry.since + self.quarantine
+
     def _owned_entry(self, address: str, now: float) -> _Owned | None:
         entry = self._owned.get(address)
         if entry is None:
@@ -235,7 +268,25 @@ class FleetLanes:
             entry = self._owned[address] = _Owned(
                 since=self._owned_since(address), lanes=[_OwnedLane() for _ in range(self.connections)]
             )
+            handed = self._handed.pop(address, None)
+            if handed is not None and handed[0] >= entry.since:
+                self._apply_handover(entry, *handed)
         return entry
+
+    def _apply_handover(self, entry: _Owned, received: float, ready_in: tuple[float, ...]) -> None:
+        longest = max(ready_in, default=0.0)
+        for i, lane in enumerate(entry.lanes):
+            if lane.holder is None:
+                lane.free_at = max(lane.free_at, received + (ready_in[i] if i < len(ready_in) else longest))
+        entry.since = -math.inf
+
+    def _on_handover(self, message: LaneHandover, now: float) -> None:
+        entry = self._owned.get(message.address)
+        if entry is not None:
+            self._apply_handover(entry, now, message.ready_in)
+            self._serve(message.address, entry, now)
+        elif len(self._handed) < 100_000:
+            self._handed[message.address] = (now, message.ready_in)
 
     def _on_ask(self, peer_id: str, message: LaneAsk, now: float) -> None:
         entry = self._owned_entry(message.address, now)
@@ -256,8 +307,8 @@ class FleetLanes:
         self._serve(message.address, entry, now)
 
     def _serve(self, address: str, entry: _Owned, now: float) -> None:
-        if now < entry.since + self.quarantine:
-            return  # leases a previous owner made may still run
+        if now < self._ready_at(entry):
+            return  # leases a previous owner (or this node's previous run) made may still run
         free = [i for i, lane in enumerate(entry.lanes) if lane.holder is None]
         while entry.asks and free:
             peer_id, seq, want, _asked = entry.asks.popleft()
@@ -267,6 +318,8 @@ class FleetLanes:
                 lane = entry.lanes[index]
                 lane.holder = peer_id
                 lane.reclaim_at = now + self.lease + self.max_request + self.delay
+                if peer_id != self.node_id:
+                    self.lent_until = max(self.lent_until, lane.reclaim_at)
                 given.append(index)
                 ready.append(max(0.0, lane.free_at - now))
             grant = LaneGrant(address=address, seq=seq, lanes=tuple(given), ready_in=tuple(ready), lease=self.lease)
@@ -310,6 +363,8 @@ class FleetLanes:
             self._on_grant(peer_id, message, now)
         elif isinstance(message, LaneReturn):
             self._on_return(peer_id, message, now)
+        elif isinstance(message, LaneHandover):
+            self._on_handover(message, now)
         else:
             return False
         return True

@@ -139,6 +139,7 @@ class Membership:
         on_view: Callable[[View], None] | None = None,
         on_message: MessageHandler | None = None,
         codecs: Sequence[str] | None = None,
+        compressions: Sequence[str] | None = None,
     ) -> None:
         self.node_id = node_id
         self.weight = weight
@@ -155,6 +156,7 @@ class Membership:
             limits=limits,
             nonce=nonce,
             **({"codecs": tuple(codecs)} if codecs else {}),
+            **({"compressions": tuple(compressions)} if compressions else {}),
         )
         self._rng = rng
         self._on_other = on_message

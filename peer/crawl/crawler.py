@@ -28,7 +28,7 @@ from storage import HostState, LruTtlCache, QueuedUrl, StorageError
 
 from peer.config import Config
 from peer.crawl.addressgate import AddressGate, Lane
-from peer.crawl.links import extract, is_html
+from peer.crawl.links import Page, extract, is_html
 from peer.crawl.robots import RobotsDecision, decide, product_token
 from peer.crawl.scheduler import HostScheduler, HostTurn
 from peer.crawl.seams import AddressLimits, Ownership, PageFetcher, Solo
@@ -130,6 +130,8 @@ class Crawler:
         self._current: dict[str, QueuedUrl] = {}  # host -> the URL its turn is working on
         #: URLs given up because the node stopped while fetching them, max_crashes times in a row (this run).
         self.dropped_urls: list[str] = []
+        # --page-threads N: a page's store and parse run in one of N threads (see _store_and_extract)
+        self._page_threads = trio.CapacityLimiter(cfg.page_threads) if cfg.page_threads > 0 else None
 
     # ------------------------------------------------------------------ admission
 
@@ -578,12 +580,21 @@ class Crawler:
                     stats.skipped["redirect-hops"] += 1
         elif 200 <= status < 300:
             ctype = _header(resp, "content-type")
-            self._store(resp, ctype)
-            if is_html(ctype):
-                if self.cfg.parse_in_thread or len(resp.body) > _THREAD_PARSE_BYTES:
-                    page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype)
-                else:
-                    page = extract(resp.body, item.url, ctype)
+            page: Page | None
+            if self._page_threads is not None:
+                stored, page = await trio.to_thread.run_sync(
+                    self._store_and_extract, resp, item.url, ctype, limiter=self._page_threads
+                )
+            else:
+                stored = self._store(resp, ctype)
+                page = None
+                if is_html(ctype):
+                    if self.cfg.parse_in_thread or len(resp.body) > _THREAD_PARSE_BYTES:
+                        page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype)
+                    else:
+                        page = extract(resp.body, item.url, ctype)
+            stats.stored += stored
+            if page is not None:
                 stats.links_found += len(page.links)
                 if not page.nofollow:
                     self._screen_found(batch, page.links, item.depth + 1, item.url)
@@ -694,10 +705,17 @@ class Crawler:
         self._save_state(turn)
         return True
 
-    def _store(self, resp: Response, ctype: str | None) -> None:
+    def _store_and_extract(self, resp: Response, url: str, ctype: str | None) -> tuple[bool, Page | None]:
+        """A page's CPU-heavy work, in a page thread: digests, gzip and lxml's parse release the GIL, so
+        threads carry them on other cores; one hand-off per page."""
+        stored = self._store(resp, ctype)
+        return stored, (extract(resp.body, url, ctype) if is_html(ctype) else None)
+
+    def _store(self, resp: Response, ctype: str | None) -> bool:
+        """Store the page if its type is kept; True if it was. Safe in a page thread (the store locks)."""
         mime = (ctype or "").split(";", 1)[0].strip().lower()
         if mime not in self.store_types:
-            return
+            return False
         self.pages.store(
             url=resp.url,
             request_headers=resp.request_headers,
@@ -709,7 +727,7 @@ class Crawler:
             fetched_at=self.wallclock(),
             truncated=resp.truncated,
         )
-        self.stats.stored += 1
+        return True
 
     def gauges(self) -> dict[str, float]:
         return {
