@@ -317,9 +317,11 @@ class FleetLanes:
             return  # leases a previous owner (or this node's previous run) made may still run
         free = [i for i, lane in enumerate(entry.lanes) if lane.holder is None]
         while entry.asks and free:
+            # lanes are shared among the nodes waiting, so each gets some at once rather than all to the first
+            share = max(1, len(free) // len(entry.asks))
             peer_id, seq, want, _asked = entry.asks.popleft()
             given, ready = [], []
-            while free and len(given) < want:
+            while free and len(given) < min(want, share):
                 index = free.pop(0)
                 lane = entry.lanes[index]
                 lane.holder = peer_id
