@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import socket
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -54,10 +55,14 @@ class Config:
     seeds_file: str = ""
     allowed_hosts: tuple[str, ...] = ()
     denied_hosts: tuple[str, ...] = ()
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
     max_depth: int = -1
     max_pages_per_host: int = -1
+    max_bytes_per_host: int = -1
     max_redirect_hops: int = 5
     max_url_length: int = 2048
+    max_query_params: int = -1
     # network
     nameservers: tuple[str, ...] = ()
     allow_private: bool = False
@@ -130,10 +135,14 @@ FIELDS: dict[str, str] = {
     "seeds_file": "file with one start URL per line (# comments allowed)",
     "allowed_hosts": "if set, only these hosts (and subdomains) are crawled",
     "denied_hosts": "hosts (and subdomains) never crawled",
+    "include": "regular expressions searched in the normalized URL; if any is set, a URL must match one",
+    "exclude": "regular expressions searched in the normalized URL; a URL matching one is not crawled",
     "max_depth": "-1 is unlimited: the scope and trap guards bound a crawl instead",
-    "max_pages_per_host": "-1 is unlimited; set it to sample many hosts broadly",
+    "max_pages_per_host": "-1 is unlimited; set it to sample many hosts broadly (counted by the host's owner)",
+    "max_bytes_per_host": "-1 is unlimited; body bytes fetched from one host before it is left alone",
     "max_redirect_hops": "5, as browsers and RFC 9309 do for robots.txt",
     "max_url_length": "2048: longer URLs are nearly always traps or session junk",
+    "max_query_params": "-1 is unlimited; a low bound (say 5) cuts faceted-search and calendar traps",
     "nameservers": "empty means /etc/resolv.conf; tests and the demo point at their own server",
     "allow_private": "private/loopback addresses are refused so a crawl cannot be turned on the local network",
     "user_agent": "product token first so robots.txt groups for 'peercrawl' match",
@@ -212,6 +221,17 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"concurrency must be > 0, got {cfg.concurrency}")
     if cfg.delay < 0:
         raise ConfigError(f"delay must be >= 0, got {cfg.delay}")
+    for name in ("max_depth", "max_pages_per_host", "max_bytes_per_host", "max_query_params"):
+        if getattr(cfg, name) < -1:
+            raise ConfigError(f"{name} must be -1 (no limit) or >= 0, got {getattr(cfg, name)}")
+    if cfg.max_url_length < 1:
+        raise ConfigError(f"max_url_length must be >= 1, got {cfg.max_url_length}")
+    for name in ("include", "exclude"):
+        for pattern in getattr(cfg, name):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"{name}: invalid regular expression {pattern!r}: {exc}") from exc
     kinds = ("lmdb", "memory-urls", "memory-md5", "md5-tree", "bloom", "redis")
     if cfg.dedup not in kinds:
         raise ConfigError(f"dedup must be one of {', '.join(kinds)}, got {cfg.dedup!r}")

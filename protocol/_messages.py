@@ -37,6 +37,7 @@ __all__ = [
     "ProbeRequest",
     "Reject",
     "SeenReplica",
+    "Settings",
     "UrlBatch",
     "UrlEntry",
     "Welcome",
@@ -77,13 +78,16 @@ class HostState:
     """Politeness state of one host, in durations because the two nodes' clocks are unrelated.
 
     `crawl_delay`: seconds between fetches in force; `ready_in`: seconds from sending until the next fetch may
-    start (covers Crawl-delay and any Retry-After back-off); `failures`: consecutive failures so far.
+    start (covers Crawl-delay and any Retry-After back-off); `failures`: consecutive failures so far; `pages` and
+    `bytes`: what was fetched from the host so far, so its budgets hold fleet-wide when it changes owner.
     """
 
     host: str
     crawl_delay: float
     ready_in: float
     failures: int
+    pages: int = 0
+    bytes: int = 0
 
 
 # --- handshake ---------------------------------------------------------------------------------------------
@@ -275,6 +279,21 @@ class SeenReplica:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """The crawl settings in force (scope rules, budgets, the paused flag), gossiped to every member.
+
+    `version` grows with every runtime change; of two records the higher `(version, digest)` wins everywhere,
+    `digest` being a hash of `body`, so members converge on one record whatever the order of arrival. `body`
+    is the settings as a JSON object (peer/crawl/settings.py reads and checks it); `origin` names the node
+    that made the change.
+    """
+
+    version: int
+    origin: str
+    body: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Goodbye:
     """The sender will send nothing more on this connection."""
 
@@ -298,6 +317,7 @@ Message: TypeAlias = (
     | HandoffChunk
     | HandoffAck
     | SeenReplica
+    | Settings
     | Goodbye
 )
 
@@ -324,7 +344,8 @@ _MEMBER = _record(
     incarnation=UInt(),
     state=Choice(MEMBER_STATES),
 )
-_HOST_STATE = _record(HostState, host=Text(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32)
+_HOST_STATE = _record(HostState, host=Text(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32,
+                      pages=UInt(), bytes=UInt())
 _NONCE = Blob(size=NONCE_SIZE)
 _PROOF = Blob(size=PROOF_SIZE)
 
@@ -385,6 +406,7 @@ RECORDS: dict[int, Record] = {
     0x31: _record(HandoffAck, transfer_id=UInt(), chunk_seq=UInt()),
     0x32: _record(SeenReplica, epoch=UInt(), keys=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"),
                   hosts=Many(_HOST_STATE)),
+    0x27: _record(Settings, version=UInt(), origin=Text(), body=Text("max_settings")),
     0x40: _record(Goodbye, reason=Text()),
 }
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})

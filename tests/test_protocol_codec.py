@@ -38,6 +38,7 @@ from protocol import (
     Reject,
     RemoteProtocolError,
     SeenReplica,
+    Settings,
     UrlBatch,
     UrlEntry,
     Welcome,
@@ -68,7 +69,8 @@ members = st.builds(
     incarnation=U64,
     state=st.sampled_from(MEMBER_STATES),
 )
-host_states = st.builds(HostState, host=texts, crawl_delay=seconds, ready_in=seconds, failures=U32)
+host_states = st.builds(HostState, host=texts, crawl_delay=seconds, ready_in=seconds, failures=U32, pages=U64,
+                        bytes=U64)
 
 
 def tuples(elements: st.SearchStrategy, max_size: int = 6) -> st.SearchStrategy:
@@ -123,6 +125,7 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
     ),
     HandoffAck: st.builds(HandoffAck, transfer_id=U64, chunk_seq=U64),
     SeenReplica: st.builds(SeenReplica, epoch=U64, keys=tuples(st.binary(max_size=64), 10), hosts=tuples(host_states)),
+    Settings: st.builds(Settings, version=U64, origin=texts, body=st.text(max_size=200)),
     Goodbye: st.builds(Goodbye, reason=texts),
 }
 APP_MESSAGES = st.one_of([s for cls, s in MESSAGE_STRATEGIES.items() if TYPE_CODES[cls] >= 0x10])
@@ -171,9 +174,9 @@ def test_json_is_readable_and_msgpack_is_positional() -> None:
 def test_integral_seconds_are_read_as_floats() -> None:
     message = decode_body(TYPE_CODES[Gossip], msgpack.packb([1, True, []]), "msgpack", LIMITS)
     assert message == Gossip(epoch=1, full=True, members=())
-    chunk = msgpack.packb([1, 0, 1, 0, 5, [], [], [["h", 2, 0, 1]], True])
+    chunk = msgpack.packb([1, 0, 1, 0, 5, [], [], [["h", 2, 0, 1, 3, 0]], True])
     decoded = decode_body(TYPE_CODES[HandoffChunk], chunk, "msgpack", LIMITS)
-    assert decoded.hosts == (HostState(host="h", crawl_delay=2.0, ready_in=0.0, failures=1),)
+    assert decoded.hosts == (HostState(host="h", crawl_delay=2.0, ready_in=0.0, failures=1, pages=3),)
     assert type(decoded.hosts[0].crawl_delay) is float
 
 

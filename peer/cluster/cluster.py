@@ -26,12 +26,13 @@ from typing import Any
 
 import trio
 
-from protocol import Message, ProgressQuery, ProgressReport
+from protocol import Message, ProgressQuery, ProgressReport, Settings
 from ring import DEFAULT_POINTS_PER_WEIGHT, ArcMove, MemberState, Ring, View, diff, host_position
 from storage import HostState, NodeStore, QueuedUrl
 
 from peer.config import Config
 from peer.crawl.crawler import Crawler, Link
+from peer.crawl.settings import CrawlSettings, SettingsError
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
 from peer.cluster.membership import Membership, MembershipConfig
@@ -54,6 +55,9 @@ JOIN_RING_TIMEOUT = 30.0
 LEFT_GRACE = 2.0
 #: After concluding the crawl is finished, a node keeps answering until every peer has concluded too.
 LINGER_TIMEOUT = 5.0
+#: The crawl settings go to every live peer at each change and view change, and again this often (links deliver
+#: at most once per connection: the repeat is what makes a lost record harmless). One small message per peer.
+SETTINGS_INTERVAL = 5.0
 
 _OWNING = (MemberState.ALIVE, MemberState.SUSPECT)
 
@@ -162,6 +166,9 @@ class Cluster:
         self._seq = 0
         self._answers: dict[int, tuple[str, trio.Event]] = {}
         self._leaving_since: dict[str, float] = {}  # peer -> when this node first saw it LEAVING
+        self.settings_sent = 0
+        self.settings_adopted = 0
+        self.settings_refused = 0
 
     # -- the crawler's Ownership (peer/crawl/seams.py) -------------------------------------------------------
 
@@ -246,6 +253,7 @@ class Cluster:
             nursery.start_soon(self._follow_views, watch)
             nursery.start_soon(self._progress_loop)
             nursery.start_soon(self._sweep_loop)
+            nursery.start_soon(self._settings_loop)
             log.info("cluster member listening", extra={"node_id": self.node_id, "address": self.address})
             task_status.started(self.address)
 
@@ -371,6 +379,42 @@ class Cluster:
         if self.crawler is not None:
             self.crawler.rewake()
         self.dispatcher.wake()
+        self.share_settings()  # a member that joined gets the crawl settings at once
+
+    # -- crawl settings -----------------------------------------------------------------------------------
+
+    def share_settings(self, peers: Iterable[str] | None = None) -> int:
+        """Send the crawl settings in force to `peers` (every live peer by default); the number sent."""
+        if self.crawler is None:
+            return 0
+        current = self.crawler.settings
+        message = Settings(version=current.version, origin=current.origin, body=current.body())
+        sent = 0
+        for peer in (self._live_peers() if peers is None else peers):
+            member = self.view.member(peer)
+            sent += bool(self.links.send_nowait(peer, message, address=member.address if member else None))
+        self.settings_sent += sent
+        return sent
+
+    async def _settings_loop(self) -> None:
+        while True:
+            await trio.sleep(SETTINGS_INTERVAL)
+            self.share_settings()
+
+    def _settings_arrived(self, peer_id: str, message: Settings) -> None:
+        if self.crawler is None:
+            return
+        try:
+            settings = CrawlSettings.from_record(message.version, message.origin, message.body)
+        except SettingsError as exc:
+            self.settings_refused += 1
+            log.warning("a peer sent crawl settings this node cannot use; ignored",
+                        extra={"peer": peer_id, "error": str(exc)})
+            return
+        if self.crawler.adopt(settings):
+            self.settings_adopted += 1
+        elif settings.rank() < self.crawler.settings.rank():
+            self.share_settings([peer_id])  # the sender is behind: it gets ours now, not at the next round
 
     # -- stray state --------------------------------------------------------------------------------------
 
@@ -502,6 +546,8 @@ class Cluster:
             self.links.send_nowait(peer_id, ProgressReport(
                 seq=message.seq, ring=me.ring, idle=me.idle, finished=me.finished, activity=me.activity,
                 pages=me.pages, queued=me.queued, urls_received=me.urls_received, rate=me.rate))
+        elif isinstance(message, Settings):
+            self._settings_arrived(peer_id, message)
         elif isinstance(message, ProgressReport):
             self.peers[peer_id] = NodeProgress(
                 node_id=peer_id, ring=message.ring, idle=message.idle, finished=message.finished,
@@ -546,6 +592,8 @@ class Cluster:
                 "waits_expired": h.waits_expired, "hosts_swept": self.hosts_swept,
             },
             "replica": self.replicas.status(),
+            "settings": {"sent": self.settings_sent, "adopted": self.settings_adopted,
+                         "refused": self.settings_refused},
             "view_changes": self.view_changes,
             "leaving": self.leaving,
             "done": me.idle,

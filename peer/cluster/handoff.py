@@ -565,6 +565,7 @@ class Handoff:
             WireHostState(
                 host=state.host, crawl_delay=max(0.0, state.crawl_delay),
                 ready_in=max(0.0, state.next_allowed - wall), failures=state.failures,
+                pages=state.pages, bytes=state.bytes,
             )
             for state in chunk.states
         )
@@ -680,14 +681,15 @@ class Handoff:
         return self._merge(wire)
 
     def _merge(self, wire: WireHostState) -> HostState:
-        """The wire state in wall-clock terms, keeping the later `next_allowed` of it and any state here."""
+        """The wire state in wall-clock terms, keeping the later `next_allowed` of it and any state here, and the
+        larger of the page and byte counts (the host's budgets: a count never goes down by moving)."""
         next_allowed = self.wall_clock() + wire.ready_in
         here = self.store.frontier.get_state(wire.host)
         if here is None:
             return HostState(host=wire.host, next_allowed=next_allowed, crawl_delay=wire.crawl_delay,
-                             failures=wire.failures)
+                             failures=wire.failures, pages=wire.pages, bytes=wire.bytes)
         return HostState(
             host=wire.host, next_allowed=max(next_allowed, here.next_allowed),
             crawl_delay=max(wire.crawl_delay, here.crawl_delay), backoff=here.backoff, failures=wire.failures,
-            pages=here.pages,
+            pages=max(here.pages, wire.pages), bytes=max(here.bytes, wire.bytes),
         )

@@ -21,6 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import trio
 
@@ -31,12 +32,13 @@ from peer.crawl.links import extract, is_html
 from peer.crawl.robots import RobotsDecision, decide
 from peer.crawl.scheduler import HostScheduler, HostTurn
 from peer.crawl.seams import Link, Ownership, PageFetcher, Solo
+from peer.crawl.settings import CONFIG_VERSION_FOUNDER, CrawlSettings, SettingsFile
 from peer.crawl.urls import Scope, host_of_normalized, normalize, origin_of_normalized
 from peer.fetch.dns import DnsError
 from peer.fetch.http import FetchError, Response
 from peer.stats import Stats
 
-__all__ = ["Crawler", "Link"]
+__all__ = ["Crawler", "Link", "SeedReport"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,21 @@ _SEEN_CACHE_SIZE = 200_000
 
 #: A host whose arc's hand-off has not arrived is looked at again this often.
 _BLOCKED_RECHECK = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class SeedReport:
+    """What became of seeds added at runtime: queued here, already seen here, sent to their owners, refused."""
+
+    new: int
+    seen: int
+    routed: int
+    out_of_scope: dict[str, int]
+    invalid: list[str]
+
+    def as_dict(self) -> dict:
+        return {"new": self.new, "seen": self.seen, "routed": self.routed, "out_of_scope": self.out_of_scope,
+                "invalid": self.invalid}
 
 
 class _Batch:
@@ -76,6 +93,8 @@ class Crawler:
         stats: Stats | None = None,
         ownership: Ownership | None = None,
         wallclock: Callable[[], float] = time.time,
+        settings: CrawlSettings | None = None,
+        settings_file: SettingsFile | None = None,
     ) -> None:
         self.cfg = cfg
         self.fetcher = fetcher
@@ -91,12 +110,10 @@ class Crawler:
         self.stop_when_done = cfg.exit_when_done and self.ownership.solo
         self.wallclock = wallclock
         self.user_agent = cfg.full_user_agent()
-        self.scope = Scope(
-            allowed_hosts=cfg.allowed_hosts,
-            denied_hosts=cfg.denied_hosts,
-            max_depth=None if cfg.max_depth < 0 else cfg.max_depth,
-            max_url_length=cfg.max_url_length,
-        )
+        # scope, budgets and the paused flag: changed at runtime by `adopt` (the cluster gossips them)
+        self.settings = settings if settings is not None else CrawlSettings.from_config(cfg, origin="", joining=False)
+        self.settings_file = settings_file
+        self.scope: Scope = self.settings.scope()
         self.sched = HostScheduler()
         self.robots: LruTtlCache[str, RobotsDecision] = LruTtlCache(cfg.robots_cache_size)
         self._robots_failures: dict[str, int] = {}
@@ -182,15 +199,58 @@ class Crawler:
         self._seen.clear()
 
     def seed(self, urls: Sequence[str]) -> int:
-        links = []
+        return self.add_seeds(urls).new
+
+    def add_seeds(self, urls: Sequence[str]) -> SeedReport:
+        """Seeds (at start or at runtime): checked against the scope in force, queued here if this node owns
+        their host, else routed to the owner (whose store decides whether they are new)."""
+        batch = _Batch()
+        invalid: list[str] = []
+        refused: dict[str, int] = {}
+        routed = 0
         for raw in urls:
-            url = normalize(raw.strip(), max_length=self.cfg.max_url_length)
+            url = normalize(raw.strip(), max_length=self.settings.max_url_length)
             if url is None:
-                log.warning("seed is not a crawlable http(s) URL, skipped", extra={"seed": raw})
+                log.warning("seed is not a crawlable http(s) URL, skipped", extra={"seed": raw[:200]})
+                invalid.append(raw[:200])
                 continue
-            links.append(Link(url, 0))
-        new, _ = self.admit(links)
-        return new
+            host = host_of_normalized(url)
+            reason = self.scope.check(url, host, 0)
+            if reason is not None:
+                refused[reason] = refused.get(reason, 0) + 1
+                self.stats.skipped[reason] += 1
+                continue
+            if self.owns is not None and not self.owns(host):
+                self.ownership.route(host, Link(url, 0))
+                routed += 1
+                continue
+            batch.cands.append(QueuedUrl(url=url, host=host, depth=0))
+        new, seen = self._commit(batch)
+        return SeedReport(new=new, seen=seen, routed=routed, out_of_scope=refused, invalid=invalid)
+
+    # ------------------------------------------------------------------ runtime settings
+
+    def adopt(self, settings: CrawlSettings) -> bool:
+        """Crawl by `settings` if they outrank those in force (True then). Queued URLs are checked against
+        the new scope as they are popped; a pause stops new host turns and lets those under way finish."""
+        if settings.rank() <= self.settings.rank():
+            return False
+        scope = settings.scope()
+        old, self.settings, self.scope = self.settings, settings, scope
+        if self.settings_file is not None and settings.version > CONFIG_VERSION_FOUNDER:
+            self.settings_file.save(settings)
+        if old.paused != settings.paused:
+            log.info("crawl paused" if settings.paused else "crawl resumed",
+                     extra={"version": settings.version, "origin": settings.origin})
+        if old.body() != settings.body():
+            log.info("crawl settings changed", extra={"version": settings.version, "origin": settings.origin,
+                                                      "settings": settings.body()})
+        self._wakeup.set()
+        return True
+
+    @property
+    def paused(self) -> bool:
+        return self.settings.paused
 
     def restore(self) -> int:
         """After a restart: in-flight URLs go back to their queues and every host with work is scheduled,
@@ -201,6 +261,7 @@ class Crawler:
             t = self.sched.turn(st.host)
             t.next_allowed = now + max(0.0, st.next_allowed - wall)
             t.crawl_delay, t.backoff, t.failures, t.pages = st.crawl_delay, st.backoff, st.failures, st.pages
+            t.bytes = st.bytes
         for host, _count in self.frontier.hosts():
             self.sched.wake(host, now)
         self._wakeup.set()
@@ -224,7 +285,7 @@ class Crawler:
             t = self.sched.turn(st.host)
             t.next_allowed = max(t.next_allowed, now + max(0.0, st.next_allowed - wall))
             t.crawl_delay = max(t.crawl_delay, st.crawl_delay)
-            t.failures, t.pages = st.failures, max(t.pages, st.pages)
+            t.failures, t.pages, t.bytes = st.failures, max(t.pages, st.pages), max(t.bytes, st.bytes)
         self.wake_hosts(items)
 
     def rewake(self) -> int:
@@ -297,6 +358,11 @@ class Crawler:
         while True:
             if self._draining:
                 await trio.sleep_forever()
+            if self.settings.paused:
+                # paused: no new host turn; the turns under way finish, every queue and timer is kept
+                self._wakeup = trio.Event()
+                await self._wakeup.wait()
+                continue
             now = trio.current_time()
             turn = sched.pop_ready(now)
             if turn is not None:
@@ -341,8 +407,9 @@ class Crawler:
             item = self._pending.pop(host, None) or self.frontier.pop(host)
             if item is None:
                 return
-            if self.cfg.max_pages_per_host >= 0 and turn.pages >= self.cfg.max_pages_per_host:
-                self.stats.skipped["max-pages-per-host"] += 1
+            refused = self._refused_at_pop(turn, item)
+            if refused is not None:
+                self.stats.skipped[refused] += 1
                 self.frontier.done(item)
                 continue
             origin = origin_of_normalized(item.url)
@@ -360,6 +427,17 @@ class Crawler:
             await self._fetch_page(turn, item)
             return
 
+    def _refused_at_pop(self, turn: HostTurn, item: QueuedUrl) -> str | None:
+        """Why a popped URL is not fetched after all: the host's budget is spent, or the scope changed since it
+        was queued (the settings in force are checked at pop time, so a narrowed scope drops what is queued)."""
+        settings = self.settings
+        if 0 <= settings.max_pages_per_host <= turn.pages:
+            return "max-pages-per-host"
+        if 0 <= settings.max_bytes_per_host <= turn.bytes:
+            return "max-bytes-per-host"
+        reason = self.scope.check(item.url, turn.host, item.depth)
+        return None if reason is None else f"{reason}-at-pop"
+
     def _schedule_after_request(self, turn: HostTurn, *, extra: float = 0.0) -> None:
         delay = max(self.cfg.delay, turn.crawl_delay, turn.backoff, extra)
         turn.next_allowed = trio.current_time() + delay
@@ -374,6 +452,7 @@ class Crawler:
                 backoff=turn.backoff,
                 failures=turn.failures,
                 pages=turn.pages,
+                bytes=turn.bytes,
             )
         )
 
@@ -441,12 +520,13 @@ class Crawler:
         if status in _RETRY_STATUSES and self._retry(turn, item, retry_after=_retry_after(resp, self.wallclock())):
             return
         turn.pages += 1
+        turn.bytes += len(resp.body)
         turn.failures = 0
         turn.backoff = 0.0
         batch = _Batch()
         if status in _REDIRECTS:
             location = _header(resp, "location")
-            target = normalize(location, item.url, max_length=self.cfg.max_url_length) if location else None
+            target = normalize(location, item.url, max_length=self.settings.max_url_length) if location else None
             if target is not None:
                 if item.hops + 1 <= self.cfg.max_redirect_hops:
                     self._screen(batch, target, item.depth, item.hops + 1, item.url)
