@@ -89,6 +89,10 @@ class Config:
     store_types: tuple[str, ...] = ("text/html", "application/xhtml+xml")
     warc_max_bytes: int = 1 << 30
     sync_interval: float = 1.0
+    # revisits
+    revisit: bool = False
+    revisit_min: float = 3600.0
+    revisit_max: float = 30 * 86400.0
     # behaviour
     exit_when_done: bool = False
     parse_in_thread: bool = False
@@ -167,6 +171,9 @@ FIELDS: dict[str, str] = {
     "store_types": "content types written to the page store",
     "warc_max_bytes": "1 GiB WARC files, the usual rotation size",
     "sync_interval": "stores are forced to disk once a second; kill -9 loses nothing committed anyway",
+    "revisit": "off: a crawl is one pass; on, every stored page is fetched again on an adaptive schedule",
+    "revisit_min": "1 hour: the shortest revisit interval, for pages that change at every visit",
+    "revisit_max": "30 days: the longest revisit interval, for pages that never change",
     "exit_when_done": "exit 0 once the frontier is empty and nothing is in flight",
     "parse_in_thread": "lxml parsing in a worker thread; inline is cheaper for small pages on few cores",
     "log_level": "info: one line per notable event, not per page",
@@ -237,6 +244,11 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"dedup must be one of {', '.join(kinds)}, got {cfg.dedup!r}")
     if cfg.dedup == "redis" and not cfg.redis_url:
         raise ConfigError("dedup redis needs redis_url (--redis-url redis://HOST:PORT/DB)")
+    if not 0 < cfg.revisit_min <= cfg.revisit_max:
+        raise ConfigError(f"revisit_min ({cfg.revisit_min} s) must be > 0 and at most revisit_max "
+                          f"({cfg.revisit_max} s)")
+    if cfg.revisit and cfg.dedup != "lmdb":
+        raise ConfigError(f"revisit needs dedup lmdb (got {cfg.dedup}): the schedule lives in the node's LMDB store")
     if cfg.store not in ("warc", "none"):
         raise ConfigError(f"store must be 'warc' or 'none', got {cfg.store!r}")
     if cfg.log_format not in ("auto", "json", "text"):

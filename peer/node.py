@@ -117,6 +117,7 @@ class Node:
                       "workers_busy": c.active},
             "seen_urls": len(c.dedup),
             "settings": {"version": c.settings.version, "paused": c.settings.paused},
+            "revisit": c.revisit_status(),
         }
         out.update(self.stats.as_dict())
         if self.resolver is not None:

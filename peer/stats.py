@@ -26,6 +26,12 @@ class Stats:
         self.robots_fetches = 0
         self.retries = 0
         self.stored = 0
+        self.revisits = 0  # revisits fetched (the page was on the schedule)
+        self.revisits_changed = 0  # ... that found a new payload (a full record)
+        self.revisits_unchanged = 0  # ... that found the same payload or a 304 (a revisit record)
+        self.revisits_not_modified = 0  # ... answered 304 to a conditional GET
+        self.revisit_bytes = 0  # bytes of revisit records written
+        self.revisit_bytes_saved = 0  # bytes the page's last full record would have taken again, minus those
         self._samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
 
     def sample(self, now: float) -> None:
@@ -58,6 +64,9 @@ class Stats:
             "robots_fetches": self.robots_fetches,
             "retries": self.retries,
             "stored": self.stored,
+            "revisits": {"fetched": self.revisits, "changed": self.revisits_changed,
+                         "unchanged": self.revisits_unchanged, "not_modified": self.revisits_not_modified,
+                         "record_bytes": self.revisit_bytes, "bytes_saved": self.revisit_bytes_saved},
         }
 
 
@@ -79,6 +88,12 @@ class StatsCollector(Collector):
             ("peercrawl_robots_fetches", "robots.txt requests", s.robots_fetches),
             ("peercrawl_retries", "URLs re-queued after a transient failure", s.retries),
             ("peercrawl_stored", "Pages written to the page store", s.stored),
+            ("peercrawl_revisits", "Revisits of scheduled pages fetched", s.revisits),
+            ("peercrawl_revisits_changed", "Revisits that found a changed page (full record)", s.revisits_changed),
+            ("peercrawl_revisits_unchanged", "Revisits that found the page unchanged (revisit record)",
+             s.revisits_unchanged),
+            ("peercrawl_revisits_not_modified", "Revisits answered 304 Not Modified", s.revisits_not_modified),
+            ("peercrawl_revisit_bytes_saved", "WARC bytes saved by revisit records", s.revisit_bytes_saved),
         ]
         for name, doc, value in simple:
             yield CounterMetricFamily(name, doc, value=value)

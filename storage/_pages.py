@@ -22,7 +22,7 @@ from typing import BinaryIO
 from ._cdxj import CdxjEntry, cdxj_line, parse_cdxj_line, surt, warc_timestamp
 from ._closing import Closing
 from ._errors import StorageError
-from ._warc import exchange_records, gzip_member, warcinfo_record
+from ._warc import exchange_records, gzip_member, revisit_records, warcinfo_record
 
 __all__ = ["NullPageStore", "PageStore", "WarcPageStore", "open_page_store"]
 
@@ -34,6 +34,7 @@ class PageStore(Closing, ABC):
     """Stores fetched pages. `pages` counts what was stored since this object was made."""
 
     pages: int = 0
+    revisits: int = 0
 
     @abstractmethod
     def store(
@@ -47,8 +48,26 @@ class PageStore(Closing, ABC):
         body: bytes,
         ip: str | None,
         fetched_at: float,
-    ) -> None:
-        """Keep one fetched page. `body` is the payload as received (Content-Encoding not undone)."""
+    ) -> int:
+        """Keep one fetched page; returns the bytes written. `body` is the payload as received."""
+
+    def store_revisit(
+        self,
+        *,
+        url: str,
+        request_headers: list[tuple[str, str]],
+        status: int,
+        reason: str,
+        response_headers: list[tuple[str, str]],
+        ip: str | None,
+        fetched_at: float,
+        profile: str,
+        payload_digest: str,
+        refers_to_uri: str,
+        refers_to_date: float,
+    ) -> int:
+        """Keep a revisit of a page stored before (WARC `revisit` record); returns the bytes written."""
+        return 0
 
     @abstractmethod
     def lookup(self, url: str) -> list[tuple[str, int, int]]:
@@ -70,9 +89,10 @@ class NullPageStore(PageStore):
         self.body_bytes = 0
 
     def store(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
-              response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float) -> None:
+              response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float) -> int:
         self.pages += 1
         self.body_bytes += len(body)
+        return 0
 
     def lookup(self, url: str) -> list[tuple[str, int, int]]:
         return []
@@ -194,7 +214,7 @@ class WarcPageStore(PageStore):
         _finish_index(self.directory, self.directory / (name[: -len(_WARC_SUFFIX)] + _OPEN_SUFFIX))
 
     def store(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
-              response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float) -> None:
+              response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float) -> int:
         if self._closed:
             raise ValueError(f"page store at {self.directory} is closed")
         if self._failure is not None:
@@ -218,8 +238,39 @@ class WarcPageStore(PageStore):
             self.pages += 1
             if self._size >= self.max_file_bytes:
                 self._finish_file()
+            return len(resp) + len(req)
         except OSError as exc:
             # offsets are unknown now: refuse further pages; the next start cuts the torn tail off
+            self._failure = StorageError(f"cannot write WARC in {self.directory}: {exc.strerror or exc}")
+            raise self._failure from exc
+
+    def store_revisit(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
+                      response_headers: list[tuple[str, str]], ip: str | None, fetched_at: float, profile: str,
+                      payload_digest: str, refers_to_uri: str, refers_to_date: float) -> int:
+        if self._closed:
+            raise ValueError(f"page store at {self.directory} is closed")
+        if self._failure is not None:
+            raise self._failure
+        try:
+            if self._warc is None:
+                self._start_file(fetched_at)
+            records = revisit_records(url=url, request_headers=request_headers, status=status, reason=reason,
+                                      response_headers=response_headers, ip=ip, fetched_at=fetched_at,
+                                      profile=profile, payload_digest=payload_digest, refers_to_uri=refers_to_uri,
+                                      refers_to_date=refers_to_date)
+            resp = gzip_member(records.response, self.compress_level)
+            req = gzip_member((records.request,), self.compress_level)
+            offset = self._size
+            self._write(resp + req)
+            entry = CdxjEntry(url=url, timestamp=warc_timestamp(fetched_at), filename=self._name, offset=offset,
+                              length=len(resp), status=status, mime="warc/revisit", digest=payload_digest)
+            assert self._index is not None
+            _write_all(self._index, cdxj_line(entry).encode("utf-8"))
+            self.revisits += 1
+            if self._size >= self.max_file_bytes:
+                self._finish_file()
+            return len(resp) + len(req)
+        except OSError as exc:
             self._failure = StorageError(f"cannot write WARC in {self.directory}: {exc.strerror or exc}")
             raise self._failure from exc
 

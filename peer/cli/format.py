@@ -37,6 +37,14 @@ def format_status(st: dict[str, Any]) -> str:
         "  errors " + (" ".join(f"{k}={v}" for k, v in sorted(st["errors"].items())) or "-"),
         "  skipped " + (" ".join(f"{k}={v}" for k, v in sorted(st["skipped"].items())) or "-"),
     ]
+    rv = st.get("revisit", {})
+    if rv.get("enabled"):
+        done = st.get("revisits", {})
+        lines.append(f"  revisits scheduled {rv['scheduled']} (waiting {rv['waiting']}), fetched {done.get('fetched', 0)}: "
+                     f"changed {done.get('changed', 0)}, unchanged {done.get('unchanged', 0)} "
+                     f"(304 {done.get('not_modified', 0)}), bytes saved {done.get('bytes_saved', 0)}")
+        for due in rv["next_due"]:
+            lines.append(f"    next in {due['in']:>8.1f}s  {due['url']}")
     if "dns" in st:
         dns = st["dns"]
         failures = " ".join(f"{k}={v}" for k, v in sorted(dns.get("failures", {}).items())) or "-"

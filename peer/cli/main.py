@@ -125,6 +125,13 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--store-type", dest="store_types", action="append", metavar="MIME",
                    help="content type to store (repeatable; default text/html and application/xhtml+xml)")
     c.add_argument("--max-body", dest="max_body", type=int, metavar="BYTES", help="body size cap (default 10 MiB)")
+    c.add_argument("--revisit", dest="revisit", action="store_const", const=True,
+                   help="keep crawling: fetch every stored page again on an adaptive schedule (conditional GET; "
+                        "unchanged pages cost a WARC revisit record)")
+    c.add_argument("--revisit-min", dest="revisit_min", type=float, metavar="SECONDS",
+                   help="shortest revisit interval (default 3600)")
+    c.add_argument("--revisit-max", dest="revisit_max", type=float, metavar="SECONDS",
+                   help="longest revisit interval (default 2592000, 30 days)")
     c.add_argument("--exit-when-done", dest="exit_when_done", action="store_const", const=True,
                    help="exit 0 when the frontier is empty and nothing is in flight")
     n = p.add_argument_group("network")

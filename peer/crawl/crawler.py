@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import trio
 
-from storage import HostState, LruTtlCache, QueuedUrl
+from storage import HostState, LruTtlCache, QueuedUrl, RevisitRecord, payload_digest
 
 from peer.config import Config
 from peer.crawl.links import extract, is_html
@@ -55,6 +55,11 @@ _SEEN_CACHE_SIZE = 200_000
 
 #: A host whose arc's hand-off has not arrived is looked at again this often.
 _BLOCKED_RECHECK = 0.25
+#: The revisit schedule is read this often, and at most this many due pages are queued per read (a few reads
+#: per tick when more are due).
+_REVISIT_TICK = 1.0
+_REVISIT_BATCH = 1000
+_REVISIT_READS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +130,8 @@ class Crawler:
         self.active = 0
         self._draining = False
         self.store_types = tuple(t.lower() for t in cfg.store_types)
+        # --revisit: every stored page gets a next visit in the store's schedule (storage/_revisits.py)
+        self.schedule = store.revisits if cfg.revisit else None
 
     # ------------------------------------------------------------------ admission
 
@@ -166,12 +173,16 @@ class Crawler:
             return
         batch.cands.append(QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on))
 
-    def _commit(self, batch: _Batch, done: QueuedUrl | None = None) -> tuple[int, int]:
+    def _commit(self, batch: _Batch, done: QueuedUrl | None = None,
+                revisit: RevisitRecord | None = None) -> tuple[int, int]:
         """One store transaction: mark the batch seen, queue the new URLs and (with ``done``) clear the page
         they were found on from in-flight, all together, so a crash can lose none of it. New URLs wake their
         hosts."""
         cands = batch.cands
-        if done is not None:
+        if revisit is not None:
+            assert done is not None
+            items = self.store.finish_revisit(done, revisit, cands, self.ownership.take_routed())
+        elif done is not None:
             routed = self.ownership.take_routed()
             items = self.store.finish(done, cands, routed) if routed else self.store.finish(done, cands)
         else:
@@ -335,13 +346,84 @@ class Crawler:
             for _ in range(self.cfg.concurrency):
                 nursery.start_soon(self._worker, recv.clone())
             recv.close()
+            if self.schedule is not None:
+                nursery.start_soon(self._revisit_loop)
             task_status.started()
             async with send:
                 await self._dispatch(send)
             nursery.cancel_scope.cancel()
 
     def is_done(self) -> bool:
+        """Nothing queued, in flight or being worked; with revisits, a crawl with pages scheduled never is."""
+        if self.schedule is not None and len(self.schedule):
+            return False
         return len(self.frontier) == 0 and self.frontier.in_flight() == 0 and self.active == 0
+
+    # ------------------------------------------------------------------ revisits
+
+    async def _revisit_loop(self) -> None:
+        while True:
+            await trio.sleep(_REVISIT_TICK)
+            if not (self.settings.paused or self._draining):
+                self.queue_due()
+
+    def queue_due(self) -> int:
+        """Queue the pages whose revisit is due, on hosts this node owns and may fetch now; wake their hosts."""
+        assert self.schedule is not None
+        owns, ownership = self.owns, self.ownership
+
+        def may(host: str) -> bool:
+            return (owns is None or owns(host)) and not ownership.blocked(host)
+
+        total = 0
+        for _ in range(_REVISIT_READS):
+            items = self.store.queue_due(self.wallclock(), _REVISIT_BATCH, may)
+            total += len(items)
+            if items:
+                self.wake_hosts(items)
+            if len(items) < _REVISIT_BATCH:
+                break
+        return total
+
+    def _next_visit(self, item: QueuedUrl, before: RevisitRecord | None, resp: Response, *, changed: bool | None,
+                    digest: str | None = None, size: int | None = None) -> RevisitRecord:
+        """The page's schedule after this fetch. The interval halves when the page changed and doubles when it
+        did not (within --revisit-min/--revisit-max); a first visit starts at the minimum. `digest`/`size` are
+        given when a full record was written now."""
+        lo, hi = self.cfg.revisit_min, self.cfg.revisit_max
+        now = self.wallclock()
+        if before is None:
+            interval = lo
+        elif changed is None:
+            interval = before.interval
+        else:
+            interval = max(lo, before.interval / 2) if changed else min(hi, before.interval * 2)
+        return RevisitRecord(
+            url=item.url, host=item.host, depth=item.depth, due=now + interval, interval=interval,
+            etag=_header(resp, "etag") or (before.etag if before else None),
+            last_modified=_header(resp, "last-modified") or (before.last_modified if before else None),
+            digest=digest if digest is not None else (before.digest if before else ""),
+            stored_at=now if digest is not None else (before.stored_at if before else 0.0),
+            size=size if size is not None else (before.size if before else 0),
+            changed=(before.changed if before else 0) + (changed is True),
+            unchanged=(before.unchanged if before else 0) + (changed is False),
+        )
+
+    def _store_revisit(self, resp: Response, before: RevisitRecord, profile: str) -> None:
+        written = self.pages.store_revisit(
+            url=resp.url, request_headers=resp.request_headers, status=resp.status, reason=resp.reason,
+            response_headers=_as_decoded(resp), ip=resp.ip, fetched_at=self.wallclock(), profile=profile,
+            payload_digest=before.digest, refers_to_uri=before.url, refers_to_date=before.stored_at)
+        self.stats.revisit_bytes += written
+        self.stats.revisit_bytes_saved += max(0, before.size - written)
+
+    def revisit_status(self) -> dict:
+        """What `peerctl status` shows of the schedule."""
+        if self.schedule is None:
+            return {"enabled": False}
+        return {"enabled": True, "scheduled": len(self.schedule), "waiting": self.schedule.waiting(),
+                "next_due": [{"in": round(due - self.wallclock(), 1), "url": url}
+                             for due, url in self.schedule.next_due(5)]}
 
     async def drain(self, timeout: float) -> bool:
         """Stop starting host turns and wait up to ``timeout`` for the fetches under way to finish, so a
@@ -407,10 +489,13 @@ class Crawler:
             item = self._pending.pop(host, None) or self.frontier.pop(host)
             if item is None:
                 return
-            refused = self._refused_at_pop(turn, item)
+            before = self.schedule.get(host, item.url) if self.schedule is not None else None
+            refused = self._refused_at_pop(turn, item, revisit=before is not None)
             if refused is not None:
                 self.stats.skipped[refused] += 1
                 self.frontier.done(item)
+                if before is not None:
+                    self.schedule.forget(host, item.url)  # out of scope now: off the schedule
                 continue
             origin = origin_of_normalized(item.url)
             decision = self.robots.get(origin, self.wallclock())
@@ -423,18 +508,22 @@ class Crawler:
             if not decision.robots.can_fetch(self.user_agent, path):
                 self.stats.skipped["robots" if decision.kind == "parsed" else "robots-unavailable"] += 1
                 self.frontier.done(item)
+                if before is not None:
+                    self.schedule.forget(host, item.url)  # robots.txt as it is now forbids it
                 continue
-            await self._fetch_page(turn, item)
+            await self._fetch_page(turn, item, before)
             return
 
-    def _refused_at_pop(self, turn: HostTurn, item: QueuedUrl) -> str | None:
+    def _refused_at_pop(self, turn: HostTurn, item: QueuedUrl, *, revisit: bool = False) -> str | None:
         """Why a popped URL is not fetched after all: the host's budget is spent, or the scope changed since it
-        was queued (the settings in force are checked at pop time, so a narrowed scope drops what is queued)."""
+        was queued (the settings in force are checked at pop time, so a narrowed scope drops what is queued).
+        Budgets count distinct pages: a revisit of a page already fetched is not refused by them."""
         settings = self.settings
-        if 0 <= settings.max_pages_per_host <= turn.pages:
-            return "max-pages-per-host"
-        if 0 <= settings.max_bytes_per_host <= turn.bytes:
-            return "max-bytes-per-host"
+        if not revisit:
+            if 0 <= settings.max_pages_per_host <= turn.pages:
+                return "max-pages-per-host"
+            if 0 <= settings.max_bytes_per_host <= turn.bytes:
+                return "max-bytes-per-host"
         reason = self.scope.check(item.url, turn.host, item.depth)
         return None if reason is None else f"{reason}-at-pop"
 
@@ -499,16 +588,25 @@ class Crawler:
         self._schedule_after_request(turn)
         self._save_state(turn)
 
-    async def _fetch_page(self, turn: HostTurn, item: QueuedUrl) -> None:
+    async def _fetch_page(self, turn: HostTurn, item: QueuedUrl, before: RevisitRecord | None = None) -> None:
         stats = self.stats
+        headers: tuple[tuple[str, str], ...] = (("user-agent", self.user_agent),)
+        if before is not None:  # a revisit: a conditional GET with what the last answer gave
+            if before.etag:
+                headers += (("if-none-match", before.etag),)
+            if before.last_modified:
+                headers += (("if-modified-since", before.last_modified),)
         try:
-            resp = await self.fetcher.fetch(item.url, headers=(("user-agent", self.user_agent),))
+            resp = await self.fetcher.fetch(item.url, headers=headers)
         except (FetchError, DnsError) as exc:
             kind = getattr(exc, "kind", "error")
             stats.errors[kind] += 1
             if kind in _RETRY_ERRORS and self._retry(turn, item):
                 return
             self.frontier.done(item)
+            if before is not None:  # given up this time: due again after the same interval, not forgotten
+                due = self.wallclock() + before.interval
+                self.schedule.put(RevisitRecord(**{**_record_fields(before), "due": due}))
             turn.failures += 1
             self._schedule_after_request(turn)
             self._save_state(turn)
@@ -519,11 +617,25 @@ class Crawler:
         stats.status[f"{status // 100}xx"] += 1
         if status in _RETRY_STATUSES and self._retry(turn, item, retry_after=_retry_after(resp, self.wallclock())):
             return
-        turn.pages += 1
-        turn.bytes += len(resp.body)
+        if before is None:  # budgets count distinct pages, not revisits
+            turn.pages += 1
+            turn.bytes += len(resp.body)
+        else:
+            stats.revisits += 1
         turn.failures = 0
         turn.backoff = 0.0
         batch = _Batch()
+        revisit: RevisitRecord | None = None
+        if status == 304 and before is not None:
+            self._store_revisit(resp, before, "server-not-modified")
+            stats.revisits_unchanged += 1
+            stats.revisits_not_modified += 1
+            revisit = self._next_visit(item, before, resp, changed=False)
+        elif before is not None and not 200 <= status < 300:
+            if status >= 500:
+                revisit = self._next_visit(item, before, resp, changed=None)
+            else:
+                self.schedule.forget(item.host, item.url)  # gone or moved: its new place is a link like any
         if status in _REDIRECTS:
             location = _header(resp, "location")
             target = normalize(location, item.url, max_length=self.settings.max_url_length) if location else None
@@ -534,7 +646,25 @@ class Crawler:
                     stats.skipped["redirect-hops"] += 1
         elif 200 <= status < 300:
             ctype = _header(resp, "content-type")
-            self._store(resp, ctype)
+            if self.schedule is None:
+                self._store(resp, ctype)
+            else:
+                digest = payload_digest(resp.body)
+                if before is not None and before.digest == digest:
+                    # the same payload again: a revisit record, and its links are those found the first time
+                    self._store_revisit(resp, before, "identical-payload-digest")
+                    stats.revisits_unchanged += 1
+                    revisit = self._next_visit(item, before, resp, changed=False)
+                    ctype = None
+                else:
+                    size = self._store(resp, ctype)
+                    if size is None:  # a content type not stored is not revisited
+                        if before is not None:
+                            self.schedule.forget(item.host, item.url)
+                    else:
+                        stats.revisits_changed += before is not None
+                        revisit = self._next_visit(item, before, resp, changed=True if before else None,
+                                                   digest=digest, size=size)
             if is_html(ctype):
                 if self.cfg.parse_in_thread:
                     page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype)
@@ -543,7 +673,7 @@ class Crawler:
                 stats.links_found += len(page.links)
                 if not page.nofollow:
                     self._screen_found(batch, page.links, item.depth + 1, item.url)
-        self._commit(batch, done=item)
+        self._commit(batch, done=item, revisit=revisit)
         self.ownership.fetched(item)
         self._retries.pop(item.url, None)
         self._schedule_after_request(turn)
@@ -568,11 +698,12 @@ class Crawler:
         self._save_state(turn)
         return True
 
-    def _store(self, resp: Response, ctype: str | None) -> None:
+    def _store(self, resp: Response, ctype: str | None) -> int | None:
+        """Write the page if its type is stored; the bytes written (None when not stored)."""
         mime = (ctype or "").split(";", 1)[0].strip().lower()
         if mime not in self.store_types:
-            return
-        self.pages.store(
+            return None
+        written = self.pages.store(
             url=resp.url,
             request_headers=resp.request_headers,
             status=resp.status,
@@ -583,6 +714,7 @@ class Crawler:
             fetched_at=self.wallclock(),
         )
         self.stats.stored += 1
+        return written or 0
 
     def gauges(self) -> dict[str, float]:
         return {
@@ -605,6 +737,10 @@ def _as_decoded(resp: Response) -> list[tuple[str, str]]:
     headers = [(k, v) for k, v in resp.headers if k not in _DECODED_DROP]
     headers.append(("content-length", str(len(resp.body))))
     return headers
+
+
+def _record_fields(record: RevisitRecord) -> dict:
+    return {name: getattr(record, name) for name in RevisitRecord.__slots__}
 
 
 def _header(resp: Response, name: str) -> str | None:
