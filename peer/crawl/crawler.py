@@ -386,12 +386,11 @@ class Crawler:
         return total
 
     def _next_visit(self, item: QueuedUrl, before: RevisitRecord | None, resp: Response, *, changed: bool | None,
-                    digest: str | None = None, size: int | None = None) -> RevisitRecord:
+                    now: float, digest: str | None = None, size: int | None = None) -> RevisitRecord:
         """The page's schedule after this fetch. The interval halves when the page changed and doubles when it
         did not (within --revisit-min/--revisit-max); a first visit starts at the minimum. `digest`/`size` are
         given when a full record was written now."""
         lo, hi = self.cfg.revisit_min, self.cfg.revisit_max
-        now = self.wallclock()
         if before is None:
             interval = lo
         elif changed is None:
@@ -409,10 +408,10 @@ class Crawler:
             unchanged=(before.unchanged if before else 0) + (changed is False),
         )
 
-    def _store_revisit(self, resp: Response, before: RevisitRecord, profile: str) -> None:
+    def _store_revisit(self, resp: Response, before: RevisitRecord, profile: str, now: float) -> None:
         written = self.pages.store_revisit(
             url=resp.url, request_headers=resp.request_headers, status=resp.status, reason=resp.reason,
-            response_headers=_as_decoded(resp), ip=resp.ip, fetched_at=self.wallclock(), profile=profile,
+            response_headers=_as_decoded(resp), ip=resp.ip, fetched_at=now, profile=profile,
             payload_digest=before.digest, refers_to_uri=before.url, refers_to_date=before.stored_at)
         self.stats.revisit_bytes += written
         self.stats.revisit_bytes_saved += max(0, before.size - written)
@@ -626,14 +625,15 @@ class Crawler:
         turn.backoff = 0.0
         batch = _Batch()
         revisit: RevisitRecord | None = None
+        now = self.wallclock()  # the time of the records written for this fetch, and of its schedule
         if status == 304 and before is not None:
-            self._store_revisit(resp, before, "server-not-modified")
+            self._store_revisit(resp, before, "server-not-modified", now)
             stats.revisits_unchanged += 1
             stats.revisits_not_modified += 1
-            revisit = self._next_visit(item, before, resp, changed=False)
+            revisit = self._next_visit(item, before, resp, changed=False, now=now)
         elif before is not None and not 200 <= status < 300:
             if status >= 500:
-                revisit = self._next_visit(item, before, resp, changed=None)
+                revisit = self._next_visit(item, before, resp, changed=None, now=now)
             else:
                 self.schedule.forget(item.host, item.url)  # gone or moved: its new place is a link like any
         if status in _REDIRECTS:
@@ -647,24 +647,24 @@ class Crawler:
         elif 200 <= status < 300:
             ctype = _header(resp, "content-type")
             if self.schedule is None:
-                self._store(resp, ctype)
+                self._store(resp, ctype, now)
             else:
                 digest = payload_digest(resp.body)
                 if before is not None and before.digest == digest:
                     # the same payload again: a revisit record, and its links are those found the first time
-                    self._store_revisit(resp, before, "identical-payload-digest")
+                    self._store_revisit(resp, before, "identical-payload-digest", now)
                     stats.revisits_unchanged += 1
-                    revisit = self._next_visit(item, before, resp, changed=False)
+                    revisit = self._next_visit(item, before, resp, changed=False, now=now)
                     ctype = None
                 else:
-                    size = self._store(resp, ctype)
+                    size = self._store(resp, ctype, now)
                     if size is None:  # a content type not stored is not revisited
                         if before is not None:
                             self.schedule.forget(item.host, item.url)
                     else:
                         stats.revisits_changed += before is not None
                         revisit = self._next_visit(item, before, resp, changed=True if before else None,
-                                                   digest=digest, size=size)
+                                                   now=now, digest=digest, size=size)
             if is_html(ctype):
                 if self.cfg.parse_in_thread:
                     page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype)
@@ -698,7 +698,7 @@ class Crawler:
         self._save_state(turn)
         return True
 
-    def _store(self, resp: Response, ctype: str | None) -> int | None:
+    def _store(self, resp: Response, ctype: str | None, now: float) -> int | None:
         """Write the page if its type is stored; the bytes written (None when not stored)."""
         mime = (ctype or "").split(";", 1)[0].strip().lower()
         if mime not in self.store_types:
@@ -711,7 +711,7 @@ class Crawler:
             response_headers=_as_decoded(resp),
             body=resp.body,
             ip=resp.ip,
-            fetched_at=self.wallclock(),
+            fetched_at=now,
         )
         self.stats.stored += 1
         return written or 0
