@@ -29,6 +29,7 @@ __all__ = [
     "PROOF_SIZE",
     "PROTOCOL_NAME",
     "RECORDS",
+    "RevisitEntry",
     "TYPE_CODES",
     "HANDSHAKE_CODES",
     "Ping",
@@ -88,6 +89,27 @@ class HostState:
     failures: int
     pages: int = 0
     bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RevisitEntry:
+    """One page's revisit schedule, moving with its host. `due_in`: seconds from sending until it is due
+    (durations, as the clocks are unrelated); `queued`: its revisit was queued at the sender. The validators and
+    the digest come from its last fetch; `stored_at` (wall clock, what revisit records refer to) and `size` from
+    its last full record; `changed`/`unchanged` count its revisits."""
+
+    url: str
+    depth: int
+    due_in: float
+    queued: bool
+    interval: float
+    etag: str | None
+    last_modified: str | None
+    digest: str
+    stored_at: float
+    size: int
+    changed: int
+    unchanged: int
 
 
 # --- handshake ---------------------------------------------------------------------------------------------
@@ -253,6 +275,7 @@ class HandoffChunk:
     seen_keys: tuple[bytes, ...]
     hosts: tuple[HostState, ...]
     last: bool
+    revisits: tuple[RevisitEntry, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -346,6 +369,10 @@ _MEMBER = _record(
 )
 _HOST_STATE = _record(HostState, host=Text(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32,
                       pages=UInt(), bytes=UInt())
+_REVISIT_ENTRY = _record(
+    RevisitEntry, url=_URL, depth=_U32, due_in=Seconds(), queued=Flag(), interval=Seconds(), etag=Maybe(Text()),
+    last_modified=Maybe(Text()), digest=Text(), stored_at=Seconds(), size=UInt(), changed=UInt(), unchanged=UInt(),
+)
 _NONCE = Blob(size=NONCE_SIZE)
 _PROOF = Blob(size=PROOF_SIZE)
 
@@ -402,6 +429,7 @@ RECORDS: dict[int, Record] = {
         seen_keys=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"),
         hosts=Many(_HOST_STATE),
         last=Flag(),
+        revisits=Many(_REVISIT_ENTRY),
     ),
     0x31: _record(HandoffAck, transfer_id=UInt(), chunk_seq=UInt()),
     0x32: _record(SeenReplica, epoch=UInt(), keys=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"),

@@ -191,12 +191,27 @@ class RevisitSchedule:
         if records:
             self._env.write(run)
 
-    def drop_arc(self, start: int, end: int) -> int:
-        """Delete the arc's records and their index entries."""
+    def drop_arc(self, start: int, end: int, *, chunk: int = 10_000) -> int:
+        """Delete the arc's records and their index entries, `chunk` records per transaction."""
         dropped = 0
-        for record in self.export_arc(start, end):
-            if self.forget(record.host, record.url):
-                dropped += 1
+        batch: list[RevisitRecord] = []
+
+        def delete(txn: lmdb.Transaction) -> int:
+            n = 0
+            for record in batch:
+                key = record.key()
+                if record.due > 0:
+                    txn.delete(_due_key(record.due, key), db=self._due)
+                n += bool(txn.delete(key, db=self._db))
+            return n
+
+        for _key, value in self._env.scan(REVISIT_DB, arc_ranges(start, end)):
+            batch.append(_record(value))
+            if len(batch) >= chunk:
+                dropped += self._env.write(delete)
+                batch = []
+        if batch:
+            dropped += self._env.write(delete)
         return dropped
 
 

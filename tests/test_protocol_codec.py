@@ -37,6 +37,7 @@ from protocol import (
     ProbeRequest,
     Reject,
     RemoteProtocolError,
+    RevisitEntry,
     SeenReplica,
     Settings,
     UrlBatch,
@@ -71,6 +72,13 @@ members = st.builds(
 )
 host_states = st.builds(HostState, host=texts, crawl_delay=seconds, ready_in=seconds, failures=U32, pages=U64,
                         bytes=U64)
+
+
+revisit_entries = st.builds(
+    RevisitEntry, url=urls, depth=U32, due_in=seconds, queued=st.booleans(), interval=seconds,
+    etag=st.none() | texts, last_modified=st.none() | texts, digest=texts, stored_at=seconds, size=U64,
+    changed=U64, unchanged=U64,
+)
 
 
 def tuples(elements: st.SearchStrategy, max_size: int = 6) -> st.SearchStrategy:
@@ -122,6 +130,7 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
         seen_keys=tuples(st.binary(max_size=64), 10),
         hosts=tuples(host_states),
         last=st.booleans(),
+        revisits=tuples(revisit_entries, 3),
     ),
     HandoffAck: st.builds(HandoffAck, transfer_id=U64, chunk_seq=U64),
     SeenReplica: st.builds(SeenReplica, epoch=U64, keys=tuples(st.binary(max_size=64), 10), hosts=tuples(host_states)),
@@ -174,7 +183,7 @@ def test_json_is_readable_and_msgpack_is_positional() -> None:
 def test_integral_seconds_are_read_as_floats() -> None:
     message = decode_body(TYPE_CODES[Gossip], msgpack.packb([1, True, []]), "msgpack", LIMITS)
     assert message == Gossip(epoch=1, full=True, members=())
-    chunk = msgpack.packb([1, 0, 1, 0, 5, [], [], [["h", 2, 0, 1, 3, 0]], True])
+    chunk = msgpack.packb([1, 0, 1, 0, 5, [], [], [["h", 2, 0, 1, 3, 0]], True, []])
     decoded = decode_body(TYPE_CODES[HandoffChunk], chunk, "msgpack", LIMITS)
     assert decoded.hosts == (HostState(host="h", crawl_delay=2.0, ready_in=0.0, failures=1, pages=3),)
     assert type(decoded.hosts[0].crawl_delay) is float

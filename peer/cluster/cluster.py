@@ -587,6 +587,7 @@ class Cluster:
             "handoff": {
                 "outstanding": h.outstanding(), "pending_arcs": len(h.pending_arcs()),
                 "urls_sent": h.urls_sent, "urls_received": h.urls_received, "keys_sent": h.keys_sent,
+                "revisits_sent": h.revisits_sent, "revisits_received": h.revisits_received,
                 "chunks_sent": h.chunks_sent, "chunks_resent": h.chunks_resent, "chunks_applied": h.chunks_applied,
                 "transfers_completed": h.transfers_completed, "transfers_received": h.transfers_received,
                 "waits_expired": h.waits_expired, "hosts_swept": self.hosts_swept,
