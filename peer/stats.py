@@ -32,6 +32,7 @@ class Stats:
         self.revisits_not_modified = 0  # ... answered 304 to a conditional GET
         self.revisit_bytes = 0  # bytes of revisit records written
         self.revisit_bytes_saved = 0  # bytes the page's last full record would have taken again, minus those
+        self.revisit_lateness: collections.deque[float] = collections.deque(maxlen=10_000)  # fetched - due, s
         self._samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
 
     def sample(self, now: float) -> None:
@@ -66,8 +67,18 @@ class Stats:
             "stored": self.stored,
             "revisits": {"fetched": self.revisits, "changed": self.revisits_changed,
                          "unchanged": self.revisits_unchanged, "not_modified": self.revisits_not_modified,
-                         "record_bytes": self.revisit_bytes, "bytes_saved": self.revisit_bytes_saved},
+                         "record_bytes": self.revisit_bytes, "bytes_saved": self.revisit_bytes_saved,
+                         "late_s": _quantiles(self.revisit_lateness)},
         }
+
+
+def _quantiles(values: collections.deque[float]) -> dict[str, float]:
+    """Median, 95th percentile and maximum of the latest values (0 when there are none)."""
+    if not values:
+        return {"p50": 0.0, "p95": 0.0, "max": 0.0}
+    ordered = sorted(values)
+    return {"p50": round(ordered[len(ordered) // 2], 3), "p95": round(ordered[int(len(ordered) * 0.95)], 3),
+            "max": round(ordered[-1], 3)}
 
 
 class StatsCollector(Collector):

@@ -7,8 +7,9 @@ queue, and an arc of the ring is one key range, as everywhere in the store):
 - `revisit_due`: due time (8 bytes, big-endian milliseconds of the wall clock) + the `revisit` key -> empty
 
 The first is the schedule itself, keyed by host position so it moves with its arc. The second is its index
-by time, derived from it (each record that waits has exactly one entry; a record whose URL is queued has
-none), so finding what is due reads only what is due: nothing is ever held in memory whole.
+by time, derived from it (each record that waits has exactly one entry; a record whose revisit is queued has
+none, and keeps the time it was due, so its lateness can be measured), so finding what is due reads only what
+is due: nothing is ever held in memory whole.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ _unpackb = msgpack.unpackb
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RevisitRecord:
-    """One page's schedule. `due` is wall-clock seconds (0 while the URL is queued for its revisit);
+    """One page's schedule. `due` is when its next visit is due (wall-clock seconds); `queued` says that visit is
+    queued (taken off the time index);
     `interval` the current revisit interval; `etag`/`last_modified` the validators its last answer gave;
     `digest` the payload digest (base32 SHA-1) of the last full record written, `stored_at` that record's
     time (what a revisit record refers to) and `size` its bytes on disk; `changed`/`unchanged` count the
@@ -52,6 +54,7 @@ class RevisitRecord:
     size: int = 0
     changed: int = 0
     unchanged: int = 0
+    queued: bool = False
 
     def key(self) -> bytes:
         return host_prefix(self.host) + url_fingerprint(self.url)
@@ -59,14 +62,15 @@ class RevisitRecord:
 
 def _value(r: RevisitRecord) -> bytes:
     return _packb([r.url, r.host, r.depth, float(r.due), float(r.interval), r.etag, r.last_modified, r.digest,
-                   float(r.stored_at), r.size, r.changed, r.unchanged])
+                   float(r.stored_at), r.size, r.changed, r.unchanged, r.queued])
 
 
 def _record(value: bytes) -> RevisitRecord:
-    url, host, depth, due, interval, etag, last_modified, digest, stored_at, size, changed, unchanged = _unpackb(value)
+    (url, host, depth, due, interval, etag, last_modified, digest, stored_at, size, changed, unchanged,
+     queued) = _unpackb(value)
     return RevisitRecord(url=url, host=host, depth=depth, due=due, interval=interval, etag=etag,
                          last_modified=last_modified, digest=digest, stored_at=stored_at, size=size, changed=changed,
-                         unchanged=unchanged)
+                         unchanged=unchanged, queued=queued)
 
 
 def _due_key(due: float, key: bytes) -> bytes:
@@ -88,15 +92,15 @@ class RevisitSchedule:
         old = txn.get(key, db=self._db)
         if old is not None:
             before = _record(old)
-            if before.due > 0:
+            if not before.queued:
                 txn.delete(_due_key(before.due, key), db=self._due)
         txn.put(key, _value(record), db=self._db)
-        if record.due > 0:
+        if not record.queued:
             txn.put(_due_key(record.due, key), _EMPTY, db=self._due)
 
     def _take_due_in(self, txn: lmdb.Transaction, now: float, limit: int,
                      may: Callable[[str], bool]) -> list[RevisitRecord]:
-        """Records due at `now` whose host `may` be fetched here, at most `limit`, marked queued (due 0)."""
+        """Records due at `now` whose host `may` be fetched here, at most `limit`, marked queued."""
         cur = txn.cursor(self._due)
         bound = int(now * 1000)
         out: list[RevisitRecord] = []
@@ -118,7 +122,7 @@ class RevisitSchedule:
                     break
                 continue
             cur.delete()  # moves to the next entry
-            queued = RevisitRecord(**{**_fields(record), "due": 0.0})
+            queued = RevisitRecord(**{**_fields(record), "queued": True})
             txn.put(dkey[8:], _value(queued), db=self._db)
             out.append(queued)
         return out
@@ -142,7 +146,7 @@ class RevisitSchedule:
             if old is None:
                 return False
             before = _record(old)
-            if before.due > 0:
+            if not before.queued:
                 txn.delete(_due_key(before.due, key), db=self._due)
             return bool(txn.delete(key, db=self._db))
 
@@ -177,15 +181,16 @@ class RevisitSchedule:
             yield _record(value)
 
     def put_arc(self, records: Sequence[RevisitRecord]) -> None:
-        """Take in records handed over (a record already here keeps the later due time: never revisit early)."""
+        """Take in records handed over: a record already here whose revisit is queued stays so, and of two waiting
+        records the later due time wins (never revisit early)."""
 
         def run(txn: lmdb.Transaction) -> None:
             for record in records:
                 old = txn.get(record.key(), db=self._db)
                 if old is not None:
                     here = _record(old)
-                    if here.due == 0 or (record.due != 0 and here.due > record.due):
-                        record = RevisitRecord(**{**_fields(record), "due": here.due})
+                    if here.queued or here.due > record.due:
+                        record = RevisitRecord(**{**_fields(record), "due": here.due, "queued": here.queued})
                 self._put_in(txn, record)
 
         if records:
@@ -200,7 +205,7 @@ class RevisitSchedule:
             n = 0
             for record in batch:
                 key = record.key()
-                if record.due > 0:
+                if not record.queued:
                     txn.delete(_due_key(record.due, key), db=self._due)
                 n += bool(txn.delete(key, db=self._db))
             return n

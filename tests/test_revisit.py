@@ -35,12 +35,13 @@ def test_the_schedule_reads_only_what_is_due_and_keeps_the_later_time_on_a_merge
     assert [url for _, url in sched.next_due(3)] == ["http://h0.test/0", "http://h1.test/1", "http://h2.test/2"]
     taken = env.write(lambda txn: sched._take_due_in(txn, 109.5, 100, lambda host: host != "h3.test"))
     assert [r.url for r in taken] == [f"http://h{i % 5}.test/{i}" for i in range(10) if i % 5 != 3]
-    assert all(r.due == 0 for r in taken) and sched.waiting() == 50 - len(taken)
+    assert all(r.queued for r in taken) and sched.waiting() == 50 - len(taken)
+    assert [r.due for r in taken][:2] == [100.0, 101.0]  # the time it was due is kept (its lateness is measured)
     # a record handed over for a page queued here keeps "queued"; an earlier due time never wins
     sched.put_arc([RevisitRecord(url="http://h0.test/0", host="h0.test", depth=1, due=50.0, interval=1.0),
                    RevisitRecord(url="http://h0.test/20", host="h0.test", depth=1, due=99.0, interval=1.0),
                    RevisitRecord(url="http://h0.test/10", host="h0.test", depth=1, due=500.0, interval=1.0)])
-    assert sched.get("h0.test", "http://h0.test/0").due == 0
+    assert sched.get("h0.test", "http://h0.test/0").queued and sched.waiting() == 50 - len(taken)
     assert sched.get("h0.test", "http://h0.test/20").due == 120.0  # waiting here until 120: not 99
     assert sched.get("h0.test", "http://h0.test/10").due == 500.0
     assert sched.forget("h0.test", "http://h0.test/10") and sched.get("h0.test", "http://h0.test/10") is None
@@ -113,6 +114,8 @@ async def test_one_node_revisits_within_bounds_and_writes_revisit_records(tmp_pa
     revisits = status["revisits"]
     assert revisits["unchanged"] == sum(profiles.values()) and revisits["not_modified"] == len(answered_304)
     assert revisits["changed"] > 0 and revisits["bytes_saved"] > 0
+    # a due page is queued at the next read of the schedule (1 s) and fetched at its host's next turn
+    assert 0.0 <= revisits["late_s"]["p50"] <= revisits["late_s"]["max"] <= 1.5, revisits["late_s"]
     assert status["revisit"]["scheduled"] == len(fetches) and status["done"] is False
     print(f"pages {len(fetches)}, fetches {sum(len(r) for r in fetches.values())}, revisit records {dict(profiles)}, "
           f"gaps {min(gaps):.2f}-{max(gaps):.2f} s, saved {revisits['bytes_saved']} B")

@@ -587,7 +587,7 @@ class Handoff:
             for state in chunk.states
         )
         revisits = tuple(
-            RevisitEntry(url=r.url, depth=r.depth, due_in=max(0.0, r.due - wall), queued=r.due == 0,
+            RevisitEntry(url=r.url, depth=r.depth, due_in=max(0.0, r.due - wall), queued=r.queued,
                          interval=r.interval, etag=r.etag, last_modified=r.last_modified, digest=r.digest,
                          stored_at=max(0.0, r.stored_at), size=r.size, changed=r.changed, unchanged=r.unchanged)
             for r in chunk.revisits

@@ -605,7 +605,7 @@ class Crawler:
             self.frontier.done(item)
             if before is not None:  # given up this time: due again after the same interval, not forgotten
                 due = self.wallclock() + before.interval
-                self.schedule.put(RevisitRecord(**{**_record_fields(before), "due": due}))
+                self.schedule.put(RevisitRecord(**{**_record_fields(before), "due": due, "queued": False}))
             turn.failures += 1
             self._schedule_after_request(turn)
             self._save_state(turn)
@@ -621,6 +621,8 @@ class Crawler:
             turn.bytes += len(resp.body)
         else:
             stats.revisits += 1
+            if before.queued:  # how late the revisit came against its schedule
+                stats.revisit_lateness.append(self.wallclock() - before.due)
         turn.failures = 0
         turn.backoff = 0.0
         batch = _Batch()
