@@ -58,6 +58,7 @@ _BLOCKED_RECHECK = 0.25
 #: The revisit schedule is read this often, and at most this many due pages are queued per read (a few reads
 #: per tick when more are due).
 _REVISIT_TICK = 1.0
+_REVISIT_MIN_SLEEP = 0.02
 _REVISIT_BATCH = 1000
 _REVISIT_READS = 10
 
@@ -362,8 +363,13 @@ class Crawler:
     # ------------------------------------------------------------------ revisits
 
     async def _revisit_loop(self) -> None:
+        """Queue due revisits when the soonest one is due, looking at least once a tick (a hand-off or a fetch
+        may bring sooner ones) and at most every _REVISIT_MIN_SLEEP."""
+        assert self.schedule is not None
         while True:
-            await trio.sleep(_REVISIT_TICK)
+            soonest = self.schedule.next_due(1)
+            wait = _REVISIT_TICK if not soonest else soonest[0][0] - self.wallclock()
+            await trio.sleep(min(_REVISIT_TICK, max(_REVISIT_MIN_SLEEP, wait)))
             if not (self.settings.paused or self._draining):
                 self.queue_due()
 
