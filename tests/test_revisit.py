@@ -11,6 +11,7 @@ from collections import defaultdict
 import trio
 from warcio.archiveiterator import ArchiveIterator
 
+from peer.cli.format import format_status
 from peer.node import Node
 from peerlab.localweb.changes import ChangeSchedule
 from peerlab.localweb.dns_server import serve_dns
@@ -117,5 +118,8 @@ async def test_one_node_revisits_within_bounds_and_writes_revisit_records(tmp_pa
     # a due page is queued at the next read of the schedule (1 s) and fetched at its host's next turn
     assert 0.0 <= revisits["late_s"]["p50"] <= revisits["late_s"]["max"] <= 1.5, revisits["late_s"]
     assert status["revisit"]["scheduled"] == len(fetches) and status["done"] is False
+    shown = format_status(status)  # what `peerctl status` prints
+    assert f"changed {revisits['changed']}, unchanged {revisits['unchanged']}" in shown
+    assert f"bytes saved {revisits['bytes_saved']}" in shown and "next in" in shown
     print(f"pages {len(fetches)}, fetches {sum(len(r) for r in fetches.values())}, revisit records {dict(profiles)}, "
           f"gaps {min(gaps):.2f}-{max(gaps):.2f} s, saved {revisits['bytes_saved']} B")
