@@ -379,7 +379,11 @@ class Cluster:
         if self.crawler is not None:
             self.crawler.rewake()
         self.dispatcher.wake()
-        self.share_settings()  # a member that joined gets the crawl settings at once
+        # a member that joined gets the crawl settings at once (the others have them: they are not sent again)
+        before = {m.node_id for m in old_view.members if m.state in _OWNING}
+        joined = [peer for peer in self._live_peers() if peer not in before]
+        if joined:
+            self.share_settings(joined)
 
     # -- crawl settings -----------------------------------------------------------------------------------
 
