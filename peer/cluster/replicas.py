@@ -178,8 +178,9 @@ class SeenReplicas:
             if entry is None:
                 continue
             delay, ready, failures, pages, size = entry
-            if ready <= wall and not pages and not size:
-                del self._states[host]  # nothing left to wait for, no budget count to keep
+            if ready <= wall:
+                # nothing left to wait for; the host's page and byte counts went with its hand-off chunk
+                del self._states[host]
                 continue
             wire = WireHostState(host=host, crawl_delay=delay, ready_in=max(0.0, ready - wall), failures=failures,
                                  pages=pages, bytes=size)
