@@ -19,7 +19,7 @@ from tests.support.crawl import child_env, kill_pid, node_config, peerd_argv, ur
 
 SECRET = "test-cluster-secret-0123456789"
 ADDRESSES = ("127.0.2.1", "127.0.2.2", "127.0.2.3")
-IP_DELAY = 0.05
+IP_DELAY = 0.2
 
 
 @pytest.mark.slow
@@ -78,9 +78,10 @@ async def test_four_daemons_keep_one_request_per_address(tmp_path) -> None:
     assert {r.address for r in web.log} == set(ADDRESSES)
     in_service = max_in_service_per_address(web.log)
     assert in_service == dict.fromkeys(ADDRESSES, 1), in_service
-    # the server stamps an end when its task next runs after the last byte went out: 5 ms of slack for that
+    # the server (one Python process, on a machine shared with other work) stamps an end when its task next
+    # runs after the last byte went out, which made gaps look up to 8 ms shorter than they were: 20 ms of slack
     gaps = address_gaps(web.log)
-    assert min(gaps.values()) >= IP_DELAY - 0.005, gaps
+    assert min(gaps.values()) >= IP_DELAY - 0.02, gaps
     fetchers = {r.user_agent.rsplit("/", 1)[-1].rstrip(")") for r in web.log}
     assert {"A", "C", "D"} <= fetchers  # the fleet shared the addresses
     lanes = {}

@@ -15,7 +15,7 @@ import pytest
 from peer.cluster.cluster import LANES_FILE, _lent_until
 from peer.cluster.lanes import LEASE, FleetLanes
 from peer.crawl.addressgate import Lane
-from protocol import Message
+from protocol import LaneAsk, Message
 
 MAX_REQUEST = 1.0
 
@@ -190,3 +190,16 @@ def test_a_fresh_start_lends_at_once_and_a_restart_waits_what_it_lent(tmp_path) 
         sim.nodes["A"].ring_changed(lambda _a: "A")
         got = sim.nodes["A"].try_acquire("10.0.0.1", sim.now)
         assert isinstance(got, Lane) is lent_at_once
+
+
+def test_an_ask_made_again_keeps_its_place_in_line() -> None:
+    sim = Sim(["A", "B", "C"], 1, 0.0, 3)
+    address = "10.0.0.3"  # owned by A under ["A", "B", "C"]
+    owner = sim.nodes[sim.owner_map[address]]
+    sim.run_until(owner.quarantine + 0.1)
+    assert isinstance(owner.try_acquire(address, sim.now), Lane)  # the owner holds the only lane
+    others = [n for n in ("A", "B", "C") if n != owner.node_id]
+    owner.on_message(others[0], LaneAsk(address=address, seq=1, want=1))
+    owner.on_message(others[1], LaneAsk(address=address, seq=1, want=1))
+    owner.on_message(others[0], LaneAsk(address=address, seq=2, want=1))  # asked again: still first
+    assert [(node, seq) for node, seq, _, _ in owner._owned[address].asks] == [(others[0], 2), (others[1], 1)]

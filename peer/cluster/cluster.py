@@ -67,8 +67,8 @@ JOIN_RING_TIMEOUT = 30.0
 LEFT_GRACE = 2.0
 #: After concluding the crawl is finished, a node keeps answering until every peer has concluded too.
 LINGER_TIMEOUT = 5.0
-#: Peers send their detailed status (the dashboard's) once a second while someone watched within this long.
-WATCH_TIMEOUT = 30.0
+#: A look at the cluster asks the peers for their detailed status (the dashboard's) at most this often.
+STATUS_INTERVAL = 0.5
 #: A peer's detailed status older than this is not shown.
 DETAIL_MAX_AGE = 10.0
 #: The dashboard's picture folds the ring into this many slices.
@@ -189,8 +189,7 @@ class Cluster:
         # The dashboard: this node's detailed status (set by the node), its peers' latest, and until when to ask.
         self.summary: Callable[[], dict[str, Any]] | None = None
         self.details: dict[str, tuple[float, dict[str, Any]]] = {}  # peer -> (trio time received, status)
-        self._watch_until = -1.0
-        self._watch_wake = trio.Event()
+        self._asked_at = float("-inf")  # when peers were last asked for their detailed status
         self._slices: tuple[int, list[dict[str, float]]] | None = None  # (ring id, the ring folded)
         self.settings_sent = 0
         self.settings_adopted = 0
@@ -308,7 +307,6 @@ class Cluster:
             nursery.start_soon(self._follow_views, watch)
             nursery.start_soon(self._progress_loop)
             nursery.start_soon(self._sweep_loop)
-            nursery.start_soon(self._status_loop)
             if self.lanes is not None:
                 nursery.start_soon(self._lanes_loop)
             nursery.start_soon(self._settings_loop)
@@ -674,25 +672,17 @@ class Cluster:
     # -- the dashboard ------------------------------------------------------------------------------------
 
     def watched(self) -> None:
-        """Someone looks at the cluster: peers are asked for their detailed status once a second for the next
-        `WATCH_TIMEOUT` seconds (their answers show from the next look on)."""
+        """Someone looks at the cluster (the dashboard polls once a second): ask every live peer for its detailed
+        status, at most every `STATUS_INTERVAL`; the answers show from the next look on. Nobody looking, nothing
+        is sent."""
         now = trio.current_time()
-        if now >= self._watch_until:
-            self._watch_wake.set()
-        self._watch_until = now + WATCH_TIMEOUT
-
-    async def _status_loop(self) -> None:
-        while True:
-            now = trio.current_time()
-            if now >= self._watch_until:
-                self._watch_wake = trio.Event()
-                await self._watch_wake.wait()
-                continue
-            for peer in self._live_peers():
-                self._seq += 1
-                member = self.view.member(peer)
-                self.links.send_nowait(peer, StatusQuery(seq=self._seq), address=member.address if member else None)
-            await trio.sleep(PROGRESS_INTERVAL)
+        if now - self._asked_at < STATUS_INTERVAL:
+            return
+        self._asked_at = now
+        for peer in self._live_peers():
+            self._seq += 1
+            member = self.view.member(peer)
+            self.links.send_nowait(peer, StatusQuery(seq=self._seq), address=member.address if member else None)
 
     def transfers(self) -> list[dict[str, Any]]:
         """Hand-offs under way here: the key share still awaited from each peer, the chunks each has not acked."""

@@ -292,8 +292,14 @@ class FleetLanes:
         entry = self._owned_entry(message.address, now)
         if entry is None:
             return  # not ours under our view: the asker asks again once its view agrees
-        entry.asks = deque(a for a in entry.asks if a[0] != peer_id)
-        entry.asks.append((peer_id, message.seq, message.want, now))
+        # An ask made again keeps its place in the line (first come, first served, so no node is starved by
+        # the others' quicker re-asks); only its seq and want are brought up to date.
+        for i, (node, _seq, _want, asked) in enumerate(entry.asks):
+            if node == peer_id:
+                entry.asks[i] = (peer_id, message.seq, message.want, asked)
+                break
+        else:
+            entry.asks.append((peer_id, message.seq, message.want, now))
         self._serve(message.address, entry, now)
 
     def _on_return(self, peer_id: str, message: LaneReturn, now: float) -> None:
@@ -311,9 +317,11 @@ class FleetLanes:
             return  # leases a previous owner (or this node's previous run) made may still run
         free = [i for i, lane in enumerate(entry.lanes) if lane.holder is None]
         while entry.asks and free:
+            # lanes are shared among the nodes waiting, so each gets some at once rather than all to the first
+            share = max(1, len(free) // len(entry.asks))
             peer_id, seq, want, _asked = entry.asks.popleft()
             given, ready = [], []
-            while free and len(given) < want:
+            while free and len(given) < min(want, share):
                 index = free.pop(0)
                 lane = entry.lanes[index]
                 lane.holder = peer_id

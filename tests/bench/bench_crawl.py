@@ -153,6 +153,7 @@ def run_node(web: BenchWeb, dns_port: int, store: str, args: argparse.Namespace,
     cmd = [*program, "start", "--node-id", f"bench-{store}", "--listen", "127.0.0.1:0",
            "--control", "127.0.0.1:0", "--seeds-file", str(seeds), "--allow-host", BENCH_DOMAIN,
            "--allow-private", "--nameserver", f"127.0.0.1:{dns_port}", "--delay", "0",
+           "--ip-connections", "0",  # one nginx on 127.0.0.1 stands for as many servers as hosts
            "--concurrency", str(args.concurrency), "--exit-when-done", "--data-dir", str(data),
            "--store", store, "--log-format", "json", "--log-level", "info", "--page-threads", str(args.page_threads)]
     if args.node_cpus:

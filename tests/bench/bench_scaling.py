@@ -44,6 +44,7 @@ def _node_cmd(name: str, data: Path, seeds: Path, dns_port: int, args: argparse.
     cmd = [*pin, sys.executable, "-m", "peer", "start", "--node-id", name, "--listen", "127.0.0.1:0",
            "--control", "127.0.0.1:0", "--seeds-file", str(seeds), "--allow-host", BENCH_DOMAIN,
            "--allow-private", "--nameserver", f"127.0.0.1:{dns_port}", "--delay", "0",
+           "--ip-connections", "0",  # one nginx on 127.0.0.1 stands for as many servers as hosts
            "--concurrency", str(args.concurrency), "--exit-when-done", "--data-dir", str(data),
            "--store", args.store, "--log-format", "json", "--log-level", "info", "--page-threads", str(threads)]
     if join:
