@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import socket
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -64,10 +65,14 @@ class Config:
     seeds_file: str = ""
     allowed_hosts: tuple[str, ...] = ()
     denied_hosts: tuple[str, ...] = ()
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
     max_depth: int = -1
     max_pages_per_host: int = -1
+    max_bytes_per_host: int = -1
     max_redirect_hops: int = 5
     max_url_length: int = 2048
+    max_query_params: int = -1
     # network
     nameservers: tuple[str, ...] = ()
     allow_private: bool = False
@@ -98,6 +103,10 @@ class Config:
     store_types: tuple[str, ...] = ("text/html", "application/xhtml+xml")
     warc_max_bytes: int = 1 << 30
     sync_interval: float = 1.0
+    # revisits
+    revisit: bool = False
+    revisit_min: float = 3600.0
+    revisit_max: float = 30 * 86400.0
     # behaviour
     exit_when_done: bool = False
     max_crashes: int = 3
@@ -168,10 +177,14 @@ FIELDS: dict[str, str] = {
     "seeds_file": "file with one start URL per line (# comments allowed)",
     "allowed_hosts": "if set, only these hosts (and subdomains) are crawled",
     "denied_hosts": "hosts (and subdomains) never crawled",
+    "include": "regular expressions searched in the normalized URL; if any is set, a URL must match one",
+    "exclude": "regular expressions searched in the normalized URL; a URL matching one is not crawled",
     "max_depth": "unlimited (-1): the scope and trap guards bound a crawl instead",
-    "max_pages_per_host": "unlimited (-1); set it to sample many hosts broadly",
+    "max_pages_per_host": "unlimited (-1); set it to sample many hosts broadly (counted by the host's owner)",
+    "max_bytes_per_host": "unlimited (-1); body bytes fetched from one host before it is left alone",
     "max_redirect_hops": "as browsers and RFC 9309 (for robots.txt) do",
     "max_url_length": "longer URLs are nearly always traps or session junk",
+    "max_query_params": "unlimited (-1); a low bound (say 5) cuts faceted-search and calendar traps",
     "nameservers": "empty means /etc/resolv.conf; tests and the demo point at their own server",
     "allow_private": "private/loopback addresses are refused so a crawl cannot be turned on the local network",
     "user_agent": "product token first so robots.txt groups for 'peercrawl' match",
@@ -200,6 +213,9 @@ FIELDS: dict[str, str] = {
     "store_types": "content types written to the page store",
     "warc_max_bytes": "the usual WARC file rotation size",
     "sync_interval": "how often stores are forced to disk; kill -9 loses nothing committed anyway",
+    "revisit": "a crawl is one pass; on, every stored page is fetched again on an adaptive schedule",
+    "revisit_min": "an hour (in seconds): the shortest revisit interval, for pages that change at every visit",
+    "revisit_max": "30 days (in seconds): the longest revisit interval, for pages that never change",
     "exit_when_done": "exit 0 once the frontier is empty and nothing is in flight",
     "max_crashes": "a URL in flight at this many stops in a row is dropped and recorded, so no page can make a node crash-loop (0: never)",
     "control_token": "bearer token of the control endpoint; empty: one is made at start in DATA_DIR/control.token (mode 0600) and the endpoint stays on loopback",
@@ -271,11 +287,27 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"ip_delay must be a finite number >= 0, got {cfg.ip_delay}")
     if cfg.ip_delay > 0 and cfg.ip_connections == 0:
         raise ConfigError("ip_delay needs ip_connections >= 1: the delay is kept per connection lane of an address")
+    for name in ("max_depth", "max_pages_per_host", "max_bytes_per_host", "max_query_params"):
+        if getattr(cfg, name) < -1:
+            raise ConfigError(f"{name} must be -1 (no limit) or >= 0, got {getattr(cfg, name)}")
+    if cfg.max_url_length < 1:
+        raise ConfigError(f"max_url_length must be >= 1, got {cfg.max_url_length}")
+    for name in ("include", "exclude"):
+        for pattern in getattr(cfg, name):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"{name}: invalid regular expression {pattern!r}: {exc}") from exc
     kinds = ("lmdb", "memory-urls", "memory-md5", "md5-tree", "bloom", "redis")
     if cfg.dedup not in kinds:
         raise ConfigError(f"dedup must be one of {', '.join(kinds)}, got {cfg.dedup!r}")
     if cfg.dedup == "redis" and not cfg.redis_url:
         raise ConfigError("dedup redis needs redis_url (--redis-url redis://HOST:PORT/DB)")
+    if not 0 < cfg.revisit_min <= cfg.revisit_max:
+        raise ConfigError(f"revisit_min ({cfg.revisit_min} s) must be > 0 and at most revisit_max "
+                          f"({cfg.revisit_max} s)")
+    if cfg.revisit and cfg.dedup != "lmdb":
+        raise ConfigError(f"revisit needs dedup lmdb (got {cfg.dedup}): the schedule lives in the node's LMDB store")
     if cfg.store not in ("warc", "none"):
         raise ConfigError(f"store must be 'warc' or 'none', got {cfg.store!r}")
     if cfg.log_format not in ("auto", "json", "text"):

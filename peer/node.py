@@ -8,6 +8,7 @@ Data directory layout (docs/architecture.md has the full picture)::
     DIR/control.token the control endpoint's bearer token (mode 0600), for peerctl and the dashboard link
     DIR/dropped-urls.jsonl  URLs given up because the node stopped while fetching them max_crashes times in a row
     DIR/peer.addr     HOST:PORT peers dial (cluster nodes only), for --join and peerctl join --seed
+    DIR/settings.json the crawl settings last changed at runtime (scope, budgets, paused), kept over restarts
     DIR/state/        one LMDB environment: seen URLs, queued URLs, in-flight records, per-host politeness
     DIR/warc/         WARC files and their CDXJ indexes
 """
@@ -39,6 +40,7 @@ from peer.cluster.transport import TransportError
 from peer.config import Config, ConfigError, parse_address, read_control_token, read_secret, read_seeds
 from peer.control import Reply, json_reply, load_or_create_token, serve_control
 from peer.crawl.crawler import Crawler
+from peer.crawl.settings import CONFIG_VERSION_FOUNDER, CrawlSettings, SettingsError, SettingsFile
 from peer.crawl.seenstores import open_node_store
 from peer.dashboard import STALL_AFTER, NodeWatch, page, rss_bytes, slow_hosts
 from peer.fetch.dns import CachingResolver
@@ -52,6 +54,9 @@ log = logging.getLogger(__name__)
 
 #: DNS SRV look-ups tried before a node gives up (about a minute with the back-off between them).
 SRV_ATTEMPTS = 8
+
+#: Seeds per POST /seed (the body is at most 1 MiB; `peerctl seed --file` sends a long list in parts).
+MAX_SEEDS_PER_REQUEST = 5_000
 
 #: A clean stop waits this long for fetches under way (each is bounded by total_timeout anyway).
 DRAIN_TIMEOUT = 10.0
@@ -128,6 +133,8 @@ class Node:
                       "hosts_waiting": len(c.sched), "hosts_known": len(c.sched.turns),
                       "workers_busy": c.active},
             "seen_urls": len(c.dedup),
+            "settings": {"version": c.settings.version, "paused": c.settings.paused},
+            "revisit": c.revisit_status(),
         }
         out.update(self.stats.as_dict())
         if self.resolver is not None:
@@ -260,6 +267,60 @@ class Node:
             return json_reply({"joined": seed, "members": len(self.cluster.view.members),
                                "epoch": self.cluster.epoch})
 
+        def json_body(body: bytes) -> Any:
+            try:
+                return json.loads(body or b"{}")
+            except ValueError as exc:
+                raise SettingsError(f"the request body is not JSON: {exc}") from exc
+
+        def change(changes: Any) -> Reply:
+            crawler = self.crawler
+            assert crawler is not None
+            try:
+                current = crawler.settings
+                new = current.changed(changes, version=max(current.version, CONFIG_VERSION_FOUNDER) + 1,
+                                      origin=self.node_id)
+            except SettingsError as exc:
+                return json_reply({"error": str(exc)}, status=400)
+            if new.body() != current.body():  # the same rules again change nothing (and no version)
+                crawler.adopt(new)
+            shared = self.cluster.share_settings() if self.cluster is not None else 0
+            return json_reply({"settings": crawler.settings.as_dict(), "peers_told": shared})
+
+        async def settings(_body: bytes) -> Reply:
+            assert self.crawler is not None
+            return json_reply({"settings": self.crawler.settings.as_dict()})
+
+        async def scope(body: bytes) -> Reply:
+            try:
+                changes = json_body(body)
+            except SettingsError as exc:
+                return json_reply({"error": str(exc)}, status=400)
+            if isinstance(changes, dict) and "paused" in changes:
+                return json_reply({"error": "paused is changed by POST /pause and POST /resume"}, status=400)
+            return change(changes)
+
+        async def pause(_body: bytes) -> Reply:
+            return change({"paused": True})
+
+        async def resume(_body: bytes) -> Reply:
+            return change({"paused": False})
+
+        async def seed(body: bytes) -> Reply:
+            assert self.crawler is not None
+            try:
+                urls = json_body(body).get("urls")
+                if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+                    raise SettingsError("expected \"urls\": a list of strings")
+            except (SettingsError, AttributeError) as exc:
+                return json_reply({"error": f"expected a JSON body {{\"urls\": [\"URL\", ...]}} ({exc})"},
+                                  status=400)
+            if len(urls) > MAX_SEEDS_PER_REQUEST:
+                return json_reply({"error": f"at most {MAX_SEEDS_PER_REQUEST} URLs per request, got {len(urls)}"},
+                                  status=413)
+            report = self.crawler.add_seeds(urls)
+            return json_reply(report.as_dict())
+
         async def leave(_body: bytes) -> Reply:
             if self.cluster is None:
                 return no_cluster()
@@ -276,6 +337,11 @@ class Node:
             ("GET", "/metrics"): metrics,
             ("GET", "/healthz"): health,
             ("POST", "/stop"): stop,
+            ("GET", "/settings"): settings,
+            ("POST", "/scope"): scope,
+            ("POST", "/pause"): pause,
+            ("POST", "/resume"): resume,
+            ("POST", "/seed"): seed,
         }
 
     # -------------------------------------------------------------- lifetime
@@ -307,6 +373,18 @@ class Node:
                 secret = read_secret(cfg)
             except ConfigError as exc:
                 raise NodeError(str(exc)) from exc
+            try:
+                settings_file = SettingsFile(self.data_dir / "settings.json")
+                saved = settings_file.load()
+                configured = CrawlSettings.from_config(
+                    cfg, origin=self.node_id, joining=secret is not None and bool(cfg.join or cfg.join_srv))
+            except SettingsError as exc:
+                raise NodeError(str(exc)) from exc
+            settings = configured
+            if saved is not None and saved.rank() > configured.rank():
+                settings = saved
+                log.info("crawling by the settings last changed at runtime (DATA_DIR/settings.json), not the "
+                         "configuration's", extra={"version": saved.version, "settings": saved.body()})
             if secret is not None:
                 if cfg.dedup != "lmdb":
                     raise NodeError(f"a cluster node needs --dedup lmdb (got {cfg.dedup}): peers' batches and "
@@ -327,6 +405,7 @@ class Node:
                 crawler = self.crawler = Crawler(
                     cfg, fetcher=fetcher, store=store, pages=pages, stats=self.stats, ownership=cluster,
                     limits=cluster.lanes if cluster is not None else None,
+                    settings=settings, settings_file=settings_file,
                 )
                 if cluster is not None:
                     cluster.attach(crawler)

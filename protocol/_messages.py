@@ -30,6 +30,7 @@ __all__ = [
     "PROOF_SIZE",
     "PROTOCOL_NAME",
     "RECORDS",
+    "RevisitEntry",
     "TYPE_CODES",
     "HANDSHAKE_CODES",
     "Ping",
@@ -47,6 +48,7 @@ __all__ = [
     "LaneGrant",
     "LaneAsk",
     "LaneHandover",
+    "Settings",
     "UrlBatch",
     "UrlEntry",
     "Welcome",
@@ -90,13 +92,37 @@ class HostState:
     """Politeness state of one host, in durations because the two nodes' clocks are unrelated.
 
     `crawl_delay`: seconds between fetches in force; `ready_in`: seconds from sending until the next fetch may
-    start (covers Crawl-delay and any Retry-After back-off); `failures`: consecutive failures so far.
+    start (covers Crawl-delay and any Retry-After back-off); `failures`: consecutive failures so far; `pages` and
+    `bytes`: what was fetched from the host so far, so its budgets hold fleet-wide when it changes owner.
     """
 
     host: str
     crawl_delay: float
     ready_in: float
     failures: int
+    pages: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RevisitEntry:
+    """One page's revisit schedule, moving with its host. `due_in`: seconds from sending until it is due
+    (durations, as the clocks are unrelated); `queued`: its revisit was queued at the sender. The validators and
+    the digest come from its last fetch; `stored_at` (wall clock, what revisit records refer to) and `size` from
+    its last full record; `changed`/`unchanged` count its revisits."""
+
+    url: str
+    depth: int
+    due_in: float
+    queued: bool
+    interval: float
+    etag: str | None
+    last_modified: str | None
+    digest: str
+    stored_at: float
+    size: int
+    changed: int
+    unchanged: int
 
 
 # --- handshake ---------------------------------------------------------------------------------------------
@@ -331,6 +357,7 @@ class HandoffChunk:
     seen_keys: tuple[bytes, ...]
     hosts: tuple[HostState, ...]
     last: bool
+    revisits: tuple[RevisitEntry, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -399,6 +426,21 @@ class LaneHandover:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """The crawl settings in force (scope rules, budgets, the paused flag), gossiped to every member.
+
+    `version` grows with every runtime change; of two records the higher `(version, digest)` wins everywhere,
+    `digest` being a hash of `body`, so members converge on one record whatever the order of arrival. `body`
+    is the settings as a JSON object (peer/crawl/settings.py reads and checks it); `origin` names the node
+    that made the change.
+    """
+
+    version: int
+    origin: str
+    body: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Goodbye:
     """The sender will send nothing more on this connection."""
 
@@ -428,6 +470,7 @@ Message: TypeAlias = (
     | LaneGrant
     | LaneReturn
     | LaneHandover
+    | Settings
     | Goodbye
 )
 
@@ -458,10 +501,15 @@ _MEMBER = _record(
 )
 # A seen-URL key: the host's 8-byte ring position and at least one byte of fingerprint (16 bytes today).
 _SEEN_KEY = Blob(limit="max_key_length", minimum=9)
-_HOST_STATE = _record(HostState, host=HostName(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32)
+_HOST_STATE = _record(HostState, host=HostName(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32,
+                      pages=UInt(), bytes=UInt())
 _COUNT = _record(Count, name=Text(), count=UInt())
 _SLOW_HOST = _record(SlowHost, host=HostName(), delay=Seconds(), backoff=Seconds(), failures=_U32, queued=UInt())
 _TRANSFER = _record(Transfer, peer=Text(), incoming=Flag(), share=Seconds(), chunks=UInt())
+_REVISIT_ENTRY = _record(
+    RevisitEntry, url=_URL, depth=_U32, due_in=Seconds(), queued=Flag(), interval=Seconds(), etag=Maybe(Text()),
+    last_modified=Maybe(Text()), digest=Text(), stored_at=Seconds(), size=UInt(), changed=UInt(), unchanged=UInt(),
+)
 _NONCE = Blob(size=NONCE_SIZE)
 _PROOF = Blob(size=PROOF_SIZE)
 
@@ -542,10 +590,12 @@ RECORDS: dict[int, Record] = {
         seen_keys=Many(_SEEN_KEY, "max_keys_per_chunk"),
         hosts=Many(_HOST_STATE),
         last=Flag(),
+        revisits=Many(_REVISIT_ENTRY),
     ),
     0x31: _record(HandoffAck, transfer_id=UInt(), chunk_seq=UInt()),
     0x32: _record(SeenReplica, epoch=UInt(), keys=Many(_SEEN_KEY, "max_keys_per_chunk"),
                   hosts=Many(_HOST_STATE)),
+    0x29: _record(Settings, version=UInt(), origin=Text(), body=Text("max_settings")),
     0x50: _record(LaneAsk, address=Text("max_address"), seq=UInt(), want=UInt(1, 0xFFFF)),
     0x51: _record(LaneGrant, address=Text("max_address"), seq=UInt(), lanes=Many(UInt(0, 0xFFFF), "max_lanes"),
                   ready_in=Many(Seconds(), "max_lanes"), lease=Seconds()),

@@ -29,6 +29,8 @@ from ._outbox import Outbox, OutboxEntry
 from ._pages import NullPageStore, PageStore, WarcPageStore, open_page_store
 from ._records import HostState, QueuedUrl
 from ._redis_dedup import RedisDedup
+from ._revisits import RevisitRecord, RevisitSchedule
+from ._warc import payload_digest
 from .dedup_kinds import DEDUP_KINDS, DedupUnsupported, LmdbDedup, open_dedup
 
 __all__ = [
@@ -46,6 +48,8 @@ __all__ = [
     "OutboxEntry",
     "PageStore",
     "QueuedUrl",
+    "RevisitRecord",
+    "RevisitSchedule",
     "StorageError",
     "WarcPageStore",
     "arc_ranges",
@@ -54,6 +58,7 @@ __all__ = [
     "host_prefix",
     "in_arc",
     "open_page_store",
+    "payload_digest",
     "queued_url_keys",
     "surt",
     "url_fingerprint",

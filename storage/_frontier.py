@@ -74,16 +74,18 @@ def _crashes_of(value: bytes) -> int:
 
 
 def _state_of(key: bytes, value: bytes) -> HostState:
-    next_allowed, crawl_delay, backoff, failures, pages = _unpackb(value)
+    record = _unpackb(value)
+    next_allowed, crawl_delay, backoff, failures, pages = record[:5]
     return HostState(
         host=_host_of(key), next_allowed=next_allowed, crawl_delay=crawl_delay, backoff=backoff,
-        failures=failures, pages=pages,
+        failures=failures, pages=pages, bytes=record[5] if len(record) > 5 else 0,  # stores before bytes: 5 fields
     )
 
 
 def _state_value(state: HostState) -> bytes:
     return _packb(
-        [float(state.next_allowed), float(state.crawl_delay), float(state.backoff), state.failures, state.pages]
+        [float(state.next_allowed), float(state.crawl_delay), float(state.backoff), state.failures, state.pages,
+         state.bytes]
     )
 
 

@@ -21,6 +21,7 @@ from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
 from ._memfrontier import MemoryFrontierStore
 from ._outbox import OUTBOX_DB, Outbox
 from ._records import QueuedUrl
+from ._revisits import REVISIT_DB, REVISIT_DUE_DB, RevisitRecord, RevisitSchedule, queued
 
 __all__ = ["FETCHED_DB", "MemoryNodeStore", "NodeStore", "queued_url_keys"]
 
@@ -45,6 +46,7 @@ class NodeStore(Closing):
         self.dedup = DedupStore(env, owns_env=False)
         self.frontier = FrontierStore(env, owns_env=False)
         self.outbox = Outbox(env)
+        self.revisits = RevisitSchedule(env)
 
     @classmethod
     def open(
@@ -56,7 +58,8 @@ class NodeStore(Closing):
     ) -> NodeStore:
         """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
         env = LmdbEnv.open(
-            path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB), map_size=map_size, max_map_size=max_map_size
+            path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, REVISIT_DB, REVISIT_DUE_DB), map_size=map_size,
+            max_map_size=max_map_size,
         )
         return cls(env)
 
@@ -109,6 +112,32 @@ class NodeStore(Closing):
         def run(txn: lmdb.Transaction) -> tuple[dict[str, int], list[QueuedUrl]]:
             moved, mine = self.outbox._reroute_in(txn, owner_of, local)
             return moved, self._admit_in(txn, mine) if mine else []
+
+        return self._env.write(run)
+
+    def queue_due(self, now: float, limit: int, may: Callable[[str], bool]) -> list[QueuedUrl]:
+        """Queue the pages whose revisit is due at `now` (wall clock) on hosts that `may` be fetched here, at
+        most `limit`, in one transaction with taking them off the time index; return what was queued."""
+
+        def run(txn: lmdb.Transaction) -> list[QueuedUrl]:
+            items = [queued(record) for record in self.revisits._take_due_in(txn, now, limit, may)]
+            self.frontier._push_in(txn, items)
+            return items
+
+        return self._env.write(run)
+
+    def finish_revisit(self, item: QueuedUrl, record: RevisitRecord | None,
+                       links: Sequence[QueuedUrl] = (), routed: Sequence[tuple[str, QueuedUrl]] = ()) -> list[QueuedUrl]:
+        """`finish` for a page on the revisit schedule: its next visit (`record`, or off the schedule when None)
+        is written in the same transaction that clears it from in-flight."""
+
+        def run(txn: lmdb.Transaction) -> list[QueuedUrl]:
+            new = self._admit_in(txn, links)
+            self.outbox._put_in(txn, routed)
+            self.frontier._done_in(txn, item)
+            if record is not None:
+                self.revisits._put_in(txn, record)
+            return new
 
         return self._env.write(run)
 

@@ -23,7 +23,7 @@ from typing import BinaryIO
 from ._cdxj import CdxjEntry, cdxj_line, parse_cdxj_line, surt, warc_timestamp
 from ._closing import Closing
 from ._errors import StorageError
-from ._warc import exchange_records, gzip_member, warcinfo_record
+from ._warc import exchange_records, gzip_member, revisit_records, warcinfo_record
 
 __all__ = ["NullPageStore", "PageStore", "WarcPageStore", "open_page_store"]
 
@@ -35,6 +35,7 @@ class PageStore(Closing, ABC):
     """Stores fetched pages. `pages` counts what was stored since this object was made."""
 
     pages: int = 0
+    revisits: int = 0
 
     @abstractmethod
     def store(
@@ -49,9 +50,27 @@ class PageStore(Closing, ABC):
         ip: str | None,
         fetched_at: float,
         truncated: bool = False,
-    ) -> None:
-        """Keep one fetched page. `body` is the payload as received (Content-Encoding not undone); `truncated`
-        says it was cut at the size limit."""
+    ) -> int:
+        """Keep one fetched page; returns the bytes written. `body` is the payload as received (Content-Encoding
+        not undone); `truncated` says it was cut at the size limit."""
+
+    def store_revisit(
+        self,
+        *,
+        url: str,
+        request_headers: list[tuple[str, str]],
+        status: int,
+        reason: str,
+        response_headers: list[tuple[str, str]],
+        ip: str | None,
+        fetched_at: float,
+        profile: str,
+        payload_digest: str,
+        refers_to_uri: str,
+        refers_to_date: float,
+    ) -> int:
+        """Keep a revisit of a page stored before (WARC `revisit` record); returns the bytes written."""
+        return 0
 
     @abstractmethod
     def lookup(self, url: str) -> list[tuple[str, int, int]]:
@@ -74,9 +93,10 @@ class NullPageStore(PageStore):
 
     def store(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
               response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float,
-              truncated: bool = False) -> None:
+              truncated: bool = False) -> int:
         self.pages += 1
         self.body_bytes += len(body)
+        return 0
 
     def lookup(self, url: str) -> list[tuple[str, int, int]]:
         return []
@@ -202,7 +222,7 @@ class WarcPageStore(PageStore):
 
     def store(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
               response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float,
-              truncated: bool = False) -> None:
+              truncated: bool = False) -> int:
         if self._closed:
             raise ValueError(f"page store at {self.directory} is closed")
         records = exchange_records(url=url, request_headers=request_headers, status=status, reason=reason,
@@ -212,10 +232,12 @@ class WarcPageStore(PageStore):
         req = gzip_member((records.request,), self.compress_level)
         mime = _mime(response_headers)
         with self._lock:
-            self._append(url, status, fetched_at, mime, records.payload_digest, resp, req, truncated)
+            return self._append(url, status, fetched_at, mime, records.payload_digest, resp, req, truncated)
 
     def _append(self, url: str, status: int, fetched_at: float, mime: str, digest: str, resp: bytes,
-                req: bytes, truncated: bool) -> None:
+                req: bytes, truncated: bool, revisit: bool = False) -> int:
+        """Write one response (or revisit) record and its request record under the lock; returns the bytes
+        written."""
         if self._closed:
             raise ValueError(f"page store at {self.directory} is closed")
         if self._failure is not None:
@@ -229,13 +251,32 @@ class WarcPageStore(PageStore):
                               length=len(resp), status=status, mime=mime, digest=digest, truncated=truncated)
             assert self._index is not None
             _write_all(self._index, cdxj_line(entry).encode("utf-8"))
-            self.pages += 1
+            if revisit:
+                self.revisits += 1
+            else:
+                self.pages += 1
             if self._size >= self.max_file_bytes:
                 self._finish_file()
+            return len(resp) + len(req)
         except OSError as exc:
             # offsets are unknown now: refuse further pages; the next start cuts the torn tail off
             self._failure = StorageError(f"cannot write WARC in {self.directory}: {exc.strerror or exc}")
             raise self._failure from exc
+
+    def store_revisit(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
+                      response_headers: list[tuple[str, str]], ip: str | None, fetched_at: float, profile: str,
+                      payload_digest: str, refers_to_uri: str, refers_to_date: float) -> int:
+        if self._closed:
+            raise ValueError(f"page store at {self.directory} is closed")
+        records = revisit_records(url=url, request_headers=request_headers, status=status, reason=reason,
+                                  response_headers=response_headers, ip=ip, fetched_at=fetched_at,
+                                  profile=profile, payload_digest=payload_digest, refers_to_uri=refers_to_uri,
+                                  refers_to_date=refers_to_date)
+        resp = gzip_member(records.response, self.compress_level)
+        req = gzip_member((records.request,), self.compress_level)
+        with self._lock:
+            return self._append(url, status, fetched_at, "warc/revisit", payload_digest, resp, req, False,
+                                revisit=True)
 
     def lookup(self, url: str) -> list[tuple[str, int, int]]:
         """Scan the index files for `url` (a tool's and a test's call, not the crawl's hot path)."""

@@ -37,7 +37,8 @@ class HostState:
 
     `next_allowed` is wall-clock epoch seconds (a monotonic clock does not survive a restart);
     `crawl_delay` is the delay in force (max of configured and robots.txt Crawl-delay); `backoff` the extra
-    delay after 429/503; `failures` consecutive failures; `pages` pages fetched from the host so far.
+    delay after 429/503; `failures` consecutive failures; `pages` pages fetched from the host so far and
+    `bytes` their body bytes (the host's budgets count both, and they move with the host).
     """
 
     host: str
@@ -46,3 +47,4 @@ class HostState:
     backoff: float = 0.0
     failures: int = 0
     pages: int = 0
+    bytes: int = 0

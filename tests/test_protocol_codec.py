@@ -43,7 +43,9 @@ from protocol import (
     ProbeRequest,
     Reject,
     RemoteProtocolError,
+    RevisitEntry,
     SeenReplica,
+    Settings,
     UrlBatch,
     LaneAsk,
     LaneGrant,
@@ -85,10 +87,18 @@ host_names = st.one_of(
     st.from_regex(r"[a-z0-9](?:[a-z0-9_-]{0,20}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,20}[a-z0-9])?){0,4}", fullmatch=True),
     st.ip_addresses(v=6).map(lambda ip: f"[{ip.compressed}]"),
 )
-host_states = st.builds(HostState, host=host_names, crawl_delay=seconds, ready_in=seconds, failures=U32)
+host_states = st.builds(HostState, host=host_names, crawl_delay=seconds, ready_in=seconds, failures=U32,
+                        pages=U64, bytes=U64)
 counts = st.builds(Count, name=texts, count=U64)
 transfers = st.builds(Transfer, peer=texts, incoming=st.booleans(), share=seconds, chunks=U64)
 slow_hosts = st.builds(SlowHost, host=host_names, delay=seconds, backoff=seconds, failures=U32, queued=U64)
+
+
+revisit_entries = st.builds(
+    RevisitEntry, url=urls, depth=U32, due_in=seconds, queued=st.booleans(), interval=seconds,
+    etag=st.none() | texts, last_modified=st.none() | texts, digest=texts, stored_at=seconds, size=U64,
+    changed=U64, unchanged=U64,
+)
 
 
 def tuples(elements: st.SearchStrategy, max_size: int = 6) -> st.SearchStrategy:
@@ -147,6 +157,7 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
         seen_keys=tuples(st.binary(min_size=9, max_size=64), 10),
         hosts=tuples(host_states),
         last=st.booleans(),
+        revisits=tuples(revisit_entries, 3),
     ),
     HandoffAck: st.builds(HandoffAck, transfer_id=U64, chunk_seq=U64),
     SeenReplica: st.builds(SeenReplica, epoch=U64, keys=tuples(st.binary(min_size=9, max_size=64), 10), hosts=tuples(host_states)),
@@ -156,6 +167,7 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
     LaneReturn: st.builds(LaneReturn, address=st.text(max_size=16), lanes=tuples(st.integers(0, 0xFFFF), 8),
                           ready_in=tuples(seconds, 8)),
     LaneHandover: st.builds(LaneHandover, address=st.text(max_size=16), ready_in=tuples(seconds, 8)),
+    Settings: st.builds(Settings, version=U64, origin=texts, body=st.text(max_size=200)),
     Goodbye: st.builds(Goodbye, reason=texts),
 }
 APP_MESSAGES = st.one_of([s for cls, s in MESSAGE_STRATEGIES.items() if TYPE_CODES[cls] >= 0x10])
@@ -217,9 +229,9 @@ def test_json_is_readable_and_msgpack_is_positional() -> None:
 def test_integral_seconds_are_read_as_floats() -> None:
     message = decode_body(TYPE_CODES[Gossip], msgpack.packb([1, True, []]), "msgpack", LIMITS)
     assert message == Gossip(epoch=1, full=True, members=())
-    chunk = msgpack.packb([1, 0, 1, 0, 5, [], [], [["h", 2, 0, 1]], True])
+    chunk = msgpack.packb([1, 0, 1, 0, 5, [], [], [["h", 2, 0, 1, 3, 0]], True, []])
     decoded = decode_body(TYPE_CODES[HandoffChunk], chunk, "msgpack", LIMITS, version=2)
-    assert decoded.hosts == (HostState(host="h", crawl_delay=2.0, ready_in=0.0, failures=1),)
+    assert decoded.hosts == (HostState(host="h", crawl_delay=2.0, ready_in=0.0, failures=1, pages=3),)
     assert type(decoded.hosts[0].crawl_delay) is float
 
 

@@ -17,7 +17,7 @@ from types import ModuleType
 
 import trio
 
-from peer.cli import cluster_cmds, ring_cmd
+from peer.cli import cluster_cmds, ring_cmd, steer_cmds
 from peer.cli.client import control_address, control_request, find_token
 from peer.cli.errors import CliError
 from peer.cli.format import format_status
@@ -53,6 +53,9 @@ PEERCTL_EPILOG = textwrap.dedent(
       peerctl join --data-dir ./c --seed 127.0.0.1:7400
       peerctl leave --data-dir ./b                  # hand off everything, then exit
       peerctl stop --control 127.0.0.1:7410
+      peerctl seed --data-dir ./a https://example.org/ https://example.net/   # or --file seeds.txt
+      peerctl pause --data-dir ./a                  # the whole cluster stops starting fetches; resume resumes
+      peerctl scope --data-dir ./a --exclude '/calendar/' --max-pages-per-host 500   # everywhere, at once
       peerctl experiment --plan design --out runs/design   # the design's ring experiment, simulated
     """
 )
@@ -104,7 +107,18 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--deny-host", dest="denied_hosts", action="append", metavar="PATTERN",
                    help="never crawl these hosts (repeatable)")
     c.add_argument("--max-depth", dest="max_depth", type=int, help="link depth limit (-1: none)")
-    c.add_argument("--max-pages-per-host", dest="max_pages_per_host", type=int, help="(-1: none)")
+    c.add_argument("--max-pages-per-host", dest="max_pages_per_host", type=int,
+                   help="pages fetched from one host, counted by its owner fleet-wide (-1: none)")
+    c.add_argument("--max-bytes-per-host", dest="max_bytes_per_host", type=int, metavar="BYTES",
+                   help="body bytes fetched from one host, counted by its owner fleet-wide (-1: none)")
+    c.add_argument("--include", dest="include", action="append", metavar="REGEX",
+                   help="crawl only URLs in which one of these matches (re.search on the normalized URL; repeatable)")
+    c.add_argument("--exclude", dest="exclude", action="append", metavar="REGEX",
+                   help="never crawl URLs in which one of these matches (repeatable)")
+    c.add_argument("--max-url-length", dest="max_url_length", type=int, metavar="N",
+                   help="longer URLs are not crawled")
+    c.add_argument("--max-query-params", dest="max_query_params", type=int, metavar="N",
+                   help="URLs with more query parameters are not crawled (-1: none)")
     c.add_argument("--delay", type=float, help="minimum seconds between requests to one host")
     c.add_argument("--concurrency", type=int, help="fetches in flight")
     c.add_argument("--page-threads", dest="page_threads", type=int, metavar="N",
@@ -126,6 +140,13 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
                    help="do not read the sitemaps robots.txt names")
     c.add_argument("--sitemap-xml", dest="sitemap_xml", action="store_const", const=True,
                    help="read /sitemap.xml of hosts whose robots.txt names no sitemap")
+    c.add_argument("--revisit", dest="revisit", action="store_const", const=True,
+                   help="keep crawling: fetch every stored page again on an adaptive schedule (conditional GET; "
+                        "unchanged pages cost a WARC revisit record)")
+    c.add_argument("--revisit-min", dest="revisit_min", type=float, metavar="SECONDS",
+                   help="shortest revisit interval")
+    c.add_argument("--revisit-max", dest="revisit_max", type=float, metavar="SECONDS",
+                   help="longest revisit interval")
     c.add_argument("--exit-when-done", dest="exit_when_done", action="store_const", const=True,
                    help="exit 0 when the frontier is empty and nothing is in flight")
     n = p.add_argument_group("network")
@@ -223,6 +244,27 @@ def _peerctl_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _peerctl_seed(args: argparse.Namespace) -> int:
+    urls = list(args.urls) + (steer_cmds.read_seed_file(args.file) if args.file else [])
+    steer_cmds.seed(control_request, control_address(args), urls)
+    return 0
+
+
+def _peerctl_pause(args: argparse.Namespace) -> int:
+    steer_cmds.pause(control_request, control_address(args))
+    return 0
+
+
+def _peerctl_resume(args: argparse.Namespace) -> int:
+    steer_cmds.resume(control_request, control_address(args))
+    return 0
+
+
+def _peerctl_scope(args: argparse.Namespace) -> int:
+    steer_cmds.scope(control_request, control_address(args), steer_cmds.scope_changes(args), as_json=args.json)
+    return 0
+
+
 def _peerctl_ring(args: argparse.Namespace) -> int:
     if args.control or args.data_dir:
         cs = control_request(control_address(args), "GET", "/cluster")
@@ -310,6 +352,22 @@ def peerctl_main(argv: Sequence[str] | None = None) -> int:
                        "peerctl dashboard --data-dir ./a")
     target(p)
     p.set_defaults(func=_peerctl_dashboard)
+    p = sub.add_parser("seed", help="add start URLs to a running crawl (routed to their owners from any node)")
+    target(p)
+    p.add_argument("urls", nargs="*", metavar="URL", help="start URLs")
+    p.add_argument("--file", metavar="FILE", help="file of start URLs, one a line (# comments allowed)")
+    p.set_defaults(func=_peerctl_seed)
+    p = sub.add_parser("pause", help="stop starting fetches everywhere in the cluster (state is kept)")
+    target(p)
+    p.set_defaults(func=_peerctl_pause)
+    p = sub.add_parser("resume", help="start fetching again everywhere after a pause")
+    target(p)
+    p.set_defaults(func=_peerctl_resume)
+    p = sub.add_parser("scope", help="change the crawl's scope and budgets everywhere at runtime (no change "
+                                      "given: show them); queued URLs now out of scope are dropped when popped")
+    target(p)
+    steer_cmds.add_scope_arguments(p)
+    p.set_defaults(func=_peerctl_scope)
     p = sub.add_parser("ring", help="the live ring of a running cluster (--control/--data-dir), or a simulation "
                                      "(--node ...): shares, moved keys")
     target(p)

@@ -32,6 +32,7 @@ from protocol import (
     Message,
     ProgressQuery,
     ProgressReport,
+    Settings,
     SlowHost,
     StatusQuery,
     StatusReport,
@@ -42,6 +43,7 @@ from storage import HostState, NodeStore, QueuedUrl
 
 from peer.config import Config
 from peer.crawl.crawler import Crawler
+from peer.crawl.settings import CrawlSettings, SettingsError
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
 from peer.cluster.membership import Membership, MembershipConfig
@@ -71,6 +73,9 @@ STATUS_INTERVAL = 0.5
 DETAIL_MAX_AGE = 10.0
 #: The dashboard's picture folds the ring into this many slices.
 RING_SLICES = 360
+#: The crawl settings go to every live peer at each change and view change, and again this often (links deliver
+#: at most once per connection: the repeat is what makes a lost record harmless). One small message per peer.
+SETTINGS_INTERVAL = 5.0
 
 _OWNING = (MemberState.ALIVE, MemberState.SUSPECT)
 
@@ -186,6 +191,9 @@ class Cluster:
         self.details: dict[str, tuple[float, dict[str, Any]]] = {}  # peer -> (trio time received, status)
         self._asked_at = float("-inf")  # when peers were last asked for their detailed status
         self._slices: tuple[int, list[dict[str, float]]] | None = None  # (ring id, the ring folded)
+        self.settings_sent = 0
+        self.settings_adopted = 0
+        self.settings_refused = 0
 
     # -- the crawler's Ownership (peer/crawl/seams.py) -------------------------------------------------------
 
@@ -301,6 +309,7 @@ class Cluster:
             nursery.start_soon(self._sweep_loop)
             if self.lanes is not None:
                 nursery.start_soon(self._lanes_loop)
+            nursery.start_soon(self._settings_loop)
             log.info("cluster member listening", extra={"node_id": self.node_id, "address": self.address})
             task_status.started(self.address)
 
@@ -429,6 +438,46 @@ class Cluster:
         if self.crawler is not None:
             self.crawler.rewake()
         self.dispatcher.wake()
+        # a member that joined gets the crawl settings at once (the others have them: they are not sent again)
+        before = {m.node_id for m in old_view.members if m.state in _OWNING}
+        joined = [peer for peer in self._live_peers() if peer not in before]
+        if joined:
+            self.share_settings(joined)
+
+    # -- crawl settings -----------------------------------------------------------------------------------
+
+    def share_settings(self, peers: Iterable[str] | None = None) -> int:
+        """Send the crawl settings in force to `peers` (every live peer by default); the number sent."""
+        if self.crawler is None:
+            return 0
+        current = self.crawler.settings
+        message = Settings(version=current.version, origin=current.origin, body=current.body())
+        sent = 0
+        for peer in (self._live_peers() if peers is None else peers):
+            member = self.view.member(peer)
+            sent += bool(self.links.send_nowait(peer, message, address=member.address if member else None))
+        self.settings_sent += sent
+        return sent
+
+    async def _settings_loop(self) -> None:
+        while True:
+            await trio.sleep(SETTINGS_INTERVAL)
+            self.share_settings()
+
+    def _settings_arrived(self, peer_id: str, message: Settings) -> None:
+        if self.crawler is None:
+            return
+        try:
+            settings = CrawlSettings.from_record(message.version, message.origin, message.body)
+        except SettingsError as exc:
+            self.settings_refused += 1
+            log.warning("a peer sent crawl settings this node cannot use; ignored",
+                        extra={"peer": peer_id, "error": str(exc)})
+            return
+        if self.crawler.adopt(settings):
+            self.settings_adopted += 1
+        elif settings.rank() < self.crawler.settings.rank():
+            self.share_settings([peer_id])  # the sender is behind: it gets ours now, not at the next round
 
     # -- stray state --------------------------------------------------------------------------------------
 
@@ -555,6 +604,8 @@ class Cluster:
     async def _on_message(self, peer_id: str, message: Message) -> None:
         if isinstance(message, ProgressQuery):
             self.links.send_nowait(peer_id, self.local_progress(message.seq))
+        elif isinstance(message, Settings):
+            self._settings_arrived(peer_id, message)
         elif isinstance(message, ProgressReport):
             self.peers[peer_id] = message
             waiter = self._answers.get(message.seq)
@@ -598,6 +649,7 @@ class Cluster:
             "handoff": {
                 "outstanding": h.outstanding(), "pending_arcs": len(h.pending_arcs()),
                 "urls_sent": h.urls_sent, "urls_received": h.urls_received, "keys_sent": h.keys_sent,
+                "revisits_sent": h.revisits_sent, "revisits_received": h.revisits_received,
                 "chunks_sent": h.chunks_sent, "chunks_resent": h.chunks_resent, "chunks_applied": h.chunks_applied,
                 "transfers_completed": h.transfers_completed, "transfers_received": h.transfers_received,
                 "waits_expired": h.waits_expired, "hosts_swept": self.hosts_swept,
@@ -608,6 +660,8 @@ class Cluster:
             "links": {"refused_inbound": dict(self.links.refused), "handshake_failures": self.links.handshake_failures,
                       "handler_errors": self.links.handler_errors},
             "lanes": self.lanes.status() if self.lanes is not None else None,
+            "settings": {"sent": self.settings_sent, "adopted": self.settings_adopted,
+                         "refused": self.settings_refused},
             "view_changes": self.view_changes,
             "leaving": self.leaving,
             "done": me.idle,

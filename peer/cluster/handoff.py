@@ -22,10 +22,10 @@ from typing import Protocol
 
 import trio
 
-from protocol import HandoffAck, HandoffChunk, Message, UrlEntry
+from protocol import HandoffAck, HandoffChunk, Message, RevisitEntry, UrlEntry
 from protocol import HostState as WireHostState
 from ring import RING_SPACE, ArcMove, Ring, diff, host_position
-from storage import HostState, NodeStore, QueuedUrl, in_arc, queued_url_keys
+from storage import HostState, NodeStore, QueuedUrl, RevisitRecord, in_arc, queued_url_keys
 
 from peer.config import DEFAULTS
 from peer.crawl.urls import host_of_normalized, normalize
@@ -54,6 +54,9 @@ class HandoffConfig:
     url_bytes_per_chunk: int = 512 * 1024
     # A host state is at most about 280 bytes on the wire: 1,000 of them is under 300 KB.
     hosts_per_chunk: int = 1_000
+    # A revisit schedule entry is a URL plus about 120 bytes: 1,000 of them is at most about 2.2 MB of URL text
+    # in theory, but typical URLs (under 200 bytes) keep it near 300 KB.
+    revisits_per_chunk: int = 1_000
     # Unacknowledged chunks per transfer: enough to keep a link busy, bounded so memory in the link queue is.
     window: int = 8
     # A chunk with no ack after this long is sent again (the link layer delivers at most once per connection).
@@ -92,6 +95,7 @@ class _Chunk:
     urls: tuple[UrlEntry, ...] = ()
     keys: tuple[bytes, ...] = ()
     states: tuple[HostState, ...] = ()
+    revisits: tuple[RevisitRecord, ...] = ()
     sent_at: float | None = None
 
 
@@ -239,6 +243,8 @@ class Handoff:
         self.waits_expired = 0  # gained arcs released after `wait` without their transfer
         self.urls_sent = 0  # queued URLs exported in transfers
         self.urls_received = 0  # queued URLs that arrived in chunks and were new here
+        self.revisits_sent = 0  # revisit schedule entries sent in transfers
+        self.revisits_received = 0  # ... and applied here
         self.keys_sent = 0
 
     # -- view changes --
@@ -378,16 +384,18 @@ class Handoff:
         g_items: list[QueuedUrl] = []
         g_seen: list[bytes] = []
         g_states: list[HostState] = []
+        g_revisits: list[RevisitRecord] = []
 
         def flush() -> None:
             if group:
                 cover = ArcMove(start=group[0].start, end=group[-1].end, previous=group[0].previous,
                                 next=group[0].next)
-                chunks.extend(self._cut(len(chunks), cover, g_items, g_seen, g_states))
+                chunks.extend(self._cut(len(chunks), cover, g_items, g_seen, g_states, g_revisits))
                 group.clear()
                 g_items.clear()
                 g_seen.clear()
                 g_states.clear()
+                g_revisits.clear()
 
         budget = self.config.urls_per_chunk
         for arc in sorted(arcs, key=lambda a: (a.end < a.start and a.end != 0, a.start)):
@@ -398,7 +406,8 @@ class Handoff:
             # unless it is queued there or was fetched here
             queued = set(queued_url_keys(items)) | in_flight
             seen = [key for key in self.store.dedup.scan(arc.start, arc.end) if key not in queued]
-            if not (items or states or seen):
+            revisits = self.store.revisits.export_arc(arc.start, arc.end)  # the pages' schedules move too
+            if not (items or states or seen or revisits):
                 continue
             with_content.append((arc.start, arc.end))
             urls, keys = urls + len(items), keys + len(seen)
@@ -409,11 +418,13 @@ class Handoff:
             g_items.extend(items)
             g_seen.extend(seen)
             g_states.extend(states)
+            g_revisits.extend(revisits)
             if wraps:
                 flush()
         flush()
         self.urls_sent += urls
         self.keys_sent += keys
+        self.revisits_sent += sum(len(chunk.revisits) for chunk in chunks)
         if not chunks:  # nothing to move, but the receiver still learns that the transfer is complete
             chunks.append(_Chunk(seq=0, start=arcs[0].start if arcs else 0, end=arcs[0].end if arcs else 0))
         self._outgoing[transfer_id] = _Outgoing(
@@ -438,17 +449,21 @@ class Handoff:
         return found
 
     def _cut(
-        self, first: int, arc: ArcMove, items: Sequence[QueuedUrl], keys: Sequence[bytes], states: Sequence[HostState]
+        self, first: int, arc: ArcMove, items: Sequence[QueuedUrl], keys: Sequence[bytes], states: Sequence[HostState],
+        revisits: Sequence[RevisitRecord] = (),
     ) -> list[_Chunk]:
-        """One arc's chunks, of one kind each (states, then URLs, then keys), numbered from `first`."""
+        """One arc's chunks, of one kind each (states, then URLs, then keys, then revisit schedules), numbered from
+        `first`."""
         config = self.config
         chunks: list[_Chunk] = []
 
         def add(
-            urls: tuple[UrlEntry, ...] = (), keys: tuple[bytes, ...] = (), states: tuple[HostState, ...] = ()
+            urls: tuple[UrlEntry, ...] = (), keys: tuple[bytes, ...] = (), states: tuple[HostState, ...] = (),
+            revisits: tuple[RevisitRecord, ...] = (),
         ) -> None:
             chunks.append(
-                _Chunk(seq=first + len(chunks), start=arc.start, end=arc.end, urls=urls, keys=keys, states=states)
+                _Chunk(seq=first + len(chunks), start=arc.start, end=arc.end, urls=urls, keys=keys, states=states,
+                       revisits=revisits)
             )
 
         for i in range(0, len(states), config.hosts_per_chunk):
@@ -467,6 +482,8 @@ class Handoff:
             add(urls=tuple(batch))
         for i in range(0, len(keys), config.keys_per_chunk):
             add(keys=tuple(keys[i : i + config.keys_per_chunk]))
+        for i in range(0, len(revisits), config.revisits_per_chunk):
+            add(revisits=tuple(revisits[i : i + config.revisits_per_chunk]))
         return chunks
 
     # -- what the crawler consults --
@@ -590,13 +607,20 @@ class Handoff:
             WireHostState(
                 host=state.host, crawl_delay=max(0.0, state.crawl_delay),
                 ready_in=max(0.0, state.next_allowed - wall), failures=state.failures,
+                pages=state.pages, bytes=state.bytes,
             )
             for state in chunk.states
+        )
+        revisits = tuple(
+            RevisitEntry(url=r.url, depth=r.depth, due_in=max(0.0, r.due - wall), queued=r.queued,
+                         interval=r.interval, etag=r.etag, last_modified=r.last_modified, digest=r.digest,
+                         stored_at=max(0.0, r.stored_at), size=r.size, changed=r.changed, unchanged=r.unchanged)
+            for r in chunk.revisits
         )
         return HandoffChunk(
             transfer_id=transfer.transfer_id, chunk_seq=chunk.seq, epoch=transfer.epoch,
             arc_start=chunk.start, arc_end=chunk.end, urls=chunk.urls, seen_keys=chunk.keys,
-            hosts=hosts, last=chunk.seq == transfer.last,
+            hosts=hosts, last=chunk.seq == transfer.last, revisits=revisits,
         )
 
     def _acked(self, peer_id: str, ack: HandoffAck) -> None:
@@ -611,6 +635,7 @@ class Handoff:
         del self._outgoing[transfer.transfer_id]
         for start, end in transfer.arcs:
             self.store.frontier.drop_arc(start, end)
+            self.store.revisits.drop_arc(start, end)
             self.store.dedup.delete(start, end)  # the keys of the URLs it queued go: they were not fetched here
         self.store.dedup.insert(transfer.kept)
         self.store.sync()
@@ -699,21 +724,42 @@ class Handoff:
             self.delegate.keys_arrived(keys)
         states = [self._merge(state) for state in hosts if in_arc(host_position(state.host), start, end)]
         self.store.frontier.put_states(states)
+        self._apply_revisits(peer_id, chunk)
         return new, states
+
+    def _apply_revisits(self, peer_id: str, chunk: HandoffChunk) -> None:
+        """The moving pages' schedules, in wall-clock terms here. One whose revisit was queued at the sender is
+        due now: its URL came in this transfer's queue, or was being fetched there (in-flight URLs stay behind),
+        and a revisit must not be forgotten."""
+        wall = self.wall_clock()
+        records = []
+        for entry in chunk.revisits:
+            url = normalize(entry.url)  # held to what a link from the web is, as the arc's queued URLs are
+            host = host_of_normalized(url) if url is not None else ""
+            if not host or not in_arc(host_position(host), chunk.arc_start, chunk.arc_end):
+                log.warning("hand-off revisit schedule unusable or outside its arc; dropped", extra={"peer": peer_id})
+                continue
+            records.append(RevisitRecord(
+                url=url, host=host, depth=entry.depth, due=wall if entry.queued else wall + entry.due_in,
+                interval=entry.interval, etag=entry.etag, last_modified=entry.last_modified, digest=entry.digest,
+                stored_at=entry.stored_at, size=entry.size, changed=entry.changed, unchanged=entry.unchanged))
+        self.store.revisits.put_arc(records)
+        self.revisits_received += len(records)
 
     def merge_state(self, wire: WireHostState) -> HostState:
         """A politeness state that arrived from a peer, merged with any state here (see `_merge`)."""
         return self._merge(wire)
 
     def _merge(self, wire: WireHostState) -> HostState:
-        """The wire state in wall-clock terms, keeping the later `next_allowed` of it and any state here."""
+        """The wire state in wall-clock terms, keeping the later `next_allowed` of it and any state here, and the
+        larger of the page and byte counts (the host's budgets: a count never goes down by moving)."""
         next_allowed = self.wall_clock() + wire.ready_in
         here = self.store.frontier.get_state(wire.host)
         if here is None:
             return HostState(host=wire.host, next_allowed=next_allowed, crawl_delay=wire.crawl_delay,
-                             failures=wire.failures)
+                             failures=wire.failures, pages=wire.pages, bytes=wire.bytes)
         return HostState(
             host=wire.host, next_allowed=max(next_allowed, here.next_allowed),
             crawl_delay=max(wire.crawl_delay, here.crawl_delay), backoff=here.backoff, failures=wire.failures,
-            pages=here.pages,
+            pages=max(here.pages, wire.pages), bytes=max(here.bytes, wire.bytes),
         )

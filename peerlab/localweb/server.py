@@ -25,6 +25,7 @@ from typing import Any
 import h11
 import trio
 
+from .changes import ChangeSchedule
 from .graph import SiteGraph
 from .model import Resource, norm_path
 from .oracle import Expected
@@ -80,8 +81,10 @@ class WebServer:
         port: int,
         on_record: Callable[[RequestRecord], None] | None = None,
         keep_log: bool = True,
+        changes: ChangeSchedule | None = None,
     ) -> None:
         self.graph = graph
+        self.changes = changes
         self.port = port
         self.log: list[RequestRecord] = []
         self._keep_log = keep_log
@@ -209,10 +212,31 @@ class WebServer:
         if res.kind == "huge":
             return res
         answer = self._cached(res.host, res.path)
+        if self.changes is not None and res.kind == "html" and answer.status == 200:
+            changed = self._changing(res.host, res.path, answer, headers)
+            if changed.status == 304:
+                return changed
+            answer = changed
         if res.gzip and b"gzip" in headers.get(b"accept-encoding", b"").lower():
             answer = Answer(status=answer.status, body=gzip_body(answer.body), headers=answer.headers + (
                 (b"content-encoding", b"gzip"), (b"vary", b"accept-encoding")))
         return answer
+
+    def _changing(self, host: str, path: str, answer: Answer, headers: dict[bytes, bytes]) -> Answer:
+        """The page as it is now on its change schedule, with its validators; 304 to a matching conditional
+        request on a host that answers them."""
+        changes = self.changes
+        assert changes is not None
+        version = changes.version(host, path, time.time())
+        etag, modified = changes.validators(host, path, version)
+        extra = ((b"etag", etag.encode()), (b"last-modified", modified.encode()))
+        if changes.conditional(host):
+            inm, ims = headers.get(b"if-none-match"), headers.get(b"if-modified-since")
+            if changes.not_modified(etag, modified, inm.decode("latin-1") if inm else None,
+                                    ims.decode("latin-1") if ims else None):
+                return Answer(status=304, body=b"", headers=extra)
+        body = answer.body + f"\n<!-- version {version} -->\n".encode() if version else answer.body
+        return Answer(status=200, body=body, headers=answer.headers + extra)
 
     async def _stream_huge(self, conn: h11.Connection, stream: trio.abc.Stream, res: Resource, head_only: bool,
                            progress: _Progress) -> None:
@@ -304,6 +328,7 @@ async def serve_web(
     keep_log: bool = True,
     reuse_port: bool = False,
     addresses: Sequence[str] = (),
+    changes: ChangeSchedule | None = None,
     task_status: trio.TaskStatus[WebServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``graph`` on ``host:port`` until cancelled; ``nursery.start`` returns the :class:`WebServer`.
@@ -312,7 +337,8 @@ async def serve_web(
     ``keep_log=False`` keeps memory flat on long runs (``on_record`` still sees every request).
     ``addresses`` (loopback addresses such as 127.0.1.1) serves on each of them, on one port, instead of
     ``host``: with ``graph.zone(addresses)`` many host names share each server address, and each logged
-    request names the address it came in on (``RequestRecord.address``).
+    request names the address it came in on (``RequestRecord.address``). ``changes`` makes pages change on a
+    schedule and answer conditional requests (``changes.py``).
     """
     listeners = [await _open_listener(addresses[0] if addresses else host, port, reuse_port)]
     try:
@@ -323,7 +349,8 @@ async def serve_web(
         for listener in listeners:
             await listener.aclose()
         raise
-    await _serve_on(listeners, graph, on_record=on_record, keep_log=keep_log, task_status=task_status)
+    await _serve_on(listeners, graph, on_record=on_record, keep_log=keep_log, changes=changes,
+                    task_status=task_status)
 
 
 async def _serve_on(
@@ -332,11 +359,13 @@ async def _serve_on(
     *,
     on_record: Callable[[RequestRecord], None] | None,
     keep_log: bool,
+    changes: ChangeSchedule | None = None,
     task_status: trio.TaskStatus[WebServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     if not isinstance(listeners, list):
         listeners = [listeners]
-    server = WebServer(graph, port=listeners[0].socket.getsockname()[1], on_record=on_record, keep_log=keep_log)
+    server = WebServer(graph, port=listeners[0].socket.getsockname()[1], on_record=on_record, keep_log=keep_log,
+                       changes=changes)
     try:
         task_status.started(server)
         await trio.serve_listeners(server.handle, listeners)

@@ -43,6 +43,7 @@ import trio.testing
 
 from peer.cluster.cluster import Cluster, ring_id
 from peer.config import Config, load
+from peer.crawl.settings import CrawlSettings
 from peer.crawl.scheduler import HostScheduler, HostTurn
 from peer.stats import Stats
 from peer.cluster.transport import MemoryNetwork
@@ -287,6 +288,7 @@ class SimCrawler:
         self.wallclock = wallclock
         self.concurrency = concurrency
         self.sched = HostScheduler()
+        self.settings = CrawlSettings(version=0, origin=node_id)  # gossiped by the cluster like the crawler's
         self._pending: dict[str, QueuedUrl] = {}  # host -> URL parked for a retry at the host's next turn
         self._wakeup = trio.Event()
         self.active = 0
@@ -390,6 +392,13 @@ class SimCrawler:
         self.let_go += 1
 
     # -- the run loop --
+
+    def adopt(self, settings: CrawlSettings) -> bool:
+        """The crawler's rule: a record that outranks ours replaces it (the simulated crawl ignores its rules)."""
+        if settings.rank() <= self.settings.rank():
+            return False
+        self.settings = settings
+        return True
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         send, recv = trio.open_memory_channel[HostTurn](0)
