@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+import pytest
 import trio
 from warcio.archiveiterator import ArchiveIterator
 
@@ -49,6 +50,7 @@ def test_the_schedule_reads_only_what_is_due_and_keeps_the_later_time_on_a_merge
     env.close()
 
 
+@pytest.mark.slow  # a node revisits every page of a small web for several seconds
 async def test_one_node_revisits_within_bounds_and_writes_revisit_records(tmp_path):
     graph = SiteGraph.generate(seed=41, hosts=6, pages_per_host=6, features=False)
     changes = ChangeSchedule(start=time.time(), periods=(None, 2.5))

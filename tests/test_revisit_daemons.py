@@ -14,6 +14,7 @@ import signal
 import time
 from collections import defaultdict
 
+import pytest
 import trio
 from warcio.archiveiterator import ArchiveIterator
 
@@ -23,6 +24,8 @@ from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.server import serve_web
 from tests.support.crawl import kill_pid
 from tests.test_steering_daemons import Daemons
+
+pytestmark = pytest.mark.slow  # real peerd processes
 
 MIN, MAX = 2.0, 6.0
 # Per-address limits off: every host of the local web shares 127.0.0.1, and after the kill the address's new owner

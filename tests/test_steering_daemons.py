@@ -15,12 +15,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import httpx
 import trio
 
 from peer.control import auth_headers
 from peerlab.localweb.graph import SiteGraph
 from tests.support.crawl import child_env, kill_pid, node_config, peerd_argv, start_local_web
+
+pytestmark = pytest.mark.slow  # real peerd processes
 
 SECRET = "test-cluster-secret-0123456789"
 EXCLUDE = r"/p/[0-9]*3\.html$"
