@@ -240,13 +240,11 @@ async def _serve_one(stream: trio.SocketStream, routes: dict[tuple[str, str], Ha
                 path = req.target.decode("ascii", "replace").split("?", 1)[0]
                 handler = routes.get((method, path))
                 reply = _refusal(method, path, req, access)
-                if reply is not None:
-                    pass
-                elif handler is None:
+                if reply is None and handler is None:
                     known = any(p == path for _, p in routes)
                     reply = json_reply({"error": f"{'method not allowed' if known else 'not found'}: {path}"},
                                        405 if known else 404)
-                else:
+                elif reply is None:
                     try:
                         reply = await handler(bytes(body))
                     except Exception as exc:  # a handler bug must not take the node down
