@@ -15,7 +15,7 @@ and ``diff`` is the same answer as a list of ``ArcMove``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,6 +127,18 @@ class Moves:
         """Each arc's length as float64 (a wrapping arc goes round through zero)."""
         span = (self.ends - self.starts).astype(np.float64)  # uint64 arithmetic wraps: exact below 2**64
         return np.where(self.ends == self.starts, float(RING_SPACE), span)
+
+    @classmethod
+    def from_arcs(cls, arcs: Iterable[ArcMove], *, wire: bool) -> Moves:
+        """The arrays of a list of ``ArcMove`` (of ``diff`` if not ``wire``, of ``handoff_arcs`` if ``wire``)."""
+        arcs = list(arcs)
+        names = tuple(sorted(({a.previous for a in arcs} | {a.next for a in arcs}) - {None}))
+        ids = {name: index for index, name in enumerate(names)}
+        ids[None] = -1
+        return cls(starts=np.array([a.start for a in arcs], dtype=np.uint64),
+                   ends=np.array([a.end % RING_SPACE for a in arcs], dtype=np.uint64),
+                   previous=np.array([ids[a.previous] for a in arcs], dtype=np.int32),
+                   next=np.array([ids[a.next] for a in arcs], dtype=np.int32), names=names, wire=wire)
 
     @classmethod
     def empty(cls, *, wire: bool = False) -> Moves:

@@ -38,14 +38,14 @@ from protocol import (
     StatusReport,
     Transfer,
 )
-from ring import DEFAULT_POINTS_PER_WEIGHT, RING_SPACE, ArcMove, MemberState, Ring, View, diff, host_position
+from ring import DEFAULT_POINTS_PER_WEIGHT, RING_SPACE, MemberState, Moves, Ring, View, diff_moves, host_position, wire_moves
 from storage import HostState, NodeStore, QueuedUrl
 
 from peer.config import Config
 from peer.crawl.crawler import Crawler
 from peer.crawl.settings import CrawlSettings, SettingsError
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
-from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
+from peer.cluster.handoff import Handoff, HandoffConfig
 from peer.cluster.membership import Membership, MembershipConfig
 from peer.cluster.lanes import LEASE, FleetLanes
 from peer.cluster.replicas import SeenReplicas
@@ -397,20 +397,21 @@ class Cluster:
         alone_before = not any(
             m.state in _OWNING for m in old_view.members if m.node_id != self.node_id
         )
-        gain_arcs: list[ArcMove] | None = None
+        gain_arcs: Moves | None = None
         if new_ring == old_ring:
-            arcs: list[ArcMove] = []
+            arcs = Moves.empty(wire=True)
         else:
-            arcs = await trio.to_thread.run_sync(lambda: handoff_arcs(diff(old_ring, new_ring)))
+            # the moved arcs as arrays (a join at 1,000 points per weight moves one arc per point of the joiner)
+            arcs = await trio.to_thread.run_sync(lambda: wire_moves(diff_moves(old_ring, new_ring)))
             if (alone_before or not self.ready.is_set()) and new_ring.nodes != (self.node_id,):
                 # Our own previous ring had only us, or we are still joining (a partial view merged first): the
                 # arcs we gain come from the owners in the cluster's ring without us.
                 without = {n: w for n, w in new_ring.weights.items() if n != self.node_id}
                 if without and self.node_id in new_ring.weights:
                     before = await trio.to_thread.run_sync(lambda: new_ring.with_weights(without))
-                    gain_arcs = await trio.to_thread.run_sync(lambda: handoff_arcs(diff(before, new_ring)))
+                    gain_arcs = await trio.to_thread.run_sync(lambda: wire_moves(diff_moves(before, new_ring)))
                 else:
-                    gain_arcs = []
+                    gain_arcs = Moves.empty(wire=True)
         # No await from here on: the ring, the hand-off and the crawler change together.
         self.view, self.epoch = view, view.epoch
         self._set_ring(new_ring)

@@ -1,0 +1,162 @@
+"""The hand-off of a view change that moves thousands of small arcs: real LMDB stores, MockClock.
+
+At a thousand points per weight a join moves one arc per point of the joiner. The hand-off takes the moved arcs
+as arrays (`ring.diff_moves`), finds the arcs holding a host here in one pass over the hosts, reads their content a
+few dozen arcs at a time as the window opens, and drops them after the last ack a few dozen arcs per transaction
+with a checkpoint between: every URL still arrives once, in few chunks, and the event loop runs between steps.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import Counter
+
+import pytest
+import trio
+
+from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
+from protocol import HandoffAck, HandoffChunk, Message
+from ring import Ring, diff, diff_moves, host_position, wire_moves
+from storage import HostState, NodeStore, QueuedUrl, in_arc, url_key
+
+WALL0 = 1_700_000_000.0
+WEIGHTS = {"a": 3, "b": 2, "c": 2}
+OLD = Ring(WEIGHTS, points_per_weight=1000)
+NEW = OLD.with_weights({**WEIGHTS, "j": 2})
+
+
+def wall() -> float:
+    return WALL0 + trio.current_time()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Message]] = []
+
+    def send_nowait(self, peer_id: str, message: Message) -> bool:
+        self.sent.append((peer_id, message))
+        return True
+
+
+LOST_TO_J = sorted((m.start, m.end) for m in handoff_arcs(diff(OLD, NEW)) if m.previous == "a" and m.next == "j")
+STARTS = [start for start, _ in LOST_TO_J]
+
+
+def lost_to_j() -> list[tuple[int, int]]:
+    return LOST_TO_J
+
+
+def moving(position: int) -> bool:
+    index = bisect_right(STARTS, position) - 1  # -1: the last arc, the one that may wrap
+    return bool(LOST_TO_J) and in_arc(position, *LOST_TO_J[index])
+
+
+def fill(store: NodeStore, hosts: int = 1500) -> tuple[list[QueuedUrl], list[bytes]]:
+    """Hosts that "a" owns in OLD: two queued URLs, a state and a fetched page's key each."""
+    names = [f"h{i}.example" for i in range(hosts * 4)]
+    mine = [n for n, owner in zip(names, OLD.owners_at([host_position(n) for n in names])) if owner == "a"][:hosts]
+    items = [QueuedUrl(url=f"http://{h}/p{k}", host=h, depth=1) for h in mine for k in range(2)]
+    assert len(store.admit(items)) == len(items)
+    fetched = [url_key(host_position(h), f"http://{h}/done") for h in mine]
+    store.dedup.insert(fetched)
+    store.frontier.put_states([HostState(host=h, next_allowed=WALL0 + 5.0, crawl_delay=1.0) for h in mine])
+    store.sync()
+    return items, fetched
+
+
+def rows(store: NodeStore) -> Counter[tuple[str, str]]:
+    items, _ = store.frontier.export_arc(0, 0)
+    return Counter((i.url, i.host) for i in items)
+
+
+@pytest.fixture
+def stores(tmp_path):
+    a = NodeStore.open(tmp_path / "a", map_size=1 << 26)
+    j = NodeStore.open(tmp_path / "j", map_size=1 << 26)
+    yield a, j
+    a.close()
+    j.close()
+
+
+def test_the_moves_of_a_join_are_thousands_of_small_arcs() -> None:
+    moves = wire_moves(diff_moves(OLD, NEW))
+    assert len(moves) > 1500 and len(lost_to_j()) > 500
+    assert [(m.start, m.end, m.previous, m.next) for m in moves] == [
+        (m.start, m.end, m.previous, m.next) for m in handoff_arcs(diff(OLD, NEW))]
+
+
+async def test_a_join_of_thousands_of_arcs_moves_every_url_once_in_a_few_chunks(stores, autojump_clock):
+    store_a, store_j = stores
+    items, fetched = fill(store_a)
+    going = Counter((i.url, i.host) for i in items if moving(host_position(i.host)))
+    staying = Counter((i.url, i.host) for i in items if not moving(host_position(i.host)))
+    occupied = {LOST_TO_J[bisect_right(STARTS, host_position(h)) - 1] for _, h in going}
+    assert len(going) > 100 and staying and len(occupied) > 50
+    out, back = Recorder(), Recorder()
+    config = HandoffConfig(urls_per_chunk=200, keys_per_chunk=1000, window=2, arcs_per_read=8, arcs_per_drop=16)
+    a = Handoff("a", store_a, out, config=config, wall_clock=wall)
+    j = Handoff("j", store_j, back, wall_clock=wall)
+    lost = a.view_changed(1, OLD, NEW, arcs=wire_moves(diff_moves(OLD, NEW)))
+    assert len(lost) == len([m for m in handoff_arcs(diff(OLD, NEW)) if m.previous == "a"])
+    j.view_changed(1, OLD, NEW, arcs=handoff_arcs(diff(OLD, NEW)))  # the list form is still taken
+    assert j.waits_for("a") and j.blocked(host_position(next(iter(going))[1]))
+    # nothing is read before the window asks for it: one pump makes the window's chunks, not the whole transfer
+    assert a.urls_sent == 0
+    a.pump()
+    first = [m for _, m in out.sent if isinstance(m, HandoffChunk)]
+    assert first and len([m for m in first if m.urls]) <= config.window and a.urls_sent < sum(going.values())
+    sent: list[HandoffChunk] = []
+    for _ in range(10_000):  # deliver, ack, pump until done (bounded)
+        batch, out.sent = out.sent, []
+        for peer, message in batch:
+            if peer == "j" and isinstance(message, HandoffChunk):
+                sent.append(message)
+                await j.on_message("a", message)
+            elif isinstance(message, HandoffChunk):  # b and c hear "nothing more from me": they ack it
+                await a.on_message(peer, HandoffAck(transfer_id=message.transfer_id, chunk_seq=message.chunk_seq))
+        acks, back.sent = back.sent, []
+        for _, ack in acks:
+            await a.on_message("j", ack)
+        a.pump()
+        if not out.sent and not a.outstanding():
+            break
+    assert a.transfers_completed == 3 and a.outstanding() == 0  # to j, and the empty ones to b and c
+    assert rows(store_j) == going and rows(store_a) == staying
+    assert not j.waits_for("a") and j.waits_for("b") and j.transfers_received == 1  # b's arcs come from b
+    # grouped: far fewer chunks than arcs with content, and only the last is marked so
+    assert len(sent) < len(occupied) / 3 and [m.last for m in sent].count(True) == 1 and sent[-1].last
+    # the fetched pages' keys moved and stayed; the queued URLs' keys left with them
+    moved_keys = {k for k in fetched if moving(int.from_bytes(k[:8], "big"))}
+    assert moved_keys <= set(store_j.dedup.scan(0, 0))
+    assert {k for k in store_a.dedup.scan(0, 0) if moving(int.from_bytes(k[:8], "big"))} == moved_keys
+    assert all(store_a.frontier.get_state(h) is None for _, h in going)
+
+
+async def test_the_drop_after_the_last_ack_lets_other_tasks_run_between_slices(stores, autojump_clock):
+    store_a, _ = stores
+    items, _ = fill(store_a, hosts=600)
+    before = len(store_a.frontier)
+    going = sum(1 for i in items if moving(host_position(i.host)))
+    out = Recorder()
+    a = Handoff("a", store_a, out, config=HandoffConfig(window=10_000, arcs_per_drop=4), wall_clock=wall)
+    a.view_changed(1, OLD, NEW)
+    a.pump()
+    chunks = [(peer, m) for peer, m in out.sent]  # to j, and the empty transfers to b and c
+    seen_while_dropping: list[tuple[int, int]] = []
+    finished = trio.Event()
+
+    async def watch() -> None:
+        while not finished.is_set():
+            seen_while_dropping.append((a.outstanding(), len(store_a.frontier)))
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        await trio.lowlevel.checkpoint()
+        for peer, message in chunks:
+            await a.on_message(peer, HandoffAck(transfer_id=message.transfer_id, chunk_seq=message.chunk_seq))
+        finished.set()
+    assert len(store_a.frontier) == before - going and a.transfers_completed == 3 and a.outstanding() == 0
+    # the other task ran while the arcs were being dropped, and saw the drop under way and counted as outstanding
+    partial = [(n, size) for n, size in seen_while_dropping if before - going < size < before]
+    assert partial and all(n > 0 for n, _ in partial)
