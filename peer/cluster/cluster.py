@@ -435,7 +435,7 @@ class Cluster:
             log.info("ring changed", extra={
                 "epoch": view.epoch, "members": ",".join(f"{n}={w}" for n, w in sorted(new_ring.weights.items())),
                 "arcs_moved": len(arcs), "arcs_lost": len(lost),
-                "arcs_pending": len(self.handoff.pending_arcs())})
+                "arcs_pending": self.handoff.pending_count()})
         if self.crawler is not None:
             self.crawler.rewake()
         self.dispatcher.wake()
@@ -648,7 +648,7 @@ class Cluster:
                 "outstanding": self.dispatcher.outstanding(),
             },
             "handoff": {
-                "outstanding": h.outstanding(), "pending_arcs": len(h.pending_arcs()),
+                "outstanding": h.outstanding(), "pending_arcs": h.pending_count(),
                 "urls_sent": h.urls_sent, "urls_received": h.urls_received, "keys_sent": h.keys_sent,
                 "revisits_sent": h.revisits_sent, "revisits_received": h.revisits_received,
                 "chunks_sent": h.chunks_sent, "chunks_resent": h.chunks_resent, "chunks_applied": h.chunks_applied,

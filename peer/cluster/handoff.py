@@ -157,8 +157,10 @@ class _ArcSet:
     def of(cls, starts: np.ndarray, ends: np.ndarray) -> _ArcSet:
         """The arcs `[starts[i], ends[i])` (uint64 arrays, an end of 0 meaning 2**64), in any order."""
         arc_set = cls.__new__(cls)
-        order = np.argsort(starts, kind="stable")
-        arc_set._adopt(starts[order], ends[order])
+        if len(starts) > 1 and not np.all(starts[1:] > starts[:-1]):  # moves come in position order but one
+            order = np.argsort(starts, kind="stable")
+            starts, ends = starts[order], ends[order]
+        arc_set._adopt(starts, ends)
         return arc_set
 
     def _adopt(self, starts: np.ndarray, ends: np.ndarray) -> None:
@@ -226,13 +228,19 @@ def _as_wire(arcs: Moves | Iterable[ArcMove]) -> Moves:
 
 
 def _by_node(moves: Moves, selected: np.ndarray, column: np.ndarray) -> dict[str, _ArcSet]:
-    """The selected moves grouped by the node named in `column` (their previous or next owner), None left out."""
+    """The selected moves grouped by the node named in `column` (their previous or next owner), None left out:
+    one sort, then a slice per node."""
     starts, ends, column = moves.starts[selected], moves.ends[selected], column[selected]
+    # node indices fit 16 bits (a ring names at most 65,535 nodes): numpy sorts those stably by radix
+    order = np.argsort(column.astype(np.int16), kind="stable")
+    starts, ends, column = starts[order], ends[order], column[order]
+    firsts = np.flatnonzero(np.concatenate(([True], column[1:] != column[:-1]))) if len(column) else column
+    bounds = [*firsts.tolist(), len(column)]
     groups: dict[str, _ArcSet] = {}
-    for index in np.unique(column).tolist():
+    for first, end in zip(bounds, bounds[1:]):
+        index = int(column[first])
         if index >= 0:
-            mine = column == index
-            groups[moves.names[index]] = _ArcSet.of(starts[mine], ends[mine])
+            groups[moves.names[index]] = _ArcSet.of(starts[first:end], ends[first:end])
     return groups
 
 
@@ -321,6 +329,7 @@ class Handoff:
         # transfers not started yet: (transfer id, ring id, peer, arcs, the ring it hands off to (None: a sweep))
         self._waiting: list[tuple[int, int, str, _ArcSet, Ring | None]] = []
         self._dropping = 0  # completed transfers whose arcs are being dropped from the store, a slice at a time
+        self._hosts_here: np.ndarray | None = None  # positions of the hosts held here, while transfers start
         self._outgoing: dict[int, _Outgoing] = {}
         self._incoming: dict[tuple[str, int], _Incoming] = {}
         self._lost = _ArcSet(())  # arcs lost at the latest view change
@@ -438,6 +447,7 @@ class Handoff:
           them on), and "nothing more from me up to this ring" must not release those hosts before."""
         if not self._waiting:
             return
+        self._hosts_here = None  # read once per call, by the first transfer that starts
         busy_list = list(self.delegate.busy_positions())
         busy = _positions(busy_list)
         sending = {transfer.peer for transfer in self._outgoing.values()}
@@ -473,22 +483,25 @@ class Handoff:
             in_flight=in_flight,
         )
         if not todo:  # nothing to move, but the receiver still learns that the transfer is complete
-            start, end = (arcs.arcs[0] if len(arcs) else (0, 0))
+            start, end = (arcs._starts_view[0], arcs._ends_view[0]) if len(arcs) else (0, 0)
             transfer.chunks[0] = _Chunk(seq=0, start=start, end=end)
             transfer.made, transfer.last = 1, 0
         log.info("hand-off started", extra={"peer": peer, "arcs": len(arcs), "occupied": len(todo)})
 
-    def _fill(self, transfer: _Outgoing, wanted: int) -> None:
+    def _fill(self, transfer: _Outgoing, wanted: int, budget: int) -> int:
         """Make chunks until `wanted` are unsent or every arc is read, reading `arcs_per_read` arcs at a time:
         the URLs, states, seen keys and revisit schedules of each arc, one read transaction per database.
         Consecutive arcs share chunks: one chunk names the arc covering its group (entries are validated against
         it), so a join that moves thousands of small arcs sends a few dozen chunks, not one or more per arc. A
-        wrapping arc is a group of its own."""
-        budget = self.config.urls_per_chunk
+        wrapping arc is a group of its own. Reads at most `budget` arcs (at least one batch); returns how many."""
+        limit = self.config.urls_per_chunk
+        read = 0
         for _ in range(len(transfer.todo) + 1):  # bounded: each round reads arcs or finishes
-            if transfer.done or sum(1 for c in transfer.chunks.values() if c.sent_at is None) >= wanted:
-                return
-            batch = transfer.todo[transfer.read:transfer.read + self.config.arcs_per_read]
+            if (transfer.done or read >= budget
+                    or sum(1 for c in transfer.chunks.values() if c.sent_at is None) >= wanted):
+                return read
+            batch = transfer.todo[transfer.read:transfer.read + min(self.config.arcs_per_read, budget - read)]
+            read += len(batch)
             transfer.read += len(batch)
             if batch:
                 frontier = self.store.frontier.export_arcs(batch)
@@ -507,7 +520,7 @@ class Handoff:
                 self.urls_sent += len(items)
                 self.keys_sent += len(seen)
                 wraps = end != 0 and end < start or end == 0
-                if wraps or (transfer.group and len(transfer.g_items) + len(transfer.g_seen) // 5 + len(items) > budget):
+                if wraps or (transfer.group and len(transfer.g_items) + len(transfer.g_seen) // 5 + len(items) > limit):
                     self._flush(transfer)
                 transfer.group.append((start, end))
                 transfer.g_items.extend(items)
@@ -525,6 +538,7 @@ class Handoff:
                     transfer.chunks[transfer.made] = _Chunk(seq=transfer.made, start=start, end=end)
                     transfer.made += 1
                 transfer.last = transfer.made - 1
+        return read
 
     def _flush(self, transfer: _Outgoing) -> None:
         """The gathered group's chunks, added to the transfer."""
@@ -549,10 +563,11 @@ class Handoff:
         fetch, and the sweep and later hand-offs never need them."""
         if not len(arcs):
             return []
-        raw = self.store.frontier.host_positions()
-        if not raw:
+        if self._hosts_here is None:
+            self._hosts_here = np.frombuffer(self.store.frontier.host_positions(), dtype=">u8").astype(np.uint64)
+        if not len(self._hosts_here):
             return []
-        found = np.unique(arcs.locate(np.frombuffer(raw, dtype=">u8").astype(np.uint64)))
+        found = np.unique(arcs.locate(self._hosts_here))
         found = found[found >= 0]
         return list(zip(arcs.starts[found].tolist(), arcs.ends[found].tolist()))
 
@@ -608,6 +623,10 @@ class Handoff:
     def pending_arcs(self) -> list[tuple[int, int]]:
         """Arcs gained whose transfer is not complete: their hosts must not be fetched yet."""
         return [arc for arcs in self._pending.values() for arc in arcs.arcs]
+
+    def pending_count(self) -> int:
+        """How many gained arcs wait for their transfer (`len(pending_arcs())` without making the list)."""
+        return sum(len(arcs) for arcs in self._pending.values())
 
     def progress(self) -> list[tuple[str, bool, float, int]]:
         """Transfers under way, for the dashboard: (peer, True, share of the key space awaited from it, 0) for
@@ -687,17 +706,22 @@ class Handoff:
         self._run = self.store.outbox.new_run()
         task_status.started()
         while True:
-            self.pump()
-            await trio.sleep(self.config.interval)
+            more = self.pump()
+            # chunks still to make, and room for them: go on after a checkpoint rather than a whole interval
+            await trio.sleep(0 if more else self.config.interval)
 
-    def pump(self) -> None:
-        """Send what the window allows and re-send chunks older than `resend_after`."""
+    def pump(self) -> bool:
+        """Send what the window allows and re-send chunks older than `resend_after`. Makes chunks by reading at
+        most a few batches of arcs (a short step of the event loop); returns whether it stopped for that with
+        chunks still to make."""
         self._start_quiet()
         now = trio.current_time()
         self._expire(now)
+        budget = 2 * self.config.arcs_per_read  # arcs read per pump, over all transfers: a short step
         for transfer in list(self._outgoing.values()):
             in_flight = sum(1 for chunk in transfer.chunks.values() if chunk.sent_at is not None)
-            self._fill(transfer, self.config.window - in_flight)
+            if budget > 0:
+                budget -= self._fill(transfer, self.config.window - in_flight, budget)
             for chunk in sorted(transfer.chunks.values(), key=lambda c: c.seq):
                 resend = chunk.sent_at is not None and now - chunk.sent_at >= self.config.resend_after
                 fresh = chunk.sent_at is None and in_flight < self.config.window
@@ -711,6 +735,7 @@ class Handoff:
                     self.chunks_sent += 1
                     in_flight += 1
                 chunk.sent_at = now
+        return budget <= 0 and any(not transfer.done for transfer in self._outgoing.values())
 
     def _message(self, transfer: _Outgoing, chunk: _Chunk) -> HandoffChunk:
         wall = self.wall_clock()  # ready_in is measured at each send, so a re-sent chunk is still right
@@ -754,7 +779,8 @@ class Handoff:
             for i in range(0, len(transfer.arcs), step):
                 self.store.drop_arcs(transfer.arcs[i:i + step], keep)
                 await trio.lowlevel.checkpoint()
-            self.store.sync()
+            if transfer.arcs:  # the disk flush (milliseconds) off the event loop; LMDB syncs from any thread
+                await trio.to_thread.run_sync(self.store.sync)
         finally:
             self._dropping -= 1
         self.transfers_completed += 1

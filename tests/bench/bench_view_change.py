@@ -138,7 +138,7 @@ async def view_change(node: str, store: NodeStore, old: Ring, weights: dict[str,
         new = await trio.to_thread.run_sync(lambda: old.with_weights(weights))
         arcs = await trio.to_thread.run_sync(lambda: moved_arcs(old, new))
         figures["ring_diff_wall"] = time.perf_counter() - wall
-        handoff.view_changed(1, old, new, arcs=arcs)
+        lost = handoff.view_changed(1, old, new, arcs=arcs)
         chunks = urls = keys = 0
         for _ in range(1_000_000):  # bounded: a transfer of 10^6 chunks would be a bug here
             handoff.pump()
@@ -158,7 +158,7 @@ async def view_change(node: str, store: NodeStore, old: Ring, weights: dict[str,
         done.set()
     figures.update(
         user=after.ru_utime - before.ru_utime, system=after.ru_stime - before.ru_stime,
-        arcs=len(arcs), lost=sum(1 for _ in handoff.lost_arcs()), chunks=chunks, urls=urls, keys=keys,
+        arcs=len(arcs), lost=len(lost), chunks=chunks, urls=urls, keys=keys,
         stall=max(gaps[3:] or gaps), left=len(store.frontier),
     )
     figures["cpu"] = figures["user"] + figures["system"]
