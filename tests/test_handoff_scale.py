@@ -11,10 +11,13 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 
+import numpy as np
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
+from peer.cluster.handoff import Handoff, HandoffConfig, _ArcSet, handoff_arcs
 from protocol import HandoffAck, HandoffChunk, Message
 from ring import Ring, diff, diff_moves, host_position, wire_moves
 from storage import HostState, NodeStore, QueuedUrl, in_arc, url_key
@@ -140,8 +143,6 @@ async def test_the_drop_after_the_last_ack_lets_other_tasks_run_between_slices(s
     out = Recorder()
     a = Handoff("a", store_a, out, config=HandoffConfig(window=10_000, arcs_per_drop=4), wall_clock=wall)
     a.view_changed(1, OLD, NEW)
-    a.pump()
-    chunks = [(peer, m) for peer, m in out.sent]  # to j, and the empty transfers to b and c
     seen_while_dropping: list[tuple[int, int]] = []
     finished = trio.Event()
 
@@ -153,10 +154,36 @@ async def test_the_drop_after_the_last_ack_lets_other_tasks_run_between_slices(s
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch)
         await trio.lowlevel.checkpoint()
-        for peer, message in chunks:
-            await a.on_message(peer, HandoffAck(transfer_id=message.transfer_id, chunk_seq=message.chunk_seq))
+        for _ in range(1000):  # pump and ack everything (to j, and the empty transfers to b and c) until done
+            a.pump()
+            sent, out.sent = out.sent, []
+            for peer, message in sent:
+                await a.on_message(peer, HandoffAck(transfer_id=message.transfer_id, chunk_seq=message.chunk_seq))
+            if not sent and not a.outstanding():
+                break
         finished.set()
     assert len(store_a.frontier) == before - going and a.transfers_completed == 3 and a.outstanding() == 0
     # the other task ran while the arcs were being dropped, and saw the drop under way and counted as outstanding
     partial = [(n, size) for n, size in seen_while_dropping if before - going < size < before]
     assert partial and all(n > 0 for n, _ in partial)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cuts=st.lists(st.integers(0, 2**64 - 1), min_size=2, max_size=12, unique=True),
+       wrap=st.booleans(), positions=st.lists(st.integers(0, 2**64 - 1), max_size=30))
+def test_arc_sets_locate_positions_as_in_arc_does(cuts: list[int], wrap: bool, positions: list[int]) -> None:
+    """The numpy look-ups of an arc set against the definition: disjoint arcs, the last one wrapping or ending
+    at 2**64 (written 0), and the whole ring."""
+    cuts.sort()
+    arcs = [(cuts[i], cuts[i + 1]) for i in range(0, len(cuts) - 1, 2)]
+    if wrap:
+        arcs[-1] = (arcs[-1][0], 0 if arcs[0][0] == 0 else min(arcs[0][0], 2**63) // 2)
+    wholes = [(5, 5)]
+    probes = np.array(sorted(set(positions) | {0, 2**64 - 1} | {a for arc in arcs for a in arc}), dtype=np.uint64)
+    for arc_list in (arcs, wholes):
+        arc_set = _ArcSet(arc_list)
+        expected = [next((i for i, arc in enumerate(arc_set.arcs) if in_arc(p, *arc)), -1) for p in probes.tolist()]
+        assert arc_set.locate(probes).tolist() == expected
+        assert [arc_set.find(p) for p in probes.tolist()] == [arc_set.arcs[i] if i >= 0 else None for i in expected]
+        assert arc_set.occupied(probes).tolist() == sorted({i for i in expected if i >= 0})
+        assert arc_set.holds_any(probes) == any(i >= 0 for i in expected)

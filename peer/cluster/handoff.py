@@ -210,6 +210,16 @@ class _ArcSet:
         inside |= starts == ends  # one arc that is the whole ring
         return np.where(inside, index, -1)
 
+    def occupied(self, positions: np.ndarray) -> np.ndarray:
+        """The indices of the arcs holding at least one of `positions` (a SORTED uint64 array): two binary
+        searches per arc into the positions, whichever of the two is larger."""
+        below_start = np.searchsorted(positions, self.starts, side="left")
+        below_end = np.searchsorted(positions, self.ends, side="left")
+        plain = self.starts < self.ends
+        count = np.where(plain, below_end - below_start, len(positions) - below_start + below_end)
+        count[self.starts == self.ends] = len(positions)  # one arc that is the whole ring
+        return np.flatnonzero(count > 0)
+
     def holds_any(self, positions: np.ndarray) -> bool:
         """Whether any of `positions` (a uint64 array) lies in one of the arcs."""
         return bool(len(positions)) and bool(np.any(self.locate(positions) >= 0))
@@ -564,11 +574,11 @@ class Handoff:
         if not len(arcs):
             return []
         if self._hosts_here is None:
-            self._hosts_here = np.frombuffer(self.store.frontier.host_positions(), dtype=">u8").astype(np.uint64)
+            raw = np.frombuffer(self.store.frontier.host_positions(), dtype=">u8").astype(np.uint64)
+            self._hosts_here = np.unique(raw)  # sorted: two searches per arc then tell which arcs hold a host
         if not len(self._hosts_here):
             return []
-        found = np.unique(arcs.locate(self._hosts_here))
-        found = found[found >= 0]
+        found = arcs.occupied(self._hosts_here)
         return list(zip(arcs.starts[found].tolist(), arcs.ends[found].tolist()))
 
     def _cut(
@@ -779,8 +789,8 @@ class Handoff:
             for i in range(0, len(transfer.arcs), step):
                 self.store.drop_arcs(transfer.arcs[i:i + step], keep)
                 await trio.lowlevel.checkpoint()
-            if transfer.arcs:  # the disk flush (milliseconds) off the event loop; LMDB syncs from any thread
-                await trio.to_thread.run_sync(self.store.sync)
+            if transfer.arcs:  # one flush per transfer that moved something (a transfer with nothing needs none)
+                self.store.sync()
         finally:
             self._dropping -= 1
         self.transfers_completed += 1
