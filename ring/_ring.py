@@ -233,11 +233,11 @@ class Ring:
             old_slots = ~is_new
             merged = np.empty(len(is_new), dtype=np.uint64)
             merged[landing] = add_pos
-            np.place(merged, old_slots, pos)
+            merged[old_slots] = pos  # a boolean-mask assignment: faster than np.place here, 3x for uint16
             grown = np.empty(len(is_new) + 1, dtype=np.uint16)
             owners = grown[1:]
             owners[landing] = add_slot
-            np.place(owners, old_slots, after[1:])
+            owners[old_slots] = after[1:]
             pos, after = merged, grown
         # the counts below each bucket move by the points added and removed (uint32 arithmetic wraps, and the
         # true result is in range, so adding a negative change cast to uint32 is exact)
