@@ -145,6 +145,24 @@ class Moves:
         return cls(starts=_EMPTY_U64, ends=_EMPTY_U64, previous=_EMPTY_I32, next=_EMPTY_I32, names=(), wire=wire)
 
 
+def _against_one_node(ring: Ring, node: str, names: list[str], *, was_alone: bool) -> Moves:
+    """The moves between a ring of ``node`` alone (it owns everything) and ``ring``, which holds it among others:
+    every maximal arc of ``ring`` that another node owns (a node that joins a cluster sees this at its first
+    view). Read off the ring's arcs, O(points) in numpy."""
+    starts, slots = ring._run_arrays()
+    ids = {name: index for index, name in enumerate(names)}
+    label = np.array([ids[n] if n is not None else -1 for n in ring._slots], dtype=np.int32)
+    owners = label[slots.astype(np.intp)]
+    ends = np.empty(len(starts), dtype=np.uint64)
+    ends[:-1] = starts[1:]
+    ends[-1] = 0  # 2**64
+    keep = owners != ids[node]
+    me = np.full(int(np.count_nonzero(keep)), ids[node], dtype=np.int32)
+    starts, ends, owners = starts[keep], ends[keep], owners[keep]
+    previous, nxt = (me, owners) if was_alone else (owners, me)
+    return Moves(starts=starts, ends=ends, previous=previous, next=nxt, names=tuple(names))
+
+
 def _one_node_moves(ring: Ring, node: str, names: list[str], *, joined: bool) -> Moves:
     """The moves of one node joining (``ring`` is the ring with it) or leaving (``ring`` is the ring it leaves),
     read off ``ring`` alone. Without the node, a position belongs to the last point at or before it that is not
@@ -205,6 +223,9 @@ def diff_moves(old: Ring, new: Ring) -> Moves:
     if not changed:
         return Moves.empty()
     names = sorted(set(old._weights) | set(new._weights))
+    for alone, other, was_alone in ((old, new, True), (new, old, False)):
+        if len(alone._weights) == 1 and other.point_count and next(iter(alone._weights)) in other._weights:
+            return _against_one_node(other, next(iter(alone._weights)), names, was_alone=was_alone)
     if len(changed) == 1 and old.point_count and new.point_count and old.points_per_weight == new.points_per_weight:
         node = changed[0]
         if node not in old._weights:

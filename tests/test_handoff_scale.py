@@ -187,3 +187,8 @@ def test_arc_sets_locate_positions_as_in_arc_does(cuts: list[int], wrap: bool, p
         assert [arc_set.find(p) for p in probes.tolist()] == [arc_set.arcs[i] if i >= 0 else None for i in expected]
         assert arc_set.occupied(probes).tolist() == sorted({i for i in expected if i >= 0})
         assert arc_set.holds_any(probes) == any(i >= 0 for i in expected)
+        for other in (_ArcSet([(int(p), int(p) + 1) for p in probes[::3].tolist() if p < 2**64 - 1]),
+                      _ArcSet([(cuts[0] + 1, cuts[-1])]) if cuts[-1] > cuts[0] + 1 else _ArcSet()):
+            shared = any(in_arc(p, *b) for a in arc_set.arcs for b in other.arcs for p in (a[0], b[0])
+                         if in_arc(p, *a) and in_arc(p, *b))
+            assert arc_set.touches(other) == other.touches(arc_set) == shared

@@ -511,3 +511,16 @@ def test_moves_of_a_large_join_are_arrays_not_objects() -> None:
     assert np.all(moves.starts[1:] > moves.starts[:-1]) and np.all((moves.ends > moves.starts) | (moves.ends == 0))
     assert moves.index_of("joiner") == moves.names.index("joiner") and moves.index_of(None) == -1
     assert moves.index_of("nobody") == -2
+
+
+@settings(max_examples=100, deadline=None)
+@given(weights=weight_maps, ppw=small_ppw, alone_weight=st.integers(1, 5), alone_ppw=small_ppw, data=st.data())
+def test_diff_moves_against_a_ring_of_one_node_equals_the_definition(
+    weights: dict[str, int], ppw: int, alone_weight: int, alone_ppw: int, data: st.DataObject
+) -> None:
+    """A node's first view after joining: its old ring held only itself (whatever its points per weight)."""
+    node = data.draw(st.sampled_from(sorted(weights)))
+    alone = Ring({node: alone_weight}, points_per_weight=alone_ppw)
+    cluster = Ring(weights, points_per_weight=ppw)
+    check_moves(alone, cluster)
+    check_moves(cluster, alone)

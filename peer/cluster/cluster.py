@@ -45,7 +45,7 @@ from peer.config import Config
 from peer.crawl.crawler import Crawler
 from peer.crawl.settings import CrawlSettings, SettingsError
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
-from peer.cluster.handoff import Handoff, HandoffConfig
+from peer.cluster.handoff import Handoff, HandoffConfig, plan_view
 from peer.cluster.membership import Membership, MembershipConfig
 from peer.cluster.lanes import LEASE, FleetLanes
 from peer.cluster.replicas import SeenReplicas
@@ -412,6 +412,13 @@ class Cluster:
                     gain_arcs = await trio.to_thread.run_sync(lambda: wire_moves(diff_moves(before, new_ring)))
                 else:
                     gain_arcs = Moves.empty(wire=True)
+        gone = {m.node_id for m in view.members if m.state is MemberState.DEAD}
+        plan = None
+        if arcs or gain_arcs:
+            # who gets which arcs, worked out in the worker thread too (a joiner loses millions of arcs at once)
+            node_id = self.node_id
+            plan = await trio.to_thread.run_sync(lambda: plan_view(node_id, old_ring, new_ring, gone=gone, arcs=arcs,
+                                                                   gain_arcs=gain_arcs))
         # No await from here on: the ring, the hand-off and the crawler change together.
         self.view, self.epoch = view, view.epoch
         self._set_ring(new_ring)
@@ -421,17 +428,14 @@ class Cluster:
         self.view_changes += 1
         if self.crawler is not None:
             self.crawler.release_moved()  # parked URLs of moved hosts go back to the queue, into the hand-off
-        gone = {m.node_id for m in view.members if m.state is MemberState.DEAD}
         for node in gone:
             self.handoff.abandon(node)
         for m in view.members:
             if m.node_id != self.node_id and m.state not in _OWNING and self.handoff.cancel_to(m.node_id):
                 log.info("hand-off to a departed node stopped; its content goes to the current owners",
                          extra={"peer": m.node_id, "state": m.state.value})
-        if arcs or gain_arcs:
-            lost = self.handoff.view_changed(
-                ring_id(new_ring), old_ring, new_ring, gone=gone, arcs=arcs, gain_arcs=gain_arcs
-            )
+        if plan is not None:
+            lost = self.handoff.view_changed(ring_id(new_ring), old_ring, new_ring, gone=gone, plan=plan)
             log.info("ring changed", extra={
                 "epoch": view.epoch, "members": ",".join(f"{n}={w}" for n, w in sorted(new_ring.weights.items())),
                 "arcs_moved": len(arcs), "arcs_lost": len(lost),

@@ -31,7 +31,8 @@ from storage import HostState, NodeStore, QueuedUrl, RevisitRecord, in_arc, queu
 from peer.config import DEFAULTS
 from peer.crawl.urls import host_of_normalized, normalize
 
-__all__ = ["Alone", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "handoff_arcs"]
+__all__ = ["Alone", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "ViewPlan", "handoff_arcs",
+           "plan_view"]
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +224,13 @@ class _ArcSet:
         count[self.starts == self.ends] = len(positions)  # one arc that is the whole ring
         return np.flatnonzero(count > 0)
 
+    def touches(self, other: _ArcSet) -> bool:
+        """Whether the two sets share a position: one of them holds the start of an arc of the other. Costs
+        O(len(other) x log len(self)): call it on the larger set."""
+        if not len(self.starts) or not len(other.starts):
+            return False
+        return bool(len(other.occupied(self.starts))) or self.holds_any(other.starts)
+
     def holds_any(self, positions: np.ndarray) -> bool:
         """Whether any of `positions` (a uint64 array) lies in one of the arcs."""
         return bool(len(positions)) and bool(np.any(self.locate(positions) >= 0))
@@ -255,6 +263,56 @@ def _by_node(moves: Moves, selected: np.ndarray, column: np.ndarray) -> dict[str
         if index >= 0:
             groups[moves.names[index]] = _ArcSet.of(starts[first:end], ends[first:end])
     return groups
+
+
+def _joined_up(arcs: _ArcSet) -> _ArcSet:
+    """The same positions in fewer arcs: neighbours (one ending where the next starts) become one. A node that
+    joins loses every arc of its first ring but its own, ten million of them at 1,000 points per weight, but
+    between two of its own arcs they all touch."""
+    starts, ends = arcs.starts, arcs.ends
+    if len(starts) < 2:
+        return arcs
+    touch = ends[:-1] == starts[1:]
+    if not touch.any():
+        return arcs
+    first = np.concatenate(([True], ~touch))
+    last = np.concatenate((~touch, [True]))
+    return _ArcSet.of(starts[first], ends[last])
+
+
+@dataclass(frozen=True, slots=True)
+class ViewPlan:
+    """What a view change means for one node's hand-off, worked out from the moved arcs alone (numpy, no store,
+    no state of the hand-off), so the cluster makes it in its worker thread with the ring: the arcs it loses
+    (`lost`, as moves), the same positions as an arc set, the arcs it hands each peer, and the arcs it gains
+    from each previous owner that is not dead."""
+
+    lost: Moves
+    lost_set: _ArcSet
+    by_peer: dict[str, _ArcSet]
+    gained: dict[str, _ArcSet]
+
+
+def plan_view(node_id: str, old: Ring, new: Ring, *, gone: Iterable[str] = (), gains_from: Ring | None = None,
+              arcs: Moves | Sequence[ArcMove] | None = None,
+              gain_arcs: Moves | Sequence[ArcMove] | None = None) -> ViewPlan:
+    """The `ViewPlan` of `node_id` for the change from `old` to `new` (the arguments of `Handoff.view_changed`)."""
+    moves = _as_wire(arcs) if arcs is not None else wire_moves(diff_moves(old, new))
+    lost_mask = moves.previous == moves.index_of(node_id)
+    lost = moves.where(lost_mask)
+    by_peer = _by_node(moves, lost_mask, moves.next)
+    if gain_arcs is not None:
+        gains = _as_wire(gain_arcs)
+    elif gains_from is not None:
+        gains = wire_moves(diff_moves(gains_from, new))
+    else:
+        gains = moves
+    gained_mask = (gains.next == gains.index_of(node_id)) & (gains.previous >= 0)
+    gone = set(gone)
+    if gone:
+        gained_mask &= ~np.isin(gains.previous, [gains.index_of(node) for node in gone])
+    return ViewPlan(lost=lost, lost_set=_joined_up(_ArcSet.of(lost.starts, lost.ends)), by_peer=by_peer,
+                    gained=_by_node(gains, gained_mask, gains.previous))
 
 
 class HandoffDelegate(Protocol):
@@ -344,6 +402,7 @@ class Handoff:
         self._dropping = 0  # completed transfers whose arcs are being dropped from the store, a slice at a time
         self._hosts_here: np.ndarray | None = None  # positions of the hosts held here, while transfers start
         self._deferred = False  # transfers that may start were left for the next step
+        self._latest: set[int] = set()  # ids of the transfers of the latest view change (their arcs are `_lost`)
         self._outgoing: dict[int, _Outgoing] = {}
         self._incoming: dict[tuple[str, int], _Incoming] = {}
         self._lost = _ArcSet(())  # arcs lost at the latest view change
@@ -373,6 +432,7 @@ class Handoff:
         gains_from: Ring | None = None,
         arcs: Moves | Sequence[ArcMove] | None = None,
         gain_arcs: Moves | Sequence[ArcMove] | None = None,
+        plan: ViewPlan | None = None,
     ) -> Moves:
         """Start handing off the arcs this node loses from `old` to `new`, and note the arcs it gains.
 
@@ -380,39 +440,29 @@ class Handoff:
         `gains_from` is the ring to compute gained arcs against when it is not `old`: a node that just joined
         had only itself in `old`, but the arcs it gains come from the owners in the cluster's previous ring.
         `arcs` and `gain_arcs` may carry the moves of `old` to `new` and of `gains_from` to `new` computed
-        beforehand (in a worker thread), as `diff_moves` (or `wire_moves` of it), or as a list in the form of
-        `handoff_arcs(diff(...))`. The moves are handled as arrays: a join at a thousand points per weight moves
-        one arc per point of the joiner, and nothing here makes an object per arc.
-        Returns the arcs this node loses, in the hand-off's form (a wrapping arc is one).
+        beforehand, as `diff_moves` (or `wire_moves` of it), or as a list in the form of `handoff_arcs(diff(...))`;
+        or `plan` carries all of it worked out (`plan_view`, in the cluster's worker thread: a node that joins
+        loses ten million arcs at 1,000 points per weight). The moves are handled as arrays: nothing here makes
+        an object per arc. Returns the arcs this node loses, in the hand-off's form (a wrapping arc is one).
         """
         if not 0 <= epoch < 1 << 64:
             raise ValueError(f"ring id {epoch} must be in [0, 2**64)")
+        if plan is None:
+            plan = plan_view(self.node_id, old, new, gone=gone, gains_from=gains_from, arcs=arcs,
+                             gain_arcs=gain_arcs)
         self._ring_id = epoch
-        gone = set(gone)
-        moves = _as_wire(arcs) if arcs is not None else wire_moves(diff_moves(old, new))
-        me = moves.index_of(self.node_id)
-        lost_mask = moves.previous == me
-        lost = moves.where(lost_mask)
-        self._lost = _ArcSet.of(lost.starts, lost.ends)
-        by_peer = _by_node(moves, lost_mask, moves.next)
-        for peer in sorted(by_peer):
-            self._waiting.append((self._next_transfer_id(), epoch, peer, by_peer[peer], new))
+        self._lost = plan.lost_set
+        first = self._transfers + 1
+        for peer in sorted(plan.by_peer):
+            self._waiting.append((self._next_transfer_id(), epoch, peer, plan.by_peer[peer], new))
+        self._latest = {self._run << 40 | n for n in range(first, self._transfers + 1)}  # within `_lost`
         # Every other owner of the new ring hears "nothing more from me up to this ring" (an empty transfer,
         # after any earlier one to it): a receiver that saw the rings in another order, and waits for arcs this
         # node labelled with a ring it never adopted, is released by it instead of by the wait timeout.
-        for peer in sorted(set(new.nodes) - set(by_peer) - {self.node_id}):
+        for peer in sorted(set(new.nodes) - set(plan.by_peer) - {self.node_id}):
             self._waiting.append((self._next_transfer_id(), epoch, peer, _ArcSet(), new))
         self._start_quiet()
-        if gain_arcs is not None:
-            gains = _as_wire(gain_arcs)
-        elif gains_from is not None:
-            gains = wire_moves(diff_moves(gains_from, new))
-        else:
-            gains = moves
-        gained_mask = (gains.next == gains.index_of(self.node_id)) & (gains.previous >= 0)
-        if gone:
-            gained_mask &= ~np.isin(gains.previous, [gains.index_of(node) for node in gone])
-        for peer, peer_arcs in _by_node(gains, gained_mask, gains.previous).items():
+        for peer, peer_arcs in plan.gained.items():
             if epoch in self._completed.get(peer, ()):
                 self._release(peer, epoch)  # its transfer for this ring arrived before we adopted the ring
                 continue
@@ -424,7 +474,7 @@ class Handoff:
         for peer in {key[0] for key in self._pending}:
             if epoch in self._completed.get(peer, ()):
                 self._release(peer, epoch)
-        return lost
+        return plan.lost
 
     def sweep(self, epoch: int, owner_of: Callable[[str], str], hosts: Iterable[str]) -> int:
         """Hand off the state of `hosts` this node holds but does not own (a chunk that arrived after the
@@ -469,7 +519,9 @@ class Handoff:
         open_transfers = [(t.transfer_id, t.epoch) for t in self._outgoing.values()]
         open_transfers += [(w[0], w[1]) for w in self._waiting]
         pending = list(self._pending.values())
-        awaited = np.concatenate([arcs.starts for arcs in pending]) if pending else _positions(())
+        # A transfer of the latest ring hands off arcs within `_lost`: if those touch no awaited arc (a joiner
+        # awaits its 150,000 arcs and hands off the others), no such transfer needs the check one by one.
+        lost_touches = any(self._lost.touches(arcs) for arcs in pending)
         still: list[tuple[int, int, str, _ArcSet, Ring | None]] = []
         started = 0
         self._deferred = False
@@ -482,8 +534,8 @@ class Handoff:
                 peer in sending
                 or arc_set.holds_any(busy)
                 or (ring is not None and busy_list and peer in ring.weights and peer in ring.owners_at(busy_list))
-                or arc_set.holds_any(awaited)
-                or any(arcs.holds_any(arc_set.starts) for arcs in pending)
+                or ((lost_touches or transfer_id not in self._latest)
+                    and any(arc_set.touches(arcs) for arcs in pending))
                 or any(tid < transfer_id and ring_id != epoch for tid, ring_id in open_transfers)
             ):
                 still.append((transfer_id, epoch, peer, arc_set, ring))
@@ -589,7 +641,11 @@ class Handoff:
             self._hosts_here = np.unique(raw)  # sorted: two searches per arc then tell which arcs hold a host
         if not len(self._hosts_here):
             return []
-        found = arcs.occupied(self._hosts_here)
+        if len(self._hosts_here) < len(arcs):  # fewer hosts than arcs (a joiner's seeds): locate the hosts
+            found = np.unique(arcs.locate(self._hosts_here))
+            found = found[found >= 0]
+        else:  # fewer arcs: two binary searches per arc into the hosts
+            found = arcs.occupied(self._hosts_here)
         return list(zip(arcs.starts[found].tolist(), arcs.ends[found].tolist()))
 
     def _cut(

@@ -110,13 +110,15 @@ class Steps(trio.abc.Instrument):
 
     def __init__(self) -> None:
         self.longest = 0.0
-        self._started = 0.0
+        self._started: float | None = None  # None: the step that added the instrument, not measured
 
     def before_task_step(self, task) -> None:
         self._started = time.thread_time()
 
     def after_task_step(self, task) -> None:
-        self.longest = max(self.longest, time.thread_time() - self._started)
+        if self._started is not None:
+            self.longest = max(self.longest, time.thread_time() - self._started)
+        self._started = None
 
 
 class Links:
