@@ -12,8 +12,9 @@ real on-disk ``NodeStore`` (LMDB) holding ``--urls`` queued URLs, ``--keys`` see
 them) and a politeness state per host, over ``--hosts`` hosts that the node owns before the change.
 
 Scenarios: a join of weight 150 seen by a node that stays (it hands the joiner its share); the leave of a node of
-weight 297 seen by a node that stays (it gains arcs: nothing to send); and the leaving node itself, which hands
-off everything it holds (its cost grows with its store, not with the ring). A watchdog task sleeps 10 ms in a
+weight 297 seen by a node that stays (it gains arcs: nothing to send); the leaving node itself, which hands off
+everything it holds (its cost grows with its store, not with the ring); and the joining node, whose previous ring
+held only itself, so that it loses ten million arcs (all but its own) and awaits 147,903. A watchdog task sleeps 10 ms in a
 loop and records the longest interval between its wake-ups: the event loop's longest stall (wall clock, so it
 includes waiting for a core on a loaded machine); an instrument records the longest single task step in CPU time
 of the loop's thread, which load does not inflate.
@@ -41,7 +42,8 @@ from protocol import HandoffAck, HandoffChunk
 from ring import Ring, host_position
 from storage import HostState, NodeStore, QueuedUrl, url_key
 
-try:  # the arrays form of the moved arcs (this branch); older trees have only the list form
+try:  # the arrays form of the moved arcs and the plan in the worker thread; older trees have the list form
+    from peer.cluster.handoff import plan_view
     from ring import diff_moves, wire_moves
 
     def moved_arcs(old: Ring, new: Ring):
@@ -49,6 +51,8 @@ try:  # the arrays form of the moved arcs (this branch); older trees have only t
 except ImportError:  # pragma: no cover - measuring an older tree for the "before" figures
     from peer.cluster.handoff import handoff_arcs
     from ring import diff
+
+    plan_view = None
 
     def moved_arcs(old: Ring, new: Ring):
         return handoff_arcs(diff(old, new))
@@ -132,8 +136,11 @@ class Links:
         return True
 
 
-async def view_change(node: str, store: NodeStore, old: Ring, weights: dict[str, int]) -> dict[str, float]:
-    """One node's view change from `old` to the ring of `weights`, as the cluster runs it; returns the figures."""
+async def view_change(node: str, store: NodeStore, old: Ring, weights: dict[str, int],
+                      alone: int = 0) -> dict[str, float]:
+    """One node's view change from `old` to the ring of `weights`, as the cluster runs it; returns the figures.
+    With `alone` (its weight), the node is joining: its own previous ring held only itself, and the arcs it gains
+    come from the owners in `old` (the cluster's ring)."""
     gaps: list[float] = []
     done = trio.Event()
 
@@ -157,9 +164,16 @@ async def view_change(node: str, store: NodeStore, old: Ring, weights: dict[str,
         before = resource.getrusage(resource.RUSAGE_SELF)
         wall = time.perf_counter()
         new = await trio.to_thread.run_sync(lambda: old.with_weights(weights))
-        arcs = await trio.to_thread.run_sync(lambda: moved_arcs(old, new))
-        figures["ring_diff_wall"] = time.perf_counter() - wall
-        lost = handoff.view_changed(1, old, new, arcs=arcs)
+        mine = Ring({node: alone}, points_per_weight=old.points_per_weight) if alone else old
+        arcs = await trio.to_thread.run_sync(lambda: moved_arcs(mine, new))
+        gains = await trio.to_thread.run_sync(lambda: moved_arcs(old, new)) if alone else None
+        if plan_view is not None:  # as the cluster does: who gets which arcs, in the worker thread too
+            plan = await trio.to_thread.run_sync(lambda: plan_view(node, mine, new, arcs=arcs, gain_arcs=gains))
+            figures["ring_diff_wall"] = time.perf_counter() - wall
+            lost = handoff.view_changed(1, mine, new, plan=plan)
+        else:
+            figures["ring_diff_wall"] = time.perf_counter() - wall
+            lost = handoff.view_changed(1, mine, new, arcs=arcs, gain_arcs=gains)
         chunks = urls = keys = 0
         for _ in range(1_000_000):  # bounded: a transfer of 10^6 chunks would be a bug here
             handoff.pump()
@@ -187,7 +201,8 @@ async def view_change(node: str, store: NodeStore, old: Ring, weights: dict[str,
     return figures
 
 
-def scenario(label: str, node: str, template: Path, old: Ring, weights: dict[str, int], runs: int) -> None:
+def scenario(label: str, node: str, template: Path, old: Ring, weights: dict[str, int], runs: int,
+             alone: int = 0) -> None:
     results = []
     for _ in range(runs):
         with tempfile.TemporaryDirectory(prefix="bench-vc-") as tmp:
@@ -196,7 +211,7 @@ def scenario(label: str, node: str, template: Path, old: Ring, weights: dict[str
             store = NodeStore.open(path)
             try:
                 gc.collect()
-                results.append(trio.run(view_change, node, store, old, weights))
+                results.append(trio.run(view_change, node, store, old, weights, alone))
             finally:
                 store.close()
     med = {key: statistics.median(r[key] for r in results) for key in results[0]}
@@ -220,6 +235,8 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=10_000, help="hosts they are spread over (10,000)")
     parser.add_argument("--runs", type=int, default=3, help="runs per scenario; the median is printed (3)")
     parser.add_argument("--quick", action="store_true", help="20,000 URLs, 60,000 keys, 2,000 hosts, one run")
+    parser.add_argument("--no-joiner", action="store_true",
+                        help="skip the joining node (an older tree makes ten million ArcMove objects for it)")
     args = parser.parse_args()
     if args.quick:
         args.urls, args.keys, args.hosts, args.runs = 20_000, 60_000, 2_000, 1
@@ -241,6 +258,11 @@ def main() -> None:
                  STAYER, stayer, ring, left, args.runs)
         scenario(f"leave of {LEAVER} (weight {weights[LEAVER]}), on the leaving node: it hands off its whole store",
                  LEAVER, leaver, ring, left, args.runs)
+        if not args.no_joiner:
+            empty = Path(tmp) / "empty"
+            NodeStore.open(empty).close()
+            scenario(f"join of weight {JOIN_WEIGHT}, on the joining node (its first ring held only itself; empty store)",
+                     JOINER, empty, ring, joined, args.runs, alone=JOIN_WEIGHT)
 
 
 if __name__ == "__main__":
