@@ -402,6 +402,7 @@ class Handoff:
         self._dropping = 0  # completed transfers whose arcs are being dropped from the store, a slice at a time
         self._hosts_here: np.ndarray | None = None  # positions of the hosts held here, while transfers start
         self._deferred = False  # transfers that may start were left for the next step
+        self._wake: trio.Event | None = None  # set to wake `run` before its interval is up
         self._latest: set[int] = set()  # ids of the transfers of the latest view change (their arcs are `_lost`)
         self._outgoing: dict[int, _Outgoing] = {}
         self._incoming: dict[tuple[str, int], _Incoming] = {}
@@ -783,9 +784,13 @@ class Handoff:
         self._run = self.store.outbox.new_run()
         task_status.started()
         while True:
-            more = self.pump()
-            # chunks still to make, and room for them: go on after a checkpoint rather than a whole interval
-            await trio.sleep(0 if more else self.config.interval)
+            if self.pump():  # chunks still to make, and room for them: go on after a checkpoint
+                await trio.sleep(0)
+                continue
+            # otherwise after `interval`, or as soon as a pump made elsewhere (an ack's) stops with more to make
+            self._wake = trio.Event()
+            with trio.move_on_after(self.config.interval):
+                await self._wake.wait()
 
     def pump(self) -> bool:
         """Send what the window allows and re-send chunks older than `resend_after`. Makes chunks by reading at
@@ -794,7 +799,7 @@ class Handoff:
         self._start_quiet()
         now = trio.current_time()
         self._expire(now)
-        budget = 2 * self.config.arcs_per_read  # arcs read per pump, over all transfers: a short step
+        budget = self.config.arcs_per_read  # arcs read per pump, over all transfers: a short step
         for transfer in list(self._outgoing.values()):
             in_flight = sum(1 for chunk in transfer.chunks.values() if chunk.sent_at is not None)
             if budget > 0:
@@ -812,7 +817,10 @@ class Handoff:
                     self.chunks_sent += 1
                     in_flight += 1
                 chunk.sent_at = now
-        return self._deferred or (budget <= 0 and any(not transfer.done for transfer in self._outgoing.values()))
+        more = self._deferred or (budget <= 0 and any(not transfer.done for transfer in self._outgoing.values()))
+        if more and self._wake is not None:
+            self._wake.set()  # `run` goes on at once
+        return more
 
     def _message(self, transfer: _Outgoing, chunk: _Chunk) -> HandoffChunk:
         wall = self.wall_clock()  # ready_in is measured at each send, so a re-sent chunk is still right
