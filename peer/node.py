@@ -224,15 +224,9 @@ class Node:
             ) as fetcher:
                 cluster = self.cluster
                 crawler = self.crawler = Crawler(
-                    cfg, fetcher=fetcher, store=store, pages=pages, stats=self.stats,
-                    owns=cluster.owns if cluster else None,
-                    router=cluster.dispatcher.route if cluster else None,
-                    take_routed=cluster.dispatcher.take_routed if cluster else None,
-                    blocked=cluster.blocked if cluster else None,
-                    fetched=cluster.replicas.fetched if cluster else None,
+                    cfg, fetcher=fetcher, store=store, pages=pages, stats=self.stats, ownership=cluster,
                 )
                 if cluster is not None:
-                    crawler.stop_when_done = False  # work can arrive from peers: the cluster decides when it ends
                     cluster.attach(crawler)
                 recovered = crawler.restore()
                 async with trio.open_nursery() as nursery:

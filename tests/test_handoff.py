@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 import trio
 
-from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
+from peer.cluster.handoff import Alone, Handoff, HandoffConfig, handoff_arcs
 from peer.cluster.peerlinks import PeerLinks
 from peer.cluster.transport import MemoryNetwork
 from protocol import HandoffAck, HandoffChunk, Limits, Message, decode_body, encode_body
@@ -465,9 +465,12 @@ async def test_a_transfer_waits_for_the_fetches_in_flight_in_its_arcs(stores, au
     fetching = [host_position(host_in), host_position(host_out)]
     async with trio.open_nursery() as nursery:
         net = Net(nursery)
-        a = net.nodes["a"] = Handoff(
-            "a", store_a, net.links("a"), config=CONFIG, wall_clock=wall, in_flight=lambda: list(fetching)
-        )
+        class Fetching(Alone):
+            def busy_positions(self) -> list[int]:
+                return list(fetching)
+
+        a = net.nodes["a"] = Handoff("a", store_a, net.links("a"), config=CONFIG, wall_clock=wall,
+                                     delegate=Fetching("a"))
         b = net.nodes["b0"] = Handoff("b0", store_b, net.links("b0"), config=CONFIG, wall_clock=wall)
         a.view_changed(1, OLD, NEW)
         b.view_changed(1, OLD, NEW)

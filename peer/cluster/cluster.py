@@ -31,7 +31,7 @@ from ring import DEFAULT_POINTS_PER_WEIGHT, ArcMove, MemberState, Ring, View, di
 from storage import HostState, NodeStore, QueuedUrl
 
 from peer.config import Config
-from peer.crawl.crawler import Crawler
+from peer.crawl.crawler import Crawler, Link
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
 from peer.cluster.membership import Membership, MembershipConfig
@@ -144,14 +144,11 @@ class Cluster:
             config=DispatchConfig(batch_size=cfg.batch_size, interval=cfg.dispatch_interval),
             on_admitted=self._admitted,
         )
-        self.handoff = Handoff(
-            node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait), wall_clock=wall_clock,
-            in_flight=self._busy_positions, on_applied=self._applied, owner_of=self._owner_of,
-            on_keys=lambda keys: self.replicas.adopt(keys),
-            on_foreign_states=lambda states: self.replicas.pass_states(states),
-        )
         self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
                                      apply_states=self._merge_states, wall_clock=wall_clock)
+        # the hand-off asks the cluster (its delegate) what is busy, who owns what, and where keys go
+        self.handoff = Handoff(node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait),
+                               wall_clock=wall_clock, delegate=self)
         self.crawler: Crawler | None = None
         self.address: str | None = None
         self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
@@ -166,10 +163,22 @@ class Cluster:
         self._answers: dict[int, tuple[str, trio.Event]] = {}
         self._leaving_since: dict[str, float] = {}  # peer -> when this node first saw it LEAVING
 
-    # -- the crawler's hooks ------------------------------------------------------------------------------
+    # -- the crawler's Ownership (peer/crawl/seams.py) -------------------------------------------------------
+
+    solo = False  # a fleet: links for hosts owned elsewhere are routed, and the cluster decides when it ends
 
     def attach(self, crawler: Crawler) -> None:
+        """The crawler this cluster wakes when work arrives (built with `ownership=cluster`)."""
         self.crawler = crawler
+
+    def route(self, host: str, link: Link) -> None:
+        self.dispatcher.route(host, link)
+
+    def take_routed(self) -> list[tuple[str, QueuedUrl]]:
+        return self.dispatcher.take_routed()
+
+    def fetched(self, item: QueuedUrl) -> None:
+        self.replicas.fetched(item)
 
     def ring_of(self) -> tuple[int, Any]:
         """The view epoch and the current ring's owner look-up (what the dispatcher needs of a ring)."""
@@ -186,15 +195,23 @@ class Cluster:
         owners = self._owners
         return owners is not None and owners.owner(host) == self.node_id
 
-    def _owner_of(self, host: str) -> str:
+    # -- the hand-off's delegate (peer/cluster/handoff.py: HandoffDelegate) --------------------------------
+
+    def owner_of(self, host: str) -> str:
         assert self._owners is not None
         return self._owners.owner(host)
+
+    def keys_arrived(self, keys: list[bytes]) -> None:
+        self.replicas.adopt(keys)
+
+    def foreign_states(self, states) -> None:
+        self.replicas.pass_states(states)
 
     def blocked(self, host: str) -> bool:
         """Whether `host` lies in a gained arc whose hand-off has not arrived: not to be fetched yet."""
         return self.handoff.waiting() and self.handoff.blocked(host_position(host))
 
-    def _busy_positions(self) -> list[int]:
+    def busy_positions(self) -> list[int]:
         return [host_position(host) for host in self.crawler.busy_hosts()] if self.crawler else []
 
     def _admitted(self, new: list[QueuedUrl]) -> None:
@@ -208,7 +225,7 @@ class Cluster:
         if self.crawler is not None:
             self.crawler.take_over([], states)
 
-    def _applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
+    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
         if self.crawler is not None:
             self.crawler.take_over(new, states)
 

@@ -112,8 +112,8 @@ def _fingerprint(url: str) -> bytes:
 class Dispatcher:
     """Routes links to their owners and receives the batches peers route to this node.
 
-    Wiring: `Crawler(router=dispatcher.route)`; the crawler passes `routed=dispatcher.take_routed()` to
-    `store.finish` so routed links are durable with their page; `Membership(on_message=dispatcher.on_message)`;
+    Wiring: the cluster's `Ownership.route` is `dispatcher.route`; the crawler passes the cluster's
+    `take_routed()` (this dispatcher's) to `store.finish` so routed links are durable with their page; `Membership(on_message=dispatcher.on_message)`;
     `await nursery.start(dispatcher.run)`.
     """
 

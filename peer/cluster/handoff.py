@@ -29,7 +29,7 @@ from storage import HostState, NodeStore, QueuedUrl, in_arc, queued_url_keys
 
 from peer.crawl.urls import host_of
 
-__all__ = ["Handoff", "HandoffConfig", "HandoffLinks", "handoff_arcs"]
+__all__ = ["Alone", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "handoff_arcs"]
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,53 @@ class _ArcSet:
         return arc if in_arc(position, *arc) else None
 
 
+class HandoffDelegate(Protocol):
+    """What the hand-off asks of the node around it (memberlist's delegate): one protocol, not loose callables.
+    `Alone` is the default for a hand-off on its own (tests); the cluster implements it for a node."""
+
+    def busy_positions(self) -> Iterable[int]:
+        """Ring positions of the hosts being fetched here now: a transfer starts once none lies in its arcs, so
+        the host states it carries include the last fetch (the politeness rule, docs/cluster.md)."""
+
+    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
+        """An applied chunk queued `new` and set `states`: wake those hosts, take over their timers."""
+
+    def owner_of(self, host: str) -> str:
+        """The owner of `host` under this node's current view. Chunk content for hosts owned elsewhere (the arc
+        moved on, or our view is older) is forwarded through the outbox instead of being stored here, where a
+        later hand-off of that arc could drop it with the arc."""
+
+    def keys_arrived(self, keys: list[bytes]) -> None:
+        """The seen keys of an applied chunk (a sender sends only keys of pages it fetched), to replicate, or to
+        pass on to an owner elsewhere."""
+
+    def foreign_states(self, states: list[WireHostState]) -> None:
+        """Politeness states of an applied chunk for hosts owned elsewhere under this node's ring: not stored
+        here (nothing here would hand them on) but passed on to their owner."""
+
+
+class Alone:
+    """The hand-off's delegate when no cluster is around it: this node owns every host, nothing is busy."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+
+    def busy_positions(self) -> Iterable[int]:
+        return ()
+
+    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
+        pass
+
+    def owner_of(self, host: str) -> str:
+        return self.node_id
+
+    def keys_arrived(self, keys: list[bytes]) -> None:
+        pass
+
+    def foreign_states(self, states: list[WireHostState]) -> None:
+        pass
+
+
 class Handoff:
     """Both ends of the hand-off for one node: outgoing transfers of lost arcs, incoming chunks of gained ones.
 
@@ -150,33 +197,15 @@ class Handoff:
         *,
         config: HandoffConfig = HandoffConfig(),
         wall_clock: Callable[[], float] = time.time,
-        in_flight: Callable[[], Iterable[int]] | None = None,
-        on_applied: Callable[[list[QueuedUrl], list[HostState]], None] | None = None,
-        owner_of: Callable[[str], str] | None = None,
-        on_keys: Callable[[list[bytes]], None] | None = None,
-        on_foreign_states: Callable[[list[WireHostState]], None] | None = None,
+        delegate: HandoffDelegate | None = None,
     ) -> None:
         self.node_id = node_id
         self.store = store
         self.links = links
         self.config = config
         self.wall_clock = wall_clock  # host states keep wall-clock next_allowed; the wire carries durations
-        # Ring positions of the hosts being fetched here now: a transfer starts once none lies in its arcs, so
-        # the host states it carries include the last fetch (the politeness rule, docs/cluster.md).
-        self.in_flight = in_flight
-        # Told what an applied chunk queued (new URLs) and which host states it set, so the crawler can wake
-        # those hosts and take over their politeness timers.
-        self.on_applied = on_applied
-        # The owner of a host under this node's current view: chunk content for hosts owned elsewhere (the arc
-        # moved on, or our view is older) is forwarded through the outbox instead of being stored here, where
-        # a later hand-off of that arc could drop it with the arc.
-        self.owner_of = owner_of
-        # Told the seen keys of every applied chunk: a sender sends only keys of pages it fetched (never of URLs
-        # queued or in flight), so the cluster may replicate them, or pass them on to an owner elsewhere.
-        self.on_keys = on_keys
-        # Told the politeness states of an applied chunk for hosts owned elsewhere under this node's ring: they
-        # are not stored here (nothing here would ever hand them on) but passed on to the owner.
-        self.on_foreign_states = on_foreign_states
+        # What the hand-off asks of the node around it (the cluster), as one named protocol.
+        self.delegate: HandoffDelegate = delegate if delegate is not None else Alone(node_id)
         # peer -> ring ids of its completed transfers. Transfers are labelled with the id of the ring they hand
         # off to (not the view epoch: two nodes can number the same ring differently), so both ends agree.
         self._completed: dict[str, set[int]] = {}
@@ -302,7 +331,7 @@ class Handoff:
           them on), and "nothing more from me up to this ring" must not release those hosts before."""
         if not self._waiting:
             return
-        busy = list(self.in_flight()) if self.in_flight is not None else []
+        busy = list(self.delegate.busy_positions())
         sending = {transfer.peer for transfer in self._outgoing.values()}
         # (transfer id, ring id) of every transfer not yet acknowledged, started or not
         open_transfers = [(t.transfer_id, t.epoch) for t in self._outgoing.values()]
@@ -579,8 +608,8 @@ class Handoff:
             self.store.sync()  # durable before the ack (DESIGN decision 5)
             incoming.applied.add(chunk.chunk_seq)
             self.chunks_applied += 1
-            if self.on_applied is not None and (new or states):
-                self.on_applied(new, states)
+            if new or states:
+                self.delegate.applied(new, states)
         if chunk.last:
             incoming.last = chunk.chunk_seq
         if not incoming.complete and incoming.last is not None and len(incoming.applied) == incoming.last + 1:
@@ -604,18 +633,17 @@ class Handoff:
             items.append(
                 QueuedUrl(url=entry.url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on)
             )
-        owner_of = self.owner_of
+        owner_of = self.delegate.owner_of
         forward: list[tuple[str, QueuedUrl]] = []
-        if owner_of is not None:
-            mine = []
-            for item in items:
-                owner = owner_of(item.host)
-                if owner == self.node_id:
-                    mine.append(item)
-                else:
-                    forward.append((owner, item))
-            items = mine
-            self.urls_forwarded += len(forward)
+        mine = []
+        for item in items:
+            owner = owner_of(item.host)
+            if owner == self.node_id:
+                mine.append(item)
+            else:
+                forward.append((owner, item))
+        items = mine
+        self.urls_forwarded += len(forward)
         # a URL already seen here (or applied before) is not queued again
         new = self.store.accept(items, forward) if forward else self.store.admit(items)
         self.urls_received += len(new)
@@ -623,15 +651,13 @@ class Handoff:
             key for key in chunk.seen_keys
             if len(key) > _KEY_POSITION and in_arc(int.from_bytes(key[:_KEY_POSITION], "big"), start, end)
         ]
-        hosts = chunk.hosts
-        if owner_of is not None:
-            # the arc is not (or no longer) ours: its timers go on to whoever owns it
-            owned = {item.host for item in items}
-            hosts = tuple(state for state in chunk.hosts if owner_of(state.host) == self.node_id or state.host in owned)
-            foreign = [state for state in chunk.hosts if state not in hosts
-                       and in_arc(host_position(state.host), start, end)]
-            if foreign and self.on_foreign_states is not None:
-                self.on_foreign_states(foreign)
+        # where the arc is not (or no longer) ours, its timers go on to whoever owns it
+        owned = {item.host for item in items}
+        hosts = tuple(state for state in chunk.hosts if owner_of(state.host) == self.node_id or state.host in owned)
+        foreign = [state for state in chunk.hosts if state not in hosts
+                   and in_arc(host_position(state.host), start, end)]
+        if foreign:
+            self.delegate.foreign_states(foreign)
         if len(keys) < len(chunk.seen_keys):
             log.warning("hand-off keys outside their arc; dropped", extra={"peer": peer_id})
         if keys:
@@ -643,8 +669,8 @@ class Handoff:
             if stale:
                 self.urls_discarded += self.store.frontier.discard(stale)
         self.store.dedup.insert(keys)
-        if keys and self.on_keys is not None:
-            self.on_keys(keys)
+        if keys:
+            self.delegate.keys_arrived(keys)
         states = [self._merge(state) for state in hosts if in_arc(host_position(state.host), start, end)]
         self.store.frontier.put_states(states)
         return new, states

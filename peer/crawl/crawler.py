@@ -9,8 +9,9 @@ Speed: most links of a wide crawl were seen before, so the engine remembers whic
 already answered for (URL -> host, bounded) and counts those as seen without parsing, scope-checking or
 looking them up again; the dedup store stays the authority (docs/benchmarks.md has the profile).
 
-Routing hook: links for hosts this node does not own are handed to ``router`` (the cluster's dispatcher);
-a single node owns every host.
+Seams (``peer/crawl/seams.py``): pages come through a ``PageFetcher`` (``peer.fetch.Fetcher`` in a node); who
+owns a host, and where links for hosts owned elsewhere go, is the ``Ownership`` it is given (``Solo`` for a node
+on its own, the ``Cluster`` in a fleet).
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ import trio
 from storage import HostState, LruTtlCache, QueuedUrl
 
 from peer.config import Config
-from peer.fetch.dns import DnsError
-from peer.fetch.http import FetchError, Fetcher, Response
 from peer.crawl.links import extract, is_html
 from peer.crawl.robots import RobotsDecision, decide
 from peer.crawl.scheduler import HostScheduler, HostTurn
-from peer.stats import Stats
+from peer.crawl.seams import Ownership, PageFetcher, Solo
 from peer.crawl.urls import Scope, host_of_normalized, normalize, origin_of_normalized
+from peer.fetch.dns import DnsError
+from peer.fetch.http import FetchError, Response
+from peer.stats import Stats
 
 __all__ = ["Crawler", "Link"]
 
@@ -79,15 +81,11 @@ class Crawler:
         self,
         cfg: Config,
         *,
-        fetcher: Fetcher,
+        fetcher: PageFetcher,
         store,
         pages,
         stats: Stats | None = None,
-        owns: Callable[[str], bool] | None = None,
-        router: Callable[[str, Link], None] | None = None,
-        take_routed: Callable[[], list] | None = None,
-        blocked: Callable[[str], bool] | None = None,
-        fetched: Callable[[QueuedUrl], None] | None = None,
+        ownership: Ownership | None = None,
         wallclock: Callable[[], float] = time.time,
     ) -> None:
         self.cfg = cfg
@@ -97,15 +95,11 @@ class Crawler:
         self.dedup = store.dedup
         self.pages = pages
         self.stats = stats or Stats()
-        self.owns = owns
-        self.router = router
-        # The cluster's staged routed links, stored in the transaction that finishes their page.
-        self.take_routed = take_routed
-        # A host this node owns but may not fetch yet (its arc's hand-off has not arrived).
-        self.blocked = blocked
-        # Told of every page committed as fetched (the cluster replicates its seen key to the arc's backup).
-        self.fetched = fetched
-        self.stop_when_done = cfg.exit_when_done  # a cluster node keeps running: work can arrive from peers
+        self.ownership: Ownership = ownership if ownership is not None else Solo()
+        # None on a node on its own: the hot loops then skip the look-up (every host is ours)
+        self.owns: Callable[[str], bool] | None = None if self.ownership.solo else self.ownership.owns
+        # a cluster node keeps running (work can arrive from peers): the cluster decides when the crawl ends
+        self.stop_when_done = cfg.exit_when_done and self.ownership.solo
         self.wallclock = wallclock
         self.user_agent = cfg.full_user_agent()
         self.scope = Scope(
@@ -162,8 +156,7 @@ class Crawler:
             self.stats.skipped[reason] += 1
             return
         if self.owns is not None and not self.owns(host):
-            if self.router is not None:
-                self.router(host, Link(url, depth, hops, found_on))
+            self.ownership.route(host, Link(url, depth, hops, found_on))
             return
         batch.cands.append(QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on))
 
@@ -173,7 +166,7 @@ class Crawler:
         hosts."""
         cands = batch.cands
         if done is not None:
-            routed = self.take_routed() if self.take_routed is not None else None
+            routed = self.ownership.take_routed()
             items = self.store.finish(done, cands, routed) if routed else self.store.finish(done, cands)
         else:
             items = self.store.admit(cands) if cands else []
@@ -322,7 +315,7 @@ class Crawler:
                     sched.release(turn, now, more_work=True)
                 elif self.owns is not None and not self.owns(turn.host):
                     self._let_go(turn)
-                elif self.blocked is not None and self.blocked(turn.host):
+                elif self.ownership.blocked(turn.host):
                     turn.next_allowed = now + _BLOCKED_RECHECK
                     sched.release(turn, now, more_work=True)
                 else:
@@ -482,8 +475,7 @@ class Crawler:
                 if not page.nofollow:
                     self._screen_found(batch, page.links, item.depth + 1, item.url)
         self._commit(batch, done=item)
-        if self.fetched is not None:
-            self.fetched(item)
+        self.ownership.fetched(item)
         self._retries.pop(item.url, None)
         self._schedule_after_request(turn)
         self._save_state(turn)
