@@ -49,6 +49,7 @@ class Config:
     probe_interval: float = 1.0
     probe_timeout: float = 0.5
     suspicion_timeout: float = 5.0
+    replicas: int = 1
     # what to crawl
     seeds: tuple[str, ...] = ()
     seeds_file: str = ""
@@ -126,6 +127,7 @@ FIELDS: dict[str, str] = {
     "probe_interval": "1 s: each node probes one peer a second (memberlist's LAN profile)",
     "probe_timeout": "0.5 s for a Pong before indirect probes; raise it on links slower than a few hundred ms",
     "suspicion_timeout": "5 s to refute a suspicion before a silent node is declared dead",
+    "replicas": "1: every queued URL is also held durably by the ring's next node, so one death at a time loses no URL; 0 turns it off",
     "seeds": "start URLs",
     "seeds_file": "file with one start URL per line (# comments allowed)",
     "allowed_hosts": "if set, only these hosts (and subdomains) are crawled",
@@ -229,6 +231,8 @@ def _validate(cfg: Config) -> None:
         parse_address(seed, "join")
     if cfg.codec not in ("msgpack", "json"):
         raise ConfigError(f"codec must be msgpack or json, got {cfg.codec!r}")
+    if not 0 <= cfg.replicas <= 8:
+        raise ConfigError(f"replicas must be 0 (off) to 8, got {cfg.replicas}")
     if cfg.batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {cfg.batch_size}")
     for name in ("dispatch_interval", "handoff_wait", "leave_timeout", "probe_interval", "probe_timeout",

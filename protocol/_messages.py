@@ -37,6 +37,8 @@ __all__ = [
     "ProbeRequest",
     "Reject",
     "SeenReplica",
+    "QueueReplica",
+    "ReplicaAck",
     "UrlBatch",
     "UrlEntry",
     "Welcome",
@@ -275,6 +277,30 @@ class SeenReplica:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class QueueReplica:
+    """Queued URLs the sender owns, for its ring backups to hold durably (`--replicas R`), and the dedup keys of
+    URLs it is done with (fetched, refused or given up), whose replicas the backups release; with the politeness
+    states of the hosts it fetched since its last message, so a backup that inherits them keeps their timers.
+
+    Acknowledged (`ReplicaAck`, same `seq`) once the receiver has it durably; re-sent until then. Applied in one
+    transaction: releases first, then the URLs, so a page's release and the links found on it arrive together.
+    """
+
+    seq: int
+    epoch: int
+    urls: tuple[UrlEntry, ...]
+    released: tuple[bytes, ...]
+    hosts: tuple[HostState, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaAck:
+    """The `QueueReplica` `seq` is durably held by the sender of this ack."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Goodbye:
     """The sender will send nothing more on this connection."""
 
@@ -298,6 +324,8 @@ Message: TypeAlias = (
     | HandoffChunk
     | HandoffAck
     | SeenReplica
+    | QueueReplica
+    | ReplicaAck
     | Goodbye
 )
 
@@ -385,6 +413,9 @@ RECORDS: dict[int, Record] = {
     0x31: _record(HandoffAck, transfer_id=UInt(), chunk_seq=UInt()),
     0x32: _record(SeenReplica, epoch=UInt(), keys=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"),
                   hosts=Many(_HOST_STATE)),
+    0x33: _record(QueueReplica, seq=UInt(), epoch=UInt(), urls=UrlList(_URL_ENTRY, "max_urls_per_batch"),
+                  released=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"), hosts=Many(_HOST_STATE)),
+    0x34: _record(ReplicaAck, seq=UInt()),
     0x40: _record(Goodbye, reason=Text()),
 }
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})

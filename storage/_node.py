@@ -21,7 +21,8 @@ from ._keys import host_position_bytes
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
 from ._memfrontier import MemoryFrontierStore
 from ._outbox import OUTBOX_DB, Outbox
-from ._records import QueuedUrl
+from ._records import HostState, QueuedUrl
+from ._replicas import REPLICA_DBS, Replicas
 
 __all__ = ["FETCHED_DB", "MemoryNodeStore", "NodeStore", "queued_url_keys"]
 
@@ -47,6 +48,7 @@ class NodeStore(Closing):
         self.dedup = DedupStore(env, owns_env=False)
         self.frontier = FrontierStore(env, owns_env=False)
         self.outbox = Outbox(env)
+        self.replicas = Replicas(env)
 
     @classmethod
     def open(
@@ -58,7 +60,7 @@ class NodeStore(Closing):
     ) -> NodeStore:
         """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
         env = LmdbEnv.open(
-            path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB), map_size=map_size, max_map_size=max_map_size
+            path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, *REPLICA_DBS), map_size=map_size, max_map_size=max_map_size
         )
         return cls(env)
 
@@ -113,6 +115,23 @@ class NodeStore(Closing):
             return moved, self._admit_in(txn, mine) if mine else []
 
         return self._env.write(run)
+
+    def promote(self, start: int, end: int) -> tuple[list[QueuedUrl], list[HostState]]:
+        """This node inherits the arc [start, end) from a dead owner: the replicas held for it are admitted
+        (dedup and frontier; a URL already seen here is not queued again) and forgotten, in one transaction.
+        Returns the new queued URLs and the dead owner's host states for the arc, merged with any here (the
+        later `next_allowed` wins); the states are stored in the frontier in the same transaction."""
+        held, states = self.replicas.arc(start, end)
+        items = [item for _key, item in held]
+
+        def run(txn: lmdb.Transaction) -> tuple[list[QueuedUrl], list[HostState]]:
+            new = self._admit_in(txn, items) if items else []
+            merged = self.frontier._merge_states_in(txn, states)
+            return new, merged
+
+        new, merged = self._env.write(run)
+        self.replicas.drop_arc(start, end)
+        return new, merged
 
     # -- pages fetched here (the replicas' record) --
 

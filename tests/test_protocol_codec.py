@@ -38,6 +38,8 @@ from protocol import (
     Reject,
     RemoteProtocolError,
     SeenReplica,
+    QueueReplica,
+    ReplicaAck,
     UrlBatch,
     UrlEntry,
     Welcome,
@@ -123,6 +125,9 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
     ),
     HandoffAck: st.builds(HandoffAck, transfer_id=U64, chunk_seq=U64),
     SeenReplica: st.builds(SeenReplica, epoch=U64, keys=tuples(st.binary(max_size=64), 10), hosts=tuples(host_states)),
+    QueueReplica: st.builds(QueueReplica, seq=U64, epoch=U64, urls=tuples(url_entries, 20),
+                            released=tuples(st.binary(max_size=64), 10), hosts=tuples(host_states)),
+    ReplicaAck: st.builds(ReplicaAck, seq=U64),
     Goodbye: st.builds(Goodbye, reason=texts),
 }
 APP_MESSAGES = st.one_of([s for cls, s in MESSAGE_STRATEGIES.items() if TYPE_CODES[cls] >= 0x10])

@@ -32,6 +32,7 @@ from storage import HostState, NodeStore, QueuedUrl
 
 from peer.config import Config
 from peer.crawl.crawler import Crawler, Link
+from peer.cluster.backups import QueueReplicas
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
 from peer.cluster.membership import Membership, MembershipConfig
@@ -139,10 +140,13 @@ class Cluster:
         self._owners: _Owners | None = None
         self._ring_id = 0
         self._rings: dict[frozenset[tuple[str, int]], Ring] = {}
+        # every queued URL also on the ring backups of its position (--replicas R), promoted when its owner dies
+        self.backups = QueueReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
+                                     copies=cfg.replicas, wall_clock=wall_clock)
         self.dispatcher = Dispatcher(
             node_id, store, self.links, ring_of=self.ring_of,
             config=DispatchConfig(batch_size=cfg.batch_size, interval=cfg.dispatch_interval),
-            on_admitted=self._admitted,
+            on_admitted=self._admitted, backups=self.backups,
         )
         self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
                                      apply_states=self._merge_states, wall_clock=wall_clock)
@@ -162,6 +166,8 @@ class Cluster:
         self._seq = 0
         self._answers: dict[int, tuple[str, trio.Event]] = {}
         self._leaving_since: dict[str, float] = {}  # peer -> when this node first saw it LEAVING
+        # (when, dead node, URLs promoted): each arc inherited from a dead node, promoted from its replicas
+        self.promotions: list[tuple[float, str, int]] = []
 
     # -- the crawler's Ownership (peer/crawl/seams.py) -------------------------------------------------------
 
@@ -177,8 +183,12 @@ class Cluster:
     def take_routed(self) -> list[tuple[str, QueuedUrl]]:
         return self.dispatcher.take_routed()
 
+    def queued(self, items) -> None:
+        self.backups.queued(items)
+
     def fetched(self, item: QueuedUrl) -> None:
         self.replicas.fetched(item)
+        self.backups.released(item)
 
     def ring_of(self) -> tuple[int, Any]:
         """The view epoch and the current ring's owner look-up (what the dispatcher needs of a ring)."""
@@ -226,6 +236,7 @@ class Cluster:
             self.crawler.take_over([], states)
 
     def applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
+        self.backups.queued(new)
         if self.crawler is not None:
             self.crawler.take_over(new, states)
 
@@ -243,6 +254,7 @@ class Cluster:
             await nursery.start(self.dispatcher.run)
             await nursery.start(self.handoff.run)
             await nursery.start(self.replicas.run)
+            await nursery.start(self.backups.run)
             nursery.start_soon(self._follow_views, watch)
             nursery.start_soon(self._progress_loop)
             nursery.start_soon(self._sweep_loop)
@@ -350,6 +362,7 @@ class Cluster:
         # Fetched-page keys held for arcs owned elsewhere go to their owners now, ahead of the transfers below
         # on the same links: a receiver released by a transfer must not fetch those pages again.
         self.replicas.ring_changed(new_ring, view.epoch)
+        self.backups.ring_changed(new_ring)
         self.view_changes += 1
         if self.crawler is not None:
             self.crawler.release_moved()  # parked URLs of moved hosts go back to the queue, into the hand-off
@@ -368,9 +381,38 @@ class Cluster:
                 "epoch": view.epoch, "members": ",".join(f"{n}={w}" for n, w in sorted(new_ring.weights.items())),
                 "arcs_moved": len(arcs), "arcs_lost": len(lost),
                 "arcs_pending": len(self.handoff.pending_arcs())})
+        if gone and arcs:
+            self._promote(arcs, gone)
         if self.crawler is not None:
             self.crawler.rewake()
         self.dispatcher.wake()
+
+    def _promote(self, arcs: list[ArcMove], gone: set[str]) -> int:
+        """Arcs this node inherits from dead members: their queued URLs come out of the replicas held here into
+        the frontier, with the dead owner's last known host states (merged with ours: the later ready time and
+        the longer Crawl-delay win), and the crawler takes those hosts over with those timers."""
+        promoted: list[QueuedUrl] = []
+        states: list[HostState] = []
+        by_node: dict[str, int] = {}
+        for arc in arcs:
+            if arc.next != self.node_id or arc.previous not in gone:
+                continue
+            new, merged = self.store.promote(arc.start, arc.end)
+            promoted += new
+            states += merged
+            by_node[arc.previous] = by_node.get(arc.previous, 0) + len(new)
+        if not by_node:
+            return 0
+        now = trio.current_time()
+        for node, count in by_node.items():
+            self.promotions.append((now, node, count))
+        del self.promotions[:-100]
+        self.backups.urls_promoted += len(promoted)
+        if self.crawler is not None and (promoted or states):
+            self.crawler.take_over(promoted, states)
+        log.info("queued URLs of a dead node promoted from its replicas",
+                 extra={"urls": len(promoted), "hosts": len(states), "dead": ",".join(sorted(by_node))})
+        return len(promoted)
 
     # -- stray state --------------------------------------------------------------------------------------
 
@@ -510,6 +552,8 @@ class Cluster:
             waiter = self._answers.get(message.seq)
             if waiter is not None and waiter[0] == peer_id:
                 waiter[1].set()
+        elif self.backups.on_message(peer_id, message):
+            pass
         elif not self.replicas.on_message(peer_id, message):
             await self.dispatcher.on_message(peer_id, message)
             await self.handoff.on_message(peer_id, message)
@@ -546,6 +590,7 @@ class Cluster:
                 "waits_expired": h.waits_expired, "hosts_swept": self.hosts_swept,
             },
             "replica": self.replicas.status(),
+            "backups": self.backups.status(),
             "view_changes": self.view_changes,
             "leaving": self.leaving,
             "done": me.idle,

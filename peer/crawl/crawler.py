@@ -178,6 +178,7 @@ class Crawler:
                 seen[c.url] = c.host
         seen_before = batch.seen + len(cands) - len(items)
         if items:
+            self.ownership.queued(items)
             now = trio.current_time()
             wake = self.sched.wake
             for item in items:
@@ -355,6 +356,7 @@ class Crawler:
             if self.cfg.max_pages_per_host >= 0 and turn.pages >= self.cfg.max_pages_per_host:
                 self.stats.skipped["max-pages-per-host"] += 1
                 self.frontier.done(item)
+                self.ownership.fetched(item)
                 continue
             origin = origin_of_normalized(item.url)
             decision = self.robots.get(origin, self.wallclock())
@@ -367,6 +369,7 @@ class Crawler:
             if not decision.robots.can_fetch(self.user_agent, path):
                 self.stats.skipped["robots" if decision.kind == "parsed" else "robots-unavailable"] += 1
                 self.frontier.done(item)
+                self.ownership.fetched(item)
                 continue
             await self._fetch_page(turn, item)
             return
@@ -441,6 +444,7 @@ class Crawler:
             if kind in _RETRY_ERRORS and self._retry(turn, item):
                 return
             self.frontier.done(item)
+            self.ownership.fetched(item)
             turn.failures += 1
             self._schedule_after_request(turn)
             self._save_state(turn)
