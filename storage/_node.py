@@ -116,18 +116,33 @@ class NodeStore(Closing):
 
         return self._env.write(run)
 
+    def hold_replicas(self, items: Sequence[tuple[bytes, QueuedUrl]], released: Sequence[bytes],
+                      states: Sequence[HostState] = ()) -> int:
+        """A peer's `QueueReplica`, in one transaction: `Replicas.hold`, and the released keys marked seen (the
+        peer is done with those URLs: if it dies, its heir must not queue them again when they are linked)."""
+
+        def run(txn: lmdb.Transaction) -> int:
+            self.dedup._add_new_in(txn, released)
+            return self.replicas._hold_in(txn, items, released, states)
+
+        return self._env.write(run)
+
     def promote(self, start: int, end: int) -> tuple[list[QueuedUrl], list[HostState]]:
-        """This node inherits the arc [start, end) from a dead owner: the replicas held for it are admitted
-        (dedup and frontier; a URL already seen here is not queued again) and forgotten, in one transaction.
+        """This node inherits the arc [start, end) from a dead owner: the replicas held for it are queued and
+        marked seen, and forgotten, in one transaction.
         Returns the new queued URLs and the dead owner's host states for the arc, merged with any here (the
         later `next_allowed` wins); the states are stored in the frontier in the same transaction."""
         held, states = self.replicas.arc(start, end)
         items = [item for _key, item in held]
 
         def run(txn: lmdb.Transaction) -> tuple[list[QueuedUrl], list[HostState]]:
-            new = self._admit_in(txn, items) if items else []
+            # Queued even if seen here: a page whose seen key arrived but whose replica was not released yet was
+            # fetched, but the links it routed to other owners were not acknowledged when its owner died; only
+            # fetching it again brings them back.
+            self.dedup._add_new_in(txn, [key for key, _item in held])
+            self.frontier._push_in(txn, items)
             merged = self.frontier._merge_states_in(txn, states)
-            return new, merged
+            return items, merged
 
         new, merged = self._env.write(run)
         self.replicas.drop_arc(start, end)

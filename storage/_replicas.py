@@ -57,23 +57,23 @@ class Replicas:
              states: Sequence[HostState] = ()) -> int:
         """Delete the `released` keys, then store `items` (key, URL) and merge `states` (the later
         `next_allowed` wins), in one transaction. Returns how many released keys were held."""
+        return self._env.write(lambda txn: self._hold_in(txn, items, released, states))
 
-        def run(txn: lmdb.Transaction) -> int:
-            gone = 0
-            for key in released:
-                gone += txn.delete(key, db=self._db)
-            for key, item in items:
-                txn.put(key, _packb([item.url, item.host, item.depth, item.hops, item.found_on]), db=self._db)
-            for state in states:
-                prefix = host_prefix(state.host)
-                raw = txn.get(prefix, db=self._states)
-                ready = state.next_allowed
-                if raw is not None:
-                    ready = max(ready, _unpackb(raw)[0])
-                txn.put(prefix, _packb([float(ready), float(state.crawl_delay), state.failures]), db=self._states)
-            return gone
-
-        return self._env.write(run)
+    def _hold_in(self, txn: lmdb.Transaction, items: Sequence[tuple[bytes, QueuedUrl]], released: Sequence[bytes],
+                 states: Sequence[HostState]) -> int:
+        gone = 0
+        for key in released:
+            gone += txn.delete(key, db=self._db)
+        for key, item in items:
+            txn.put(key, _packb([item.url, item.host, item.depth, item.hops, item.found_on]), db=self._db)
+        for state in states:
+            prefix = host_prefix(state.host)
+            raw = txn.get(prefix, db=self._states)
+            ready = state.next_allowed
+            if raw is not None:
+                ready = max(ready, _unpackb(raw)[0])
+            txn.put(prefix, _packb([float(ready), float(state.crawl_delay), state.failures]), db=self._states)
+        return gone
 
     def arc(self, start: int, end: int) -> tuple[list[tuple[bytes, QueuedUrl]], list[HostState]]:
         """What is held for the arc [start, end): (key, URL) pairs and host states."""

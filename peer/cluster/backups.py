@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,12 +85,13 @@ class Ticket:
 
 @dataclass(slots=True)
 class _Backup:
-    staged: deque[QueuedUrl | tuple[bytes, str]] = field(default_factory=deque)
+    staged: deque[QueuedUrl | tuple[bytes, QueuedUrl]] = field(default_factory=deque)  # adds, (key, release)
     staged_total: int = 0  # entries ever staged for this backup
     acked_total: int = 0  # entries acknowledged (or dropped): FIFO, so everything up to here arrived
     seq: int = 0
     inflight: QueueReplica | None = None
     inflight_count: int = 0
+    inflight_released: list[str] = field(default_factory=list)  # the URLs the message in flight releases
     sent_at: float = 0.0
     connection: int = 0
 
@@ -124,6 +125,8 @@ class QueueReplicas:
         self.limits = limits or Limits()
         self._backups: dict[str, _Backup] = {}
         self._tickets: list[Ticket] = []
+        # releases waiting for the links their page routed: ({owner: outbox seq at the commit}, URL)
+        self._releases: list[tuple[dict[str, int], QueuedUrl]] = []
         self._wake = trio.Event()
         self._synced: Any = None  # the ring of the last complete re-homing scan
         self._changed_at: float | None = None  # when the ring last changed (for restore_seconds)
@@ -153,7 +156,7 @@ class QueueReplicas:
             state = self._backups[peer] = _Backup()
         return state
 
-    def _stage(self, peer: str, entry: QueuedUrl | tuple[bytes, str]) -> None:
+    def _stage(self, peer: str, entry: QueuedUrl | tuple[bytes, QueuedUrl]) -> None:
         state = self._backup(peer)
         state.staged.append(entry)
         state.staged_total += 1
@@ -188,16 +191,48 @@ class QueueReplicas:
             self._tickets.append(ticket)
         return ticket
 
-    def released(self, item: QueuedUrl) -> None:
-        """This node is done with `item` (fetched, refused or given up): its replicas go."""
+    def released(self, item: QueuedUrl, routed_to: Iterable[str] = ()) -> None:
+        """This node is done with `item` (fetched, refused or given up): its replicas go, once the links its page
+        routed to other owners (`routed_to`) are acknowledged by them. Until then those links live only in this
+        node's outbox, and the page's replica is what brings them back if this node dies: the heir fetches the
+        page again."""
         if not self.copies:
             return
+        owners = set(routed_to)
+        if not owners:
+            self._release(item)
+            return
+        last = self.store.outbox.last_seq()
+        self._releases.append(({owner: last for owner in owners}, item))
+        if len(self._releases) > self.max_staged:  # owners unreachable for long: release the oldest anyway
+            self._release(self._releases.pop(0)[1])
+
+    def _stage_releases(self) -> None:
+        """Stage the held releases whose page's routed links have all been acknowledged."""
+        if not self._releases:
+            return
+        oldest: dict[str, int | None] = {}
+        outbox = self.store.outbox
+        still = []
+        for marks, item in self._releases:
+            for owner, mark in marks.items():
+                if owner not in oldest:
+                    oldest[owner] = outbox.oldest_seq(owner)
+                first = oldest[owner]
+                if first is not None and first <= mark:
+                    still.append((marks, item))
+                    break
+            else:
+                self._release(item)
+        self._releases = still
+
+    def _release(self, item: QueuedUrl) -> None:
         _epoch, ring = self.ring_of()
         if ring is None:
             return
         key = queued_url_keys((item,))[0]
         for backup in self._backups_of(ring, item.host):
-            self._stage(backup, (key, item.host))
+            self._stage(backup, (key, item))
         self._wake.set()
 
     def then(self, ticket: Ticket, callback: Callable[[], None]) -> None:
@@ -215,8 +250,6 @@ class QueueReplicas:
         return all(backups[b].acked_total >= target for b, target in ticket.targets.items())
 
     def _check_tickets(self) -> None:
-        if not self._tickets:
-            return
         still = []
         for ticket in self._tickets:
             if self._done(ticket):
@@ -244,7 +277,7 @@ class QueueReplicas:
         dropped = len(state.staged) + state.inflight_count
         self.dropped += dropped
         state.staged.clear()
-        state.inflight, state.inflight_count = None, 0
+        state.inflight, state.inflight_count, state.inflight_released = None, 0, []
         state.acked_total = state.staged_total
         if rescan:
             self._synced = None
@@ -294,6 +327,7 @@ class QueueReplicas:
 
     def pump(self, now: float) -> None:
         """Send each backup its next message, or re-send the one it has not acknowledged."""
+        self._stage_releases()
         _epoch, ring = self.ring_of()
         epoch = _epoch or 0
         for peer, state in self._backups.items():
@@ -306,7 +340,7 @@ class QueueReplicas:
                 continue
             if not state.staged:
                 continue
-            message, count = self._message(state, epoch)
+            message, count, state.inflight_released = self._message(state, epoch)
             state.seq += 1
             message = QueueReplica(seq=state.seq, epoch=message.epoch, urls=message.urls,
                                    released=message.released, hosts=message.hosts)
@@ -319,11 +353,12 @@ class QueueReplicas:
             else:
                 state.sent_at = now - self.resend_after + self.interval  # the queue is full: again soon
 
-    def _message(self, state: _Backup, epoch: int) -> tuple[QueueReplica, int]:
+    def _message(self, state: _Backup, epoch: int) -> tuple[QueueReplica, int, list[str]]:
         """The next message from the front of `state.staged`: the last word on each key wins (an add followed
         by its release in the same message cancels out), so the receiver may apply releases before adds."""
         final: dict[bytes, QueuedUrl | None] = {}
         hosts: dict[str, None] = {}
+        released_urls: list[str] = []
         count = size = 0
         staged = state.staged
         max_keys = min(MAX_ENTRIES, self.limits.max_keys_per_chunk, self.limits.max_urls_per_batch)
@@ -334,9 +369,10 @@ class QueueReplicas:
                 final[queued_url_keys((entry,))[0]] = entry
                 size += len(entry.url) + len(entry.found_on or "") + 16
             else:
-                key, host = entry
+                key, done = entry
                 final[key] = None
-                hosts[host] = None
+                hosts[done.host] = None
+                released_urls.append(done.url)
         urls = tuple(UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops)
                      for i in final.values() if i is not None)
         released = tuple(key for key, i in final.items() if i is None)
@@ -347,14 +383,15 @@ class QueueReplicas:
             if st is not None and len(host.encode()) <= MAX_HOST:
                 states.append(WireHostState(host=host, crawl_delay=max(0.0, st.crawl_delay),
                                             ready_in=max(0.0, st.next_allowed - wall), failures=st.failures))
-        return QueueReplica(seq=0, epoch=epoch, urls=urls, released=released, hosts=tuple(states)), count
+        message = QueueReplica(seq=0, epoch=epoch, urls=urls, released=released, hosts=tuple(states))
+        return message, count, released_urls
 
     def _acked(self, peer: str, ack: ReplicaAck) -> None:
         state = self._backups.get(peer)
         if state is None or state.inflight is None or state.inflight.seq != ack.seq:
             return  # a late or repeated ack
         state.acked_total += state.inflight_count
-        state.inflight, state.inflight_count = None, 0
+        state.inflight, state.inflight_count, state.inflight_released = None, 0, []
         self._check_tickets()
         if state.staged:
             self._wake.set()
@@ -447,7 +484,7 @@ class QueueReplicas:
         if bad:
             self.refused += bad
             log.warning("malformed replica entries from a peer dropped", extra={"peer": peer_id, "entries": bad})
-        self.store.replicas.hold(list(zip(queued_url_keys(items), items)), released, states)
+        self.store.hold_replicas(list(zip(queued_url_keys(items), items)), released, states)
         self.store.sync()  # durable before the ack
         self.urls_held += len(items)
         self.releases_held += len(released)
@@ -456,9 +493,26 @@ class QueueReplicas:
 
     # -- status ---------------------------------------------------------------------------------------------
 
+    def unreleased(self) -> set[str]:
+        """URLs this node is done with whose release has not reached every backup yet (held for their page's
+        routed links, or on their way): what its heirs fetch again if it dies now."""
+        urls = {item.url for _marks, item in self._releases}
+        for state in self._backups.values():
+            for entry in state.staged:
+                if not isinstance(entry, QueuedUrl):
+                    urls.add(entry[1].url)
+            urls.update(state.inflight_released)
+        return urls
+
+    def restored(self) -> bool:
+        """Whether every queued URL owned here is on its backups under the current ring: the re-homing scan of
+        this ring has run and everything it staged has been acknowledged (or there is nothing to replicate)."""
+        _epoch, ring = self.ring_of()
+        return not self.copies or (ring is not None and ring is self._synced and self._restore is None)
+
     def outstanding(self) -> int:
         """Entries staged or sent and not yet acknowledged, over all backups."""
-        return sum(len(s.staged) + s.inflight_count for s in self._backups.values())
+        return len(self._releases) + sum(len(s.staged) + s.inflight_count for s in self._backups.values())
 
     def status(self) -> dict[str, Any]:
         _epoch, ring = self.ring_of()

@@ -168,6 +168,7 @@ class Cluster:
         self._leaving_since: dict[str, float] = {}  # peer -> when this node first saw it LEAVING
         # (when, dead node, URLs promoted): each arc inherited from a dead node, promoted from its replicas
         self.promotions: list[tuple[float, str, int]] = []
+        self._routed_to: set[str] = set()  # owners of the links routed by the page being committed
 
     # -- the crawler's Ownership (peer/crawl/seams.py) -------------------------------------------------------
 
@@ -181,14 +182,18 @@ class Cluster:
         self.dispatcher.route(host, link)
 
     def take_routed(self) -> list[tuple[str, QueuedUrl]]:
-        return self.dispatcher.take_routed()
+        routed = self.dispatcher.take_routed()
+        # the owners of the links the page being committed routed: its replicas wait for their acks
+        self._routed_to = {owner for owner, _item in routed}
+        return routed
 
     def queued(self, items) -> None:
         self.backups.queued(items)
 
     def fetched(self, item: QueuedUrl) -> None:
         self.replicas.fetched(item)
-        self.backups.released(item)
+        routed_to, self._routed_to = self._routed_to, set()
+        self.backups.released(item, routed_to)
 
     def ring_of(self) -> tuple[int, Any]:
         """The view epoch and the current ring's owner look-up (what the dispatcher needs of a ring)."""
