@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Iterable
@@ -34,7 +35,7 @@ from peer.config import Config
 from peer.crawl.crawler import Crawler, Link
 from peer.cluster.backups import QueueReplicas
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
-from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
+from peer.cluster.handoff import ArcSet, Handoff, HandoffConfig, handoff_arcs
 from peer.cluster.membership import Membership, MembershipConfig
 from peer.cluster.replicas import SeenReplicas
 from peer.cluster.transport import TcpTransport, TlsFiles, Transport
@@ -55,6 +56,15 @@ JOIN_RING_TIMEOUT = 30.0
 LEFT_GRACE = 2.0
 #: After concluding the crawl is finished, a node keeps answering until every peer has concluded too.
 LINGER_TIMEOUT = 5.0
+
+#: The partition fence. A node that has heard from no strict majority of the members owning arcs within
+#: CONTACT_WINDOW starts no fetch (it is on the minority side of a partition, whose hosts the majority is about
+#: to take over); every peer queries it at least once every 1-2 s (progress rounds), and SWIM probes and gossip
+#: come on top. A node that inherits arcs from a dead member starts no fetch of their hosts before
+#: CONTACT_WINDOW + TAKEOVER_GRACE after it last heard from that member: by then, were it alive on the other
+#: side of a partition, it has fenced itself and its last requests have ended.
+CONTACT_WINDOW = 2.5
+TAKEOVER_GRACE = 2.0
 
 _OWNING = (MemberState.ALIVE, MemberState.SUSPECT)
 
@@ -169,6 +179,11 @@ class Cluster:
         # (when, dead node, URLs promoted): each arc inherited from a dead node, promoted from its replicas
         self.promotions: list[tuple[float, str, int]] = []
         self._routed_to: set[str] = set()  # owners of the links routed by the page being committed
+        self._fence = False
+        self._fence_checked = -math.inf
+        self._fence_until = -math.inf
+        self.fences = 0  # times this node fenced itself
+        self._holds: list[tuple[ArcSet, float]] = []  # arcs inherited from dead members, and until when held
 
     # -- the crawler's Ownership (peer/crawl/seams.py) -------------------------------------------------------
 
@@ -223,8 +238,47 @@ class Cluster:
         self.replicas.pass_states(states)
 
     def blocked(self, host: str) -> bool:
-        """Whether `host` lies in a gained arc whose hand-off has not arrived: not to be fetched yet."""
+        """Whether `host` may not be fetched yet: it lies in a gained arc whose hand-off has not arrived, or in
+        one inherited from a dead member that may still be fetching on the other side of a partition, or this
+        node is on the minority side of a partition (`fenced`)."""
+        if self.fenced():
+            return True
+        if self._holds and self._held(host_position(host)):
+            return True
         return self.handoff.waiting() and self.handoff.blocked(host_position(host))
+
+    def fenced(self) -> bool:
+        """Whether this node heard from no strict majority of the members owning arcs within CONTACT_WINDOW
+        (counting itself); recomputed at most every 50 ms."""
+        now = trio.current_time()
+        if now - self._fence_checked < 0.05:
+            return self._fence or now < self._fence_until
+        self._fence_checked = now
+        owning = [m.node_id for m in self.view.members if m.state in _OWNING]
+        fence = False
+        if self.node_id in owning and len(owning) > 1:
+            heard = self.membership.last_heard
+            contact = 1 + sum(1 for peer in owning
+                              if peer != self.node_id and now - heard.get(peer, -math.inf) <= CONTACT_WINDOW)
+            fence = 2 * contact <= len(owning)
+        if fence != self._fence:
+            self._fence = fence
+            self.fences += fence
+            if not fence:
+                # Back in contact after a partition: the majority may have declared this node dead meanwhile (a
+                # suspicion raised before the heal fires up to suspicion_timeout after it) and taken its hosts
+                # over. Start nothing until such a declaration has been made, heard, refuted, and the hosts
+                # given back (the heir stops at its next ring; its requests under way end).
+                self._fence_until = now + self.cfg.suspicion_timeout + CONTACT_WINDOW + TAKEOVER_GRACE
+            log.warning("no contact with most of the cluster: no fetch starts here" if fence
+                        else "contact with most of the cluster again: fetching resumes after a hold",
+                        extra={"hold": 0.0 if fence else self._fence_until - now})
+        return fence or now < self._fence_until
+
+    def _held(self, position: int) -> bool:
+        now = trio.current_time()
+        self._holds = [(arcs, until) for arcs, until in self._holds if until > now]
+        return any(position in arcs for arcs, _until in self._holds)
 
     def busy_positions(self) -> list[int]:
         return [host_position(host) for host in self.crawler.busy_hosts()] if self.crawler else []
@@ -399,16 +453,22 @@ class Cluster:
         promoted: list[QueuedUrl] = []
         states: list[HostState] = []
         by_node: dict[str, int] = {}
+        inherited: dict[str, list[tuple[int, int]]] = {}
         for arc in arcs:
             if arc.next != self.node_id or arc.previous not in gone:
                 continue
+            inherited.setdefault(arc.previous, []).append((arc.start, arc.end))
             new, merged = self.store.promote(arc.start, arc.end)
             promoted += new
             states += merged
             by_node[arc.previous] = by_node.get(arc.previous, 0) + len(new)
+        now = trio.current_time()
+        for node, node_arcs in inherited.items():
+            until = self.membership.last_heard.get(node, -math.inf) + CONTACT_WINDOW + TAKEOVER_GRACE
+            if until > now:
+                self._holds.append((ArcSet(node_arcs), until))
         if not by_node:
             return 0
-        now = trio.current_time()
         for node, count in by_node.items():
             self.promotions.append((now, node, count))
         del self.promotions[:-100]

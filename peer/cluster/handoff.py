@@ -29,7 +29,7 @@ from storage import HostState, NodeStore, QueuedUrl, in_arc, queued_url_keys
 
 from peer.crawl.urls import host_of
 
-__all__ = ["Alone", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "handoff_arcs"]
+__all__ = ["Alone", "ArcSet", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "handoff_arcs"]
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,9 @@ class _ArcSet:
         index = bisect.bisect_right(self.starts, position) - 1
         arc = self.arcs[index]  # index -1 is the last arc: the wrapping one, if any
         return arc if in_arc(position, *arc) else None
+
+
+ArcSet = _ArcSet  # disjoint arcs with a bisect look-up (the cluster holds inherited arcs in one)
 
 
 class HandoffDelegate(Protocol):
