@@ -186,10 +186,16 @@ def test_a_five_second_partition_that_heals_loses_nothing_and_keeps_one_fetcher_
                          replicas=1)
         nodes = await _start_settled(sim, web, 5)
         await sim.at_pages(0.3, len(expected))
+        sim.unreleased_at_kills = set().union(*(n.cluster.backups.unreleased() for n in nodes))
+        cut = trio.current_time()
         sim.net.partition([n.address for n in nodes[:2]], [n.address for n in nodes[2:]])
         sim.note("partition")
         await trio.sleep(5.0)
         sim.net.heal()
+        # pages the minority fetched before it fenced itself: their releases could not reach the majority, which
+        # may have declared it dead and promoted its replicas
+        minority = {n.node_id for n in nodes[:2]}
+        sim.unreleased_at_kills |= {f.url for f in sim.ledger.fetches if f.node in minority and f.end is not None and f.end >= cut}
         sim.note("healed")
         healed = trio.current_time()
         await sim.until(sim.converged, limit=CONVERGE_LIMIT, step=0.05)
@@ -202,4 +208,5 @@ def test_a_five_second_partition_that_heals_loses_nothing_and_keeps_one_fetcher_
     _run(seed, body)
     sim = out["sim"]
     figures = _check(sim, web, expected, [])
+    figures["fences"] = sum(n.cluster.fences for n in sim.nodes.values())
     _report(f"5 s partition seed={seed}", figures | _restore_figures(sim) | {"heal": out["heal_to_converged"]})

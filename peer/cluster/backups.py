@@ -54,7 +54,10 @@ __all__ = ["GC_DELAY", "QueueReplicas", "Ticket"]
 log = logging.getLogger(__name__)
 
 #: A backup's next message leaves at most this long after the first entry was staged for it.
-INTERVAL = 0.05
+INTERVAL = 0.1
+#: A backup syncs once for the replicas of the last 20 ms, then acknowledges them all (one fsync per message
+#: would stall the node's event loop on a busy disk).
+ACK_DELAY = 0.02
 #: An unacknowledged replica is sent again after this long (an ack needs one commit and an fsync).
 RESEND_AFTER = 2.0
 #: Entries per message, and URL bytes per message: far inside the 1 MiB frame limit.
@@ -128,6 +131,9 @@ class QueueReplicas:
         # releases waiting for the links their page routed: ({owner: outbox seq at the commit}, URL)
         self._releases: list[tuple[dict[str, int], QueuedUrl]] = []
         self._wake = trio.Event()
+        self._unsynced: list[tuple[str, ReplicaAck]] = []  # held, not yet synced and acknowledged
+        self._sync_due = trio.Event()
+        self._syncing = False
         self._synced: Any = None  # the ring of the last complete re-homing scan
         self._changed_at: float | None = None  # when the ring last changed (for restore_seconds)
         self._restore: dict[str, int] | None = None  # what the last scan staged, per backup
@@ -300,9 +306,34 @@ class QueueReplicas:
     # -- the owner's side: sending -------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        if not self.copies:
-            await trio.sleep_forever()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._syncer)
+            task_status.started()
+            if self.copies:
+                await self._send_loop()
+
+    async def _syncer(self) -> None:
+        try:
+            self._syncing = True
+            while True:
+                await self._sync_due.wait()
+                self._sync_due = trio.Event()
+                await trio.sleep(ACK_DELAY)
+                self.sync_and_ack()
+        finally:
+            self._syncing = False
+
+    def sync_and_ack(self) -> int:
+        """Force the replicas held since the last sync to disk, then acknowledge them."""
+        if not self._unsynced:
+            return 0
+        acks, self._unsynced = self._unsynced, []
+        self.store.sync()
+        for peer_id, ack in acks:
+            self.links.send_nowait(peer_id, ack)  # if lost, the owner re-sends and we ack again
+        return len(acks)
+
+    async def _send_loop(self) -> None:
         stable_since = trio.current_time()
         seen_ring = None
         while True:
@@ -485,10 +516,13 @@ class QueueReplicas:
             self.refused += bad
             log.warning("malformed replica entries from a peer dropped", extra={"peer": peer_id, "entries": bad})
         self.store.hold_replicas(list(zip(queued_url_keys(items), items)), released, states)
-        self.store.sync()  # durable before the ack
         self.urls_held += len(items)
         self.releases_held += len(released)
-        self.links.send_nowait(peer_id, ReplicaAck(seq=message.seq))
+        self._unsynced.append((peer_id, ReplicaAck(seq=message.seq)))  # acknowledged once durable
+        if self._syncing:
+            self._sync_due.set()
+        else:
+            self.sync_and_ack()
         return True
 
     # -- status ---------------------------------------------------------------------------------------------
@@ -518,6 +552,7 @@ class QueueReplicas:
         _epoch, ring = self.ring_of()
         return {
             "copies": self.copies, "synced": ring is not None and ring is self._synced,
+            "restored": self.restored(), "unreleased": len(self.unreleased()),
             "outstanding": self.outstanding(), "held": len(self.store.replicas),
             "urls_sent": self.urls_sent, "releases_sent": self.releases_sent, "messages_sent": self.messages_sent,
             "messages_resent": self.messages_resent, "urls_rehomed": self.urls_rehomed,

@@ -65,6 +65,7 @@ LINGER_TIMEOUT = 5.0
 #: side of a partition, it has fenced itself and its last requests have ended.
 CONTACT_WINDOW = 2.5
 TAKEOVER_GRACE = 2.0
+CONTACT_TICK = 0.25
 
 _OWNING = (MemberState.ALIVE, MemberState.SUSPECT)
 
@@ -180,8 +181,8 @@ class Cluster:
         self.promotions: list[tuple[float, str, int]] = []
         self._routed_to: set[str] = set()  # owners of the links routed by the page being committed
         self._fence = False
-        self._fence_checked = -math.inf
         self._fence_until = -math.inf
+        self._last_tick = math.inf  # set when the contact loop starts
         self.fences = 0  # times this node fenced itself
         self._holds: list[tuple[ArcSet, float]] = []  # arcs inherited from dead members, and until when held
 
@@ -234,6 +235,10 @@ class Cluster:
     def keys_arrived(self, keys: list[bytes]) -> None:
         self.replicas.adopt(keys)
 
+    def discarded(self, items: list[QueuedUrl]) -> None:
+        for item in items:
+            self.backups.released(item)
+
     def foreign_states(self, states) -> None:
         self.replicas.pass_states(states)
 
@@ -248,32 +253,54 @@ class Cluster:
         return self.handoff.waiting() and self.handoff.blocked(host_position(host))
 
     def fenced(self) -> bool:
-        """Whether this node heard from no strict majority of the members owning arcs within CONTACT_WINDOW
-        (counting itself); recomputed at most every 50 ms."""
+        """Whether this node starts no fetch now: it heard from no strict majority of the members owning arcs
+        within CONTACT_WINDOW of its own running time, or it is in the hold after such a silence or after being
+        frozen (a stop, a stall) long enough to have been declared dead (`_contact_loop`)."""
         now = trio.current_time()
-        if now - self._fence_checked < 0.05:
-            return self._fence or now < self._fence_until
-        self._fence_checked = now
-        owning = [m.node_id for m in self.view.members if m.state in _OWNING]
-        fence = False
-        if self.node_id in owning and len(owning) > 1:
+        if now - self._last_tick > 2 * CONTACT_TICK + 0.5:
+            return True  # frozen since the last tick: nothing is known until the contact loop has run again
+        return self._fence or now < self._fence_until
+
+    async def _contact_loop(self) -> None:
+        """Every CONTACT_TICK: count, per member owning arcs, how long it has been silent while this node ran (a
+        stall of this node's own is not the peers' silence), and fence this node while most are silent."""
+        silent: dict[str, float] = {}
+        while True:
+            last = self._last_tick
+            await trio.sleep(CONTACT_TICK)
+            now = trio.current_time()
+            self._last_tick = now
+            elapsed = now - last
+            hold = self.cfg.suspicion_timeout + CONTACT_WINDOW + TAKEOVER_GRACE
+            if elapsed > self.cfg.suspicion_timeout:
+                # frozen long enough for the others to have declared this node dead and taken its hosts over
+                self._fence_until = max(self._fence_until, now + hold)
+                log.warning("this node was frozen: no fetch starts here for a while",
+                            extra={"frozen": elapsed, "hold": hold})
+            owning = [m.node_id for m in self.view.members if m.state in _OWNING]
             heard = self.membership.last_heard
-            contact = 1 + sum(1 for peer in owning
-                              if peer != self.node_id and now - heard.get(peer, -math.inf) <= CONTACT_WINDOW)
-            fence = 2 * contact <= len(owning)
-        if fence != self._fence:
-            self._fence = fence
-            self.fences += fence
-            if not fence:
-                # Back in contact after a partition: the majority may have declared this node dead meanwhile (a
-                # suspicion raised before the heal fires up to suspicion_timeout after it) and taken its hosts
-                # over. Start nothing until such a declaration has been made, heard, refuted, and the hosts
-                # given back (the heir stops at its next ring; its requests under way end).
-                self._fence_until = now + self.cfg.suspicion_timeout + CONTACT_WINDOW + TAKEOVER_GRACE
-            log.warning("no contact with most of the cluster: no fetch starts here" if fence
-                        else "contact with most of the cluster again: fetching resumes after a hold",
-                        extra={"hold": 0.0 if fence else self._fence_until - now})
-        return fence or now < self._fence_until
+            contact = 1
+            for peer in owning:
+                if peer == self.node_id:
+                    continue
+                if heard.get(peer, -math.inf) >= last:
+                    silent[peer] = 0.0
+                else:
+                    silent[peer] = silent.get(peer, 0.0) + min(elapsed, 2 * CONTACT_TICK)
+                contact += silent[peer] < CONTACT_WINDOW
+            fence = self.node_id in owning and len(owning) > 1 and 2 * contact <= len(owning)
+            if fence != self._fence:
+                self._fence = fence
+                self.fences += fence
+                if not fence:
+                    # Back in contact after a partition: the majority may have declared this node dead meanwhile
+                    # (a suspicion raised before the heal fires up to suspicion_timeout after it) and taken its
+                    # hosts over. Start nothing until such a declaration has been made, heard, refuted, and the
+                    # hosts given back (the heir stops at its next ring; its requests under way end).
+                    self._fence_until = max(self._fence_until, now + hold)
+                log.warning("no contact with most of the cluster: no fetch starts here" if fence
+                            else "contact with most of the cluster again: fetching resumes after a hold",
+                            extra={"hold": 0.0 if fence else hold})
 
     def _held(self, position: int) -> bool:
         now = trio.current_time()
@@ -317,6 +344,8 @@ class Cluster:
             nursery.start_soon(self._follow_views, watch)
             nursery.start_soon(self._progress_loop)
             nursery.start_soon(self._sweep_loop)
+            self._last_tick = trio.current_time()
+            nursery.start_soon(self._contact_loop)
             log.info("cluster member listening", extra={"node_id": self.node_id, "address": self.address})
             task_status.started(self.address)
 

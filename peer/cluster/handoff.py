@@ -155,6 +155,10 @@ class HandoffDelegate(Protocol):
         """The seen keys of an applied chunk (a sender sends only keys of pages it fetched), to replicate, or to
         pass on to an owner elsewhere."""
 
+    def discarded(self, items: list[QueuedUrl]) -> None:
+        """URLs queued here that an applied chunk says its sender already fetched: dropped from the frontier
+        (their replicas at the backups go too)."""
+
     def foreign_states(self, states: list[WireHostState]) -> None:
         """Politeness states of an applied chunk for hosts owned elsewhere under this node's ring: not stored
         here (nothing here would hand them on) but passed on to their owner."""
@@ -176,6 +180,9 @@ class Alone:
         return self.node_id
 
     def keys_arrived(self, keys: list[bytes]) -> None:
+        pass
+
+    def discarded(self, items: list[QueuedUrl]) -> None:
         pass
 
     def foreign_states(self, states: list[WireHostState]) -> None:
@@ -671,6 +678,7 @@ class Handoff:
             stale = [i for i, k in zip(queued_here, queued_url_keys(queued_here)) if k in wanted]
             if stale:
                 self.urls_discarded += self.store.frontier.discard(stale)
+                self.delegate.discarded(stale)
         self.store.dedup.insert(keys)
         if keys:
             self.delegate.keys_arrived(keys)
