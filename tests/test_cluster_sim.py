@@ -321,6 +321,15 @@ def test_any_fault_schedule_keeps_one_fetcher_per_host_and_loses_nothing(operati
     _fault_schedule(operations, seed)
 
 
+@pytest.mark.search
+@pytest.mark.timeout(0)
+@settings(max_examples=300, deadline=None, database=None)
+@given(operations=OPERATIONS, seed=st.integers(0, 2**16))
+def test_search_fault_schedules(operations: list[tuple], seed: int) -> None:
+    """The schedules above by the hundred, random each run (`pytest -m search`)."""
+    _fault_schedule(operations, seed)
+
+
 @pytest.mark.parametrize(("seed", "operations"), [
     (3876, [("leave", 0.325, 89), ("kill", 0.115, 84), ("join", 0.634, 66), ("split", 0.328, 93)]),
     (7705, [("leave", 0.783, 80), ("split", 0.217, 83), ("join", 0.346, 73), ("kill", 0.545, 54)]),

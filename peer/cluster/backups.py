@@ -237,7 +237,11 @@ class QueueReplicas:
         if ring is None:
             return
         key = queued_url_keys((item,))[0]
-        for backup in self._backups_of(ring, item.host):
+        backups = set(self._backups_of(ring, item.host))
+        if self._synced is not None and self._synced is not ring:
+            # the arc may have moved since the URL was replicated: the backups it went to are released too
+            backups.update(self._backups_of(self._synced, item.host))
+        for backup in sorted(backups):
             self._stage(backup, (key, item))
         self._wake.set()
 
