@@ -127,26 +127,26 @@ class NodeStore(Closing):
 
         return self._env.write(run)
 
-    def promote(self, start: int, end: int) -> tuple[list[QueuedUrl], list[HostState]]:
-        """This node inherits the arc [start, end) from a dead owner: the replicas held for it are queued and
-        marked seen, and forgotten, in one transaction.
-        Returns the new queued URLs and the dead owner's host states for the arc, merged with any here (the
-        later `next_allowed` wins); the states are stored in the frontier in the same transaction."""
-        held, states = self.replicas.arc(start, end)
+    def promote(self, inherited: Callable[[int], bool]) -> tuple[list[QueuedUrl], list[HostState]]:
+        """This node inherits arcs from a dead owner (`inherited(position)` says which positions): the replicas
+        held there are queued and marked seen, merged host states stored, and the replicas forgotten, in one
+        transaction. Returns the URLs queued and the dead owner's host states for those hosts, merged with any
+        here (the later `next_allowed` and the longer Crawl-delay win)."""
+        held, states = self.replicas.where(inherited)
         items = [item for _key, item in held]
 
-        def run(txn: lmdb.Transaction) -> tuple[list[QueuedUrl], list[HostState]]:
+        def run(txn: lmdb.Transaction) -> list[HostState]:
             # Queued even if seen here: a page whose seen key arrived but whose replica was not released yet was
             # fetched, but the links it routed to other owners were not acknowledged when its owner died; only
             # fetching it again brings them back.
             self.dedup._add_new_in(txn, [key for key, _item in held])
             self.frontier._push_in(txn, items)
             merged = self.frontier._merge_states_in(txn, states)
-            return items, merged
+            self.replicas._forget_in(txn, [key for key, _item in held], [state.host for state in states])
+            return merged
 
-        new, merged = self._env.write(run)
-        self.replicas.drop_arc(start, end)
-        return new, merged
+        merged = self._env.write(run)
+        return items, merged
 
     # -- pages fetched here (the replicas' record) --
 

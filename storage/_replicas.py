@@ -82,6 +82,21 @@ class Replicas:
         states = [_state(key, value) for key, value in self._env.scan(RSTATE, ranges)]
         return items, states
 
+    def where(self, wanted: Callable[[int], bool]) -> tuple[list[tuple[bytes, QueuedUrl]], list[HostState]]:
+        """What is held at the ring positions `wanted(position)` picks: one pass over the replicas (a death
+        moves thousands of small arcs; one scan beats thousands of range reads)."""
+        items = [(key, _item(value)) for key, value in self._env.scan(REPLICA, _WHOLE_RING)
+                 if wanted(int.from_bytes(key[:8], "big"))]
+        states = [_state(key, value) for key, value in self._env.scan(RSTATE, _WHOLE_RING)
+                  if wanted(int.from_bytes(key[:8], "big"))]
+        return items, states
+
+    def _forget_in(self, txn: lmdb.Transaction, keys: Sequence[bytes], hosts: Sequence[str]) -> None:
+        for key in keys:
+            txn.delete(key, db=self._db)
+        for host in hosts:
+            txn.delete(host_prefix(host), db=self._states)
+
     def drop_arc(self, start: int, end: int) -> int:
         """Forget everything held for the arc [start, end); returns how many URLs were held."""
         ranges = arc_ranges(start, end)

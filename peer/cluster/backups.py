@@ -240,7 +240,7 @@ class QueueReplicas:
         backups = set(self._backups_of(ring, item.host))
         if self._synced is not None and self._synced is not ring:
             # the arc may have moved since the URL was replicated: the backups it went to are released too
-            backups.update(self._backups_of(self._synced, item.host))
+            backups.update(b for b in self._backups_of(self._synced, item.host) if b in ring.weights)
         for backup in sorted(backups):
             self._stage(backup, (key, item))
         self._wake.set()

@@ -479,25 +479,27 @@ class Cluster:
         """Arcs this node inherits from dead members: their queued URLs come out of the replicas held here into
         the frontier, with the dead owner's last known host states (merged with ours: the later ready time and
         the longer Crawl-delay win), and the crawler takes those hosts over with those timers."""
-        promoted: list[QueuedUrl] = []
-        states: list[HostState] = []
-        by_node: dict[str, int] = {}
         inherited: dict[str, list[tuple[int, int]]] = {}
         for arc in arcs:
-            if arc.next != self.node_id or arc.previous not in gone:
-                continue
-            inherited.setdefault(arc.previous, []).append((arc.start, arc.end))
-            new, merged = self.store.promote(arc.start, arc.end)
-            promoted += new
-            states += merged
-            by_node[arc.previous] = by_node.get(arc.previous, 0) + len(new)
+            if arc.next == self.node_id and arc.previous in gone:
+                inherited.setdefault(arc.previous, []).append((arc.start, arc.end))
+        if not inherited:
+            return 0
+        by_arc = {node: ArcSet(node_arcs) for node, node_arcs in inherited.items()}
+        every = ArcSet([arc for node_arcs in inherited.values() for arc in node_arcs])
+        promoted, states = self.store.promote(lambda position: position in every)
+        by_node: dict[str, int] = {node: 0 for node in inherited}
+        for item in promoted:
+            position = host_position(item.host)
+            for node, arc_set in by_arc.items():
+                if position in arc_set:
+                    by_node[node] += 1
+                    break
         now = trio.current_time()
         for node, node_arcs in inherited.items():
             until = self.membership.last_heard.get(node, -math.inf) + CONTACT_WINDOW + TAKEOVER_GRACE
             if until > now:
-                self._holds.append((ArcSet(node_arcs), until))
-        if not by_node:
-            return 0
+                self._holds.append((by_arc[node], until))
         for node, count in by_node.items():
             self.promotions.append((now, node, count))
         del self.promotions[:-100]
