@@ -87,6 +87,9 @@ class Config:
     sync_interval: float = 1.0
     # behaviour
     exit_when_done: bool = False
+    max_crashes: int = 3
+    control_token: str = ""
+    control_token_file: str = ""
     parse_in_thread: bool = False
     log_level: str = "info"
     log_format: str = "auto"
@@ -161,6 +164,9 @@ FIELDS: dict[str, str] = {
     "warc_max_bytes": "1 GiB WARC files, the usual rotation size",
     "sync_interval": "stores are forced to disk once a second; kill -9 loses nothing committed anyway",
     "exit_when_done": "exit 0 once the frontier is empty and nothing is in flight",
+    "max_crashes": "3: a URL in flight at 3 stops in a row is dropped and recorded, so no page can make a node crash-loop (0: never)",
+    "control_token": "bearer token of the control endpoint; empty: one is made at start in DATA_DIR/control.token (mode 0600) and the endpoint stays on loopback",
+    "control_token_file": "file holding the control token (a Kubernetes secret); a set token lets the control endpoint listen beyond loopback",
     "parse_in_thread": "lxml parsing in a worker thread; inline is cheaper for small pages on few cores",
     "log_level": "info: one line per notable event, not per page",
     "log_format": "auto: JSON lines when stderr is not a terminal, text otherwise",
@@ -214,6 +220,11 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"concurrency must be > 0, got {cfg.concurrency}")
     if cfg.delay < 0:
         raise ConfigError(f"delay must be >= 0, got {cfg.delay}")
+    if cfg.max_crashes < 0:
+        raise ConfigError(f"max_crashes must be >= 0 (0: never drop), got {cfg.max_crashes}")
+    token = cfg.control_token
+    if token and (len(token) < 16 or not token.isascii() or not token.isprintable() or " " in token):
+        raise ConfigError("control_token must be at least 16 printable ASCII characters without spaces")
     kinds = ("lmdb", "memory-urls", "memory-md5", "md5-tree", "bloom", "redis")
     if cfg.dedup not in kinds:
         raise ConfigError(f"dedup must be one of {', '.join(kinds)}, got {cfg.dedup!r}")
@@ -245,6 +256,8 @@ def _validate(cfg: Config) -> None:
     tls = (cfg.tls_cert, cfg.tls_key, cfg.tls_ca)
     if any(tls) and not all(tls):
         raise ConfigError("mutual TLS needs all three of tls_cert, tls_key and tls_ca")
+    if cfg.control_token and cfg.control_token_file:
+        raise ConfigError("give control_token or control_token_file, not both")
     if cfg.cluster_secret and cfg.cluster_secret_file:
         raise ConfigError("give cluster_secret or cluster_secret_file, not both")
     if cfg.cluster_secret and len(cfg.cluster_secret.encode()) < 16:
@@ -306,6 +319,22 @@ def read_secret(cfg: Config) -> bytes | None:
     if len(secret) < 16:
         raise ConfigError(f"cluster secret file {cfg.cluster_secret_file}: the secret must be at least 16 bytes")
     return secret
+
+
+def read_control_token(cfg: Config) -> str | None:
+    """The control token the operator set (the setting or its file), or None: the node then makes its own."""
+    if cfg.control_token:
+        return cfg.control_token
+    if not cfg.control_token_file:
+        return None
+    try:
+        token = Path(cfg.control_token_file).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"control token file {cfg.control_token_file}: {exc}") from exc
+    if len(token) < 16 or not token.isprintable() or " " in token:
+        raise ConfigError(f"control token file {cfg.control_token_file}: the token must be at least 16 printable "
+                          "ASCII characters without spaces")
+    return token
 
 
 def read_seeds(cfg: Config) -> list[str]:

@@ -1,27 +1,153 @@
-"""The node's control endpoint: a small HTTP/1.1 server (h11 over trio) for ``peerctl`` and Prometheus.
+"""The node's control endpoint: a small HTTP/1.1 server (h11 over trio) for ``peerctl``, Prometheus and the
+dashboard.
 
 Routes are ``(method, path) -> async handler(body: bytes) -> Reply``. Requests are bounded (header size by
 h11, body by ``MAX_BODY``, whole request by ``REQUEST_TIMEOUT``) so a stuck or hostile client cannot hold
 the node; the endpoint listens on loopback unless the operator says otherwise.
+
+Every request is checked before it reaches a route, because a browser on the operator's machine is a client
+too, driven by whatever page it has open (docs/operations.md, "Security model"):
+
+- ``Host`` must name the endpoint as the operator would: an IP literal (the bound address, or any when bound to
+  a wildcard address) or ``localhost``, with the bound port. A DNS-rebinding page reaches us under its own name
+  and is refused (421).
+- ``Origin``, when a browser sends one, must be this endpoint itself; ``Sec-Fetch-Site: cross-site`` is
+  refused. A page elsewhere cannot drive the node (403).
+- ``Authorization: Bearer <token>`` must carry the node's control token (401 without, compared in constant
+  time), except on public routes (``GET /healthz`` for probes, ``GET /`` for a dashboard page that then reads
+  the token from its URL fragment and sends the header itself).
+- A POST must be ``Content-Type: application/json`` (415): an HTML form or a "simple" cross-site request
+  cannot send that without a CORS preflight, which this endpoint never grants.
+
+The token is made at start (``DATA_DIR/control.token``, mode 0600, kept across restarts) unless the operator
+sets one; ``peerctl`` reads the same file.
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+import os
+import secrets
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import h11
 import trio
 
-__all__ = ["Reply", "serve_control", "json_reply"]
+__all__ = [
+    "PUBLIC_ROUTES",
+    "TOKEN_FILE",
+    "Access",
+    "Reply",
+    "json_reply",
+    "auth_headers",
+    "load_or_create_token",
+    "serve_control",
+]
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20
 REQUEST_TIMEOUT = 30.0
+TOKEN_FILE = "control.token"
+#: Routes served without the token: probes need /healthz, and the dashboard page carries no data of its own.
+PUBLIC_ROUTES = frozenset({("GET", "/healthz"), ("GET", "/")})
+_LOCAL_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
+
+
+def load_or_create_token(data_dir: Path, configured: str | None = None) -> str:
+    """The control token: `configured` if the operator set one, else the one in DATA_DIR/control.token, made
+    (32 random bytes, URL-safe) and written with mode 0600 if there is none. The file always ends up holding
+    the token in force, readable by its owner only, so `peerctl --data-dir` and a dashboard link find it."""
+    path = data_dir / TOKEN_FILE
+    token = configured.strip() if configured else None
+    if token is None:
+        try:
+            existing = path.read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            existing = ""
+        except (OSError, UnicodeDecodeError) as exc:
+            raise OSError(f"cannot read the control token {path}: {exc}") from exc
+        token = existing if len(existing) >= 32 else secrets.token_urlsafe(32)
+    if len(token) < 16 or not token.isascii() or not token.isprintable() or " " in token:
+        raise ValueError("the control token must be at least 16 printable ASCII characters without spaces")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an older file keeps its mode through O_CREAT: set it
+        os.write(fd, token.encode("ascii") + b"\n")
+    finally:
+        os.close(fd)
+    return token
+
+
+def auth_headers(data_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """The Authorization header for the node whose data dir is `data_dir` (none while it has no token yet)."""
+    try:
+        token = (Path(data_dir) / TOKEN_FILE).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Access:
+    """Who may use the endpoint: the token, and what the Host header may say."""
+
+    token: str
+    bound_host: str
+    port: int
+    public: Collection[tuple[str, str]] = field(default=PUBLIC_ROUTES)
+
+    def host_allowed(self, value: str) -> bool:
+        host, port = _split_host(value)
+        if port is not None and port != self.port:
+            return False
+        if host.lower() in _LOCAL_NAMES:
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False  # a name: what a DNS-rebinding page would send
+        bound = self.bound_host.strip("[]")
+        try:
+            bound_address = ipaddress.ip_address(bound)
+        except ValueError:
+            return address.is_loopback  # bound by name (localhost): its loopback addresses
+        return bound_address.is_unspecified or address == bound_address or (
+            bound_address.is_loopback and address.is_loopback
+        )
+
+    def origin_allowed(self, origin: str) -> bool:
+        scheme, sep, rest = origin.partition("://")
+        return scheme == "http" and bool(sep) and "/" not in rest and self.host_allowed(rest)
+
+    def token_ok(self, authorization: str | None) -> bool:
+        if not authorization:
+            return False
+        scheme, _, value = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(value.strip().encode("utf-8", "replace"), self.token.encode("ascii"))
+
+
+def _split_host(value: str) -> tuple[str, int | None]:
+    value = value.strip()
+    if value.startswith("["):
+        close = value.find("]")
+        if close < 0:
+            return value, None
+        host, rest = value[1:close], value[close + 1 :]
+    else:
+        host, _, rest = value.rpartition(":") if value.count(":") == 1 else (value, "", "")
+        rest = ":" + rest if rest else ""
+    if rest.startswith(":") and rest[1:].isascii() and rest[1:].isdigit():
+        return host, int(rest[1:])
+    return host, None if not rest else -1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,6 +155,7 @@ class Reply:
     status: int = 200
     content_type: str = "application/json"
     body: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def json_reply(obj: Any, status: int = 200) -> Reply:
@@ -38,7 +165,36 @@ def json_reply(obj: Any, status: int = 200) -> Reply:
 Handler = Callable[[bytes], Awaitable[Reply]]
 
 
-async def _serve_one(stream: trio.SocketStream, routes: dict[tuple[str, str], Handler]) -> None:
+def _refusal(method: str, path: str, req: h11.Request, access: Access | None) -> Reply | None:
+    """Why this request may not reach its route (a reply to send instead), or None if it may."""
+    if access is None:
+        return None
+    headers: dict[bytes, str] = {}
+    for name, value in req.headers:
+        headers.setdefault(name.lower(), value.decode("latin-1"))
+    host = headers.get(b"host")
+    if host is None or not access.host_allowed(host):
+        log.debug("control request refused: Host %r", host)
+        return json_reply({"error": f"Host {host!r} is not this endpoint's address; use the address it listens "
+                                    "on or localhost"}, 421)
+    origin = headers.get(b"origin")
+    if (origin is not None and not access.origin_allowed(origin)) or headers.get(b"sec-fetch-site") == "cross-site":
+        log.debug("control request refused: Origin %r", origin)
+        return json_reply({"error": f"requests from another origin ({origin}) are refused"}, 403)
+    if access.token and (method, path) not in access.public and not access.token_ok(headers.get(b"authorization")):
+        return Reply(status=401, headers=(("www-authenticate", 'Bearer realm="peercrawl"'),),
+                     body=json.dumps({"error": "send Authorization: Bearer <token>; the token is in the node's "
+                                               "DATA_DIR/control.token"}).encode() + b"\n")
+    if method == "POST":
+        ctype = headers.get(b"content-type", "").split(";", 1)[0].strip().lower()
+        if ctype != "application/json":
+            return json_reply({"error": f"a POST must be Content-Type: application/json, got {ctype or 'none'}"},
+                              415)
+    return None
+
+
+async def _serve_one(stream: trio.SocketStream, routes: dict[tuple[str, str], Handler],
+                     access: Access | None = None) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=16 * 1024)
     try:
         with trio.fail_after(REQUEST_TIMEOUT):
@@ -64,10 +220,13 @@ async def _serve_one(stream: trio.SocketStream, routes: dict[tuple[str, str], Ha
                     elif isinstance(event, h11.ConnectionClosed):
                         return
                 assert req is not None
-                method = req.method.decode()
-                path = req.target.decode().split("?", 1)[0]
+                method = req.method.decode("ascii", "replace")
+                path = req.target.decode("ascii", "replace").split("?", 1)[0]
                 handler = routes.get((method, path))
-                if handler is None:
+                reply = _refusal(method, path, req, access)
+                if reply is not None:
+                    pass
+                elif handler is None:
                     known = any(p == path for _, p in routes)
                     reply = json_reply({"error": f"{'method not allowed' if known else 'not found'}: {path}"},
                                        405 if known else 404)
@@ -98,6 +257,9 @@ async def _send(stream: trio.SocketStream, conn: h11.Connection, reply: Reply) -
         ("content-type", reply.content_type),
         ("content-length", str(len(reply.body))),
         ("server", "peercrawl-control"),
+        ("cache-control", "no-store"),
+        ("x-content-type-options", "nosniff"),
+        *reply.headers,
     ]
     data = conn.send(h11.Response(status_code=reply.status, headers=headers))
     data += conn.send(h11.Data(data=reply.body)) + conn.send(h11.EndOfMessage())
@@ -109,18 +271,25 @@ async def serve_control(
     port: int,
     routes: dict[tuple[str, str], Handler],
     *,
+    token: str | None = None,
+    public: Collection[tuple[str, str]] = PUBLIC_ROUTES,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``routes`` on ``host:port``; started() reports the bound port (useful with port 0)."""
+    """Serve ``routes`` on ``host:port``; started() reports the bound port (useful with port 0).
+
+    With a ``token``, every route but the ``public`` ones needs it, and Host, Origin and POST types are
+    checked (see the module's docstring); without one, only the Host, Origin and POST checks apply.
+    """
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
+    access = Access(token=token or "", bound_host=host, port=bound, public=public)
     async with trio.open_nursery() as nursery:
         for listener in listeners:
-            nursery.start_soon(_accept_loop, listener, routes, nursery)
+            nursery.start_soon(_accept_loop, listener, routes, nursery, access)
         task_status.started(bound)
 
 
-async def _accept_loop(listener: trio.SocketListener, routes, nursery: trio.Nursery) -> None:
+async def _accept_loop(listener: trio.SocketListener, routes, nursery: trio.Nursery, access: Access) -> None:
     async with listener:
         while True:
             try:
@@ -129,4 +298,4 @@ async def _accept_loop(listener: trio.SocketListener, routes, nursery: trio.Nurs
                 log.warning("control accept failed", extra={"error": str(exc)})
                 await trio.sleep(0.1)
                 continue
-            nursery.start_soon(_serve_one, stream, routes)
+            nursery.start_soon(_serve_one, stream, routes, access)

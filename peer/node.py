@@ -5,6 +5,8 @@ Data directory layout (docs/architecture.md has the full picture)::
     DIR/LOCK          flock held while a node runs: two processes never share one store
     DIR/NODE_ID       the node id this directory belongs to (a directory is never reused for another id)
     DIR/control.addr  HOST:PORT of the running node's control endpoint, for peerctl --data-dir
+    DIR/control.token the control endpoint's bearer token (mode 0600), for peerctl and the dashboard link
+    DIR/dropped-urls.jsonl  URLs given up because the node stopped while fetching them max_crashes times in a row
     DIR/peer.addr     HOST:PORT peers dial (cluster nodes only), for --join and peerctl join --seed
     DIR/state/        one LMDB environment: seen URLs, queued URLs, in-flight records, per-host politeness
     DIR/warc/         WARC files and their CDXJ indexes
@@ -13,6 +15,8 @@ Data directory layout (docs/architecture.md has the full picture)::
 from __future__ import annotations
 
 import fcntl
+import functools
+import ipaddress
 import json
 import logging
 import os
@@ -30,8 +34,8 @@ from storage import StorageError, open_page_store
 from peer.cluster.cluster import Cluster, ClusterError
 from peer.cluster.discovery import DiscoveryError, srv_seeds
 from peer.cluster.transport import TransportError
-from peer.config import Config, ConfigError, parse_address, read_secret, read_seeds
-from peer.control import Reply, json_reply, serve_control
+from peer.config import Config, ConfigError, parse_address, read_control_token, read_secret, read_seeds
+from peer.control import Reply, json_reply, load_or_create_token, serve_control
 from peer.crawl.crawler import Crawler
 from peer.crawl.seenstores import open_node_store
 from peer.fetch.dns import CachingResolver
@@ -229,9 +233,22 @@ class Node:
                 if cluster is not None:
                     cluster.attach(crawler)
                 recovered = crawler.restore()
+                self._record_dropped(crawler.dropped_urls)
+                configured = read_control_token(cfg)
+                try:
+                    token = load_or_create_token(self.data_dir, configured)
+                except (OSError, ValueError) as exc:
+                    raise ConfigError(f"control token: {exc}") from exc
                 async with trio.open_nursery() as nursery:
                     chost, cport = parse_address(cfg.control, "control")
-                    self.control_port = await nursery.start(serve_control, chost, cport, self._routes())
+                    if configured is None and not _is_loopback(chost):
+                        # A token nobody chose is only in this data dir: then only this machine may ask.
+                        log.warning("control endpoint kept on loopback: set control_token or control_token_file "
+                                    "to listen on %s", chost, extra={"control": cfg.control})
+                        chost = "127.0.0.1"
+                    self.control_port = await nursery.start(
+                        functools.partial(serve_control, chost, cport, self._routes(), token=token)
+                    )
                     (self.data_dir / "control.addr").write_text(f"{chost}:{self.control_port}\n")
                     nursery.start_soon(self._housekeeping, store, pages)
                     nursery.start_soon(self._watch_signals)
@@ -251,6 +268,15 @@ class Node:
                 self.final_status = self.status()
                 log.info("node stopped", extra={"node_id": self.node_id, **self.stats.as_dict()})
         return 0
+
+    def _record_dropped(self, urls: list[str]) -> None:
+        """Append the URLs the crawler gave up at this start to DATA_DIR/dropped-urls.jsonl (one JSON a line)."""
+        if not urls:
+            return
+        with open(self.data_dir / "dropped-urls.jsonl", "a", encoding="utf-8") as out:
+            for url in urls:
+                out.write(json.dumps({"url": url, "at": time.time(), "reason": "in flight at "
+                                      f"{self.cfg.max_crashes} stops in a row"}) + "\n")
 
     async def _join(self, cluster: Cluster) -> None:
         """Join through --join seeds, then the --join-srv record's members; none given: a new cluster."""
@@ -351,3 +377,12 @@ async def run_node(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> int:
     except ConfigError as exc:
         raise NodeError(str(exc)) from exc
     return await node.run(task_status=task_status)
+
+
+def _is_loopback(host: str) -> bool:
+    if host.strip("[]").lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -36,6 +36,7 @@ import httpx
 import trio
 
 from peer.cli.main import format_status
+from peer.control import auth_headers
 from peerlab.localweb.dns_server import serve_dns
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.model import make_url
@@ -415,7 +416,7 @@ async def _status(data_dir: Path) -> dict[str, Any] | None:
         return None
     try:
         async with httpx.AsyncClient(timeout=2.0) as client:
-            resp = await client.get(f"http://{addr}/status")
+            resp = await client.get(f"http://{addr}/status", headers=auth_headers(data_dir))
         return resp.json()
     except (httpx.HTTPError, ValueError):
         return None

@@ -8,7 +8,7 @@ from ._codec import CODECS, decode_body, encode_body
 from ._connection import NEED_DATA, Connection, ConnectionClosed, Established, Event, NeedData, Role, State
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._frames import COMPRESSIONS, FLAG_ZLIB, HEADER_SIZE, encode_frame
-from ._handshake import MIN_SECRET_SIZE, PROTOCOL_VERSION, SUPPORTED_VERSIONS
+from ._handshake import MIN_SECRET_SIZE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, TAG_SIZE, FrameKeys, frame_keys, frame_tag
 from ._limits import Limits
 from ._messages import (
     MEMBER_STATES,
@@ -54,12 +54,14 @@ __all__ = [
     "PROTOCOL_NAME",
     "PROTOCOL_VERSION",
     "SUPPORTED_VERSIONS",
+    "TAG_SIZE",
     "TYPE_CODES",
     "BatchAck",
     "Challenge",
     "Connection",
     "ConnectionClosed",
     "Established",
+    "FrameKeys",
     "Event",
     "Gossip",
     "Goodbye",
@@ -92,4 +94,6 @@ __all__ = [
     "decode_body",
     "encode_body",
     "encode_frame",
+    "frame_keys",
+    "frame_tag",
 ]

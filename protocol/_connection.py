@@ -5,6 +5,12 @@ bytes that `initiate`, `send` and `data_to_send` return, and closes the socket w
 handshake is accepted until both sides have proved the cluster secret; the handshake's replies are made here
 (they need the secret) and wait in `data_to_send`.
 
+Before the handshake completes a frame may be at most `Limits.max_handshake_frame` bytes, so a stranger who has
+proved nothing can make us hold only a few KiB. After it, every application frame carries a tag (keyed
+BLAKE2b-128, one key per direction derived from the secret and both nonces, over an implicit sequence number),
+checked before the body is inflated or decoded: a frame injected into the stream, replayed, reordered or
+dropped ends the connection with a RemoteProtocolError.
+
     initiator                                   responder
     initiate() -> Hello          ---------->    (queues Challenge or Reject)
                                  <----------    Challenge   [proof of the secret, over our nonce]
@@ -25,7 +31,10 @@ from ._frames import COMPRESSIONS, FLAG_ZLIB, HEADER_SIZE, FrameReader, compress
 from ._handshake import (
     MIN_SECRET_SIZE,
     SUPPORTED_VERSIONS,
+    TAG_SIZE,
     choose,
+    frame_keys,
+    frame_tag,
     initiator_proof,
     proofs_match,
     responder_proof,
@@ -114,7 +123,7 @@ class Connection:
         self._versions = tuple(versions)
         self._compress_level = compress_level
         self._compress_min = compress_min
-        self._reader = FrameReader(self.limits.max_frame)
+        self._reader = FrameReader(min(self.limits.max_handshake_frame, self.limits.max_frame))
         self._outgoing = bytearray()
         self._state = State.IDLE
         self._error: str | None = None
@@ -122,6 +131,11 @@ class Connection:
         self._hello_body = b""
         self._challenge_body = b""
         self._nonce = b""
+        self._peer_nonce = b""
+        self._send_key = b""  # the frame keys, set when established
+        self._receive_key = b""
+        self._send_seq = 0  # authenticated frames sent / received so far: the next frame's sequence number
+        self._receive_seq = 0
         self.peer_node_id: str | None = None
         self.version: int | None = None
         self.codec: str | None = None
@@ -179,9 +193,9 @@ class Connection:
             raise LocalProtocolError(f"cannot send {name} before the handshake completes (state {self._state.value})")
         assert self.codec is not None
         code, body = encode_body(message, self.codec, self.limits)
-        if len(body) + 2 > self.limits.max_frame:
+        if len(body) + 2 + TAG_SIZE > self.limits.max_frame:
             raise LocalProtocolError(
-                f"cannot send {name}: it encodes to {len(body) + 2} bytes, over the frame "
+                f"cannot send {name}: it encodes to {len(body) + 2 + TAG_SIZE} bytes with its tag, over the frame "
                 f"limit of {self.limits.max_frame}; send it in smaller parts"
             )
         flags = 0
@@ -191,7 +205,9 @@ class Connection:
                 body, flags = packed, FLAG_ZLIB
         if isinstance(message, Goodbye):
             self.sent_close = True
-        return encode_frame(code, flags, body)
+        tag = frame_tag(self._send_key, self._send_seq, code, flags, body)
+        self._send_seq += 1
+        return encode_frame(code, flags, body + tag)
 
     def data_to_send(self) -> bytes:
         """Bytes the connection produced on its own (handshake replies, a Reject after an error); write them."""
@@ -208,7 +224,7 @@ class Connection:
         if not data:
             self._eof = True
             return
-        if len(self._reader) > self.limits.max_frame + HEADER_SIZE:
+        if len(self._reader) > self._reader.max_frame + HEADER_SIZE:
             raise LocalProtocolError("call next_event() until NEED_DATA before feeding more data")
         self._reader.feed(data)
 
@@ -246,6 +262,15 @@ class Connection:
             return self._handshake(code, body)
         if self._state is not State.ESTABLISHED:
             raise RemoteProtocolError(f"peer sent a frame of type 0x{code:02x} before the handshake completed")
+        if len(body) < TAG_SIZE:
+            raise RemoteProtocolError(f"peer sent a frame of type 0x{code:02x} too short to hold its tag")
+        body, tag = body[:-TAG_SIZE], body[-TAG_SIZE:]
+        if not proofs_match(frame_tag(self._receive_key, self._receive_seq, code, flags, body), tag):
+            raise RemoteProtocolError(
+                f"frame {self._receive_seq} (type 0x{code:02x}) from the peer has a wrong tag: it was altered, "
+                "injected, replayed or reordered"
+            )
+        self._receive_seq += 1
         if flags & ~FLAG_ZLIB:
             raise RemoteProtocolError(f"peer set unknown frame flags 0x{flags:02x}")
         if flags & FLAG_ZLIB:
@@ -288,6 +313,7 @@ class Connection:
             raise RemoteProtocolError(choice)
         self.version, self.codec, self.compression = choice
         self._hello_body = body
+        self._peer_nonce = hello.nonce
         self._nonce = self._draw_nonce()
         proof = responder_proof(
             self._secret,
@@ -312,6 +338,7 @@ class Connection:
 
     def _on_challenge(self, challenge: Challenge, body: bytes) -> Established:
         self.peer_node_id = challenge.node_id
+        self._peer_nonce = challenge.nonce
         if (
             challenge.version not in self._versions
             or challenge.codec not in self._codecs
@@ -346,6 +373,13 @@ class Connection:
 
     def _establish(self) -> Established:
         self._state = State.ESTABLISHED
+        self._reader.max_frame = self.limits.max_frame
+        if self.role is Role.INITIATOR:
+            keys = frame_keys(self._secret, initiator_nonce=self._nonce, responder_nonce=self._peer_nonce)
+            self._send_key, self._receive_key = keys.initiator, keys.responder
+        else:
+            keys = frame_keys(self._secret, initiator_nonce=self._peer_nonce, responder_nonce=self._nonce)
+            self._send_key, self._receive_key = keys.responder, keys.initiator
         assert self.peer_node_id is not None and self.version is not None
         assert self.codec is not None and self.compression is not None
         return Established(

@@ -48,11 +48,12 @@ def decompress(data: bytes, max_size: int) -> bytes:
 class FrameReader:
     """Accumulates bytes and cuts them into (type code, flags, body) frames."""
 
-    __slots__ = ("_buffer", "_max_frame")
+    __slots__ = ("_buffer", "max_frame")
 
     def __init__(self, max_frame: int) -> None:
         self._buffer = bytearray()
-        self._max_frame = max_frame
+        # The largest frame length accepted; the connection raises it from the handshake limit once established.
+        self.max_frame = max_frame
 
     def __len__(self) -> int:
         return len(self._buffer)
@@ -68,8 +69,8 @@ class FrameReader:
         (length,) = _LENGTH.unpack_from(buffer)
         if length < 2:
             raise RemoteProtocolError(f"peer sent a frame length of {length}; the minimum is 2")
-        if length > self._max_frame:
-            raise RemoteProtocolError(f"peer sent a frame of {length} bytes, over the limit of {self._max_frame}")
+        if length > self.max_frame:
+            raise RemoteProtocolError(f"peer sent a frame of {length} bytes, over the limit of {self.max_frame}")
         if len(buffer) < 4 + length:
             return None
         code = buffer[4]

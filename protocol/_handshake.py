@@ -1,8 +1,12 @@
-"""The handshake's arithmetic: choosing what both sides speak, and the HMAC proofs of the cluster secret.
+"""The handshake's arithmetic: choosing what both sides speak, the HMAC proofs of the cluster secret, and the
+keys and tags that authenticate every frame after the handshake.
 
 Each side proves it knows the secret by an HMAC-SHA256 over the other side's fresh nonce (and everything said
 so far), so a proof recorded from one connection is useless on another, and a proof made in one role cannot
-be reflected back in the other role (the labels differ). The exact inputs are in docs/protocol.md.
+be reflected back in the other role (the labels differ). After the handshake each direction has its own frame
+key, derived from the secret and both nonces, and every frame carries a keyed BLAKE2b tag over its sequence
+number, header and body, so a frame injected, replayed, reordered or dropped in the middle of a connection is
+detected. The exact inputs are in docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -11,10 +15,15 @@ import hashlib
 import hmac
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 __all__ = [
     "MIN_SECRET_SIZE",
     "PROTOCOL_VERSION",
+    "TAG_SIZE",
+    "FrameKeys",
+    "frame_keys",
+    "frame_tag",
     "SUPPORTED_VERSIONS",
     "choose",
     "initiator_proof",
@@ -22,13 +31,18 @@ __all__ = [
     "proofs_match",
 ]
 
-PROTOCOL_VERSION = 1
+# Version 2 added the per-frame tag; a version-1 peer is refused in the handshake (no common version).
+PROTOCOL_VERSION = 2
 SUPPORTED_VERSIONS = (PROTOCOL_VERSION,)
 MIN_SECRET_SIZE = 16
+# 16 bytes (128 bits) of keyed BLAKE2b: forging one needs about 2^128 tries, and each wrong try ends the connection.
+TAG_SIZE = 16
 
 _RESPONDER_LABEL = b"peercrawl responder proof\x00"
 _INITIATOR_LABEL = b"peercrawl initiator proof\x00"
+_FRAME_KEY_LABEL = b"peercrawl frame key\x00"
 _U16 = struct.Struct("!H")
+_U64 = struct.Struct("!Q")
 _U32 = struct.Struct("!I")
 
 
@@ -94,3 +108,32 @@ def choose(
     if compression is None:
         return f"no common compression: peer offers {list(offered_compressions)[:8]}, we accept {list(compressions)}"
     return max(common), codec, compression
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FrameKeys:
+    """The two frame keys of one connection: for frames the initiator sends, and for frames the responder sends."""
+
+    initiator: bytes
+    responder: bytes
+
+
+def frame_keys(secret: bytes, *, initiator_nonce: bytes, responder_nonce: bytes) -> FrameKeys:
+    """Per-connection, per-direction frame keys: HMAC-SHA256 of the secret over a label, the direction and both
+    nonces. Both nonces are fresh, so no key is ever used on two connections, and the directions never share one
+    (a frame cannot be reflected back to its sender)."""
+
+    def derive(direction: bytes) -> bytes:
+        return hmac.new(secret, _FRAME_KEY_LABEL + direction + initiator_nonce + responder_nonce, hashlib.sha256).digest()
+
+    return FrameKeys(initiator=derive(b"initiator\x00"), responder=derive(b"responder\x00"))
+
+
+def frame_tag(key: bytes, seq: int, code: int, flags: int, body: bytes) -> bytes:
+    """The tag of the `seq`-th authenticated frame in one direction (counted from 0): keyed BLAKE2b-128 over
+    u64(seq) || type || flags || body. The sequence number is implicit (both sides count), so a replayed,
+    dropped or reordered frame fails its check."""
+    mac = hashlib.blake2b(key=key, digest_size=TAG_SIZE)
+    mac.update(_U64.pack(seq) + bytes((code, flags)))
+    mac.update(body)
+    return mac.digest()

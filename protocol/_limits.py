@@ -18,6 +18,9 @@ class Limits:
 
     # 1 MiB: ten times a default batch, small enough that one frame per connection is cheap to buffer.
     max_frame: int = 1 << 20
+    # 4 KiB: the largest frame accepted before the handshake completes. A real Hello or Challenge is under 300
+    # bytes and a Reject under 600; a stranger who has proved nothing may make us hold no more than this.
+    max_handshake_frame: int = 4096
     # Dispatch flushes at 1,000 URLs by default; 10,000 leaves headroom for a large --batch-size.
     max_urls_per_batch: int = 10_000
     # 2,048 bytes: the sitemaps protocol's limit; longer URLs are nearly always traps or session junk.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TypeAlias
 
-from ._schema import Blob, Choice, Flag, Kind, Many, Maybe, Record, Seconds, Text, UInt
+from ._schema import Blob, Choice, Flag, HostName, Kind, Many, Maybe, Record, Seconds, Text, UInt
 from ._urllist import UrlList
 
 __all__ = [
@@ -352,7 +352,9 @@ _MEMBER = _record(
     incarnation=UInt(),
     state=Choice(MEMBER_STATES),
 )
-_HOST_STATE = _record(HostState, host=Text(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32)
+# A seen-URL key: the host's 8-byte ring position and at least one byte of fingerprint (16 bytes today).
+_SEEN_KEY = Blob(limit="max_key_length", minimum=9)
+_HOST_STATE = _record(HostState, host=HostName(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32)
 _NONCE = Blob(size=NONCE_SIZE)
 _PROOF = Blob(size=PROOF_SIZE)
 
@@ -406,12 +408,12 @@ RECORDS: dict[int, Record] = {
         arc_start=UInt(),
         arc_end=UInt(),
         urls=UrlList(_URL_ENTRY, "max_urls_per_batch"),
-        seen_keys=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"),
+        seen_keys=Many(_SEEN_KEY, "max_keys_per_chunk"),
         hosts=Many(_HOST_STATE),
         last=Flag(),
     ),
     0x31: _record(HandoffAck, transfer_id=UInt(), chunk_seq=UInt()),
-    0x32: _record(SeenReplica, epoch=UInt(), keys=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"),
+    0x32: _record(SeenReplica, epoch=UInt(), keys=Many(_SEEN_KEY, "max_keys_per_chunk"),
                   hosts=Many(_HOST_STATE)),
     0x33: _record(QueueReplica, seq=UInt(), epoch=UInt(), urls=UrlList(_URL_ENTRY, "max_urls_per_batch"),
                   released=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"), hosts=Many(_HOST_STATE)),

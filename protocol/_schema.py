@@ -9,7 +9,9 @@ field; the codec layer turns it into a Local- or RemoteProtocolError, whichever 
 from __future__ import annotations
 
 import binascii
+import ipaddress
 import math
+import re
 from abc import ABC, abstractmethod
 from base64 import b64decode, b64encode
 from collections.abc import Callable, Iterable
@@ -22,6 +24,7 @@ __all__ = [
     "Blob",
     "Choice",
     "Flag",
+    "HostName",
     "Invalid",
     "Kind",
     "Many",
@@ -111,6 +114,43 @@ class Text(Kind):
     load = dump
 
 
+_HOST_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_\-]{0,61}[a-z0-9_])?")
+
+
+class HostName(Kind):
+    """A host as the crawler keys it: lower-case ASCII (IDNA A-labels for other scripts), at most 253 bytes,
+    dot-separated labels of 1-63 letters, digits, hyphens or underscores, no leading or trailing hyphen; or an
+    IPv6 literal in brackets. A peer's host goes into the stores as a key, so it is held to what a URL's host
+    could be after normalizing, not merely to a string length."""
+
+    __slots__ = ()
+
+    def dump(self, value: Any, js: bool, limits: Limits) -> str:
+        if type(value) is not str:
+            raise Invalid(f"expected a host name, got {_name(value)}")
+        shown = repr(value[:64])
+        if value.startswith("["):
+            try:
+                if not value.endswith("]") or "[" + ipaddress.IPv6Address(value[1:-1]).compressed + "]" != value:
+                    raise ValueError
+            except ValueError:
+                raise Invalid(f"{shown} is not a normalized IPv6 literal") from None
+            return value
+        if not value or len(value) > 253:
+            raise Invalid(f"a host name has 1-253 characters, got {len(value)}")
+        for label in value.split("."):
+            if not _HOST_LABEL.fullmatch(label):
+                raise Invalid(f"{shown} is not a lower-case ASCII host name (label {label[:64]!r})")
+            if label.startswith("xn--"):
+                try:
+                    label[4:].encode("ascii").decode("punycode")
+                except UnicodeError:
+                    raise Invalid(f"{shown} holds an A-label that does not decode ({label!r})") from None
+        return value
+
+    load = dump
+
+
 class Choice(Kind):
     """A string from a fixed set."""
 
@@ -131,17 +171,20 @@ class Choice(Kind):
 class Blob(Kind):
     """Bytes: msgpack bin, JSON standard base64 with padding. Exactly `size` bytes, or at most the limit."""
 
-    __slots__ = ("size", "limit")
+    __slots__ = ("size", "limit", "minimum")
 
-    def __init__(self, *, size: int | None = None, limit: str | None = None) -> None:
+    def __init__(self, *, size: int | None = None, limit: str | None = None, minimum: int = 0) -> None:
         self.size = size
         self.limit = limit
+        self.minimum = minimum
 
     def _check(self, value: bytes, limits: Limits) -> bytes:
         if self.size is not None and len(value) != self.size:
             raise Invalid(f"expected exactly {self.size} bytes, got {len(value)}")
         if self.limit is not None and len(value) > getattr(limits, self.limit):
             raise Invalid(f"{len(value)} bytes exceed {self.limit}={getattr(limits, self.limit)}")
+        if len(value) < self.minimum:
+            raise Invalid(f"expected at least {self.minimum} bytes, got {len(value)}")
         return value
 
     def _bound(self, limits: Limits) -> int:

@@ -50,6 +50,7 @@ class CdxjEntry(NamedTuple):
     status: int
     mime: str
     digest: str
+    truncated: bool = False  # the body was cut at the size limit (the record says WARC-Truncated: length)
 
 
 def cdxj_line(entry: CdxjEntry) -> str:
@@ -63,6 +64,8 @@ def cdxj_line(entry: CdxjEntry) -> str:
         "offset": str(entry.offset),
         "filename": entry.filename,
     }
+    if entry.truncated:
+        fields["truncated"] = "length"
     return f"{surt(entry.url)} {entry.timestamp} {json.dumps(fields, ensure_ascii=False)}\n"
 
 
@@ -73,5 +76,5 @@ def parse_cdxj_line(line: str) -> CdxjEntry:
     return CdxjEntry(
         url=fields["url"], timestamp=timestamp, filename=fields["filename"], offset=int(fields["offset"]),
         length=int(fields["length"]), status=int(fields["status"]), mime=fields["mime"],
-        digest=fields["digest"],
+        digest=fields["digest"], truncated=fields.get("truncated") == "length",
     )

@@ -46,11 +46,16 @@ def _host_of(prefix: bytes) -> str:
 
 
 def _item_of(key: bytes, value: bytes) -> QueuedUrl:
-    url, hops, found_on = _unpackb(value)
+    url, hops, found_on, *_crashes = _unpackb(value)
     return QueuedUrl(
         url=url, host=key[8:-13].decode("utf-8"), depth=int.from_bytes(key[-12:-8], "big"), hops=hops,
         found_on=found_on,
     )
+
+
+def _crashes_of(value: bytes) -> int:
+    fields = _unpackb(value)
+    return int(fields[3]) if len(fields) > 3 else 0
 
 
 def _state_of(key: bytes, value: bytes) -> HostState:
@@ -141,7 +146,11 @@ class FrontierStore(Closing):
         fkey = prefix + url_fingerprint(item.url)
         old = txn.get(fkey, db=self._flight)
         count = _unpackb(old)[0] + 1 if old else 1
-        txn.put(fkey, _packb([count, key, item.url, item.hops, item.found_on]), db=self._flight)
+        # A queue value may carry a fourth field: how many times in a row the process stopped with this URL in
+        # flight (`recover_in_flight`). It rides along in the flight record; a finished fetch deletes it.
+        crashes = _crashes_of(value)
+        record = [count, key, item.url, item.hops, item.found_on]
+        txn.put(fkey, _packb(record + [crashes] if crashes else record), db=self._flight)
         return item
 
     def _done_in(self, txn: lmdb.Transaction, item: QueuedUrl) -> bool:
@@ -183,21 +192,36 @@ class FrontierStore(Closing):
 
     def recover(self) -> int:
         """At startup: put every in-flight URL back at its place in its queue; return how many."""
+        return self.recover_in_flight(max_crashes=0)[0]
 
-        def put_back(txn: lmdb.Transaction) -> int:
+    def recover_in_flight(self, *, max_crashes: int) -> tuple[int, list[QueuedUrl]]:
+        """At startup: put in-flight URLs back in their queues, counting the stop against each of them.
+
+        A URL in flight when the process stopped may be what stopped it. Each is put back with its count of
+        stops in a row while it was in flight (a fetch that finishes forgets the count); one that reaches
+        `max_crashes` (0: never) is dropped instead, so no input can make a node crash-loop. Returns how many
+        went back and the dropped URLs, for the caller to record.
+        """
+
+        def put_back(txn: lmdb.Transaction) -> tuple[int, list[QueuedUrl]]:
             cur = txn.cursor(self._flight)
             n = 0
+            dropped: list[QueuedUrl] = []
             if cur.first():
                 while True:
                     fkey = cur.key()
                     if not fkey:
                         break
-                    _count, qkey, url, hops, found_on = _unpackb(cur.value())
-                    if txn.put(qkey, _packb([url, hops, found_on]), overwrite=False, db=self._queue):
-                        self._count_add(txn, fkey[:-8], 1)
+                    _count, qkey, url, hops, found_on, *rest = _unpackb(cur.value())
+                    crashes = (rest[0] if rest else 0) + 1
+                    if max_crashes and crashes >= max_crashes:
+                        dropped.append(_item_of(qkey, _packb([url, hops, found_on])))
+                    else:
+                        if txn.put(qkey, _packb([url, hops, found_on, crashes]), overwrite=False, db=self._queue):
+                            self._count_add(txn, fkey[:-8], 1)
+                        n += 1
                     cur.delete()
-                    n += 1
-            return n
+            return n, dropped
 
         return self._env.write(put_back)
 
@@ -242,7 +266,7 @@ class FrontierStore(Closing):
                 old = txn.get(fkey, db=self._flight)
                 if old is None:
                     continue
-                _count, qkey, url, hops, found_on = _unpackb(old)
+                _count, qkey, url, hops, found_on, *_crashes = _unpackb(old)
                 if txn.put(qkey, _packb([url, hops, found_on]), overwrite=False, db=self._queue):
                     self._count_add(txn, prefix, 1)
                 txn.delete(fkey, db=self._flight)
@@ -271,7 +295,7 @@ class FrontierStore(Closing):
         """The URLs now in flight (each once), in ring order."""
         out = []
         for key, value in self._env.scan(FLIGHT, _WHOLE_RING):
-            _count, qkey, url, hops, found_on = _unpackb(value)
+            _count, qkey, url, hops, found_on, *_crashes = _unpackb(value)
             out.append(_item_of(qkey, _packb([url, hops, found_on])))
         return out
 

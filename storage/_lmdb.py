@@ -5,12 +5,20 @@ process killed at any moment leaves the last committed state. We open it without
 (`sync=False`): a committed transaction is in the OS page cache and survives kill -9 of the process; `sync()`
 forces it to the disk (the engine calls it before acknowledging anything to a peer, and on a timer). We never
 use `writemap`: with it a full disk would be a SIGBUS instead of an error we can report.
+
+A damaged data file must give a message, never a signal. LMDB maps the file and trusts it: a file cut short
+(a copy that stopped, a full disk during a restore) makes the first read past its end a SIGBUS, and a wrong
+meta page an abort. So before mapping, `check_data_file` reads the two meta pages with ordinary reads and
+checks the magic, the version, the page size and that the file holds every page the newest meta page names;
+after mapping, LMDB's own corruption errors (a damaged page inside the file) become a `StorageError` that names
+the file and says what to do.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
@@ -19,7 +27,7 @@ import lmdb
 
 from ._errors import StorageError
 
-__all__ = ["DEFAULT_MAP_SIZE", "MAX_MAP_SIZE", "LmdbEnv"]
+__all__ = ["DEFAULT_MAP_SIZE", "MAX_MAP_SIZE", "LmdbEnv", "check_data_file"]
 
 T = TypeVar("T")
 
@@ -27,6 +35,82 @@ DEFAULT_MAP_SIZE = 1 << 30  # the file grows only as pages are used; the map dou
 MAX_MAP_SIZE = 1 << 40  # 1 TiB: past this a full map is reported, not grown
 _MAX_DBS = 16
 _LOW_SPACE = 64 << 20  # below this much free space a failed write is reported as a full disk
+
+
+# LMDB's meta page (lmdb.h / mdb.c, 64-bit builds): a 16-byte page header, then MDB_meta: magic u32, version u32,
+# address u64, map size u64, two MDB_db of 48 bytes (the free-list db's first u32 holds the page size), the last
+# page number u64 and the transaction id u64. Little-endian on every platform this runs on.
+_META = struct.Struct("<QHHHH II QQ I4x40x I44x QQ")
+_MAGIC = 0xBEEFC0DE
+_DATA_VERSION = 1
+_CORRUPT_ERRORS = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError)
+
+
+def _what_to_do(data: str) -> str:
+    return (
+        f"stop the node, move {os.path.dirname(data)} aside (keep it to inspect) and start again with an empty data "
+        "directory or one restored from a backup"
+    )
+
+
+def check_data_file(where: str) -> None:
+    """Raise StorageError if `where/data.mdb` exists but cannot be a whole LMDB file (before LMDB maps it)."""
+    data = os.path.join(where, "data.mdb")
+    try:
+        with open(data, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size == 0:
+                return  # created and never written: LMDB initializes it
+            head = file.read(64 * 1024)
+            metas = []
+            offset = 0
+            for _ in range(2):
+                if len(head) < offset + _META.size:
+                    break
+                fields = _META.unpack_from(head, offset)
+                magic, version, psize, last_pg, txnid = fields[5], fields[6], fields[9], fields[11], fields[12]
+                if magic != _MAGIC:
+                    break
+                if version != _DATA_VERSION:
+                    raise StorageError(
+                        f"store file {data} has LMDB data version {version}, this build reads {_DATA_VERSION}; "
+                        "open it with the peercrawl version that wrote it"
+                    )
+                if psize < 512 or psize > 65536 or psize & (psize - 1):
+                    break
+                metas.append((txnid, last_pg, psize))
+                offset = psize
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StorageError(f"cannot read store file {data}: {_reason(exc)}") from exc
+    if not metas:
+        raise StorageError(
+            f"store file {data} is not an LMDB file or its first page is damaged ({size} bytes); {_what_to_do(data)}"
+        )
+    psize = metas[0][2]
+    if size < 2 * psize:
+        raise StorageError(
+            f"store file {data} is truncated: {size} bytes, less than its two {psize}-byte meta pages; "
+            f"{_what_to_do(data)}"
+        )
+    if len(metas) < 2:
+        raise StorageError(f"store file {data} has a damaged second meta page; {_what_to_do(data)}")
+    txnid, last_pg, psize = max(metas)
+    needed = (last_pg + 1) * psize
+    if size < needed:
+        raise StorageError(
+            f"store file {data} is truncated: {size} bytes, but its last transaction ({txnid}) uses {needed}; "
+            f"{_what_to_do(data)}"
+        )
+
+
+def _fault(action: str, path: str, exc: BaseException) -> StorageError:
+    """A StorageError for a failed LMDB call: a corrupt file says so and what to do, anything else its reason."""
+    if isinstance(exc, _CORRUPT_ERRORS):
+        data = os.path.join(path, "data.mdb")
+        return StorageError(f"store file {data} is corrupt ({_reason(exc)}); {_what_to_do(data)}")
+    return StorageError(f"cannot {action} store at {path}: {_reason(exc)}")
 
 
 def _reason(exc: BaseException) -> str:
@@ -65,6 +149,7 @@ class LmdbEnv:
             os.makedirs(where, exist_ok=True)
             if not os.access(where, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), where)
+            check_data_file(where)
             env = lmdb.open(
                 where,
                 map_size=map_size,
@@ -77,12 +162,12 @@ class LmdbEnv:
                 lock=True,
             )
         except (OSError, lmdb.Error) as exc:
-            raise StorageError(f"cannot open store at {where}: {_reason(exc)}") from exc
+            raise _fault("open", where, exc) from exc
         try:
             dbs = {name: env.open_db(name) for name in names}
         except lmdb.Error as exc:
             env.close()
-            raise StorageError(f"cannot open store at {where}: {_reason(exc)}") from exc
+            raise _fault("open", where, exc) from exc
         return cls(env, where, dbs, max_map_size)
 
     def db(self, name: bytes) -> object:
@@ -116,7 +201,7 @@ class LmdbEnv:
             try:
                 txn = self._env.begin(write=True)
             except lmdb.Error as exc:
-                raise StorageError(f"cannot write store at {self.path}: {_reason(exc)}") from exc
+                raise _fault("write", self.path, exc) from exc
             try:
                 result = fn(txn)
                 txn.commit()
@@ -127,6 +212,9 @@ class LmdbEnv:
             except lmdb.BadValsizeError as exc:
                 txn.abort()
                 raise ValueError(f"key or value size not accepted by the store: {_reason(exc)}") from exc
+            except _CORRUPT_ERRORS as exc:
+                txn.abort()
+                raise _fault("write", self.path, exc) from exc
             except lmdb.Error as exc:
                 txn.abort()
                 raise StorageError(f"cannot write store at {self.path}: {self._write_failure(exc)}") from exc
@@ -152,11 +240,11 @@ class LmdbEnv:
         try:
             txn = self._env.begin(write=False)
         except lmdb.Error as exc:
-            raise StorageError(f"cannot read store at {self.path}: {_reason(exc)}") from exc
+            raise _fault("read", self.path, exc) from exc
         try:
             yield txn
         except lmdb.Error as exc:
-            raise StorageError(f"cannot read store at {self.path}: {_reason(exc)}") from exc
+            raise _fault("read", self.path, exc) from exc
         finally:
             txn.abort()
 

@@ -79,6 +79,10 @@ class MemoryFrontierStore(Closing):
         for item in items:
             self.done(item)
 
+    def recover_in_flight(self, *, max_crashes: int) -> tuple[int, list[QueuedUrl]]:
+        """A memory frontier does not outlive its process, so no URL can be in flight at a restart."""
+        return self.recover(), []
+
     def recover(self) -> int:
         n = len(self._flight)
         for _count, depth, seq, item in self._flight.values():

@@ -47,8 +47,10 @@ class PageStore(Closing, ABC):
         body: bytes,
         ip: str | None,
         fetched_at: float,
+        truncated: bool = False,
     ) -> None:
-        """Keep one fetched page. `body` is the payload as received (Content-Encoding not undone)."""
+        """Keep one fetched page. `body` is the payload as received (Content-Encoding not undone); `truncated`
+        says it was cut at the size limit."""
 
     @abstractmethod
     def lookup(self, url: str) -> list[tuple[str, int, int]]:
@@ -70,7 +72,8 @@ class NullPageStore(PageStore):
         self.body_bytes = 0
 
     def store(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
-              response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float) -> None:
+              response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float,
+              truncated: bool = False) -> None:
         self.pages += 1
         self.body_bytes += len(body)
 
@@ -194,7 +197,8 @@ class WarcPageStore(PageStore):
         _finish_index(self.directory, self.directory / (name[: -len(_WARC_SUFFIX)] + _OPEN_SUFFIX))
 
     def store(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
-              response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float) -> None:
+              response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float,
+              truncated: bool = False) -> None:
         if self._closed:
             raise ValueError(f"page store at {self.directory} is closed")
         if self._failure is not None:
@@ -204,7 +208,7 @@ class WarcPageStore(PageStore):
                 self._start_file(fetched_at)
             records = exchange_records(url=url, request_headers=request_headers, status=status, reason=reason,
                                        response_headers=response_headers, body=body, ip=ip,
-                                       fetched_at=fetched_at)
+                                       fetched_at=fetched_at, truncated=truncated)
             resp = gzip_member(records.response, self.compress_level)
             req = gzip_member((records.request,), self.compress_level)
             offset = self._size
@@ -212,7 +216,7 @@ class WarcPageStore(PageStore):
             mime = _mime(response_headers)
             entry = CdxjEntry(url=url, timestamp=warc_timestamp(fetched_at), filename=self._name, offset=offset,
                               length=len(resp), status=status, mime=mime,
-                              digest=records.payload_digest)
+                              digest=records.payload_digest, truncated=truncated)
             assert self._index is not None
             _write_all(self._index, cdxj_line(entry).encode("utf-8"))
             self.pages += 1

@@ -104,9 +104,11 @@ class Exchange(NamedTuple):
 
 def exchange_records(*, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
                      response_headers: list[tuple[str, str]], body: bytes, ip: str | None,
-                     fetched_at: float) -> Exchange:
+                     fetched_at: float, truncated: bool = False) -> Exchange:
     """The response and request records of one fetch. A `Transfer-Encoding` header is left out: the body is
-    stored de-chunked, and the header would make readers chunk-decode it again."""
+    stored de-chunked, and the header would make readers chunk-decode it again. A body cut at the size limit
+    (`truncated`) is marked `WARC-Truncated: length` (WARC/1.1 section 5.13), so no reader takes it for the
+    whole page."""
     target_uri = _one_line(url, "URL").encode("utf-8")
     date = warc_date(fetched_at).encode("ascii")
     common = [(b"WARC-Date", date), (b"WARC-Target-URI", target_uri)]
@@ -120,6 +122,7 @@ def exchange_records(*, url: str, request_headers: list[tuple[str, str]], status
     response_head = _warc_head(
         [(b"WARC-Type", b"response"), (b"WARC-Record-ID", response_id), *common,
          (b"WARC-Payload-Digest", payload_digest), (b"WARC-Block-Digest", _sha1(http, body)),
+         *([(b"WARC-Truncated", b"length")] if truncated else []),
          (b"Content-Type", b"application/http; msgtype=response")],
         len(http) + len(body),
     )

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import trio
 
+from peer.control import auth_headers
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import (
     RequestRecord,
@@ -80,11 +81,11 @@ class Cluster:
             kill_pid(proc.pid)
 
 
-async def _get(address: str, path: str) -> dict:
+async def _get(address: str, path: str, data_dir) -> dict:
     import httpx
 
     async with httpx.AsyncClient(timeout=5.0) as client:
-        resp = await client.get(f"http://{address}{path}")
+        resp = await client.get(f"http://{address}{path}", headers=auth_headers(data_dir))
         return resp.json()
 
 
@@ -103,7 +104,7 @@ async def _settled(cluster: Cluster, owners: set[str], timeout: float = 60.0) ->
         while True:
             why = {}
             for name in sorted(owners):
-                status = (await _get(cluster.control(name), "/status"))["cluster"]
+                status = (await _get(cluster.control(name), "/status", cluster.tmp / name))["cluster"]
                 alive = {m["node_id"] for m in status["members"] if m["state"] == "alive"}
                 handoff = status["handoff"]
                 if alive != owners or handoff["outstanding"] or handoff["pending_arcs"] or not status["replica"]["synced"]:
@@ -131,10 +132,10 @@ async def test_four_nodes_join_leave_and_kill_lose_nothing(tmp_path):
             leave = await trio.to_thread.run_sync(
                 lambda: subprocess.run(
                     [sys.executable, "-c", "import sys; from peer.cli.main import peerctl_main; sys.exit(peerctl_main())",
-                     "leave", "--control", cluster.control("C"), "--timeout", "120"],
+                     "leave", "--data-dir", str(cluster.tmp / "C"), "--timeout", "120"],
                     capture_output=True, text=True, timeout=150, env=child_env()))
             assert leave.returncode == 0, leave.stdout + leave.stderr
-            with trio.fail_after(30):
+            with trio.fail_after(90):
                 assert await cluster.procs["C"].wait() == 0, cluster.log_tail("C")
             c_status = [json.loads(line) for line in (tmp_path / "C.log").read_text().splitlines()
                         if line.startswith("{")]
@@ -149,9 +150,9 @@ async def test_four_nodes_join_leave_and_kill_lose_nothing(tmp_path):
             kill_pid(cluster.procs["B"].pid, signal.SIGKILL)
             await cluster.procs["B"].wait()
             # the others declare B dead (suspicion timeout 2 s), then B is restarted from its data dir
-            with trio.fail_after(30):
+            with trio.fail_after(90):
                 while True:
-                    view = await _get(cluster.control("A"), "/cluster")
+                    view = await _get(cluster.control("A"), "/cluster", cluster.tmp / "A")
                     states = {n["node_id"]: n["state"] for n in view["nodes"]}
                     if states.get("B") == "dead":
                         break

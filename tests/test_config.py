@@ -68,3 +68,29 @@ def test_parse_address():
     assert parse_address("[::1]:80") == ("::1", 80)
     with pytest.raises(ConfigError):
         parse_address(":80")
+
+
+def test_peerd_config_never_prints_the_cluster_secret_or_the_control_token(tmp_path, monkeypatch, capsys):
+    from peer.cli.main import peerd_main
+
+    secret = "a cluster secret that must stay private"
+    token = "control-token-that-must-stay-private"
+    monkeypatch.setenv("PEERCRAWL_CLUSTER_SECRET", secret)
+    monkeypatch.setenv("PEERCRAWL_CONTROL_TOKEN", token)
+    assert peerd_main(["config", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert secret not in out and token not in out
+    assert f'cluster_secret = "<set: {len(secret)} bytes, not shown>"' in out
+    assert 'control_token = "<set: ' in out
+    monkeypatch.delenv("PEERCRAWL_CLUSTER_SECRET")
+    monkeypatch.delenv("PEERCRAWL_CONTROL_TOKEN")
+    assert peerd_main(["config", "--data-dir", str(tmp_path)]) == 0
+    assert 'cluster_secret = ""' in capsys.readouterr().out
+
+
+def test_max_crashes_and_control_token_are_checked():
+    assert load(env={}, flags={}).max_crashes == 3
+    with pytest.raises(ConfigError, match="max_crashes"):
+        load(env={"PEERCRAWL_MAX_CRASHES": "-1"}, flags={})
+    with pytest.raises(ConfigError, match="control_token"):
+        load(env={"PEERCRAWL_CONTROL_TOKEN": "short"}, flags={})

@@ -30,21 +30,21 @@ async def test_routes_errors_and_limits(nursery):
         raise RuntimeError("handler bug")
 
     port = await nursery.start(serve_control, "127.0.0.1", 0, {("GET", "/status"): status, ("POST", "/boom"): boom})
-    out = await _request(port, b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    out = await _request(port, b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 200")
     assert json.loads(out.split(b"\r\n\r\n", 1)[1]) == {"ok": True}
-    out = await _request(port, b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    out = await _request(port, b"GET /nope HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 404")
-    out = await _request(port, b"POST /status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    out = await _request(port, b"POST /status HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 405")
-    out = await _request(port, b"POST /boom HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    out = await _request(port, b"POST /boom HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 500") and b"handler bug" in out
     out = await _request(port, b"this is not http\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 400")
     # keep-alive: two requests on one connection
-    out = await _request(port, b"GET /status HTTP/1.1\r\nHost: x\r\n\r\nGET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    out = await _request(port, b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     assert out.count(b"HTTP/1.1 200") == 2
     assert len(calls) == 3
     # the server survived all of that
-    out = await _request(port, b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    out = await _request(port, b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 200")

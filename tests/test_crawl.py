@@ -13,6 +13,7 @@ from warcio.archiveiterator import ArchiveIterator
 
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import crawl_delay_violations, max_concurrent_connections_per_host, requested_urls
+from peer.control import auth_headers
 from peer.node import Node
 
 from .support.crawl import node_config, start_local_web, urls_fetched
@@ -106,7 +107,7 @@ async def test_max_pages_per_host_and_metrics_while_running(tmp_path):
         with trio.fail_after(60):
             while not node.crawler.is_done():
                 await trio.sleep(0.05)
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(headers=auth_headers(tmp_path / "node")) as client:
             metrics = (await client.get(f"http://127.0.0.1:{node.control_port}/metrics")).text
             status = (await client.get(f"http://127.0.0.1:{node.control_port}/status")).json()
         node.request_stop()

@@ -52,7 +52,8 @@ async def test_peerd_status_and_clean_stop_then_resume(tmp_path):
     graph = SiteGraph.generate(seed=11, hosts=10, pages_per_host=10, features=False)
     async with trio.open_nursery() as nursery:
         web, dns = await start_local_web(nursery, graph)
-        cfg = node_config(tmp_path / "n", web, dns, delay=0.3, exit_when_done=False)
+        # delay 1 s: ten pages per host take ten seconds, so the stop falls mid-crawl even on a busy machine
+        cfg = node_config(tmp_path / "n", web, dns, delay=1.0, exit_when_done=False)
         proc = await trio.lowlevel.open_process(peerd_argv(cfg), env=child_env(), stderr=subprocess.PIPE)
         try:
             await _wait_control(tmp_path / "n", proc)

@@ -91,7 +91,7 @@ def subcommands(main) -> set[str]:
         raise _Built
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(argparse.ArgumentParser, "parse_args", capture)
+        mp.setattr(argparse.ArgumentParser, "parse_known_args", capture)  # parse_args calls it too
         with pytest.raises(_Built):
             main([])
     (action,) = [a for a in built[0]._actions if isinstance(a, argparse._SubParsersAction)]

@@ -70,7 +70,11 @@ members = st.builds(
     incarnation=U64,
     state=st.sampled_from(MEMBER_STATES),
 )
-host_states = st.builds(HostState, host=texts, crawl_delay=seconds, ready_in=seconds, failures=U32)
+host_names = st.one_of(
+    st.from_regex(r"[a-z0-9](?:[a-z0-9_-]{0,20}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,20}[a-z0-9])?){0,4}", fullmatch=True),
+    st.ip_addresses(v=6).map(lambda ip: f"[{ip.compressed}]"),
+)
+host_states = st.builds(HostState, host=host_names, crawl_delay=seconds, ready_in=seconds, failures=U32)
 
 
 def tuples(elements: st.SearchStrategy, max_size: int = 6) -> st.SearchStrategy:
@@ -119,12 +123,12 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
         arc_start=U64,
         arc_end=U64,
         urls=tuples(url_entries),
-        seen_keys=tuples(st.binary(max_size=64), 10),
+        seen_keys=tuples(st.binary(min_size=9, max_size=64), 10),
         hosts=tuples(host_states),
         last=st.booleans(),
     ),
     HandoffAck: st.builds(HandoffAck, transfer_id=U64, chunk_seq=U64),
-    SeenReplica: st.builds(SeenReplica, epoch=U64, keys=tuples(st.binary(max_size=64), 10), hosts=tuples(host_states)),
+    SeenReplica: st.builds(SeenReplica, epoch=U64, keys=tuples(st.binary(min_size=9, max_size=64), 10), hosts=tuples(host_states)),
     QueueReplica: st.builds(QueueReplica, seq=U64, epoch=U64, urls=tuples(url_entries, 20),
                             released=tuples(st.binary(max_size=64), 10), hosts=tuples(host_states)),
     ReplicaAck: st.builds(ReplicaAck, seq=U64),
@@ -338,7 +342,7 @@ SMALL = Limits(
     max_string=8,
     max_list=2,
     max_keys_per_chunk=2,
-    max_key_length=4,
+    max_key_length=10,
 )
 OVER_SMALL_LIMITS = [
     (UrlBatch(seq=1, sender="a", epoch=1, urls=(ENTRY,) * 4), "max_urls_per_batch=3"),
@@ -362,7 +366,7 @@ OVER_SMALL_LIMITS = [
             arc_start=0,
             arc_end=1,
             urls=(),
-            seen_keys=(b"k",) * 3,
+            seen_keys=(b"k" * 9,) * 3,
             hosts=(),
             last=False,
         ),
@@ -376,11 +380,11 @@ OVER_SMALL_LIMITS = [
             arc_start=0,
             arc_end=1,
             urls=(),
-            seen_keys=(b"kkkkk",),
+            seen_keys=(b"k" * 11,),
             hosts=(),
             last=False,
         ),
-        "max_key_length=4",
+        "max_key_length=10",
     ),
 ]
 
@@ -486,3 +490,53 @@ def test_the_specification_lists_the_codes_and_limits_the_code_uses() -> None:
         name: int(value.replace(",", "")) for name, value in re.findall(r"^\| `(max_\w+)` \| ([\d,]+) \|", text, re.M)
     }
     assert limits == {field.name: getattr(LIMITS, field.name) for field in fields(Limits)}
+
+
+@pytest.mark.parametrize(
+    ("host", "fragment"),
+    [
+        ("", "1-253 characters, got 0"),
+        ("a" * 600, "1-253 characters, got 600"),
+        (("a" * 63 + ".") * 4 + "com", "1-253 characters, got 259"),
+        ("a" * 64 + ".com", "not a lower-case ASCII host name"),
+        ("Example.COM", "not a lower-case ASCII host name"),
+        ("exa mple.com", "not a lower-case ASCII host name"),
+        ("example..com", "label ''"),
+        ("-example.com", "not a lower-case ASCII host name"),
+        ("bücher.de", "not a lower-case ASCII host name"),
+        ("xn--bcher-kv%a.de", "not a lower-case ASCII host name"),
+        ("xn--99999999999.de", "does not decode"),
+        ("[::1", "IPv6"),
+        ("[0:0::1]", "IPv6"),
+        ("[example.com]", "IPv6"),
+    ],
+)
+@pytest.mark.parametrize("codec", CODECS)
+def test_host_names_from_a_peer_are_held_to_what_a_url_host_can_be(host: str, fragment: str, codec: str) -> None:
+    good = HostState(host="h", crawl_delay=1.0, ready_in=0.0, failures=0)
+    code, body = encode_body(SeenReplica(epoch=1, keys=(), hosts=(good,)), codec, LIMITS)
+    body = body.replace(b'"h"', json.dumps(host).encode()) if codec == "json" else body.replace(
+        b"\xa1h", msgpack.packb(host)
+    )
+    with pytest.raises(RemoteProtocolError, match=re.escape(fragment)) as info:
+        decode_body(code, body, codec, LIMITS)
+    assert "hosts[0].host" in str(info.value)
+    with pytest.raises(LocalProtocolError):
+        encode_body(SeenReplica(epoch=1, keys=(), hosts=(HostState(host=host, crawl_delay=1.0, ready_in=0.0,
+                                                                        failures=0),)), codec, LIMITS)
+
+
+@pytest.mark.parametrize(
+    "host", ["example.com", "xn--bcher-kva.de", "a-b_c.example", "127.0.0.1", "[::1]", "[2001:db8::1]", "x" * 63]
+)
+def test_host_names_that_urls_have_pass(host: str) -> None:
+    state = HostState(host=host, crawl_delay=1.0, ready_in=0.0, failures=0)
+    for codec in CODECS:
+        code, body = encode_body(SeenReplica(epoch=1, keys=(b"k" * 16,), hosts=(state,)), codec, LIMITS)
+        assert decode_body(code, body, codec, LIMITS).hosts == (state,)
+
+
+def test_seen_keys_shorter_than_a_ring_position_and_a_fingerprint_are_refused() -> None:
+    code, body = encode_body(SeenReplica(epoch=1, keys=(b"k" * 9,)), "msgpack", LIMITS)
+    with pytest.raises(RemoteProtocolError, match="at least 9 bytes, got 0"):
+        decode_body(code, body.replace(b"\xc4\x09" + b"k" * 9, b"\xc4\x00"), "msgpack", LIMITS)

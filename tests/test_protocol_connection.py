@@ -83,12 +83,18 @@ def handshake(initiator: Connection, responder: Connection) -> tuple[list[object
     return initiator_events, drain(responder)
 
 
+NONCE_A = bytes(range(32))
+NONCE_B = bytes(range(32, 64))
+
+
 def established(codec: str = "msgpack", compression: str = "none", **options: object) -> tuple[Connection, Connection]:
-    a = make(Role.INITIATOR, "a", codecs=(codec,), compressions=(compression,), **options)
-    b = make(Role.RESPONDER, "b", **options, codecs=CODECS, compressions=COMPRESSIONS)
+    """An established pair with fixed nonces, so two pairs share frame keys: a stream sent on one replays on the
+    other, and `tagged` forges frames as the initiator would send them."""
+    a = make(Role.INITIATOR, "a", codecs=(codec,), compressions=(compression,), nonce=NONCE_A, **options)
+    b = make(Role.RESPONDER, "b", **options, codecs=CODECS, compressions=COMPRESSIONS, nonce=NONCE_B)
     events_a, events_b = handshake(a, b)
-    assert events_a == [Established(node_id="b", version=1, codec=codec, compression=compression)]
-    assert events_b == [Established(node_id="a", version=1, codec=codec, compression=compression)]
+    assert events_a == [Established(node_id="b", version=2, codec=codec, compression=compression)]
+    assert events_b == [Established(node_id="a", version=2, codec=codec, compression=compression)]
     return a, b
 
 
@@ -97,8 +103,8 @@ def test_handshake_with_the_right_secret() -> None:
     b = make(Role.RESPONDER, "node-b:7000")
     assert (a.state, b.state) == (State.IDLE, State.IDLE)
     events_a, events_b = handshake(a, b)
-    assert events_a == [Established(node_id="node-b:7000", version=1, codec="msgpack", compression="none")]
-    assert events_b == [Established(node_id="node-a:7000", version=1, codec="msgpack", compression="none")]
+    assert events_a == [Established(node_id="node-b:7000", version=2, codec="msgpack", compression="none")]
+    assert events_b == [Established(node_id="node-a:7000", version=2, codec="msgpack", compression="none")]
     assert (a.state, b.state) == (State.ESTABLISHED, State.ESTABLISHED)
     assert (a.peer_node_id, b.peer_node_id) == ("node-b:7000", "node-a:7000")
     b.receive_data(a.send(Ping(seq=1, epoch=4)))
@@ -130,7 +136,7 @@ def test_wrong_secret_is_caught_by_the_initiator_and_the_responder_is_told() -> 
 
 def forged_initiator(nonce: bytes) -> tuple[bytes, bytes]:
     """A Hello frame an attacker without the secret can make, and its body."""
-    hello = Hello(versions=(1,), codecs=("msgpack",), compressions=("none",), node_id="mallory", nonce=nonce)
+    hello = Hello(versions=(2,), codecs=("msgpack",), compressions=("none",), node_id="mallory", nonce=nonce)
     code, body = encode_body(hello, "json", Limits())
     return encode_frame(code, 0, body), body
 
@@ -147,6 +153,13 @@ def test_responder_rejects_an_initiator_without_the_secret() -> None:
         b.next_event()
     assert b.state is State.ERROR
     assert b"failed to prove" in b.data_to_send()
+
+
+def tagged(code: int, flags: int, body: bytes, seq: int = 0) -> bytes:
+    """A frame as the initiator of an `established()` pair sends it (its `seq`-th), from the spec's formulas."""
+    key = hmac.new(SECRET, b"peercrawl frame key\x00initiator\x00" + NONCE_A + NONCE_B, hashlib.sha256).digest()
+    tag = hashlib.blake2b(struct.pack("!Q", seq) + bytes((code, flags)) + body, key=key, digest_size=16).digest()
+    return encode_frame(code, flags, body + tag)
 
 
 def ping_frame() -> bytes:
@@ -219,7 +232,7 @@ def test_negotiation_prefers_the_initiators_order_and_rejects_nothing_in_common(
     a = make(Role.INITIATOR, "a", codecs=("json", "msgpack"), compressions=("zlib", "none"))
     b = make(Role.RESPONDER, "b", compressions=("none", "zlib"))
     events_a, _ = handshake(a, b)
-    assert events_a == [Established(node_id="b", version=1, codec="json", compression="zlib")]
+    assert events_a == [Established(node_id="b", version=2, codec="json", compression="zlib")]
 
     a = make(Role.INITIATOR, "a", codecs=("json",))
     b = make(Role.RESPONDER, "b", codecs=("msgpack",))
@@ -236,10 +249,10 @@ def test_negotiation_prefers_the_initiators_order_and_rejects_nothing_in_common(
 
 def test_no_common_version_is_refused() -> None:
     b = make(Role.RESPONDER, "b")
-    hello = Hello(versions=(2, 3), codecs=("msgpack",), compressions=("none",), node_id="future", nonce=bytes(32))
+    hello = Hello(versions=(1, 3), codecs=("msgpack",), compressions=("none",), node_id="future", nonce=bytes(32))
     code, body = encode_body(hello, "json", Limits())
     b.receive_data(encode_frame(code, 0, body))
-    with pytest.raises(RemoteProtocolError, match=r"no common protocol version: peer offers \[2, 3\], we speak \[1\]"):
+    with pytest.raises(RemoteProtocolError, match=r"no common protocol version: peer offers \[1, 3\], we speak \[2\]"):
         b.next_event()
 
 
@@ -254,7 +267,7 @@ def test_no_common_compression_is_refused() -> None:
 def test_initiator_refuses_a_choice_it_did_not_offer() -> None:
     a = make(Role.INITIATOR, "a", codecs=("msgpack",))
     a.initiate()
-    fake = Challenge(version=1, codec="json", compression="none", node_id="b", nonce=b"\0" * 32, proof=b"\0" * 32)
+    fake = Challenge(version=2, codec="json", compression="none", node_id="b", nonce=b"\0" * 32, proof=b"\0" * 32)
     code, body = encode_body(fake, "json", Limits())
     a.receive_data(encode_frame(code, 0, body))
     with pytest.raises(RemoteProtocolError, match="which we did not offer"):
@@ -418,7 +431,7 @@ def test_compressed_frames_are_checked() -> None:
     body = msgpack.packb([1, 2])
     ping = TYPE_CODES[Ping]
     _, b = established("msgpack", "none")
-    b.receive_data(encode_frame(ping, FLAG_ZLIB, zlib.compress(body)))
+    b.receive_data(tagged(ping, FLAG_ZLIB, zlib.compress(body)))
     with pytest.raises(RemoteProtocolError, match="compression was not agreed"):
         b.next_event()
     limits = Limits(max_frame=4096)
@@ -430,11 +443,11 @@ def test_compressed_frames_are_checked() -> None:
     ]
     for payload, fragment in cases:
         _, b = established("msgpack", "zlib", limits=limits)
-        b.receive_data(encode_frame(ping, FLAG_ZLIB, payload))
+        b.receive_data(tagged(ping, FLAG_ZLIB, payload))
         with pytest.raises(RemoteProtocolError, match=fragment):
             b.next_event()
     _, b = established("msgpack", "zlib")
-    b.receive_data(encode_frame(ping, 0x02, body))
+    b.receive_data(tagged(ping, 0x02, body))
     with pytest.raises(RemoteProtocolError, match="unknown frame flags"):
         b.next_event()
     b = make(Role.RESPONDER, "b")
@@ -462,7 +475,7 @@ def test_frame_limit_bounds_what_we_buffer() -> None:
         b.receive_data(b"\xc0")
     assert b.next_event() is NEED_DATA
     b.receive_data(b"\xc0")
-    with pytest.raises(RemoteProtocolError, match="not valid msgpack"):
+    with pytest.raises(RemoteProtocolError, match="wrong tag"):
         b.next_event()
     # Feeding without draining is refused once a whole frame's worth is buffered.
     a, b = established(limits=limits)
@@ -486,7 +499,7 @@ def test_handshake_matches_the_documented_vector_and_an_independent_proof() -> N
     b = make(Role.RESPONDER, "b.example:7070", secret, nonce=bytes(range(32, 64)))
     hello = a.initiate()
     assert hello == bytes.fromhex("000000af0100") + (
-        b'{"protocol":"peercrawl","versions":[1],"codecs":["msgpack","json"],"compressions":["none"],'
+        b'{"protocol":"peercrawl","versions":[2],"codecs":["msgpack","json"],"compressions":["none"],'
         b'"node_id":"a.example:7070","nonce":"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="}'
     )
     b.receive_data(hello)
@@ -501,14 +514,14 @@ def test_handshake_matches_the_documented_vector_and_an_independent_proof() -> N
         + hashlib.sha256(hello[6:]).digest()
         + bytes(range(32, 64))
         + text("b.example:7070")
-        + struct.pack("!H", 1)
+        + struct.pack("!H", 2)
         + text("msgpack")
         + text("none")
     )
     responder_proof = hmac.new(secret, responder_input, hashlib.sha256).digest()
-    assert base64.b64encode(responder_proof) == b"CVn3lLjdKcidIYJXsFxsBTR6p4SCdII5rr1NrJo/H0Q="
+    assert base64.b64encode(responder_proof) == b"vB4dyRMx96fw7qVQaZhGdA4Y7t7hANtIUvHdd/BTQeQ="
     assert challenge == bytes.fromhex("000000bf0200") + (
-        b'{"version":1,"codec":"msgpack","compression":"none","node_id":"b.example:7070",'
+        b'{"version":2,"codec":"msgpack","compression":"none","node_id":"b.example:7070",'
         b'"nonce":"ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=","proof":"' + base64.b64encode(responder_proof) + b'"}'
     )
     a.receive_data(challenge)
@@ -518,12 +531,125 @@ def test_handshake_matches_the_documented_vector_and_an_independent_proof() -> N
         b"peercrawl initiator proof\x00" + hashlib.sha256(hello[6:]).digest() + hashlib.sha256(challenge[6:]).digest()
     )
     initiator_proof = base64.b64encode(hmac.new(secret, initiator_input, hashlib.sha256).digest())
-    assert initiator_proof == b"sJuClhYHUGZ+kkd9c/rOs1ze0hS4E04hy5Po/zCxQwM="
+    assert initiator_proof == b"Q/OPB1SdRS35YiGcWWsEnMZWwU4ExHsTjqNSOzwo5JE="
     assert welcome == bytes.fromhex("0000003a0300") + b'{"proof":"' + initiator_proof + b'"}'
     b.receive_data(welcome)
-    assert drain(b) == [Established(node_id="a.example:7070", version=1, codec="msgpack", compression="none")]
-    assert a.send(Ping(seq=1, epoch=2)) == bytes.fromhex("000000052100920102")
+    assert drain(b) == [Established(node_id="a.example:7070", version=2, codec="msgpack", compression="none")]
+    initiator_key = hmac.new(
+        secret, b"peercrawl frame key\x00initiator\x00" + bytes(range(64)), hashlib.sha256
+    ).digest()
+    assert initiator_key.hex() == "d25d07a1d0ac1499be207d73697eddceeb981326fb8f0fbf6a8e2a7d83f6059f"
+    ping_tag = hashlib.blake2b(struct.pack("!Q", 0) + bytes((0x21, 0)) + bytes.fromhex("920102"),
+                               key=initiator_key, digest_size=16).digest()
+    assert a.send(Ping(seq=1, epoch=2)) == bytes.fromhex("000000152100920102") + ping_tag
+    assert ping_tag.hex() == "d00dffc49198773bbd98ad2963f221b4"
     batch = UrlBatch(
         seq=5, sender="a", epoch=3, urls=(UrlEntry(url="https://example.com/", depth=1, found_on=None, hops=0),)
     )
-    assert a.send(batch).hex() == "0000002110009405a161039194b468747470733a2f2f6578616d706c652e636f6d2f01c000"
+    assert a.send(batch).hex() == (
+        "0000003110009405a161039194b468747470733a2f2f6578616d706c652e636f6d2f01c000"
+        "de01698cd3d9a14cff2efdda8e10c4e8"
+    )
+
+
+# --- frame authentication and the pre-handshake limit --------------------------------------------------------
+
+
+def test_every_frame_after_the_handshake_is_tagged_and_checked() -> None:
+    a, b = established()
+    frames = [a.send(Ping(seq=i, epoch=1)) for i in range(3)]
+    # Untouched frames pass, in order.
+    b.receive_data(b"".join(frames))
+    assert drain(b) == [Ping(seq=i, epoch=1) for i in range(3)]
+    # One flipped bit anywhere in the body or the tag ends the connection.
+    for position in (6, 8, len(frames[0]) - 1):
+        a, b = established()
+        frame = bytearray(a.send(Ping(seq=1, epoch=1)))
+        frame[position] ^= 0x01
+        b.receive_data(bytes(frame))
+        with pytest.raises(RemoteProtocolError, match="wrong tag"):
+            b.next_event()
+        assert b.state is State.ERROR
+
+
+@pytest.mark.parametrize("attack", ["replay", "reorder", "drop", "inject", "reflect", "other connection"])
+def test_replayed_reordered_dropped_injected_or_reflected_frames_are_refused(attack: str) -> None:
+    a, b = established()
+    one, two = a.send(Ping(seq=1, epoch=1)), a.send(Ping(seq=2, epoch=1))
+    if attack == "replay":
+        stream, good = one + one, 1
+    elif attack == "reorder":
+        stream, good = two + one, 0
+    elif attack == "drop":
+        stream, good = two, 0
+    elif attack == "inject":  # a well-formed frame from someone without the keys: a valid body, a made-up tag
+        stream, good = one + encode_frame(TYPE_CODES[Ping], 0, bytes.fromhex("920901") + bytes(16)), 1
+    elif attack == "reflect":  # the responder's own frame sent back to it
+        stream, good = b.send(Ping(seq=7, epoch=1)), 0
+    else:  # a frame recorded on another connection of the same two nodes (fresh nonces there)
+        a2 = make(Role.INITIATOR, "a", nonce=counting_nonces(100))
+        b2 = make(Role.RESPONDER, "b", nonce=counting_nonces(200))
+        handshake(a2, b2)
+        stream, good = a2.send(Ping(seq=1, epoch=1)), 0
+    b.receive_data(stream)
+    assert [b.next_event() for _ in range(good)] == [Ping(seq=1, epoch=1)][:good]
+    with pytest.raises(RemoteProtocolError, match="wrong tag"):
+        b.next_event()
+    assert "wrong tag" in drain_reject(a, b)
+
+
+def drain_reject(a: Connection, b: Connection) -> str:
+    """The Reject the failed side queued, as its peer reads it."""
+    a.receive_data(b.data_to_send())
+    [reject] = drain(a)
+    assert isinstance(reject, Reject)
+    return reject.reason
+
+
+def test_a_frame_too_short_for_its_tag_is_refused() -> None:
+    _, b = established()
+    b.receive_data(encode_frame(TYPE_CODES[Ping], 0, b"\x92\x01\x01"))
+    with pytest.raises(RemoteProtocolError, match="too short to hold its tag"):
+        b.next_event()
+
+
+def test_tags_are_checked_before_inflating() -> None:
+    """A compressed frame with a wrong tag is refused without being inflated (no bomb runs unauthenticated)."""
+    _, b = established("msgpack", "zlib")
+    bomb = zlib.compress(b"\x00" * 1_000_000)
+    b.receive_data(encode_frame(TYPE_CODES[Ping], FLAG_ZLIB, bomb + bytes(16)))
+    with pytest.raises(RemoteProtocolError, match="wrong tag"):
+        b.next_event()
+
+
+def test_before_the_handshake_a_frame_is_at_most_max_handshake_frame() -> None:
+    limits = Limits(max_handshake_frame=300)
+    for role in (Role.RESPONDER, Role.INITIATOR):
+        conn = make(role, "x", limits=limits)
+        if role is Role.INITIATOR:
+            conn.initiate()
+        conn.receive_data((301).to_bytes(4, "big"))
+        with pytest.raises(RemoteProtocolError, match="frame of 301 bytes, over the limit of 300"):
+            conn.next_event()
+    # The default: 4 KiB. A stranger's 1 MiB frame is refused after its 4 length bytes...
+    b = make(Role.RESPONDER, "b")
+    b.receive_data((1 << 20).to_bytes(4, "big"))
+    with pytest.raises(RemoteProtocolError, match="over the limit of 4096"):
+        b.next_event()
+    # ... and feeding without draining stops at a handshake frame's worth, not max_frame's.
+    b = make(Role.RESPONDER, "b")
+    b.receive_data((4096).to_bytes(4, "big") + b"\x01\x00" + b"x" * 4097)
+    with pytest.raises(LocalProtocolError, match="until NEED_DATA"):
+        b.receive_data(b"x")
+    # After the handshake the full frame limit applies, even to frames that arrived behind the Welcome.
+    a = make(Role.INITIATOR, "a", nonce=NONCE_A)
+    b = make(Role.RESPONDER, "b", nonce=NONCE_B)
+    b.receive_data(a.initiate())
+    drain(b)
+    a.receive_data(b.data_to_send())
+    drain(a)
+    batch = big_batch(500)
+    frame = a.send(batch)
+    assert len(frame) > 4096
+    b.receive_data(a.data_to_send() + frame)
+    assert drain(b) == [Established(node_id="a", version=2, codec="msgpack", compression="none"), batch]

@@ -68,6 +68,8 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--control", help="control/metrics address HOST:PORT; port 0 picks one (default 127.0.0.1:7410)")
     g.add_argument("--data-dir", dest="data_dir", help="directory for all durable state (default ./peercrawl-data)")
     k = p.add_argument_group("cluster (a node without a secret runs standalone)")
+    g.add_argument("--control-token-file", dest="control_token_file", metavar="FILE",
+                   help="file holding the control endpoint's token; without a token set, control stays on loopback")
     k.add_argument("--cluster-secret-file", dest="cluster_secret_file", metavar="FILE",
                    help="file holding the cluster secret (>= 16 bytes); or set PEERCRAWL_CLUSTER_SECRET")
     k.add_argument("--join", dest="join", action="append", metavar="HOST:PORT",
@@ -143,8 +145,17 @@ def _peerd_config(args: argparse.Namespace) -> int:
     cfg = _config_from(args)
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
-        print(f"{f.name} = {json.dumps(value)}    # {FIELDS.get(f.name, '')}")
+        if f.name in SECRET_SETTINGS and value:
+            # The output is pasted into tickets and chats: a secret is shown only as set, never its value.
+            shown = json.dumps(f"<set: {len(value.encode())} bytes, not shown>")
+        else:
+            shown = json.dumps(value)
+        print(f"{f.name} = {shown}    # {FIELDS.get(f.name, '')}")
     return 0
+
+
+#: Settings `peerd config` never prints.
+SECRET_SETTINGS = frozenset({"cluster_secret", "control_token"})
 
 
 def peerd_main(argv: Sequence[str] | None = None) -> int:
@@ -243,6 +254,8 @@ def peerctl_main(argv: Sequence[str] | None = None) -> int:
     def target(p: argparse.ArgumentParser) -> None:
         p.add_argument("--control", metavar="HOST:PORT", help="the node's control address")
         p.add_argument("--data-dir", dest="data_dir", metavar="DIR", help="find the node by its data dir")
+        p.add_argument("--token-file", dest="token_file", metavar="FILE",
+                       help="the node's control token (default: DIR/control.token, or PEERCRAWL_CONTROL_TOKEN)")
 
     p = sub.add_parser("status", help="a node's counters: pages, rate, queues, errors (--cluster: every member)")
     target(p)

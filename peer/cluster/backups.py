@@ -47,7 +47,7 @@ from protocol import Limits, Message, QueueReplica, ReplicaAck, UrlEntry
 from ring import host_position
 from storage import HostState, NodeStore, QueuedUrl, queued_url_keys
 
-from peer.crawl.urls import host_of
+from peer.crawl.urls import host_of_normalized, normalize
 
 __all__ = ["GC_DELAY", "QueueReplicas", "Ticket"]
 
@@ -500,14 +500,13 @@ class QueueReplicas:
             return False
         items: list[QueuedUrl] = []
         for entry in message.urls:
-            try:
-                host = host_of(entry.url)
-            except ValueError:
-                host = ""
-            if not host or len(host.encode()) > MAX_HOST or len(entry.url) > self.limits.max_url_length:
+            # held to what a link from the web is (normalized, an IDNA host of at most 253 bytes), as a peer's
+            # batch is, before it reaches the store
+            url = normalize(entry.url)
+            host = host_of_normalized(url) if url is not None else ""
+            if not host or len(host.encode()) > MAX_HOST or len(url) > self.limits.max_url_length:
                 continue
-            items.append(QueuedUrl(url=entry.url, host=host, depth=entry.depth, hops=entry.hops,
-                                   found_on=entry.found_on))
+            items.append(QueuedUrl(url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on))
         released = [key for key in message.released if len(key) == 16]
         wall = self.wall_clock()
         states = [

@@ -687,6 +687,10 @@ class Cluster:
             },
             "replica": self.replicas.status(),
             "backups": self.backups.status(),
+            # inbound connections refused before or in the handshake, by reason (each logged at debug only),
+            # and connections closed because handling a peer's message raised
+            "links": {"refused_inbound": dict(self.links.refused), "handshake_failures": self.links.handshake_failures,
+                      "handler_errors": self.links.handler_errors},
             "view_changes": self.view_changes,
             "leaving": self.leaving,
             "done": me.idle,

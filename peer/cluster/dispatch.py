@@ -28,7 +28,7 @@ from storage import NodeStore, QueuedUrl
 
 from peer.cluster.backups import QueueReplicas, Ticket
 from peer.crawl.crawler import Link
-from peer.crawl.urls import host_of
+from peer.crawl.urls import host_of_normalized, normalize
 
 __all__ = ["DispatchConfig", "DispatchStats", "Dispatcher", "LinkLayer"]
 
@@ -356,15 +356,15 @@ class Dispatcher:
         owned: list[QueuedUrl] = []
         forward: list[tuple[str, QueuedUrl]] = []
         for entry in batch.urls:
-            try:
-                host = host_of(entry.url)
-            except ValueError:
-                host = ""
+            # A peer's URL is held to what a link from the web is: normalized (scheme, IDNA host of at most 253
+            # bytes in valid labels, port, path) before it reaches the stores; what does not normalize is dropped.
+            url = normalize(entry.url)
+            host = host_of_normalized(url) if url is not None else ""
             if not host:
                 self.stats.urls_rejected += 1
                 log.warning("peer sent a URL with no usable host; dropped", extra={"peer": peer_id})
                 continue
-            item = QueuedUrl(url=entry.url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on)
+            item = QueuedUrl(url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on)
             owner = ring.owner(host)
             if owner == self.node_id:
                 owned.append(item)

@@ -27,7 +27,7 @@ from protocol import HostState as WireHostState
 from ring import RING_SPACE, ArcMove, Ring, diff, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc, queued_url_keys
 
-from peer.crawl.urls import host_of
+from peer.crawl.urls import host_of_normalized, normalize
 
 __all__ = ["Alone", "ArcSet", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "handoff_arcs"]
 
@@ -633,15 +633,13 @@ class Handoff:
         start, end = chunk.arc_start, chunk.arc_end
         items = []
         for entry in chunk.urls:
-            try:
-                host = host_of(entry.url)
-            except ValueError:
-                host = ""
+            url = normalize(entry.url)  # held to what a link from the web is, before it reaches the stores
+            host = host_of_normalized(url) if url is not None else ""
             if not host or not in_arc(host_position(host), start, end):
-                log.warning("hand-off URL outside its arc; dropped", extra={"peer": peer_id})
+                log.warning("hand-off URL unusable or outside its arc; dropped", extra={"peer": peer_id})
                 continue
             items.append(
-                QueuedUrl(url=entry.url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on)
+                QueuedUrl(url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on)
             )
         owner_of = self.delegate.owner_of
         forward: list[tuple[str, QueuedUrl]] = []

@@ -15,6 +15,7 @@ has settled (older than the handshake timeout), because the peer dials only when
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import random
@@ -69,10 +70,17 @@ class LinkConfig:
     backoff_max: float = 10.0
     # Time given to a Goodbye (and the peer's answer) before the connection is simply closed.
     goodbye_timeout: float = 1.0
+    # Inbound connections still in their handshake, in all and per source address. A cluster dials a node once
+    # per peer (a few at once after a restart); past these, a stranger's flood is refused at accept, so what it
+    # can make us hold is bounded: 256 x (4 KiB frame limit + one 4 KiB read) is about 2 MiB.
+    max_unauthenticated: int = 256
+    max_unauthenticated_per_source: int = 16
 
     def __post_init__(self) -> None:
         if self.queue_size < 1:
             raise ValueError(f"queue_size must be at least 1, got {self.queue_size}")
+        if self.max_unauthenticated < 1 or self.max_unauthenticated_per_source < 1:
+            raise ValueError("max_unauthenticated and max_unauthenticated_per_source must be at least 1")
         for name in ("handshake_timeout", "backoff_initial", "backoff_max", "goodbye_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}")
@@ -229,6 +237,13 @@ class PeerLinks:
         self._links: dict[str, PeerLink] = {}
         self._nursery: trio.Nursery | None = None
         self.handshake_failures = 0
+        #: Inbound connections refused before or during the handshake, by reason ("handshake", "capacity",
+        #: "per-source"); each is logged at debug level only, so a fuzzer or a flood cannot flood the log.
+        self.refused: collections.Counter[str] = collections.Counter()
+        #: Connections closed because handling a peer's message raised (the node goes on).
+        self.handler_errors = 0
+        self._unauthenticated = 0
+        self._unauthenticated_by_source: collections.Counter[str] = collections.Counter()
 
     # -- service ------------------------------------------------------------------------------------------
 
@@ -363,14 +378,38 @@ class PeerLinks:
         link._notify()
 
     async def _accept(self, stream: trio.abc.Stream) -> None:
-        """Transport handler: handshake as responder, then run the connection as the link to that peer."""
-        try:
-            with trio.fail_after(self.config.handshake_timeout):
-                session = await self._handshake(stream, Role.RESPONDER, expected=None)
-        except (LinkError, trio.TooSlowError) as exc:
-            log.info("inbound connection to %s refused: %s", self.node_id, exc)
+        """Transport handler: handshake as responder, then run the connection as the link to that peer.
+
+        Connections still in their handshake are capped in all and per source address; past a cap one is
+        closed at once, unread. Refusals are counted in `refused` and logged at debug level."""
+        source = _source_of(stream)
+        config = self.config
+        if self._unauthenticated >= config.max_unauthenticated:
+            reason = "capacity"
+        elif self._unauthenticated_by_source[source] >= config.max_unauthenticated_per_source:
+            reason = "per-source"
+        else:
+            reason = ""
+        if reason:
+            self.refused[reason] += 1
+            log.debug("inbound connection from %s refused: too many handshakes under way (%s)", source, reason)
             await trio.aclose_forcefully(stream)
             return
+        self._unauthenticated += 1
+        self._unauthenticated_by_source[source] += 1
+        try:
+            with trio.fail_after(config.handshake_timeout):
+                session = await self._handshake(stream, Role.RESPONDER, expected=None)
+        except (LinkError, trio.TooSlowError) as exc:
+            self.refused["handshake"] += 1
+            log.debug("inbound connection from %s to %s refused: %s", source, self.node_id, exc)
+            await trio.aclose_forcefully(stream)
+            return
+        finally:
+            self._unauthenticated -= 1
+            self._unauthenticated_by_source[source] -= 1
+            if self._unauthenticated_by_source[source] <= 0:
+                del self._unauthenticated_by_source[source]
         existing = self._links.get(session.peer_id)
         link = existing if existing is not None else self.link(session.peer_id)
         await self._run_session(link, session)
@@ -504,7 +543,13 @@ class PeerLinks:
             if isinstance(event, Established):
                 continue
             link.received += 1
-            await self._on_message(link.peer_id, event)
+            try:
+                await self._on_message(link.peer_id, event)
+            except Exception as exc:  # noqa: BLE001 - one peer's message must not end the node
+                self.handler_errors += 1
+                log.error("handling %s from peer %s failed; connection closed", type(event).__name__,
+                          link.peer_id, exc_info=exc)
+                return
 
 
 async def _next_event(conn: Connection, stream: trio.abc.Stream, session: _Session | None = None) -> Event:
@@ -520,5 +565,24 @@ async def _next_event(conn: Connection, stream: trio.abc.Stream, session: _Sessi
                     await stream.send_all(out)
         if event is not NEED_DATA:
             return event
-        data = await stream.receive_some(65536)
+        # Before the handshake completes, read no more than a handshake frame at a time: a stranger's
+        # connection then costs a few KiB, however much it sends.
+        data = await stream.receive_some(65536 if conn.state is State.ESTABLISHED else _HANDSHAKE_READ)
         conn.receive_data(data if isinstance(data, bytes) else bytes(data))
+
+
+#: Bytes read at a time during the handshake.
+_HANDSHAKE_READ = 4096
+
+
+def _source_of(stream: trio.abc.Stream) -> str:
+    """The peer's address without its port (the unit of the per-source cap); "?" when the stream has none."""
+    inner = getattr(stream, "transport_stream", stream)  # under TLS, the TCP stream
+    sock = getattr(inner, "socket", None)
+    if sock is None:
+        return "?"
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return "?"
+    return str(peer[0]) if isinstance(peer, tuple) else str(peer)

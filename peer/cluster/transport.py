@@ -10,26 +10,45 @@ write arrives after an added delay, in order). It can also lose or duplicate sin
 that stays up, which a real TCP connection never does: it stands for the loss and duplication an
 application-level protocol must survive anyway, a message lost with a connection that broke after it was
 written, a resend after a lost acknowledgement. A byte stream cannot do that by cutting bytes without
-corrupting its framing, but peer frames are length-prefixed (docs/protocol.md section 1) and carry no sequence
-number or MAC after the handshake, so a pipe that knows the framing drops or repeats whole frames cleanly. The
-handshake frames, `Reject` and `Goodbye` are never touched, so connections still form and close as they would.
+corrupting its framing, but peer frames are length-prefixed (docs/protocol.md section 1), so a pipe that knows
+the framing drops or repeats whole frames. Frames after the handshake carry a tag over an implicit sequence
+number, which makes a dropped or repeated frame end its connection (as it must on a real network); so that
+the simulation can still stand for a peer that lost a message, a network given the cluster `secret` plays a
+middle-man holding it: it reads the nonces from the handshake, derives the frame keys, and tags each frame it
+delivers again with the sequence number the receiver expects. The handshake frames, `Reject` and `Goodbye` are
+never dropped or repeated, so connections still form and close as they would.
 Every random choice comes from the network's injected `random.Random`; no wall clock is read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import random
 import ssl
+from base64 import b64decode
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import trio
 
-from protocol import TYPE_CODES, Challenge, Goodbye, Hello, Limits, Reject, Welcome
+from protocol import (
+    TAG_SIZE,
+    TYPE_CODES,
+    Challenge,
+    FrameKeys,
+    Goodbye,
+    Hello,
+    Limits,
+    Reject,
+    Welcome,
+    encode_frame,
+    frame_keys,
+    frame_tag,
+)
 
 __all__ = [
     "Handler",
@@ -161,7 +180,7 @@ class TcpTransport:
                 with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
                     await stream.do_handshake()  # type: ignore[attr-defined]
             except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError) as exc:
-                log.info("inbound TLS handshake refused: %s", exc.__cause__ or exc)
+                log.debug("inbound TLS handshake refused: %s", exc.__cause__ or exc)
                 await trio.aclose_forcefully(stream)
                 return
             await handler(stream)
@@ -186,6 +205,8 @@ class _Reporter:
 #: Frames a message fault never touches: the handshake (Hello, Challenge, Welcome), Reject and Goodbye, so
 #: connections still form and close as they would.
 _UNTOUCHED_TYPES = frozenset(TYPE_CODES[cls] for cls in (Hello, Challenge, Welcome, Reject, Goodbye))
+_HANDSHAKE_TYPES = frozenset(TYPE_CODES[cls] for cls in (Hello, Challenge, Welcome, Reject))
+_HELLO, _CHALLENGE = TYPE_CODES[Hello], TYPE_CODES[Challenge]
 #: A length field above this cannot be a peer frame (the protocol's default limit): the stream is not framed.
 _MAX_FRAME = Limits().max_frame
 _LENGTH_SIZE = 4
@@ -203,8 +224,11 @@ class _Pipe:
     life, and so the reader sees the bad length as it would have.
     """
 
-    def __init__(self, network: MemoryNetwork, capacity: int) -> None:
+    def __init__(self, network: MemoryNetwork, capacity: int, link: _MemoryLink | None = None, index: int = 0) -> None:
         self._network = network
+        self._link = link
+        self._index = index  # 0: the dialer's writes (the protocol's initiator), 1: the listener's
+        self._delivered = 0  # tagged frames delivered: the sequence number the reader expects next
         self._send, self._receive = trio.open_memory_channel[tuple[float, bytes]](capacity)
         self._last_due = -math.inf
         self._pending = b""
@@ -213,7 +237,8 @@ class _Pipe:
 
     async def write(self, data: bytes) -> None:
         network = self._network
-        if (network.message_faults or self._partial) and not self._unframed:
+        retag = network.secret is not None and self._link is not None
+        if (network.message_faults or self._partial or retag) and not self._unframed:
             data = self._cut(data)
             if not data:
                 return
@@ -239,12 +264,35 @@ class _Pipe:
                 break
             frame = buffer[offset : offset + size]
             offset += size
-            if frame[_LENGTH_SIZE] in _UNTOUCHED_TYPES:
-                out += frame
-            else:
-                out += frame * self._network.draw_copies()
+            code = frame[_LENGTH_SIZE]
+            keys = self._keys(code, frame)
+            copies = 1 if code in _UNTOUCHED_TYPES else self._network.draw_copies()
+            if keys is None or code in _HANDSHAKE_TYPES:
+                out += frame * copies
+                continue
+            key = keys.initiator if self._index == 0 else keys.responder
+            flags, body = frame[_LENGTH_SIZE + 1], bytes(frame[_LENGTH_SIZE + 2 : -TAG_SIZE])
+            for _ in range(copies):
+                out += encode_frame(code, flags, body + frame_tag(key, self._delivered, code, flags, body))
+                self._delivered += 1
         del buffer[:offset]
         return bytes(out)
+
+    def _keys(self, code: int, frame: bytearray) -> FrameKeys | None:
+        """The connection's frame keys once both nonces went by (recorded from Hello and Challenge)."""
+        link, secret = self._link, self._network.secret
+        if link is None or secret is None:
+            return None
+        if code in (_HELLO, _CHALLENGE):
+            try:
+                nonce = b64decode(json.loads(bytes(frame[_LENGTH_SIZE + 2 :]))["nonce"])
+            except (ValueError, KeyError, TypeError):
+                return None
+            link.nonces[0 if code == _HELLO else 1] = nonce
+            link.keys = None
+        if link.keys is None and all(link.nonces):
+            link.keys = frame_keys(secret, initiator_nonce=link.nonces[0], responder_nonce=link.nonces[1])
+        return link.keys
 
     def write_eof(self) -> None:
         if self._partial:
@@ -276,7 +324,9 @@ class _MemoryLink:
     def __init__(self, network: MemoryNetwork, dialer: str, listener: str, capacity: int) -> None:
         self.network = network
         self.ends = (dialer, listener)
-        self.pipes = (_Pipe(network, capacity), _Pipe(network, capacity))
+        self.pipes = (_Pipe(network, capacity, self, 0), _Pipe(network, capacity, self, 1))
+        self.nonces: list[bytes | None] = [None, None]  # the initiator's and the responder's, as they go by
+        self.keys: FrameKeys | None = None
         self.broken = False
         self.closed_ends = 0
 
@@ -405,8 +455,11 @@ class MemoryNetwork:
         loss_probability: float = 0.0,
         duplicate_probability: float = 0.0,
         capacity: int = 64,
+        secret: bytes | None = None,
     ) -> None:
         self.rng = rng or random.Random(0)
+        # The cluster secret, when the network may play a middle-man that holds it (see the module docstring).
+        self.secret = secret
         self.delay = delay
         self.jitter = jitter
         self.break_probability = break_probability

@@ -21,17 +21,16 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 import trio
 
-from storage import HostState, LruTtlCache, QueuedUrl
+from storage import HostState, LruTtlCache, QueuedUrl, StorageError
 
 from peer.config import Config
 from peer.crawl.links import extract, is_html
 from peer.crawl.robots import RobotsDecision, decide
 from peer.crawl.scheduler import HostScheduler, HostTurn
-from peer.crawl.seams import Ownership, PageFetcher, Solo
+from peer.crawl.seams import Link, Ownership, PageFetcher, Solo
 from peer.crawl.urls import Scope, host_of_normalized, normalize, origin_of_normalized
 from peer.fetch.dns import DnsError
 from peer.fetch.http import FetchError, Response
@@ -52,18 +51,12 @@ _RETRY_ERRORS = frozenset(("connect", "timeout"))
 _SEEN_CACHE_SIZE = 200_000
 
 
+#: A page larger than this is parsed in a worker thread even without ``parse_in_thread``: a million links take
+#: lxml about 0.7 s, longer than the membership probe timeout, and the event loop must keep answering.
+_THREAD_PARSE_BYTES = 512 * 1024
+
 #: A host whose arc's hand-off has not arrived is looked at again this often.
 _BLOCKED_RECHECK = 0.25
-
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    """A URL on its way into the frontier: normalized, with its depth, redirect hops and referrer."""
-
-    url: str
-    depth: int
-    hops: int = 0
-    found_on: str | None = None
 
 
 class _Batch:
@@ -119,6 +112,9 @@ class Crawler:
         self.active = 0
         self._draining = False
         self.store_types = tuple(t.lower() for t in cfg.store_types)
+        self._current: dict[str, QueuedUrl] = {}  # host -> the URL its turn is working on
+        #: URLs given up because the node stopped while fetching them, max_crashes times in a row (this run).
+        self.dropped_urls: list[str] = []
 
     # ------------------------------------------------------------------ admission
 
@@ -206,8 +202,16 @@ class Crawler:
 
     def restore(self) -> int:
         """After a restart: in-flight URLs go back to their queues and every host with work is scheduled,
-        keeping its saved politeness state (wall-clock times are turned into trio times)."""
-        recovered = self.frontier.recover()
+        keeping its saved politeness state (wall-clock times are turned into trio times).
+
+        A URL that was in flight at ``cfg.max_crashes`` stops in a row is dropped instead: it may be what stopped
+        the node. It is logged, counted (``errors{kind="crash-loop"}``) and recorded in ``dropped_urls``."""
+        recovered, dropped = self.frontier.recover_in_flight(max_crashes=self.cfg.max_crashes)
+        for item in dropped:
+            self.stats.errors["crash-loop"] += 1
+            self.dropped_urls.append(item.url)
+            log.error("URL dropped: it was being fetched at %d stops of the node in a row", self.cfg.max_crashes,
+                      extra={"url": item.url, "host": item.host})
         now, wall = trio.current_time(), self.wallclock()
         for st in self.frontier.states():
             t = self.sched.turn(st.host)
@@ -337,13 +341,36 @@ class Crawler:
                 self.active += 1
                 try:
                     await self._host_turn(turn)
+                except Exception as exc:  # noqa: BLE001 - one host's input must not end the node
+                    self._contain(turn, exc)
                 finally:
+                    self._current.pop(turn.host, None)
                     self.active -= 1
                     if self.owns is not None and turn.host in self._pending and not self.owns(turn.host):
                         self.frontier.requeue([self._pending.pop(turn.host)])  # moved: into the hand-off
                     more = turn.host in self._pending or self.frontier.queued(turn.host) > 0
                     self.sched.release(turn, trio.current_time(), more_work=more)
                     self._wakeup.set()
+
+    def _contain(self, turn: HostTurn, exc: Exception) -> None:
+        """An unexpected exception in one host's turn: log it with the URL, count it, finish the URL and back the
+        host off, so whatever the host sent costs that URL and a pause of that host, never the node. A storage
+        fault is the disk's, not the host's: it still ends the node (with its message)."""
+        if isinstance(exc, StorageError):
+            raise exc
+        item = self._current.get(turn.host)
+        self.stats.errors["internal"] += 1
+        log.error("internal error in the turn of host %s; URL finished, host backed off", turn.host,
+                  exc_info=exc, extra={"host": turn.host, "url": item.url if item is not None else None})
+        if item is not None:
+            if self._pending.get(turn.host) == item:
+                del self._pending[turn.host]
+            self._retries.pop(item.url, None)
+            self.frontier.done(item)
+        turn.failures += 1
+        turn.backoff = min(self.cfg.max_backoff, max(self.cfg.delay, 1.0) * 2 ** min(turn.failures, 16))
+        self._schedule_after_request(turn)
+        self._save_state(turn)
 
     # ------------------------------------------------------------------ one host turn
 
@@ -353,6 +380,7 @@ class Crawler:
             item = self._pending.pop(host, None) or self.frontier.pop(host)
             if item is None:
                 return
+            self._current[host] = item
             if self.cfg.max_pages_per_host >= 0 and turn.pages >= self.cfg.max_pages_per_host:
                 self.stats.skipped["max-pages-per-host"] += 1
                 self.frontier.done(item)
@@ -471,7 +499,7 @@ class Crawler:
             ctype = _header(resp, "content-type")
             self._store(resp, ctype)
             if is_html(ctype):
-                if self.cfg.parse_in_thread:
+                if self.cfg.parse_in_thread or len(resp.body) > _THREAD_PARSE_BYTES:
                     page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype)
                 else:
                     page = extract(resp.body, item.url, ctype)
@@ -516,6 +544,7 @@ class Crawler:
             body=resp.body,
             ip=resp.ip,
             fetched_at=self.wallclock(),
+            truncated=resp.truncated,
         )
         self.stats.stored += 1
 
@@ -561,7 +590,11 @@ def _retry_after(resp: Response, now: float) -> float | None:
         return None
     value = value.strip()
     if value.isdigit():
-        return float(value)
+        # str.isdigit is true of other scripts' digits and of '²', which int() cannot read or reads as a number
+        # the server did not mean: only ASCII delta-seconds count, and a huge one is capped (by max_backoff later).
+        if not value.isascii():
+            return None
+        return float(int(value[:12]))
     try:
         when = email.utils.parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError, IndexError, OverflowError):

@@ -10,15 +10,25 @@ httpx's transports are), with the default a single node needs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 from storage import QueuedUrl
 
-if TYPE_CHECKING:  # annotations only: the crawler module imports this one
-    from peer.crawl.crawler import Link
-    from peer.fetch.http import Response
+from peer.fetch.http import Response
 
-__all__ = ["Ownership", "PageFetcher", "Solo"]
+__all__ = ["Link", "Ownership", "PageFetcher", "Solo"]
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A URL on its way into the frontier: normalized, with its depth, redirect hops and referrer. What the
+    crawler hands its `Ownership` for a host owned elsewhere."""
+
+    url: str
+    depth: int
+    hops: int = 0
+    found_on: str | None = None
 
 
 class PageFetcher(Protocol):

@@ -40,7 +40,8 @@ _MAX_UDP_MESSAGE = 65535
 class DnsError(Exception):
     """A name could not be resolved to an address the crawler may use.
 
-    ``kind`` is one of "nxdomain", "servfail", "timeout", "refused-address", "no-address".
+    ``kind`` is one of "nxdomain", "servfail", "timeout", "refused-address", "no-address", "resources" (the
+    node could not open a socket: out of file descriptors or buffers).
     """
 
     def __init__(self, kind: str, message: str) -> None:
@@ -77,6 +78,11 @@ class _Failure:
 
 class _TcpRetryFailed(Exception):
     """Asking again over TCP after a truncated UDP answer failed (the message says how)."""
+
+
+class _NoSocket(Exception):
+    """The node could not open a UDP socket (out of file descriptors or buffers): this look-up fails, cached
+    briefly like any transient failure; the node goes on."""
 
 
 class _Lookup:
@@ -248,6 +254,8 @@ class CachingResolver:
                     response = await self._ask(qname, rdtype)
                 except _TcpRetryFailed as exc:
                     return _Failure(kind="servfail", message=f"{name}: {exc}"), self._transient_ttl
+                except _NoSocket as exc:
+                    return _Failure(kind="resources", message=f"{name}: {exc}"), self._transient_ttl
                 rcode = response.rcode()
                 if rcode == dns.rcode.NXDOMAIN:
                     return _Failure(kind="nxdomain", message=f"{name}: no such domain (NXDOMAIN)"), self._negative_ttl
@@ -287,7 +295,10 @@ class CachingResolver:
                 family = socket.AF_INET6 if ":" in server[0] else socket.AF_INET
                 sock = sockets.get(family)
                 if sock is None:
-                    sock = sockets[family] = trio.socket.socket(family, socket.SOCK_DGRAM)
+                    try:
+                        sock = sockets[family] = trio.socket.socket(family, socket.SOCK_DGRAM)
+                    except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: this name fails now, the node goes on
+                        raise _NoSocket(f"cannot open a DNS socket: {exc.strerror or exc}") from exc
                 try:
                     await sock.sendto(wire, server)
                 except OSError:

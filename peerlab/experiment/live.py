@@ -57,6 +57,7 @@ import httpx
 import trio
 
 import ring
+from peer.control import auth_headers
 
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import RequestRecord
@@ -312,14 +313,15 @@ class _Runner:
 
     async def _get(self, node: _Node, path: str) -> dict[str, Any] | None:
         try:
-            resp = await self.client.get(f"http://{node.control}{path}")
+            resp = await self.client.get(f"http://{node.control}{path}", headers=auth_headers(node.data_dir))
             return resp.json() if resp.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
 
     async def _post(self, node: _Node, path: str) -> bool:
         try:
-            resp = await self.client.post(f"http://{node.control}{path}")
+            resp = await self.client.post(f"http://{node.control}{path}", json={},
+                                          headers=auth_headers(node.data_dir))
             return resp.status_code < 400
         except httpx.HTTPError:
             return False

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from peer.control import auth_headers
 from peerlab.localweb.bench import BenchWeb, start_bench_web
 
 from .bench_crawl import BENCH_DOMAIN, _cpu_seconds, _final_stats, _start_dns, _stop
@@ -52,7 +53,8 @@ def _pages_now(workdir: Path, nodes: int) -> int | None:
     for i in range(nodes):
         try:
             address = (workdir / f"{nodes}-n{i}" / "control.addr").read_text().strip()
-            total += int(httpx.get(f"http://{address}/status", timeout=2.0).json()["pages"])
+            headers = auth_headers(workdir / f"{nodes}-n{i}")
+            total += int(httpx.get(f"http://{address}/status", timeout=2.0, headers=headers).json()["pages"])
         except (OSError, ValueError, KeyError, httpx.HTTPError):
             return None
     return total

@@ -442,7 +442,7 @@ class ClusterSim:
         self.rng = random.Random(seed)
         self.net = MemoryNetwork(random.Random(seed + 1), delay=delay, jitter=jitter,
                                  break_probability=break_probability, loss_probability=loss_probability,
-                                 duplicate_probability=duplicate_probability)
+                                 duplicate_probability=duplicate_probability, secret=SECRET)
         self.points_per_weight = points_per_weight
         self.concurrency = concurrency
         self.settings = {
