@@ -21,14 +21,24 @@ from pathlib import Path
 
 import trio
 
+from peer.control import auth_headers
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import crawl_delay_violations, max_concurrent_connections_per_host, requested_urls
 from tests.support.crawl import child_env, kill_pid, start_local_web, urls_fetched
-from tests.test_cluster_daemons import Cluster, _get, _wait_fetched
+from tests.test_cluster_daemons import Cluster, _wait_fetched
 
 #: Reported, not asserted: pages a victim fetched more than this before the kill and that were fetched again
 #: (their release waited that long for the acks of the links they routed).
 RELEASE_SLACK = 1.5
+
+
+async def _get(address: str, path: str, data_dir: Path) -> dict:
+    """A control-endpoint GET; 30 s allowed (a node busy with a hand-off of thousands of arcs answers late)."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        resp = await client.get(f"http://{address}{path}", headers=auth_headers(data_dir))
+        return resp.json()
 
 
 async def _restored(cluster: Cluster, owners: set[str], timeout: float = 60.0) -> float:
@@ -40,7 +50,7 @@ async def _restored(cluster: Cluster, owners: set[str], timeout: float = 60.0) -
         while True:
             why = {}
             for name in sorted(owners):
-                status = (await _get(cluster.control(name), "/status"))["cluster"]
+                status = (await _get(cluster.control(name), "/status", cluster.tmp / name))["cluster"]
                 alive = {m["node_id"] for m in status["members"] if m["state"] == "alive"}
                 handoff = status["handoff"]
                 if (alive != owners or handoff["outstanding"] or handoff["pending_arcs"]
@@ -56,7 +66,7 @@ async def _leave(cluster: Cluster, name: str) -> None:
     leave = await trio.to_thread.run_sync(
         lambda: subprocess.run(
             [sys.executable, "-c", "import sys; from peer.cli.main import peerctl_main; sys.exit(peerctl_main())",
-             "leave", "--control", cluster.control(name), "--timeout", "120"],
+             "leave", "--data-dir", str(cluster.tmp / name), "--timeout", "120"],
             capture_output=True, text=True, timeout=150, env=child_env()))
     assert leave.returncode == 0, leave.stdout + leave.stderr
     with trio.fail_after(60):
@@ -84,7 +94,8 @@ async def _dead_kill_run(tmp_path: Path, replicas: int, victims: tuple[str, ...]
             status_at = time.time()
             unreleased = 0
             for name in victims:
-                unreleased += (await _get(cluster.control(name), "/status"))["cluster"]["backups"]["unreleased"]
+                status = (await _get(cluster.control(name), "/status", cluster.tmp / name))["cluster"]
+                unreleased += status["backups"]["unreleased"]
             kill_at = time.time()
             for name in victims:
                 kill_pid(cluster.procs[name].pid, signal.SIGKILL)
@@ -94,14 +105,15 @@ async def _dead_kill_run(tmp_path: Path, replicas: int, victims: tuple[str, ...]
             survivors = sorted({"A", "D", "E"} - set(victims))
             with trio.fail_after(60):
                 while True:
-                    view = await _get(cluster.control(survivors[0]), "/cluster")
+                    view = await _get(cluster.control(survivors[0]), "/cluster", cluster.tmp / survivors[0])
                     states = {n["node_id"]: n["state"] for n in view["nodes"]}
                     if all(states.get(v) == "dead" for v in victims):
                         break
                     await trio.sleep(0.1)
             dead_at = time.time()
             restored = await _restored(cluster, set(survivors))
-            statuses = {name: (await _get(cluster.control(name), "/status"))["cluster"] for name in survivors}
+            statuses = {name: (await _get(cluster.control(name), "/status", cluster.tmp / name))["cluster"]
+                        for name in survivors}
             with trio.fail_after(300):
                 for name in survivors:
                     assert await cluster.procs[name].wait() == 0, cluster.log_tail(name)
