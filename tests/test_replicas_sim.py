@@ -8,7 +8,7 @@ peer/cluster/backups.py).
 - R = 2, two nodes killed at the same moment: the same.
 - A 5 s partition that heals, with lost and duplicated messages: nothing lost, one fetcher per host.
 - Random schedules of permanent kills, joins and leaves (Hypothesis): three examples here, hundreds under the
-  `search` marker (`pytest -m search tests/test_replicas_sim.py`, see docs/testing.md).
+  `search` marker (`pytest -m search tests/test_replicas_sim.py`; docs/cluster.md, "Whole-cluster simulations").
 
 `pytest -s` prints each run's figures, among them the time from each death to the promotion of the dead
 node's queue at its heirs and the time to restore R + 1 copies after each view change.

@@ -272,8 +272,9 @@ class Cluster:
             self._last_tick = now
             elapsed = now - last
             hold = self.cfg.suspicion_timeout + CONTACT_WINDOW + TAKEOVER_GRACE
-            if elapsed > self.cfg.suspicion_timeout:
-                # frozen long enough for the others to have declared this node dead and taken its hosts over
+            if elapsed > self.cfg.suspicion_timeout + self.cfg.probe_interval:
+                # frozen long enough for the others to have declared this node dead and taken its hosts over (a
+                # probe must fail first, then the suspicion run out)
                 self._fence_until = max(self._fence_until, now + hold)
                 log.warning("this node was frozen: no fetch starts here for a while",
                             extra={"frozen": elapsed, "hold": hold})
