@@ -128,8 +128,8 @@ class QueueReplicas:
         self.limits = limits or Limits()
         self._backups: dict[str, _Backup] = {}
         self._tickets: list[Ticket] = []
-        # releases waiting for the links their page routed: ({owner: outbox seq at the commit}, URL)
-        self._releases: list[tuple[dict[str, int], QueuedUrl]] = []
+        # releases waiting for their page's links: ({owner: outbox seq at the commit}, the links' ticket, URL)
+        self._releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]] = []
         self._wake = trio.Event()
         self._unsynced: list[tuple[str, ReplicaAck]] = []  # held, not yet synced and acknowledged
         self._sync_due = trio.Event()
@@ -197,36 +197,41 @@ class QueueReplicas:
             self._tickets.append(ticket)
         return ticket
 
-    def released(self, item: QueuedUrl, routed_to: Iterable[str] = ()) -> None:
+    def released(self, item: QueuedUrl, routed_to: Iterable[str] = (), links: Ticket | None = None) -> None:
         """This node is done with `item` (fetched, refused or given up): its replicas go, once the links its page
-        routed to other owners (`routed_to`) are acknowledged by them. Until then those links live only in this
-        node's outbox, and the page's replica is what brings them back if this node dies: the heir fetches the
-        page again."""
+        found are safe elsewhere: those it routed to other owners (`routed_to`) acknowledged by them, and those
+        it queued here (`links`, the ticket of their replicas) acknowledged by their backups, which may be other
+        nodes than the page's own backups. Until then the page's replica is what brings them back if this node
+        dies: the heir fetches the page again."""
         if not self.copies:
             return
         owners = set(routed_to)
-        if not owners:
+        if not owners and (links is None or self._done(links)):
             self._release(item)
             return
-        last = self.store.outbox.last_seq()
-        self._releases.append(({owner: last for owner in owners}, item))
+        last = self.store.outbox.last_seq() if owners else 0
+        self._releases.append(({owner: last for owner in owners}, links, item))
         if len(self._releases) > self.max_staged:  # owners unreachable for long: release the oldest anyway
-            self._release(self._releases.pop(0)[1])
+            self._release(self._releases.pop(0)[2])
+        self._wake.set()
 
     def _stage_releases(self) -> None:
-        """Stage the held releases whose page's routed links have all been acknowledged."""
+        """Stage the held releases whose page's links are all safe elsewhere."""
         if not self._releases:
             return
         oldest: dict[str, int | None] = {}
         outbox = self.store.outbox
         still = []
-        for marks, item in self._releases:
+        for marks, links, item in self._releases:
+            if links is not None and not self._done(links):
+                still.append((marks, links, item))
+                continue
             for owner, mark in marks.items():
                 if owner not in oldest:
                     oldest[owner] = outbox.oldest_seq(owner)
                 first = oldest[owner]
                 if first is not None and first <= mark:
-                    still.append((marks, item))
+                    still.append((marks, links, item))
                     break
             else:
                 self._release(item)
@@ -257,7 +262,7 @@ class QueueReplicas:
 
     def _done(self, ticket: Ticket) -> bool:
         backups = self._backups
-        return all(backups[b].acked_total >= target for b, target in ticket.targets.items())
+        return all(b not in backups or backups[b].acked_total >= target for b, target in ticket.targets.items())
 
     def _check_tickets(self) -> None:
         still = []
@@ -533,7 +538,7 @@ class QueueReplicas:
     def unreleased(self) -> set[str]:
         """URLs this node is done with whose release has not reached every backup yet (held for their page's
         routed links, or on their way): what its heirs fetch again if it dies now."""
-        urls = {item.url for _marks, item in self._releases}
+        urls = {item.url for _marks, _links, item in self._releases}
         for state in self._backups.values():
             for entry in state.staged:
                 if not isinstance(entry, QueuedUrl):

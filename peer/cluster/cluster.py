@@ -154,6 +154,7 @@ class Cluster:
         # every queued URL also on the ring backups of its position (--replicas R), promoted when its owner dies
         self.backups = QueueReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
                                      copies=cfg.replicas, wall_clock=wall_clock)
+        self.wall_clock = wall_clock
         self.dispatcher = Dispatcher(
             node_id, store, self.links, ring_of=self.ring_of,
             config=DispatchConfig(batch_size=cfg.batch_size, interval=cfg.dispatch_interval),
@@ -180,6 +181,7 @@ class Cluster:
         # (when, dead node, URLs promoted): each arc inherited from a dead node, promoted from its replicas
         self.promotions: list[tuple[float, str, int]] = []
         self._routed_to: set[str] = set()  # owners of the links routed by the page being committed
+        self._queued_ticket = None  # the replicas of the links it queued here
         self._fence = False
         self._fence_until = -math.inf
         self._last_tick = math.inf  # set when the contact loop starts
@@ -204,12 +206,14 @@ class Cluster:
         return routed
 
     def queued(self, items) -> None:
-        self.backups.queued(items)
+        # the links a page being committed queued here: its replicas' release waits for theirs
+        self._queued_ticket = self.backups.replicate(items)
 
     def fetched(self, item: QueuedUrl) -> None:
         self.replicas.fetched(item)
         routed_to, self._routed_to = self._routed_to, set()
-        self.backups.released(item, routed_to)
+        links, self._queued_ticket = self._queued_ticket, None
+        self.backups.released(item, routed_to, links)
 
     def ring_of(self) -> tuple[int, Any]:
         """The view epoch and the current ring's owner look-up (what the dispatcher needs of a ring)."""
@@ -501,6 +505,25 @@ class Cluster:
             until = self.membership.last_heard.get(node, -math.inf) + CONTACT_WINDOW + TAKEOVER_GRACE
             if until > now:
                 self._holds.append((by_arc[node], until))
+        # Were the dead node alive behind a partition, its last request may end as late as the hold: its hosts'
+        # Crawl-delay then runs from the end of the hold, not from its last replicated state.
+        wall = self.wall_clock()
+        latest = max((self.membership.last_heard.get(node, -math.inf) for node in inherited), default=-math.inf)
+        fence_end = wall + (latest + CONTACT_WINDOW + TAKEOVER_GRACE - now)
+        # A host with no replicated state (its first pages' releases had not arrived) gets TAKEOVER_GRACE more:
+        # its Crawl-delay is not known here until its robots.txt is fetched again.
+        if math.isfinite(fence_end):
+            states = [HostState(host=st.host, next_allowed=max(st.next_allowed, fence_end + st.crawl_delay),
+                                crawl_delay=st.crawl_delay, backoff=st.backoff, failures=st.failures, pages=st.pages)
+                      for st in states]
+            known = {st.host for st in states}
+            for host in sorted({item.host for item in promoted} - known):
+                here = self.store.frontier.get_state(host)
+                if here is None or here.next_allowed < fence_end + TAKEOVER_GRACE:
+                    states.append(HostState(host=host, next_allowed=fence_end + TAKEOVER_GRACE,
+                                            crawl_delay=here.crawl_delay if here else 0.0))
+        if states:
+            self.store.frontier.put_states(states)
         for node, count in by_node.items():
             self.promotions.append((now, node, count))
         del self.promotions[:-100]
