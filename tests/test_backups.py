@@ -2,8 +2,7 @@
 batch may be acknowledged; what a backup holds, releases and promotes.
 
 Real LMDB stores, a recording stand-in for the peer links, rings of the design's weights, under MockClock. The
-whole-cluster effect (a node dead for good loses no URL) is checked by tests/test_replicas_sim.py and
-tests/test_cluster_daemons_replicas.py.
+whole-cluster effect (a node dead for good loses no URL) is checked by tests/test_replicas_sim.py.
 """
 
 from __future__ import annotations
