@@ -24,7 +24,7 @@ The owner's side (`QueueReplicas`):
 
 The backup's side: `QueueReplica` is applied in one transaction (releases, then URLs, then host states: the later
 ready time wins) and synced before the ack. Replicas of positions where this node is no longer a backup are
-dropped once the ring has been stable for `GC_DELAY`, so the owner's re-homing has had time to land.
+dropped once the ring has been stable for `GC_DELAY` (1 s).
 
 Promotion (`Cluster._view_changed`): when a member is declared dead, each arc this node inherits from it is
 promoted from the replicas into the frontier (`NodeStore.promote`: dedup, frontier and the dead owner's host
@@ -67,8 +67,10 @@ MAX_URL_BYTES = 512 * 1024
 #: full re-homing scan rebuilds them from the frontier on disk. A backup gets there only if it stays
 #: unreachable long after SWIM would have declared it dead.
 MAX_STAGED = 200_000
-#: A backup drops replicas of positions it no longer backs once the ring has been stable this long.
-GC_DELAY = 10.0
+#: A backup drops replicas of positions it no longer backs once the ring has been stable this long: long enough
+#: for a view to settle, short enough that a replica whose release went to the backup of a ring in between is
+#: not still here when rings change again (it would be promoted at a death and repeat a page).
+GC_DELAY = 1.0
 #: Re-homing reads the queue in chunks of this many URLs, yielding to trio between chunks.
 SCAN_CHUNK = 2048
 #: A host name is at most 253 bytes (RFC 1035).
