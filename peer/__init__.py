@@ -12,7 +12,7 @@ from typing import Any
 _EXPORTS = {
     "Config": "config", "ConfigError": "config", "load": "config",
     "Node": "node", "NodeError": "node", "run_node": "node",
-    "Crawler": "crawl", "Link": "crawl", "HostScheduler": "crawl",
+    "Crawler": "crawl", "HostScheduler": "crawl",
     "RobotsTxt": "crawl", "can_fetch": "crawl", "decide": "crawl",
     "Scope": "crawl", "normalize": "crawl", "host_of": "crawl", "origin_of": "crawl",
     "Page": "crawl", "extract": "crawl",

@@ -3,20 +3,30 @@
 ``load()`` is pure: it takes the TOML text (or path), the environment mapping and the flag overrides as
 arguments, so every precedence rule is testable without touching the process. Every default carries a
 one-line reason in ``FIELDS``.
+
+Each operator-visible default is stated once, here: the components take theirs from ``DEFAULTS`` (the
+membership, dispatch and hand-off configs, the fetcher, the resolver, URL normalization), and the flags'
+``(default ...)`` help text, ``peerd config`` and docs/configuration.md are generated from it. Config sits on
+the base floor that every room may import, so it cannot import the components' configs; the defaults flow
+down to up instead (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import socket
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
-__all__ = ["Config", "ConfigError", "load", "FIELDS", "parse_address", "read_seeds", "read_secret"]
+__all__ = ["DEFAULTS", "Config", "ConfigError", "load", "FIELDS", "default_text", "parse_address", "read_seeds",
+           "read_secret"]
 
 DEFAULT_UA = "peercrawl/0.1"
 
@@ -42,6 +52,7 @@ class Config:
     tls_key: str = ""
     tls_ca: str = ""
     codec: str = "msgpack"
+    compression: str = "br"
     batch_size: int = 500
     dispatch_interval: float = 0.2
     handoff_wait: float = 30.0
@@ -55,10 +66,14 @@ class Config:
     seeds_file: str = ""
     allowed_hosts: tuple[str, ...] = ()
     denied_hosts: tuple[str, ...] = ()
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
     max_depth: int = -1
     max_pages_per_host: int = -1
+    max_bytes_per_host: int = -1
     max_redirect_hops: int = 5
     max_url_length: int = 2048
+    max_query_params: int = -1
     # network
     nameservers: tuple[str, ...] = ()
     allow_private: bool = False
@@ -66,6 +81,8 @@ class Config:
     contact: str = ""
     concurrency: int = 256
     delay: float = 1.0
+    ip_connections: int = 4
+    ip_delay: float = 0.0
     max_backoff: float = 600.0
     max_retries: int = 3
     connect_timeout: float = 10.0
@@ -76,6 +93,8 @@ class Config:
     dns_min_ttl: float = 60.0
     dns_max_ttl: float = 1800.0
     robots_cache_size: int = 100_000
+    sitemaps: bool = True
+    sitemap_xml: bool = False
     # storage
     dedup: str = "lmdb"
     dedup_expected: int = 10_000_000
@@ -85,12 +104,17 @@ class Config:
     store_types: tuple[str, ...] = ("text/html", "application/xhtml+xml")
     warc_max_bytes: int = 1 << 30
     sync_interval: float = 1.0
+    # revisits
+    revisit: bool = False
+    revisit_min: float = 3600.0
+    revisit_max: float = 30 * 86400.0
     # behaviour
     exit_when_done: bool = False
     max_crashes: int = 3
     control_token: str = ""
     control_token_file: str = ""
     parse_in_thread: bool = False
+    page_threads: int = 0
     log_level: str = "info"
     log_format: str = "auto"
 
@@ -107,10 +131,29 @@ class Config:
         return f"{socket.gethostname()}:{port}"
 
 
-#: One-line reason for every default, shown by ``peerd config --explain`` and in docs/operations.md.
+#: Every setting's built-in default, by name: what the components take their own defaults from.
+DEFAULTS: Mapping[str, Any] = MappingProxyType({f.name: f.default for f in dataclasses.fields(Config)})
+
+
+def default_text(name: str) -> str | None:
+    """How a setting's default reads in help text (``None`` when it is empty: its reason says what that means)."""
+    value = DEFAULTS[name]
+    if value in ("", (), False):
+        return None
+    if isinstance(value, tuple):
+        return " and ".join(str(v) for v in value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+            if value >= size and value % size == 0:
+                return f"{value} ({value // size} {unit})"
+    return str(value)
+
+
+#: One-line reason for every default, shown by ``peerd config`` and in docs/configuration.md. A reason says why
+#: the default is what it is; it does not repeat the value (``peerd config`` prints that beside it).
 FIELDS: dict[str, str] = {
     "node_id": "stable name of this node; empty means host name + listen port",
-    "weight": "share of the ring; 100 is a neutral unit so weights read as percentages",
+    "weight": "share of the ring; a neutral unit of 100 lets weights read as percentages",
     "listen": "peer port on loopback: nothing is exposed until the operator says so",
     "advertise": "address peers dial to reach this node; empty means the listen address (set it when listening on 0.0.0.0)",
     "control": "control/metrics endpoint on loopback: status and metrics are not public by default",
@@ -123,51 +166,64 @@ FIELDS: dict[str, str] = {
     "tls_key": "PEM private key of tls_cert",
     "tls_ca": "PEM CA that signed every node's certificate: peers without one are refused",
     "codec": "msgpack: compact and fast; json is the readable option for debugging the wire",
-    "batch_size": "500 URLs per batch: about 60 KB, one write, far under the 1 MiB frame limit",
-    "dispatch_interval": "200 ms: the design's flush timer; few messages, and links reach owners quickly",
-    "handoff_wait": "30 s: a gained arc waits this long for its previous owner's hand-off before it is crawled anyway",
-    "leave_timeout": "120 s for a graceful leave to hand everything off before the process exits regardless",
-    "probe_interval": "1 s: each node probes one peer a second (memberlist's LAN profile)",
-    "probe_timeout": "0.5 s for a Pong before indirect probes; raise it on links slower than a few hundred ms",
-    "suspicion_timeout": "5 s to refute a suspicion before a silent node is declared dead",
-    "replicas": "1: every queued URL is also held durably by the ring's next node, so one death at a time loses no URL; 0 turns it off",
+    "compression": "br: about 29 bytes per routed URL instead of 57 unpacked, for about 3 µs of CPU per URL; none on a fast LAN",
+    "batch_size": "URLs per batch to a peer: about 60 KB, one write, far under the 1 MiB frame limit",
+    "dispatch_interval": "the design's flush timer for partial batches: few messages, and links reach owners quickly",
+    "handoff_wait": "a gained arc waits this long for its previous owner's hand-off before it is crawled anyway",
+    "leave_timeout": "time a graceful leave has to hand everything off before the process exits regardless",
+    "probe_interval": "each node probes one peer per interval: failure detection in seconds at a constant load (memberlist's LAN profile)",
+    "probe_timeout": "wait for a Pong before indirect probes: half the interval, the rest is theirs; raise it on links slower than a few hundred ms",
+    "suspicion_timeout": "time a suspect has to hear the rumour and refute it (several probe and gossip rounds) before it is declared dead",
+    "replicas": "every queued URL is also held durably by the ring's next node(s), so that many deaths at once lose no URL; 0 turns it off",
     "seeds": "start URLs",
     "seeds_file": "file with one start URL per line (# comments allowed)",
     "allowed_hosts": "if set, only these hosts (and subdomains) are crawled",
     "denied_hosts": "hosts (and subdomains) never crawled",
-    "max_depth": "-1 is unlimited: the scope and trap guards bound a crawl instead",
-    "max_pages_per_host": "-1 is unlimited; set it to sample many hosts broadly",
-    "max_redirect_hops": "5, as browsers and RFC 9309 do for robots.txt",
-    "max_url_length": "2048: longer URLs are nearly always traps or session junk",
+    "include": "regular expressions searched in the normalized URL; if any is set, a URL must match one",
+    "exclude": "regular expressions searched in the normalized URL; a URL matching one is not crawled",
+    "max_depth": "unlimited (-1): the scope and trap guards bound a crawl instead",
+    "max_pages_per_host": "unlimited (-1); set it to sample many hosts broadly (counted by the host's owner)",
+    "max_bytes_per_host": "unlimited (-1); body bytes fetched from one host before it is left alone",
+    "max_redirect_hops": "as browsers and RFC 9309 (for robots.txt) do",
+    "max_url_length": "longer URLs are nearly always traps or session junk",
+    "max_query_params": "unlimited (-1); a low bound (say 5) cuts faceted-search and calendar traps",
     "nameservers": "empty means /etc/resolv.conf; tests and the demo point at their own server",
     "allow_private": "private/loopback addresses are refused so a crawl cannot be turned on the local network",
     "user_agent": "product token first so robots.txt groups for 'peercrawl' match",
     "contact": "a URL or mail address where site owners can reach the operator; put it in the User-Agent",
-    "concurrency": "256 fetches in flight keep one core busy on a wide crawl without piling up sockets",
-    "delay": "1 s between requests to one host: polite by default; robots Crawl-delay can only raise it",
-    "max_backoff": "10 min cap on per-host back-off after 429/503/errors",
-    "max_retries": "3 retries of a URL after transient errors before it is given up",
-    "connect_timeout": "10 s: a host that cannot connect in 10 s is effectively down",
-    "read_timeout": "30 s between bytes: slow-drip servers are cut off",
-    "total_timeout": "60 s for a whole response: bounds the time any one URL can hold a worker",
-    "max_body": "10 MiB: larger bodies are cut there and marked truncated",
-    "dns_cache_size": "50,000 names, as in the resolver study the design draws on",
-    "dns_min_ttl": "60 s floor: very short TTLs would make the cache useless",
-    "dns_max_ttl": "1800 s ceiling: the refresh period of the resolver study",
+    "concurrency": "fetches in flight: enough to keep one core busy on a wide crawl without piling up sockets",
+    "delay": "seconds between requests to one host: polite by default; robots Crawl-delay can only raise it",
+    "ip_connections": "requests at once per server address: shared hosts serve hundreds of sites from one address, and a browser opens about six connections to a server; 0 turns per-address limits off",
+    "ip_delay": "the connection cap and each host's delay already space a shared server; raise it for servers that ask for a pause between requests (needs ip_connections >= 1)",
+    "max_backoff": "cap on per-host back-off after 429/503/errors: a dead host is asked again within minutes",
+    "max_retries": "retries of a URL after transient errors before it is given up",
+    "connect_timeout": "a host that cannot complete TCP and TLS handshakes in this time is effectively down",
+    "read_timeout": "longest wait for the next bytes: stalled servers are cut off",
+    "total_timeout": "bound on a whole response: the time any one URL can hold a worker",
+    "max_body": "larger bodies are cut there and marked truncated: far above a normal HTML page",
+    "dns_cache_size": "names cached, as in the resolver study the design draws on",
+    "dns_min_ttl": "floor on TTLs: very short TTLs would make the cache useless",
+    "dns_max_ttl": "ceiling on TTLs: the refresh period of the resolver study",
     "robots_cache_size": "robots.txt decisions kept for this many origins (each up to 24 h)",
+    "sitemaps": "read the sitemaps robots.txt names: the site's own list of its pages, with last-modified times",
+    "sitemap_xml": "off: /sitemap.xml is a guess that costs a request on every host whose robots.txt names none",
     "dedup": "lmdb: the seen-set shares the frontier's transactions, so a crash loses nothing",
     "dedup_expected": "URLs a Bloom filter is sized for (--dedup bloom)",
     "dedup_fp_rate": "a Bloom filter's false-positive target: each false positive is a URL never crawled",
     "redis_url": "redis://HOST:PORT/DB for --dedup redis",
     "store": "warc keeps every page as WARC 1.1; none only crawls",
     "store_types": "content types written to the page store",
-    "warc_max_bytes": "1 GiB WARC files, the usual rotation size",
-    "sync_interval": "stores are forced to disk once a second; kill -9 loses nothing committed anyway",
+    "warc_max_bytes": "the usual WARC file rotation size",
+    "sync_interval": "how often stores are forced to disk; kill -9 loses nothing committed anyway",
+    "revisit": "a crawl is one pass; on, every stored page is fetched again on an adaptive schedule",
+    "revisit_min": "an hour (in seconds): the shortest revisit interval, for pages that change at every visit",
+    "revisit_max": "30 days (in seconds): the longest revisit interval, for pages that never change",
     "exit_when_done": "exit 0 once the frontier is empty and nothing is in flight",
-    "max_crashes": "3: a URL in flight at 3 stops in a row is dropped and recorded, so no page can make a node crash-loop (0: never)",
+    "max_crashes": "a URL in flight at this many stops in a row is dropped and recorded, so no page can make a node crash-loop (0: never)",
     "control_token": "bearer token of the control endpoint; empty: one is made at start in DATA_DIR/control.token (mode 0600) and the endpoint stays on loopback",
     "control_token_file": "file holding the control token (a Kubernetes secret); a set token lets the control endpoint listen beyond loopback",
     "parse_in_thread": "lxml parsing in a worker thread; inline is cheaper for small pages on few cores",
+    "page_threads": "threads that store and parse pages (gzip, digests, lxml release the GIL); 0 = inline",
     "log_level": "info: one line per notable event, not per page",
     "log_format": "auto: JSON lines when stderr is not a terminal, text otherwise",
 }
@@ -218,6 +274,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"weight must be an integer > 0, got {cfg.weight}")
     if cfg.concurrency <= 0:
         raise ConfigError(f"concurrency must be > 0, got {cfg.concurrency}")
+    if not 0 <= cfg.page_threads <= 256:
+        raise ConfigError(f"page_threads must be within [0, 256], got {cfg.page_threads}")
     if cfg.delay < 0:
         raise ConfigError(f"delay must be >= 0, got {cfg.delay}")
     if cfg.max_crashes < 0:
@@ -225,11 +283,33 @@ def _validate(cfg: Config) -> None:
     token = cfg.control_token
     if token and (len(token) < 16 or not token.isascii() or not token.isprintable() or " " in token):
         raise ConfigError("control_token must be at least 16 printable ASCII characters without spaces")
+    if cfg.ip_connections < 0:
+        raise ConfigError(f"ip_connections must be >= 0 (0: no per-address limits), got {cfg.ip_connections}")
+    if not (cfg.ip_delay >= 0 and math.isfinite(cfg.ip_delay)):
+        raise ConfigError(f"ip_delay must be a finite number >= 0, got {cfg.ip_delay}")
+    if cfg.ip_delay > 0 and cfg.ip_connections == 0:
+        raise ConfigError("ip_delay needs ip_connections >= 1: the delay is kept per connection lane of an address")
+    for name in ("max_depth", "max_pages_per_host", "max_bytes_per_host", "max_query_params"):
+        if getattr(cfg, name) < -1:
+            raise ConfigError(f"{name} must be -1 (no limit) or >= 0, got {getattr(cfg, name)}")
+    if cfg.max_url_length < 1:
+        raise ConfigError(f"max_url_length must be >= 1, got {cfg.max_url_length}")
+    for name in ("include", "exclude"):
+        for pattern in getattr(cfg, name):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"{name}: invalid regular expression {pattern!r}: {exc}") from exc
     kinds = ("lmdb", "memory-urls", "memory-md5", "md5-tree", "bloom", "redis")
     if cfg.dedup not in kinds:
         raise ConfigError(f"dedup must be one of {', '.join(kinds)}, got {cfg.dedup!r}")
     if cfg.dedup == "redis" and not cfg.redis_url:
         raise ConfigError("dedup redis needs redis_url (--redis-url redis://HOST:PORT/DB)")
+    if not 0 < cfg.revisit_min <= cfg.revisit_max:
+        raise ConfigError(f"revisit_min ({cfg.revisit_min} s) must be > 0 and at most revisit_max "
+                          f"({cfg.revisit_max} s)")
+    if cfg.revisit and cfg.dedup != "lmdb":
+        raise ConfigError(f"revisit needs dedup lmdb (got {cfg.dedup}): the schedule lives in the node's LMDB store")
     if cfg.store not in ("warc", "none"):
         raise ConfigError(f"store must be 'warc' or 'none', got {cfg.store!r}")
     if cfg.log_format not in ("auto", "json", "text"):
@@ -242,6 +322,8 @@ def _validate(cfg: Config) -> None:
         parse_address(seed, "join")
     if cfg.codec not in ("msgpack", "json"):
         raise ConfigError(f"codec must be msgpack or json, got {cfg.codec!r}")
+    if cfg.compression not in ("br", "zlib", "none"):
+        raise ConfigError(f"compression must be br, zlib or none, got {cfg.compression!r}")
     if not 0 <= cfg.replicas <= 8:
         raise ConfigError(f"replicas must be 0 (off) to 8, got {cfg.replicas}")
     if cfg.batch_size < 1:

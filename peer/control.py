@@ -46,7 +46,9 @@ __all__ = [
     "Reply",
     "json_reply",
     "auth_headers",
+    "dashboard_address",
     "load_or_create_token",
+    "read_token",
     "serve_control",
 ]
 
@@ -92,6 +94,20 @@ def auth_headers(data_dir: str | os.PathLike[str]) -> dict[str, str]:
     except (OSError, UnicodeDecodeError):
         return {}
     return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def read_token(data_dir: str | os.PathLike[str]) -> str:
+    """The running node's control token; OSError if the file cannot be read."""
+    return (Path(data_dir) / TOKEN_FILE).read_text(encoding="ascii").strip()
+
+
+def dashboard_address(address: str, token: str | None) -> str:
+    """The dashboard's address for a browser: the control endpoint, the token in the fragment (a browser never
+    sends a fragment to a server; the page reads it and sends the token with each API call)."""
+    host, _, port = address.rpartition(":")
+    if host in ("0.0.0.0", "::", "[::]", ""):  # listening everywhere: this machine reaches it on loopback
+        host = "127.0.0.1"
+    return f"http://{host}:{port}/" + (f"#token={token}" if token else "")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,13 +240,11 @@ async def _serve_one(stream: trio.SocketStream, routes: dict[tuple[str, str], Ha
                 path = req.target.decode("ascii", "replace").split("?", 1)[0]
                 handler = routes.get((method, path))
                 reply = _refusal(method, path, req, access)
-                if reply is not None:
-                    pass
-                elif handler is None:
+                if reply is None and handler is None:
                     known = any(p == path for _, p in routes)
                     reply = json_reply({"error": f"{'method not allowed' if known else 'not found'}: {path}"},
                                        405 if known else 404)
-                else:
+                elif reply is None:
                     try:
                         reply = await handler(bytes(body))
                     except Exception as exc:  # a handler bug must not take the node down

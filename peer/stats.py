@@ -4,7 +4,7 @@ export, both as the ``/status`` JSON and as Prometheus metrics built at scrape t
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -24,8 +24,18 @@ class Stats:
         self.urls_new = 0
         self.urls_seen = 0
         self.robots_fetches = 0
+        self.sitemap_fetches = 0  # sitemap requests (any outcome)
+        self.sitemap_urls = 0  # URLs the sitemaps read listed (before scope, robots and dedup)
         self.retries = 0
+        self.address_waits = 0  # host turns put off because their server address had no free lane
         self.stored = 0
+        self.revisits = 0  # revisits fetched (the page was on the schedule)
+        self.revisits_changed = 0  # ... that found a new payload (a full record)
+        self.revisits_unchanged = 0  # ... that found the same payload or a 304 (a revisit record)
+        self.revisits_not_modified = 0  # ... answered 304 to a conditional GET
+        self.revisit_bytes = 0  # bytes of revisit records written
+        self.revisit_bytes_saved = 0  # bytes the page's last full record would have taken again, minus those
+        self.revisit_lateness: collections.deque[float] = collections.deque(maxlen=10_000)  # fetched - due, s
         self._samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
 
     def sample(self, now: float) -> None:
@@ -56,17 +66,35 @@ class Stats:
             "urls_new": self.urls_new,
             "urls_seen": self.urls_seen,
             "robots_fetches": self.robots_fetches,
+            "sitemap_fetches": self.sitemap_fetches,
+            "sitemap_urls": self.sitemap_urls,
             "retries": self.retries,
+            "address_waits": self.address_waits,
             "stored": self.stored,
+            "revisits": {"fetched": self.revisits, "changed": self.revisits_changed,
+                         "unchanged": self.revisits_unchanged, "not_modified": self.revisits_not_modified,
+                         "record_bytes": self.revisit_bytes, "bytes_saved": self.revisit_bytes_saved,
+                         "late_s": _quantiles(self.revisit_lateness)},
         }
+
+
+def _quantiles(values: collections.deque[float]) -> dict[str, float]:
+    """Median, 95th percentile and maximum of the latest values (0 when there are none)."""
+    if not values:
+        return {"p50": 0.0, "p95": 0.0, "max": 0.0}
+    ordered = sorted(values)
+    return {"p50": round(ordered[len(ordered) // 2], 3), "p95": round(ordered[int(len(ordered) * 0.95)], 3),
+            "max": round(ordered[-1], 3)}
 
 
 class StatsCollector(Collector):
     """Prometheus view of a node: counters from Stats plus gauges read from ``gauges()`` at scrape time."""
 
-    def __init__(self, stats: Stats, gauges: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, stats: Stats, gauges: Callable[[], dict[str, float]],
+                 families: Callable[[], Iterable[Any]] | None = None) -> None:
         self._stats = stats
         self._gauges = gauges
+        self._families = families  # labelled or computed metric families from the node's other parts
 
     def collect(self) -> Iterator[Any]:
         s = self._stats
@@ -77,8 +105,16 @@ class StatsCollector(Collector):
             ("peercrawl_urls_new", "URLs that were new to the dedup store", s.urls_new),
             ("peercrawl_urls_seen", "URLs the dedup store had already seen", s.urls_seen),
             ("peercrawl_robots_fetches", "robots.txt requests", s.robots_fetches),
+            ("peercrawl_sitemap_fetches", "sitemap requests", s.sitemap_fetches),
+            ("peercrawl_sitemap_urls", "URLs listed by the sitemaps read", s.sitemap_urls),
             ("peercrawl_retries", "URLs re-queued after a transient failure", s.retries),
             ("peercrawl_stored", "Pages written to the page store", s.stored),
+            ("peercrawl_revisits", "Revisits of scheduled pages fetched", s.revisits),
+            ("peercrawl_revisits_changed", "Revisits that found a changed page (full record)", s.revisits_changed),
+            ("peercrawl_revisits_unchanged", "Revisits that found the page unchanged (revisit record)",
+             s.revisits_unchanged),
+            ("peercrawl_revisits_not_modified", "Revisits answered 304 Not Modified", s.revisits_not_modified),
+            ("peercrawl_revisit_bytes_saved", "WARC bytes saved by revisit records", s.revisit_bytes_saved),
         ]
         for name, doc, value in simple:
             yield CounterMetricFamily(name, doc, value=value)
@@ -93,3 +129,5 @@ class StatsCollector(Collector):
             yield fam
         for name, value in self._gauges().items():
             yield GaugeMetricFamily(f"peercrawl_{name}", name.replace("_", " "), value=value)
+        if self._families is not None:
+            yield from self._families()

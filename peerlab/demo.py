@@ -403,7 +403,8 @@ def _cluster_main(args: argparse.Namespace, out: TextIO | None = None) -> int:
 def _peerd_command(args: argparse.Namespace, seeds: list[str], dns_port: int, data_dir: Path) -> list[str]:
     cmd = [sys.executable, "-m", "peer", "start", "--node-id", "demo-1", "--data-dir", str(data_dir),
            "--control", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--nameserver", f"127.0.0.1:{dns_port}",
-           "--allow-private", "--delay", str(args.delay), "--exit-when-done", "--log-format", "json"]
+           "--allow-private", "--delay", str(args.delay), "--exit-when-done", "--log-format", "json",
+           "--ip-connections", "0"]  # the local web serves every host from 127.0.0.1: it stands for many servers
     for s in seeds:
         cmd += ["--seed", s]
     return cmd

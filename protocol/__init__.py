@@ -7,7 +7,7 @@ a random source (the handshake's nonces are passed in). The wire format is speci
 from ._codec import CODECS, decode_body, encode_body
 from ._connection import NEED_DATA, Connection, ConnectionClosed, Established, Event, NeedData, Role, State
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
-from ._frames import COMPRESSIONS, FLAG_ZLIB, HEADER_SIZE, encode_frame
+from ._frames import COMPRESSIONS, FLAG_BROTLI, FLAG_ZLIB, HEADER_SIZE, encode_frame
 from ._handshake import MIN_SECRET_SIZE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, TAG_SIZE, FrameKeys, frame_keys, frame_tag
 from ._limits import Limits
 from ._messages import (
@@ -18,12 +18,17 @@ from ._messages import (
     TYPE_CODES,
     BatchAck,
     Challenge,
+    Count,
     Goodbye,
     Gossip,
     HandoffAck,
     HandoffChunk,
     Hello,
     HostState,
+    LaneAsk,
+    LaneGrant,
+    LaneHandover,
+    LaneReturn,
     Member,
     Message,
     Ping,
@@ -33,7 +38,13 @@ from ._messages import (
     ProbeReply,
     ProbeRequest,
     Reject,
+    RevisitEntry,
     SeenReplica,
+    Settings,
+    SlowHost,
+    StatusQuery,
+    StatusReport,
+    Transfer,
     QueueReplica,
     ReplicaAck,
     UrlBatch,
@@ -44,6 +55,7 @@ from ._messages import (
 __all__ = [
     "CODECS",
     "COMPRESSIONS",
+    "FLAG_BROTLI",
     "FLAG_ZLIB",
     "HEADER_SIZE",
     "MEMBER_STATES",
@@ -59,6 +71,7 @@ __all__ = [
     "BatchAck",
     "Challenge",
     "Connection",
+    "Count",
     "ConnectionClosed",
     "Established",
     "FrameKeys",
@@ -69,6 +82,10 @@ __all__ = [
     "HandoffChunk",
     "Hello",
     "HostState",
+    "LaneAsk",
+    "LaneGrant",
+    "LaneHandover",
+    "LaneReturn",
     "Limits",
     "LocalProtocolError",
     "Member",
@@ -82,7 +99,13 @@ __all__ = [
     "ProbeRequest",
     "ProtocolError",
     "Reject",
+    "RevisitEntry",
     "SeenReplica",
+    "Settings",
+    "SlowHost",
+    "StatusQuery",
+    "StatusReport",
+    "Transfer",
     "QueueReplica",
     "ReplicaAck",
     "RemoteProtocolError",

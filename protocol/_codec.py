@@ -14,7 +14,8 @@ import msgpack  # type: ignore[import-untyped]
 
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._limits import Limits
-from ._messages import RECORDS, TYPE_CODES, Message
+from ._handshake import PROTOCOL_VERSION
+from ._messages import RECORDS_BY_VERSION, TYPE_CODES, Message
 from ._schema import Invalid
 
 __all__ = ["CODECS", "decode_body", "encode_body"]
@@ -38,8 +39,14 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _JSON_DECODER = json.JSONDecoder(object_pairs_hook=_unique_object, parse_constant=_reject_constant)
 
 
-def encode_body(message: Message, codec: str, limits: Limits) -> tuple[int, bytes]:
-    """Return (type code, body bytes) for `message`; LocalProtocolError if it is not a valid message."""
+def encode_body(
+    message: Message, codec: str, limits: Limits, version: int = PROTOCOL_VERSION
+) -> tuple[int, bytes]:
+    """Return (type code, body bytes) for `message` in protocol `version`; LocalProtocolError if it is not a
+    valid message."""
+    records = RECORDS_BY_VERSION.get(version)
+    if records is None:
+        raise LocalProtocolError(f"unknown protocol version {version!r}; we speak {sorted(RECORDS_BY_VERSION)}")
     code = TYPE_CODES.get(type(message))
     if code is None:
         raise LocalProtocolError(f"cannot send {type(message).__name__}: it is not a protocol message")
@@ -47,7 +54,7 @@ def encode_body(message: Message, codec: str, limits: Limits) -> tuple[int, byte
     if not js and codec != "msgpack":
         raise LocalProtocolError(f"unknown codec {codec!r}; expected one of {CODECS}")
     try:
-        tree = RECORDS[code].dump(message, js, limits)
+        tree = records[code].dump(message, js, limits)
     except Invalid as exc:
         where = exc.where(type(message).__name__)
         raise LocalProtocolError(f"cannot send {where}: {exc.message}") from None
@@ -56,9 +63,13 @@ def encode_body(message: Message, codec: str, limits: Limits) -> tuple[int, byte
     return code, msgpack.packb(tree, use_bin_type=True)
 
 
-def decode_body(code: int, body: bytes, codec: str, limits: Limits) -> Message:
-    """Parse and validate a peer's frame body; RemoteProtocolError on anything that is not a valid message."""
-    record = RECORDS.get(code)
+def decode_body(code: int, body: bytes, codec: str, limits: Limits, version: int = PROTOCOL_VERSION) -> Message:
+    """Parse and validate a peer's frame body in protocol `version` (agreed in the handshake, so ours to
+    know); RemoteProtocolError on anything that is not a valid message."""
+    records = RECORDS_BY_VERSION.get(version)
+    if records is None:
+        raise LocalProtocolError(f"unknown protocol version {version!r}; we speak {sorted(RECORDS_BY_VERSION)}")
+    record = records.get(code)
     if record is None:
         raise RemoteProtocolError(f"peer sent unknown message type 0x{code:02x}")
     name = record.cls.__name__

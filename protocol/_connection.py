@@ -27,7 +27,7 @@ from typing import Literal, TypeAlias
 
 from ._codec import CODECS, decode_body, encode_body
 from ._errors import LocalProtocolError, RemoteProtocolError
-from ._frames import COMPRESSIONS, FLAG_ZLIB, HEADER_SIZE, FrameReader, compress, decompress, encode_frame
+from ._frames import COMPRESSIONS, FLAGS, HEADER_SIZE, FrameReader, compress, decompress, encode_frame
 from ._handshake import (
     MIN_SECRET_SIZE,
     SUPPORTED_VERSIONS,
@@ -192,17 +192,19 @@ class Connection:
         if self._state is not State.ESTABLISHED:
             raise LocalProtocolError(f"cannot send {name} before the handshake completes (state {self._state.value})")
         assert self.codec is not None
-        code, body = encode_body(message, self.codec, self.limits)
+        assert self.version is not None
+        code, body = encode_body(message, self.codec, self.limits, self.version)
         if len(body) + 2 + TAG_SIZE > self.limits.max_frame:
             raise LocalProtocolError(
                 f"cannot send {name}: it encodes to {len(body) + 2 + TAG_SIZE} bytes with its tag, over the frame "
                 f"limit of {self.limits.max_frame}; send it in smaller parts"
             )
         flags = 0
-        if self.compression == "zlib" and len(body) >= self._compress_min:
-            packed = compress(body, self._compress_level)
+        flag = FLAGS.get(self.compression or "none")
+        if flag is not None and len(body) >= self._compress_min:
+            packed = compress(body, self._compress_level, self.compression or "none")
             if len(packed) < len(body):
-                body, flags = packed, FLAG_ZLIB
+                body, flags = packed, flag
         if isinstance(message, Goodbye):
             self.sent_close = True
         tag = frame_tag(self._send_key, self._send_seq, code, flags, body)
@@ -271,14 +273,19 @@ class Connection:
                 "injected, replayed or reordered"
             )
         self._receive_seq += 1
-        if flags & ~FLAG_ZLIB:
-            raise RemoteProtocolError(f"peer set unknown frame flags 0x{flags:02x}")
-        if flags & FLAG_ZLIB:
-            if self.compression != "zlib":
+        if flags:
+            agreed = FLAGS.get(self.compression or "none")
+            if flags not in FLAGS.values():
+                raise RemoteProtocolError(f"peer set unknown frame flags 0x{flags:02x}")
+            if agreed is None:
                 raise RemoteProtocolError("peer sent a compressed frame, but compression was not agreed")
-            body = decompress(body, self.limits.max_frame - 2)
-        assert self.codec is not None
-        message = decode_body(code, body, self.codec, self.limits)
+            if flags != agreed:
+                raise RemoteProtocolError(
+                    f"peer sent a frame with flags 0x{flags:02x}, but the agreed compression is {self.compression!r}"
+                )
+            body = decompress(body, self.limits.max_frame - 2, self.compression or "none")
+        assert self.codec is not None and self.version is not None
+        message = decode_body(code, body, self.codec, self.limits, self.version)
         if isinstance(message, Goodbye):
             self.received_close = True
         return message

@@ -31,8 +31,14 @@ class Limits:
     max_list: int = 10_000
     # Seen-URL keys per hand-off chunk: 65,536 keys of 16 bytes is about 1.2 MB with framing, near max_frame.
     max_keys_per_chunk: int = 65_536
+    # The crawl settings as JSON (scope rules, budgets): 64 KiB is hundreds of patterns.
+    max_settings: int = 65_536
     # A seen-URL key is a ring position plus a fingerprint (16 bytes today); 64 leaves room to grow.
     max_key_length: int = 64
+    # A server address as text: an IPv6 address with a zone fits in 64 bytes.
+    max_address: int = 64
+    # Lanes of one address in one grant or return: --ip-connections beyond this is not a per-address limit.
+    max_lanes: int = 1024
 
     def __post_init__(self) -> None:
         for field in fields(self):

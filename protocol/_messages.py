@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import TypeAlias
 
 from ._schema import Blob, Choice, Flag, HostName, Kind, Many, Maybe, Record, Seconds, Text, UInt
+from ._urlcolumns import UrlColumns
 from ._urllist import UrlList
 
 __all__ = [
@@ -29,14 +30,25 @@ __all__ = [
     "PROOF_SIZE",
     "PROTOCOL_NAME",
     "RECORDS",
+    "RevisitEntry",
     "TYPE_CODES",
     "HANDSHAKE_CODES",
     "Ping",
     "Pong",
     "ProbeReply",
     "ProbeRequest",
+    "Count",
     "Reject",
     "SeenReplica",
+    "SlowHost",
+    "Transfer",
+    "StatusQuery",
+    "StatusReport",
+    "LaneReturn",
+    "LaneGrant",
+    "LaneAsk",
+    "LaneHandover",
+    "Settings",
     "QueueReplica",
     "ReplicaAck",
     "UrlBatch",
@@ -55,12 +67,15 @@ MEMBER_STATES = ("alive", "suspect", "leaving", "dead")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UrlEntry:
-    """One URL to crawl: its crawl depth, the page it was found on (None for seeds), redirect hops so far."""
+    """One URL to crawl: its crawl depth, the page it was found on (None for seeds), redirect hops so far; the
+    last modification a sitemap gave for it (epoch seconds, or None), and whether it is a sitemap to read."""
 
     url: str
     depth: int
     found_on: str | None
     hops: int
+    lastmod: float | None = None
+    sitemap: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,13 +94,37 @@ class HostState:
     """Politeness state of one host, in durations because the two nodes' clocks are unrelated.
 
     `crawl_delay`: seconds between fetches in force; `ready_in`: seconds from sending until the next fetch may
-    start (covers Crawl-delay and any Retry-After back-off); `failures`: consecutive failures so far.
+    start (covers Crawl-delay and any Retry-After back-off); `failures`: consecutive failures so far; `pages` and
+    `bytes`: what was fetched from the host so far, so its budgets hold fleet-wide when it changes owner.
     """
 
     host: str
     crawl_delay: float
     ready_in: float
     failures: int
+    pages: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RevisitEntry:
+    """One page's revisit schedule, moving with its host. `due_in`: seconds from sending until it is due
+    (durations, as the clocks are unrelated); `queued`: its revisit was queued at the sender. The validators and
+    the digest come from its last fetch; `stored_at` (wall clock, what revisit records refer to) and `size` from
+    its last full record; `changed`/`unchanged` count its revisits."""
+
+    url: str
+    depth: int
+    due_in: float
+    queued: bool
+    interval: float
+    etag: str | None
+    last_modified: str | None
+    digest: str
+    stored_at: float
+    size: int
+    changed: int
+    unchanged: int
 
 
 # --- handshake ---------------------------------------------------------------------------------------------
@@ -231,6 +270,75 @@ class ProgressReport:
     rate: float
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Count:
+    """A named counter: an error kind, a peer's node id, a status class."""
+
+    name: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlowHost:
+    """A host that makes the crawl wait: the seconds between its requests (the larger of the node's delay and
+    its Crawl-delay), its current back-off, its consecutive failures and its queued URLs."""
+
+    host: str
+    delay: float
+    backoff: float
+    failures: int
+    queued: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transfer:
+    """A hand-off under way at the reporting node: arcs coming from `peer` (`incoming`, `share` of the key space
+    still waited for) or going to it (`chunks` not yet acknowledged)."""
+
+    peer: str
+    incoming: bool
+    share: float
+    chunks: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusQuery:
+    """Asks a peer for its detailed status (the dashboard's view of it), answered by a StatusReport."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusReport:
+    """A node's detailed status, for the dashboard any node serves for the whole cluster.
+
+    `history`: pages fetched in each of the last seconds, oldest first. `sent`: URLs sent to each peer so far;
+    `sent_recent`: over the last `window` seconds. `idle_for`: seconds since the node last received a page
+    (counted from its start if it has none). `rss`: resident memory in bytes. `transfers`: its hand-offs under way.
+    """
+
+    seq: int
+    pages: int
+    bytes: int
+    queued: int
+    in_flight: int
+    hosts_queued: int
+    hosts_known: int
+    rss: int
+    idle_for: float
+    errors: tuple[Count, ...]
+    dns_hits: int
+    dns_misses: int
+    robots_hits: int
+    robots_misses: int
+    history: tuple[int, ...]
+    window: float
+    sent: tuple[Count, ...]
+    sent_recent: tuple[Count, ...]
+    slow_hosts: tuple[SlowHost, ...]
+    transfers: tuple[Transfer, ...]
+
+
 # --- hand-off ----------------------------------------------------------------------------------------------
 
 
@@ -251,6 +359,7 @@ class HandoffChunk:
     seen_keys: tuple[bytes, ...]
     hosts: tuple[HostState, ...]
     last: bool
+    revisits: tuple[RevisitEntry, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -274,6 +383,63 @@ class SeenReplica:
     epoch: int
     keys: tuple[bytes, ...]
     hosts: tuple[HostState, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneAsk:
+    """The sender has hosts waiting on server `address` and asks its owner for up to `want` of its lanes
+    (docs/cluster.md, "Per-address limits"); `seq` is echoed by the grant."""
+
+    address: str
+    seq: int
+    want: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneGrant:
+    """Lanes of `address` lent to the receiver in answer to ask `seq`: it may start requests on them until
+    `lease` seconds after it sent that ask, each lane no sooner than its `ready_in` seconds after receipt.
+    Durations, as the two nodes' clocks are unrelated."""
+
+    address: str
+    seq: int
+    lanes: tuple[int, ...]
+    ready_in: tuple[float, ...]
+    lease: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneReturn:
+    """Lanes of `address` given back, none with a request in service; each may be used again `ready_in`
+    seconds after this was sent (its rest after the last request on it)."""
+
+    address: str
+    lanes: tuple[int, ...]
+    ready_in: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneHandover:
+    """The sender owned `address` until its view changed and lends none of its lanes any more; each lane may
+    be lent again `ready_in` seconds after this was sent (its lease's end, or its rest, still to come)."""
+
+    address: str
+    ready_in: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """The crawl settings in force (scope rules, budgets, the paused flag), gossiped to every member.
+
+    `version` grows with every runtime change; of two records the higher `(version, digest)` wins everywhere,
+    `digest` being a hash of `body`, so members converge on one record whatever the order of arrival. `body`
+    is the settings as a JSON object (peer/crawl/settings.py reads and checks it); `origin` names the node
+    that made the change.
+    """
+
+    version: int
+    origin: str
+    body: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -321,9 +487,16 @@ Message: TypeAlias = (
     | ProbeReply
     | ProgressQuery
     | ProgressReport
+    | StatusQuery
+    | StatusReport
     | HandoffChunk
     | HandoffAck
     | SeenReplica
+    | LaneAsk
+    | LaneGrant
+    | LaneReturn
+    | LaneHandover
+    | Settings
     | QueueReplica
     | ReplicaAck
     | Goodbye
@@ -343,7 +516,9 @@ def _record(cls: type, **kinds: Kind) -> Record:
 
 _U32 = UInt(0, 0xFFFF_FFFF)
 _URL = Text("max_url_length")
-_URL_ENTRY = _record(UrlEntry, url=_URL, depth=_U32, found_on=Maybe(_URL), hops=_U32)
+_URL_ENTRY = _record(
+    UrlEntry, url=_URL, depth=_U32, found_on=Maybe(_URL), hops=_U32, lastmod=Maybe(Seconds()), sitemap=Flag()
+)
 _MEMBER = _record(
     Member,
     node_id=Text(),
@@ -354,7 +529,15 @@ _MEMBER = _record(
 )
 # A seen-URL key: the host's 8-byte ring position and at least one byte of fingerprint (16 bytes today).
 _SEEN_KEY = Blob(limit="max_key_length", minimum=9)
-_HOST_STATE = _record(HostState, host=HostName(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32)
+_HOST_STATE = _record(HostState, host=HostName(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32,
+                      pages=UInt(), bytes=UInt())
+_COUNT = _record(Count, name=Text(), count=UInt())
+_SLOW_HOST = _record(SlowHost, host=HostName(), delay=Seconds(), backoff=Seconds(), failures=_U32, queued=UInt())
+_TRANSFER = _record(Transfer, peer=Text(), incoming=Flag(), share=Seconds(), chunks=UInt())
+_REVISIT_ENTRY = _record(
+    RevisitEntry, url=_URL, depth=_U32, due_in=Seconds(), queued=Flag(), interval=Seconds(), etag=Maybe(Text()),
+    last_modified=Maybe(Text()), digest=Text(), stored_at=Seconds(), size=UInt(), changed=UInt(), unchanged=UInt(),
+)
 _NONCE = Blob(size=NONCE_SIZE)
 _PROOF = Blob(size=PROOF_SIZE)
 
@@ -400,6 +583,30 @@ RECORDS: dict[int, Record] = {
         urls_received=UInt(),
         rate=Seconds(),
     ),
+    0x27: _record(StatusQuery, seq=UInt()),
+    0x28: _record(
+        StatusReport,
+        seq=UInt(),
+        pages=UInt(),
+        bytes=UInt(),
+        queued=UInt(),
+        in_flight=UInt(),
+        hosts_queued=UInt(),
+        hosts_known=UInt(),
+        rss=UInt(),
+        idle_for=Seconds(),
+        errors=Many(_COUNT),
+        dns_hits=UInt(),
+        dns_misses=UInt(),
+        robots_hits=UInt(),
+        robots_misses=UInt(),
+        history=Many(UInt()),
+        window=Seconds(),
+        sent=Many(_COUNT),
+        sent_recent=Many(_COUNT),
+        slow_hosts=Many(_SLOW_HOST),
+        transfers=Many(_TRANSFER),
+    ),
     0x30: _record(
         HandoffChunk,
         transfer_id=UInt(),
@@ -411,14 +618,33 @@ RECORDS: dict[int, Record] = {
         seen_keys=Many(_SEEN_KEY, "max_keys_per_chunk"),
         hosts=Many(_HOST_STATE),
         last=Flag(),
+        revisits=Many(_REVISIT_ENTRY),
     ),
     0x31: _record(HandoffAck, transfer_id=UInt(), chunk_seq=UInt()),
     0x32: _record(SeenReplica, epoch=UInt(), keys=Many(_SEEN_KEY, "max_keys_per_chunk"),
                   hosts=Many(_HOST_STATE)),
+    0x29: _record(Settings, version=UInt(), origin=Text(), body=Text("max_settings")),
+    0x50: _record(LaneAsk, address=Text("max_address"), seq=UInt(), want=UInt(1, 0xFFFF)),
+    0x51: _record(LaneGrant, address=Text("max_address"), seq=UInt(), lanes=Many(UInt(0, 0xFFFF), "max_lanes"),
+                  ready_in=Many(Seconds(), "max_lanes"), lease=Seconds()),
+    0x52: _record(LaneReturn, address=Text("max_address"), lanes=Many(UInt(0, 0xFFFF), "max_lanes"),
+                  ready_in=Many(Seconds(), "max_lanes")),
+    0x53: _record(LaneHandover, address=Text("max_address"), ready_in=Many(Seconds(), "max_lanes")),
     0x33: _record(QueueReplica, seq=UInt(), epoch=UInt(), urls=UrlList(_URL_ENTRY, "max_urls_per_batch"),
                   released=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"), hosts=Many(_HOST_STATE)),
     0x34: _record(ReplicaAck, seq=UInt()),
     0x40: _record(Goodbye, reason=Text()),
 }
+
+# Version 3 differs from 2 only in the msgpack form of URL lists (front-coded columns, protocol/_urlcolumns.py).
+_URL_COLUMNS = UrlColumns(_URL_ENTRY, "max_urls_per_batch")
+RECORDS_V3: dict[int, Record] = dict(RECORDS)
+for _code, _field in ((0x10, "urls"), (0x30, "urls")):
+    _old = RECORDS[_code]
+    RECORDS_V3[_code] = Record(
+        _old.cls, tuple((name, _URL_COLUMNS if name == _field else kind) for name, kind in _old.fields)
+    )
+# protocol version -> its wire table
+RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3}
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})
 TYPE_CODES: dict[type, int] = {record.cls: code for code, record in RECORDS.items()}

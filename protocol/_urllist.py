@@ -1,7 +1,7 @@
 """The hot path: lists of URL entries, which is nearly all of the protocol's traffic.
 
 `UrlList` means exactly what `Many(url entry record)` means (same limits, same wire form, same errors), but
-checks the common entry (ASCII URLs, integers in range) inline instead of through one kind object per field.
+checks the common entry (ASCII URLs, integers in range, no lastmod, not a sitemap) inline instead of through one kind object per field.
 Any entry that is not plainly valid goes through the general record code, which accepts or explains it, so
 the fast path can only be faster, never more permissive.
 """
@@ -16,7 +16,7 @@ from ._schema import Invalid, Many, Record
 __all__ = ["UrlList"]
 
 _U32_MAX = 0xFFFF_FFFF
-_FIELDS = ("url", "depth", "found_on", "hops")
+_FIELDS = ("url", "depth", "found_on", "hops", "lastmod", "sitemap")
 
 
 class UrlList(Many):
@@ -52,7 +52,7 @@ class UrlList(Many):
         out: list[Any] = []
         entry: Any
         for index, entry in enumerate(value):
-            if type(entry) is cls:
+            if type(entry) is cls and entry.lastmod is None and entry.sitemap is False:
                 url, depth, found, hops = entry.url, entry.depth, entry.found_on, entry.hops
                 if (
                     type(url) is str
@@ -65,9 +65,10 @@ class UrlList(Many):
                     and (found is None or (type(found) is str and len(found) <= longest and found.isascii()))
                 ):
                     out.append(
-                        {"url": url, "depth": depth, "found_on": found, "hops": hops}
+                        {"url": url, "depth": depth, "found_on": found, "hops": hops, "lastmod": None,
+                         "sitemap": False}
                         if js
-                        else [url, depth, found, hops]
+                        else [url, depth, found, hops, None, False]
                     )
                     continue
             out.append(self._slow(record.dump, entry, index, js, limits))
@@ -85,15 +86,15 @@ class UrlList(Many):
         for index, item in enumerate(value):
             fields: Any = None
             if js:
-                if type(item) is dict and len(item) == 4:
+                if type(item) is dict and len(item) == 6 and item.get("lastmod", 0) is None:
                     try:
-                        fields = item["url"], item["depth"], item["found_on"], item["hops"]
+                        fields = item["url"], item["depth"], item["found_on"], item["hops"], None, item["sitemap"]
                     except KeyError:
                         fields = None
-            elif type(item) is list and len(item) == 4:
+            elif type(item) is list and len(item) == 6 and item[4] is None:
                 fields = item
-            if fields is not None:
-                url, depth, found, hops = fields
+            if fields is not None and fields[5] is False:
+                url, depth, found, hops = fields[:4]
                 if (
                     type(url) is str
                     and len(url) <= longest
@@ -104,7 +105,7 @@ class UrlList(Many):
                     and 0 <= hops <= _U32_MAX
                     and (found is None or (type(found) is str and len(found) <= longest and found.isascii()))
                 ):
-                    out.append(build(url, depth, found, hops))
+                    out.append(build(url, depth, found, hops, None, False))
                     continue
             out.append(self._slow(record.load, item, index, js, limits))
         return tuple(out)

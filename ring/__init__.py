@@ -5,7 +5,7 @@ docs/ring.md for the placement, the measured balance and the cost.
 """
 
 from ._diff import ArcMove, diff, moved_fraction
-from ._hash import RING_SPACE, host_position, node_points
+from ._hash import RING_SPACE, host_position, host_position_bytes, node_points
 from ._hostnames import RandomSource, random_hosts
 from ._ring import DEFAULT_POINTS_PER_WEIGHT, MAX_POINTS, Arc, EmptyRingError, Ring
 from ._simulate import AddNode, ChangeFigures, NodeFigures, RemoveNode, SimulationReport, Stage, simulate
@@ -31,6 +31,7 @@ __all__ = [
     "View",
     "diff",
     "host_position",
+    "host_position_bytes",
     "merge",
     "moved_fraction",
     "node_points",

@@ -24,9 +24,15 @@ _POINT_DOMAIN = b"peercrawl ring points v1\x00"
 _BIG_ENDIAN_HOST = sys.byteorder == "big"
 
 
+def host_position_bytes(host: str) -> bytes:
+    """The ring position of ``host`` as 8 big-endian bytes: the first 8 bytes of BLAKE2b(host), the one
+    definition of where a host sits (storage keys start with these bytes, so byte order is ring order)."""
+    return blake2b(host.encode(), digest_size=8).digest()
+
+
 def host_position(host: str) -> int:
     """The 64-bit unsigned ring position of ``host`` (the caller passes the lower-case IDNA host, no port)."""
-    return int.from_bytes(blake2b(host.encode(), digest_size=8).digest(), "big")
+    return int.from_bytes(host_position_bytes(host), "big")
 
 
 def node_points(node_id: str, count: int) -> array:

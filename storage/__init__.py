@@ -30,6 +30,8 @@ from ._pages import NullPageStore, PageStore, WarcPageStore, open_page_store
 from ._records import HostState, QueuedUrl
 from ._redis_dedup import RedisDedup
 from ._replicas import Replicas
+from ._revisits import RevisitRecord, RevisitSchedule
+from ._warc import payload_digest
 from .dedup_kinds import DEDUP_KINDS, DedupUnsupported, LmdbDedup, open_dedup
 
 __all__ = [
@@ -47,6 +49,8 @@ __all__ = [
     "OutboxEntry",
     "PageStore",
     "QueuedUrl",
+    "RevisitRecord",
+    "RevisitSchedule",
     "StorageError",
     "WarcPageStore",
     "arc_ranges",
@@ -55,6 +59,7 @@ __all__ = [
     "host_prefix",
     "in_arc",
     "open_page_store",
+    "payload_digest",
     "queued_url_keys",
     "surt",
     "url_fingerprint",

@@ -20,24 +20,29 @@ V = TypeVar("V")
 class LruTtlCache(Generic[K, V]):
     """At most `maxsize` entries; the least recently used goes first; an entry is dead from `expires_at` on."""
 
-    __slots__ = ("_entries", "maxsize")
+    __slots__ = ("_entries", "maxsize", "hits", "misses")
 
     def __init__(self, maxsize: int) -> None:
         if maxsize < 1:
             raise ValueError(f"maxsize must be at least 1, got {maxsize}")
         self.maxsize = maxsize
         self._entries: OrderedDict[K, tuple[V, float]] = OrderedDict()
+        self.hits = 0  # `get` found a live entry
+        self.misses = 0  # `get` found none, or an expired one
 
     def get(self, key: K, now: float) -> V | None:
         """The live value for `key` (and mark it recently used), or None; an expired entry is removed."""
         entry = self._entries.get(key)
         if entry is None:
+            self.misses += 1
             return None
         value, expires_at = entry
         if now >= expires_at:
             del self._entries[key]
+            self.misses += 1
             return None
         self._entries.move_to_end(key)
+        self.hits += 1
         return value
 
     def put(self, key: K, value: V, expires_at: float) -> None:

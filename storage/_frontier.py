@@ -4,9 +4,10 @@ Everything lives in LMDB, so memory stays bounded however many URLs are queued, 
 kill -9 resumes where its last commit left it. Databases (all keys begin with the host's ring position, so
 an arc of the ring is one key range; `hp` = position(8) + host + NUL, see `host_prefix`):
 
-- queue:  hp + depth(4, big-endian) + seq(8)  ->  msgpack [url, hops, found_on]
+- queue:  hp + depth(4, big-endian) + seq(8)  ->  msgpack [url, hops, found_on(, crashes(, lastmod, sitemap))]
+          the optional fields only when set (`_record`), so records written before them read the same
           key order within a host is depth, then arrival: `pop` takes the first key, breadth first.
-- flight: hp + url fingerprint(8)             ->  msgpack [count, queue key, url, hops, found_on]
+- flight: hp + url fingerprint(8)             ->  msgpack [count, queue key, url, hops, found_on(, ...)]
           a popped URL until `done`; `recover` puts it back under its original queue key.
 - hosts:  hp                                  ->  queued count (8 bytes), for `hosts()` and `queued()`
 - state:  hp                                  ->  msgpack [next_allowed, crawl_delay, backoff, failures, pages]
@@ -45,11 +46,25 @@ def _host_of(prefix: bytes) -> str:
     return prefix[8:-1].decode("utf-8")
 
 
+def _record(item: QueuedUrl, crashes: int = 0) -> list:
+    """The queue record of `item`: [url, hops, found_on], then the times in a row the process stopped with it
+    in flight, then a sitemap's lastmod and the sitemap flag; trailing fields only when set."""
+    record = [item.url, item.hops, item.found_on]
+    if item.lastmod is not None or item.sitemap:
+        return [*record, crashes, item.lastmod, item.sitemap]
+    return [*record, crashes] if crashes else record
+
+
 def _item_of(key: bytes, value: bytes) -> QueuedUrl:
-    url, hops, found_on, *_crashes = _unpackb(value)
+    return _item_from(key, _unpackb(value))
+
+
+def _item_from(key: bytes, record: list) -> QueuedUrl:
+    url, hops, found_on = record[:3]
+    lastmod, sitemap = record[4:6] if len(record) >= 6 else (None, False)
     return QueuedUrl(
         url=url, host=key[8:-13].decode("utf-8"), depth=int.from_bytes(key[-12:-8], "big"), hops=hops,
-        found_on=found_on,
+        found_on=found_on, lastmod=lastmod, sitemap=sitemap,
     )
 
 
@@ -59,16 +74,18 @@ def _crashes_of(value: bytes) -> int:
 
 
 def _state_of(key: bytes, value: bytes) -> HostState:
-    next_allowed, crawl_delay, backoff, failures, pages = _unpackb(value)
+    record = _unpackb(value)
+    next_allowed, crawl_delay, backoff, failures, pages = record[:5]
     return HostState(
         host=_host_of(key), next_allowed=next_allowed, crawl_delay=crawl_delay, backoff=backoff,
-        failures=failures, pages=pages,
+        failures=failures, pages=pages, bytes=record[5] if len(record) > 5 else 0,  # stores before bytes: 5 fields
     )
 
 
 def _state_value(state: HostState) -> bytes:
     return _packb(
-        [float(state.next_allowed), float(state.crawl_delay), float(state.backoff), state.failures, state.pages]
+        [float(state.next_allowed), float(state.crawl_delay), float(state.backoff), state.failures, state.pages,
+         state.bytes]
     )
 
 
@@ -125,7 +142,7 @@ class FrontierStore(Closing):
                 raise ValueError(f"depth must be in [0, 2**32), got {depth} for {item.url!r}")
             seq += 1
             put(prefix + depth.to_bytes(4, "big") + seq.to_bytes(8, "big"),
-                _packb([item.url, item.hops, item.found_on]), db=queue)
+                _packb(_record(item)), db=queue)
             counts[prefix] = counts.get(prefix, 0) + 1
         for prefix, n in counts.items():
             self._count_add(txn, prefix, n)
@@ -149,8 +166,7 @@ class FrontierStore(Closing):
         # A queue value may carry a fourth field: how many times in a row the process stopped with this URL in
         # flight (`recover_in_flight`). It rides along in the flight record; a finished fetch deletes it.
         crashes = _crashes_of(value)
-        record = [count, key, item.url, item.hops, item.found_on]
-        txn.put(fkey, _packb(record + [crashes] if crashes else record), db=self._flight)
+        txn.put(fkey, _packb([count, key, *_record(item, crashes)]), db=self._flight)
         return item
 
     def _done_in(self, txn: lmdb.Transaction, item: QueuedUrl) -> bool:
@@ -212,12 +228,13 @@ class FrontierStore(Closing):
                     fkey = cur.key()
                     if not fkey:
                         break
-                    _count, qkey, url, hops, found_on, *rest = _unpackb(cur.value())
-                    crashes = (rest[0] if rest else 0) + 1
+                    _count, qkey, *record = _unpackb(cur.value())
+                    crashes = (record[3] if len(record) > 3 else 0) + 1
+                    item = _item_from(qkey, record)
                     if max_crashes and crashes >= max_crashes:
-                        dropped.append(_item_of(qkey, _packb([url, hops, found_on])))
+                        dropped.append(item)
                     else:
-                        if txn.put(qkey, _packb([url, hops, found_on, crashes]), overwrite=False, db=self._queue):
+                        if txn.put(qkey, _packb(_record(item, crashes)), overwrite=False, db=self._queue):
                             self._count_add(txn, fkey[:-8], 1)
                         n += 1
                     cur.delete()
@@ -266,8 +283,8 @@ class FrontierStore(Closing):
                 old = txn.get(fkey, db=self._flight)
                 if old is None:
                     continue
-                _count, qkey, url, hops, found_on, *_crashes = _unpackb(old)
-                if txn.put(qkey, _packb([url, hops, found_on]), overwrite=False, db=self._queue):
+                _count, qkey, *record = _unpackb(old)
+                if txn.put(qkey, _packb(_record(_item_from(qkey, record))), overwrite=False, db=self._queue):
                     self._count_add(txn, prefix, 1)
                 txn.delete(fkey, db=self._flight)
                 n += 1
@@ -295,8 +312,8 @@ class FrontierStore(Closing):
         """The URLs now in flight (each once), in ring order."""
         out = []
         for key, value in self._env.scan(FLIGHT, _WHOLE_RING):
-            _count, qkey, url, hops, found_on, *_crashes = _unpackb(value)
-            out.append(_item_of(qkey, _packb([url, hops, found_on])))
+            _count, qkey, *record = _unpackb(value)
+            out.append(_item_from(qkey, record))
         return out
 
     # -- politeness state --

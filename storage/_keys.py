@@ -1,14 +1,17 @@
 """Key formats that make an arc of the ring one contiguous key range (DESIGN decision 7).
 
-Every key that belongs to a host begins with the host's 64-bit ring position, big-endian, so byte order is
-ring order. An arc [start, end) of the ring is then one range of keys (two when it wraps past zero), and
+Every key that belongs to a host begins with the host's 64-bit ring position (the ring's own definition,
+`ring.host_position`), big-endian, so byte order is ring order. An arc [start, end) of the ring is then one range of keys (two when it wraps past zero), and
 handing an arc to another node is a range scan. One host's keys also sit together on disk.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
+from hashlib import blake2b
+
+from ring import host_position
+from ring import host_position_bytes as ring_position_bytes
 
 __all__ = [
     "RING_SIZE",
@@ -25,29 +28,19 @@ RING_SIZE = 2**64
 _POS_BYTES = 8
 
 
-def host_position(host: str) -> int:
-    """The 64-bit ring position of a host: the first 8 bytes of blake2b(host), big-endian.
-
-    This is the ring's own definition (`ring.host_position`), repeated here so that storage does not
-    depend on the ring package being importable; the tests check that the two agree when both exist.
-    """
-    return int.from_bytes(hashlib.blake2b(host.encode("utf-8"), digest_size=8).digest(), "big")
-
-
 def url_fingerprint(url: str) -> bytes:
-    """An 8-byte fingerprint of a normalized URL."""
-    return hashlib.blake2b(url.encode("utf-8"), digest_size=8).digest()
+    """An 8-byte fingerprint of a normalized URL: the first 8 bytes of BLAKE2b(url). The one definition: the
+    dedup key, the in-flight key and the dispatcher's recently-routed memory all use it."""
+    return blake2b(url.encode("utf-8"), digest_size=8).digest()
 
 
 def url_key(position: int, url: str) -> bytes:
     """The 16-byte dedup key of a URL: its host's ring position, then its fingerprint."""
-    return position.to_bytes(_POS_BYTES, "big") + hashlib.blake2b(url.encode("utf-8"), digest_size=8).digest()
+    return position.to_bytes(_POS_BYTES, "big") + url_fingerprint(url)
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def host_position_bytes(host: str) -> bytes:
-    """`host_position(host)` as 8 big-endian bytes, cached: a crawl meets the same hosts again and again."""
-    return hashlib.blake2b(host.encode("utf-8"), digest_size=8).digest()
+#: `ring.host_position(host)` as 8 big-endian bytes, cached: a crawl meets the same hosts again and again.
+host_position_bytes = functools.lru_cache(maxsize=1 << 16)(ring_position_bytes)
 
 
 @functools.lru_cache(maxsize=1 << 16)

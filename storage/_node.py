@@ -8,7 +8,6 @@ its links re-admitted, or all of it happened. A sender's batch is acknowledged o
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -17,12 +16,13 @@ import lmdb
 from ._closing import Closing
 from ._dedup import DEDUP_DB, DedupStore, MemoryDedupStore
 from ._frontier import FRONTIER_DBS, FrontierStore
-from ._keys import host_position_bytes
+from ._keys import host_position_bytes, url_fingerprint
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
 from ._memfrontier import MemoryFrontierStore
 from ._outbox import OUTBOX_DB, Outbox
 from ._records import HostState, QueuedUrl
 from ._replicas import REPLICA_DBS, Replicas
+from ._revisits import REVISIT_DB, REVISIT_DUE_DB, RevisitRecord, RevisitSchedule, queued
 
 __all__ = ["FETCHED_DB", "MemoryNodeStore", "NodeStore", "queued_url_keys"]
 
@@ -35,9 +35,8 @@ _ALL = [(b"\x00" * 8, b"\xff" * 8)]
 
 def queued_url_keys(items: Sequence[QueuedUrl]) -> list[bytes]:
     """The dedup keys of queued URLs: `url_key(host_position(item.host), item.url)` for each, made fast."""
-    blake2b = hashlib.blake2b
-    position = host_position_bytes
-    return [position(item.host) + blake2b(item.url.encode("utf-8"), digest_size=8).digest() for item in items]
+    position, fingerprint = host_position_bytes, url_fingerprint
+    return [position(item.host) + fingerprint(item.url) for item in items]
 
 
 class NodeStore(Closing):
@@ -49,6 +48,7 @@ class NodeStore(Closing):
         self.frontier = FrontierStore(env, owns_env=False)
         self.outbox = Outbox(env)
         self.replicas = Replicas(env)
+        self.revisits = RevisitSchedule(env)
 
     @classmethod
     def open(
@@ -60,7 +60,8 @@ class NodeStore(Closing):
     ) -> NodeStore:
         """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
         env = LmdbEnv.open(
-            path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, *REPLICA_DBS), map_size=map_size, max_map_size=max_map_size
+            path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, REVISIT_DB, REVISIT_DUE_DB, *REPLICA_DBS),
+            map_size=map_size, max_map_size=max_map_size,
         )
         return cls(env)
 
@@ -147,6 +148,32 @@ class NodeStore(Closing):
 
         merged = self._env.write(run)
         return items, merged
+
+    def queue_due(self, now: float, limit: int, may: Callable[[str], bool]) -> list[QueuedUrl]:
+        """Queue the pages whose revisit is due at `now` (wall clock) on hosts that `may` be fetched here, at
+        most `limit`, in one transaction with taking them off the time index; return what was queued."""
+
+        def run(txn: lmdb.Transaction) -> list[QueuedUrl]:
+            items = [queued(record) for record in self.revisits._take_due_in(txn, now, limit, may)]
+            self.frontier._push_in(txn, items)
+            return items
+
+        return self._env.write(run)
+
+    def finish_revisit(self, item: QueuedUrl, record: RevisitRecord | None,
+                       links: Sequence[QueuedUrl] = (), routed: Sequence[tuple[str, QueuedUrl]] = ()) -> list[QueuedUrl]:
+        """`finish` for a page on the revisit schedule: its next visit (`record`, or off the schedule when None)
+        is written in the same transaction that clears it from in-flight."""
+
+        def run(txn: lmdb.Transaction) -> list[QueuedUrl]:
+            new = self._admit_in(txn, links)
+            self.outbox._put_in(txn, routed)
+            self.frontier._done_in(txn, item)
+            if record is not None:
+                self.revisits._put_in(txn, record)
+            return new
+
+        return self._env.write(run)
 
     # -- pages fetched here (the replicas' record) --
 

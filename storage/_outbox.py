@@ -7,7 +7,7 @@ it is never fetched again). So routed URLs are written in the transaction that c
 
 Layout, one LMDB database `outbox` in the node's environment:
 
-- owner id (UTF-8) + NUL + seq (8, big-endian)  ->  msgpack [url, host, depth, hops, found_on]
+- owner id (UTF-8) + NUL + seq (8, big-endian)  ->  msgpack [url, host, depth, hops, found_on(, lastmod, sitemap)]
 - NUL + b"seq"  ->  the last entry sequence number handed out (8 bytes)
 - NUL + b"run"  ->  the number of times the outbox was opened for sending (8 bytes)
 
@@ -45,12 +45,16 @@ def _owner_prefix(owner: str) -> bytes:
 
 
 def _value(item: QueuedUrl) -> bytes:
-    return _packb([item.url, item.host, item.depth, item.hops, item.found_on])
+    if item.lastmod is None and not item.sitemap:
+        return _packb([item.url, item.host, item.depth, item.hops, item.found_on])
+    return _packb([item.url, item.host, item.depth, item.hops, item.found_on, item.lastmod, item.sitemap])
 
 
 def _item(value: bytes) -> QueuedUrl:
-    url, host, depth, hops, found_on = _unpackb(value)
-    return QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on)
+    record = _unpackb(value)
+    url, host, depth, hops, found_on = record[:5]
+    lastmod, sitemap = record[5:7] if len(record) >= 7 else (None, False)
+    return QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on, lastmod=lastmod, sitemap=sitemap)
 
 
 def _owner_of_key(key: bytes) -> str:

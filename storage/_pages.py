@@ -13,6 +13,7 @@ survives kill -9 of the process; `sync()` forces the files to disk. The records 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import zlib
 from abc import ABC, abstractmethod
@@ -22,7 +23,7 @@ from typing import BinaryIO
 from ._cdxj import CdxjEntry, cdxj_line, parse_cdxj_line, surt, warc_timestamp
 from ._closing import Closing
 from ._errors import StorageError
-from ._warc import exchange_records, gzip_member, warcinfo_record
+from ._warc import exchange_records, gzip_member, revisit_records, warcinfo_record
 
 __all__ = ["NullPageStore", "PageStore", "WarcPageStore", "open_page_store"]
 
@@ -34,6 +35,7 @@ class PageStore(Closing, ABC):
     """Stores fetched pages. `pages` counts what was stored since this object was made."""
 
     pages: int = 0
+    revisits: int = 0
 
     @abstractmethod
     def store(
@@ -48,9 +50,27 @@ class PageStore(Closing, ABC):
         ip: str | None,
         fetched_at: float,
         truncated: bool = False,
-    ) -> None:
-        """Keep one fetched page. `body` is the payload as received (Content-Encoding not undone); `truncated`
-        says it was cut at the size limit."""
+    ) -> int:
+        """Keep one fetched page; returns the bytes written. `body` is the payload as received (Content-Encoding
+        not undone); `truncated` says it was cut at the size limit."""
+
+    def store_revisit(
+        self,
+        *,
+        url: str,
+        request_headers: list[tuple[str, str]],
+        status: int,
+        reason: str,
+        response_headers: list[tuple[str, str]],
+        ip: str | None,
+        fetched_at: float,
+        profile: str,
+        payload_digest: str,
+        refers_to_uri: str,
+        refers_to_date: float,
+    ) -> int:
+        """Keep a revisit of a page stored before (WARC `revisit` record); returns the bytes written."""
+        return 0
 
     @abstractmethod
     def lookup(self, url: str) -> list[tuple[str, int, int]]:
@@ -73,9 +93,10 @@ class NullPageStore(PageStore):
 
     def store(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
               response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float,
-              truncated: bool = False) -> None:
+              truncated: bool = False) -> int:
         self.pages += 1
         self.body_bytes += len(body)
+        return 0
 
     def lookup(self, url: str) -> list[tuple[str, int, int]]:
         return []
@@ -154,6 +175,9 @@ class WarcPageStore(PageStore):
         self._serial = 0
         self._closed = False
         self._failure: StorageError | None = None  # after a failed write the files are left for recovery
+        # store() may be called from several threads: records, digests and gzip (which release the GIL) run
+        # in parallel, the file writes and the index line one thread at a time
+        self._lock = threading.Lock()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             for leftover in sorted(self.directory.glob("*" + _OPEN_SUFFIX)):
@@ -198,7 +222,22 @@ class WarcPageStore(PageStore):
 
     def store(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
               response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float,
-              truncated: bool = False) -> None:
+              truncated: bool = False) -> int:
+        if self._closed:
+            raise ValueError(f"page store at {self.directory} is closed")
+        records = exchange_records(url=url, request_headers=request_headers, status=status, reason=reason,
+                                   response_headers=response_headers, body=body, ip=ip, fetched_at=fetched_at,
+                                   truncated=truncated)
+        resp = gzip_member(records.response, self.compress_level)
+        req = gzip_member((records.request,), self.compress_level)
+        mime = _mime(response_headers)
+        with self._lock:
+            return self._append(url, status, fetched_at, mime, records.payload_digest, resp, req, truncated)
+
+    def _append(self, url: str, status: int, fetched_at: float, mime: str, digest: str, resp: bytes,
+                req: bytes, truncated: bool, revisit: bool = False) -> int:
+        """Write one response (or revisit) record and its request record under the lock; returns the bytes
+        written."""
         if self._closed:
             raise ValueError(f"page store at {self.directory} is closed")
         if self._failure is not None:
@@ -206,26 +245,38 @@ class WarcPageStore(PageStore):
         try:
             if self._warc is None:
                 self._start_file(fetched_at)
-            records = exchange_records(url=url, request_headers=request_headers, status=status, reason=reason,
-                                       response_headers=response_headers, body=body, ip=ip,
-                                       fetched_at=fetched_at, truncated=truncated)
-            resp = gzip_member(records.response, self.compress_level)
-            req = gzip_member((records.request,), self.compress_level)
             offset = self._size
             self._write(resp + req)
-            mime = _mime(response_headers)
             entry = CdxjEntry(url=url, timestamp=warc_timestamp(fetched_at), filename=self._name, offset=offset,
-                              length=len(resp), status=status, mime=mime,
-                              digest=records.payload_digest, truncated=truncated)
+                              length=len(resp), status=status, mime=mime, digest=digest, truncated=truncated)
             assert self._index is not None
             _write_all(self._index, cdxj_line(entry).encode("utf-8"))
-            self.pages += 1
+            if revisit:
+                self.revisits += 1
+            else:
+                self.pages += 1
             if self._size >= self.max_file_bytes:
                 self._finish_file()
+            return len(resp) + len(req)
         except OSError as exc:
             # offsets are unknown now: refuse further pages; the next start cuts the torn tail off
             self._failure = StorageError(f"cannot write WARC in {self.directory}: {exc.strerror or exc}")
             raise self._failure from exc
+
+    def store_revisit(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
+                      response_headers: list[tuple[str, str]], ip: str | None, fetched_at: float, profile: str,
+                      payload_digest: str, refers_to_uri: str, refers_to_date: float) -> int:
+        if self._closed:
+            raise ValueError(f"page store at {self.directory} is closed")
+        records = revisit_records(url=url, request_headers=request_headers, status=status, reason=reason,
+                                  response_headers=response_headers, ip=ip, fetched_at=fetched_at,
+                                  profile=profile, payload_digest=payload_digest, refers_to_uri=refers_to_uri,
+                                  refers_to_date=refers_to_date)
+        resp = gzip_member(records.response, self.compress_level)
+        req = gzip_member((records.request,), self.compress_level)
+        with self._lock:
+            return self._append(url, status, fetched_at, "warc/revisit", payload_digest, resp, req, False,
+                                revisit=True)
 
     def lookup(self, url: str) -> list[tuple[str, int, int]]:
         """Scan the index files for `url` (a tool's and a test's call, not the crawl's hot path)."""
@@ -243,9 +294,10 @@ class WarcPageStore(PageStore):
 
     def sync(self) -> None:
         try:
-            for fh in (self._warc, self._index):
-                if fh is not None:
-                    os.fsync(fh.fileno())
+            with self._lock:
+                for fh in (self._warc, self._index):
+                    if fh is not None:
+                        os.fsync(fh.fileno())
         except OSError as exc:
             raise StorageError(f"cannot sync WARC in {self.directory}: {exc.strerror or exc}") from exc
 
@@ -259,7 +311,8 @@ class WarcPageStore(PageStore):
                     fh.close()
             return
         try:
-            self._finish_file()
+            with self._lock:
+                self._finish_file()
         except OSError as exc:
             raise StorageError(f"cannot finish WARC in {self.directory}: {exc.strerror or exc}") from exc
 

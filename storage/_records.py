@@ -16,7 +16,10 @@ class QueuedUrl:
 
     `host` is the lower-case IDNA host without port (the partition key); `depth` counts links from a seed
     (the frontier is breadth-first by depth); `hops` counts redirects followed to reach this URL;
-    `found_on` is the page it was found on, if any.
+    `found_on` is the page it was found on, if any. `lastmod` is the last modification a sitemap gave for
+    it (epoch seconds), kept for revisits. `sitemap` marks a sitemap to read rather than a page; for one,
+    `found_on` is the robots.txt that named it (or the index that listed it) and `hops` counts the steps
+    from robots.txt (redirects and index levels).
     """
 
     url: str
@@ -24,6 +27,8 @@ class QueuedUrl:
     depth: int
     hops: int = 0
     found_on: str | None = None
+    lastmod: float | None = None
+    sitemap: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,7 +37,8 @@ class HostState:
 
     `next_allowed` is wall-clock epoch seconds (a monotonic clock does not survive a restart);
     `crawl_delay` is the delay in force (max of configured and robots.txt Crawl-delay); `backoff` the extra
-    delay after 429/503; `failures` consecutive failures; `pages` pages fetched from the host so far.
+    delay after 429/503; `failures` consecutive failures; `pages` pages fetched from the host so far and
+    `bytes` their body bytes (the host's budgets count both, and they move with the host).
     """
 
     host: str
@@ -41,3 +47,4 @@ class HostState:
     backoff: float = 0.0
     failures: int = 0
     pages: int = 0
+    bytes: int = 0

@@ -20,7 +20,14 @@ from urllib.parse import urlsplit
 
 from isal import isal_zlib
 
-__all__ = ["Exchange", "exchange_records", "gzip_member", "warc_date", "warcinfo_record"]
+__all__ = ["Exchange", "REVISIT_PROFILES", "exchange_records", "gzip_member", "payload_digest", "revisit_records",
+           "warc_date", "warcinfo_record"]
+
+#: WARC 1.1 revisit profiles (section 6.7): the server said "not modified", or the payload was the same.
+REVISIT_PROFILES = {
+    "server-not-modified": b"http://netpreserve.org/warc/1.1/revisit/server-not-modified",
+    "identical-payload-digest": b"http://netpreserve.org/warc/1.1/revisit/identical-payload-digest",
+}
 
 _END = b"\r\n\r\n"  # two newlines close every record
 # base32 of a 20-byte SHA-1 is 32 characters, 16 pairs of 10 bits: a table of pairs is faster than base64's
@@ -139,6 +146,46 @@ def exchange_records(*, url: str, request_headers: list[tuple[str, str]], status
         request=request_head + request_http + _END,
         payload_digest=payload_digest[5:].decode("ascii"),
     )
+
+
+def revisit_records(*, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
+                    response_headers: list[tuple[str, str]], ip: str | None, fetched_at: float, profile: str,
+                    payload_digest: str, refers_to_uri: str, refers_to_date: float) -> Exchange:
+    """A `revisit` record (its block is the HTTP response head only) and its request record. `payload_digest`
+    is the base32 SHA-1 of the payload the record stands for (the original's); `refers_to_*` name the original
+    response record, as pywb-style replay looks it up."""
+    if profile not in REVISIT_PROFILES:
+        raise ValueError(f"unknown revisit profile {profile!r}; known: {sorted(REVISIT_PROFILES)}")
+    target_uri = _one_line(url, "URL").encode("utf-8")
+    date = warc_date(fetched_at).encode("ascii")
+    common = [(b"WARC-Date", date), (b"WARC-Target-URI", target_uri)]
+    if ip:
+        common.append((b"WARC-IP-Address", _one_line(ip, "IP address").encode("ascii")))
+    headers = [(k, v) for k, v in response_headers if k.lower() != "transfer-encoding"]
+    http = _http_head(f"HTTP/1.1 {status} {reason}".rstrip(), headers, "response")
+    record_id = _record_id()
+    fields = [(b"WARC-Type", b"revisit"), (b"WARC-Record-ID", record_id), *common,
+              (b"WARC-Profile", REVISIT_PROFILES[profile]),
+              (b"WARC-Refers-To-Target-URI", _one_line(refers_to_uri, "URL").encode("utf-8")),
+              (b"WARC-Refers-To-Date", warc_date(refers_to_date).encode("ascii"))]
+    if payload_digest:
+        fields.append((b"WARC-Payload-Digest", b"sha1:" + payload_digest.encode("ascii")))
+    fields += [(b"WARC-Block-Digest", _sha1(http)), (b"Content-Type", b"application/http; msgtype=response")]
+    head = _warc_head(fields, len(http))
+    request_http = _http_head(f"GET {_request_target(url)} HTTP/1.1", request_headers, "request")
+    request_head = _warc_head(
+        [(b"WARC-Type", b"request"), (b"WARC-Record-ID", _record_id()), *common,
+         (b"WARC-Concurrent-To", record_id), (b"WARC-Payload-Digest", _EMPTY_SHA1),
+         (b"WARC-Block-Digest", _sha1(request_http)), (b"Content-Type", b"application/http; msgtype=request")],
+        len(request_http),
+    )
+    return Exchange(response=(head, http, _END), request=request_head + request_http + _END,
+                    payload_digest=payload_digest)
+
+
+def payload_digest(body: bytes) -> str:
+    """The base32 SHA-1 of a payload, as `WARC-Payload-Digest` and the CDXJ `digest` write it."""
+    return _sha1(body)[5:].decode("ascii")
 
 
 def warcinfo_record(filename: str, created_at: float, fields: dict[str, str]) -> bytes:

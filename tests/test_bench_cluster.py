@@ -1,5 +1,6 @@
 """Smoke test of tests/bench/bench_cluster.py: every measurement runs at a tiny size over real loopback TCP and
-gives sane figures (positive, bytes per URL between the bare URL list and ten times it, everything delivered).
+gives sane figures (positive, bytes per URL between a fifth of the bare URL list and twice it, everything
+delivered).
 No timing assertions: the figures themselves come from `python -m tests.bench.bench_cluster`."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import pytest
 
 from tests.bench import bench_cluster as bench
 
+pytestmark = pytest.mark.slow  # the cluster benchmarks' checks
+
 
 @pytest.fixture(scope="module")
 def dispatch_runs(tmp_path_factory):
@@ -19,17 +22,16 @@ def dispatch_runs(tmp_path_factory):
     return items, runs, bench.cpu_reference(tmp, items, repeats=1)
 
 
-def test_url_batches_cost_between_the_bare_urls_and_ten_times_them(dispatch_runs, capsys) -> None:
+def test_url_batches_cost_between_a_fifth_of_the_bare_urls_and_twice_them(dispatch_runs, capsys) -> None:
     items, runs, _ = dispatch_runs
     for run in runs:
         reference = run.per_url(run.url_bytes)
         assert run.urls == len(items)
         assert reference == pytest.approx(sum(len(i.url) + 1 for i in items) / len(items), abs=0.01)
-        assert reference < run.per_url(run.sent_bytes) < 10 * reference
+        # version 2's columns and brotli: below version 1's unpacked msgpack (about 2.07x the bare list)
+        assert reference / 5 < run.per_url(run.sent_bytes) < 2 * reference
         assert 0 < run.ack_bytes < run.sent_bytes
         assert run.batches >= 3  # 300 URLs in batches of at most 100
-    msgpack, json = runs
-    assert msgpack.sent_bytes < json.sent_bytes  # the binary codec is the smaller one
     bench.print_wire(runs)
     out = capsys.readouterr().out
     assert "msgpack" in out and "json" in out and "newline-joined" in out
@@ -65,7 +67,8 @@ def test_handoff_moves_the_gained_arcs(tmp_path, capsys) -> None:
     assert 0 < run.urls_moved < run.urls and 0 < run.hosts_moved < run.hosts
     assert run.chunks >= 1
     mean_url = sum(len(i.url) for i in items) / len(items)
-    assert mean_url < run.bytes_sent / run.urls_moved < 10 * mean_url
+    # version 2 columns and brotli: about half a URL's length per moved URL here (version 1: about 2x it)
+    assert mean_url / 5 < run.bytes_sent / run.urls_moved < 2 * mean_url
     assert run.view_changed_sender > 0 and run.view_changed_receiver > 0
     assert run.streaming > 0 and run.cpu_streaming > 0 and run.reference_admit > 0
     bench.print_handoff(run)

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
 from peer.control import auth_headers
@@ -29,6 +30,8 @@ from peerlab.localweb.referee import (
     requested_urls,
 )
 from tests.support.crawl import child_env, kill_pid, node_config, peerd_argv, start_local_web, urls_fetched
+
+pytestmark = pytest.mark.slow  # real peerd daemons
 
 SECRET = "test-cluster-secret-0123456789"
 #: A page fetched this long before the kill may have lost its replica with B (they leave every 0.1 s; the rest
@@ -222,7 +225,8 @@ async def test_two_nodes_over_mutual_tls_crawl_everything(tmp_path):
     async with trio.open_nursery() as nursery:
         web, dns = await start_local_web(nursery, graph)
         expected = web.expected()
-        cluster = Cluster(tmp_path, web, dns, delay=0.3, concurrency=16)  # A is still crawling when B joins
+        # A is still crawling when B joins: a join takes 4-6 s on a loaded 2-core machine, A alone about twice that
+        cluster = Cluster(tmp_path, web, dns, delay=0.6, concurrency=16)
         try:
             for name, weight, join in (("A", 100, False), ("B", 100, True)):
                 files = _node(tmp_path, ca, name)

@@ -1,6 +1,15 @@
+import argparse
+import inspect
+
 import pytest
 
-from peer.config import FIELDS, Config, ConfigError, load, parse_address, read_seeds
+from peer.cli.main import _add_node_flags
+from peer.cluster.dispatch import DispatchConfig
+from peer.cluster.handoff import HandoffConfig
+from peer.cluster.membership import MembershipConfig
+from peer.config import DEFAULTS, FIELDS, Config, ConfigError, default_text, load, parse_address, read_seeds
+from peer.crawl.urls import DEFAULT_MAX_URL_LENGTH
+from peer.fetch import CachingResolver, Fetcher
 
 
 def test_defaults_have_reasons():
@@ -36,6 +45,8 @@ def test_env_lists_are_comma_separated():
         ({"flags": {"store": "s3"}}, "store must be"),
         ({"flags": {"listen": "localhost"}}, "HOST:PORT"),
         ({"env": {"PEERCRAWL_ALLOW_PRIVATE": "maybe"}}, "not a boolean"),
+        ({"flags": {"compression": "lz4"}}, "compression must be br, zlib or none"),
+        ({"env": {"PEERCRAWL_PAGE_THREADS": "-1"}}, "page_threads must be within"),
     ],
 )
 def test_bad_values_name_the_setting(kwargs, needle):
@@ -94,3 +105,42 @@ def test_max_crashes_and_control_token_are_checked():
         load(env={"PEERCRAWL_MAX_CRASHES": "-1"}, flags={})
     with pytest.raises(ConfigError, match="control_token"):
         load(env={"PEERCRAWL_CONTROL_TOKEN": "short"}, flags={})
+
+
+def test_components_take_their_defaults_from_the_config():
+    """Each operator-visible default is stated once (peer.config) and the components read it."""
+    membership, dispatch = MembershipConfig(), DispatchConfig()
+    assert (membership.probe_interval, membership.probe_timeout, membership.suspicion_timeout) == (
+        DEFAULTS["probe_interval"], DEFAULTS["probe_timeout"], DEFAULTS["suspicion_timeout"])
+    assert (dispatch.batch_size, dispatch.interval) == (DEFAULTS["batch_size"], DEFAULTS["dispatch_interval"])
+    assert HandoffConfig().wait == DEFAULTS["handoff_wait"]
+    assert DEFAULT_MAX_URL_LENGTH == DEFAULTS["max_url_length"]
+    fetcher = inspect.signature(Fetcher).parameters
+    for name in ("connect_timeout", "read_timeout", "total_timeout", "max_body"):
+        assert fetcher[name].default == DEFAULTS[name], name
+    resolver = inspect.signature(CachingResolver).parameters
+    for param, name in (("cache_size", "dns_cache_size"), ("min_ttl", "dns_min_ttl"), ("max_ttl", "dns_max_ttl")):
+        assert resolver[param].default == DEFAULTS[name], name
+
+
+def test_flag_help_shows_the_config_defaults():
+    """`peerd start --help` states each non-empty default as Config has it, and no flag states one by hand."""
+    parser = argparse.ArgumentParser(prog="peerd start")
+    _add_node_flags(parser)
+    shown = 0
+    for action in parser._actions:
+        if action.dest not in DEFAULTS or action.help is None:
+            continue
+        text = default_text(action.dest)
+        defaults_stated = action.help.count("(default")
+        if text is None:
+            assert f"(default {DEFAULTS[action.dest]}" not in action.help, action.dest
+        else:
+            assert action.help.endswith(f"(default {text})") and defaults_stated == 1, action.help
+            shown += 1
+    assert shown >= 20
+def test_compression_and_page_threads_load_from_each_source(tmp_path):
+    assert (load().compression, load().page_threads) == ("br", 0)
+    cfg = load(env={"PEERCRAWL_COMPRESSION": "zlib", "PEERCRAWL_PAGE_THREADS": "2"})
+    assert (cfg.compression, cfg.page_threads) == ("zlib", 2)
+    assert load(env={"PEERCRAWL_COMPRESSION": "zlib"}, flags={"compression": "none"}).compression == "none"

@@ -29,6 +29,7 @@ async def _crawl(graph, tmp_path, **overrides):
     return web, node
 
 
+@pytest.mark.slow
 async def test_crawl_fetches_exactly_the_reachable_and_allowed_set(tmp_path):
     graph = SiteGraph.generate(seed=3, hosts=24, pages_per_host=12)
     web, node = await _crawl(graph, tmp_path)
@@ -67,9 +68,10 @@ async def test_crawl_fetches_exactly_the_reachable_and_allowed_set(tmp_path):
     assert st["pages"] >= len(expected.fetched)
 
 
-async def test_pages_land_in_warc_readable_by_warcio(tmp_path):
+@pytest.mark.parametrize("page_threads", [0, 3], ids=["inline", "page-threads"])
+async def test_pages_land_in_warc_readable_by_warcio(tmp_path, page_threads):
     graph = SiteGraph.generate(seed=5, hosts=6, pages_per_host=8, features=False)
-    web, node = await _crawl(graph, tmp_path)
+    web, node = await _crawl(graph, tmp_path, page_threads=page_threads)
     warcs = sorted((tmp_path / "node" / "warc").glob("*.warc.gz"))
     assert warcs
     responses, requests = {}, 0
@@ -86,6 +88,7 @@ async def test_pages_land_in_warc_readable_by_warcio(tmp_path):
     assert requests == len(responses)
     some = sorted(html)[0]
     assert b"<html" in responses[some].lower()
+    assert node.final_status["stored"] == len(responses)  # counted once each, whichever thread stored it
 
 
 async def test_depth_limit_and_store_none(tmp_path):

@@ -35,6 +35,8 @@ from storage import (
 )
 from storage._bloom import bloom_size
 
+pytestmark = pytest.mark.slow  # a real redis-server, and the study's structures filled
+
 EXACT_KEYED = ["lmdb", "memory-md5", "md5-tree", "redis"]
 REDIS = shutil.which("redis-server")
 

@@ -26,6 +26,8 @@ from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import RequestRecord
 from storage import WarcPageStore
 
+pytestmark = pytest.mark.slow  # the demo: a local web and four real daemons
+
 # --------------------------------------------------------------------------- the plan
 
 
@@ -221,6 +223,9 @@ def test_the_cluster_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.Capture
     # progress while it crawled, then the experiment's tables
     assert re.search(r"^ +\d+\.\d s  pages +\d+ .*\| A \d+", out, flags=re.MULTILINE), out[:2000]
     assert "C is leaving" in out and "started E (weight 300" in out
+    # the address of the dashboard the first node serves for the whole cluster, with its token in the fragment
+    assert re.search(r"^dashboard \(any node serves it for the whole cluster\): http://127\.0\.0\.1:\d+/#token=\S{32,}$",
+                     out, flags=re.MULTILINE), out[:2000]
     for header in ('== phase 1 "start"', '== phase 2 "C leaves"', '== phase 3 "E joins"'):
         assert header in out
     assert "from\\to" in out and "expected ratio" in out and "measured ratio" in out

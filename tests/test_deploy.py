@@ -38,6 +38,7 @@ import yaml  # type: ignore[import-untyped]
 
 from peer.cli import main as cli
 from peer.config import FIELDS, Config, load
+from peer.control import auth_headers
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -372,6 +373,7 @@ def test_dockerfile_image() -> None:
     check_command(entry, env)
 
 
+@pytest.mark.slow
 def test_image_build_installs_from_what_it_copies(tmp_path: Path) -> None:
     """The build stage's COPY set is enough: pip builds the project from only those files, and the result
     has the console scripts and the modules the image and the compose file run."""
@@ -406,6 +408,7 @@ def healthcheck_command() -> list[str]:
     return [sys.executable, *cmd[1:]]
 
 
+@pytest.mark.slow
 def test_healthcheck_and_sigterm_against_a_real_node(tmp_path: Path) -> None:
     """The image's HEALTHCHECK passes against a running node, which SIGTERM stops cleanly, and then fails."""
     data = tmp_path / "node"
@@ -516,6 +519,7 @@ def _loopback(args: list[str], **replace: str) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_compose_local_web_serves_the_seed(compose: dict[str, Any], tmp_path: Path) -> None:
     """The compose file's web and DNS services, run on loopback with its own arguments: the seed's host
     resolves to the web service's address and the web answers the seed URL."""
@@ -615,6 +619,7 @@ def test_leave_drop_in_waits_for_the_hand_off() -> None:
     assert Config().leave_timeout < args.timeout < float(keys["TimeoutStopSec"][0])
 
 
+@pytest.mark.slow
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     tool = shutil.which("systemd-analyze")
     if tool is None:
@@ -644,6 +649,7 @@ def readme_shell_blocks() -> str:
     return "\n".join(re.findall(r"```(?:sh|bash|shell)\n(.*?)```", text, flags=re.DOTALL))
 
 
+@pytest.mark.slow
 def test_shellcheck(tmp_path: Path) -> None:
     tool = shutil.which("shellcheck")
     if tool is None:
@@ -731,3 +737,52 @@ def test_configuration_reference_refuses_holes(monkeypatch: pytest.MonkeyPatch) 
                                  "FIELDS has a reason for 'gone', which is not a setting"]
     with pytest.raises(SystemExit, match="configdoc: setting 'weight'"):
         configdoc.render()
+
+
+# --------------------------------------------------------------------------- Grafana
+
+
+GRAFANA = ROOT / "deploy" / "grafana" / "peercrawl-dashboard.json"
+
+
+def _grafana_metrics() -> set[str]:
+    board = json.loads(GRAFANA.read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 15
+    return {name for e in exprs for name in re.findall(r"\b((?:peercrawl|process)_[a-z_]+)\b", e)}
+
+
+def test_grafana_dashboard_reads_only_metrics_a_real_cluster_node_exports(tmp_path: Path) -> None:
+    """Every metric the Grafana dashboard queries is in a running cluster node's /metrics."""
+    board = json.loads(GRAFANA.read_text())
+    assert board["uid"] and {v["name"] for v in board["templating"]["list"]} == {"datasource", "job"}
+    titles = " ".join(p["title"] for p in board["panels"]).lower()
+    for panel in ("pages/s", "queued urls", "errors by kind", "dns cache", "robots.txt cache", "resident memory",
+                  "key share", "urls sent from each node", "stalled", "estimated completion"):
+        assert panel in titles, panel
+    wanted = _grafana_metrics()
+    data = tmp_path / "node"
+    env = {**os.environ, "PEERCRAWL_DATA_DIR": str(data), "PEERCRAWL_CLUSTER_SECRET": "grafana-test-secret-0123456789"}
+    cmd = [sys.executable, "-m", "peer", "start", "--node-id", "grafana-test", "--listen", "127.0.0.1:0",
+           "--control", "127.0.0.1:0", "--log-format", "json"]
+    log = tmp_path / "node.log"
+    with log.open("wb") as log_file:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log_file)
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while not (data / "peer.addr").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (data / "peer.addr").exists(), f"the node did not start: {log.read_text()}"
+        control = (data / "control.addr").read_text().strip()
+        text = httpx.get(f"http://{control}/metrics", timeout=10, headers=auth_headers(data)).text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=DEADLINE)
+    exported = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            exported.add(name + "_total" if kind == "counter" and not name.endswith("_total") else name)
+        elif line and not line.startswith("#"):
+            exported.add(re.split(r"[{ ]", line, maxsplit=1)[0])
+    assert wanted - exported == set(), f"the dashboard queries metrics no node exports: {sorted(wanted - exported)}"

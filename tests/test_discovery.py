@@ -1,4 +1,4 @@
-"""``srv_seeds`` against a real SRV-capable DNS server on a loopback UDP socket (tests/support/srv_dns.py)."""
+"""``srv_seeds`` against a real DNS server serving SRV records on loopback (the local web's, peerlab/localweb)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import pytest
 import trio
 
 from peer.cluster.discovery import DiscoveryError, srv_seeds
-from tests.support.srv_dns import Srv, SrvServer, serve_srv
+from peerlab.localweb.dns_server import DnsServer, Srv, serve_dns
 
 NAME = "_peer._tcp.peerd.crawl.svc.cluster.local"
 
 
-async def start(nursery: trio.Nursery, records: dict, **kwargs) -> SrvServer:
-    return await nursery.start(lambda task_status: serve_srv(records, task_status=task_status, **kwargs))
+async def start(nursery: trio.Nursery, records: dict, **kwargs) -> DnsServer:
+    return await nursery.start(lambda task_status: serve_dns({}, srv=records, task_status=task_status, **kwargs))
 
 
 def one_line(exc: BaseException) -> str:
@@ -33,7 +33,7 @@ async def test_records_ordered_by_priority_then_weight(nursery: trio.Nursery) ->
     assert seeds == ["a.peerd.test:7400", "b.peerd.test:7401", "c.peerd.test:7400", "d.peerd.test:7400"]
     assert server.queries == [(NAME, "SRV")]
     # The order depends on the records only, not on the order the server lists them in.
-    server.records[NAME] = list(reversed(records))
+    server.srv[NAME] = list(reversed(records))
     assert await srv_seeds(NAME, nameservers=[server.nameserver]) == seeds
 
 
@@ -60,7 +60,7 @@ async def test_only_ourselves_means_a_new_cluster(nursery: trio.Nursery) -> None
 async def test_zone_changes_are_seen_at_once(nursery: trio.Nursery) -> None:
     server = await start(nursery, {NAME: [Srv(priority=0, weight=1, port=7400, target="a.test")]})
     assert await srv_seeds(NAME, nameservers=[server.nameserver]) == ["a.test:7400"]
-    server.records[NAME].append(Srv(priority=0, weight=2, port=7400, target="b.test"))
+    server.srv[NAME].append(Srv(priority=0, weight=2, port=7400, target="b.test"))
     assert await srv_seeds(NAME, nameservers=[server.nameserver]) == ["b.test:7400", "a.test:7400"]
     assert len(server.queries) == 2
 
@@ -73,7 +73,7 @@ async def test_nxdomain(nursery: trio.Nursery) -> None:
 
 
 async def test_name_without_srv_record(nursery: trio.Nursery) -> None:
-    server = await start(nursery, {}, names_without_srv=[NAME])
+    server = await start(nursery, {NAME: []})  # the name exists, with no SRV record
     with pytest.raises(DiscoveryError) as info:
         await srv_seeds(NAME, nameservers=[server.nameserver])
     assert one_line(info.value) == f"SRV {NAME}: the name exists but has no SRV record"

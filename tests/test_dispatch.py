@@ -11,7 +11,6 @@ import pytest
 import trio
 import trio.testing
 
-from peer.crawl.crawler import Link
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.peerlinks import PeerLinks
 from peer.cluster.transport import MemoryNetwork
@@ -80,7 +79,7 @@ async def test_batches_by_interval_and_by_size_at_exact_times(store, autojump_cl
         start = trio.current_time()
         await trio.sleep(0.05)
         for host in hosts[:3]:
-            d.route(host, Link(f"http://{host}/", 1))
+            d.route(QueuedUrl(url=f"http://{host}/", host=host, depth=1))
         await trio.sleep(0.1)
         assert batches(links) == []  # a partial batch waits for the timer
         await trio.sleep(0.1)
@@ -91,7 +90,7 @@ async def test_batches_by_interval_and_by_size_at_exact_times(store, autojump_cl
         # four more: a full batch leaves at once, not at the next tick
         await trio.sleep(0.01)
         for i in range(4):
-            d.route(hosts[3], Link(f"http://{hosts[3]}/{i}", 2, hops=1, found_on="http://x.test/"))
+            d.route(QueuedUrl(url=f"http://{hosts[3]}/{i}", host=hosts[3], depth=2, hops=1, found_on="http://x.test/"))
         await trio.sleep(0.001)
         assert len(batches(links)) == 2
         t2, _, full = batches(links)[1]
@@ -106,7 +105,7 @@ async def test_recently_sent_urls_are_dropped_but_bounded(store, autojump_clock)
     d = Dispatcher("a", store, links, ring_of=lambda: (1, RING2), config=DispatchConfig(recent_size=2))
     host = owned_hosts(RING2, "b", 1)[0]
     for path in ["1", "1", "2", "3", "1"]:
-        d.route(host, Link(f"http://{host}/{path}", 1))
+        d.route(QueuedUrl(url=f"http://{host}/{path}", host=host, depth=1))
     # "1" repeated at once is dropped; after "2" and "3" it has left the 2-entry filter and goes again
     assert [i.url for _, i in d.take_routed()] == [f"http://{host}/{p}" for p in ["1", "2", "3", "1"]]
     assert d.stats.urls_recent == 1
@@ -119,7 +118,7 @@ async def test_unacked_batches_are_resent_and_acks_remove_them(store, autojump_c
     async with trio.open_nursery() as nursery:
         await nursery.start(d.run)
         start = trio.current_time()
-        d.route(host, Link(f"http://{host}/", 1))
+        d.route(QueuedUrl(url=f"http://{host}/", host=host, depth=1))
         await trio.sleep(0.3)
         [(_, _, first)] = batches(links)
         await trio.sleep(5.0)  # lost: sent again after resend_after, same seq
@@ -146,7 +145,7 @@ async def test_a_full_link_queue_is_retried_at_the_next_tick(store, autojump_clo
     host = owned_hosts(RING2, "b", 1)[0]
     async with trio.open_nursery() as nursery:
         await nursery.start(d.run)
-        d.route(host, Link(f"http://{host}/", 1))
+        d.route(QueuedUrl(url=f"http://{host}/", host=host, depth=1))
         await trio.sleep(0.25)
         assert d.stats.send_refused == 1 and batches(links) == []
         links.refuse = False
@@ -189,7 +188,7 @@ async def test_view_change_reroutes_the_outbox(store, autojump_clock):
     async with trio.open_nursery() as nursery:
         await nursery.start(d.run)
         for host in to_c:
-            d.route(host, Link(f"http://{host}/", 1))
+            d.route(QueuedUrl(url=f"http://{host}/", host=host, depth=1))
         await trio.sleep(0.3)  # between ticks (0.2, 0.4), so task order at a tick does not matter
         assert {p for _, p, _ in batches(links)} == {"c"}
         view[0] = (2, ring2)  # c left before acking
@@ -221,7 +220,7 @@ async def test_links_staged_before_a_view_change_follow_the_new_view(store, auto
     async with trio.open_nursery() as nursery:
         await nursery.start(d.run)
         for host in to_c:  # routed while c owned them, stored with a page after c left
-            d.route(host, Link(f"http://{host}/", 1))
+            d.route(QueuedUrl(url=f"http://{host}/", host=host, depth=1))
         view[0] = (2, ring2)
         routed = d.take_routed()
         assert {owner for owner, _ in routed} == {"b"}
@@ -232,9 +231,9 @@ async def test_links_staged_before_a_view_change_follow_the_new_view(store, auto
         sent = sorted(e.url for _, p, m in batches(links) if p == "b" for e in m.urls)
         assert sent == sorted(f"http://{h}/" for h in to_c if ring2.owner(h) == "b")
         # the view change also emptied the recently-sent filter: a link found again is sent again
-        d.route(to_c[0], Link(f"http://{to_c[0]}/", 1))
+        d.route(QueuedUrl(url=f"http://{to_c[0]}/", host=to_c[0], depth=1))
         assert d.stats.urls_recent == 0
-        d.route(to_c[0], Link(f"http://{to_c[0]}/", 1))
+        d.route(QueuedUrl(url=f"http://{to_c[0]}/", host=to_c[0], depth=1))
         assert d.stats.urls_recent == 1
         nursery.cancel_scope.cancel()
 
@@ -309,15 +308,16 @@ async def wait_drained(nodes: list[Node], limit: float = 120.0) -> float:
     return trio.current_time() - start
 
 
-def urls_for(ring: Ring, sender: str, count: int, rng: random.Random) -> list[tuple[str, Link]]:
+def urls_for(ring: Ring, sender: str, count: int, rng: random.Random) -> list[QueuedUrl]:
     out = []
     while len(out) < count:
         host = f"h{rng.randrange(300)}.test"
         if ring.owner(host) != sender:
-            out.append((host, Link(f"http://{host}/p{rng.randrange(400)}", 1)))
+            out.append(QueuedUrl(url=f"http://{host}/p{rng.randrange(400)}", host=host, depth=1))
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_simulation_with_link_breaks_and_a_restarted_receiver(tmp_path, seed, autojump_clock):
     rng = random.Random(seed)
@@ -333,9 +333,9 @@ async def test_simulation_with_link_breaks_and_a_restarted_receiver(tmp_path, se
             await node.start(nursery, ids)
         for round_ in range(6):
             for node in nodes:
-                for host, link in urls_for(ring, node.node_id, 120, rng):
-                    routed.add(link.url)
-                    node.dispatcher.route(host, link)
+                for item in urls_for(ring, node.node_id, 120, rng):
+                    routed.add(item.url)
+                    node.dispatcher.route(item)
             await trio.sleep(0.3)
             if round_ == 2:  # c dies and comes back with its store; unacked batches reach it again
                 victim = nodes[2]
@@ -370,7 +370,7 @@ async def test_stale_view_receiver_forwards_to_the_owner(tmp_path, autojump_cloc
         for node in (a, b, d):
             await node.start(nursery, ids)
         for host in moved:
-            a.dispatcher.route(host, Link(f"http://{host}/", 1))
+            a.dispatcher.route(QueuedUrl(url=f"http://{host}/", host=host, depth=1))
         await wait_drained([a, b, d])
         nursery.cancel_scope.cancel()
     assert set(admitted) == {f"http://{h}/" for h in moved}
@@ -396,7 +396,7 @@ async def test_a_sender_killed_before_sending_loses_nothing(tmp_path, autojump_c
         await b.start(nursery, ids)
         # as the crawler does: the routed links go into the store with their page, then the process dies
         for host in hosts:
-            a.dispatcher.route(host, Link(f"http://{host}/", 1))
+            a.dispatcher.route(QueuedUrl(url=f"http://{host}/", host=host, depth=1))
         a.store.finish(None, [], routed=a.dispatcher.take_routed())
         a.kill()
         assert admitted == Counter()
@@ -412,6 +412,7 @@ async def test_a_sender_killed_before_sending_loses_nothing(tmp_path, autojump_c
         node.store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [5, 6, 7])
 async def test_view_change_mid_flight_reroutes_and_loses_nothing(tmp_path, seed, autojump_clock):
     rng = random.Random(seed)
@@ -430,9 +431,9 @@ async def test_view_change_mid_flight_reroutes_and_loses_nothing(tmp_path, seed,
             await node.start(nursery, ids)
         for round_ in range(4):
             for node in nodes:
-                for host, link in urls_for(view[0][1], node.node_id, 100, rng):
-                    routed.add(link.url)
-                    node.dispatcher.route(host, link)
+                for item in urls_for(view[0][1], node.node_id, 100, rng):
+                    routed.add(item.url)
+                    node.dispatcher.route(item)
             await trio.sleep(0.25)
             if round_ == 1:
                 view[0] = (2, after)  # every node sees it at once; batches to c are in flight
@@ -448,3 +449,30 @@ async def test_view_change_mid_flight_reroutes_and_loses_nothing(tmp_path, seed,
         assert count == 1 or (count == 2 and url in c.mine), url
     for node in nodes:
         node.store.close()
+
+
+async def test_a_partial_batch_waits_one_interval_per_twelve_peers(store, autojump_clock):
+    """With 39 peers each owner gets a fortieth of the links: a partial batch waits four ticks, not one, so
+    batches keep their size as the fleet grows; a full batch still leaves at once."""
+    ring40 = Ring({"a": 100, **{f"p{i:02d}": 100 for i in range(39)}}, points_per_weight=10)
+    links = FakeLinks()
+    config = DispatchConfig(batch_size=4, interval=0.2, resend_after=50.0)
+    d = Dispatcher("a", store, links, ring_of=lambda: (1, ring40), config=config)
+    hosts = owned_hosts(ring40, "p07", 6)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        start = trio.current_time()
+        await trio.sleep(0.05)
+        for host in hosts[:2]:
+            d.route(QueuedUrl(url=f"http://{host}/", host=host, depth=1))
+        await trio.sleep(0.7)  # ticks at 0.2 (stored), 0.4, 0.6: still waiting
+        assert batches(links) == []
+        await trio.sleep(0.1)  # the tick at 0.8: stored 0.6 s ago
+        [(t, peer, batch)] = batches(links)
+        assert (t - start, peer, len(batch.urls)) == (pytest.approx(0.8), "p07", 2)
+        for i in range(4):
+            d.route(QueuedUrl(url=f"http://{hosts[2]}/{i}", host=hosts[2], depth=1))
+        await trio.sleep(0.001)
+        assert [len(b.urls) for _, _, b in batches(links)] == [2, 4]  # full: at once
+        assert batches(links)[1][0] - start == pytest.approx(0.85)  # the moment the 4th URL was routed
+        nursery.cancel_scope.cancel()

@@ -322,6 +322,7 @@ async def test_a_transfer_to_a_ring_adopted_later_releases_what_older_rings_stil
 SECRET = b"handoff-test-secret-0123456789ab"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_join_and_leave_over_peer_links_with_link_breaks(tmp_path, seed, autojump_clock):
     """a, b, c (150/80/200) become a, b, d (d joins with 40, c leaves): every host's queue, seen keys and state

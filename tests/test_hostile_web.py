@@ -64,6 +64,7 @@ def responses(warc_dir: Path) -> dict[str, tuple[str | None, int]]:
     return out
 
 
+@pytest.mark.slow
 async def test_a_node_crawls_the_hostile_web_within_its_memory_bound(tmp_path: Path) -> None:
     data = tmp_path / "node"
     async with trio.open_nursery() as nursery:
@@ -104,6 +105,7 @@ async def test_a_node_crawls_the_hostile_web_within_its_memory_bound(tmp_path: P
     assert index.count('"truncated": "length"') == 5
 
 
+@pytest.mark.slow
 async def test_an_unexpected_exception_in_a_host_turn_costs_that_url_only(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Any defect a page might reach is contained to its URL: the parser is made to fail on one page (a stand-in
@@ -137,6 +139,7 @@ async def test_an_unexpected_exception_in_a_host_turn_costs_that_url_only(tmp_pa
     assert web.url("/garbage-headers.html") in {web.url(p) for p in web.log}  # the crawl went on
 
 
+@pytest.mark.slow
 async def test_a_url_in_flight_at_three_kills_in_a_row_is_dropped_and_recorded(tmp_path: Path) -> None:
     """Without the rule a URL that kills the node comes back as in flight at every start: a crash loop."""
     data = tmp_path / "node"

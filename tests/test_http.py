@@ -23,8 +23,24 @@ import pytest
 import trio
 import trio.testing
 
-from peer.fetch.dns import CachingResolver, DnsError
-from peer.fetch.http import Fetcher, FetchError, HttpxTransport
+from peer.fetch.dns import CachingResolver
+from peer.fetch.errors import (
+    AddressRefused,
+    ConnectFailed,
+    CorruptBody,
+    DnsError,
+    FetchError,
+    FetchTimeout,
+    HttpProtocolError,
+    InvalidUrl,
+    NxDomain,
+    ReadTimeout,
+    RefusedAddress,
+    ResolveFailed,
+    ResponseTooLarge,
+    TlsFailed,
+)
+from peer.fetch.http import Fetcher, HttpxTransport
 from peerlab.localweb.dns_server import serve_dns
 
 UA = "peercrawl-test/1 (+http://127.0.0.1/contact)"
@@ -38,9 +54,9 @@ def clock() -> trio.testing.MockClock:
 
 
 class StaticResolver:
-    """Every name is 127.0.0.1, except those mapped to an error kind."""
+    """Every name is 127.0.0.1, except those mapped to a DNS error class."""
 
-    def __init__(self, failing: dict[str, str] | None = None) -> None:
+    def __init__(self, failing: dict[str, type[DnsError]] | None = None) -> None:
         self.failing = failing or {}
         self.calls = 0
 
@@ -48,7 +64,7 @@ class StaticResolver:
         self.calls += 1
         await trio.lowlevel.checkpoint()
         if host in self.failing:
-            raise DnsError(self.failing[host], f"{host}: test failure")
+            raise self.failing[host](f"{host}: test failure")
         return "127.0.0.1"
 
 
@@ -243,7 +259,7 @@ async def test_slow_server_read_timeout(web: LocalWeb, clock: trio.testing.MockC
         start = trio.current_time()
         with pytest.raises(FetchError) as info:
             await fetcher.fetch(web.url("/slow"))
-    assert info.value.kind == "timeout" and "7 s" in str(info.value)
+    assert type(info.value) is ReadTimeout and info.value.label == "timeout" and "7 s" in str(info.value)
     assert trio.current_time() - start == 7.0
 
 
@@ -252,16 +268,20 @@ async def test_drip_feeding_server_total_timeout(web: LocalWeb, clock: trio.test
         start = trio.current_time()
         with pytest.raises(FetchError) as info:
             await fetcher.fetch(web.url("/drip"))
-    assert info.value.kind == "timeout" and "10.5 s" in str(info.value)
+    assert type(info.value) is FetchTimeout and info.value.label == "timeout" and "10.5 s" in str(info.value)
     assert trio.current_time() - start == 10.5
 
 
 async def test_malformed_response_is_a_protocol_error(web: LocalWeb) -> None:
     async with Fetcher(StaticResolver(), user_agent=UA) as fetcher:
-        for path, kind in [("/malformed", "protocol"), ("/badgzip", "protocol"), ("/bigheaders", "too-large")]:
-            with pytest.raises(FetchError) as info:
+        for path, error, label in [
+            ("/malformed", HttpProtocolError, "protocol"),
+            ("/badgzip", CorruptBody, "protocol"),
+            ("/bigheaders", ResponseTooLarge, "too-large"),
+        ]:
+            with pytest.raises(HttpProtocolError) as info:
                 await fetcher.fetch(web.url(path))
-            assert info.value.kind == kind, path
+            assert type(info.value) is error and info.value.label == label, path
             assert "\n" not in str(info.value)
         assert fetcher.pool.idle_count == 0
 
@@ -274,7 +294,8 @@ async def test_connection_refused() -> None:
         async with Fetcher(StaticResolver(), user_agent=UA) as fetcher:
             with pytest.raises(FetchError) as info:
                 await fetcher.fetch(f"http://site.test:{port}/")
-        assert info.value.kind == "connect" and f"127.0.0.1:{port}" in str(info.value)
+        assert type(info.value) is ConnectFailed and info.value.label == "connect"
+        assert f"127.0.0.1:{port}" in str(info.value)
     finally:
         holder.close()
 
@@ -302,12 +323,13 @@ async def test_more_connections_per_origin_when_allowed(web: LocalWeb, clock: tr
 
 
 async def test_dns_failures_become_fetch_errors(web: LocalWeb) -> None:
-    resolver = StaticResolver({"gone.test": "nxdomain", "lan.test": "refused-address"})
+    resolver = StaticResolver({"gone.test": NxDomain, "lan.test": RefusedAddress})
     async with Fetcher(resolver, user_agent=UA) as fetcher:
-        for host, kind in [("gone.test", "dns"), ("lan.test", "refused-address")]:
+        for host, error, label in [("gone.test", ResolveFailed, "dns"), ("lan.test", AddressRefused, "refused-address")]:
             with pytest.raises(FetchError) as info:
                 await fetcher.fetch(web.url("/page", host=host))
-            assert info.value.kind == kind
+            assert type(info.value) is error and info.value.label == label
+            assert isinstance(info.value.__cause__, DnsError)
     assert web.connections == 0
 
 
@@ -333,11 +355,15 @@ async def test_idle_connections_expire(web: LocalWeb, clock: trio.testing.MockCl
         await fetcher.fetch(web.url("/echo"))
         assert fetcher.pool.idle_count == 1
         await trio.sleep(29.0)
-        assert fetcher.pool.idle_count == 1
-        await trio.sleep(16.0)  # the sweeper runs every 15 s
-        assert fetcher.pool.idle_count == 0 and fetcher.pool.origin_count == 0
-        await fetcher.fetch(web.url("/echo"))
-    assert web.connections == 2
+        await fetcher.fetch(web.url("/echo", host="other.test"))  # 29 s idle: site.test's connection stays
+        assert fetcher.pool.idle_count == 2 and web.connections == 2
+        await trio.sleep(29.0)
+        # Using the pool expires what has been idle too long: site.test's after 58 s, not other.test's.
+        await fetcher.fetch(web.url("/echo", host="third.test"))
+        assert fetcher.pool.idle_count == 2 and fetcher.pool.origin_count == 2
+        await fetcher.fetch(web.url("/echo"))  # a new connection: the old one was closed
+        assert web.connections == 4
+    assert fetcher.pool.idle_count == 0 and fetcher.pool.origin_count == 0
 
 
 async def test_redirects_are_returned_not_followed(web: LocalWeb) -> None:
@@ -355,12 +381,12 @@ async def test_bad_urls() -> None:
         for url in ("ftp://site.test/", "http:///nohost", "http://site.test:99999/"):
             with pytest.raises(FetchError) as info:
                 await fetcher.fetch(url)
-            assert info.value.kind == "protocol", url
+            assert type(info.value) is InvalidUrl and info.value.label == "protocol", url
 
 
 async def test_httpx_client_over_the_transport(web: LocalWeb) -> None:
     async with (
-        Fetcher(StaticResolver({"lan.test": "refused-address"}), user_agent=UA) as fetcher,
+        Fetcher(StaticResolver({"lan.test": RefusedAddress}), user_agent=UA) as fetcher,
         httpx.AsyncClient(transport=HttpxTransport(fetcher)) as client,
     ):
         response = await client.get(web.url("/page?enc=gzip"), headers={"X-Trace": "7"})
@@ -440,8 +466,9 @@ async def test_https_with_sni_and_certificate_checks(nursery: trio.Nursery) -> N
     async with Fetcher(StaticResolver(), user_agent=UA, ssl_context=client_ctx) as fetcher:
         with pytest.raises(FetchError) as wrong_name:  # the certificate names secure.test only
             await fetcher.fetch(f"https://other.test:{web.port}/page")
-    assert wrong_name.value.kind == "tls" and "\n" not in str(wrong_name.value)
+    assert type(wrong_name.value) is TlsFailed and wrong_name.value.label == "tls"
+    assert "\n" not in str(wrong_name.value)
     async with Fetcher(StaticResolver(), user_agent=UA) as fetcher:  # system CAs: our test CA is unknown
         with pytest.raises(FetchError) as untrusted:
             await fetcher.fetch(url)
-    assert untrusted.value.kind == "tls"
+    assert type(untrusted.value) is TlsFailed

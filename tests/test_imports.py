@@ -84,7 +84,7 @@ FLOORS: list[set[str]] = [
     {"peer.cluster"},
     {"peer.crawl"},
     {"peer.fetch"},
-    {"peer.control", "peer.config", "peer.stats", "peer.log"},
+    {"peer.control", "peer.dashboard", "peer.config", "peer.stats", "peer.log"},
 ]
 
 

@@ -8,6 +8,10 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # pip installs and fresh interpreters
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

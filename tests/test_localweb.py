@@ -20,7 +20,7 @@ import trio
 
 from peerlab.localweb.bench import nginx_binary, start_bench_web
 from peerlab.localweb.features import MIN_FEATURE_HOSTS
-from peerlab.localweb.graph import SiteGraph, page_path
+from peerlab.localweb.graph import SiteGraph, loopback_address, page_path
 from peerlab.localweb.model import HostSpec, Link, Resource, idna_host, make_url, norm_path
 from peerlab.localweb.oracle import TrapGuard
 from peerlab.localweb.referee import (
@@ -107,6 +107,7 @@ def _digest(graph: SiteGraph) -> str:
     return h.hexdigest()
 
 
+@pytest.mark.slow
 def test_generator_is_deterministic_for_a_seed_even_across_processes() -> None:
     a, b, c = small_graph(), small_graph(), small_graph(seed=8)
     assert _digest(a) == _digest(b)
@@ -480,6 +481,7 @@ async def test_referees_catch_real_impoliteness(nursery: trio.Nursery) -> None:
 # -- the process entry point, the static site and the benchmark web --------------------------------------
 
 
+@pytest.mark.slow
 def test_server_process_prints_its_port_and_logs_json_lines(tmp_path: Path) -> None:
     log_file = tmp_path / "web.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "peerlab.localweb.server", "--seed", "7", "--hosts", "14",
@@ -526,6 +528,7 @@ def test_static_site_holds_the_rendered_pages(tmp_path: Path) -> None:
         write_site(small_graph(), tmp_path / "other", port=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("server", ["nginx", "python"])
 def test_bench_web_serves_the_graph(tmp_path: Path, server: str) -> None:
     if server == "nginx" and nginx_binary() is None:
@@ -542,3 +545,29 @@ def test_bench_web_serves_the_graph(tmp_path: Path, server: str) -> None:
             assert client.get(f"http://127.0.0.1:{web.port}/nope", headers={"Host": host}).status_code == 404
         pids = [p.pid for p in web.processes]
     assert all(p.poll() is not None for p in web.processes) and len(pids) == (1 if server == "nginx" else 2)
+
+
+def test_a_wide_web_has_the_shape_it_was_asked_for() -> None:
+    graph = SiteGraph.generate(seed=4, hosts=200, pages_per_host=20, links_per_page=30, links_spread=6,
+                               cross_host_fraction=0.2, page_bytes=14_000, page_bytes_sigma=0.604, features=False,
+                               crawl_delay_fraction=0.05)
+    pages = [graph._page(spec, j) for spec in graph.hosts for j in range(20)]
+    counts = [len(p.links) for p in pages]
+    assert min(counts) == 24 and max(counts) == 36
+    cross = sum(link.host != p.host for p in pages for link in p.links) / sum(counts)
+    assert 0.17 < cross < 0.23
+    sizes = sorted(p.size for p in pages)
+    median, mean = sizes[len(sizes) // 2], sum(sizes) / len(sizes)
+    assert 12_500 < median < 15_500 and 1.1 < mean / median < 1.3
+    body = render(graph, pages[7], 8080).body
+    assert abs(len(body) - pages[7].size) < 200 or pages[7].size < 2_000  # the page is as long as drawn
+    delayed = [h.name for h in graph.hosts if graph.crawl_delay(h.name) == 2.0]
+    assert 3 <= len(delayed) <= 20 and graph.crawl_delay(graph.hosts[0].name) is None
+    zone = graph.zone(tuple(loopback_address(k) for k in range(7)))  # ceil(200 / 31) addresses
+    assert zone[graph.hosts[0].name] == "127.0.0.1" and zone[graph.hosts[7].name] == "127.0.0.1"
+    assert zone[graph.hosts[1].name] == "127.0.0.2" and len(set(zone.values())) == 7
+    assert max(list(zone.values()).count(a) for a in set(zone.values())) == 29  # about 31 hosts per address
+    # the default web is unchanged by the new knobs
+    plain = SiteGraph.generate(seed=4, hosts=200, pages_per_host=20, links_per_page=30, features=False)
+    assert {len(plain._page(spec, 3).links) for spec in plain.hosts} == {30}
+    assert set(plain.zone().values()) == {"127.0.0.1"}

@@ -121,6 +121,7 @@ def run_sim(seed: int, body: Callable[[Sim], object], **net_options: float) -> N
 # --- joining -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_join_through_any_member_converges_everywhere(seed: int) -> None:
     async def body(sim: Sim) -> None:
@@ -167,6 +168,7 @@ def test_every_view_change_is_announced_once_and_epochs_only_grow() -> None:
 # --- failures ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [5, 6])
 def test_a_killed_node_is_declared_dead_by_all(seed: int) -> None:
     async def body(sim: Sim) -> None:
@@ -252,6 +254,7 @@ def test_a_leave_is_seen_as_leaving_by_all_and_never_turns_dead() -> None:
     run_sim(9, body)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [10, 11])
 def test_views_converge_after_delays_and_random_link_breaks_stop(seed: int) -> None:
     async def body(sim: Sim) -> None:
@@ -284,6 +287,7 @@ OPERATIONS = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schedule=st.lists(OPERATIONS, min_size=1, max_size=6), seed=st.integers(0, 2**16))
 def test_after_any_fault_schedule_views_converge_on_the_truth(schedule: list[tuple], seed: int) -> None:

@@ -51,6 +51,7 @@ def stranger(source: str, port: int) -> socket.socket:
     return sock
 
 
+@pytest.mark.slow
 async def test_a_flood_of_unauthenticated_connections_is_bounded(caplog: pytest.LogCaptureFixture) -> None:
     config = LinkConfig(handshake_timeout=2.0)
     inbox: list[tuple[str, Message]] = []

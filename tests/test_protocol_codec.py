@@ -17,6 +17,7 @@ from protocol import (
     CODECS,
     MEMBER_STATES,
     NONCE_SIZE,
+    SUPPORTED_VERSIONS,
     TYPE_CODES,
     BatchAck,
     Challenge,
@@ -25,6 +26,7 @@ from protocol import (
     HandoffAck,
     HandoffChunk,
     Hello,
+    Count,
     HostState,
     Limits,
     LocalProtocolError,
@@ -33,14 +35,24 @@ from protocol import (
     Pong,
     ProgressQuery,
     ProgressReport,
+    SlowHost,
+    StatusQuery,
+    StatusReport,
+    Transfer,
     ProbeReply,
     ProbeRequest,
     Reject,
     RemoteProtocolError,
+    RevisitEntry,
     SeenReplica,
+    Settings,
     QueueReplica,
     ReplicaAck,
     UrlBatch,
+    LaneAsk,
+    LaneGrant,
+    LaneHandover,
+    LaneReturn,
     UrlEntry,
     Welcome,
     decode_body,
@@ -61,7 +73,10 @@ urls = st.one_of(
     ),
 )
 seconds = st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False)
-url_entries = st.builds(UrlEntry, url=urls, depth=U32, found_on=st.none() | urls, hops=U32)
+url_entries = st.builds(
+    UrlEntry, url=urls, depth=U32, found_on=st.none() | urls, hops=U32,
+    lastmod=st.none() | st.floats(min_value=0, max_value=4e9, allow_nan=False), sitemap=st.booleans(),
+)
 members = st.builds(
     Member,
     node_id=texts,
@@ -74,7 +89,18 @@ host_names = st.one_of(
     st.from_regex(r"[a-z0-9](?:[a-z0-9_-]{0,20}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,20}[a-z0-9])?){0,4}", fullmatch=True),
     st.ip_addresses(v=6).map(lambda ip: f"[{ip.compressed}]"),
 )
-host_states = st.builds(HostState, host=host_names, crawl_delay=seconds, ready_in=seconds, failures=U32)
+host_states = st.builds(HostState, host=host_names, crawl_delay=seconds, ready_in=seconds, failures=U32,
+                        pages=U64, bytes=U64)
+counts = st.builds(Count, name=texts, count=U64)
+transfers = st.builds(Transfer, peer=texts, incoming=st.booleans(), share=seconds, chunks=U64)
+slow_hosts = st.builds(SlowHost, host=host_names, delay=seconds, backoff=seconds, failures=U32, queued=U64)
+
+
+revisit_entries = st.builds(
+    RevisitEntry, url=urls, depth=U32, due_in=seconds, queued=st.booleans(), interval=seconds,
+    etag=st.none() | texts, last_modified=st.none() | texts, digest=texts, stored_at=seconds, size=U64,
+    changed=U64, unchanged=U64,
+)
 
 
 def tuples(elements: st.SearchStrategy, max_size: int = 6) -> st.SearchStrategy:
@@ -115,6 +141,13 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
         pages=U64, queued=U64, urls_received=U64,
         rate=st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False),
     ),
+    StatusQuery: st.builds(StatusQuery, seq=U64),
+    StatusReport: st.builds(
+        StatusReport, seq=U64, pages=U64, bytes=U64, queued=U64, in_flight=U64, hosts_queued=U64,
+        hosts_known=U64, rss=U64, idle_for=seconds, errors=tuples(counts), dns_hits=U64, dns_misses=U64,
+        robots_hits=U64, robots_misses=U64, history=tuples(U64, 30), window=seconds, sent=tuples(counts),
+        sent_recent=tuples(counts), slow_hosts=tuples(slow_hosts), transfers=tuples(transfers),
+    ),
     HandoffChunk: st.builds(
         HandoffChunk,
         transfer_id=U64,
@@ -126,9 +159,17 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
         seen_keys=tuples(st.binary(min_size=9, max_size=64), 10),
         hosts=tuples(host_states),
         last=st.booleans(),
+        revisits=tuples(revisit_entries, 3),
     ),
     HandoffAck: st.builds(HandoffAck, transfer_id=U64, chunk_seq=U64),
     SeenReplica: st.builds(SeenReplica, epoch=U64, keys=tuples(st.binary(min_size=9, max_size=64), 10), hosts=tuples(host_states)),
+    LaneAsk: st.builds(LaneAsk, address=st.text(max_size=16), seq=U64, want=st.integers(1, 0xFFFF)),
+    LaneGrant: st.builds(LaneGrant, address=st.text(max_size=16), seq=U64, lanes=tuples(st.integers(0, 0xFFFF), 8),
+                         ready_in=tuples(seconds, 8), lease=seconds),
+    LaneReturn: st.builds(LaneReturn, address=st.text(max_size=16), lanes=tuples(st.integers(0, 0xFFFF), 8),
+                          ready_in=tuples(seconds, 8)),
+    LaneHandover: st.builds(LaneHandover, address=st.text(max_size=16), ready_in=tuples(seconds, 8)),
+    Settings: st.builds(Settings, version=U64, origin=texts, body=st.text(max_size=200)),
     QueueReplica: st.builds(QueueReplica, seq=U64, epoch=U64, urls=tuples(url_entries, 20),
                             released=tuples(st.binary(max_size=64), 10), hosts=tuples(host_states)),
     ReplicaAck: st.builds(ReplicaAck, seq=U64),
@@ -144,17 +185,18 @@ def test_every_message_type_has_a_strategy() -> None:
 
 @pytest.mark.parametrize("cls", list(MESSAGE_STRATEGIES), ids=lambda cls: cls.__name__)
 @pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_round_trip(cls: type, codec: str, data: st.DataObject) -> None:
+def test_round_trip(cls: type, codec: str, version: int, data: st.DataObject) -> None:
     message = data.draw(MESSAGE_STRATEGIES[cls])
-    code, body = encode_body(message, codec, LIMITS)
+    code, body = encode_body(message, codec, LIMITS, version)
     assert code == TYPE_CODES[cls]
-    decoded = decode_body(code, body, codec, LIMITS)
+    decoded = decode_body(code, body, codec, LIMITS, version)
     assert decoded == message
     assert type(decoded) is cls
     # Encoding is deterministic: the same message always gives the same bytes.
-    assert encode_body(decoded, codec, LIMITS) == (code, body)
+    assert encode_body(decoded, codec, LIMITS, version) == (code, body)
 
 
 def test_json_is_readable_and_msgpack_is_positional() -> None:
@@ -169,10 +211,22 @@ def test_json_is_readable_and_msgpack_is_positional() -> None:
         "seq": 7,
         "sender": "a",
         "epoch": 3,
-        "urls": [{"url": "https://example.com/", "depth": 1, "found_on": None, "hops": 0}],
+        "urls": [{"url": "https://example.com/", "depth": 1, "found_on": None, "hops": 0, "lastmod": None,
+                  "sitemap": False}],
     }
-    _, mp = encode_body(batch, "msgpack", LIMITS)
-    assert msgpack.unpackb(mp) == [7, "a", 3, [["https://example.com/", 1, None, 0]]]
+    _, mp = encode_body(batch, "msgpack", LIMITS, version=2)
+    assert msgpack.unpackb(mp) == [7, "a", 3, [["https://example.com/", 1, None, 0, None, False]]]
+    sitemap = UrlEntry(url="https://example.com/s.xml", depth=0, found_on=None, hops=1, lastmod=5.0, sitemap=True)
+    _, mp = encode_body(UrlBatch(seq=8, sender="a", epoch=3, urls=(sitemap,)), "msgpack", LIMITS, version=2)
+    assert msgpack.unpackb(mp)[3] == [["https://example.com/s.xml", 0, None, 1, 5.0, True]]
+    assert decode_body(TYPE_CODES[UrlBatch], mp, "msgpack", LIMITS, version=2).urls == (sitemap,)
+    # version 3: the same lists as front-coded columns (JSON is the same in both versions)
+    _, mp = encode_body(batch, "msgpack", LIMITS, version=3)
+    assert msgpack.unpackb(mp) == [7, "a", 3, [[0], [20], "https://example.com/", [1], [0], [0], [], [], "", [], []]]
+    _, mp = encode_body(UrlBatch(seq=8, sender="a", epoch=3, urls=(sitemap,)), "msgpack", LIMITS, version=3)
+    assert msgpack.unpackb(mp)[3][9:] == [[5.0], [True]]
+    assert decode_body(TYPE_CODES[UrlBatch], mp, "msgpack", LIMITS, version=3).urls == (sitemap,)
+    assert encode_body(batch, "json", LIMITS, version=2) == encode_body(batch, "json", LIMITS, version=3)
     _, welcome = encode_body(Welcome(proof=b"\x00" * 32), "json", LIMITS)
     assert json.loads(welcome) == {"proof": "A" * 43 + "="}
 
@@ -180,9 +234,9 @@ def test_json_is_readable_and_msgpack_is_positional() -> None:
 def test_integral_seconds_are_read_as_floats() -> None:
     message = decode_body(TYPE_CODES[Gossip], msgpack.packb([1, True, []]), "msgpack", LIMITS)
     assert message == Gossip(epoch=1, full=True, members=())
-    chunk = msgpack.packb([1, 0, 1, 0, 5, [], [], [["h", 2, 0, 1]], True])
-    decoded = decode_body(TYPE_CODES[HandoffChunk], chunk, "msgpack", LIMITS)
-    assert decoded.hosts == (HostState(host="h", crawl_delay=2.0, ready_in=0.0, failures=1),)
+    chunk = msgpack.packb([1, 0, 1, 0, 5, [], [], [["h", 2, 0, 1, 3, 0]], True, []])
+    decoded = decode_body(TYPE_CODES[HandoffChunk], chunk, "msgpack", LIMITS, version=2)
+    assert decoded.hosts == (HostState(host="h", crawl_delay=2.0, ready_in=0.0, failures=1, pages=3),)
     assert type(decoded.hosts[0].crawl_delay) is float
 
 
@@ -308,9 +362,10 @@ BAD_INCOMING = [
         "json",
         TYPE_CODES[UrlBatch],
         b'{"seq":1,"sender":"a","epoch":1,"urls":[{"url":"u","depth":0,"found_on":null,"x":0}]}',
-        "UrlBatch.urls[0]: object fields differ: missing ['hops'], unexpected ['x']",
+        "UrlBatch.urls[0]: object fields differ: missing ['hops', 'lastmod', 'sitemap'], unexpected ['x']",
     ),
-    ("msgpack", TYPE_CODES[UrlBatch], msgpack.packb([1, "a", 1, [["u", 2**32, None, 0]]]), "urls[0].depth"),
+    ("msgpack", TYPE_CODES[UrlBatch], msgpack.packb([1, "a", 1, [["u", 2**32, None, 0, None, False]]]), "urls[0].depth"),
+    ("msgpack", TYPE_CODES[UrlBatch], msgpack.packb([1, "a", 1, [["u", 0, None, 0, -1.0, True]]]), "urls[0].lastmod"),
     ("json", TYPE_CODES[Welcome], b'{"proof":"AAAA"}', "exactly 32 bytes"),
     ("json", TYPE_CODES[Welcome], b'{"proof":"' + b"A" * 100 + b'"}', "too long"),
     ("json", TYPE_CODES[Goodbye], b'{"reason":"\\ud800"}', "surrogate"),
@@ -331,7 +386,7 @@ BAD_INCOMING = [
 @pytest.mark.parametrize(("codec", "code", "body", "fragment"), BAD_INCOMING)
 def test_invalid_incoming_bodies_are_remote_errors(codec: str, code: int, body: bytes, fragment: str) -> None:
     with pytest.raises(RemoteProtocolError) as info:
-        decode_body(code, body, codec, LIMITS)
+        decode_body(code, body, codec, LIMITS, version=2)  # the version 2 wire form (columns: test_protocol_urlcolumns)
     assert fragment in str(info.value)
 
 
@@ -434,6 +489,7 @@ def outcome(kind: object, method: str, value: object, js: bool, limits: Limits) 
         return ("invalid", exc.where("urls"), exc.message)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(items=st.lists(entry_trees, max_size=6), js=st.booleans())
 def test_url_list_fast_path_loads_exactly_like_the_general_path(items: list[object], js: bool) -> None:
@@ -443,6 +499,7 @@ def test_url_list_fast_path_loads_exactly_like_the_general_path(items: list[obje
     assert outcome(fast, "load", items, js, limits) == outcome(general, "load", items, js, limits)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     entries=st.lists(

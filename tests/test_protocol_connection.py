@@ -12,6 +12,7 @@ import struct
 import zlib
 from collections.abc import Iterable
 
+import brotli
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from protocol import (
     CODECS,
     COMPRESSIONS,
+    FLAG_BROTLI,
     FLAG_ZLIB,
     HEADER_SIZE,
     NEED_DATA,
@@ -93,8 +95,8 @@ def established(codec: str = "msgpack", compression: str = "none", **options: ob
     a = make(Role.INITIATOR, "a", codecs=(codec,), compressions=(compression,), nonce=NONCE_A, **options)
     b = make(Role.RESPONDER, "b", **options, codecs=CODECS, compressions=COMPRESSIONS, nonce=NONCE_B)
     events_a, events_b = handshake(a, b)
-    assert events_a == [Established(node_id="b", version=2, codec=codec, compression=compression)]
-    assert events_b == [Established(node_id="a", version=2, codec=codec, compression=compression)]
+    assert events_a == [Established(node_id="b", version=3, codec=codec, compression=compression)]
+    assert events_b == [Established(node_id="a", version=3, codec=codec, compression=compression)]
     return a, b
 
 
@@ -103,8 +105,8 @@ def test_handshake_with_the_right_secret() -> None:
     b = make(Role.RESPONDER, "node-b:7000")
     assert (a.state, b.state) == (State.IDLE, State.IDLE)
     events_a, events_b = handshake(a, b)
-    assert events_a == [Established(node_id="node-b:7000", version=2, codec="msgpack", compression="none")]
-    assert events_b == [Established(node_id="node-a:7000", version=2, codec="msgpack", compression="none")]
+    assert events_a == [Established(node_id="node-b:7000", version=3, codec="msgpack", compression="none")]
+    assert events_b == [Established(node_id="node-a:7000", version=3, codec="msgpack", compression="none")]
     assert (a.state, b.state) == (State.ESTABLISHED, State.ESTABLISHED)
     assert (a.peer_node_id, b.peer_node_id) == ("node-b:7000", "node-a:7000")
     b.receive_data(a.send(Ping(seq=1, epoch=4)))
@@ -232,7 +234,7 @@ def test_negotiation_prefers_the_initiators_order_and_rejects_nothing_in_common(
     a = make(Role.INITIATOR, "a", codecs=("json", "msgpack"), compressions=("zlib", "none"))
     b = make(Role.RESPONDER, "b", compressions=("none", "zlib"))
     events_a, _ = handshake(a, b)
-    assert events_a == [Established(node_id="b", version=2, codec="json", compression="zlib")]
+    assert events_a == [Established(node_id="b", version=3, codec="json", compression="zlib")]
 
     a = make(Role.INITIATOR, "a", codecs=("json",))
     b = make(Role.RESPONDER, "b", codecs=("msgpack",))
@@ -247,12 +249,29 @@ def test_negotiation_prefers_the_initiators_order_and_rejects_nothing_in_common(
     assert a.state is State.CLOSED
 
 
+def test_version_3_is_chosen_when_both_speak_it_and_2_with_an_older_peer() -> None:
+    for offered, accepted, chosen in (((2, 3), (2, 3), 3), ((2,), (2, 3), 2), ((2, 3), (2,), 2)):
+        a = make(Role.INITIATOR, "a", versions=offered)
+        b = make(Role.RESPONDER, "b", versions=accepted)
+        events_a, events_b = handshake(a, b)
+        assert events_a == [Established(node_id="b", version=chosen, codec="msgpack", compression="none")]
+        assert events_b == [Established(node_id="a", version=chosen, codec="msgpack", compression="none")]
+        batch = big_batch(50)
+        b.receive_data(a.send(batch))
+        assert drain(b) == [batch]  # each side encodes and decodes in the version it agreed
+    a = make(Role.INITIATOR, "a", versions=(3,))
+    b = make(Role.RESPONDER, "b", versions=(2,))
+    b.receive_data(a.initiate())
+    with pytest.raises(RemoteProtocolError, match=r"no common protocol version: peer offers \[3\], we speak \[2\]"):
+        b.next_event()
+
+
 def test_no_common_version_is_refused() -> None:
     b = make(Role.RESPONDER, "b")
-    hello = Hello(versions=(1, 3), codecs=("msgpack",), compressions=("none",), node_id="future", nonce=bytes(32))
+    hello = Hello(versions=(1, 4), codecs=("msgpack",), compressions=("none",), node_id="future", nonce=bytes(32))
     code, body = encode_body(hello, "json", Limits())
     b.receive_data(encode_frame(code, 0, body))
-    with pytest.raises(RemoteProtocolError, match=r"no common protocol version: peer offers \[1, 3\], we speak \[2\]"):
+    with pytest.raises(RemoteProtocolError, match=r"no common protocol version: peer offers \[1, 4\], we speak \[2, 3\]"):
         b.next_event()
 
 
@@ -425,6 +444,12 @@ def test_compression_shrinks_large_frames_and_skips_small_ones() -> None:
     zlib_b.receive_data(packed)
     assert zlib_b.next_event() == batch
     assert zlib_a.send(Ping(seq=1, epoch=1))[5] == 0  # below compress_min: sent plain
+    br_a, br_b = established("msgpack", "br")
+    packed_br = br_a.send(batch)
+    assert packed_br[5] == FLAG_BROTLI and len(packed_br) < len(packed)
+    br_b.receive_data(packed_br)
+    assert br_b.next_event() == batch
+    assert br_a.send(Ping(seq=1, epoch=1))[5] == 0
 
 
 def test_compressed_frames_are_checked() -> None:
@@ -446,8 +471,23 @@ def test_compressed_frames_are_checked() -> None:
         b.receive_data(tagged(ping, FLAG_ZLIB, payload))
         with pytest.raises(RemoteProtocolError, match=fragment):
             b.next_event()
+    brotli_cases = [
+        (brotli.compress(b"\x00" * 100_000), "unpacks past 4094"),
+        (b"not brotli", "does not unpack"),
+        (brotli.compress(body)[:-1], "truncated"),
+        (brotli.compress(body) + b"x", "does not unpack"),
+    ]
+    for payload, fragment in brotli_cases:
+        _, b = established("msgpack", "br", limits=limits)
+        b.receive_data(tagged(ping, FLAG_BROTLI, payload))
+        with pytest.raises(RemoteProtocolError, match=fragment):
+            b.next_event()
     _, b = established("msgpack", "zlib")
-    b.receive_data(tagged(ping, 0x02, body))
+    b.receive_data(tagged(ping, FLAG_BROTLI, brotli.compress(body)))
+    with pytest.raises(RemoteProtocolError, match="the agreed compression is 'zlib'"):
+        b.next_event()
+    _, b = established("msgpack", "zlib")
+    b.receive_data(tagged(ping, 0x04, body))
     with pytest.raises(RemoteProtocolError, match="unknown frame flags"):
         b.next_event()
     b = make(Role.RESPONDER, "b")
@@ -493,10 +533,10 @@ def test_sending_over_the_frame_limit_is_a_local_error() -> None:
 
 
 def test_handshake_matches_the_documented_vector_and_an_independent_proof() -> None:
-    """docs/protocol.md's worked example, with the proofs recomputed from the spec's formulas."""
+    """docs/protocol.md's worked example (two version 2 nodes), with the proofs recomputed from the spec's formulas."""
     secret = b"correct horse battery staple 123"
-    a = make(Role.INITIATOR, "a.example:7070", secret, nonce=bytes(range(32)))
-    b = make(Role.RESPONDER, "b.example:7070", secret, nonce=bytes(range(32, 64)))
+    a = make(Role.INITIATOR, "a.example:7070", secret, nonce=bytes(range(32)), versions=(2,))
+    b = make(Role.RESPONDER, "b.example:7070", secret, nonce=bytes(range(32, 64)), versions=(2,))
     hello = a.initiate()
     assert hello == bytes.fromhex("000000af0100") + (
         b'{"protocol":"peercrawl","versions":[2],"codecs":["msgpack","json"],"compressions":["none"],'
@@ -546,10 +586,11 @@ def test_handshake_matches_the_documented_vector_and_an_independent_proof() -> N
     batch = UrlBatch(
         seq=5, sender="a", epoch=3, urls=(UrlEntry(url="https://example.com/", depth=1, found_on=None, hops=0),)
     )
-    assert a.send(batch).hex() == (
-        "0000003110009405a161039194b468747470733a2f2f6578616d706c652e636f6d2f01c000"
-        "de01698cd3d9a14cff2efdda8e10c4e8"
-    )
+    body = bytes.fromhex("9405a161039196b468747470733a2f2f6578616d706c652e636f6d2f01c000c0c2")
+    batch_tag = hashlib.blake2b(struct.pack("!Q", 1) + bytes((0x10, 0)) + body, key=initiator_key,
+                                digest_size=16).digest()  # the initiator's frame 1
+    assert a.send(batch) == bytes.fromhex("0000003310") + b"\x00" + body + batch_tag
+    assert batch_tag.hex() == "bc0b458acfb078c5ae62c73025b815fc"
 
 
 # --- frame authentication and the pre-handshake limit --------------------------------------------------------
@@ -652,4 +693,4 @@ def test_before_the_handshake_a_frame_is_at_most_max_handshake_frame() -> None:
     frame = a.send(batch)
     assert len(frame) > 4096
     b.receive_data(a.data_to_send() + frame)
-    assert drain(b) == [Established(node_id="a", version=2, codec="msgpack", compression="none"), batch]
+    assert drain(b) == [Established(node_id="a", version=3, codec="msgpack", compression="none"), batch]

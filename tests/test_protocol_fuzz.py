@@ -14,6 +14,7 @@ from protocol import (
     COMPRESSIONS,
     HEADER_SIZE,
     NEED_DATA,
+    SUPPORTED_VERSIONS,
     TYPE_CODES,
     ConnectionClosed,
     Goodbye,
@@ -75,25 +76,30 @@ def test_arbitrary_bytes_to_an_established_connection(codec: str, compression: s
 
 
 @pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("compression", ["zlib", "br"])
 @settings(max_examples=150, deadline=None)
 @given(
     code=st.sampled_from(sorted(TYPE_CODES.values()) + [0x00, 0x05, 0xFF]),
-    flags=st.sampled_from([0, 0, 0, 1, 2]),
+    flags=st.sampled_from([0, 0, 0, 1, 2, 3]),
     body=st.binary(max_size=300),
 )
-def test_well_framed_random_bodies(codec: str, code: int, flags: int, body: bytes) -> None:
-    _, b = established(codec, "zlib", limits=LIMITS)
+def test_well_framed_random_bodies(codec: str, compression: str, code: int, flags: int, body: bytes) -> None:
+    _, b = established(codec, compression, limits=LIMITS)
     survives(b, [encode_frame(code, flags, body)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("compression", ["zlib", "br"])
 @settings(max_examples=200, deadline=None)
 @given(
     messages=st.lists(APP_MESSAGES, min_size=1, max_size=4),
     edits=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from("fid"), st.integers(0, 255)), max_size=4),
 )
-def test_mutated_valid_streams(codec: str, messages: list[object], edits: list[tuple[int, str, int]]) -> None:
-    a, b = established(codec, "zlib", limits=LIMITS, compress_min=64)
+def test_mutated_valid_streams(
+    codec: str, compression: str, messages: list[object], edits: list[tuple[int, str, int]]
+) -> None:
+    a, b = established(codec, compression, limits=LIMITS, compress_min=64)
     stream = bytearray(b"".join(a.send(m) for m in messages if not isinstance(m, Goodbye)))  # type: ignore
     for position, operation, value in edits:
         at = position % (len(stream) + 1)
@@ -132,16 +138,18 @@ def to_json(tree: object) -> object:
     return tree
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(code=st.sampled_from(sorted(TYPE_CODES.values())), tree=trees)
 def test_arbitrary_trees_decode_or_raise_remote_errors(code: int, tree: object) -> None:
     bodies = [("msgpack", msgpack.packb(tree, use_bin_type=True)), ("json", json.dumps(to_json(tree)).encode())]
-    for codec, body in bodies:
-        try:
-            message = decode_body(code, body, codec, LIMITS)
-        except RemoteProtocolError:
-            continue
-        assert TYPE_CODES[type(message)] == code
+    for version in SUPPORTED_VERSIONS:
+        for codec, body in bodies:
+            try:
+                message = decode_body(code, body, codec, LIMITS, version)
+            except RemoteProtocolError:
+                continue
+            assert TYPE_CODES[type(message)] == code
 
 
 def test_a_peer_streaming_an_oversized_frame_is_cut_off_at_the_header() -> None:

@@ -76,12 +76,12 @@ async def test_two_peers_handshake_and_exchange_a_batch_over_a_stream() -> None:
             nursery.start_soon(initiator)
             nursery.start_soon(responder)
     assert seen["a"] == [
-        Established(node_id="b", version=2, codec="msgpack", compression="zlib"),
+        Established(node_id="b", version=3, codec="msgpack", compression="zlib"),
         BatchAck(seq=1, new=50, seen=0, forwarded=0, epoch=2),
         Goodbye(reason="bye"),
     ]
     assert seen["b"] == [
-        Established(node_id="a", version=2, codec="msgpack", compression="zlib"),
+        Established(node_id="a", version=3, codec="msgpack", compression="zlib"),
         batch,
         Goodbye(reason="done"),
         ConnectionClosed(clean=True),

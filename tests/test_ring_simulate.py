@@ -26,6 +26,7 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     return code, out, err
 
 
+@pytest.mark.slow
 def test_design_configurations_within_two_percent_on_a_million_hosts() -> None:
     report = simulate(DESIGN, DESIGN_CHANGES, hosts=1_000_000, rng=random.Random(2024))
     assert [stage.label for stage in report.stages] == ["initial", "remove C", "add E=300"]

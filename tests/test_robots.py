@@ -74,8 +74,8 @@ def test_rfc_example_groups() -> None:
         "user-agent: *\ndisallow: /qux\n"
     )
     for path in ("/foo", "/bar", "/baz"):
-        assert not allowed(text, "ExampleBot/2.0", path)
-    assert allowed(text, "ExampleBot/2.0", "/qux")  # the * group does not apply to a named agent
+        assert not allowed(text, "ExampleBot", path)
+    assert allowed(text, "ExampleBot", "/qux")  # the * group does not apply to a named agent
     assert not allowed(text, "OtherBot", "/qux")
     assert allowed(text, "OtherBot", "/foo")
 
@@ -85,7 +85,7 @@ def test_directive_names_and_agent_values_are_case_insensitive() -> None:
         "USER-AGENT: FOO BAR\nALLOW: /x/\nDISALLOW: /\n",
         "uSeR-aGeNt: fOo\nAlLoW: /x/\ndIsAlLoW: /\n",
     ):
-        for agent in ("Foo", "foo", "FOO/1.0 (+http://foo.example/bot)"):
+        for agent in ("Foo", "foo", product_token("FOO/1.0 (+http://foo.example/bot)")):
             assert allowed(text, agent, "/x/y")
             assert not allowed(text, agent, "/a/b")
 
@@ -106,12 +106,15 @@ def test_product_token(agent: str, token: str) -> None:
 
 def test_agent_match_is_exact_on_the_product_token() -> None:
     text = "user-agent: FooBot\ndisallow: /\nuser-agent: *\nallow: /\n"
-    assert not allowed(text, "FooBot/1.0", "/x")
     assert not allowed(text, "foobot", "/x")
     assert allowed(text, "FooBotExtra", "/x")
     assert allowed(text, "Foo", "/x")
-    # A versioned value in the file still names the product token.
+    # The caller passes a product token; a full User-Agent names no group (the crawler passes its token).
+    assert allowed(text, "FooBot/1.0", "/x")
+    # A versioned value, or one with a space, in the file names its leading token.
     assert not allowed("user-agent: FooBot/2.1\ndisallow: /\n", "foobot", "/x")
+    assert not allowed("user-agent: Foo Bar\ndisallow: /\n", "foo", "/x")
+    assert allowed("user-agent: Foo Bar\ndisallow: /\n", "Foo Bar", "/x")
 
 
 def test_global_group_is_a_fallback_only() -> None:
@@ -206,18 +209,20 @@ def test_comments_are_stripped() -> None:
 @pytest.mark.parametrize(
     ("rule", "path", "expected"),
     [
-        ("disallow: /%7Efoo", "/~foo/x", False),
-        ("disallow: /~foo", "/%7Efoo/x", False),
+        # Rules get the reference's normal form (non-ASCII escaped, hex upper-cased); nothing is decoded.
+        ("disallow: /%7Efoo", "/~foo/x", True),
+        ("disallow: /~foo", "/%7Efoo/x", True),
         ("disallow: /%7efoo", "/%7Efoo", False),
         ("disallow: /%2Fx", "//x", True),  # an escaped "/" is not a "/"
         ("disallow: /%2fx", "/%2Fx", False),
         ("disallow: /foo/bar/ツ", "/foo/bar/%E3%83%84", False),
-        ("disallow: /foo/bar/%E3%83%84", "/foo/bar/ツ", False),
+        ("disallow: /foo/bar/%E3%83%84", "/foo/bar/%E3%83%84", False),
+        ("disallow: /foo/bar/%E3%83%84", "/foo/bar/ツ", True),  # the path is the caller's to encode
         ("disallow: /foo/bar?qux=taz&baz=http://foo.bar?tar&par", "/foo/bar?qux=taz&baz=http://foo.bar?tar&par", False),
-        ("disallow: /a b", "/a%20b", False),
+        ("disallow: /a b", "/a%20b", True),
     ],
 )
-def test_percent_encoding_is_normalized_on_both_sides(rule: str, path: str, expected: bool) -> None:
+def test_percent_encoding_of_rules(rule: str, path: str, expected: bool) -> None:
     assert allowed(f"user-agent: *\n{rule}\n", "FooBot", path) is expected
 
 
@@ -245,27 +250,31 @@ def test_line_endings_bom_and_typos() -> None:
     assert not parse("\ufeffuser-agent: *\ndisallow: /\n").can_fetch("x", "/a")
     assert not allowed("useragent: *\ndisalow: /\n", "x", "/a")
     assert not allowed("user agent: *\ndissallow: /\n", "x", "/a")
-    assert not allowed("user-agent: *\nDisallow: private\n", "x", "/private/x")
+    assert allowed("user-agent: *\nDisallow: private\n", "x", "/private/x")  # no leading "/": matches no path
 
 
 def test_crawl_delay_and_sitemaps() -> None:
     robots = parse(
         "Sitemap: https://foo.bar/s1.xml\n"
         "user-agent: FooBot\ncrawl-delay: 2.5\ndisallow: /x\n"
-        "user-agent: FooBot\nCrawl-delay: 4\n"
-        "user-agent: *\ncrawl-delay: 10 # seconds\n"
-        "user-agent: SlowBot\ncrawl-delay: abc\n"
-        "user-agent: NegBot\ncrawl-delay: -3\n"
-        "user-agent: DotBot\ncrawl-delay: .5\n"
+        "user-agent: FooBot\nCrawl-delay: 4\nallow: /\n"
+        "user-agent: *\ncrawl-delay: 10 # seconds\nallow: /\n"
+        "user-agent: SlowBot\ncrawl-delay: abc\nallow: /\n"
+        "user-agent: NegBot\ncrawl-delay: -3\nallow: /\n"
+        "user-agent: DotBot\ncrawl-delay: .5\nallow: /\n"
         "site-map: https://foo.bar/s2.xml\nSitemap: https://foo.bar/s1.xml\n"
     )
-    assert robots.crawl_delay("FooBot/1.0") == 4.0  # merged groups: the slowest asked
+    assert robots.crawl_delay("FooBot") == 4.0  # merged groups: the slowest asked
     assert robots.crawl_delay("Other") == 10.0
     assert robots.crawl_delay("SlowBot") is None
     assert robots.crawl_delay("NegBot") is None
     assert robots.crawl_delay("DotBot") == 0.5
     assert robots.sitemaps == ("https://foo.bar/s1.xml", "https://foo.bar/s2.xml")
     assert parse("user-agent: *\ndisallow: /\n").crawl_delay("x") is None
+    # Crawl-delay, like any line that is not a rule, does not end a run of user-agent lines.
+    shared = parse("user-agent: FooBot\ncrawl-delay: 3\nuser-agent: *\ndisallow: /\n")
+    assert shared.crawl_delay("FooBot") == 3.0 and shared.crawl_delay("other") is None
+    assert not shared.can_fetch("FooBot", "/x")
 
 
 def test_garbage_is_tolerated() -> None:

@@ -89,3 +89,12 @@ def test_matches_a_list_model(ops):
                     model.append(entry)
             assert cache.get(key, float(now)) == expected
         assert cache.export(lambda k: True) == model
+
+
+def test_hits_and_misses_are_counted():
+    c: LruTtlCache[str, int] = LruTtlCache(2)
+    c.put("a", 1, expires_at=10.0)
+    assert c.get("a", 1.0) == 1
+    assert c.get("b", 1.0) is None
+    assert c.get("a", 10.0) is None  # expired: a miss, and the entry is gone
+    assert (c.hits, c.misses) == (1, 2)

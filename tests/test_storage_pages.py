@@ -373,3 +373,34 @@ def test_short_writes_are_continued_and_no_progress_is_a_storage_error(tmp_path)
         assert [len(again.lookup(page(n)["url"])) for n in (1, 2, 3)] == [1, 1, 0]
     bodies = [r[3] for r in read_checked(tmp_path / name) if r[0] == "response"]
     assert bodies == [page(1)["body"], page(2, size=5000)["body"]]
+
+
+def test_pages_stored_from_several_threads_are_whole_and_indexed(tmp_path):
+    """store() from four threads at once (the node's --page-threads): every record verifies, pairs stay
+    adjacent, and every CDXJ line points at its own response, across rotations."""
+    import threading
+
+    with WarcPageStore(tmp_path, max_file_bytes=60_000) as store:
+        def work(k: int) -> None:
+            for n in range(k, 200, 4):
+                store.store(**page(n, size=300 + 41 * n, url=f"http://h{n % 7}.test/p/{n}"))
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert store.pages == 200
+    urls = []
+    for warc in sorted(tmp_path.glob("*.warc.gz")):
+        records = read_checked(warc)
+        kinds = [r[0] for r in records]
+        assert kinds == ["warcinfo"] + ["response", "request"] * ((len(kinds) - 1) // 2)
+        for resp, req in zip(records[1::2], records[2::2], strict=True):
+            assert req[1].get_header("WARC-Concurrent-To") == resp[1].get_header("WARC-Record-ID")
+        found = {r[1].get_header("WARC-Target-URI"): r for r in records if r[0] == "response"}
+        for line in warc.with_name(warc.name[: -len(".warc.gz")] + ".cdxj").read_text().splitlines():
+            fields = json.loads(line.split(" ", 2)[2])
+            assert (int(fields["offset"]), int(fields["length"])) == found[fields["url"]][4:6]
+            urls.append(fields["url"])
+    assert sorted(urls) == sorted(f"http://h{n % 7}.test/p/{n}" for n in range(200))

@@ -4,14 +4,31 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["format_status"]
+__all__ = ["format_settings", "format_status"]
+
+
+def format_settings(settings: dict[str, Any]) -> str:
+    """The crawl settings in force, one per line; -1 reads as "no limit"."""
+    lines = [f"crawl settings v{settings['version']} (changed by {settings['origin'] or 'the configuration'})"
+             f"{'  PAUSED' if settings['paused'] else ''}"]
+    for name in sorted(settings):
+        if name in ("version", "origin", "paused"):
+            continue
+        value = settings[name]
+        if isinstance(value, list):
+            text = " ".join(value) if value else "-"
+        else:
+            text = "no limit" if value == -1 else str(value)
+        lines.append(f"  {name:<20} {text}")
+    return "\n".join(lines)
 
 
 def format_status(st: dict[str, Any]) -> str:
     q = st["queue"]
     lines = [
         f"node {st['node_id']} (weight {st['weight']})  up {st['uptime']:.0f}s  "
-        f"{'DONE' if st['done'] else 'crawling'}",
+        f"{'DONE' if st['done'] else 'PAUSED' if st.get('settings', {}).get('paused') else 'crawling'}"
+        + (f"  settings v{st['settings']['version']}" if "settings" in st else ""),
         f"  pages {st['pages']}  rate {st['rate']:.1f}/s  bytes {st['bytes']}  stored {st['stored']}",
         f"  queue {q['urls']} urls on {q['hosts_waiting']} waiting hosts ({q['hosts_known']} known), "
         f"in flight {q['in_flight']}, workers busy {q['workers_busy']}",
@@ -20,6 +37,14 @@ def format_status(st: dict[str, Any]) -> str:
         "  errors " + (" ".join(f"{k}={v}" for k, v in sorted(st["errors"].items())) or "-"),
         "  skipped " + (" ".join(f"{k}={v}" for k, v in sorted(st["skipped"].items())) or "-"),
     ]
+    rv = st.get("revisit", {})
+    if rv.get("enabled"):
+        done = st.get("revisits", {})
+        lines.append(f"  revisits scheduled {rv['scheduled']} (waiting {rv['waiting']}), fetched {done.get('fetched', 0)}: "
+                     f"changed {done.get('changed', 0)}, unchanged {done.get('unchanged', 0)} "
+                     f"(304 {done.get('not_modified', 0)}), bytes saved {done.get('bytes_saved', 0)}")
+        for due in rv["next_due"]:
+            lines.append(f"    next in {due['in']:>8.1f}s  {due['url']}")
     if "dns" in st:
         dns = st["dns"]
         failures = " ".join(f"{k}={v}" for k, v in sorted(dns.get("failures", {}).items())) or "-"

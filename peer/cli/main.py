@@ -17,11 +17,12 @@ from types import ModuleType
 
 import trio
 
-from peer.cli import cluster_cmds, ring_cmd
-from peer.cli.client import control_address, control_request
+from peer.cli import cluster_cmds, ring_cmd, steer_cmds
+from peer.cli.client import control_address, control_request, find_token
 from peer.cli.errors import CliError
 from peer.cli.format import format_status
-from peer.config import FIELDS, Config, ConfigError, load
+from peer.config import DEFAULTS, FIELDS, Config, ConfigError, default_text, load
+from peer.control import dashboard_address
 from peer.log import setup_logging
 from peer.node import NodeError, run_node
 from storage import StorageError
@@ -48,9 +49,13 @@ PEERCTL_EPILOG = textwrap.dedent(
       peerctl ring --node A=150 --node B=80 --node C=200 --node D=40 --remove C --add E=300 --hosts 1000000
       peerctl status --cluster --data-dir ./a       # every member: state, pages, rate, queue, idle
       peerctl ring --data-dir ./a                   # the live ring: weight share, key share, URLs received
+      peerctl dashboard --data-dir ./a              # the live dashboard's address (ring, flows, crawl)
       peerctl join --data-dir ./c --seed 127.0.0.1:7400
       peerctl leave --data-dir ./b                  # hand off everything, then exit
       peerctl stop --control 127.0.0.1:7410
+      peerctl seed --data-dir ./a https://example.org/ https://example.net/   # or --file seeds.txt
+      peerctl pause --data-dir ./a                  # the whole cluster stops starting fetches; resume resumes
+      peerctl scope --data-dir ./a --exclude '/calendar/' --max-pages-per-host 500   # everywhere, at once
       peerctl experiment --plan design --out runs/design   # the design's ring experiment, simulated
     """
 )
@@ -63,10 +68,10 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("node")
     g.add_argument("--config", metavar="FILE", help="TOML file with settings (keys as in `peerd config`)")
     g.add_argument("--node-id", dest="node_id", help="stable node name (default: hostname:listen-port)")
-    g.add_argument("--weight", type=int, help="ring weight, integer > 0 (default 100)")
-    g.add_argument("--listen", help="peer address HOST:PORT (default 127.0.0.1:7400)")
-    g.add_argument("--control", help="control/metrics address HOST:PORT; port 0 picks one (default 127.0.0.1:7410)")
-    g.add_argument("--data-dir", dest="data_dir", help="directory for all durable state (default ./peercrawl-data)")
+    g.add_argument("--weight", type=int, help="ring weight, integer > 0")
+    g.add_argument("--listen", help="peer address HOST:PORT")
+    g.add_argument("--control", help="control/metrics address HOST:PORT; port 0 picks one")
+    g.add_argument("--data-dir", dest="data_dir", help="directory for all durable state")
     k = p.add_argument_group("cluster (a node without a secret runs standalone)")
     g.add_argument("--control-token-file", dest="control_token_file", metavar="FILE",
                    help="file holding the control endpoint's token; without a token set, control stays on loopback")
@@ -80,22 +85,22 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     k.add_argument("--tls-cert", dest="tls_cert", metavar="PEM", help="this node's certificate (mutual TLS)")
     k.add_argument("--tls-key", dest="tls_key", metavar="PEM", help="its private key")
     k.add_argument("--tls-ca", dest="tls_ca", metavar="PEM", help="the CA that signed every node's certificate")
-    k.add_argument("--codec", choices=["msgpack", "json"], help="wire codec offered first (default msgpack)")
+    k.add_argument("--codec", choices=["msgpack", "json"], help="wire codec offered first")
+    k.add_argument("--compression", choices=["br", "zlib", "none"], help="frame compression offered first")
     k.add_argument("--batch-size", dest="batch_size", type=int, metavar="N",
-                   help="URLs per batch to a peer; a full batch goes at once (default 500)")
+                   help="URLs per batch to a peer; a full batch goes at once")
     k.add_argument("--dispatch-interval", dest="dispatch_interval", type=float, metavar="SECONDS",
-                   help="flush timer for partial batches (default 0.2)")
+                   help="flush timer for partial batches")
     k.add_argument("--handoff-wait", dest="handoff_wait", type=float, metavar="SECONDS",
-                   help="how long a gained arc waits for its hand-off before it is crawled anyway (default 30)")
+                   help="how long a gained arc waits for its hand-off before it is crawled anyway")
     k.add_argument("--leave-timeout", dest="leave_timeout", type=float, metavar="SECONDS",
-                   help="bound on a graceful leave's hand-off (default 120)")
+                   help="bound on a graceful leave's hand-off")
     k.add_argument("--probe-timeout", dest="probe_timeout", type=float, metavar="SECONDS",
-                   help="wait for a direct probe's answer before asking others to probe (default 0.5)")
+                   help="wait for a direct probe's answer before asking others to probe")
     k.add_argument("--suspicion-timeout", dest="suspicion_timeout", type=float, metavar="SECONDS",
-                   help="time a silent peer has to refute a suspicion before it is declared dead (default 5)")
+                   help="time a silent peer has to refute a suspicion before it is declared dead")
     k.add_argument("--replicas", dest="replicas", type=int, metavar="R",
-                   help="ring backups that hold every queued URL durably besides its owner; 0 turns it off "
-                        "(default 1)")
+                   help="ring backups that hold every queued URL durably besides its owner; 0 turns it off")
     c = p.add_argument_group("crawl")
     c.add_argument("--seed", dest="seeds", action="append", metavar="URL", help="start URL (repeatable)")
     c.add_argument("--seeds-file", dest="seeds_file", metavar="FILE", help="file of start URLs, one per line")
@@ -104,18 +109,46 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--deny-host", dest="denied_hosts", action="append", metavar="PATTERN",
                    help="never crawl these hosts (repeatable)")
     c.add_argument("--max-depth", dest="max_depth", type=int, help="link depth limit (-1: none)")
-    c.add_argument("--max-pages-per-host", dest="max_pages_per_host", type=int, help="(-1: none)")
-    c.add_argument("--delay", type=float, help="minimum seconds between requests to one host (default 1.0)")
-    c.add_argument("--concurrency", type=int, help="fetches in flight (default 256)")
-    c.add_argument("--user-agent", dest="user_agent", help="product token/version (default peercrawl/0.1)")
+    c.add_argument("--max-pages-per-host", dest="max_pages_per_host", type=int,
+                   help="pages fetched from one host, counted by its owner fleet-wide (-1: none)")
+    c.add_argument("--max-bytes-per-host", dest="max_bytes_per_host", type=int, metavar="BYTES",
+                   help="body bytes fetched from one host, counted by its owner fleet-wide (-1: none)")
+    c.add_argument("--include", dest="include", action="append", metavar="REGEX",
+                   help="crawl only URLs in which one of these matches (re.search on the normalized URL; repeatable)")
+    c.add_argument("--exclude", dest="exclude", action="append", metavar="REGEX",
+                   help="never crawl URLs in which one of these matches (repeatable)")
+    c.add_argument("--max-url-length", dest="max_url_length", type=int, metavar="N",
+                   help="longer URLs are not crawled")
+    c.add_argument("--max-query-params", dest="max_query_params", type=int, metavar="N",
+                   help="URLs with more query parameters are not crawled (-1: none)")
+    c.add_argument("--delay", type=float, help="minimum seconds between requests to one host")
+    c.add_argument("--concurrency", type=int, help="fetches in flight")
+    c.add_argument("--page-threads", dest="page_threads", type=int, metavar="N",
+                   help="threads that store and parse pages, to use more cores (0: inline; docs/operations.md)")
+    c.add_argument("--ip-connections", dest="ip_connections", type=int, metavar="N",
+                   help="requests in service at once to one server address (0: no per-address limits)")
+    c.add_argument("--ip-delay", dest="ip_delay", type=float, metavar="SECONDS",
+                   help="seconds between the end of a request to an address and the next on its lane")
+    c.add_argument("--user-agent", dest="user_agent", help="product token/version")
     c.add_argument("--contact", help="URL or address for site owners, added to the User-Agent")
-    c.add_argument("--store", choices=["warc", "none"], help="page store (default warc)")
+    c.add_argument("--store", choices=["warc", "none"], help="page store")
     c.add_argument("--dedup", choices=["lmdb", "memory-urls", "memory-md5", "md5-tree", "bloom", "redis"],
-                   help="seen-URL store (default lmdb; others are the URL-dedup study's, see docs/experiments.md)")
+                   help="seen-URL store (the others are the URL-dedup study's, see docs/experiments.md)")
     c.add_argument("--redis-url", dest="redis_url", metavar="URL", help="redis://HOST:PORT/DB for --dedup redis")
     c.add_argument("--store-type", dest="store_types", action="append", metavar="MIME",
-                   help="content type to store (repeatable; default text/html and application/xhtml+xml)")
-    c.add_argument("--max-body", dest="max_body", type=int, metavar="BYTES", help="body size cap (default 10 MiB)")
+                   help="content type to store (repeatable)")
+    c.add_argument("--max-body", dest="max_body", type=int, metavar="BYTES", help="body size cap")
+    c.add_argument("--no-sitemaps", dest="sitemaps", action="store_const", const=False,
+                   help="do not read the sitemaps robots.txt names")
+    c.add_argument("--sitemap-xml", dest="sitemap_xml", action="store_const", const=True,
+                   help="read /sitemap.xml of hosts whose robots.txt names no sitemap")
+    c.add_argument("--revisit", dest="revisit", action="store_const", const=True,
+                   help="keep crawling: fetch every stored page again on an adaptive schedule (conditional GET; "
+                        "unchanged pages cost a WARC revisit record)")
+    c.add_argument("--revisit-min", dest="revisit_min", type=float, metavar="SECONDS",
+                   help="shortest revisit interval")
+    c.add_argument("--revisit-max", dest="revisit_max", type=float, metavar="SECONDS",
+                   help="longest revisit interval")
     c.add_argument("--exit-when-done", dest="exit_when_done", action="store_const", const=True,
                    help="exit 0 when the frontier is empty and nothing is in flight")
     n = p.add_argument_group("network")
@@ -127,6 +160,15 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     o.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
     o.add_argument("--log-format", dest="log_format", choices=["auto", "json", "text"])
     o.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    _add_defaults(p)
+
+
+def _add_defaults(p: argparse.ArgumentParser) -> None:
+    """Append each setting's built-in default to its flag's help, from peer.config: stated once, shown here."""
+    for action in p._actions:
+        text = default_text(action.dest) if action.dest in DEFAULTS else None
+        if text is not None and action.help is not None:
+            action.help += f" (default {text})".replace("%", "%%")
 
 
 def _config_from(args: argparse.Namespace):
@@ -204,6 +246,27 @@ def _peerctl_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _peerctl_seed(args: argparse.Namespace) -> int:
+    urls = list(args.urls) + (steer_cmds.read_seed_file(args.file) if args.file else [])
+    steer_cmds.seed(control_request, control_address(args), urls)
+    return 0
+
+
+def _peerctl_pause(args: argparse.Namespace) -> int:
+    steer_cmds.pause(control_request, control_address(args))
+    return 0
+
+
+def _peerctl_resume(args: argparse.Namespace) -> int:
+    steer_cmds.resume(control_request, control_address(args))
+    return 0
+
+
+def _peerctl_scope(args: argparse.Namespace) -> int:
+    steer_cmds.scope(control_request, control_address(args), steer_cmds.scope_changes(args), as_json=args.json)
+    return 0
+
+
 def _peerctl_ring(args: argparse.Namespace) -> int:
     if args.control or args.data_dir:
         cs = control_request(control_address(args), "GET", "/cluster")
@@ -212,6 +275,16 @@ def _peerctl_ring(args: argparse.Namespace) -> int:
     if not args.node:
         raise CliError("peerctl ring needs --node NAME=WEIGHT (a simulation) or --control/--data-dir (a live node)")
     return ring_cmd.run(args)
+
+
+def _peerctl_dashboard(args: argparse.Namespace) -> int:
+    address, token = control_address(args), find_token(args)
+    if token is None:
+        raise CliError("peerctl dashboard needs the node's control token: give --data-dir DIR, --token-file FILE "
+                       "or PEERCRAWL_CONTROL_TOKEN")
+    control_request(address, "GET", "/healthz", timeout=5.0)  # the node is there
+    print(dashboard_address(address, token))
+    return 0
 
 
 # The lab (peerlab: the local web, the experiment, the demo) is a sibling package the daemon never imports; its
@@ -274,6 +347,29 @@ def peerctl_main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("stop", help="ask a node to stop cleanly")
     target(p)
     p.set_defaults(func=_peerctl_stop)
+    p = sub.add_parser("dashboard", help="print the address of the node's live dashboard (open it in a browser)",
+                       description="Print the address of the dashboard the node serves for the whole cluster: "
+                       "its control endpoint, with the control token in the fragment (a browser never sends "
+                       "it to a server; the page sends it with each API call). Example: "
+                       "peerctl dashboard --data-dir ./a")
+    target(p)
+    p.set_defaults(func=_peerctl_dashboard)
+    p = sub.add_parser("seed", help="add start URLs to a running crawl (routed to their owners from any node)")
+    target(p)
+    p.add_argument("urls", nargs="*", metavar="URL", help="start URLs")
+    p.add_argument("--file", metavar="FILE", help="file of start URLs, one a line (# comments allowed)")
+    p.set_defaults(func=_peerctl_seed)
+    p = sub.add_parser("pause", help="stop starting fetches everywhere in the cluster (state is kept)")
+    target(p)
+    p.set_defaults(func=_peerctl_pause)
+    p = sub.add_parser("resume", help="start fetching again everywhere after a pause")
+    target(p)
+    p.set_defaults(func=_peerctl_resume)
+    p = sub.add_parser("scope", help="change the crawl's scope and budgets everywhere at runtime (no change "
+                                      "given: show them); queued URLs now out of scope are dropped when popped")
+    target(p)
+    steer_cmds.add_scope_arguments(p)
+    p.set_defaults(func=_peerctl_scope)
     p = sub.add_parser("ring", help="the live ring of a running cluster (--control/--data-dir), or a simulation "
                                      "(--node ...): shares, moved keys")
     target(p)

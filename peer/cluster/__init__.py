@@ -4,7 +4,7 @@ owners, hand-off of moved arcs, seen-key replicas, and the `Cluster` that compos
 decides together with its peers when the crawl is finished.
 """
 
-from peer.cluster.cluster import Cluster, ClusterError, NodeProgress
+from peer.cluster.cluster import Cluster, ClusterError
 from peer.cluster.discovery import DiscoveryError, srv_seeds
 from peer.cluster.dispatch import DispatchConfig, DispatchStats, Dispatcher
 from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
@@ -16,6 +16,6 @@ from peer.cluster.transport import MemoryNetwork, TcpTransport, TlsFiles, Transp
 __all__ = [
     "Cluster", "ClusterError", "DiscoveryError", "DispatchConfig", "DispatchStats", "Dispatcher", "Handoff",
     "HandoffConfig", "LinkConfig", "LinkError", "MemoryNetwork", "Membership", "MembershipConfig",
-    "NodeProgress", "PeerLinks", "SeenReplicas", "TcpTransport", "TlsFiles", "Transport", "TransportError",
+    "PeerLinks", "SeenReplicas", "TcpTransport", "TlsFiles", "Transport", "TransportError",
     "handoff_arcs", "srv_seeds",
 ]

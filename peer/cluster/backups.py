@@ -130,6 +130,9 @@ class QueueReplicas:
         self.limits = limits or Limits()
         self._backups: dict[str, _Backup] = {}
         self._tickets: list[Ticket] = []
+        # called with each URL whose release is staged: the cluster sends its seen key to the seen-key replicas
+        # only then, so no backup holds a page as seen while the links it queued may be lost with this node
+        self.on_released: Callable[[QueuedUrl], None] | None = None
         # releases waiting for their page's links: ({owner: outbox seq at the commit}, the links' ticket, URL)
         self._releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]] = []
         self._wake = trio.Event()
@@ -240,6 +243,8 @@ class QueueReplicas:
         self._releases = still
 
     def _release(self, item: QueuedUrl) -> None:
+        if self.on_released is not None:
+            self.on_released(item)
         _epoch, ring = self.ring_of()
         if ring is None:
             return

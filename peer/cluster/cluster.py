@@ -22,25 +22,37 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import trio
 
-from protocol import Message, ProgressQuery, ProgressReport
-from ring import DEFAULT_POINTS_PER_WEIGHT, ArcMove, MemberState, Ring, View, diff, host_position
+from protocol import (
+    Count,
+    Message,
+    ProgressQuery,
+    ProgressReport,
+    Settings,
+    SlowHost,
+    StatusQuery,
+    StatusReport,
+    Transfer,
+)
+from ring import DEFAULT_POINTS_PER_WEIGHT, RING_SPACE, ArcMove, MemberState, Ring, View, diff, host_position
 from storage import HostState, NodeStore, QueuedUrl
 
 from peer.config import Config
-from peer.crawl.crawler import Crawler, Link
+from peer.crawl.crawler import Crawler
 from peer.cluster.backups import QueueReplicas
+from peer.crawl.settings import CrawlSettings, SettingsError
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
-from peer.cluster.handoff import ArcSet, Handoff, HandoffConfig, handoff_arcs
+from peer.cluster.handoff import ArcSet, Handoff, HandoffConfig, Hold, handoff_arcs
 from peer.cluster.membership import Membership, MembershipConfig
+from peer.cluster.lanes import LEASE, FleetLanes
 from peer.cluster.replicas import SeenReplicas
 from peer.cluster.transport import TcpTransport, TlsFiles, Transport
 
-__all__ = ["Cluster", "NodeProgress"]
+__all__ = ["Cluster", "ring_slices", "status_dict", "status_report"]
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +60,23 @@ log = logging.getLogger(__name__)
 PROGRESS_INTERVAL = 1.0
 #: How often a node looks for queued hosts it no longer owns (state that arrived late or from an older view).
 SWEEP_INTERVAL = 5.0
-#: After a join, how long to wait for the ring of the joined view (building one takes about a second per
-#: 500,000 points).
+#: After a join, how long to wait for the ring of the joined view (a build takes about 0.1 s per million points;
+#: a view change derives the next ring from the current one in a few tens of milliseconds).
 JOIN_RING_TIMEOUT = 30.0
 #: A node seen LEAVING this long and no longer connected has left: its arcs are not waited for any more. Its
 #: links stay up while it hands off, so this only needs to cover a link that is not up yet.
 LEFT_GRACE = 2.0
 #: After concluding the crawl is finished, a node keeps answering until every peer has concluded too.
 LINGER_TIMEOUT = 5.0
+#: A look at the cluster asks the peers for their detailed status (the dashboard's) at most this often.
+STATUS_INTERVAL = 0.5
+#: A peer's detailed status older than this is not shown.
+DETAIL_MAX_AGE = 10.0
+#: The dashboard's picture folds the ring into this many slices.
+RING_SLICES = 360
+#: The crawl settings go to every live peer at each change and view change, and again this often (links deliver
+#: at most once per connection: the repeat is what makes a lost record harmless). One small message per peer.
+SETTINGS_INTERVAL = 5.0
 
 #: The partition fence. A node that has heard from no strict majority of the members owning arcs within
 #: CONTACT_WINDOW starts no fetch (it is on the minority side of a partition, whose hosts the majority is about
@@ -83,6 +104,11 @@ class _Owners:
         self.ring = ring
         self._cache: dict[str, str] = {}
 
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The ring's node ids (the dispatcher sizes its batching wait by them)."""
+        return self.ring.nodes
+
     def owner(self, host: str) -> str:
         try:
             return self._cache[host]
@@ -92,21 +118,6 @@ class _Owners:
                 self._cache.clear()
             self._cache[host] = owner
             return owner
-
-
-@dataclass(frozen=True, slots=True)
-class NodeProgress:
-    """One node's answer in a progress round (this node's own is taken locally)."""
-
-    node_id: str
-    ring: int  # the id of the ring the node uses: nodes can number the same ring with different view epochs
-    idle: bool
-    finished: bool
-    activity: int
-    pages: int
-    queued: int
-    urls_received: int
-    rate: float
 
 
 class Cluster:
@@ -131,6 +142,7 @@ class Cluster:
         self.store = store
         self.stats = stats
         codecs = (cfg.codec, "json" if cfg.codec == "msgpack" else "msgpack")
+        compressions = (cfg.compression, *(c for c in ("br", "zlib", "none") if c != cfg.compression))
         self.membership = Membership(
             node_id=node_id,
             weight=cfg.weight,
@@ -143,6 +155,7 @@ class Cluster:
                                     suspicion_timeout=cfg.suspicion_timeout),
             on_message=self._on_message,
             codecs=codecs,
+            compressions=compressions,
         )
         self.links = self.membership.links
         self.view = View()
@@ -162,9 +175,20 @@ class Cluster:
         )
         self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
                                      apply_states=self._merge_states, wall_clock=wall_clock)
+        self.backups.on_released = self.replicas.fetched
         # the hand-off asks the cluster (its delegate) what is busy, who owns what, and where keys go
         self.handoff = Handoff(node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait),
                                wall_clock=wall_clock, delegate=self)
+        # per-address limits held fleet-wide: this node owns the addresses the ring gives it and lends their
+        # lanes (peer/cluster/lanes.py); the crawler borrows through it
+        self._lanes_file = Path(cfg.data_dir) / LANES_FILE
+        self._lanes_written = -math.inf
+        self.lanes = (
+            FleetLanes(node_id, cfg.ip_connections, cfg.ip_delay, lease=LEASE, max_request=cfg.total_timeout,
+                       delegate=self, start_wait=_lent_until(self._lanes_file, wall_clock()))
+            if cfg.ip_connections > 0 else None
+        )
+        self._wall_clock = wall_clock
         self.crawler: Crawler | None = None
         self.address: str | None = None
         self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
@@ -172,7 +196,7 @@ class Cluster:
         self.leaving = False
         self.view_changes = 0
         self.hosts_swept = 0
-        self.peers: dict[str, NodeProgress] = {}  # the latest report of each peer
+        self.peers: dict[str, ProgressReport] = {}  # the latest report of each peer
         self._last_round: dict[str, tuple[int, bool, int]] | None = None
         self._round_done = False
         self._seq = 0
@@ -187,6 +211,14 @@ class Cluster:
         self._last_tick = math.inf  # set when the contact loop starts
         self.fences = 0  # times this node fenced itself
         self._holds: list[tuple[ArcSet, float]] = []  # arcs inherited from dead members, and until when held
+        # The dashboard: this node's detailed status (set by the node), its peers' latest, and until when to ask.
+        self.summary: Callable[[], dict[str, Any]] | None = None
+        self.details: dict[str, tuple[float, dict[str, Any]]] = {}  # peer -> (trio time received, status)
+        self._asked_at = float("-inf")  # when peers were last asked for their detailed status
+        self._slices: tuple[int, list[dict[str, float]]] | None = None  # (ring id, the ring folded)
+        self.settings_sent = 0
+        self.settings_adopted = 0
+        self.settings_refused = 0
 
     # -- the crawler's Ownership (peer/crawl/seams.py) -------------------------------------------------------
 
@@ -196,8 +228,8 @@ class Cluster:
         """The crawler this cluster wakes when work arrives (built with `ownership=cluster`)."""
         self.crawler = crawler
 
-    def route(self, host: str, link: Link) -> None:
-        self.dispatcher.route(host, link)
+    def route(self, item: QueuedUrl) -> None:
+        self.dispatcher.route(item)
 
     def take_routed(self) -> list[tuple[str, QueuedUrl]]:
         routed = self.dispatcher.take_routed()
@@ -210,10 +242,14 @@ class Cluster:
         self._queued_ticket = self.backups.replicate(items)
 
     def fetched(self, item: QueuedUrl) -> None:
-        self.replicas.fetched(item)
         routed_to, self._routed_to = self._routed_to, set()
         links, self._queued_ticket = self._queued_ticket, None
-        self.backups.released(item, routed_to, links)
+        if self.backups.copies:
+            # its seen key goes to the seen-key replicas with its release (`backups.on_released`): once the links
+            # its page found are safe elsewhere, as a backup that held the page seen would never fetch it again
+            self.backups.released(item, routed_to, links)
+        else:
+            self.replicas.fetched(item)
 
     def ring_of(self) -> tuple[int, Any]:
         """The view epoch and the current ring's owner look-up (what the dispatcher needs of a ring)."""
@@ -224,6 +260,35 @@ class Cluster:
         self.ring = ring
         self._owners = _Owners(ring)
         self._ring_id = ring_id(ring)
+        if self.lanes is not None:
+            self.lanes.ring_changed(self._owners.owner)
+
+    # -- the lanes' delegate (peer/cluster/lanes.py: LanesDelegate) ----------------------------------------
+
+    def send_lanes(self, peer_id: str, message: Message) -> bool:
+        return self.links.send_nowait(peer_id, message)
+
+    def address_ready(self, address: str) -> None:
+        if self.crawler is not None:
+            self.crawler.address_ready(address)
+
+    async def _lanes_loop(self) -> None:
+        assert self.lanes is not None
+        while True:
+            await trio.sleep(0.1)
+            members = {m.node_id for m in self.view.members if m.state in _OWNING} | {self.node_id}
+            self.lanes.tick(members)
+            # Until when lanes lent to other nodes may be in use, on disk (as wall time), so that a restart waits
+            # out only what this run lent: written when it moves on by a second or more.
+            until = self.lanes.lent_until
+            if until > self._lanes_written + 1.0:
+                wall = self._wall_clock() + (until - trio.current_time())
+                try:
+                    self._lanes_file.write_text(f"{wall:.3f}\n")
+                    self._lanes_written = until
+                except OSError as exc:
+                    log.warning("cannot record the lanes lent (a restart waits the whole lease time instead)",
+                                extra={"path": str(self._lanes_file), "error": str(exc)})
 
     def owns(self, host: str) -> bool:
         """Whether this node owns `host` under its current view (links to it are queued here, not routed)."""
@@ -326,10 +391,13 @@ class Cluster:
         if self.crawler is not None:
             self.crawler.take_over([], states)
 
-    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
-        self.backups.queued(new)
+    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> Hold | None:
+        ticket = self.backups.replicate(new)
         if self.crawler is not None:
             self.crawler.take_over(new, states)
+        if ticket is None or self.backups.done(ticket):
+            return None
+        return lambda callback: self.backups.then(ticket, callback)
 
     # -- lifetime -----------------------------------------------------------------------------------------
 
@@ -351,6 +419,9 @@ class Cluster:
             nursery.start_soon(self._sweep_loop)
             self._last_tick = trio.current_time()
             nursery.start_soon(self._contact_loop)
+            if self.lanes is not None:
+                nursery.start_soon(self._lanes_loop)
+            nursery.start_soon(self._settings_loop)
             log.info("cluster member listening", extra={"node_id": self.node_id, "address": self.address})
             task_status.started(self.address)
 
@@ -415,8 +486,12 @@ class Cluster:
             if not key:  # nobody owns arcs (the last member is leaving): keep the ring we had
                 assert self.ring is not None
                 return self.ring
-            ppw = self.points_per_weight
-            ring = await trio.to_thread.run_sync(lambda: view.ring(points_per_weight=ppw))
+            ppw, base, weights = self.points_per_weight, self.ring, view.owner_weights()
+            if base is not None and base.points_per_weight == ppw:
+                # only the points of the members that joined, left or changed weight are inserted or removed
+                ring = await trio.to_thread.run_sync(lambda: base.with_weights(weights))
+            else:
+                ring = await trio.to_thread.run_sync(lambda: view.ring(points_per_weight=ppw))
             if len(self._rings) >= 4:  # a few recent rings: views flap between the same members
                 del self._rings[next(iter(self._rings))]
             self._rings[key] = ring
@@ -444,8 +519,7 @@ class Cluster:
                 # arcs we gain come from the owners in the cluster's ring without us.
                 without = {n: w for n, w in new_ring.weights.items() if n != self.node_id}
                 if without and self.node_id in new_ring.weights:
-                    ppw = self.points_per_weight
-                    before = await trio.to_thread.run_sync(lambda: Ring(without, points_per_weight=ppw))
+                    before = await trio.to_thread.run_sync(lambda: new_ring.with_weights(without))
                     gain_arcs = await trio.to_thread.run_sync(lambda: handoff_arcs(diff(before, new_ring)))
                 else:
                     gain_arcs = []
@@ -479,6 +553,46 @@ class Cluster:
         if self.crawler is not None:
             self.crawler.rewake()
         self.dispatcher.wake()
+        # a member that joined gets the crawl settings at once (the others have them: they are not sent again)
+        before = {m.node_id for m in old_view.members if m.state in _OWNING}
+        joined = [peer for peer in self._live_peers() if peer not in before]
+        if joined:
+            self.share_settings(joined)
+
+    # -- crawl settings -----------------------------------------------------------------------------------
+
+    def share_settings(self, peers: Iterable[str] | None = None) -> int:
+        """Send the crawl settings in force to `peers` (every live peer by default); the number sent."""
+        if self.crawler is None:
+            return 0
+        current = self.crawler.settings
+        message = Settings(version=current.version, origin=current.origin, body=current.body())
+        sent = 0
+        for peer in (self._live_peers() if peers is None else peers):
+            member = self.view.member(peer)
+            sent += bool(self.links.send_nowait(peer, message, address=member.address if member else None))
+        self.settings_sent += sent
+        return sent
+
+    async def _settings_loop(self) -> None:
+        while True:
+            await trio.sleep(SETTINGS_INTERVAL)
+            self.share_settings()
+
+    def _settings_arrived(self, peer_id: str, message: Settings) -> None:
+        if self.crawler is None:
+            return
+        try:
+            settings = CrawlSettings.from_record(message.version, message.origin, message.body)
+        except SettingsError as exc:
+            self.settings_refused += 1
+            log.warning("a peer sent crawl settings this node cannot use; ignored",
+                        extra={"peer": peer_id, "error": str(exc)})
+            return
+        if self.crawler.adopt(settings):
+            self.settings_adopted += 1
+        elif settings.rank() < self.crawler.settings.rank():
+            self.share_settings([peer_id])  # the sender is behind: it gets ours now, not at the next round
 
     def _promote(self, arcs: list[ArcMove], gone: set[str]) -> int:
         """Arcs this node inherits from dead members: their queued URLs come out of the replicas held here into
@@ -558,7 +672,8 @@ class Cluster:
 
     # -- progress and termination -------------------------------------------------------------------------
 
-    def local_progress(self) -> NodeProgress:
+    def local_progress(self, seq: int = 0) -> ProgressReport:
+        """This node's progress as the report it sends (``seq`` answers a query; 0 when unasked or kept here)."""
         crawler = self.crawler
         d, h = self.dispatcher.stats, self.handoff
         idle = (
@@ -569,8 +684,8 @@ class Cluster:
             and not h.waiting()
         )
         activity = self.stats.pages + self.stats.urls_new + d.urls_new + d.batches_received + h.chunks_applied
-        return NodeProgress(
-            node_id=self.node_id, ring=self._ring_id, idle=idle, finished=self.finished.is_set(),
+        return ProgressReport(
+            seq=seq, ring=self._ring_id, idle=idle, finished=self.finished.is_set(),
             activity=activity, pages=self.stats.pages, queued=len(self.store.frontier),
             urls_received=sum(d.urls_received.values()) + h.urls_received, rate=max(0.0, self.stats.rate()),
         )
@@ -624,10 +739,10 @@ class Cluster:
             self._answers.pop(seq, None)
         answered = all(event.is_set() for _, event in asked.values())
         me = self.local_progress()
-        reports = {me.node_id: me} | {p: self.peers[p] for p in peers if p in self.peers}
+        reports = {self.node_id: me} | {p: self.peers[p] for p in peers if p in self.peers}
         if self.finished.is_set():
             return True
-        if me.idle and any(r.finished for r in reports.values() if r.node_id != self.node_id):
+        if me.idle and any(r.finished for n, r in reports.items() if n != self.node_id):
             self._conclude("a peer concluded it")
             return True
         this_round = {n: (r.ring, r.idle, r.activity) for n, r in reports.items()}
@@ -647,10 +762,7 @@ class Cluster:
         me = self.local_progress()
         for peer in self._live_peers():
             member = self.view.member(peer)
-            self.links.send_nowait(peer, ProgressReport(
-                seq=0, ring=me.ring, idle=me.idle, finished=True, activity=me.activity, pages=me.pages,
-                queued=me.queued, urls_received=me.urls_received, rate=me.rate),
-                address=member.address if member else None)
+            self.links.send_nowait(peer, me, address=member.address if member else None)
 
     async def linger(self, timeout: float = LINGER_TIMEOUT) -> None:
         """After concluding, keep answering until every live peer has concluded too (bounded)."""
@@ -660,20 +772,23 @@ class Cluster:
 
     async def _on_message(self, peer_id: str, message: Message) -> None:
         if isinstance(message, ProgressQuery):
-            me = self.local_progress()
-            self.links.send_nowait(peer_id, ProgressReport(
-                seq=message.seq, ring=me.ring, idle=me.idle, finished=me.finished, activity=me.activity,
-                pages=me.pages, queued=me.queued, urls_received=me.urls_received, rate=me.rate))
+            self.links.send_nowait(peer_id, self.local_progress(message.seq))
+        elif isinstance(message, Settings):
+            self._settings_arrived(peer_id, message)
         elif isinstance(message, ProgressReport):
-            self.peers[peer_id] = NodeProgress(
-                node_id=peer_id, ring=message.ring, idle=message.idle, finished=message.finished,
-                activity=message.activity, pages=message.pages, queued=message.queued,
-                urls_received=message.urls_received, rate=message.rate)
+            self.peers[peer_id] = message
             waiter = self._answers.get(message.seq)
             if waiter is not None and waiter[0] == peer_id:
                 waiter[1].set()
+        elif isinstance(message, StatusQuery):
+            if self.summary is not None:
+                self.links.send_nowait(peer_id, status_report(message.seq, self.summary()))
+        elif isinstance(message, StatusReport):
+            self.details[peer_id] = (trio.current_time(), status_dict(message))
+        elif self.lanes is not None and self.lanes.on_message(peer_id, message):
+            return
         elif self.backups.on_message(peer_id, message):
-            pass
+            return
         elif not self.replicas.on_message(peer_id, message):
             await self.dispatcher.on_message(peer_id, message)
             await self.handoff.on_message(peer_id, message)
@@ -705,6 +820,7 @@ class Cluster:
             "handoff": {
                 "outstanding": h.outstanding(), "pending_arcs": len(h.pending_arcs()),
                 "urls_sent": h.urls_sent, "urls_received": h.urls_received, "keys_sent": h.keys_sent,
+                "revisits_sent": h.revisits_sent, "revisits_received": h.revisits_received,
                 "chunks_sent": h.chunks_sent, "chunks_resent": h.chunks_resent, "chunks_applied": h.chunks_applied,
                 "transfers_completed": h.transfers_completed, "transfers_received": h.transfers_received,
                 "waits_expired": h.waits_expired, "hosts_swept": self.hosts_swept,
@@ -715,6 +831,9 @@ class Cluster:
             # and connections closed because handling a peer's message raised
             "links": {"refused_inbound": dict(self.links.refused), "handshake_failures": self.links.handshake_failures,
                       "handler_errors": self.links.handler_errors},
+            "lanes": self.lanes.status() if self.lanes is not None else None,
+            "settings": {"sent": self.settings_sent, "adopted": self.settings_adopted,
+                         "refused": self.settings_refused},
             "view_changes": self.view_changes,
             "leaving": self.leaving,
             "done": me.idle,
@@ -722,8 +841,48 @@ class Cluster:
             "cluster_done": self.finished.is_set() and me.idle,
         }
 
-    def cluster_status(self) -> dict[str, Any]:
-        """Every member as this node knows it: its view, ring shares, and the latest progress reports."""
+    # -- the dashboard ------------------------------------------------------------------------------------
+
+    def watched(self) -> None:
+        """Someone looks at the cluster (the dashboard polls once a second): ask every live peer for its detailed
+        status, at most every `STATUS_INTERVAL`; the answers show from the next look on. Nobody looking, nothing
+        is sent."""
+        now = trio.current_time()
+        if now - self._asked_at < STATUS_INTERVAL:
+            return
+        self._asked_at = now
+        for peer in self._live_peers():
+            self._seq += 1
+            member = self.view.member(peer)
+            self.links.send_nowait(peer, StatusQuery(seq=self._seq), address=member.address if member else None)
+
+    def transfers(self) -> list[dict[str, Any]]:
+        """Hand-offs under way here: the key share still awaited from each peer, the chunks each has not acked."""
+        return [{"peer": peer, "incoming": incoming, "share": round(share, 6), "chunks": chunks}
+                for peer, incoming, share, chunks in self.handoff.progress()]
+
+    def shares(self) -> dict[str, tuple[float, float]]:
+        """Each member's (key share, weight share) on the current ring."""
+        ring = self.ring
+        if ring is None:
+            return {}
+        keys, weights = ring.shares(), ring.weight_shares()
+        return {node: (keys.get(node, 0.0), weights.get(node, 0.0)) for node in ring.nodes}
+
+    def ring_map(self) -> dict[str, Any]:
+        """The ring in `RING_SLICES` slices (each node's fraction of each, sampled: `ring_slices`), and the fraction
+        of each slice whose hand-off this node still awaits (`ring_pending`)."""
+        ring = self.ring
+        if ring is None:
+            return {"slices": [], "pending": []}
+        if self._slices is None or self._slices[0] != self._ring_id:
+            self._slices = (self._ring_id, ring_slices(ring, RING_SLICES))
+        pending = ring_pending(self.handoff.blocked, RING_SLICES) if self.handoff.waiting() else [0.0] * RING_SLICES
+        return {"slices": self._slices[1], "pending": pending}
+
+    def cluster_status(self, *, detail: bool = False) -> dict[str, Any]:
+        """Every member as this node knows it: its view, ring shares, and the latest progress reports; with
+        `detail`, each member's detailed status (the dashboard's) and the ring folded into slices."""
         ring = self.ring
         shares = ring.shares() if ring is not None else {}
         weight_shares = ring.weight_shares() if ring is not None else {}
@@ -742,8 +901,104 @@ class Cluster:
                 "ring": report.ring if report else None,
                 "connected": m.node_id == self.node_id or m.node_id in self.links.connected_peers(),
             })
+            if detail:
+                nodes[-1]["detail"] = self._detail_of(m.node_id, m.state)
         done = self.finished.is_set() and me.idle
-        return {"node_id": self.node_id, "epoch": self.epoch, "done": done, "nodes": nodes}
+        out = {"node_id": self.node_id, "epoch": self.epoch, "done": done, "nodes": nodes}
+        if detail:
+            out["ring_map"] = self.ring_map()
+        return out
+
+    def _detail_of(self, node: str, state: MemberState) -> dict[str, Any] | None:
+        if node == self.node_id:
+            return self.summary() if self.summary is not None else None
+        if state not in _OWNING and state is not MemberState.LEAVING:
+            return None
+        got = self.details.get(node)
+        if got is None:
+            return None
+        age = trio.current_time() - got[0]
+        return None if age > DETAIL_MAX_AGE else {**got[1], "age": round(age, 1)}
+
+
+#: Positions sampled per slice of the ring's picture.
+SLICE_SAMPLES = 16
+
+
+def ring_slices(ring: Ring, slices: int, samples: int = SLICE_SAMPLES) -> list[dict[str, float]]:
+    """Each node's share of each of `slices` equal slices of the ring, estimated from `samples` evenly spaced
+    positions per slice: a picture's worth (a ring of a few hundred thousand points folded exactly takes most of
+    a second; this takes milliseconds)."""
+    step = RING_SPACE // (slices * samples)
+    owners = ring.owners_at([i * step + step // 2 for i in range(slices * samples)])
+    out = []
+    for k in range(slices):
+        counts: dict[str, int] = {}
+        for owner in owners[k * samples:(k + 1) * samples]:
+            counts[owner] = counts.get(owner, 0) + 1
+        out.append({node: round(n / samples, 4) for node, n in counts.items()})
+    return out
+
+
+def ring_pending(blocked: Callable[[int], bool], slices: int, samples: int = SLICE_SAMPLES) -> list[float]:
+    """The fraction of each slice of the ring that waits for a hand-off, from the same sampled positions."""
+    step = RING_SPACE // (slices * samples)
+    return [sum(1 for i in range(k * samples, (k + 1) * samples) if blocked(i * step + step // 2)) / samples
+            for k in range(slices)]
+
+
+def status_report(seq: int, d: dict[str, Any]) -> StatusReport:
+    """A node's summary (`Node.summary`) as the message its peers receive."""
+    def counts(m: dict[str, int]) -> tuple[Count, ...]:
+        return tuple(Count(name=str(k), count=int(v)) for k, v in sorted(m.items()))
+
+    return StatusReport(
+        seq=seq, pages=d["pages"], bytes=d["bytes"], queued=d["queued"], in_flight=d["in_flight"],
+        hosts_queued=d["hosts_queued"], hosts_known=d["hosts_known"], rss=d["rss"], idle_for=float(d["idle_for"]),
+        errors=counts(d["errors"]), dns_hits=d["dns"]["hits"], dns_misses=d["dns"]["misses"],
+        robots_hits=d["robots"]["hits"], robots_misses=d["robots"]["misses"], history=tuple(d["history"]),
+        window=float(d["window"]), sent=counts(d["sent"]), sent_recent=counts(d["sent_recent"]),
+        slow_hosts=tuple(SlowHost(host=h["host"], delay=float(h["delay"]), backoff=float(h["backoff"]),
+                                  failures=h["failures"], queued=h["queued"]) for h in d["slow_hosts"]),
+        transfers=tuple(Transfer(peer=t["peer"], incoming=t["incoming"], share=float(t["share"]), chunks=t["chunks"])
+                        for t in d["transfers"]),
+    )
+
+
+def status_dict(r: StatusReport) -> dict[str, Any]:
+    """A peer's StatusReport in the form of `Node.summary`."""
+    return {
+        "pages": r.pages, "bytes": r.bytes, "queued": r.queued, "in_flight": r.in_flight,
+        "hosts_queued": r.hosts_queued, "hosts_known": r.hosts_known, "rss": r.rss, "idle_for": r.idle_for,
+        "errors": {c.name: c.count for c in r.errors}, "dns": {"hits": r.dns_hits, "misses": r.dns_misses},
+        "robots": {"hits": r.robots_hits, "misses": r.robots_misses}, "history": list(r.history),
+        "window": r.window, "sent": {c.name: c.count for c in r.sent},
+        "sent_recent": {c.name: c.count for c in r.sent_recent},
+        "slow_hosts": [{"host": h.host, "delay": h.delay, "backoff": h.backoff, "failures": h.failures,
+                        "queued": h.queued} for h in r.slow_hosts],
+        "transfers": [{"peer": t.peer, "incoming": t.incoming, "share": t.share, "chunks": t.chunks}
+                      for t in r.transfers],
+    }
+
+
+#: In the data dir: the wall time until which lanes this node lent to others may still be in use.
+LANES_FILE = "lanes.until"
+
+
+def _lent_until(path: Path, now: float) -> float | None:
+    """Seconds a starting node must wait before lending lanes: what its previous run lent may still run. No file:
+    it never lent to another node (0). An unreadable one: None (wait the whole lease time)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return 0.0
+    except OSError:
+        return None
+    try:
+        until = float(text.strip())
+    except ValueError:
+        return None
+    return max(0.0, until - now) if math.isfinite(until) else None
 
 
 def ring_id(ring: Ring) -> int:

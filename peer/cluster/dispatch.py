@@ -12,7 +12,6 @@ are re-keyed to their new owner when the view changes. Duplicates are harmless: 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections import Counter
@@ -24,10 +23,10 @@ import trio
 
 from protocol import BatchAck, Message, UrlBatch, UrlEntry
 from ring import Ring
-from storage import NodeStore, QueuedUrl
+from storage import NodeStore, QueuedUrl, url_fingerprint
 
 from peer.cluster.backups import QueueReplicas, Ticket
-from peer.crawl.crawler import Link
+from peer.config import DEFAULTS
 from peer.crawl.urls import host_of_normalized, normalize
 
 __all__ = ["DispatchConfig", "DispatchStats", "Dispatcher", "LinkLayer"]
@@ -47,10 +46,13 @@ class LinkLayer(Protocol):
 class DispatchConfig:
     """Dispatch tuning; every default has its reason."""
 
-    # URLs per UrlBatch: a batch of 500 URLs is about 40 KB of msgpack, one write, well under the frame limit.
-    batch_size: int = 500
-    # A partial batch waits at most 200 ms (the design's timer): few messages, and links reach owners quickly.
-    interval: float = 0.2
+    # The operator's settings (batch_size, dispatch_interval): default and reason in peer.config (FIELDS).
+    batch_size: int = DEFAULTS["batch_size"]
+    interval: float = DEFAULTS["dispatch_interval"]
+    # ... per 12 peers: with n peers each owner gets 1/n of the links, so a partial batch may wait one interval
+    # per 12 peers (200 ms up to 12 peers, 1.8 s at 100, 16.8 s at 1,000) and batches keep about the same size
+    # (docs/cluster.md: frames per URL at 10, 100 and 1,000 nodes within 2x). Full batches never wait.
+    peers_per_interval: int = 12
     # An unacked batch is sent again after 5 s: an ack needs one store commit and an fsync, far less than that.
     resend_after: float = 5.0
     # 100,000 fingerprints (about 10 MB) cover the popular links of a wide crawl (site-wide menus, footers).
@@ -62,8 +64,8 @@ class DispatchConfig:
     ack_delay: float = 0.02
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.window < 1 or self.recent_size < 0:
-            raise ValueError("dispatch batch_size and window must be >= 1, recent_size >= 0")
+        if self.batch_size < 1 or self.window < 1 or self.recent_size < 0 or self.peers_per_interval < 1:
+            raise ValueError("dispatch batch_size, window and peers_per_interval must be >= 1, recent_size >= 0")
         if self.interval <= 0 or self.resend_after <= 0:
             raise ValueError("dispatch interval and resend_after must be > 0 seconds")
 
@@ -105,11 +107,12 @@ class _Batch:
 class _Owner:
     cursor: int = 0  # the highest outbox seq put in a batch by this process
     pending: int = 0  # entries beyond the cursor, as far as we know (used to flush full batches early)
+    since: float | None = None  # when the oldest of those entries was stored here (None: unknown, send now)
     inflight: dict[int, _Batch] = field(default_factory=dict)
 
 
-def _fingerprint(url: str) -> bytes:
-    return hashlib.blake2b(url.encode("utf-8"), digest_size=8).digest()
+def _by_url(item: QueuedUrl) -> str:
+    return item.url
 
 
 class Dispatcher:
@@ -155,22 +158,20 @@ class Dispatcher:
 
     # -- the crawler's side -------------------------------------------------------------------------------
 
-    def route(self, host: str, link: Link) -> None:
+    def route(self, item: QueuedUrl) -> None:
         """Queue a link for the owner of `host` (the crawler's `router`). Repeats of a recently sent URL are
         dropped: the owner already has it or will have it."""
         self.stats.urls_routed += 1
         recent = self._recent
         if self.config.recent_size:
-            key = _fingerprint(link.url)
+            key = url_fingerprint(item.url)
             if key in recent:
                 self.stats.urls_recent += 1
                 return
             recent[key] = None
             if len(recent) > self.config.recent_size:
                 del recent[next(iter(recent))]
-        self._staged.append(
-            QueuedUrl(url=link.url, host=host, depth=link.depth, hops=link.hops, found_on=link.found_on)
-        )
+        self._staged.append(item)
         if len(self._staged) >= self.config.batch_size:
             self._wake.set()
 
@@ -212,8 +213,11 @@ class Dispatcher:
 
     def _stored(self, routed: Sequence[tuple[str, QueuedUrl]]) -> None:
         full = False
+        now = trio.current_time()
         for owner, _ in routed:
             state = self._owner(owner)
+            if not state.pending and state.since is None:
+                state.since = now
             state.pending += 1
             full = full or state.pending >= self.config.batch_size
         if full:
@@ -261,9 +265,14 @@ class Dispatcher:
         (only full ones when `full_only`)."""
         self.flush_staged()
         self._check_view()
+        peers = max(0, len(self.ring_of()[1].nodes) - 1)
+        # links are stored at the tick after they were found, so a partial batch stored that many intervals ago
+        # goes now: with up to peers_per_interval peers, at the tick that stores it (the design's timer)
+        waited = self.config.interval * (math.ceil(peers / self.config.peers_per_interval) - 1)
         for owner, state in list(self._owners.items()):
             self._resend(owner, state, now)
-            self._send_new(owner, state, now, full_only=full_only)
+            young = state.since is not None and now - state.since < waited - 1e-9
+            self._send_new(owner, state, now, full_only=full_only or young)
 
     def _check_view(self, *, force: bool = False) -> None:
         epoch, ring = self.ring_of()
@@ -282,7 +291,12 @@ class Dispatcher:
         self._admitted(mine)
 
     def _send(self, owner: str, seq: int, entries: Sequence[tuple[int, QueuedUrl]]) -> bool:
-        urls = tuple(UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops) for _, i in entries)
+        # sorted: the wire form codes each URL against the one before it (protocol/_urlcolumns.py)
+        ordered = sorted((i for _, i in entries), key=_by_url)
+        urls = tuple(
+            UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops, lastmod=i.lastmod, sitemap=i.sitemap)
+            for i in ordered
+        )
         batch = UrlBatch(seq=seq, sender=self.node_id, epoch=self._epoch or 0, urls=urls)
         if self.links.send_nowait(owner, batch):
             return True
@@ -322,13 +336,14 @@ class Dispatcher:
                 return
             entries = self.store.outbox.take(owner, size, after=state.cursor)
             if not entries:
-                state.pending = 0
+                state.pending, state.since = 0, None
                 return
             if full_only and len(entries) < size:
                 state.pending = len(entries)
                 return
             state.cursor = entries[-1][0]
             state.pending = max(0, state.pending - len(entries))
+            state.since = now if state.pending else None
             self._batches += 1
             seq = (self._run << 32) | (self._batches & 0xFFFFFFFF)
             sent = self._send(owner, seq, entries)
@@ -364,7 +379,10 @@ class Dispatcher:
                 self.stats.urls_rejected += 1
                 log.warning("peer sent a URL with no usable host; dropped", extra={"peer": peer_id})
                 continue
-            item = QueuedUrl(url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on)
+            item = QueuedUrl(
+                url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on,
+                lastmod=entry.lastmod, sitemap=entry.sitemap,
+            )
             owner = ring.owner(host)
             if owner == self.node_id:
                 owned.append(item)

@@ -22,14 +22,15 @@ from typing import Protocol
 
 import trio
 
-from protocol import HandoffAck, HandoffChunk, Message, UrlEntry
+from protocol import HandoffAck, HandoffChunk, Message, RevisitEntry, UrlEntry
 from protocol import HostState as WireHostState
 from ring import RING_SPACE, ArcMove, Ring, diff, host_position
-from storage import HostState, NodeStore, QueuedUrl, in_arc, queued_url_keys
+from storage import HostState, NodeStore, QueuedUrl, RevisitRecord, in_arc, queued_url_keys
 
+from peer.config import DEFAULTS
 from peer.crawl.urls import host_of_normalized, normalize
 
-__all__ = ["Alone", "ArcSet", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "handoff_arcs"]
+__all__ = ["Alone", "ArcSet", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "Hold", "handoff_arcs"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class HandoffConfig:
     url_bytes_per_chunk: int = 512 * 1024
     # A host state is at most about 280 bytes on the wire: 1,000 of them is under 300 KB.
     hosts_per_chunk: int = 1_000
+    # A revisit schedule entry is a URL plus about 120 bytes: 1,000 of them is at most about 2.2 MB of URL text
+    # in theory, but typical URLs (under 200 bytes) keep it near 300 KB.
+    revisits_per_chunk: int = 1_000
     # Unacknowledged chunks per transfer: enough to keep a link busy, bounded so memory in the link queue is.
     window: int = 8
     # A chunk with no ack after this long is sent again (the link layer delivers at most once per connection).
@@ -60,8 +64,9 @@ class HandoffConfig:
     # How often `run` looks for chunks to send or re-send.
     interval: float = 0.2
     # A gained arc waits at most this long for its previous owner's transfer: views that reached the two nodes
-    # by different paths (or a previous owner that restarted) must not block its hosts forever.
-    wait: float = 30.0
+    # by different paths (or a previous owner that restarted) must not block its hosts forever. The operator's
+    # setting handoff_wait: default and reason in peer.config (FIELDS).
+    wait: float = DEFAULTS["handoff_wait"]
 
 
 def handoff_arcs(moves: Iterable[ArcMove]) -> list[ArcMove]:
@@ -76,8 +81,9 @@ def handoff_arcs(moves: Iterable[ArcMove]) -> list[ArcMove]:
             and (first.previous, first.next) == (final.previous, final.next)
         ):
             arcs = [ArcMove(start=final.start, end=first.end, previous=first.previous, next=first.next), *arcs[1:-1]]
-    return [
-        ArcMove(start=a.start, end=a.end % RING_SPACE, previous=a.previous, next=a.next) for a in arcs
+    return [  # moves are immutable: only one ending at 2**64 needs a new record
+        a if a.end < RING_SPACE else ArcMove(start=a.start, end=a.end % RING_SPACE, previous=a.previous, next=a.next)
+        for a in arcs
     ]
 
 
@@ -89,6 +95,7 @@ class _Chunk:
     urls: tuple[UrlEntry, ...] = ()
     keys: tuple[bytes, ...] = ()
     states: tuple[HostState, ...] = ()
+    revisits: tuple[RevisitRecord, ...] = ()
     sent_at: float | None = None
 
 
@@ -119,6 +126,13 @@ class _ArcSet:
     def __init__(self, arcs: Iterable[tuple[int, int]]) -> None:
         self.arcs = sorted(arcs)
         self.starts = [start for start, _ in self.arcs]
+        self._length: int | None = None
+
+    def length(self) -> int:
+        """The positions the arcs cover (equal bounds: the whole ring); computed once, on first use."""
+        if self._length is None:
+            self._length = sum((end - start) % RING_SPACE or RING_SPACE for start, end in self.arcs)
+        return self._length
 
     def __contains__(self, position: int) -> bool:
         return self.find(position) is not None
@@ -135,6 +149,10 @@ class _ArcSet:
 ArcSet = _ArcSet  # disjoint arcs with a bisect look-up (the cluster holds inherited arcs in one)
 
 
+#: Given a callback, calls it once what an applied chunk queued is held by this node's backups too.
+Hold = Callable[[Callable[[], None]], None]
+
+
 class HandoffDelegate(Protocol):
     """What the hand-off asks of the node around it (memberlist's delegate): one protocol, not loose callables.
     `Alone` is the default for a hand-off on its own (tests); the cluster implements it for a node."""
@@ -143,8 +161,10 @@ class HandoffDelegate(Protocol):
         """Ring positions of the hosts being fetched here now: a transfer starts once none lies in its arcs, so
         the host states it carries include the last fetch (the politeness rule, docs/cluster.md)."""
 
-    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
-        """An applied chunk queued `new` and set `states`: wake those hosts, take over their timers."""
+    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> Hold | None:
+        """An applied chunk queued `new` and set `states`: wake those hosts, take over their timers. A `Hold`
+        when the chunk may not be acknowledged yet (its URLs are on their way to this node's ring backups,
+        `--replicas`): the hand-off acknowledges it when the hold calls back."""
 
     def owner_of(self, host: str) -> str:
         """The owner of `host` under this node's current view. Chunk content for hosts owned elsewhere (the arc
@@ -173,8 +193,8 @@ class Alone:
     def busy_positions(self) -> Iterable[int]:
         return ()
 
-    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
-        pass
+    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> Hold | None:
+        return None
 
     def owner_of(self, host: str) -> str:
         return self.node_id
@@ -228,6 +248,9 @@ class Handoff:
         self._waiting: list[tuple[int, int, str, list[ArcMove], Ring | None]] = []
         self._outgoing: dict[int, _Outgoing] = {}
         self._incoming: dict[tuple[str, int], _Incoming] = {}
+        # chunks applied here whose ack waits for their URLs' replicas: (sender, transfer, chunk) -> None
+        self._held: dict[tuple[str, int, int], None] = {}
+        self.acks_held = 0  # chunks whose ack waited for their replicas
         self._lost = _ArcSet(())  # arcs lost at the latest view change
         self._pending: dict[tuple[str, int], _ArcSet] = {}  # (previous owner, epoch) -> arcs gained from it
         self._pending_since: dict[tuple[str, int], float | None] = {}
@@ -239,6 +262,8 @@ class Handoff:
         self.waits_expired = 0  # gained arcs released after `wait` without their transfer
         self.urls_sent = 0  # queued URLs exported in transfers
         self.urls_received = 0  # queued URLs that arrived in chunks and were new here
+        self.revisits_sent = 0  # revisit schedule entries sent in transfers
+        self.revisits_received = 0  # ... and applied here
         self.keys_sent = 0
 
     # -- view changes --
@@ -378,16 +403,18 @@ class Handoff:
         g_items: list[QueuedUrl] = []
         g_seen: list[bytes] = []
         g_states: list[HostState] = []
+        g_revisits: list[RevisitRecord] = []
 
         def flush() -> None:
             if group:
                 cover = ArcMove(start=group[0].start, end=group[-1].end, previous=group[0].previous,
                                 next=group[0].next)
-                chunks.extend(self._cut(len(chunks), cover, g_items, g_seen, g_states))
+                chunks.extend(self._cut(len(chunks), cover, g_items, g_seen, g_states, g_revisits))
                 group.clear()
                 g_items.clear()
                 g_seen.clear()
                 g_states.clear()
+                g_revisits.clear()
 
         budget = self.config.urls_per_chunk
         for arc in sorted(arcs, key=lambda a: (a.end < a.start and a.end != 0, a.start)):
@@ -398,7 +425,8 @@ class Handoff:
             # unless it is queued there or was fetched here
             queued = set(queued_url_keys(items)) | in_flight
             seen = [key for key in self.store.dedup.scan(arc.start, arc.end) if key not in queued]
-            if not (items or states or seen):
+            revisits = self.store.revisits.export_arc(arc.start, arc.end)  # the pages' schedules move too
+            if not (items or states or seen or revisits):
                 continue
             with_content.append((arc.start, arc.end))
             urls, keys = urls + len(items), keys + len(seen)
@@ -409,11 +437,13 @@ class Handoff:
             g_items.extend(items)
             g_seen.extend(seen)
             g_states.extend(states)
+            g_revisits.extend(revisits)
             if wraps:
                 flush()
         flush()
         self.urls_sent += urls
         self.keys_sent += keys
+        self.revisits_sent += sum(len(chunk.revisits) for chunk in chunks)
         if not chunks:  # nothing to move, but the receiver still learns that the transfer is complete
             chunks.append(_Chunk(seq=0, start=arcs[0].start if arcs else 0, end=arcs[0].end if arcs else 0))
         self._outgoing[transfer_id] = _Outgoing(
@@ -438,17 +468,21 @@ class Handoff:
         return found
 
     def _cut(
-        self, first: int, arc: ArcMove, items: Sequence[QueuedUrl], keys: Sequence[bytes], states: Sequence[HostState]
+        self, first: int, arc: ArcMove, items: Sequence[QueuedUrl], keys: Sequence[bytes], states: Sequence[HostState],
+        revisits: Sequence[RevisitRecord] = (),
     ) -> list[_Chunk]:
-        """One arc's chunks, of one kind each (states, then URLs, then keys), numbered from `first`."""
+        """One arc's chunks, of one kind each (states, then URLs, then keys, then revisit schedules), numbered from
+        `first`."""
         config = self.config
         chunks: list[_Chunk] = []
 
         def add(
-            urls: tuple[UrlEntry, ...] = (), keys: tuple[bytes, ...] = (), states: tuple[HostState, ...] = ()
+            urls: tuple[UrlEntry, ...] = (), keys: tuple[bytes, ...] = (), states: tuple[HostState, ...] = (),
+            revisits: tuple[RevisitRecord, ...] = (),
         ) -> None:
             chunks.append(
-                _Chunk(seq=first + len(chunks), start=arc.start, end=arc.end, urls=urls, keys=keys, states=states)
+                _Chunk(seq=first + len(chunks), start=arc.start, end=arc.end, urls=urls, keys=keys, states=states,
+                       revisits=revisits)
             )
 
         for i in range(0, len(states), config.hosts_per_chunk):
@@ -460,12 +494,15 @@ class Handoff:
             if batch and (len(batch) >= config.urls_per_chunk or size + cost > config.url_bytes_per_chunk):
                 add(urls=tuple(batch))
                 batch, size = [], 0
-            batch.append(UrlEntry(url=item.url, depth=item.depth, found_on=item.found_on, hops=item.hops))
+            batch.append(UrlEntry(url=item.url, depth=item.depth, found_on=item.found_on, hops=item.hops,
+                                  lastmod=item.lastmod, sitemap=item.sitemap))
             size += cost
         if batch:
             add(urls=tuple(batch))
         for i in range(0, len(keys), config.keys_per_chunk):
             add(keys=tuple(keys[i : i + config.keys_per_chunk]))
+        for i in range(0, len(revisits), config.revisits_per_chunk):
+            add(revisits=tuple(revisits[i : i + config.revisits_per_chunk]))
         return chunks
 
     # -- what the crawler consults --
@@ -482,6 +519,20 @@ class Handoff:
     def pending_arcs(self) -> list[tuple[int, int]]:
         """Arcs gained whose transfer is not complete: their hosts must not be fetched yet."""
         return [arc for arcs in self._pending.values() for arc in arcs.arcs]
+
+    def progress(self) -> list[tuple[str, bool, float, int]]:
+        """Transfers under way, for the dashboard: (peer, True, share of the key space awaited from it, 0) for
+        incoming ones, (peer, False, 0.0, chunks not yet acknowledged) for outgoing ones."""
+        awaited: dict[str, int] = {}
+        for (peer, _epoch), arcs in self._pending.items():
+            awaited[peer] = awaited.get(peer, 0) + arcs.length()
+        sending: dict[str, int] = {}
+        for transfer in self._outgoing.values():
+            sending[transfer.peer] = sending.get(transfer.peer, 0) + len(transfer.chunks)
+        for _tid, _epoch, peer, _arcs, _ring in self._waiting:
+            sending[peer] = sending.get(peer, 0) + 1
+        return ([(peer, True, length / RING_SPACE, 0) for peer, length in sorted(awaited.items())]
+                + [(peer, False, 0.0, n) for peer, n in sorted(sending.items()) if n])
 
     def waiting(self) -> bool:
         """Whether any gained arc still waits for its transfer (a cheap check before `blocked`)."""
@@ -575,13 +626,20 @@ class Handoff:
             WireHostState(
                 host=state.host, crawl_delay=max(0.0, state.crawl_delay),
                 ready_in=max(0.0, state.next_allowed - wall), failures=state.failures,
+                pages=state.pages, bytes=state.bytes,
             )
             for state in chunk.states
+        )
+        revisits = tuple(
+            RevisitEntry(url=r.url, depth=r.depth, due_in=max(0.0, r.due - wall), queued=r.queued,
+                         interval=r.interval, etag=r.etag, last_modified=r.last_modified, digest=r.digest,
+                         stored_at=max(0.0, r.stored_at), size=r.size, changed=r.changed, unchanged=r.unchanged)
+            for r in chunk.revisits
         )
         return HandoffChunk(
             transfer_id=transfer.transfer_id, chunk_seq=chunk.seq, epoch=transfer.epoch,
             arc_start=chunk.start, arc_end=chunk.end, urls=chunk.urls, seen_keys=chunk.keys,
-            hosts=hosts, last=chunk.seq == transfer.last,
+            hosts=hosts, last=chunk.seq == transfer.last, revisits=revisits,
         )
 
     def _acked(self, peer_id: str, ack: HandoffAck) -> None:
@@ -596,6 +654,7 @@ class Handoff:
         del self._outgoing[transfer.transfer_id]
         for start, end in transfer.arcs:
             self.store.frontier.drop_arc(start, end)
+            self.store.revisits.drop_arc(start, end)
             self.store.dedup.delete(start, end)  # the keys of the URLs it queued go: they were not fetched here
         self.store.dedup.insert(transfer.kept)
         self.store.sync()
@@ -612,14 +671,18 @@ class Handoff:
             self._acked(peer_id, message)
 
     def _receive(self, peer_id: str, chunk: HandoffChunk) -> None:
+        held = (peer_id, chunk.transfer_id, chunk.chunk_seq)
+        if held in self._held:
+            return  # a re-send of a chunk whose replicas are on their way: acknowledged when they arrive
         incoming = self._incoming.setdefault((peer_id, chunk.transfer_id), _Incoming())
+        hold = None
         if not incoming.complete and chunk.chunk_seq not in incoming.applied:
             new, states = self._apply(peer_id, chunk)
             self.store.sync()  # durable before the ack (DESIGN decision 5)
             incoming.applied.add(chunk.chunk_seq)
             self.chunks_applied += 1
             if new or states:
-                self.delegate.applied(new, states)
+                hold = self.delegate.applied(new, states)
         if chunk.last:
             incoming.last = chunk.chunk_seq
         if not incoming.complete and incoming.last is not None and len(incoming.applied) == incoming.last + 1:
@@ -627,7 +690,20 @@ class Handoff:
             self._release(peer_id, chunk.epoch)
             self.transfers_received += 1
             log.info("incoming hand-off complete", extra={"peer": peer_id})
-        self.links.send_nowait(peer_id, HandoffAck(transfer_id=chunk.transfer_id, chunk_seq=chunk.chunk_seq))
+        ack = HandoffAck(transfer_id=chunk.transfer_id, chunk_seq=chunk.chunk_seq)
+        if hold is None:
+            self.links.send_nowait(peer_id, ack)
+            return
+        # Durable here, not yet at this node's backups: until they hold the URLs, the sender's copy is the
+        # second one, so the sender keeps it (and re-sends the chunk) until the ack.
+        self._held[held] = None
+        self.acks_held += 1
+
+        def release() -> None:
+            self._held.pop(held, None)
+            self.links.send_nowait(peer_id, ack)
+
+        hold(release)
 
     def _apply(self, peer_id: str, chunk: HandoffChunk) -> tuple[list[QueuedUrl], list[HostState]]:
         start, end = chunk.arc_start, chunk.arc_end
@@ -639,7 +715,10 @@ class Handoff:
                 log.warning("hand-off URL unusable or outside its arc; dropped", extra={"peer": peer_id})
                 continue
             items.append(
-                QueuedUrl(url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on)
+                QueuedUrl(
+                    url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on,
+                    lastmod=entry.lastmod, sitemap=entry.sitemap,
+                )
             )
         owner_of = self.delegate.owner_of
         forward: list[tuple[str, QueuedUrl]] = []
@@ -682,21 +761,42 @@ class Handoff:
             self.delegate.keys_arrived(keys)
         states = [self._merge(state) for state in hosts if in_arc(host_position(state.host), start, end)]
         self.store.frontier.put_states(states)
+        self._apply_revisits(peer_id, chunk)
         return new, states
+
+    def _apply_revisits(self, peer_id: str, chunk: HandoffChunk) -> None:
+        """The moving pages' schedules, in wall-clock terms here. One whose revisit was queued at the sender is
+        due now: its URL came in this transfer's queue, or was being fetched there (in-flight URLs stay behind),
+        and a revisit must not be forgotten."""
+        wall = self.wall_clock()
+        records = []
+        for entry in chunk.revisits:
+            url = normalize(entry.url)  # held to what a link from the web is, as the arc's queued URLs are
+            host = host_of_normalized(url) if url is not None else ""
+            if not host or not in_arc(host_position(host), chunk.arc_start, chunk.arc_end):
+                log.warning("hand-off revisit schedule unusable or outside its arc; dropped", extra={"peer": peer_id})
+                continue
+            records.append(RevisitRecord(
+                url=url, host=host, depth=entry.depth, due=wall if entry.queued else wall + entry.due_in,
+                interval=entry.interval, etag=entry.etag, last_modified=entry.last_modified, digest=entry.digest,
+                stored_at=entry.stored_at, size=entry.size, changed=entry.changed, unchanged=entry.unchanged))
+        self.store.revisits.put_arc(records)
+        self.revisits_received += len(records)
 
     def merge_state(self, wire: WireHostState) -> HostState:
         """A politeness state that arrived from a peer, merged with any state here (see `_merge`)."""
         return self._merge(wire)
 
     def _merge(self, wire: WireHostState) -> HostState:
-        """The wire state in wall-clock terms, keeping the later `next_allowed` of it and any state here."""
+        """The wire state in wall-clock terms, keeping the later `next_allowed` of it and any state here, and the
+        larger of the page and byte counts (the host's budgets: a count never goes down by moving)."""
         next_allowed = self.wall_clock() + wire.ready_in
         here = self.store.frontier.get_state(wire.host)
         if here is None:
             return HostState(host=wire.host, next_allowed=next_allowed, crawl_delay=wire.crawl_delay,
-                             failures=wire.failures)
+                             failures=wire.failures, pages=wire.pages, bytes=wire.bytes)
         return HostState(
             host=wire.host, next_allowed=max(next_allowed, here.next_allowed),
             crawl_delay=max(wire.crawl_delay, here.crawl_delay), backoff=here.backoff, failures=wire.failures,
-            pages=here.pages,
+            pages=max(here.pages, wire.pages), bytes=max(here.bytes, wire.bytes),
         )

@@ -31,6 +31,7 @@ import protocol
 from protocol import Gossip, Limits, Message, Ping, Pong, ProbeReply, ProbeRequest
 from ring import Member, MemberState, View, merge
 
+from peer.config import DEFAULTS
 from peer.cluster.peerlinks import LinkConfig, LinkError, MessageHandler, PeerLinks
 from peer.cluster.transport import Transport
 
@@ -46,14 +47,12 @@ _MAX_INDIRECT_TASKS = 64
 class MembershipConfig:
     """SWIM timing; every default has its reason (memberlist's LAN profile, unless said otherwise)."""
 
-    # Each node checks one peer a second: failure detection in a few seconds for a constant load per node.
-    probe_interval: float = 1.0
-    # A Pong between peers takes milliseconds; half the interval leaves the other half for indirect probes.
-    probe_timeout: float = 0.5
+    # The operator's settings: default and reason in peer.config (FIELDS).
+    probe_interval: float = DEFAULTS["probe_interval"]
+    probe_timeout: float = DEFAULTS["probe_timeout"]
+    suspicion_timeout: float = DEFAULTS["suspicion_timeout"]
     # Three other nodes try the target before it is suspected, so one bad link does not condemn a node.
     indirect_probes: int = 3
-    # A suspect has this long to hear the rumour and refute it: several probe and gossip rounds.
-    suspicion_timeout: float = 5.0
     # Changes spread every 200 ms to a few random members: a view change reaches everyone in about a second.
     gossip_interval: float = 0.2
     gossip_fanout: int = 3
@@ -61,6 +60,10 @@ class MembershipConfig:
     retransmit_mult: int = 4
     # Full-view exchange with one random member: repairs whatever gossip missed (memberlist uses 30 s).
     sync_interval: float = 10.0
+    # ... stretched by (live members / sync_members) past that many: a full view of n members costs n records, so
+    # the cluster as a whole then does sync_members / sync_interval (1.6) syncs a second and a node's sync bytes
+    # per second stay flat as the fleet grows (every Ping still compares epochs and pulls a view that differs).
+    sync_members: int = 16
     # Retry one dead member this often, so the two sides of a healed partition find each other (serf: 30 s).
     reconnect_interval: float = 10.0
 
@@ -74,7 +77,7 @@ class MembershipConfig:
                 f"probe_timeout ({self.probe_timeout}) must be below probe_interval ({self.probe_interval}): "
                 "the rest of the interval is for indirect probes"
             )
-        for name in ("indirect_probes", "gossip_fanout", "retransmit_mult"):
+        for name in ("indirect_probes", "gossip_fanout", "retransmit_mult", "sync_members"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
 
@@ -136,6 +139,7 @@ class Membership:
         on_view: Callable[[View], None] | None = None,
         on_message: MessageHandler | None = None,
         codecs: Sequence[str] | None = None,
+        compressions: Sequence[str] | None = None,
     ) -> None:
         self.node_id = node_id
         self.weight = weight
@@ -152,6 +156,7 @@ class Membership:
             limits=limits,
             nonce=nonce,
             **({"codecs": tuple(codecs)} if codecs else {}),
+            **({"compressions": tuple(compressions)} if compressions else {}),
         )
         self._rng = rng
         self._on_other = on_message
@@ -164,8 +169,14 @@ class Membership:
         self._acks: dict[int, trio.Event] = {}
         self._probe_round: list[str] = []
         self._broadcast: dict[str, int] = {}
-        self._suspicions: set[tuple[str, int]] = set()
+        # Suspicions as data: (member, incarnation) -> the time it is declared dead unless refuted. One loop
+        # (`_suspicion_loop`) checks the deadlines; `_apply` only records them and wakes it.
+        self._suspicions: dict[tuple[str, int], float] = {}
+        self._suspicion_added = trio.Event()
         self._indirect_tasks = 0
+        # Probe requests from peers, as data for the indirect-probe loop (the message handler only records them).
+        self._probe_requests: list[tuple[str, ProbeRequest]] = []
+        self._probe_requested = trio.Event()
         self._leaving = False
         self._left = False
 
@@ -177,7 +188,8 @@ class Membership:
             self.address = await nursery.start(self.links.run)
             self._nursery = nursery
             self._apply(View().join(self.node_id, self.address, self.weight))
-            for loop in (self._probe_loop, self._gossip_loop, self._sync_loop, self._reconnect_loop):
+            for loop in (self._probe_loop, self._gossip_loop, self._sync_loop, self._reconnect_loop,
+                         self._suspicion_loop, self._indirect_probe_loop):
                 nursery.start_soon(loop)
             task_status.started(self.address)
 
@@ -267,9 +279,9 @@ class Membership:
             if member.node_id == self.node_id:
                 continue
             if member.state is MemberState.SUSPECT and (member.node_id, member.incarnation) not in self._suspicions:
-                self._suspicions.add((member.node_id, member.incarnation))
-                if self._nursery is not None:
-                    self._nursery.start_soon(self._suspicion_timer, member.node_id, member.incarnation)
+                deadline = trio.current_time() + self.config.suspicion_timeout
+                self._suspicions[(member.node_id, member.incarnation)] = deadline
+                self._suspicion_added.set()
             was_live = before is not None and before.state in _LIVE
             if member.state not in _LIVE and was_live:
                 self.links.forget(member.node_id, f"{member.node_id} is {member.state.value}")
@@ -279,9 +291,19 @@ class Membership:
             callback(new)
         return True
 
-    async def _suspicion_timer(self, node_id: str, incarnation: int) -> None:
-        await trio.sleep(self.config.suspicion_timeout)
-        self._suspicions.discard((node_id, incarnation))
+    async def _suspicion_loop(self) -> None:
+        """Declare dead each suspect whose deadline passed unrefuted; sleep until the next deadline or a new one."""
+        while True:
+            self._suspicion_added = added = trio.Event()
+            now = trio.current_time()
+            for key, deadline in list(self._suspicions.items()):
+                if deadline <= now:
+                    del self._suspicions[key]
+                    self._suspicion_expired(*key)
+            with trio.move_on_at(min(self._suspicions.values(), default=math.inf)):
+                await added.wait()
+
+    def _suspicion_expired(self, node_id: str, incarnation: int) -> None:
         if self._leaving:
             # A leaving node runs no failure detection: it no longer probes, and the members that stay stop
             # gossiping to it, so it would never hear the suspect's refutation and would declare a live member
@@ -370,6 +392,16 @@ class Membership:
         finally:
             del self._acks[seq]
 
+    async def _indirect_probe_loop(self) -> None:
+        """Probe the targets peers asked about, each in a task of this loop's own nursery."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                self._probe_requested = added = trio.Event()
+                requests, self._probe_requests = self._probe_requests, []
+                for requester, request in requests:
+                    nursery.start_soon(self._probe_for, requester, request)
+                await added.wait()
+
     async def _probe_for(self, requester: str, request: ProbeRequest) -> None:
         try:
             member = self.view.member(request.target)
@@ -397,7 +429,8 @@ class Membership:
 
     async def _sync_loop(self) -> None:
         while True:
-            await trio.sleep(self.config.sync_interval * self._rng.uniform(0.5, 1.5))
+            stretch = max(1.0, (len(self._live_peers()) + 1) / self.config.sync_members)
+            await trio.sleep(self.config.sync_interval * stretch * self._rng.uniform(0.5, 1.5))
             peers = self._live_peers()
             if peers and not self._left:
                 self._send(self._rng.choice(peers).node_id, self._full_gossip())
@@ -430,7 +463,8 @@ class Membership:
         elif isinstance(message, ProbeRequest):
             if self._indirect_tasks < _MAX_INDIRECT_TASKS and self._nursery is not None:
                 self._indirect_tasks += 1
-                self._nursery.start_soon(self._probe_for, peer_id, message)
+                self._probe_requests.append((peer_id, message))
+                self._probe_requested.set()
             else:
                 self._send(peer_id, ProbeReply(seq=message.seq, target=message.target, alive=False))
         elif isinstance(message, Gossip):

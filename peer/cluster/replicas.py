@@ -99,7 +99,7 @@ class SeenReplicas:
         self._pending: list[bytes] = []
         self._foreign: dict[bytes, None] = {}  # fetched-page keys of arcs owned elsewhere, oldest first
         # host -> (crawl delay, ready at (wall clock), failures): states of hosts owned elsewhere, to pass on
-        self._states: dict[str, tuple[float, float, int]] = {}
+        self._states: dict[str, tuple[float, float, int, int, int]] = {}  # delay, ready, failures, pages, bytes
         self.apply_states = apply_states  # merge states of hosts owned here (the cluster: timers and store)
         self.wall_clock = wall_clock  # states travel as durations; kept here as wall-clock times
         self.states_passed_on = 0
@@ -158,10 +158,10 @@ class SeenReplicas:
         kept = self._states
         for state in states:
             earlier = kept.get(state.host)
-            ready = wall + state.ready_in
+            ready, pages, size = wall + state.ready_in, state.pages, state.bytes
             if earlier is not None:
-                ready = max(ready, earlier[1])
-            kept[state.host] = (state.crawl_delay, ready, state.failures)
+                ready, pages, size = max(ready, earlier[1]), max(pages, earlier[3]), max(size, earlier[4])
+            kept[state.host] = (state.crawl_delay, ready, state.failures, pages, size)
         if len(kept) > self.max_pending // 10:
             for host in list(kept)[: len(kept) - self.max_pending // 10]:
                 del kept[host]
@@ -177,11 +177,13 @@ class SeenReplicas:
             entry = self._states.get(host)
             if entry is None:
                 continue
-            delay, ready, failures = entry
+            delay, ready, failures, pages, size = entry
             if ready <= wall:
-                del self._states[host]  # nothing left to wait for
+                # nothing left to wait for; the host's page and byte counts went with its hand-off chunk
+                del self._states[host]
                 continue
-            wire = WireHostState(host=host, crawl_delay=delay, ready_in=ready - wall, failures=failures)
+            wire = WireHostState(host=host, crawl_delay=delay, ready_in=max(0.0, ready - wall), failures=failures,
+                                 pages=pages, bytes=size)
             owner = ring.owner(host)
             if owner == node:
                 del self._states[host]

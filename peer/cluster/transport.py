@@ -29,6 +29,7 @@ import math
 import random
 import ssl
 from base64 import b64decode
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -391,6 +392,7 @@ class MemoryStream(trio.abc.HalfCloseableStream):
             if self._link.network.draw_break():
                 self._link.break_()
             self._check()
+            self._link.network.sent_bytes[self._link.ends[self._side]] += len(data)
             try:
                 await self._out.write(bytes(data))
             except (trio.ClosedResourceError, trio.BrokenResourceError) as exc:
@@ -473,6 +475,7 @@ class MemoryNetwork:
         self.breaks = 0
         self.lost = 0  # frames dropped by `loss_probability`
         self.duplicated = 0  # frames delivered twice by `duplicate_probability`
+        self.sent_bytes: Counter[str] = Counter()  # bytes written per sending address (what a node pays in wire)
 
     def transport(self, address: str) -> MemoryTransport:
         """The transport of the node that listens at `address` on this network."""

@@ -1,20 +1,33 @@
-"""robots.txt per RFC 9309: a tolerant parser, the matcher, and what a fetch outcome means.
+"""robots.txt per RFC 9309, read exactly as Google's open-source reference parser reads it; the matcher;
+and what a fetch outcome means.
 
 Pure: no I/O and no clock; the engine fetches /robots.txt (following up to five redirects), then hands
 the status and body to `decide` together with the current time.
 
-Parsing is tolerant the way large crawlers are, because real files are messy: a UTF-8 BOM, CR, LF or CRLF
-line ends, comments, a missing colon ("Disallow /x"), common misspellings ("useragent", "disalow"), rules
-before any user-agent line (ignored), blank lines inside a group (harmless), and anything else is skipped.
-Only the first `MAX_ROBOTS_BYTES` are read (the RFC asks for at least 500 KiB).
+Reading the file (byte for byte the reference's rules):
+- Only the first `MAX_ROBOTS_BYTES` are read (the RFC asks for at least 500 KiB). A UTF-8 byte order mark,
+  or any leading part of one, is skipped at the very start. CR, LF and CRLF end lines; a line keeps at most
+  `MAX_LINE_BYTES` bytes and the rest of it is dropped (the rule is cut, not thrown away).
+- "#" starts a comment. A line is "key: value"; without a colon, "key value" is accepted when the line is
+  exactly two words. Keys are recognised by their beginning, case-insensitively, with the reference's list of
+  common misspellings ("useragent", "user agent", "disalow", ...), so "Disallowed:" is a Disallow line.
+- Consecutive user-agent lines open one group; an Allow or Disallow line ends the run of user-agent lines,
+  any other line (Sitemap, Crawl-delay, unknown keys) does not. Rules before any user-agent line are ignored.
+- A user-agent value names the product token made of its leading letters, "-" and "_" ("Foo Bar" and
+  "FooBot/2.1" name "foo" and "foobot"); "*", alone or followed by a space, names the global group.
 
-Matching (RFC 9309 section 2.2): consecutive user-agent lines share one group and every group naming our
-product token is merged; the "*" group applies only when none names us. Our product token is the first
-word of our User-Agent before "/", compared case-insensitively with the part of each user-agent value made
-of letters, "-" and "_". The longest matching pattern wins and Allow wins a tie; "*" matches any run of
-characters, "$" at the end anchors. Both sides are put into the same percent-encoding normal form as
-`peer.crawl.urls` (unreserved characters decoded, hex upper-cased, non-ASCII escaped as UTF-8), so "/%7Efoo" and
-"/~foo" are one path. /robots.txt itself is always allowed.
+Matching (RFC 9309 section 2.2):
+- The agent given to `can_fetch` is a product token ("FooBot"), compared case-insensitively with the tokens
+  the file names; every group naming it is merged; the "*" group applies only when none names it. The
+  crawler passes `product_token(its User-Agent)`.
+- Patterns are put in the reference's normal form: bytes outside US-ASCII are percent-encoded and the hex
+  digits of existing escapes are upper-cased; nothing is decoded, so "/%7Efoo" does not match "/~foo" and
+  "%2F" is not "/". The path is matched as given: the crawler's URLs are already in normal form
+  (`peer.crawl.urls`), which is the reference's contract for the caller.
+- The longest matching pattern (in octets, "*" and "$" counted) wins and Allow wins a tie; an empty pattern
+  never decides. "*" matches any run of characters, "$" at the end anchors. An Allow pattern whose last
+  segment starts with "index.htm" also allows its directory exactly ("Allow: /a/index.html" allows "/a/").
+- /robots.txt itself is always allowed.
 
 Patterns are matched with a linear left-to-right scan of their literal pieces, never with a regex, so a
 hostile file full of stars cannot make matching slow.
@@ -27,9 +40,8 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from peer.crawl.urls import normalize, normalize_path_query, normalize_percent
-
 __all__ = [
+    "MAX_LINE_BYTES",
     "MAX_ROBOTS_BYTES",
     "MAX_ROBOTS_REDIRECTS",
     "ROBOTS_CACHE_SECONDS",
@@ -38,24 +50,30 @@ __all__ = [
     "RobotsTxt",
     "can_fetch",
     "decide",
+    "escape_pattern",
     "parse",
+    "path_params_query",
     "product_token",
 ]
 
 MAX_ROBOTS_BYTES = 512 * 1024  # RFC 9309 2.5: parse at least 500 KiB
+MAX_LINE_BYTES = 2083 * 8 - 1  # the reference keeps this much of a line (8 x the longest browser URL, less a NUL)
 ROBOTS_CACHE_SECONDS = 24 * 3600.0  # RFC 9309 2.4: do not use a cached copy for more than 24 hours
 MAX_ROBOTS_REDIRECTS = 5  # RFC 9309 2.3.1.2: follow at least five consecutive redirects
 ROBOTS_RETRY_SECONDS = 600.0  # an unreachable robots.txt is asked again after ten minutes
 
-_USER_AGENT_KEYS = frozenset({"user-agent", "useragent", "user agent"})
-_ALLOW_KEYS = frozenset({"allow"})
-_DISALLOW_KEYS = frozenset({"disallow", "dissallow", "dissalow", "disalow", "diasllow", "disallaw"})
-_CRAWL_DELAY_KEYS = frozenset({"crawl-delay", "crawldelay", "crawl delay"})
-_SITEMAP_KEYS = frozenset({"sitemap", "site-map"})
+_USER_AGENT_KEYS = (b"user-agent", b"useragent", b"user agent")
+_ALLOW_KEYS = (b"allow",)
+_DISALLOW_KEYS = (b"disallow", b"dissallow", b"dissalow", b"disalow", b"diasllow", b"disallaw")
+_SITEMAP_KEYS = (b"sitemap", b"site-map")
+_CRAWL_DELAY_KEYS = (b"crawl-delay", b"crawldelay", b"crawl delay")
 
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
-_AGENT_TOKEN = re.compile(r"[A-Za-z_\-]+")
-_DELAY = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+_AGENT_TOKEN = re.compile(rb"[A-Za-z_\-]*")
+_DELAY = re.compile(rb"\d+(?:\.\d*)?|\.\d+")
+_ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}|[\x80-\xff]")
+_ASCII_SPACE = b" \t\n\r\x0b\x0c"
+_BOM = b"\xef\xbb\xbf"
 
 
 def product_token(user_agent: str) -> str:
@@ -64,22 +82,56 @@ def product_token(user_agent: str) -> str:
     return words[0].split("/", 1)[0].lower() if words else ""
 
 
+def _escape_one(m: re.Match[bytes]) -> bytes:
+    s = m.group(0)
+    return s.upper() if len(s) == 3 else b"%%%02X" % s[0]
+
+
+def escape_pattern(pattern: bytes | str) -> str:
+    """The reference's normal form of a rule: non-ASCII octets percent-encoded, escapes' hex upper-cased.
+
+    "/SanJoséSellers" -> "/SanJos%C3%A9Sellers", "%aa" -> "%AA"; nothing is decoded.
+    """
+    raw = pattern.encode("utf-8", "surrogateescape") if isinstance(pattern, str) else pattern
+    return _ESCAPE.sub(_escape_one, raw).decode("ascii")
+
+
+def path_params_query(url: str) -> str:
+    """The part of `url` robots rules are matched against: path, params and query; no scheme, authority or
+    fragment; always starting with "/", and "/" when there is none (the reference's GetPathParamsQuery)."""
+    start = 2 if url.startswith("//") else 0
+    early = _find_first(url, "/?;", start)
+    proto = url.find("://", start)
+    if proto < 0 or (early >= 0 and early < proto):
+        proto_end = start
+    else:
+        proto_end = proto + 3
+    path_start = _find_first(url, "/?;", proto_end)
+    if path_start < 0:
+        return "/"
+    hash_at = url.find("#", start)
+    if 0 <= hash_at < path_start:
+        return "/"
+    path = url[path_start : hash_at if hash_at >= 0 else len(url)]
+    return path if path.startswith("/") else "/" + path
+
+
+def _find_first(s: str, chars: str, start: int) -> int:
+    found = [i for i in (s.find(c, start) for c in chars) if i >= 0]
+    return min(found) if found else -1
+
+
 class _Rule:
-    """One Allow or Disallow line, pre-split for matching."""
+    """One Allow or Disallow line in normal form, pre-split for matching."""
 
     __slots__ = ("allow", "length", "pieces", "anchored")
 
     def __init__(self, pattern: str, allow: bool) -> None:
         self.allow = allow
+        self.length = len(pattern)  # "most octets" (RFC 9309 2.2.2) of the normal form, as the reference counts
         self.anchored = pattern.endswith("$")
         body = pattern[:-1] if self.anchored else pattern
-        # Percent-normalize each literal piece on its own so "*" keeps its meaning.
-        pieces = [normalize_percent(p) for p in body.split("*")]
-        if pieces[0] and not pieces[0].startswith("/"):
-            pieces[0] = "/" + pieces[0]  # "Disallow: private" reads as meant: "/private"
-        self.pieces = pieces
-        # "Most octets" (RFC 9309 2.2.2), counted on the normalized pattern so spellings do not matter.
-        self.length = sum(map(len, pieces)) + len(pieces) - 1 + self.anchored
+        self.pieces = body.split("*")
 
     def matches(self, path: str) -> bool:
         pieces = self.pieces
@@ -112,7 +164,7 @@ class _Group:
 
 
 class RobotsTxt:
-    """A parsed robots.txt; `can_fetch` answers for one user agent and one request target."""
+    """A parsed robots.txt; `can_fetch` answers for one product token and one request target."""
 
     ALLOW_ALL: ClassVar[RobotsTxt]
     DISALLOW_ALL: ClassVar[RobotsTxt]
@@ -133,12 +185,12 @@ class RobotsTxt:
         self._selected: dict[str, tuple[list[_Rule], float | None]] = {}
         self.sitemaps = sitemaps
 
-    def _select(self, user_agent: str) -> tuple[list[_Rule], float | None]:
-        token = product_token(user_agent)
+    def _select(self, agent: str) -> tuple[list[_Rule], float | None]:
+        token = agent.lower()
         cached = self._selected.get(token)
         if cached is not None:
             return cached
-        group = self._groups.get(token) if token else None
+        group = self._groups.get(token)
         if group is None:
             group = self._global
         if group is None:
@@ -151,21 +203,22 @@ class RobotsTxt:
             self._selected[token] = selected
         return selected
 
-    def can_fetch(self, user_agent: str, path_and_query: str) -> bool:
-        """True if `user_agent` may fetch `path_and_query` (the "/path?query" part of a URL)."""
-        target = normalize_path_query(path_and_query or "/")
+    def can_fetch(self, agent: str, path_and_query: str) -> bool:
+        """True if the product token `agent` may fetch `path_and_query` (the "/path?query" of a URL in normal
+        form; see the module notes)."""
+        target = path_and_query or "/"
         if target == "/robots.txt" or target.startswith("/robots.txt?"):
             return True
         if self._disallow_all:
             return False
-        for rule in self._select(user_agent)[0]:
+        for rule in self._select(agent)[0]:
             if rule.matches(target):
                 return rule.allow
         return True
 
-    def crawl_delay(self, user_agent: str) -> float | None:
-        """Seconds between requests asked of `user_agent`, or None if the file names none."""
-        return self._select(user_agent)[1]
+    def crawl_delay(self, agent: str) -> float | None:
+        """Seconds between requests asked of the product token `agent`, or None if the file names none."""
+        return self._select(agent)[1]
 
     def __repr__(self) -> str:
         if self is RobotsTxt.DISALLOW_ALL:
@@ -179,32 +232,37 @@ RobotsTxt.ALLOW_ALL = RobotsTxt()
 RobotsTxt.DISALLOW_ALL = RobotsTxt(disallow_all=True)
 
 
-def _split_line(line: str) -> tuple[str, str] | None:
-    hash_at = line.find("#")
+def _split_line(line: bytes) -> tuple[bytes, bytes] | None:
+    """(lower-cased key, value) of one line, or None when it holds no record."""
+    hash_at = line.find(b"#")
     if hash_at >= 0:
         line = line[:hash_at]
-    line = line.strip()
-    if not line:
-        return None
-    key, colon, value = line.partition(":")
-    if not colon:
-        # "Disallow /x": accepted when the line is exactly a key and a value.
-        parts = line.split()
-        if len(parts) != 2:
+    line = line.strip(_ASCII_SPACE)
+    colon = line.find(b":")
+    if colon >= 0:
+        key, value = line[:colon], line[colon + 1 :]
+    else:
+        # "Disallow /x": accepted when the line is exactly two runs of non-blanks separated by blanks.
+        parts = line.replace(b"\t", b" ").split(b" ")
+        words = [p for p in parts if p]
+        if len(words) != 2:
             return None
-        key, value = parts
-    return " ".join(key.split()).lower(), value.strip()
+        key, value = words
+    key = key.strip(_ASCII_SPACE)
+    if not key:
+        return None
+    return key.lower(), value.strip(_ASCII_SPACE)
 
 
-def _agent_of(value: str) -> str | None:
-    """The product token a user-agent line names: "*" for the global group, None if it names nothing."""
-    if value.startswith("*") and (len(value) == 1 or value[1].isspace()):
+def _agent_of(value: bytes) -> str:
+    """The product token a user-agent line names: "*" for the global group (possibly "")."""
+    if value[:1] == b"*" and (len(value) == 1 or value[1:2] in (b" ", b"\t", b"\n", b"\r", b"\x0b", b"\x0c")):
         return "*"
     m = _AGENT_TOKEN.match(value)
-    return m.group(0).lower() if m else None
+    return m.group(0).decode("ascii").lower() if m else ""
 
 
-def _parse_delay(value: str) -> float | None:
+def _parse_delay(value: bytes) -> float | None:
     m = _DELAY.match(value)
     if m is None:
         return None
@@ -212,15 +270,19 @@ def _parse_delay(value: str) -> float | None:
     return delay if math.isfinite(delay) else None
 
 
+def _lines(data: bytes) -> list[bytes]:
+    bom = 0
+    while bom < len(_BOM) and bom < len(data) and data[bom] == _BOM[bom]:
+        bom += 1
+    return [line[:MAX_LINE_BYTES] for line in _LINE_BREAK.split(data[bom:])]
+
+
 def parse(text: str | bytes) -> RobotsTxt:
-    """Parse a robots.txt body (bytes are read as UTF-8, bad bytes replaced); never raises on content."""
-    if isinstance(text, (bytes, bytearray, memoryview)):
-        data = bytes(text[:MAX_ROBOTS_BYTES])
-        text = data.decode("utf-8", "replace")
+    """Parse a robots.txt body (text is read as its UTF-8 bytes); never raises on content."""
+    if isinstance(text, str):
+        data = text.encode("utf-8", "surrogateescape")[:MAX_ROBOTS_BYTES]
     else:
-        text = text[:MAX_ROBOTS_BYTES]
-    if text.startswith("\ufeff"):
-        text = text[1:]
+        data = bytes(text[:MAX_ROBOTS_BYTES])
 
     groups: dict[str, _Group] = {}
     global_group: _Group | None = None
@@ -228,12 +290,12 @@ def parse(text: str | bytes) -> RobotsTxt:
     current: list[_Group] = []  # the groups the lines being read belong to
     in_agent_lines = False  # True while reading consecutive user-agent lines
 
-    for line in _LINE_BREAK.split(text):
+    for line in _lines(data):
         split = _split_line(line)
         if split is None:
             continue
         key, value = split
-        if key in _USER_AGENT_KEYS:
+        if key.startswith(_USER_AGENT_KEYS):
             if not in_agent_lines:
                 current = []
                 in_agent_lines = True
@@ -242,20 +304,29 @@ def parse(text: str | bytes) -> RobotsTxt:
                 if global_group is None:
                     global_group = _Group()
                 group = global_group
-            elif agent is not None:
-                group = groups.setdefault(agent, _Group())
             else:
-                continue
+                group = groups.setdefault(agent, _Group())
             if all(g is not group for g in current):
                 current.append(group)
-        elif key in _ALLOW_KEYS or key in _DISALLOW_KEYS:
+        elif key.startswith(_ALLOW_KEYS) or key.startswith(_DISALLOW_KEYS):
+            if not current:
+                continue  # a rule before any user-agent line belongs to no group
             in_agent_lines = False
-            if not value:
-                continue  # "Disallow:" with nothing after it allows everything: no rule
+            allow = key.startswith(_ALLOW_KEYS)
+            pattern = escape_pattern(value)
+            if not pattern:
+                continue  # an empty pattern matches with no weight: it never decides
+            rules = [_Rule(pattern, allow)]
+            if allow:
+                slash = pattern.rfind("/")
+                if slash >= 0 and pattern.startswith("/index.htm", slash):
+                    rules.append(_Rule(pattern[: slash + 1] + "$", True))  # "index.htm[l]" is its directory
             for group in current:
-                group.rules.append(_Rule(value, key in _ALLOW_KEYS))
-        elif key in _CRAWL_DELAY_KEYS:
-            in_agent_lines = False
+                group.rules.extend(rules)
+        elif key.startswith(_SITEMAP_KEYS):
+            if value:
+                sitemaps[value.decode("utf-8", "replace")] = None
+        elif key.startswith(_CRAWL_DELAY_KEYS):
             delay = _parse_delay(value)
             if delay is None:
                 continue
@@ -263,24 +334,17 @@ def parse(text: str | bytes) -> RobotsTxt:
                 # Several Crawl-delay lines for one agent: the slowest is the polite reading.
                 if group.crawl_delay is None or delay > group.crawl_delay:
                     group.crawl_delay = delay
-        elif key in _SITEMAP_KEYS:
-            if value:
-                sitemaps[value] = None
-        # Any other line is ignored and does not end a run of user-agent lines.
+        # Any other line is ignored; like Crawl-delay and Sitemap it does not end a run of user-agent lines.
 
     if not groups and global_group is None:
         return RobotsTxt(sitemaps=tuple(sitemaps)) if sitemaps else RobotsTxt.ALLOW_ALL
     return RobotsTxt(groups, global_group, tuple(sitemaps))
 
 
-def can_fetch(robots_txt: str, user_agent: str, url: str) -> bool:
-    """May `user_agent` fetch `url` under the robots.txt text `robots_txt`? (For tests and tools.)"""
-    target = url
-    normal = normalize(url)
-    if normal is not None:
-        rest = normal.partition("://")[2]
-        target = rest[rest.find("/") :]
-    return parse(robots_txt).can_fetch(user_agent, target)
+def can_fetch(robots_txt: str | bytes, agent: str, url: str) -> bool:
+    """May the product token `agent` fetch `url` under the robots.txt `robots_txt`? The URL is used as given
+    (its path, params and query), the way the reference's OneAgentAllowedByRobots reads it."""
+    return parse(robots_txt).can_fetch(agent, path_params_query(url))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

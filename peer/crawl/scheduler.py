@@ -23,6 +23,7 @@ class HostTurn:
     backoff: float = 0.0
     failures: int = 0
     pages: int = 0
+    bytes: int = 0
     busy: bool = False
     waiting: bool = False
 

@@ -10,32 +10,46 @@ httpx's transports are), with the default a single node needs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from storage import QueuedUrl
 
-from peer.fetch.http import Response
+from peer.crawl.addressgate import Lane
+from peer.fetch.http import BodySink, Response
 
-__all__ = ["Link", "Ownership", "PageFetcher", "Solo"]
-
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    """A URL on its way into the frontier: normalized, with its depth, redirect hops and referrer. What the
-    crawler hands its `Ownership` for a host owned elsewhere."""
-
-    url: str
-    depth: int
-    hops: int = 0
-    found_on: str | None = None
+__all__ = ["AddressLimits", "Ownership", "PageFetcher", "Solo"]
 
 
 class PageFetcher(Protocol):
-    """One method: fetch `url` with these request headers and return the response (status, headers, body), or
-    raise `peer.fetch.FetchError` / `peer.fetch.DnsError`."""
+    """`fetch`: fetch `url` with these request headers and return the response (status, headers, body), or
+    raise a `peer.fetch.FetchError` (whose class says what failed: `peer/fetch/errors.py`). With a `sink` the body is streamed to it instead
+    (`peer.fetch.http.BodySink`: sitemaps are read as they arrive, never held whole); with an `address` the
+    request goes to that address (the one its per-address lane is for). `address`: the address a host's
+    requests go to now (the node's DNS cache), or DnsError."""
 
-    async def fetch(self, url: str, *, headers: Sequence[tuple[str, str]] = ()) -> Response: ...
+    async def fetch(
+        self,
+        url: str,
+        *,
+        headers: Sequence[tuple[str, str]] = (),
+        sink: BodySink | None = None,
+        address: str | None = None,
+    ) -> Response: ...
+
+    async def address(self, host: str) -> str: ...
+
+
+class AddressLimits(Protocol):
+    """Lanes per server address (peer/crawl/addressgate.py on one node; the Cluster's `FleetLanes` across a
+    fleet). `try_acquire` answers a lane for a request starting now, or the time to try again (inf: the host
+    waits until the crawler's `address_ready(address)` is called, or a lane of the address is given back here);
+    `release` gives the lane back when the request ended (or, `used=False`, was not made)."""
+
+    active: bool
+
+    def try_acquire(self, address: str, now: float) -> Lane | float: ...
+
+    def release(self, lane: Lane, now: float, *, used: bool = True) -> None: ...
 
 
 class Ownership(Protocol):
@@ -52,7 +66,7 @@ class Ownership(Protocol):
     def blocked(self, host: str) -> bool:
         """Whether `host` is owned here but may not be fetched yet (its arc's hand-off has not arrived)."""
 
-    def route(self, host: str, link: Link) -> None:
+    def route(self, item: QueuedUrl) -> None:
         """Take a link for a host owned elsewhere (the dispatcher stages it for its owner)."""
 
     def take_routed(self) -> list[tuple[str, QueuedUrl]]:
@@ -78,8 +92,8 @@ class Solo:
     def blocked(self, host: str) -> bool:
         return False
 
-    def route(self, host: str, link: Link) -> None:
-        raise AssertionError(f"a node on its own owns every host; nothing to route ({host})")
+    def route(self, item: QueuedUrl) -> None:
+        raise AssertionError(f"a node on its own owns every host; nothing to route ({item.host})")
 
     def take_routed(self) -> list[tuple[str, QueuedUrl]]:
         return []

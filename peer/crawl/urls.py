@@ -27,6 +27,8 @@ from urllib.parse import unquote
 
 import idna
 
+from peer.config import DEFAULTS
+
 __all__ = [
     "DEFAULT_BINARY_SUFFIXES",
     "Scope",
@@ -42,7 +44,7 @@ __all__ = [
     "path_and_query_of",
 ]
 
-DEFAULT_MAX_URL_LENGTH = 2048  # longer URLs are almost always session ids, traps or garbage
+DEFAULT_MAX_URL_LENGTH: int = DEFAULTS["max_url_length"]  # the setting's default (peer.config): traps, junk
 
 _DEFAULT_PORTS = {"http": "80", "https": "443"}
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -428,13 +430,37 @@ class _HostPatterns:
         return False
 
 
+class _UrlPatterns:
+    """Regular expressions searched in a normalized URL (each compiled on its own, so groups keep their numbers)."""
+
+    __slots__ = ("_compiled",)
+
+    def __init__(self, patterns: Iterable[str], name: str) -> None:
+        compiled = []
+        for pattern in patterns:
+            try:
+                compiled.append(re.compile(pattern))
+            except re.error as exc:
+                raise ValueError(f"invalid {name} pattern {pattern!r}: {exc}") from exc
+        self._compiled = tuple(compiled)
+
+    def __bool__(self) -> bool:
+        return bool(self._compiled)
+
+    def search(self, url: str) -> bool:
+        return any(p.search(url) for p in self._compiled)
+
+
 class Scope:
     """Which normalized URLs the crawl may visit; `check` names the first rule a URL breaks."""
 
     __slots__ = (
         "_allowed",
         "_denied",
+        "_include",
+        "_exclude",
         "_suffixes",
+        "max_query_params",
         "max_depth",
         "max_url_length",
         "max_path_segments",
@@ -446,6 +472,9 @@ class Scope:
         *,
         allowed_hosts: Iterable[str] = (),
         denied_hosts: Iterable[str] = (),
+        include: Iterable[str] = (),
+        exclude: Iterable[str] = (),
+        max_query_params: int | None = None,
         deny_suffixes: Iterable[str] = DEFAULT_BINARY_SUFFIXES,
         max_depth: int | None = None,
         max_url_length: int = DEFAULT_MAX_URL_LENGTH,
@@ -454,14 +483,19 @@ class Scope:
     ) -> None:
         self._allowed = _HostPatterns(allowed_hosts)
         self._denied = _HostPatterns(denied_hosts)
+        self._include = _UrlPatterns(include, "include")
+        self._exclude = _UrlPatterns(exclude, "exclude")
+        self.max_query_params = max_query_params
         self._suffixes = tuple(s.lower() for s in deny_suffixes)
         self.max_depth = max_depth
         self.max_url_length = max_url_length
         self.max_path_segments = max_path_segments
         self.max_repeated_segment = max_repeated_segment
 
-    def check(self, url: str, host: str, depth: int) -> str | None:
-        """None if `url` (normalized, on `host`, found at `depth`) is in scope, else a short reason."""
+    def check(self, url: str, host: str, depth: int, *, sitemap: bool = False) -> str | None:
+        """None if `url` (normalized, on `host`, found at `depth`) is in scope, else a short reason. A sitemap
+        is not judged by its suffix (".xml.gz" is a sitemap's usual name, not a binary to skip) nor by the include
+        patterns (it is a list of pages, not a page: each page it lists is judged by them)."""
         if len(url) > self.max_url_length:
             return "too-long"
         if self._denied and self._denied.matches(host):
@@ -470,12 +504,20 @@ class Scope:
             return "not-allowed-host"
         if self.max_depth is not None and depth > self.max_depth:
             return "depth"
+        if self.max_query_params is not None:
+            query = url.find("?")
+            if query >= 0 and sum(1 for p in url[query + 1:].split("&") if p) > self.max_query_params:
+                return "too-many-params"
+        if self._exclude and self._exclude.search(url):
+            return "excluded"
+        if self._include and not sitemap and not self._include.search(url):
+            return "not-included"
         start = url.find("/", url.find("//") + 2)
         if start < 0:
             return None
         end = url.find("?", start)
         path = url[start:] if end < 0 else url[start:end]
-        if self._suffixes and path.lower().endswith(self._suffixes):
+        if self._suffixes and not sitemap and path.lower().endswith(self._suffixes):
             return "suffix"
         segments = [s for s in path.split("/") if s]
         if len(segments) > self.max_path_segments:

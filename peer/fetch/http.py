@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 from urllib.parse import quote, urlsplit
 
 import h11
 import httpx
 import trio
 
+from peer.config import DEFAULTS
 from peer.fetch.decoding import BodyDecoder, DecodeError, make_decoder
 from peer.fetch.pool import (
     Connection,
@@ -31,24 +31,31 @@ from peer.fetch.pool import (
     default_max_idle_total,
     open_connection,
 )
-from peer.fetch.dns import DnsError, Resolver
+from peer.fetch.dns import Resolver
+from peer.fetch.errors import (
+    AddressRefused,
+    ConnectFailed,
+    ConnectTimeout,
+    CorruptBody,
+    DnsError,
+    FetchError,
+    FetchTimeout,
+    HttpProtocolError,
+    InvalidUrl,
+    ReadTimeout,
+    RefusedAddress,
+    ResolveFailed,
+    ResponseTooLarge,
+    TlsFailed,
+)
 
-__all__ = ["FetchError", "Fetcher", "HttpxTransport", "Response"]
+__all__ = ["BodySink", "FetchError", "Fetcher", "HttpxTransport", "Response"]
 
 _CHUNK = 65536  # read in large chunks: one receive per 15 KB page on loopback
 _MAX_HEAD = 65536  # status line plus headers; some sites send large cookies and CSP headers
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _NOT_FROM_CALLER = frozenset({"host", "content-length", "transfer-encoding", "connection"})
 _SAFE_TARGET = "!#$%&'()*+,/:;=?@[]~"
-
-
-class FetchError(Exception):
-    """A fetch failed. ``kind`` is one of "dns", "connect", "timeout", "protocol", "too-large",
-    "refused-address", "tls"."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +74,26 @@ class Response:
     request_headers: list[tuple[str, str]]
 
 
+class BodySink(Protocol):
+    """Where a streamed body goes instead of into ``Response.body`` (a sitemap reader, say).
+
+    ``head`` sees the status and headers first and answers whether to stream the body at all (no: the fetch
+    stops reading and the body is dropped); ``write`` takes each decoded piece as it arrives and answers
+    whether to go on (it may await, to let other tasks run while it works through a piece). ``max_bytes`` replaces the fetcher's ``max_body`` for this response.
+    """
+
+    max_bytes: int
+
+    def head(self, status: int, headers: list[tuple[str, str]]) -> bool: ...
+
+    async def write(self, piece: bytes) -> bool: ...
+
+
+#: With a sink, one network read may inflate (Content-Encoding) to at most this much before the body is cut,
+#: so a bomb never sits in memory; a sink's own decoder (a .gz sitemap) takes the rest in steps of its own.
+_SINK_STEP = 4 * 2**20
+
+
 class _StaleConnection(Exception):
     """A reused keep-alive connection was closed by the server before it answered: retry on a fresh one."""
 
@@ -83,10 +110,10 @@ class Fetcher:
         resolver: Resolver,
         *,
         user_agent: str,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 30.0,
-        total_timeout: float = 60.0,
-        max_body: int = 10 * 2**20,
+        connect_timeout: float = DEFAULTS["connect_timeout"],
+        read_timeout: float = DEFAULTS["read_timeout"],
+        total_timeout: float = DEFAULTS["total_timeout"],
+        max_body: int = DEFAULTS["max_body"],
         max_connections_per_origin: int = 1,
         max_idle_per_origin: int = 1,
         idle_timeout: float = 30.0,
@@ -111,46 +138,49 @@ class Fetcher:
         )
         self._ssl_context = ssl_context
         self._defaults = [("user-agent", user_agent), ("accept-encoding", "gzip, deflate, br"), ("accept", "*/*")]
-        self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
-        self._nursery: trio.Nursery | None = None
 
     @property
     def pool(self) -> ConnectionPool:
         return self._pool
 
     async def __aenter__(self) -> Self:
-        manager = trio.open_nursery()
-        self._nursery = await manager.__aenter__()
-        self._nursery_manager = manager
-        self._nursery.start_soon(self._sweep_idle)
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        assert self._nursery is not None and self._nursery_manager is not None
-        self._nursery.cancel_scope.cancel()
-        try:
-            # Only the sweeper runs in here; the caller's exception (if any) propagates untouched.
-            await self._nursery_manager.__aexit__(None, None, None)
-        finally:
-            self._nursery = self._nursery_manager = None
-            self._pool.close_all()
+        self._pool.close_all()
 
-    async def _sweep_idle(self) -> None:
-        interval = min(max(self._idle_timeout / 2, 0.5), 10.0)
-        while True:
-            await trio.sleep(interval)
-            self._pool.sweep(trio.current_time())
+    async def fetch(
+        self,
+        url: str,
+        *,
+        headers: Sequence[tuple[str, str]] = (),
+        sink: BodySink | None = None,
+        address: str | None = None,
+    ) -> Response:
+        """GET ``url``. Redirects are returned as they are; raises FetchError. With ``sink`` the body is
+        streamed to it and ``Response.body`` is empty; with ``address`` (one `address` gave) the request goes
+        there instead of to a fresh look-up."""
+        return await self.request("GET", url, headers=headers, sink=sink, address=address)
 
-    async def fetch(self, url: str, *, headers: Sequence[tuple[str, str]] = ()) -> Response:
-        """GET ``url``. Redirects are returned as they are; raises FetchError."""
-        return await self.request("GET", url, headers=headers)
+    async def address(self, host: str) -> str:
+        """The address requests to ``host`` go to now: the node's resolver (cached; refused ranges refused).
+        Raises DnsError."""
+        return await self._resolver.resolve(host)
 
     async def request(
-        self, method: str, url: str, *, headers: Sequence[tuple[str, str]] = (), content: bytes = b""
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Sequence[tuple[str, str]] = (),
+        content: bytes = b"",
+        sink: BodySink | None = None,
+        address: str | None = None,
     ) -> Response:
-        """Send one request (any method, optional body) and read the whole response; raises FetchError."""
+        """Send one request (any method, optional body) and read the whole response (or stream it to
+        ``sink``); raises FetchError."""
         start = trio.current_time()
         scheme, host, port, target, host_header = _split_url(url)
         request_headers = self._request_headers(host_header, headers, method, content)
@@ -160,10 +190,11 @@ class Fetcher:
         # read_timeout" before each wait for data, so the reason it fired is read off the deadline it had.
         with trio.CancelScope(deadline=deadline) as scope:
             try:
-                ip = await self._resolver.resolve(host)
+                ip = address if address is not None else await self._resolver.resolve(host)
+            except RefusedAddress as exc:
+                raise AddressRefused(f"{url}: {exc}") from exc
             except DnsError as exc:
-                kind = "refused-address" if exc.kind == "refused-address" else "dns"
-                raise FetchError(kind, f"{url}: {exc}") from exc
+                raise ResolveFailed(f"{url}: {exc}") from exc
             origin = await self._pool.acquire(key)
             try:
                 for _ in range(2):
@@ -174,7 +205,7 @@ class Fetcher:
                     reused = conn.requests > 0
                     try:
                         head, body, truncated = await self._exchange(
-                            conn, method, target, request_headers, content, url, reused, scope, deadline
+                            conn, method, target, request_headers, content, url, reused, scope, deadline, sink
                         )
                     except _StaleConnection:
                         conn.close()
@@ -200,12 +231,12 @@ class Fetcher:
                         elapsed=trio.current_time() - start,
                         request_headers=request_headers,
                     )
-                raise FetchError("protocol", f"{url}: the server closed two connections without answering")
+                raise HttpProtocolError(f"{url}: the server closed two connections without answering")
             finally:
                 self._pool.release(key, origin)
         if scope.deadline < deadline:
-            raise FetchError("timeout", f"{url}: no data from the server for {self._read_timeout:g} s")
-        raise FetchError("timeout", f"{url}: no complete response within {self._total_timeout:g} s")
+            raise ReadTimeout(f"{url}: no data from the server for {self._read_timeout:g} s")
+        raise FetchTimeout(f"{url}: no complete response within {self._total_timeout:g} s")
 
     def _request_headers(
         self, host_header: str, headers: Sequence[tuple[str, str]], method: str, content: bytes
@@ -228,17 +259,17 @@ class Fetcher:
             try:
                 return await open_connection(key, ip, host, tls, _MAX_HEAD)
             except ssl.SSLError as exc:
-                raise FetchError("tls", f"{url}: TLS handshake with {where} failed: {_tls_reason(exc)}") from exc
+                raise TlsFailed(f"{url}: TLS handshake with {where} failed: {_tls_reason(exc)}") from exc
             except trio.BrokenResourceError as exc:
                 cause = exc.__cause__
                 if isinstance(cause, ssl.SSLError):
                     message = f"{url}: TLS handshake with {where} failed: {_tls_reason(cause)}"
                 else:
                     message = f"{url}: {where} closed the connection during the TLS handshake"
-                raise FetchError("tls", message) from exc
+                raise TlsFailed(message) from exc
             except OSError as exc:
-                raise FetchError("connect", f"{url}: cannot connect to {where}: {exc.strerror or exc}") from exc
-        raise FetchError("timeout", f"{url}: connecting to {where} took over {self._connect_timeout:g} s")
+                raise ConnectFailed(f"{url}: cannot connect to {where}: {exc.strerror or exc}") from exc
+        raise ConnectTimeout(f"{url}: connecting to {where} took over {self._connect_timeout:g} s")
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._ssl_context is None:
@@ -258,8 +289,10 @@ class Fetcher:
         reused: bool,
         scope: trio.CancelScope,
         deadline: float,
+        sink: BodySink | None = None,
     ) -> tuple[h11.Response, bytes, bool]:
-        """Send the request and read the response: (head, decoded body, truncated)."""
+        """Send the request and read the response: (head, decoded body, truncated). With ``sink``, the decoded
+        body goes to it piece by piece and the body returned is empty."""
         h = conn.h11
         try:
             data = h.send(h11.Request(method=method, target=target, headers=headers))
@@ -267,15 +300,16 @@ class Fetcher:
                 data += h.send(h11.Data(data=content))
             data += h.send(h11.EndOfMessage())
         except h11.LocalProtocolError as exc:
-            raise FetchError("protocol", f"{url}: cannot send this request: {exc}") from exc
+            raise HttpProtocolError(f"{url}: cannot send this request: {exc}") from exc
         try:
             await conn.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             if reused:
                 raise _StaleConnection from exc
-            raise FetchError("protocol", f"{url}: the connection broke while sending the request") from exc
+            raise HttpProtocolError(f"{url}: the connection broke while sending the request") from exc
 
-        max_body = self._max_body
+        max_body = self._max_body if sink is None else sink.max_bytes
+        step = max_body if sink is None else _SINK_STEP
         read_timeout = self._read_timeout
         head: h11.Response | None = None
         decoder: BodyDecoder | None = None
@@ -296,17 +330,17 @@ class Fetcher:
                     except trio.BrokenResourceError as exc:
                         if reused and not received:
                             raise _StaleConnection from exc
-                        raise FetchError("protocol", f"{url}: the connection broke mid-response") from exc
+                        raise HttpProtocolError(f"{url}: the connection broke mid-response") from exc
                     if chunk:
                         received = True
                         if head is None:
                             head_size += len(chunk)
                             if head_size > _MAX_HEAD:
-                                raise FetchError("too-large", f"{url}: response head exceeds {_MAX_HEAD} bytes")
+                                raise ResponseTooLarge(f"{url}: response head exceeds {_MAX_HEAD} bytes")
                     elif not received:
                         if reused:
                             raise _StaleConnection
-                        raise FetchError("protocol", f"{url}: the server closed the connection without a response")
+                        raise HttpProtocolError(f"{url}: the server closed the connection without a response")
                     h.receive_data(chunk)
                     continue
                 kind = type(event)
@@ -314,15 +348,30 @@ class Fetcher:
                     piece = event.data
                     raw_size += len(piece)
                     if decoder is not None:
-                        piece = decoder.decompress(piece, max_body - size + 1)
-                    if size + len(piece) > max_body or raw_size > max_body:
-                        chunks.append(piece[: max_body - size])
+                        piece = decoder.decompress(piece, min(step, max_body - size + 1))
+                        if sink is not None and len(piece) >= step:
+                            truncated = True  # one read inflating past a step: cut, never held whole
+                    if truncated or size + len(piece) > max_body or raw_size > max_body:
+                        piece = piece[: max_body - size]
+                        if sink is None:
+                            chunks.append(piece)
+                        else:
+                            await sink.write(piece)
                         truncated = True
                         break
-                    chunks.append(piece)
                     size += len(piece)
+                    if sink is None:
+                        chunks.append(piece)
+                    elif not await sink.write(piece):
+                        truncated = True
+                        break
                 elif kind is h11.Response:
                     head = event
+                    if sink is not None and not sink.head(
+                        event.status_code, [(n.decode("latin-1"), v.decode("latin-1")) for n, v in event.headers]
+                    ):
+                        truncated = True  # the sink wants no body: stop reading, drop the connection
+                        break
                     encoding = _header(event.headers, b"content-encoding")
                     if encoding is not None:
                         decoder = make_decoder(encoding.decode("latin-1"))
@@ -332,17 +381,20 @@ class Fetcher:
                         if size + len(tail) > max_body:
                             tail = tail[: max_body - size]
                             truncated = True
-                        chunks.append(tail)
+                        if sink is None:
+                            chunks.append(tail)
+                        elif tail:
+                            await sink.write(tail)
                     break
                 elif kind is h11.ConnectionClosed:
-                    raise FetchError("protocol", f"{url}: the server closed the connection without a response")
+                    raise HttpProtocolError(f"{url}: the server closed the connection without a response")
                 # InformationalResponse (1xx): keep reading for the final response.
         except h11.RemoteProtocolError as exc:
             if exc.error_status_hint == 431:
-                raise FetchError("too-large", f"{url}: response head exceeds {_MAX_HEAD} bytes") from exc
-            raise FetchError("protocol", f"{url}: malformed HTTP response: {exc}") from exc
+                raise ResponseTooLarge(f"{url}: response head exceeds {_MAX_HEAD} bytes") from exc
+            raise HttpProtocolError(f"{url}: malformed HTTP response: {exc}") from exc
         except DecodeError as exc:
-            raise FetchError("protocol", f"{url}: {exc}") from exc
+            raise CorruptBody(f"{url}: {exc}") from exc
         assert head is not None
         return head, b"".join(chunks), truncated
 
@@ -367,18 +419,18 @@ def _split_url(url: str) -> tuple[str, str, int, str, str]:
         host = parts.hostname
         port = parts.port
     except ValueError as exc:
-        raise FetchError("protocol", f"{url}: not a valid URL: {exc}") from None
+        raise InvalidUrl(f"{url}: not a valid URL: {exc}") from None
     scheme = parts.scheme
     default = _DEFAULT_PORTS.get(scheme)
     if default is None:
-        raise FetchError("protocol", f"{url}: only http and https URLs can be fetched")
+        raise InvalidUrl(f"{url}: only http and https URLs can be fetched")
     if not host:
-        raise FetchError("protocol", f"{url}: the URL has no host")
+        raise InvalidUrl(f"{url}: the URL has no host")
     if not host.isascii():
         try:
             host = host.encode("idna").decode("ascii")
         except UnicodeError:
-            raise FetchError("protocol", f"{url}: the host is not a valid name") from None
+            raise InvalidUrl(f"{url}: the host is not a valid name") from None
     port = port or default
     target = parts.path or "/"
     if parts.query:
@@ -391,15 +443,18 @@ def _split_url(url: str) -> tuple[str, str, int, str, str]:
     return scheme, host, port, target, host_header
 
 
-_HTTPX_ERRORS: dict[str, type[httpx.TransportError]] = {
-    "dns": httpx.ConnectError,
-    "connect": httpx.ConnectError,
-    "refused-address": httpx.ConnectError,
-    "tls": httpx.ConnectError,
-    "timeout": httpx.ReadTimeout,
-    "protocol": httpx.RemoteProtocolError,
-    "too-large": httpx.RemoteProtocolError,
-}
+# Most specific first: the first class the error is an instance of gives httpx's exception.
+_HTTPX_ERRORS: tuple[tuple[type[FetchError], type[httpx.TransportError]], ...] = (
+    (InvalidUrl, httpx.UnsupportedProtocol),
+    (ConnectTimeout, httpx.ConnectTimeout),
+    (ReadTimeout, httpx.ReadTimeout),
+    (FetchTimeout, httpx.ReadTimeout),
+    (HttpProtocolError, httpx.RemoteProtocolError),
+    (ResolveFailed, httpx.ConnectError),
+    (AddressRefused, httpx.ConnectError),
+    (ConnectFailed, httpx.ConnectError),
+    (TlsFailed, httpx.ConnectError),
+)
 _NOT_TO_HTTPX = frozenset({b"content-encoding", b"content-length", b"transfer-encoding"})
 _HTTPX_DEFAULT_UA = f"python-httpx/{httpx.__version__}"
 
@@ -425,7 +480,8 @@ class HttpxTransport(httpx.AsyncBaseTransport):
         try:
             result = await self._fetcher.request(request.method, str(request.url), headers=headers, content=content)
         except FetchError as exc:
-            raise _HTTPX_ERRORS.get(exc.kind, httpx.TransportError)(str(exc), request=request) from exc
+            error = next((theirs for ours, theirs in _HTTPX_ERRORS if isinstance(exc, ours)), httpx.TransportError)
+            raise error(str(exc), request=request) from exc
         response_headers = [(n, v) for n, v in result.headers if n.encode("latin-1") not in _NOT_TO_HTTPX]
         response_headers.append(("content-length", str(len(result.body))))
         return httpx.Response(

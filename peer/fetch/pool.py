@@ -4,6 +4,10 @@ The pool is keyed by origin (scheme, host, port) and bounds both the connections
 default: politeness) and the idle ones kept for reuse, per origin and in total, so a crawl over a million
 hosts does not hold a million sockets. Bookkeeping is O(1) per request: an origin's slot is a semaphore,
 idle connections sit in a per-origin list and in one insertion-ordered dict that is the global LRU.
+
+Idle connections expire as data, not by a timer task: every take and every return of a connection first
+closes those idle longer than the idle timeout (oldest first, so the cost is the number closed), as
+httpcore does on each request. A pool nobody uses keeps its idle sockets until its next use or its close.
 """
 
 from __future__ import annotations
@@ -188,7 +192,8 @@ class ConnectionPool:
         self._forget_if_unused(key, origin)
 
     def take_idle(self, origin: Origin, now: float) -> Connection | None:
-        """The most recently used idle connection that is still usable, or None."""
+        """The most recently used idle connection that is still usable, or None. Expires idle connections."""
+        self.sweep(now)
         idle = origin.idle
         while idle:
             conn = idle.pop()
@@ -199,7 +204,9 @@ class ConnectionPool:
         return None
 
     def put_idle(self, origin: Origin, conn: Connection, now: float) -> None:
-        """Keep ``conn`` for reuse (the caller still holds the origin's slot), or close it if over a limit."""
+        """Keep ``conn`` for reuse (the caller still holds the origin's slot), or close it if over a limit.
+        Expires idle connections."""
+        self.sweep(now)
         if len(origin.idle) >= self._max_idle_per_origin:
             conn.close()
             return
@@ -210,7 +217,7 @@ class ConnectionPool:
             self._evict(next(iter(self._idle)))
 
     def sweep(self, now: float) -> int:
-        """Close idle connections older than the idle timeout; returns how many."""
+        """Close idle connections older than the idle timeout; returns how many. Called on every take and put."""
         closed = 0
         while self._idle:
             conn = next(iter(self._idle))

@@ -6,8 +6,8 @@ uniformly: the local web has no popularity skew, so ``web.popularity`` must be 0
 feature hosts: robots.txt rules, Crawl-delays, redirects, traps). Each node is started as
 
     python -m peer start --node-id A --weight 150 --listen 127.0.0.1:0 --control 127.0.0.1:0 --data-dir DIR
-        --nameserver 127.0.0.1:P --allow-private --delay D --store none|warc [--exit-when-done]
-        [--join PEER] [--seed URL ...]
+        --nameserver 127.0.0.1:P --allow-private --delay D --store none|warc --ip-connections 0
+        [--exit-when-done] [--join PEER] [--seed URL ...]
 
 with ``PEERCRAWL_CLUSTER_SECRET`` set to a secret made for the run. The first node starts the cluster; every
 other joins through a running node's peer address (``DIR/peer.addr``). The first node brings the seeds (a
@@ -57,7 +57,7 @@ import httpx
 import trio
 
 import ring
-from peer.control import auth_headers
+from peer.control import auth_headers, dashboard_address, read_token
 
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import RequestRecord
@@ -232,7 +232,10 @@ class _Runner:
                 "--concurrency", str(plan.live.concurrency), "--store", plan.live.store, "--log-format", "json",
                 "--batch-size", str(plan.dispatch.batch_size),
                 "--dispatch-interval", str(plan.dispatch.interval), "--codec", plan.dispatch.codec,
-                "--suspicion-timeout", str(plan.live.suspicion_timeout)]
+                "--suspicion-timeout", str(plan.live.suspicion_timeout),
+                # every host of the local web is served from 127.0.0.1, standing for as many servers as hosts:
+                # per-address limits would make it one server
+                "--ip-connections", "0"]
         if plan.end.when_done:
             argv.append("--exit-when-done")
         if join:
@@ -283,6 +286,9 @@ class _Runner:
                         node.status = status
                         break
                 await trio.sleep(0.05)
+        if join is None and not scope.cancelled_caught:  # the first node: its dashboard shows the whole cluster
+            self.say(f"dashboard (any node serves it for the whole cluster): "
+                     f"{dashboard_address(node.control, read_token(data_dir))}")
         if scope.cancelled_caught:
             raise LiveError(f"node {node_id} did not come up within {self.plan.live.settle_wait:g} s "
                             f"(live.settle_wait): {self._tail(node)}")

@@ -9,6 +9,7 @@ processes of ``python -m peerlab.localweb.server --reuse-port`` sharing one port
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pwd
 import selectors
@@ -23,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .graph import SiteGraph
+from .graph import SiteGraph, loopback_address
 from .static import read_stamp, write_site
 
 __all__ = ["BenchWeb", "nginx_binary", "nginx_config", "start_bench_web"]
@@ -52,12 +53,13 @@ def nginx_binary() -> str | None:
                                           if os.access(p, os.X_OK)), None)
 
 
-def nginx_config(*, prefix: Path, site: Path, port: int, workers: int) -> str:
-    """An nginx.conf serving ``site/<host>/`` by the Host header on 127.0.0.1:``port``."""
+def nginx_config(*, prefix: Path, site: Path, port: int, workers: int, addresses: tuple[str, ...] = ("127.0.0.1",)) -> str:
+    """An nginx.conf serving ``site/<host>/`` by the Host header on each of ``addresses`` at ``port``."""
     temp = prefix / "tmp"
     # Run the workers as the user that wrote the site (nginx started by root would otherwise drop to
     # "nobody", who cannot read a private temp directory).
     user = f"user {pwd.getpwuid(os.getuid()).pw_name};" if os.geteuid() == 0 else ""
+    listen = "\n".join(f"        listen {address}:{port} backlog=4096;" for address in addresses)
     return f"""
 {user}
 worker_processes {workers};
@@ -83,7 +85,7 @@ http {{
     uwsgi_temp_path {temp}/uwsgi;
     scgi_temp_path {temp}/scgi;
     server {{
-        listen 127.0.0.1:{port} backlog=4096;
+{listen}
         server_name _;
         root {site}/$host;
         index index.html;
@@ -154,8 +156,18 @@ def start_bench_web(
     server: str = "auto",
     workers: int = 2,
     directory: str | Path | None = None,
+    cross_host_fraction: float = 0.3,
+    page_bytes_sigma: float = 0.0,
+    links_spread: int = 0,
+    crawl_delay_fraction: float = 0.0,
+    hosts_per_address: int = 0,
 ) -> Iterator[BenchWeb]:
     """Start the benchmark web; stop it (by PID) on exit.
+
+    The web's shape: ``links_per_page`` +- ``links_spread`` links per page, ``cross_host_fraction`` of them
+    to other hosts; pages log-normal around the median ``page_bytes`` when ``page_bytes_sigma`` > 0; a
+    ``crawl_delay_fraction`` of the hosts ask for Crawl-delay 2; with nginx and ``hosts_per_address`` > 0 the
+    hosts share loopback addresses in groups of that size (the Python servers listen on 127.0.0.1 only).
 
     ``server`` is ``"nginx"``, ``"python"`` or ``"auto"`` (nginx when installed). The static site is cached
     in ``directory`` (default: a folder under the temp dir named by the parameters) and reused when the
@@ -168,14 +180,22 @@ def start_bench_web(
         raise RuntimeError("nginx is not installed (apt-get install -y nginx-light), or use server='python'")
     kind = "nginx" if nginx is not None and server != "python" else "python"
     graph = SiteGraph.generate(seed=seed, hosts=hosts, pages_per_host=pages_per_host, links_per_page=links_per_page,
-                               page_bytes=page_bytes, features=False, seed_hosts=min(hosts, 10))
+                               page_bytes=page_bytes, features=False, seed_hosts=min(hosts, 10),
+                               cross_host_fraction=cross_host_fraction, page_bytes_sigma=page_bytes_sigma,
+                               links_spread=links_spread, crawl_delay_fraction=crawl_delay_fraction)
+    spread = kind == "nginx" and hosts_per_address > 0
+    zone = graph.zone(tuple(loopback_address(k) for k in range(math.ceil(hosts / hosts_per_address))) if spread
+                      else ("127.0.0.1",))
     processes: list[subprocess.Popen[bytes]] = []
     site = None
     with contextlib.ExitStack() as stack:
         if kind == "nginx":
             assert nginx is not None
             site = Path(directory) if directory is not None else Path(tempfile.gettempdir()) / (
-                f"peercrawl-benchweb-{seed}-{hosts}x{pages_per_host}-{links_per_page}-{page_bytes}")
+                f"peercrawl-benchweb-{seed}-{hosts}x{pages_per_host}-{links_per_page}-{page_bytes}"
+                + (f"-{cross_host_fraction:g}-{page_bytes_sigma:g}-{links_spread}-{crawl_delay_fraction:g}"
+                   if (cross_host_fraction, page_bytes_sigma, links_spread, crawl_delay_fraction) != (0.3, 0, 0, 0)
+                   else ""))
             stamp = read_stamp(site)
             old_port = stamp.get("port") if stamp else None
             port = old_port if isinstance(old_port, int) and _port_free(old_port) else _free_port()
@@ -184,7 +204,9 @@ def start_bench_web(
             os.chmod(prefix, 0o755)
             (prefix / "tmp").mkdir()
             conf = prefix / "nginx.conf"
-            conf.write_text(nginx_config(prefix=prefix, site=site, port=port, workers=workers), encoding="utf-8")
+            addresses = tuple(sorted(set(zone.values()))) if spread else ("127.0.0.1",)
+            conf.write_text(nginx_config(prefix=prefix, site=site, port=port, workers=workers, addresses=addresses),
+                            encoding="utf-8")
             proc = subprocess.Popen([nginx, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log"),
                                      "-g", "daemon off;"], stdin=subprocess.DEVNULL)
             processes.append(proc)
@@ -204,6 +226,6 @@ def start_bench_web(
                 _wait_line(proc, "listening ", "python -m peerlab.localweb.server")
         yield BenchWeb(
             graph=graph, kind=kind, port=port, base_urls=[f"http://{h.name}:{port}" for h in graph.hosts],
-            seeds=graph.seeds(port=port), zone=graph.zone(), process=processes[0], processes=processes,
+            seeds=graph.seeds(port=port), zone=zone, process=processes[0], processes=processes,
             directory=site,
         )

@@ -1,9 +1,10 @@
 """A small authoritative DNS server for the local web: tests, the demo and benchmarks.
 
 The node resolves names itself (over UDP, with its own cache), so tests need a real name server they control:
-one that answers from a zone they can change while it runs, can be told to fail a name (NXDOMAIN, SERVFAIL)
-or to answer slowly, and logs every question so a test can prove that a cached name caused no query. It
-speaks DNS over UDP and TCP on loopback, with dnspython's message parsing on trio sockets.
+one that answers from a zone they can change while it runs, can be told to fail a name (NXDOMAIN, SERVFAIL),
+to answer slowly or not at all, and logs every question so a test can prove that a cached name caused no
+query. Besides addresses (A, AAAA) it serves SRV records, which cluster discovery reads (a Kubernetes headless
+service). It speaks DNS over UDP and TCP on loopback, with dnspython's message parsing on trio sockets.
 
 Run as a process for the demo and benchmarks::
 
@@ -22,7 +23,7 @@ import ipaddress
 import signal
 import socket
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import dns.exception
@@ -34,7 +35,7 @@ import dns.rdatatype
 import dns.rrset
 import trio
 
-__all__ = ["DnsServer", "main", "read_zone_file", "serve_dns"]
+__all__ = ["DnsServer", "Srv", "main", "read_zone_file", "serve_dns"]
 
 _MAX_TCP_MESSAGE = 65535
 _PORT_ATTEMPTS = 20
@@ -44,12 +45,28 @@ def _norm(name: str) -> str:
     return name.rstrip(".").lower()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Srv:
+    """One SRV record: ``priority weight port target``."""
+
+    priority: int
+    weight: int
+    port: int
+    target: str
+
+    def text(self) -> str:
+        target = self.target if self.target.endswith(".") else self.target + "."
+        return f"{self.priority} {self.weight} {self.port} {target}"
+
+
 @dataclass(slots=True, eq=False, kw_only=True)
 class DnsServer:
     """A running server: where it listens, what it serves (mutable while it runs) and what it was asked.
 
     ``zone`` maps lower-case names (no trailing dot; ``*.suffix`` for a wildcard) to one address or a list.
-    ``queries`` logs each question as ``(name, type)``, e.g. ``("a.test", "A")``, in arrival order.
+    ``srv`` maps names to their SRV records; a name listed there with no record exists (an empty answer).
+    ``queries`` logs each question as ``(name, type)``, e.g. ``("a.test", "A")``, in arrival order; a
+    ``silent`` server reads questions and never answers, logging each as ``(name, "dropped")``.
     """
 
     address: tuple[str, int]
@@ -58,8 +75,23 @@ class DnsServer:
     servfail: set[str]
     ttl: int
     delay: float
+    srv: dict[str, list[Srv]] = field(default_factory=dict)
+    silent: bool = False
     queries: list[tuple[str, str]] = field(default_factory=list)
     record_queries: bool = True  # the long-running process turns the log off so it does not grow forever
+
+    @property
+    def nameserver(self) -> str:
+        """``"ADDR:PORT"``, as ``Config.nameservers`` and discovery take it."""
+        return f"{self.address[0]}:{self.address[1]}"
+
+    def dropped(self, query: dns.message.Message) -> bool:
+        """Whether a silent server drops ``query`` (logged as ``(name, "dropped")``)."""
+        if not self.silent:
+            return False
+        if self.record_queries:
+            self.queries.append((_norm(query.question[0].name.to_text()) if query.question else "", "dropped"))
+        return True
 
     def answer(self, query: dns.message.Message) -> dns.message.Message:
         """The response to ``query`` (pure apart from appending to ``queries``)."""
@@ -80,10 +112,14 @@ class DnsServer:
             response.set_rcode(dns.rcode.SERVFAIL)
             return response
         addresses = None if name in self.nxdomain else self._lookup(name)
-        if addresses is None:
+        records = None if name in self.nxdomain else self.srv.get(name)
+        if addresses is None and records is None:
             response.set_rcode(dns.rcode.NXDOMAIN)
             return response
-        if rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA):
+        if rdtype == dns.rdatatype.SRV and records:
+            texts = [r.text() for r in records]
+            response.answer.append(dns.rrset.from_text_list(question.name, self.ttl, "IN", rdtype, texts))
+        elif addresses and rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA):
             version = 4 if rdtype == dns.rdatatype.A else 6
             matching = [a for a in addresses if ipaddress.ip_address(a).version == version]
             if matching:
@@ -147,6 +183,8 @@ async def _answer_udp(server: DnsServer, sock: trio.socket.SocketType, data: byt
         query = dns.message.from_wire(data)
     except dns.exception.DNSException:
         return  # not a DNS query: nothing sensible to answer
+    if server.dropped(query):
+        return
     if server.delay > 0:
         await trio.sleep(server.delay)
     try:
@@ -187,6 +225,8 @@ async def _serve_tcp_connection(server: DnsServer, stream: trio.SocketStream) ->
                     if data is None:
                         return
                     query = dns.message.from_wire(data)
+                    if server.dropped(query):
+                        continue
                     if server.delay > 0:
                         await trio.sleep(server.delay)
                     wire = server.answer(query).to_wire()
@@ -206,13 +246,17 @@ async def serve_dns(
     nxdomain: Collection[str] = (),
     servfail: Collection[str] = (),
     delay: float = 0.0,
+    srv: Mapping[str, Sequence[Srv]] | None = None,
+    silent: bool = False,
     task_status: trio.TaskStatus[DnsServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``zone`` over UDP and TCP until cancelled; ``task_status.started`` gets the DnsServer.
+    """Serve ``zone`` (and the ``srv`` records) over UDP and TCP until cancelled; ``task_status.started`` gets
+    the DnsServer.
 
-    Names not in the zone (and not matched by a ``*.`` wildcard) get NXDOMAIN, as do names in ``nxdomain``;
-    names in ``servfail`` get SERVFAIL. A name with only IPv4 addresses gets an empty AAAA answer.
-    ``delay`` seconds pass before each answer.
+    Names neither in the zone (nor matched by a ``*.`` wildcard) nor in ``srv`` get NXDOMAIN, as do names in
+    ``nxdomain``; names in ``servfail`` get SERVFAIL. A name with only IPv4 addresses gets an empty AAAA
+    answer, a name without SRV records an empty SRV answer. ``delay`` seconds pass before each answer;
+    ``silent`` drops every question instead (a server that times out).
     """
     udp, tcp = await _bind_pair(host, port)
     with udp, tcp:
@@ -223,6 +267,8 @@ async def serve_dns(
             servfail={_norm(n) for n in servfail},
             ttl=ttl,
             delay=delay,
+            srv={_norm(k): list(v) for k, v in (srv or {}).items()},
+            silent=silent,
         )
         listener = trio.SocketListener(tcp)
 

@@ -8,16 +8,17 @@ stored explicitly. The same lookup, ``resource()``, serves the HTTP server and t
 
 from __future__ import annotations
 
+import math
 import random
 import re
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 from .features import MIN_FEATURE_HOSTS, TRAP_PREFIX, build_features
 from .model import PORT, HostSpec, Link, Resource, idna_host, make_url, norm_path
 from .oracle import DEFAULT_SKIP_SUFFIXES, Expected, TrapGuard, expected
 from .robots_spec import RobotsGroup, RobotsSpec, Rule
 
-__all__ = ["SiteGraph", "page_path"]
+__all__ = ["SiteGraph", "loopback_address", "page_path"]
 
 _PAGE = re.compile(r"/p/([1-9][0-9]*)\.html")
 _TRAP_TAIL = re.compile(r"(?:a/)*")
@@ -25,6 +26,14 @@ _TRAP_TAIL = re.compile(r"(?:a/)*")
 DEFAULT_SLOW_DELAY = 1.0
 #: Bytes of the huge page: twice the crawler's default maximum body.
 DEFAULT_HUGE_BYTES = 20 * 2**20
+
+
+def loopback_address(k: int) -> str:
+    """The k-th loopback address of a web spread over several: 127.0.0.1, 127.0.0.2, ..., 127.0.1.1, ... (for
+    ``zone(addresses)``)."""
+    if not 0 <= k < 255 * 255:
+        raise ValueError(f"loopback address index must be within [0, {255 * 255}), got {k}")
+    return f"127.0.{k // 255}.{k % 255 + 1}"
 
 
 def page_path(j: int) -> str:
@@ -52,6 +61,8 @@ class SiteGraph:
         feature_urls: Mapping[str, tuple[tuple[str, str], ...]],
         nxdomain: tuple[str, ...],
         trap_host: str | None,
+        page_bytes_sigma: float = 0.0,
+        links_spread: int = 0,
     ) -> None:
         self.seed = seed
         self.domain = domain
@@ -60,6 +71,10 @@ class SiteGraph:
         self.links_per_page = links_per_page
         self.cross_host_fraction = cross_host_fraction
         self.page_bytes = page_bytes
+        # Page sizes log-normal around the median page_bytes (sigma 0: every page page_bytes); links per page
+        # uniform in links_per_page +- links_spread.
+        self.page_bytes_sigma = page_bytes_sigma
+        self.links_spread = links_spread
         self.features = features
         self.seed_hosts = seed_hosts
         self.nxdomain = nxdomain
@@ -86,6 +101,10 @@ class SiteGraph:
         seed_hosts: int = 1,
         huge_bytes: int = DEFAULT_HUGE_BYTES,
         slow_delay: float = DEFAULT_SLOW_DELAY,
+        page_bytes_sigma: float = 0.0,
+        links_spread: int = 0,
+        crawl_delay_fraction: float = 0.0,
+        crawl_delay: float = 2.0,
     ) -> SiteGraph:
         """Generate the web for ``seed``; the same arguments always give the same web."""
         if hosts < 1 or pages_per_host < 1 or links_per_page < 0 or page_bytes < 0:
@@ -96,8 +115,11 @@ class SiteGraph:
             raise ValueError(f"features=True needs hosts >= {MIN_FEATURE_HOSTS}, got {hosts}")
         if not 1 <= seed_hosts <= hosts:
             raise ValueError(f"seed_hosts must be within [1, hosts], got {seed_hosts}")
+        if page_bytes_sigma < 0 or not 0 <= links_spread <= links_per_page or not 0.0 <= crawl_delay_fraction <= 1.0:
+            raise ValueError("page_bytes_sigma >= 0, 0 <= links_spread <= links_per_page and crawl_delay_fraction "
+                             "within [0, 1] are required")
         domain = idna_host(domain)
-        specs = [cls._plain_host(seed, i, domain, features) for i in range(hosts)]
+        specs = [cls._plain_host(seed, i, domain, features, crawl_delay_fraction, crawl_delay) for i in range(hosts)]
         resources: dict[tuple[str, str], Resource] = {}
         extra: dict[tuple[str, str], tuple[Link, ...]] = {}
         feature_urls: dict[str, tuple[tuple[str, str], ...]] = {}
@@ -117,18 +139,24 @@ class SiteGraph:
             seed=seed, domain=domain, hosts=tuple(specs), pages_per_host=pages_per_host,
             links_per_page=links_per_page, cross_host_fraction=cross_host_fraction, page_bytes=page_bytes,
             features=features, seed_hosts=seed_hosts, resources=resources, extra_links=extra,
-            feature_urls=feature_urls, nxdomain=nxdomain, trap_host=trap_host,
+            feature_urls=feature_urls, nxdomain=nxdomain, trap_host=trap_host, page_bytes_sigma=page_bytes_sigma,
+            links_spread=links_spread,
         )
 
     @staticmethod
-    def _plain_host(seed: int, i: int, domain: str, features: bool) -> HostSpec:
+    def _plain_host(
+        seed: int, i: int, domain: str, features: bool, crawl_delay_fraction: float = 0.0, crawl_delay: float = 2.0
+    ) -> HostSpec:
         name = f"h{i:04d}.{domain}"
         rules: tuple[Rule, ...] = ()
         # With features on, one ordinary host in five disallows the prefix "/p/1" (so /p/1.html and
         # /p/10.html .. /p/19.html): prefix matching exercised across many hosts.
         if features and i != 0 and random.Random(f"{seed}:robots:{i}").random() < 0.2:
             rules = (Rule(allow=False, pattern="/p/1"),)
-        robots = RobotsSpec(groups=(RobotsGroup(agents=("*",), rules=rules),))
+        delay = None
+        if crawl_delay_fraction and i != 0 and random.Random(f"{seed}:delay:{i}").random() < crawl_delay_fraction:
+            delay = crawl_delay
+        robots = RobotsSpec(groups=(RobotsGroup(agents=("*",), rules=rules, crawl_delay=delay),))
         return HostSpec(index=i, name=name, display=name, robots=robots)
 
     # -- lookups -----------------------------------------------------------------------------------
@@ -166,7 +194,10 @@ class SiteGraph:
         pages = self.pages_per_host
         cross = self.cross_host_fraction if n > 1 else 0.0
         cache = self._links
-        for _ in range(self.links_per_page):
+        count = self.links_per_page
+        if self.links_spread:
+            count += rng.randint(-self.links_spread, self.links_spread)
+        for _ in range(count):
             p = int(rand() * pages)
             if rand() < cross:
                 t = int(rand() * (n - 1))
@@ -179,7 +210,10 @@ class SiteGraph:
                 link = cache[key] = self._make_link(*key)
             links.append(link)
         links.extend(self._extra_links.get((spec.name, page_path(j)), ()))
-        return Resource(host=spec.name, path=page_path(j), links=tuple(links), size=self.page_bytes)
+        size = self.page_bytes
+        if self.page_bytes_sigma:
+            size = int(size * math.exp(rng.gauss(0.0, self.page_bytes_sigma)))
+        return Resource(host=spec.name, path=page_path(j), links=tuple(links), size=size)
 
     def _make_link(self, index: int, p: int, form: int) -> Link:
         """Form 0: "/p/3.html"; 1: "p/3.html" (from the root); 2: "3.html" (from a page); 3: absolute."""
@@ -210,9 +244,13 @@ class SiteGraph:
         """The crawl's start URLs: the root pages of the first ``seed_hosts`` hosts (host 0 is the hub)."""
         return [make_url(h.name, "/", port) for h in self.hosts[: self.seed_hosts]]
 
-    def zone(self) -> dict[str, str]:
-        """Host name (ASCII) -> ``"127.0.0.1"`` for the DNS server; the NXDOMAIN names are left out."""
-        return {h.name: "127.0.0.1" for h in self.hosts}
+    def zone(self, addresses: Sequence[str] = ("127.0.0.1",)) -> dict[str, str]:
+        """Host name (ASCII) -> its address for the DNS server; the NXDOMAIN names are left out. With several
+        `addresses` the hosts are dealt over them in order (host i on ``addresses[i % len(addresses)]``), so many
+        host names share each server address, as on shared hosting."""
+        if not addresses:
+            raise ValueError("zone needs at least one address")
+        return {h.name: addresses[i % len(addresses)] for i, h in enumerate(self.hosts)}
 
     def feature_names(self) -> list[str]:
         return sorted(self._feature_urls)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from peer.crawl.urls import DEFAULT_BINARY_SUFFIXES
+
 from .model import Resource, make_url
 from .robots_spec import RobotsSpec
 
@@ -34,17 +36,10 @@ class Graph(Protocol):
 
     def crawl_delay(self, host: str, user_agent: str = ...) -> float | None: ...
 
-#: Path suffixes refused before fetching, as the product's default scope does (``peer.crawl.urls.Scope``'s
-#: ``deny_suffixes``): binary files a text crawler has no use for.
-DEFAULT_SKIP_SUFFIXES: tuple[str, ...] = (
-    ".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".ico", ".tif", ".tiff", ".svg", ".avif", ".heic",
-    ".mp3", ".mp4", ".m4a", ".m4v", ".avi", ".mov", ".wmv", ".flv", ".mkv", ".webm", ".wav", ".ogg",
-    ".flac", ".aac", ".mpg", ".mpeg",
-    ".zip", ".gz", ".tgz", ".bz2", ".xz", ".7z", ".rar", ".tar", ".zst", ".exe", ".msi", ".dmg", ".iso",
-    ".bin", ".apk", ".deb", ".rpm", ".jar", ".dll", ".so",
-    ".pdf", ".doc", ".docx", ".xls", ".xlsx", ".ppt", ".pptx", ".odt", ".ods", ".odp", ".woff", ".woff2",
-    ".ttf", ".otf", ".eot",
-)
+
+#: Path suffixes refused before fetching: the product's own default scope list (``peer.crawl.urls.Scope``'s
+#: ``deny_suffixes``), so the oracle and the crawler it judges cannot drift apart.
+DEFAULT_SKIP_SUFFIXES: tuple[str, ...] = DEFAULT_BINARY_SUFFIXES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,6 +46,7 @@ class RequestRecord:
     wall_end: float
     user_agent: str
     bytes_sent: int
+    address: str = ""  # the server address the request came in on (several with `serve_web(addresses=...)`)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
@@ -90,6 +91,44 @@ def requested_paths(log: Iterable[RequestRecord]) -> set[tuple[str, str]]:
 def requested_urls(log: Iterable[RequestRecord], *, port: int | None = None) -> Counter[str]:
     """How many times each URL was requested, written like the oracle's URLs."""
     return Counter(make_url(r.host, r.path, port) for r in log)
+
+
+def max_in_service_per_address(log: Iterable[RequestRecord], *, slack: float = 0.0) -> dict[str, int]:
+    """The most requests in service at one moment on one server address, per address (as
+    `max_concurrent_connections_per_host`, keyed by the address the server answered on). ``slack`` takes that
+    much off each end: the server stamps an end when its task runs again after the last byte went to the
+    kernel, which under load can be a fraction of a millisecond after the client read it and sent its next
+    request."""
+    events: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for r in log:
+        events[r.address].append((r.start, 1))
+        events[r.address].append((max(r.start, r.end - slack), 0))
+    result = {}
+    for address, evs in events.items():
+        evs.sort()  # at equal times, ends (0) come before starts (1)
+        active = best = 0
+        for _, is_start in evs:
+            active += 1 if is_start else -1
+            best = max(best, active)
+        result[address] = best
+    return result
+
+
+def address_gaps(log: Iterable[RequestRecord]) -> dict[str, float]:
+    """Per address, the shortest time from the end of a request to the start of the next one to start
+    (negative when they overlapped); an address with one request is left out."""
+    by_address: dict[str, list[RequestRecord]] = defaultdict(list)
+    for r in log:
+        by_address[r.address].append(r)
+    result = {}
+    for address, records in by_address.items():
+        records.sort(key=lambda r: r.start)
+        last_end = records[0].end
+        for r in records[1:]:
+            gap = r.start - last_end
+            result[address] = min(result.get(address, gap), gap)
+            last_end = max(last_end, r.end)
+    return result
 
 
 def max_concurrent_connections_per_host(log: Iterable[RequestRecord]) -> dict[str, int]:

@@ -19,12 +19,13 @@ import socket as stdlib_socket
 import sys
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import h11
 import trio
 
+from .changes import ChangeSchedule
 from .graph import SiteGraph
 from .model import Resource, norm_path
 from .oracle import Expected
@@ -80,8 +81,10 @@ class WebServer:
         port: int,
         on_record: Callable[[RequestRecord], None] | None = None,
         keep_log: bool = True,
+        changes: ChangeSchedule | None = None,
     ) -> None:
         self.graph = graph
+        self.changes = changes
         self.port = port
         self.log: list[RequestRecord] = []
         self._keep_log = keep_log
@@ -188,7 +191,7 @@ class WebServer:
         finally:
             record = RequestRecord(host=host, path=path, status=progress.status, conn_id=conn_id, start=start,
                                    end=trio.current_time(), wall_start=wall_start, wall_end=time.time(),
-                                   user_agent=user_agent, bytes_sent=progress.sent)
+                                   user_agent=user_agent, bytes_sent=progress.sent, address=_local_address(stream))
             if self._keep_log:
                 self.log.append(record)
             if self._on_record is not None:
@@ -209,10 +212,31 @@ class WebServer:
         if res.kind == "huge":
             return res
         answer = self._cached(res.host, res.path)
+        if self.changes is not None and res.kind == "html" and answer.status == 200:
+            changed = self._changing(res.host, res.path, answer, headers)
+            if changed.status == 304:
+                return changed
+            answer = changed
         if res.gzip and b"gzip" in headers.get(b"accept-encoding", b"").lower():
             answer = Answer(status=answer.status, body=gzip_body(answer.body), headers=answer.headers + (
                 (b"content-encoding", b"gzip"), (b"vary", b"accept-encoding")))
         return answer
+
+    def _changing(self, host: str, path: str, answer: Answer, headers: dict[bytes, bytes]) -> Answer:
+        """The page as it is now on its change schedule, with its validators; 304 to a matching conditional
+        request on a host that answers them."""
+        changes = self.changes
+        assert changes is not None
+        version = changes.version(host, path, time.time())
+        etag, modified = changes.validators(host, path, version)
+        extra = ((b"etag", etag.encode()), (b"last-modified", modified.encode()))
+        if changes.conditional(host):
+            inm, ims = headers.get(b"if-none-match"), headers.get(b"if-modified-since")
+            if changes.not_modified(etag, modified, inm.decode("latin-1") if inm else None,
+                                    ims.decode("latin-1") if ims else None):
+                return Answer(status=304, body=b"", headers=extra)
+        body = answer.body + f"\n<!-- version {version} -->\n".encode() if version else answer.body
+        return Answer(status=200, body=body, headers=answer.headers + extra)
 
     async def _stream_huge(self, conn: h11.Connection, stream: trio.abc.Stream, res: Resource, head_only: bool,
                            progress: _Progress) -> None:
@@ -273,6 +297,14 @@ def _request_path(target: bytes) -> str:
     return norm_path(text or "/")
 
 
+def _local_address(stream: trio.abc.Stream) -> str:
+    sock = getattr(stream, "socket", None)
+    try:
+        return sock.getsockname()[0] if sock is not None else ""
+    except OSError:
+        return ""
+
+
 async def _open_listener(host: str, port: int, reuse_port: bool) -> trio.SocketListener:
     sock = trio.socket.socket(stdlib_socket.AF_INET, stdlib_socket.SOCK_STREAM)
     try:
@@ -295,29 +327,52 @@ async def serve_web(
     on_record: Callable[[RequestRecord], None] | None = None,
     keep_log: bool = True,
     reuse_port: bool = False,
+    addresses: Sequence[str] = (),
+    changes: ChangeSchedule | None = None,
     task_status: trio.TaskStatus[WebServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``graph`` on ``host:port`` until cancelled; ``nursery.start`` returns the :class:`WebServer`.
 
     ``reuse_port`` lets several processes share one port (the multi-process benchmark server);
     ``keep_log=False`` keeps memory flat on long runs (``on_record`` still sees every request).
+    ``addresses`` (loopback addresses such as 127.0.1.1) serves on each of them, on one port, instead of
+    ``host``: with ``graph.zone(addresses)`` many host names share each server address, and each logged
+    request names the address it came in on (``RequestRecord.address``). ``changes`` makes pages change on a
+    schedule and answer conditional requests (``changes.py``).
     """
-    listener = await _open_listener(host, port, reuse_port)
-    await _serve_on(listener, graph, on_record=on_record, keep_log=keep_log, task_status=task_status)
+    listeners = [await _open_listener(addresses[0] if addresses else host, port, reuse_port)]
+    try:
+        chosen = listeners[0].socket.getsockname()[1]
+        for address in addresses[1:]:
+            listeners.append(await _open_listener(address, chosen, reuse_port))
+    except BaseException:
+        for listener in listeners:
+            await listener.aclose()
+        raise
+    await _serve_on(listeners, graph, on_record=on_record, keep_log=keep_log, changes=changes,
+                    task_status=task_status)
 
 
 async def _serve_on(
-    listener: trio.SocketListener,
+    listeners: trio.SocketListener | list[trio.SocketListener],
     graph: SiteGraph,
     *,
     on_record: Callable[[RequestRecord], None] | None,
     keep_log: bool,
+    changes: ChangeSchedule | None = None,
     task_status: trio.TaskStatus[WebServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    server = WebServer(graph, port=listener.socket.getsockname()[1], on_record=on_record, keep_log=keep_log)
-    async with listener:
+    if not isinstance(listeners, list):
+        listeners = [listeners]
+    server = WebServer(graph, port=listeners[0].socket.getsockname()[1], on_record=on_record, keep_log=keep_log,
+                       changes=changes)
+    try:
         task_status.started(server)
-        await trio.serve_listeners(server.handle, [listener])
+        await trio.serve_listeners(server.handle, listeners)
+    finally:
+        with trio.CancelScope(shield=True):
+            for listener in listeners:
+                await listener.aclose()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -27,7 +27,6 @@ from pathlib import Path
 import lmdb
 import trio
 
-from peer.crawl.crawler import Link
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.handoff import Handoff, HandoffConfig
 from peer.cluster.membership import Membership
@@ -150,7 +149,7 @@ async def _dispatch(tmp: Path, ring: Ring, items: Sequence[QueuedUrl], codec: st
             for page in _chunks(items, PAGE_LINKS):
                 with meter.section(SENDER_ROUTE):
                     for item in page:
-                        sender.route(item.host, Link(item.url, item.depth, item.hops, item.found_on))
+                        sender.route(item)
                     store_a.finish(None, [], routed=sender.take_routed())
                 await trio.sleep(0)  # the next page is found after a fetch: let the links and dispatchers run
             produced = True

@@ -153,8 +153,11 @@ def run_node(web: BenchWeb, dns_port: int, store: str, args: argparse.Namespace,
     cmd = [*program, "start", "--node-id", f"bench-{store}", "--listen", "127.0.0.1:0",
            "--control", "127.0.0.1:0", "--seeds-file", str(seeds), "--allow-host", BENCH_DOMAIN,
            "--allow-private", "--nameserver", f"127.0.0.1:{dns_port}", "--delay", "0",
+           "--ip-connections", "0",  # one nginx on 127.0.0.1 stands for as many servers as hosts
            "--concurrency", str(args.concurrency), "--exit-when-done", "--data-dir", str(data),
-           "--store", store, "--log-format", "json", "--log-level", "info"]
+           "--store", store, "--log-format", "json", "--log-level", "info", "--page-threads", str(args.page_threads)]
+    if args.node_cpus:
+        cmd = ["taskset", "-c", args.node_cpus, *cmd]
     on_start = None
     if args.py_spy:
         spy = shutil.which("py-spy")
@@ -336,7 +339,22 @@ def main() -> None:
     p.add_argument("--time-limit", type=float, default=600.0, help="seconds per crawl before SIGTERM")
     p.add_argument("--results-dir", default="bench-results")
     p.add_argument("--py-spy", action="store_true", help="record the node with py-spy (slows it down)")
+    p.add_argument("--cross-host", type=float, default=0.3, help="fraction of a page's links to other hosts")
+    p.add_argument("--node-cpus", default="", help="run the node under taskset -c CPUS (e.g. 0 for one core)")
+    p.add_argument("--page-threads", type=int, default=0, help="the node's --page-threads")
+    p.add_argument("--page-sigma", type=float, default=0.0, help="log-normal sigma of page sizes (0: all equal)")
+    p.add_argument("--links-spread", type=int, default=0, help="links per page vary by +- this much")
+    p.add_argument("--crawl-delay-fraction", type=float, default=0.0, help="hosts asking for Crawl-delay 2")
+    p.add_argument("--hosts-per-address", type=int, default=0, help="hosts sharing one loopback address (0: all)")
+    p.add_argument("--wide-web", action="store_true",
+                   help="the wide web's shape: 2,000 hosts x 50 pages, log-normal pages of median 14 KB (mean "
+                        "16.8 KB), 24-36 links (80%% on the same host), 31 hosts per address, 5%% Crawl-delay 2")
     args = p.parse_args()
+    if args.wide_web:
+        # mean / median = exp(sigma^2 / 2) = 16.8 / 14
+        args.hosts, args.pages_per_host, args.page_bytes, args.page_sigma = 2000, 50, 14_000, 0.604
+        args.links_per_page, args.links_spread, args.cross_host = 30, 6, 0.2
+        args.crawl_delay_fraction, args.hosts_per_address = 0.05, 31
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     if not stores or any(s not in ("warc", "none") for s in stores):
         p.error(f"--stores takes warc and/or none, got {args.stores!r}")
@@ -350,7 +368,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="peercrawl-bench-crawl-") as tmp:
         workdir = Path(tmp)
         with start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
-                             links_per_page=args.links_per_page, page_bytes=args.page_bytes) as web:
+                             links_per_page=args.links_per_page, page_bytes=args.page_bytes,
+                             cross_host_fraction=args.cross_host, page_bytes_sigma=args.page_sigma,
+                             links_spread=args.links_spread, crawl_delay_fraction=args.crawl_delay_fraction,
+                             hosts_per_address=args.hosts_per_address) as web:
             dns, dns_port = _start_dns(web.zone, workdir)
             try:
                 total = args.hosts * args.pages_per_host

@@ -21,7 +21,7 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 from lxml import html as lxml_html
 
 from peer.crawl.links import extract
-from peer.crawl.robots import parse
+from peer.crawl.robots import parse, product_token
 from peer.crawl.urls import normalize_all
 
 _WORDS = (
@@ -118,7 +118,8 @@ def main() -> None:
     ref_robots.parse(ROBOTS.splitlines())
     paths = ["/p/1.html", "/private7/x", "/private3/public/y", "/a/b?sessionid=3", "/doc.pdf", "/search?q=x"]
     agent = "peercrawl/0.1 (+https://example.org/bot)"
-    ours = best_us(lambda: [ours_robots.can_fetch(agent, p) for p in paths], 2000)
+    token = product_token(agent)
+    ours = best_us(lambda: [ours_robots.can_fetch(token, p) for p in paths], 2000)
     ref = best_us(lambda: [ref_robots.can_fetch(agent, "http://host.example.com" + p) for p in paths], 2000)
     row("RobotsTxt.can_fetch (per path)", ours / len(paths), "urllib.robotparser (per path)", ref / len(paths), "us")
     ours = best_us(lambda: parse(ROBOTS), 500)

@@ -1,5 +1,11 @@
-"""Wire cost of URL batches: bytes per URL and URLs per second (encode + decode), msgpack vs JSON, with and
-without zlib, for batches of 1,000 realistic URLs. Run: python -m tests.bench.bench_protocol [--batches N]
+"""Wire cost of URL batches: bytes per URL and URLs per second (encode + decode), msgpack vs JSON, protocol
+versions 2 (entries) and 3 (front-coded URL columns), with and without zlib or brotli, for batches of 1,000 realistic URLs.
+Run: python -m tests.bench.bench_protocol [--batches N]
+
+Two batch shapes: "random referrer" gives every entry a referrer drawn at random (nearly every entry's
+referrer is unique in its batch: the worst case), "crawl-shaped" is what a dispatcher sends, the 2-5 links a
+page has for one owner side by side with their one referrer, and each batch sorted by URL as the dispatcher
+sorts it.
 
 The reference, measured in the same run, is the design's original message: a bare JSON list of URL strings
 (json.dumps + json.loads, no framing, no depth/found_on/hops, no validation). Ratios are against it. A second
@@ -57,6 +63,27 @@ def make_url(rng: random.Random, host: str) -> str:
     return f"{scheme}://{host}{path}{query}"
 
 
+def crawl_batches(seed: int, batches: int, size: int) -> list[UrlBatch]:
+    """Batches as a dispatcher sends them: each page's 2-5 links for this owner together, sorted by URL."""
+    rng = random.Random(seed)
+    hosts = make_hosts(rng, 400)
+    sources = make_hosts(rng, 100)
+    out = []
+    for seq in range(batches):
+        entries: list[UrlEntry] = []
+        while len(entries) < size:
+            page = make_url(rng, rng.choice(sources))
+            depth = rng.randint(0, 11)
+            for _ in range(rng.randint(2, 5)):
+                entries.append(
+                    UrlEntry(url=make_url(rng, rng.choice(hosts)), depth=depth + 1, found_on=page,
+                             hops=0 if rng.random() < 0.95 else rng.randint(1, 3))
+                )
+        ordered = tuple(sorted(entries[:size], key=lambda entry: entry.url))
+        out.append(UrlBatch(seq=seq, sender="crawler-a.example:7070", epoch=17, urls=ordered))
+    return out
+
+
 def make_batches(seed: int, batches: int, size: int) -> list[UrlBatch]:
     rng = random.Random(seed)
     hosts = make_hosts(rng, 400)
@@ -78,7 +105,7 @@ def make_batches(seed: int, batches: int, size: int) -> list[UrlBatch]:
     return out
 
 
-def pair(codec: str, compression: str, level: int) -> tuple[Connection, Connection]:
+def pair(codec: str, compression: str, level: int, version: int = 3) -> tuple[Connection, Connection]:
     counter = iter(range(1, 1000))
     nonce = lambda size: next(counter).to_bytes(size, "big")  # noqa: E731 - deterministic stand-in
     a = Connection(
@@ -89,6 +116,7 @@ def pair(codec: str, compression: str, level: int) -> tuple[Connection, Connecti
         codecs=(codec,),
         compressions=(compression,),
         compress_level=level,
+        versions=(version,),
     )
     b = Connection(Role.RESPONDER, node_id="b", secret=SECRET, nonce=nonce, compressions=(compression,))
     b.receive_data(a.initiate())
@@ -111,8 +139,10 @@ def best_of(repeats: int, run: Callable[[], int]) -> tuple[float, int]:
     return best, size
 
 
-def measure_protocol(batches: list[UrlBatch], codec: str, compression: str, level: int) -> tuple[float, int]:
-    a, b = pair(codec, compression, level)
+def measure_protocol(
+    batches: list[UrlBatch], codec: str, compression: str, level: int, version: int = 3
+) -> tuple[float, int]:
+    a, b = pair(codec, compression, level, version)
 
     def run() -> int:
         total = 0
@@ -160,18 +190,14 @@ def measure_floor(batches: list[UrlBatch]) -> tuple[float, int]:
     return best_of(5, run)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=20, help="batches of --size URLs per measurement")
-    parser.add_argument("--size", type=int, default=1000, help="URLs per batch")
-    args = parser.parse_args()
-    batches = make_batches(seed=1, batches=args.batches, size=args.size)
-    urls = args.batches * args.size
+def report(title: str, batches: list[UrlBatch]) -> None:
+    urls = sum(len(b.urls) for b in batches)
     url_bytes = sum(len(e.url) for b in batches for e in b.urls) / urls
     found_bytes = sum(len(e.found_on or "") for b in batches for e in b.urls) / urls
+    referrers = sum(len({e.found_on for e in b.urls}) for b in batches) / urls
     print(
-        f"{args.batches} batches x {args.size} URLs; mean URL {url_bytes:.1f} bytes, mean found_on "
-        f"{found_bytes:.1f} bytes (each entry carries both)\n"
+        f"== {title}: {len(batches)} batches x {len(batches[0].urls)} URLs; mean URL {url_bytes:.1f} bytes, mean "
+        f"found_on {found_bytes:.1f} bytes (each entry carries both), {referrers:.2f} distinct referrers per URL\n"
     )
     ref_time, ref_bytes = measure_reference(batches)
     ref_rate = urls / ref_time
@@ -179,11 +205,12 @@ def main() -> None:
     floor_time, floor_bytes = measure_floor(batches)
     rows.append(("floor: bare msgpack of the 4 fields, unchecked", floor_bytes / urls, urls / floor_time))
     results = {}
-    for codec in ("msgpack", "json"):
-        for compression, level in (("none", 0), ("zlib", 1), ("zlib", 6)):
-            seconds, size = measure_protocol(batches, codec, compression, level)
-            label = f"{codec} + " + ("no compression" if compression == "none" else f"zlib level {level}")
-            results[(codec, compression, level)] = (size / urls, seconds / urls)
+    for codec, version in (("msgpack", 2), ("msgpack", 3), ("json", 3)):
+        for compression, level in (("none", 0), ("zlib", 1), ("zlib", 6), ("br", 0)):
+            seconds, size = measure_protocol(batches, codec, compression, level, version)
+            packing = {"none": "no compression", "zlib": f"zlib level {level}", "br": "brotli quality 5"}
+            label = f"{codec} v{version} + {packing[compression]}"
+            results[(codec, version, compression, level)] = (size / urls, seconds / urls)
             rows.append((label, size / urls, urls / seconds))
     print(
         f"{'encoding (full entries: url, depth, found_on, hops)':<52} {'bytes/URL':>9} {'vs ref':>7} "
@@ -193,18 +220,28 @@ def main() -> None:
         print(
             f"{label:<52} {per_url:>9.1f} {per_url / (ref_bytes / urls):>7.2f} {rate:>10,.0f} {rate / ref_rate:>7.2f}"
         )
-    print("\nzlib pays when the link is slower than (bytes saved per URL) / (extra CPU seconds per URL):")
-    for codec in ("msgpack", "json"):
-        plain_bytes, plain_time = results[(codec, "none", 0)]
-        for level in (1, 6):
-            packed_bytes, packed_time = results[(codec, "zlib", level)]
+    print("\ncompression pays when the link is slower than (bytes saved per URL) / (extra CPU seconds per URL):")
+    for codec, version in (("msgpack", 3), ("json", 3)):
+        plain_bytes, plain_time = results[(codec, version, "none", 0)]
+        for compression, level in (("zlib", 1), ("zlib", 6), ("br", 0)):
+            packed_bytes, packed_time = results[(codec, version, compression, level)]
             extra = packed_time - plain_time
             saved = plain_bytes - packed_bytes
             breakeven = saved * 8 / extra / 1e6 if extra > 0 else float("inf")
             print(
-                f"  {codec} zlib level {level}: saves {saved:.1f} bytes/URL for {extra * 1e6:.2f} us/URL "
-                f"-> pays below {breakeven:,.0f} Mbit/s"
+                f"  {codec} v{version} {compression} {level or ''}: saves {saved:.1f} bytes/URL for "
+                f"{extra * 1e6:.2f} us/URL -> pays below {breakeven:,.0f} Mbit/s"
             )
+    print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=20, help="batches of --size URLs per measurement")
+    parser.add_argument("--size", type=int, default=1000, help="URLs per batch")
+    args = parser.parse_args()
+    report("crawl-shaped", crawl_batches(seed=1, batches=args.batches, size=args.size))
+    report("random referrer", make_batches(seed=1, batches=args.batches, size=args.size))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,13 @@
 """Two nodes against one: the same benchmark web crawled by one peerd, then by a cluster of two, in one run.
 
-Run: ``python -m tests.bench.bench_scaling [--hosts 1000] [--pages-per-host 20] [--store none] [--repeat 1]``
-(``--replica-cost``: two nodes with ``--replicas 1`` against two with ``--replicas 0`` instead.)
+Run: ``python -m tests.bench.bench_scaling [--hosts 1000] [--pages-per-host 20] [--store none] [--repeat 1]
+[--mode nodes|cores] [--page-threads 2]``
+
+``--mode cores`` compares one node with itself instead: pinned to one core (``taskset -c 0``, inline page
+work) against the same node free on every core with ``--page-threads N``, and free on every core inline
+(issue 19's target: >= 1.7x the one-core steady pages/s on this 2-core machine).
+
+``--replica-cost``: two nodes with ``--replicas 1`` against two with ``--replicas 0`` instead.
 
 The web is ``peerlab.localweb.bench`` (nginx, ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with about 30
 links each; its names come from ``peerlab.localweb.dns_server``). First one node crawls it to the end
@@ -35,12 +41,14 @@ SECRET = "bench-scaling-cluster-secret"
 
 
 def _node_cmd(name: str, data: Path, seeds: Path, dns_port: int, args: argparse.Namespace,
-              join: str | None) -> list[str]:
-    cmd = [sys.executable, "-m", "peer", "start", "--node-id", name, "--listen", "127.0.0.1:0",
+              join: str | None, cpus: str = "", threads: int = 0) -> list[str]:
+    pin = ["taskset", "-c", cpus] if cpus else []
+    cmd = [*pin, sys.executable, "-m", "peer", "start", "--node-id", name, "--listen", "127.0.0.1:0",
            "--control", "127.0.0.1:0", "--seeds-file", str(seeds), "--allow-host", BENCH_DOMAIN,
            "--allow-private", "--nameserver", f"127.0.0.1:{dns_port}", "--delay", "0",
+           "--ip-connections", "0",  # one nginx on 127.0.0.1 stands for as many servers as hosts
            "--concurrency", str(args.concurrency), "--exit-when-done", "--data-dir", str(data),
-           "--store", args.store, "--log-format", "json", "--log-level", "info"]
+           "--store", args.store, "--log-format", "json", "--log-level", "info", "--page-threads", str(threads)]
     if join:
         cmd += ["--join", join]
     if args.replicas is not None:
@@ -75,7 +83,8 @@ def _steady_rate(samples: list[tuple[float, int]], total: int) -> float | None:
     return (high[1] - low[1]) / (high[0] - low[0])
 
 
-def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespace, workdir: Path, *,
+                cpus: str = "", threads: int = 0) -> dict[str, Any]:
     """Crawl the web with `nodes` processes (1: standalone; more: a cluster) and measure them."""
     seeds = workdir / "seeds.txt"
     seeds.write_text("\n".join(web.seeds) + "\n", encoding="utf-8")
@@ -94,7 +103,8 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
             shutil.rmtree(data, ignore_errors=True)
             log = workdir / f"{nodes}-{name}.log"
             with open(log, "wb") as err:
-                proc = subprocess.Popen(_node_cmd(name, data, seeds, dns_port, args, join), stdin=subprocess.DEVNULL,
+                proc = subprocess.Popen(_node_cmd(name, data, seeds, dns_port, args, join, cpus, threads),
+                                        stdin=subprocess.DEVNULL,
                                         stdout=err, stderr=err, env=env)
             procs.append((name, proc, log))
             if args.py_spy and nodes > 1 and i == 0:
@@ -161,8 +171,13 @@ def main() -> None:
     p.add_argument("--py-spy", action="store_true", help="record the first node of the cluster with py-spy")
     p.add_argument("--replica-cost", action="store_true",
                    help="instead: two nodes with --replicas 1 against two with --replicas 0, alternated")
+    p.add_argument("--mode", choices=["nodes", "cores"], default="nodes",
+                   help="nodes: two nodes against one; cores: one node on every core against itself on one")
+    p.add_argument("--page-threads", type=int, default=2, help="--mode cores: the free node's --page-threads")
     args = p.parse_args()
     args.replicas = None
+    if args.mode == "cores":
+        return cores(args)
     results = Path(args.results_dir).resolve()
     results.mkdir(parents=True, exist_ok=True)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -218,6 +233,42 @@ def main() -> None:
     doc = {"bench": "bench_scaling", "args": vars(args), "rows": rows, "ratios": ratios, "steady_ratios": steady,
            "loadavg": load}
     (results / "bench_scaling.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
+def cores(args: argparse.Namespace) -> None:
+    """One node on one core (inline) against the same node on every core with --page-threads, alternating."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    configs = (("one core, inline", "0", 0), (f"all cores, --page-threads {args.page_threads}", "", args.page_threads),
+               ("all cores, inline", "", 0))
+    with tempfile.TemporaryDirectory(prefix="peercrawl-bench-cores-") as tmp:
+        workdir = Path(tmp)
+        with start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
+                             links_per_page=args.links_per_page, page_bytes=args.page_bytes) as web:
+            dns, dns_port = _start_dns(web.zone, workdir)
+            try:
+                print(f"web: {web.kind}, {args.hosts} hosts x {args.pages_per_host} pages, --store {args.store}; "
+                      f"{os.cpu_count()} cores", flush=True)
+                for _ in range(args.repeat):
+                    for label, cpus, threads in configs:
+                        r = run_cluster(web, dns_port, 1, args, workdir, cpus=cpus, threads=threads)
+                        rows.append((label, r))
+                        steady = r["steady_pages_per_s"]
+                        print(f"  {label}: {r['pages']} pages in {r['wall_s']:.1f} s = {r['pages_per_s']:.0f} "
+                              f"pages/s end to end, {'-' if steady is None else f'{steady:.0f}'} pages/s from 20% "
+                              f"to 80%, {r['cpu_ms_per_page']:.2f} ms CPU/page", flush=True)
+            finally:
+                _stop(dns)
+    pairs = list(zip(rows[0::3], rows[1::3], strict=True))
+    steady = [b["steady_pages_per_s"] / a["steady_pages_per_s"] for (_, a), (_, b) in pairs
+              if a["steady_pages_per_s"] and b["steady_pages_per_s"]]
+    ends = [b["pages_per_s"] / a["pages_per_s"] for (_, a), (_, b) in pairs]
+    load = os.getloadavg()
+    inline = [c["steady_pages_per_s"] / a["steady_pages_per_s"] for (_, a), (_, c) in zip(rows[0::3], rows[2::3])
+              if a["steady_pages_per_s"] and c["steady_pages_per_s"]]
+    print(f"all cores inline / one core, steady pages/s: {', '.join(f'{x:.2f}x' for x in inline) or '-'}")
+    print(f"all cores with page threads / one core, steady pages/s: {', '.join(f'{x:.2f}x' for x in steady) or '-'} "
+          f"(target >= 1.7x); "
+          f"end to end: {', '.join(f'{x:.2f}x' for x in ends)}; load average {load[0]:.1f} on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":

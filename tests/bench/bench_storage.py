@@ -252,11 +252,69 @@ def bench_warc(root: Path, pages: int = 1000, rounds: int = 3) -> None:
               f"{sizes[level] / pages:,.0f} bytes/page on disk")
 
 
+def bench_compression(pages: int = 1000, rounds: int = 3) -> None:
+    """The WARC store's gzip members by library and level, and whether a second thread compresses in parallel.
+
+    Each page is its response record (~15 KB) compressed as one gzip member, the store's unit of work. Every
+    library here writes standard gzip members (warcio reads them: tests/test_storage_pages.py). Reference:
+    zlib level 1, same run. The thread rows compress the same pages split between two threads: the wall time
+    against one thread shows how much of the work runs outside the GIL (2 cores: at best 0.5x).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from isal import isal_zlib
+
+    libraries = {"zlib": zlib, "isal": isal_zlib}
+    try:
+        import zlib_ng.zlib_ng as zng  # optional: pip install zlib-ng
+        libraries["zlib-ng"] = zng
+    except ImportError:
+        pass
+    print(f"\n== WARC gzip members by library and level, {pages:,} response records of ~15 KB, best of {rounds} ==")
+    rng = random.Random(2)
+    bodies = [html_page(rng, 15_000) for _ in range(200)]
+    records = [exchange_records(url=f"http://h{i}.test/p/{i}.html", request_headers=[("Host", "h.test")],
+                                status=200, reason="OK", response_headers=[("Content-Type", "text/html")],
+                                body=bodies[i % 200], ip="127.0.0.1", fetched_at=1_700_000_000.0 + i).response
+               for i in range(pages)]
+    raw = sum(sum(len(p) for p in r) for r in records) / pages
+
+    def member(lib, level: int, parts) -> int:
+        comp = lib.compressobj(level, lib.DEFLATED, lib.MAX_WBITS + 16)
+        return sum(len(comp.compress(p)) for p in parts) + len(comp.flush())
+
+    cases = [("zlib", 1), ("zlib", 6), ("isal", 0), ("isal", 1), ("isal", 2), ("isal", 3)]
+    if "zlib-ng" in libraries:
+        cases += [("zlib-ng", 1), ("zlib-ng", 6)]
+    best: dict[tuple[str, int], float] = {}
+    size: dict[tuple[str, int], float] = {}
+    threaded: dict[tuple[str, int], float] = {}
+    pool = ThreadPoolExecutor(2)
+    for _ in range(rounds):
+        for name, level in cases:
+            lib = libraries[name]
+            t = time.perf_counter()
+            total = sum(member(lib, level, r) for r in records)
+            best[(name, level)] = min(best.get((name, level), 1e9), (time.perf_counter() - t) / pages)
+            size[(name, level)] = total / pages
+            halves = (records[: pages // 2], records[pages // 2 :])
+            t = time.perf_counter()
+            list(pool.map(lambda part, lib=lib, level=level: sum(member(lib, level, r) for r in part), halves))
+            threaded[(name, level)] = min(threaded.get((name, level), 1e9), (time.perf_counter() - t) / pages)
+    pool.shutdown()
+    ref = best[("zlib", 1)]
+    print(f"  record {raw:,.0f} bytes before compression; per page: µs (vs zlib 1), bytes, wall with 2 threads")
+    for key in cases:
+        print(f"  {key[0]:>8} level {key[1]}: {best[key] * 1e6:6.1f} µs ({best[key] / ref:.2f}x) "
+              f"{size[key]:7,.0f} bytes ({size[key] / raw:.2f} of the record)  2 threads: "
+              f"{threaded[key] / best[key]:.2f}x the wall of one")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, action="append", help="URLs (repeatable; default 1,000,000)")
     parser.add_argument("--batch", type=int, default=1000, help="dedup batch size (default 1,000)")
-    parser.add_argument("--parts", default="dedup,frontier,warc", help="comma-separated parts to run")
+    parser.add_argument("--parts", default="dedup,frontier,warc,compress", help="comma-separated parts to run")
     parser.add_argument("--dir", help="where to put the stores (default: a temporary directory)")
     args = parser.parse_args()
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-storage-"))
@@ -270,6 +328,8 @@ def main() -> None:
                 bench_frontier(n, root)
         if "warc" in parts:
             bench_warc(root)
+        if "compress" in parts:
+            bench_compression()
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)

@@ -20,7 +20,10 @@ mkdir -p "$RESULTS_DIR"
 args_for() {
     case "$1" in
         bench_ring) echo "--quick" ;;
+        bench_membership_scale) echo "--sizes 10 100 --seconds 10" ;;  # 1,000 nodes: about an hour, by hand
+        bench_dispatch_scale) echo "--seconds 30" ;;
         bench_storage) echo "--n 200000" ;;
+        bench_memory) echo "--urls 1000000 --hosts 100000" ;;  # docs: the defaults, 10^7 URLs (about 15 min)
         bench_dedup_study) echo "--n 87000" ;;
         bench_dns_study) echo "--lookups 200000 --names 20000 --blocking-seconds 10 --async-prefix 50000
                                --async-seconds 60 --sweep-seconds 2 --plots $RESULTS_DIR/img" ;;
@@ -32,7 +35,7 @@ args_for() {
 }
 
 # Known benches in a sensible order (cheap and pure first, the whole crawl last), then any newer bench_*.py.
-order=(bench_ring bench_protocol bench_parse bench_storage bench_dedup_study bench_dns bench_dns_study bench_http web bench_crawl)
+order=(bench_ring bench_ring_scale bench_protocol bench_parse bench_storage bench_dedup_study bench_dns bench_dns_study bench_http web bench_crawl)
 for f in tests/bench/bench_*.py; do
     name=$(basename "$f" .py)
     [[ " ${order[*]} " == *" $name "* ]] || order+=("$name")

@@ -257,7 +257,8 @@ class SimFetcher:
         self.web = web
         self.ledger = ledger
 
-    async def fetch(self, url: str, *, headers: Sequence[tuple[str, str]] = ()) -> Response:
+    async def fetch(self, url: str, *, headers: Sequence[tuple[str, str]] = (), sink: object = None,
+                    address: str | None = None) -> Response:
         host = host_of_normalized(url)
         fetch = self.ledger.begin(self.node_id, url, host)
         if url.endswith(ROBOTS):
@@ -276,6 +277,12 @@ class SimFetcher:
             return _response(url, 503, "text/plain", b"try again")
         links = "".join(f'<a href="{link}">x</a>' for link in self.web.links[url])
         return _response(url, 200, "text/html", f"<html><body>{links}</body></html>".encode())
+
+
+    async def address(self, host: str) -> str:
+        """A server address of its own per host (a label: nothing connects to it); the simulations run with the
+        per-address limits off (`ip_connections` 0), as the lab does, so it only answers the seam."""
+        return f"sim-address-{host}"
 
 
 def _response(url: str, status: int, ctype: str, body: bytes) -> Response:
@@ -448,7 +455,7 @@ class ClusterSim:
         self.settings = {
             "batch_size": 50, "dispatch_interval": 0.2, "handoff_wait": 30.0, "suspicion_timeout": 3.0,
             "probe_interval": 1.0, "concurrency": concurrency, "delay": 0.0,
-            "replicas": replicas if replicate else 0, **(settings or {}),
+            "replicas": replicas if replicate else 0, "ip_connections": 0, **(settings or {}),
         }
         self.ledger = Ledger()
         self.nodes: dict[str, SimNode] = {}  # every node ever started, by id

@@ -1,0 +1,229 @@
+"""The revisit schedule: when each fetched page is due again, and what its last fetch returned.
+
+Two LMDB databases in the node's environment (so a page's schedule changes in the same transactions as its
+queue, and an arc of the ring is one key range, as everywhere in the store):
+
+- `revisit`:  host prefix (position + host + NUL) + URL fingerprint (8)  ->  msgpack record (`RevisitRecord`)
+- `revisit_due`: due time (8 bytes, big-endian milliseconds of the wall clock) + the `revisit` key -> empty
+
+The first is the schedule itself, keyed by host position so it moves with its arc. The second is its index
+by time, derived from it (each record that waits has exactly one entry; a record whose revisit is queued has
+none, and keeps the time it was due, so its lateness can be measured), so finding what is due reads only what
+is due: nothing is ever held in memory whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import lmdb
+import msgpack
+
+from ._keys import arc_ranges, host_prefix, url_fingerprint
+from ._lmdb import LmdbEnv
+from ._records import QueuedUrl
+
+__all__ = ["REVISIT_DB", "REVISIT_DUE_DB", "RevisitRecord", "RevisitSchedule"]
+
+REVISIT_DB = b"revisit"
+REVISIT_DUE_DB = b"revisit_due"
+_EMPTY = b""
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RevisitRecord:
+    """One page's schedule. `due` is when its next visit is due (wall-clock seconds); `queued` says that visit is
+    queued (taken off the time index);
+    `interval` the current revisit interval; `etag`/`last_modified` the validators its last answer gave;
+    `digest` the payload digest (base32 SHA-1) of the last full record written, `stored_at` that record's
+    time (what a revisit record refers to) and `size` its bytes on disk; `changed`/`unchanged` count the
+    revisits that found the page so."""
+
+    url: str
+    host: str
+    depth: int
+    due: float
+    interval: float
+    etag: str | None = None
+    last_modified: str | None = None
+    digest: str = ""
+    stored_at: float = 0.0
+    size: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    queued: bool = False
+
+    def key(self) -> bytes:
+        return host_prefix(self.host) + url_fingerprint(self.url)
+
+
+def _value(r: RevisitRecord) -> bytes:
+    return _packb([r.url, r.host, r.depth, float(r.due), float(r.interval), r.etag, r.last_modified, r.digest,
+                   float(r.stored_at), r.size, r.changed, r.unchanged, r.queued])
+
+
+def _record(value: bytes) -> RevisitRecord:
+    (url, host, depth, due, interval, etag, last_modified, digest, stored_at, size, changed, unchanged,
+     queued) = _unpackb(value)
+    return RevisitRecord(url=url, host=host, depth=depth, due=due, interval=interval, etag=etag,
+                         last_modified=last_modified, digest=digest, stored_at=stored_at, size=size, changed=changed,
+                         unchanged=unchanged, queued=queued)
+
+
+def _due_key(due: float, key: bytes) -> bytes:
+    return max(0, int(due * 1000)).to_bytes(8, "big") + key
+
+
+class RevisitSchedule:
+    """The schedule in the node's LMDB environment. Every call is one transaction (or a chunked scan)."""
+
+    def __init__(self, env: LmdbEnv) -> None:
+        self._env = env
+        self._db = env.db(REVISIT_DB)
+        self._due = env.db(REVISIT_DUE_DB)
+
+    # -- inside other transactions (NodeStore composes them) --
+
+    def _put_in(self, txn: lmdb.Transaction, record: RevisitRecord) -> None:
+        key = record.key()
+        old = txn.get(key, db=self._db)
+        if old is not None:
+            before = _record(old)
+            if not before.queued:
+                txn.delete(_due_key(before.due, key), db=self._due)
+        txn.put(key, _value(record), db=self._db)
+        if not record.queued:
+            txn.put(_due_key(record.due, key), _EMPTY, db=self._due)
+
+    def _take_due_in(self, txn: lmdb.Transaction, now: float, limit: int,
+                     may: Callable[[str], bool]) -> list[RevisitRecord]:
+        """Records due at `now` whose host `may` be fetched here, at most `limit`, marked queued."""
+        cur = txn.cursor(self._due)
+        bound = int(now * 1000)
+        out: list[RevisitRecord] = []
+        skipped = 0
+        if not cur.first():
+            return out
+        while len(out) < limit and skipped < 4 * limit:
+            dkey = cur.key()
+            if not dkey or int.from_bytes(dkey[:8], "big") > bound:
+                break
+            value = txn.get(dkey[8:], db=self._db)
+            if value is None:  # an index entry without its record (cannot happen; heal it)
+                cur.delete()
+                continue
+            record = _record(value)
+            if not may(record.host):
+                skipped += 1
+                if not cur.next():
+                    break
+                continue
+            cur.delete()  # moves to the next entry
+            queued = RevisitRecord(**{**_fields(record), "queued": True})
+            txn.put(dkey[8:], _value(queued), db=self._db)
+            out.append(queued)
+        return out
+
+    # -- on their own --
+
+    def get(self, host: str, url: str) -> RevisitRecord | None:
+        with self._env.read() as txn:
+            value = txn.get(host_prefix(host) + url_fingerprint(url), db=self._db)
+        return None if value is None else _record(value)
+
+    def put(self, record: RevisitRecord) -> None:
+        self._env.write(lambda txn: self._put_in(txn, record))
+
+    def forget(self, host: str, url: str) -> bool:
+        """Take a page off the schedule (it is gone, or out of scope)."""
+        key = host_prefix(host) + url_fingerprint(url)
+
+        def run(txn: lmdb.Transaction) -> bool:
+            old = txn.get(key, db=self._db)
+            if old is None:
+                return False
+            before = _record(old)
+            if not before.queued:
+                txn.delete(_due_key(before.due, key), db=self._due)
+            return bool(txn.delete(key, db=self._db))
+
+        return self._env.write(run)
+
+    def next_due(self, limit: int = 10) -> list[tuple[float, str]]:
+        """The next `limit` revisits waiting, (due, URL), soonest first."""
+        out = []
+        with self._env.read() as txn:
+            cur = txn.cursor(self._due)
+            for dkey, _ in cur:
+                value = txn.get(dkey[8:], db=self._db)
+                if value is not None:
+                    out.append((int.from_bytes(dkey[:8], "big") / 1000, _record(value).url))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def __len__(self) -> int:
+        return self._env.entries(REVISIT_DB)
+
+    def waiting(self) -> int:
+        return self._env.entries(REVISIT_DUE_DB)
+
+    # -- arcs (hand-off) --
+
+    def export_arc(self, start: int, end: int) -> list[RevisitRecord]:
+        return [_record(value) for _key, value in self._env.scan(REVISIT_DB, arc_ranges(start, end))]
+
+    def records(self) -> Iterator[RevisitRecord]:
+        for _key, value in self._env.scan(REVISIT_DB, arc_ranges(0, 0)):
+            yield _record(value)
+
+    def put_arc(self, records: Sequence[RevisitRecord]) -> None:
+        """Take in records handed over: a record already here whose revisit is queued stays so, and of two waiting
+        records the later due time wins (never revisit early)."""
+
+        def run(txn: lmdb.Transaction) -> None:
+            for record in records:
+                old = txn.get(record.key(), db=self._db)
+                if old is not None:
+                    here = _record(old)
+                    if here.queued or here.due > record.due:
+                        record = RevisitRecord(**{**_fields(record), "due": here.due, "queued": here.queued})
+                self._put_in(txn, record)
+
+        if records:
+            self._env.write(run)
+
+    def drop_arc(self, start: int, end: int, *, chunk: int = 10_000) -> int:
+        """Delete the arc's records and their index entries, `chunk` records per transaction."""
+        dropped = 0
+        batch: list[RevisitRecord] = []
+
+        def delete(txn: lmdb.Transaction) -> int:
+            n = 0
+            for record in batch:
+                key = record.key()
+                if not record.queued:
+                    txn.delete(_due_key(record.due, key), db=self._due)
+                n += bool(txn.delete(key, db=self._db))
+            return n
+
+        for _key, value in self._env.scan(REVISIT_DB, arc_ranges(start, end)):
+            batch.append(_record(value))
+            if len(batch) >= chunk:
+                dropped += self._env.write(delete)
+                batch = []
+        if batch:
+            dropped += self._env.write(delete)
+        return dropped
+
+
+def _fields(record: RevisitRecord) -> dict:
+    return {name: getattr(record, name) for name in RevisitRecord.__slots__}
+
+
+def queued(record: RevisitRecord) -> QueuedUrl:
+    """The queue entry of a record that is due."""
+    return QueuedUrl(url=record.url, host=record.host, depth=record.depth)

@@ -1,0 +1,176 @@
+"""Memory at scale: one node's store loaded with 10,000,000 queued URLs over 1,000,000 hosts, and what stays in RAM.
+
+python -m tests.bench.bench_memory [--urls 10000000] [--hosts 1000000] [--dir DIR]
+
+The URLs go in directly through the store (`NodeStore.admit`: dedup check and frontier push in one
+transaction, batches of 10,000, as a peer's batches or a hand-off arrive), no crawl. At 1e5, 1e6 and 1e7
+queued (each checkpoint that fits `--urls`) it prints:
+
+- push: µs per URL (wall and CPU) over the batches since the previous checkpoint (the reference is the first
+  checkpoint's figure, in the same run: flat means a ratio near 1);
+- pop: µs per URL for `pop` + `done` (one transaction each, as the engine's fetch loop does) on 2,000 URLs of
+  random hosts, which are then pushed back;
+- memory: the process's VmRSS split into anonymous memory (Python objects, what the node owns) and file-backed
+  pages (LMDB's map: the kernel's page cache, evicted under pressure), and the store's bytes on disk.
+
+Then the in-memory structures of a running node that grow with hosts or URLs, each filled to the size this
+web would give it and measured (bytes per entry from the growth of anonymous RSS): the scheduler's per-host
+state and heap (`peer.crawl.scheduler.HostScheduler`, one entry per host with work), and the crawler's seen-URL
+memory at its bound. The reference for those is a Python set of the same number of URL strings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from storage import NodeStore, QueuedUrl
+
+CHECKPOINTS = (100_000, 1_000_000, 10_000_000)
+BATCH = 10_000
+POPS = 2_000
+
+
+def rss() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+                out[name] = int(value.split()[0]) * 1024
+    return out
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def host_name(h: int) -> str:
+    return f"www.site{h}.example{h % 97}.test"
+
+
+def url_of(i: int, hosts: int) -> tuple[str, str]:
+    """URL i: host i mod `hosts` (so every host gets its share), a path shaped like a real site's."""
+    h = i % hosts
+    host = host_name(h)
+    return f"https://{host}/section-{(i // hosts) % 13}/article/{i}.html", host
+
+
+def load(store: NodeStore, urls: int, hosts: int) -> list[dict[str, float]]:
+    rows = []
+    rng = random.Random(7)
+    done = 0
+    spent = cpu = 0.0
+    last = 0
+    checkpoints = sorted({c for c in CHECKPOINTS if c < urls} | {urls})
+    for checkpoint in checkpoints:
+        while done < checkpoint:
+            n = min(BATCH, checkpoint - done)
+            items = []
+            for i in range(done, done + n):
+                url, host = url_of(i, hosts)
+                items.append(QueuedUrl(url=url, host=host, depth=1 + i % 5))
+            t, c = time.perf_counter(), time.process_time()
+            store.admit(items)
+            spent += time.perf_counter() - t
+            cpu += time.process_time() - c
+            done += n
+        push_us = spent / (done - last) * 1e6
+        push_cpu = cpu / (done - last) * 1e6
+        spent, cpu, last = 0.0, 0.0, done
+        # pop + done on random hosts (one transaction each, as the fetch loop), then push the URLs back
+        sample = [host_name(rng.randrange(min(hosts, done))) for _ in range(POPS)]
+        t, c = time.perf_counter(), time.process_time()
+        popped = []
+        for host in sample:
+            item = store.frontier.pop(host)
+            if item is not None:
+                store.frontier.done(item)
+                popped.append(item)
+        pop_us = (time.perf_counter() - t) / max(1, len(popped)) * 1e6
+        pop_cpu = (time.process_time() - c) / max(1, len(popped)) * 1e6
+        store.frontier.push(popped)
+        store.sync()
+        gc.collect()
+        mem = rss()
+        rows.append({
+            "queued": len(store.frontier), "hosts": min(hosts, done), "push_us": push_us, "pop_us": pop_us,
+            "push_cpu": push_cpu, "pop_cpu": pop_cpu,
+            "rss": mem["VmRSS"], "anon": mem["RssAnon"], "file": mem["RssFile"], "disk": store.disk_bytes(),
+        })
+        r = rows[-1]
+        first = rows[0]
+        print(f"  {r['queued']:>12,} queued on {r['hosts']:>9,} hosts:\n"
+              f"      push     {push_us:7.1f} µs/URL wall, {push_cpu:6.1f} CPU ({push_cpu / first['push_cpu']:.2f}x "
+              f"the first checkpoint's CPU)\n"
+              f"      pop+done {pop_us:7.1f} µs/URL wall, {pop_cpu:6.1f} CPU ({pop_cpu / first['pop_cpu']:.2f}x)\n"
+              f"      RSS {mib(r['rss'])} = anonymous {mib(r['anon'])} + LMDB pages {mib(r['file'])}; "
+              f"disk {r['disk'] / r['queued']:.0f} B/URL", flush=True)
+    return rows
+
+
+def grown(build) -> tuple[object, int]:
+    gc.collect()
+    before = rss()["RssAnon"]
+    thing = build()
+    gc.collect()
+    return thing, rss()["RssAnon"] - before
+
+
+def in_memory(hosts: int, seen_bound: int) -> None:
+    from peer.crawl.scheduler import HostScheduler
+
+    print(f"\n== in-memory structures that grow with hosts or URLs ({hosts:,} hosts) ==")
+
+    def scheduler() -> HostScheduler:
+        s = HostScheduler()
+        for h in range(hosts):
+            s.wake(host_name(h), 0.0)
+        return s
+
+    def url_set(n: int) -> set[str]:
+        return {url_of(i, hosts)[0] for i in range(n)}
+
+    ref, ref_bytes = grown(lambda: url_set(hosts))
+    print(f"  reference: a Python set of {hosts:,} URL strings      {ref_bytes / hosts:6.0f} B each "
+          f"({mib(ref_bytes)})")
+    del ref
+    sched, sched_bytes = grown(scheduler)
+    print(f"  scheduler: every host waiting (HostTurn + heap)    {sched_bytes / hosts:6.0f} B per host "
+          f"({mib(sched_bytes)}; {sched_bytes / ref_bytes:.2f}x the set)")
+    del sched
+    seen, seen_bytes = grown(lambda: {url_of(i, hosts)[0]: host_name(i % hosts) for i in range(seen_bound)})
+    print(f"  crawler seen-URL memory at its bound ({seen_bound:,})    {seen_bytes / seen_bound:6.0f} B per URL "
+          f"({mib(seen_bytes)})")
+    del seen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--urls", type=int, default=10_000_000)
+    parser.add_argument("--hosts", type=int, default=1_000_000)
+    parser.add_argument("--seen-bound", type=int, default=200_000, help="the crawler's seen-URL memory bound")
+    parser.add_argument("--dir", type=Path, default=None, help="where the LMDB store goes (default: a temp dir)")
+    parser.add_argument("--skip-store", action="store_true", help="only the in-memory structures")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench-memory-", dir=args.dir))
+    try:
+        if not args.skip_store:
+            print(f"== one node's store: {args.urls:,} URLs over {args.hosts:,} hosts, admitted {BATCH:,} at a time ==")
+            start = time.perf_counter()
+            with NodeStore.open(root / "node", map_size=1 << 30, max_map_size=1 << 40) as store:
+                rows = load(store, args.urls, args.hosts)
+            print(f"  loaded in {time.perf_counter() - start:.0f} s; peak RSS (VmHWM) {mib(rss()['VmHWM'])}; "
+                  f"last: {rows[-1]['queued']:,} queued")
+        in_memory(args.hosts, args.seen_bound)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

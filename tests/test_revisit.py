@@ -1,0 +1,165 @@
+"""Revisits: a node with --revisit fetches every stored page again within its bounds, with conditional GETs;
+unchanged pages cost a WARC revisit record (a 304: server-not-modified; the same payload: identical-payload-
+digest), changed pages a full record. Judged by the local web's own log (which pages changed when, what it
+answered) and by reading the WARC files back with warcio."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import pytest
+import trio
+from warcio.archiveiterator import ArchiveIterator
+
+from peer.cli.format import format_status
+from peer.node import Node
+from peerlab.localweb.changes import ChangeSchedule
+from peerlab.localweb.dns_server import serve_dns
+from peerlab.localweb.graph import SiteGraph
+from peerlab.localweb.server import serve_web
+from storage import RevisitRecord, RevisitSchedule
+from storage._lmdb import LmdbEnv
+from storage._revisits import REVISIT_DB, REVISIT_DUE_DB
+
+from .support.crawl import node_config
+
+MIN, MAX = 1.0, 4.0
+
+
+def test_the_schedule_reads_only_what_is_due_and_keeps_the_later_time_on_a_merge(tmp_path):
+    env = LmdbEnv.open(tmp_path, (REVISIT_DB, REVISIT_DUE_DB))
+    sched = RevisitSchedule(env)
+    for i in range(50):
+        sched.put(RevisitRecord(url=f"http://h{i % 5}.test/{i}", host=f"h{i % 5}.test", depth=1, due=100.0 + i,
+                                interval=10.0))
+    assert len(sched) == 50 and sched.waiting() == 50
+    assert [url for _, url in sched.next_due(3)] == ["http://h0.test/0", "http://h1.test/1", "http://h2.test/2"]
+    taken = env.write(lambda txn: sched._take_due_in(txn, 109.5, 100, lambda host: host != "h3.test"))
+    assert [r.url for r in taken] == [f"http://h{i % 5}.test/{i}" for i in range(10) if i % 5 != 3]
+    assert all(r.queued for r in taken) and sched.waiting() == 50 - len(taken)
+    assert [r.due for r in taken][:2] == [100.0, 101.0]  # the time it was due is kept (its lateness is measured)
+    # a record handed over for a page queued here keeps "queued"; an earlier due time never wins
+    sched.put_arc([RevisitRecord(url="http://h0.test/0", host="h0.test", depth=1, due=50.0, interval=1.0),
+                   RevisitRecord(url="http://h0.test/20", host="h0.test", depth=1, due=99.0, interval=1.0),
+                   RevisitRecord(url="http://h0.test/10", host="h0.test", depth=1, due=500.0, interval=1.0)])
+    assert sched.get("h0.test", "http://h0.test/0").queued and sched.waiting() == 50 - len(taken)
+    assert sched.get("h0.test", "http://h0.test/20").due == 120.0  # waiting here until 120: not 99
+    assert sched.get("h0.test", "http://h0.test/10").due == 500.0
+    assert sched.forget("h0.test", "http://h0.test/10") and sched.get("h0.test", "http://h0.test/10") is None
+    env.close()
+
+
+@pytest.mark.slow  # a node revisits every page of a small web for several seconds
+async def test_one_node_revisits_within_bounds_and_writes_revisit_records(tmp_path):
+    graph = SiteGraph.generate(seed=41, hosts=6, pages_per_host=6, features=False)
+    changes = ChangeSchedule(start=time.time(), periods=(None, 2.5))
+    async with trio.open_nursery() as nursery:
+        web = await nursery.start(lambda task_status: serve_web(graph, changes=changes, task_status=task_status))
+        dns = await nursery.start(serve_dns, graph.zone())
+        cfg = node_config(tmp_path / "node", web, dns, exit_when_done=False, revisit=True, revisit_min=MIN,
+                          revisit_max=MAX, delay=0.05)
+        node = Node(cfg)
+        await nursery.start(node.run)
+        await trio.sleep(14.0)
+        status = node.status()
+        node.request_stop()
+        with trio.fail_after(20):
+            while node.final_status is None:
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    fetches: dict[tuple[str, str], list] = defaultdict(list)
+    for r in web.log:
+        if not r.path.endswith("robots.txt"):
+            fetches[(r.host, r.path)].append(r)
+    assert len(fetches) >= 20
+    # every page fetched again, never sooner than the minimum nor later than the maximum (plus the read tick
+    # of the schedule, 1 s, and the host's turn)
+    gaps = []
+    for key, records in fetches.items():
+        times = sorted(r.wall_start for r in records)
+        assert len(times) >= 3, (key, times)
+        gaps += [b - a for a, b in zip(times, times[1:])]
+    assert min(gaps) >= MIN - 0.05 and max(gaps) <= MAX + 1.5, (min(gaps), max(gaps))
+    # 304s only on hosts that answer conditional requests, and only for pages that had not changed
+    answered_304 = [r for records in fetches.values() for r in records if r.status == 304]
+    assert answered_304 and all(changes.conditional(r.host) for r in answered_304)
+    # the WARC files, read back
+    kinds: dict[str, list] = defaultdict(list)
+    for path in sorted((tmp_path / "node" / "warc").glob("*.warc.gz")):
+        with open(path, "rb") as fh:
+            for record in ArchiveIterator(fh, check_digests="raise"):
+                if record.rec_type in ("response", "revisit"):
+                    h = record.rec_headers
+                    kinds[h.get_header("WARC-Target-URI")].append(
+                        (record.rec_type, h.get_header("WARC-Date"), h.get_header("WARC-Profile"),
+                         h.get_header("WARC-Refers-To-Target-URI"), h.get_header("WARC-Refers-To-Date"),
+                         h.get_header("WARC-Payload-Digest"), record.http_headers.get_statuscode()))
+    profiles = defaultdict(int)
+    for (host, path), records in fetches.items():
+        url = web.url(host, path)
+        written = sorted(kinds[url], key=lambda k: k[1])
+        assert len(written) == len(records), (url, written, [r.status for r in records])
+        assert written[0][0] == "response"
+        originals = {}
+        for kind, date, profile, ref_uri, ref_date, digest, code in written:
+            if kind == "response":
+                originals[date] = digest
+                continue
+            profiles[profile.rsplit("/", 1)[-1]] += 1
+            assert ref_uri == url and ref_date in originals and originals[ref_date] == digest, (url, written)
+            assert code == ("304" if profile.endswith("server-not-modified") else "200")
+        if changes.period(host, path) is None:
+            assert [k[0] for k in written].count("response") == 1, (url, written)  # never changed: one full
+        else:
+            assert [k[0] for k in written].count("response") >= 2, (url, written)  # changed: full records
+    assert profiles["server-not-modified"] > 0 and profiles["identical-payload-digest"] > 0, profiles
+    revisits = status["revisits"]
+    assert revisits["unchanged"] == sum(profiles.values()) and revisits["not_modified"] == len(answered_304)
+    assert revisits["changed"] > 0 and revisits["bytes_saved"] > 0
+    # a due page is queued at the next read of the schedule (1 s) and fetched at its host's next turn
+    assert 0.0 <= revisits["late_s"]["p50"] <= revisits["late_s"]["max"] <= 1.5, revisits["late_s"]
+    assert status["revisit"]["scheduled"] == len(fetches) and status["done"] is False
+    shown = format_status(status)  # what `peerctl status` prints
+    assert f"changed {revisits['changed']}, unchanged {revisits['unchanged']}" in shown
+    assert f"bytes saved {revisits['bytes_saved']}" in shown and "next in" in shown
+    print(f"pages {len(fetches)}, fetches {sum(len(r) for r in fetches.values())}, revisit records {dict(profiles)}, "
+          f"gaps {min(gaps):.2f}-{max(gaps):.2f} s, saved {revisits['bytes_saved']} B")
+
+
+async def test_a_revisit_whose_turn_fails_unexpectedly_stays_on_the_schedule(tmp_path, monkeypatch):
+    """The crawler's containment (an unexpected exception finishes the URL and backs the host off) must not take a
+    page off the schedule: its queued revisit goes back on the time index, due after its interval."""
+    import peer.crawl.crawler as crawler_module
+
+    real = crawler_module.Crawler._next_visit
+    failed: list[str] = []
+
+    def next_visit(self, item, before, *args, **kw):
+        if before is not None and not failed:
+            failed.append(item.url)
+            raise RuntimeError("a defect reached by this revisit")
+        return real(self, item, before, *args, **kw)
+
+    monkeypatch.setattr(crawler_module.Crawler, "_next_visit", next_visit)
+    graph = SiteGraph.generate(seed=42, hosts=2, pages_per_host=3, features=False)
+    async with trio.open_nursery() as nursery:
+        web = await nursery.start(lambda task_status: serve_web(graph, task_status=task_status))
+        dns = await nursery.start(serve_dns, graph.zone())
+        cfg = node_config(tmp_path / "node", web, dns, exit_when_done=False, revisit=True, revisit_min=MIN,
+                          revisit_max=MIN, delay=0.05, max_backoff=0.3)
+        node = Node(cfg)
+        await nursery.start(node.run)
+        with trio.fail_after(30):
+            while not failed:
+                await trio.sleep(0.05)
+            at = len([r for r in web.log if web.url(r.host, r.path) == failed[0]])
+            while len([r for r in web.log if web.url(r.host, r.path) == failed[0]]) <= at:
+                await trio.sleep(0.05)  # fetched again after the failure: still scheduled
+        status = node.status()
+        node.request_stop()
+        with trio.fail_after(20):
+            while node.final_status is None:
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    assert status["errors"]["internal"] == 1
