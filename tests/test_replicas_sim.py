@@ -211,7 +211,7 @@ def test_a_five_second_partition_that_heals_loses_nothing_and_keeps_one_fetcher_
     _run(seed, body)
     sim = out["sim"]
     figures = _check(sim, web, expected, [])
-    figures["fences"] = sum(n.cluster.fences for n in sim.nodes.values())
+    figures["fences"] = sum(n.cluster.fence.fences for n in sim.nodes.values())
     _report(f"5 s partition seed={seed}", figures | _restore_figures(sim) | {"heal": out["heal_to_converged"]})
 
 

@@ -46,6 +46,7 @@ from peer.crawl.crawler import Crawler
 from peer.cluster.backups import QueueReplicas
 from peer.crawl.settings import CrawlSettings, SettingsError
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
+from peer.cluster.fence import TAKEOVER_GRACE, PartitionFence
 from peer.cluster.handoff import ArcSet, Handoff, HandoffConfig, Hold, handoff_arcs
 from peer.cluster.membership import Membership, MembershipConfig
 from peer.cluster.lanes import LEASE, FleetLanes
@@ -77,16 +78,6 @@ RING_SLICES = 360
 #: The crawl settings go to every live peer at each change and view change, and again this often (links deliver
 #: at most once per connection: the repeat is what makes a lost record harmless). One small message per peer.
 SETTINGS_INTERVAL = 5.0
-
-#: The partition fence. A node that has heard from no strict majority of the members owning arcs within
-#: CONTACT_WINDOW starts no fetch (it is on the minority side of a partition, whose hosts the majority is about
-#: to take over); every peer queries it at least once every 1-2 s (progress rounds), and SWIM probes and gossip
-#: come on top. A node that inherits arcs from a dead member starts no fetch of their hosts before
-#: CONTACT_WINDOW + TAKEOVER_GRACE after it last heard from that member: by then, were it alive on the other
-#: side of a partition, it has fenced itself and its last requests have ended.
-CONTACT_WINDOW = 2.5
-TAKEOVER_GRACE = 2.0
-CONTACT_TICK = 0.25
 
 _OWNING = (MemberState.ALIVE, MemberState.SUSPECT)
 
@@ -206,11 +197,8 @@ class Cluster:
         self.promotions: list[tuple[float, str, int]] = []
         self._routed_to: set[str] = set()  # owners of the links routed by the page being committed
         self._queued_ticket = None  # the replicas of the links it queued here
-        self._fence = False
-        self._fence_until = -math.inf
-        self._last_tick = math.inf  # set when the contact loop starts
-        self.fences = 0  # times this node fenced itself
-        self._holds: list[tuple[ArcSet, float]] = []  # arcs inherited from dead members, and until when held
+        self.fence = PartitionFence(node_id, view=lambda: self.view, last_heard=self.membership.last_heard,
+                                    suspicion_timeout=cfg.suspicion_timeout, probe_interval=cfg.probe_interval)
         # The dashboard: this node's detailed status (set by the node), its peers' latest, and until when to ask.
         self.summary: Callable[[], dict[str, Any]] | None = None
         self.details: dict[str, tuple[float, dict[str, Any]]] = {}  # peer -> (trio time received, status)
@@ -315,67 +303,12 @@ class Cluster:
         """Whether `host` may not be fetched yet: it lies in a gained arc whose hand-off has not arrived, or in
         one inherited from a dead member that may still be fetching on the other side of a partition, or this
         node is on the minority side of a partition (`fenced`)."""
-        if self.fenced():
+        if self.fence.fenced():
             return True
-        if self._holds and self._held(host_position(host)):
+        position = host_position(host)
+        if self.fence.held(position):
             return True
-        return self.handoff.waiting() and self.handoff.blocked(host_position(host))
-
-    def fenced(self) -> bool:
-        """Whether this node starts no fetch now: it heard from no strict majority of the members owning arcs
-        within CONTACT_WINDOW of its own running time, or it is in the hold after such a silence or after being
-        frozen (a stop, a stall) long enough to have been declared dead (`_contact_loop`)."""
-        now = trio.current_time()
-        if now - self._last_tick > 2 * CONTACT_TICK + 0.5:
-            return True  # frozen since the last tick: nothing is known until the contact loop has run again
-        return self._fence or now < self._fence_until
-
-    async def _contact_loop(self) -> None:
-        """Every CONTACT_TICK: count, per member owning arcs, how long it has been silent while this node ran (a
-        stall of this node's own is not the peers' silence), and fence this node while most are silent."""
-        silent: dict[str, float] = {}
-        while True:
-            last = self._last_tick
-            await trio.sleep(CONTACT_TICK)
-            now = trio.current_time()
-            self._last_tick = now
-            elapsed = now - last
-            hold = self.cfg.suspicion_timeout + CONTACT_WINDOW + TAKEOVER_GRACE
-            if elapsed > self.cfg.suspicion_timeout + self.cfg.probe_interval:
-                # frozen long enough for the others to have declared this node dead and taken its hosts over (a
-                # probe must fail first, then the suspicion run out)
-                self._fence_until = max(self._fence_until, now + hold)
-                log.warning("this node was frozen: no fetch starts here for a while",
-                            extra={"frozen": elapsed, "hold": hold})
-            owning = [m.node_id for m in self.view.members if m.state in _OWNING]
-            heard = self.membership.last_heard
-            contact = 1
-            for peer in owning:
-                if peer == self.node_id:
-                    continue
-                if heard.get(peer, -math.inf) >= last:
-                    silent[peer] = 0.0
-                else:
-                    silent[peer] = silent.get(peer, 0.0) + min(elapsed, 2 * CONTACT_TICK)
-                contact += silent[peer] < CONTACT_WINDOW
-            fence = self.node_id in owning and len(owning) > 1 and 2 * contact <= len(owning)
-            if fence != self._fence:
-                self._fence = fence
-                self.fences += fence
-                if not fence:
-                    # Back in contact after a partition: the majority may have declared this node dead meanwhile
-                    # (a suspicion raised before the heal fires up to suspicion_timeout after it) and taken its
-                    # hosts over. Start nothing until such a declaration has been made, heard, refuted, and the
-                    # hosts given back (the heir stops at its next ring; its requests under way end).
-                    self._fence_until = max(self._fence_until, now + hold)
-                log.warning("no contact with most of the cluster: no fetch starts here" if fence
-                            else "contact with most of the cluster again: fetching resumes after a hold",
-                            extra={"hold": 0.0 if fence else hold})
-
-    def _held(self, position: int) -> bool:
-        now = trio.current_time()
-        self._holds = [(arcs, until) for arcs, until in self._holds if until > now]
-        return any(position in arcs for arcs, _until in self._holds)
+        return self.handoff.waiting() and self.handoff.blocked(position)
 
     def busy_positions(self) -> list[int]:
         return [host_position(host) for host in self.crawler.busy_hosts()] if self.crawler else []
@@ -417,8 +350,7 @@ class Cluster:
             nursery.start_soon(self._follow_views, watch)
             nursery.start_soon(self._progress_loop)
             nursery.start_soon(self._sweep_loop)
-            self._last_tick = trio.current_time()
-            nursery.start_soon(self._contact_loop)
+            nursery.start_soon(self.fence.contact_loop)
             if self.lanes is not None:
                 nursery.start_soon(self._lanes_loop)
             nursery.start_soon(self._settings_loop)
@@ -615,15 +547,10 @@ class Cluster:
                     by_node[node] += 1
                     break
         now = trio.current_time()
-        for node, node_arcs in inherited.items():
-            until = self.membership.last_heard.get(node, -math.inf) + CONTACT_WINDOW + TAKEOVER_GRACE
-            if until > now:
-                self._holds.append((by_arc[node], until))
+        hold_end = max(self.fence.inherit(node, by_arc[node]) for node in inherited)
         # Were the dead node alive behind a partition, its last request may end as late as the hold: its hosts'
         # Crawl-delay then runs from the end of the hold, not from its last replicated state.
-        wall = self.wall_clock()
-        latest = max((self.membership.last_heard.get(node, -math.inf) for node in inherited), default=-math.inf)
-        fence_end = wall + (latest + CONTACT_WINDOW + TAKEOVER_GRACE - now)
+        fence_end = self.wall_clock() + (hold_end - now)
         # A host with no replicated state (its first pages' releases had not arrived) gets TAKEOVER_GRACE more:
         # its Crawl-delay is not known here until its robots.txt is fetched again.
         if math.isfinite(fence_end):
@@ -827,6 +754,7 @@ class Cluster:
             },
             "replica": self.replicas.status(),
             "backups": self.backups.status(),
+            "fence": {"fenced": self.fence.fenced(), "fences": self.fence.fences},
             # inbound connections refused before or in the handshake, by reason (each logged at debug only),
             # and connections closed because handling a peer's message raised
             "links": {"refused_inbound": dict(self.links.refused), "handshake_failures": self.links.handshake_failures,
