@@ -30,7 +30,7 @@ from storage import HostState, NodeStore, QueuedUrl, RevisitRecord, in_arc, queu
 from peer.config import DEFAULTS
 from peer.crawl.urls import host_of_normalized, normalize
 
-__all__ = ["Alone", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "handoff_arcs"]
+__all__ = ["Alone", "ArcSet", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "Hold", "handoff_arcs"]
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,13 @@ class _ArcSet:
         return arc if in_arc(position, *arc) else None
 
 
+ArcSet = _ArcSet  # disjoint arcs with a bisect look-up (the cluster holds inherited arcs in one)
+
+
+#: Given a callback, calls it once what an applied chunk queued is held by this node's backups too.
+Hold = Callable[[Callable[[], None]], None]
+
+
 class HandoffDelegate(Protocol):
     """What the hand-off asks of the node around it (memberlist's delegate): one protocol, not loose callables.
     `Alone` is the default for a hand-off on its own (tests); the cluster implements it for a node."""
@@ -154,8 +161,10 @@ class HandoffDelegate(Protocol):
         """Ring positions of the hosts being fetched here now: a transfer starts once none lies in its arcs, so
         the host states it carries include the last fetch (the politeness rule, docs/cluster.md)."""
 
-    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
-        """An applied chunk queued `new` and set `states`: wake those hosts, take over their timers."""
+    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> Hold | None:
+        """An applied chunk queued `new` and set `states`: wake those hosts, take over their timers. A `Hold`
+        when the chunk may not be acknowledged yet (its URLs are on their way to this node's ring backups,
+        `--replicas`): the hand-off acknowledges it when the hold calls back."""
 
     def owner_of(self, host: str) -> str:
         """The owner of `host` under this node's current view. Chunk content for hosts owned elsewhere (the arc
@@ -165,6 +174,10 @@ class HandoffDelegate(Protocol):
     def keys_arrived(self, keys: list[bytes]) -> None:
         """The seen keys of an applied chunk (a sender sends only keys of pages it fetched), to replicate, or to
         pass on to an owner elsewhere."""
+
+    def discarded(self, items: list[QueuedUrl]) -> None:
+        """URLs queued here that an applied chunk says its sender already fetched: dropped from the frontier
+        (their replicas at the backups go too)."""
 
     def foreign_states(self, states: list[WireHostState]) -> None:
         """Politeness states of an applied chunk for hosts owned elsewhere under this node's ring: not stored
@@ -180,13 +193,16 @@ class Alone:
     def busy_positions(self) -> Iterable[int]:
         return ()
 
-    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
-        pass
+    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> Hold | None:
+        return None
 
     def owner_of(self, host: str) -> str:
         return self.node_id
 
     def keys_arrived(self, keys: list[bytes]) -> None:
+        pass
+
+    def discarded(self, items: list[QueuedUrl]) -> None:
         pass
 
     def foreign_states(self, states: list[WireHostState]) -> None:
@@ -232,6 +248,9 @@ class Handoff:
         self._waiting: list[tuple[int, int, str, list[ArcMove], Ring | None]] = []
         self._outgoing: dict[int, _Outgoing] = {}
         self._incoming: dict[tuple[str, int], _Incoming] = {}
+        # chunks applied here whose ack waits for their URLs' replicas: (sender, transfer, chunk) -> None
+        self._held: dict[tuple[str, int, int], None] = {}
+        self.acks_held = 0  # chunks whose ack waited for their replicas
         self._lost = _ArcSet(())  # arcs lost at the latest view change
         self._pending: dict[tuple[str, int], _ArcSet] = {}  # (previous owner, epoch) -> arcs gained from it
         self._pending_since: dict[tuple[str, int], float | None] = {}
@@ -652,14 +671,18 @@ class Handoff:
             self._acked(peer_id, message)
 
     def _receive(self, peer_id: str, chunk: HandoffChunk) -> None:
+        held = (peer_id, chunk.transfer_id, chunk.chunk_seq)
+        if held in self._held:
+            return  # a re-send of a chunk whose replicas are on their way: acknowledged when they arrive
         incoming = self._incoming.setdefault((peer_id, chunk.transfer_id), _Incoming())
+        hold = None
         if not incoming.complete and chunk.chunk_seq not in incoming.applied:
             new, states = self._apply(peer_id, chunk)
             self.store.sync()  # durable before the ack (DESIGN decision 5)
             incoming.applied.add(chunk.chunk_seq)
             self.chunks_applied += 1
             if new or states:
-                self.delegate.applied(new, states)
+                hold = self.delegate.applied(new, states)
         if chunk.last:
             incoming.last = chunk.chunk_seq
         if not incoming.complete and incoming.last is not None and len(incoming.applied) == incoming.last + 1:
@@ -667,7 +690,20 @@ class Handoff:
             self._release(peer_id, chunk.epoch)
             self.transfers_received += 1
             log.info("incoming hand-off complete", extra={"peer": peer_id})
-        self.links.send_nowait(peer_id, HandoffAck(transfer_id=chunk.transfer_id, chunk_seq=chunk.chunk_seq))
+        ack = HandoffAck(transfer_id=chunk.transfer_id, chunk_seq=chunk.chunk_seq)
+        if hold is None:
+            self.links.send_nowait(peer_id, ack)
+            return
+        # Durable here, not yet at this node's backups: until they hold the URLs, the sender's copy is the
+        # second one, so the sender keeps it (and re-sends the chunk) until the ack.
+        self._held[held] = None
+        self.acks_held += 1
+
+        def release() -> None:
+            self._held.pop(held, None)
+            self.links.send_nowait(peer_id, ack)
+
+        hold(release)
 
     def _apply(self, peer_id: str, chunk: HandoffChunk) -> tuple[list[QueuedUrl], list[HostState]]:
         start, end = chunk.arc_start, chunk.arc_end
@@ -719,6 +755,7 @@ class Handoff:
             stale = [i for i, k in zip(queued_here, queued_url_keys(queued_here)) if k in wanted]
             if stale:
                 self.urls_discarded += self.store.frontier.discard(stale)
+                self.delegate.discarded(stale)
         self.store.dedup.insert(keys)
         if keys:
             self.delegate.keys_arrived(keys)
