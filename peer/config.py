@@ -60,6 +60,7 @@ class Config:
     probe_interval: float = 1.0
     probe_timeout: float = 0.5
     suspicion_timeout: float = 5.0
+    replicas: int = 1
     # what to crawl
     seeds: tuple[str, ...] = ()
     seeds_file: str = ""
@@ -173,6 +174,7 @@ FIELDS: dict[str, str] = {
     "probe_interval": "each node probes one peer per interval: failure detection in seconds at a constant load (memberlist's LAN profile)",
     "probe_timeout": "wait for a Pong before indirect probes: half the interval, the rest is theirs; raise it on links slower than a few hundred ms",
     "suspicion_timeout": "time a suspect has to hear the rumour and refute it (several probe and gossip rounds) before it is declared dead",
+    "replicas": "every queued URL is also held durably by the ring's next node(s), so that many deaths at once lose no URL; 0 turns it off",
     "seeds": "start URLs",
     "seeds_file": "file with one start URL per line (# comments allowed)",
     "allowed_hosts": "if set, only these hosts (and subdomains) are crawled",
@@ -322,6 +324,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"codec must be msgpack or json, got {cfg.codec!r}")
     if cfg.compression not in ("br", "zlib", "none"):
         raise ConfigError(f"compression must be br, zlib or none, got {cfg.compression!r}")
+    if not 0 <= cfg.replicas <= 8:
+        raise ConfigError(f"replicas must be 0 (off) to 8, got {cfg.replicas}")
     if cfg.batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {cfg.batch_size}")
     for name in ("dispatch_interval", "handoff_wait", "leave_timeout", "probe_interval", "probe_timeout",

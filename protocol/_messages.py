@@ -49,6 +49,8 @@ __all__ = [
     "LaneAsk",
     "LaneHandover",
     "Settings",
+    "QueueReplica",
+    "ReplicaAck",
     "UrlBatch",
     "UrlEntry",
     "Welcome",
@@ -441,6 +443,30 @@ class Settings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class QueueReplica:
+    """Queued URLs the sender owns, for its ring backups to hold durably (`--replicas R`), and the dedup keys of
+    URLs it is done with (fetched, refused or given up), whose replicas the backups release; with the politeness
+    states of the hosts it fetched since its last message, so a backup that inherits them keeps their timers.
+
+    Acknowledged (`ReplicaAck`, same `seq`) once the receiver has it durably; re-sent until then. Applied in one
+    transaction: releases first, then the URLs, so a page's release and the links found on it arrive together.
+    """
+
+    seq: int
+    epoch: int
+    urls: tuple[UrlEntry, ...]
+    released: tuple[bytes, ...]
+    hosts: tuple[HostState, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaAck:
+    """The `QueueReplica` `seq` is durably held by the sender of this ack."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Goodbye:
     """The sender will send nothing more on this connection."""
 
@@ -471,6 +497,8 @@ Message: TypeAlias = (
     | LaneReturn
     | LaneHandover
     | Settings
+    | QueueReplica
+    | ReplicaAck
     | Goodbye
 )
 
@@ -602,6 +630,9 @@ RECORDS: dict[int, Record] = {
     0x52: _record(LaneReturn, address=Text("max_address"), lanes=Many(UInt(0, 0xFFFF), "max_lanes"),
                   ready_in=Many(Seconds(), "max_lanes")),
     0x53: _record(LaneHandover, address=Text("max_address"), ready_in=Many(Seconds(), "max_lanes")),
+    0x33: _record(QueueReplica, seq=UInt(), epoch=UInt(), urls=UrlList(_URL_ENTRY, "max_urls_per_batch"),
+                  released=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"), hosts=Many(_HOST_STATE)),
+    0x34: _record(ReplicaAck, seq=UInt()),
     0x40: _record(Goodbye, reason=Text()),
 }
 

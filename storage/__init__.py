@@ -29,6 +29,7 @@ from ._outbox import Outbox, OutboxEntry
 from ._pages import NullPageStore, PageStore, WarcPageStore, open_page_store
 from ._records import HostState, QueuedUrl
 from ._redis_dedup import RedisDedup
+from ._replicas import Replicas
 from ._revisits import RevisitRecord, RevisitSchedule
 from ._warc import payload_digest
 from .dedup_kinds import DEDUP_KINDS, DedupUnsupported, LmdbDedup, open_dedup
@@ -70,6 +71,7 @@ __all__ = [
     "FingerprintSetDedup",
     "LmdbDedup",
     "RedisDedup",
+    "Replicas",
     "UrlSetDedup",
     "md5_key",
     "open_dedup",

@@ -338,6 +338,29 @@ class FrontierStore(Closing):
 
         self._env.write(put_all)
 
+    def _merge_states_in(self, txn: lmdb.Transaction, states: Sequence[HostState]) -> list[HostState]:
+        """Merge states into those here, keeping the later `next_allowed` and the longer Crawl-delay; return
+        the merged states."""
+        merged = []
+        for state in states:
+            prefix = host_prefix(state.host)
+            raw = txn.get(prefix, db=self._state)
+            if raw is not None:
+                here = _state_of(prefix, raw)
+                state = HostState(
+                    host=state.host, next_allowed=max(state.next_allowed, here.next_allowed),
+                    crawl_delay=max(state.crawl_delay, here.crawl_delay), backoff=here.backoff,
+                    failures=max(state.failures, here.failures), pages=here.pages,
+                )
+            txn.put(prefix, _state_value(state), db=self._state)
+            merged.append(state)
+        return merged
+
+    def scan_queued(self, *, chunk: int = 4096) -> Iterator[QueuedUrl]:
+        """Every queued URL in ring order, read `chunk` at a time in short transactions (never all in memory)."""
+        for key, value in self._env.scan(QUEUE, _WHOLE_RING, chunk=chunk):
+            yield _item_of(key, value)
+
     def states(self) -> Iterator[HostState]:
         for key, value in self._env.scan(STATE, _WHOLE_RING):
             yield _state_of(key, value)

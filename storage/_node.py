@@ -20,7 +20,8 @@ from ._keys import arc_ranges, host_position_bytes, url_fingerprint
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
 from ._memfrontier import MemoryFrontierStore
 from ._outbox import OUTBOX_DB, Outbox
-from ._records import QueuedUrl
+from ._records import HostState, QueuedUrl
+from ._replicas import REPLICA_DBS, Replicas
 from ._revisits import REVISIT_DB, REVISIT_DUE_DB, RevisitRecord, RevisitSchedule, queued
 
 __all__ = ["FETCHED_DB", "MemoryNodeStore", "NodeStore", "queued_url_keys"]
@@ -46,6 +47,7 @@ class NodeStore(Closing):
         self.dedup = DedupStore(env, owns_env=False)
         self.frontier = FrontierStore(env, owns_env=False)
         self.outbox = Outbox(env)
+        self.replicas = Replicas(env)
         self.revisits = RevisitSchedule(env)
 
     @classmethod
@@ -58,8 +60,8 @@ class NodeStore(Closing):
     ) -> NodeStore:
         """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
         env = LmdbEnv.open(
-            path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, REVISIT_DB, REVISIT_DUE_DB), map_size=map_size,
-            max_map_size=max_map_size,
+            path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, REVISIT_DB, REVISIT_DUE_DB, *REPLICA_DBS),
+            map_size=map_size, max_map_size=max_map_size,
         )
         return cls(env)
 
@@ -114,6 +116,38 @@ class NodeStore(Closing):
             return moved, self._admit_in(txn, mine) if mine else []
 
         return self._env.write(run)
+
+    def hold_replicas(self, items: Sequence[tuple[bytes, QueuedUrl]], released: Sequence[bytes],
+                      states: Sequence[HostState] = ()) -> int:
+        """A peer's `QueueReplica`, in one transaction: `Replicas.hold`, and the released keys marked seen (the
+        peer is done with those URLs: if it dies, its heir must not queue them again when they are linked)."""
+
+        def run(txn: lmdb.Transaction) -> int:
+            self.dedup._add_new_in(txn, released)
+            return self.replicas._hold_in(txn, items, released, states)
+
+        return self._env.write(run)
+
+    def promote(self, inherited: Callable[[int], bool]) -> tuple[list[QueuedUrl], list[HostState]]:
+        """This node inherits arcs from a dead owner (`inherited(position)` says which positions): the replicas
+        held there are queued and marked seen, merged host states stored, and the replicas forgotten, in one
+        transaction. Returns the URLs queued and the dead owner's host states for those hosts, merged with any
+        here (the later `next_allowed` and the longer Crawl-delay win)."""
+        held, states = self.replicas.where(inherited)
+        items = [item for _key, item in held]
+
+        def run(txn: lmdb.Transaction) -> list[HostState]:
+            # Queued even if seen here: a page whose seen key arrived but whose replica was not released yet was
+            # fetched, but the links it routed to other owners were not acknowledged when its owner died; only
+            # fetching it again brings them back.
+            self.dedup._add_new_in(txn, [key for key, _item in held])
+            self.frontier._push_in(txn, items)
+            merged = self.frontier._merge_states_in(txn, states)
+            self.replicas._forget_in(txn, [key for key, _item in held], [state.host for state in states])
+            return merged
+
+        merged = self._env.write(run)
+        return items, merged
 
     def queue_due(self, now: float, limit: int, may: Callable[[str], bool]) -> list[QueuedUrl]:
         """Queue the pages whose revisit is due at `now` (wall clock) on hosts that `may` be fetched here, at

@@ -156,6 +156,25 @@ class Outbox:
     def __len__(self) -> int:
         return sum(self.counts().values())
 
+    def last_seq(self) -> int:
+        """The sequence number handed out last (0 before the first entry)."""
+        with self._env.read() as txn:
+            raw = txn.get(_SEQ_KEY, db=self._db)
+        return int.from_bytes(raw, "big") if raw else 0
+
+    def oldest_seq(self, owner: str) -> int | None:
+        """The lowest sequence number of `owner`'s entries still waiting for its ack, or None when it has none:
+        every entry of `owner` numbered below it has been acknowledged (or re-routed under a new number)."""
+        prefix = _owner_prefix(owner)
+        with self._env.read() as txn:
+            cur = txn.cursor(self._db)
+            if not cur.set_range(prefix):
+                return None
+            key = cur.key()
+            if not key.startswith(prefix) or len(key) != len(prefix) + 8:
+                return None
+            return int.from_bytes(key[-8:], "big")
+
     def _reroute_in(
         self, txn: lmdb.Transaction, owner_of: Callable[[str], str], local: str
     ) -> tuple[dict[str, int], list[QueuedUrl]]:

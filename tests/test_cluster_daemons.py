@@ -148,6 +148,11 @@ async def test_four_nodes_join_leave_and_kill_lose_nothing(tmp_path):
             # every replica where that ring puts it), so what B's death costs is measured alone.
             settle_began = time.time()
             await _settled(cluster, {"A", "B", "D", "E"})
+            # pages B is done with whose release has not reached its backups (it waits for the acks of the links
+            # the page routed, `--replicas`): its heirs promote them at its death and fetch them again
+            status_at = time.time()
+            unreleased = (await _get(cluster.control("B"), "/status", cluster.tmp / "B"))["cluster"]["backups"][
+                "unreleased"]
             kill_at = time.time()
             print(f"settled {kill_at - settle_began:.1f} s after C left, at {len(urls_fetched(web, expected))} pages")
             kill_pid(cluster.procs["B"].pid, signal.SIGKILL)
@@ -182,7 +187,8 @@ async def test_four_nodes_join_leave_and_kill_lose_nothing(tmp_path):
     # What died with B: its seen-set and its queue. B's seen keys of fetched pages were replicated to the node
     # that owns each of its arcs once it is gone (peer/cluster/replicas.py), so while B is dead its hosts' new owners
     # fetch again only what was under way at the kill, or fetched in the moment before it, whose replica had
-    # not left yet (every 0.1 s). The joins and the leave move seen-sets with their arcs.
+    # not left yet (every 0.1 s), or done with by B and not yet released to its backups (`unreleased`: its
+    # heirs promote those from the replicas). The joins and the leave move seen-sets with their arcs.
     firsts: dict[str, RequestRecord] = {}
     repeats_before = repeats_after = b_pages_before_kill = 0
     unexplained: list[str] = []
@@ -205,7 +211,9 @@ async def test_four_nodes_join_leave_and_kill_lose_nothing(tmp_path):
           f"{repeats_after} after it; in flight at the kill {in_flight_at_kill}, "
           f"pages B fetched before the kill {b_pages_before_kill}, pages first fetched after the kill {after_kill}")
     assert twice == repeats_before + repeats_after
-    assert not unexplained, f"fetched by B well before the kill, and again after it: {unexplained[:5]}"
+    late = sum(1 for r in web.log if status_at <= r.wall_end <= kill_at and r.user_agent.endswith("nodes.test/B)"))
+    assert len(unexplained) <= unreleased + late, \
+        f"fetched by B well before the kill, and again after it: {unexplained[:5]} (unreleased {unreleased})"
     # The join and the leave repeat a few pages (a fetch under way when its arc moved; docs/cluster.md lists the
     # races still open), some of them after the kill when the leave ends late.
     assert twice <= 0.05 * len(fetched), twice

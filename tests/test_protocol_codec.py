@@ -46,6 +46,8 @@ from protocol import (
     RevisitEntry,
     SeenReplica,
     Settings,
+    QueueReplica,
+    ReplicaAck,
     UrlBatch,
     LaneAsk,
     LaneGrant,
@@ -168,6 +170,9 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
                           ready_in=tuples(seconds, 8)),
     LaneHandover: st.builds(LaneHandover, address=st.text(max_size=16), ready_in=tuples(seconds, 8)),
     Settings: st.builds(Settings, version=U64, origin=texts, body=st.text(max_size=200)),
+    QueueReplica: st.builds(QueueReplica, seq=U64, epoch=U64, urls=tuples(url_entries, 20),
+                            released=tuples(st.binary(max_size=64), 10), hosts=tuples(host_states)),
+    ReplicaAck: st.builds(ReplicaAck, seq=U64),
     Goodbye: st.builds(Goodbye, reason=texts),
 }
 APP_MESSAGES = st.one_of([s for cls, s in MESSAGE_STRATEGIES.items() if TYPE_CODES[cls] >= 0x10])

@@ -99,6 +99,8 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
                    help="wait for a direct probe's answer before asking others to probe")
     k.add_argument("--suspicion-timeout", dest="suspicion_timeout", type=float, metavar="SECONDS",
                    help="time a silent peer has to refute a suspicion before it is declared dead")
+    k.add_argument("--replicas", dest="replicas", type=int, metavar="R",
+                   help="ring backups that hold every queued URL durably besides its owner; 0 turns it off")
     c = p.add_argument_group("crawl")
     c.add_argument("--seed", dest="seeds", action="append", metavar="URL", help="start URL (repeatable)")
     c.add_argument("--seeds-file", dest="seeds_file", metavar="FILE", help="file of start URLs, one per line")

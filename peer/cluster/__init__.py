@@ -1,7 +1,8 @@
 """The cluster: what makes one crawler node a member of a fleet. The transport (TCP, TLS, in-memory), links to
 peers, membership (SWIM-style probes, suspicion, views), discovery (DNS SRV), dispatch of links to their
-owners, hand-off of moved arcs, seen-key replicas, and the `Cluster` that composes them beside a crawler and
-decides together with its peers when the crawl is finished.
+owners, hand-off of moved arcs, seen-key replicas, queued-URL replicas (`backups`), the partition fence, the
+per-address lanes, the status the dashboard and the peers read (`report`), and the `Cluster` that composes them
+beside a crawler and decides together with its peers when the crawl is finished.
 """
 
 from peer.cluster.cluster import Cluster, ClusterError

@@ -27,31 +27,24 @@ from typing import Any
 
 import trio
 
-from protocol import (
-    Count,
-    Message,
-    ProgressQuery,
-    ProgressReport,
-    Settings,
-    SlowHost,
-    StatusQuery,
-    StatusReport,
-    Transfer,
-)
-from ring import DEFAULT_POINTS_PER_WEIGHT, RING_SPACE, MemberState, Moves, Ring, View, diff_moves, host_position, wire_moves
+from protocol import Message, ProgressQuery, ProgressReport, Settings, StatusQuery, StatusReport
+from ring import DEFAULT_POINTS_PER_WEIGHT, MemberState, Moves, Ring, View, diff_moves, host_position, wire_moves
 from storage import HostState, NodeStore, QueuedUrl
 
 from peer.config import Config
 from peer.crawl.crawler import Crawler
+from peer.cluster.backups import QueueReplicas
 from peer.crawl.settings import CrawlSettings, SettingsError
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
-from peer.cluster.handoff import Handoff, HandoffConfig, plan_view
+from peer.cluster.fence import TAKEOVER_GRACE, PartitionFence
+from peer.cluster.handoff import ArcSet, Handoff, HandoffConfig, Hold, plan_view
 from peer.cluster.membership import Membership, MembershipConfig
 from peer.cluster.lanes import LEASE, FleetLanes
 from peer.cluster.replicas import SeenReplicas
+from peer.cluster.report import ring_pending, ring_slices, status_dict, status_report
 from peer.cluster.transport import TcpTransport, TlsFiles, Transport
 
-__all__ = ["Cluster", "ring_slices", "status_dict", "status_report"]
+__all__ = ["Cluster", "ClusterError"]
 
 log = logging.getLogger(__name__)
 
@@ -153,13 +146,18 @@ class Cluster:
         self._owners: _Owners | None = None
         self._ring_id = 0
         self._rings: dict[frozenset[tuple[str, int]], Ring] = {}
+        # every queued URL also on the ring backups of its position (--replicas R), promoted when its owner dies
+        self.backups = QueueReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
+                                     copies=cfg.replicas, wall_clock=wall_clock)
+        self.wall_clock = wall_clock
         self.dispatcher = Dispatcher(
             node_id, store, self.links, ring_of=self.ring_of,
             config=DispatchConfig(batch_size=cfg.batch_size, interval=cfg.dispatch_interval),
-            on_admitted=self._admitted,
+            on_admitted=self._admitted, backups=self.backups,
         )
         self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
                                      apply_states=self._merge_states, wall_clock=wall_clock)
+        self.backups.on_released = self.replicas.fetched
         # the hand-off asks the cluster (its delegate) what is busy, who owns what, and where keys go
         self.handoff = Handoff(node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait),
                                wall_clock=wall_clock, delegate=self)
@@ -186,6 +184,12 @@ class Cluster:
         self._seq = 0
         self._answers: dict[int, tuple[str, trio.Event]] = {}
         self._leaving_since: dict[str, float] = {}  # peer -> when this node first saw it LEAVING
+        # (when, dead node, URLs promoted): each arc inherited from a dead node, promoted from its replicas
+        self.promotions: list[tuple[float, str, int]] = []
+        self._routed_to: set[str] = set()  # owners of the links routed by the page being committed
+        self._queued_ticket = None  # the replicas of the links it queued here
+        self.fence = PartitionFence(node_id, view=lambda: self.view, last_heard=self.membership.last_heard,
+                                    suspicion_timeout=cfg.suspicion_timeout, probe_interval=cfg.probe_interval)
         # The dashboard: this node's detailed status (set by the node), its peers' latest, and until when to ask.
         self.summary: Callable[[], dict[str, Any]] | None = None
         self.details: dict[str, tuple[float, dict[str, Any]]] = {}  # peer -> (trio time received, status)
@@ -207,10 +211,24 @@ class Cluster:
         self.dispatcher.route(item)
 
     def take_routed(self) -> list[tuple[str, QueuedUrl]]:
-        return self.dispatcher.take_routed()
+        routed = self.dispatcher.take_routed()
+        # the owners of the links the page being committed routed: its replicas wait for their acks
+        self._routed_to = {owner for owner, _item in routed}
+        return routed
+
+    def queued(self, items) -> None:
+        # the links a page being committed queued here: its replicas' release waits for theirs
+        self._queued_ticket = self.backups.replicate(items)
 
     def fetched(self, item: QueuedUrl) -> None:
-        self.replicas.fetched(item)
+        routed_to, self._routed_to = self._routed_to, set()
+        links, self._queued_ticket = self._queued_ticket, None
+        if self.backups.copies:
+            # its seen key goes to the seen-key replicas with its release (`backups.on_released`): once the links
+            # its page found are safe elsewhere, as a backup that held the page seen would never fetch it again
+            self.backups.released(item, routed_to, links)
+        else:
+            self.replicas.fetched(item)
 
     def ring_of(self) -> tuple[int, Any]:
         """The view epoch and the current ring's owner look-up (what the dispatcher needs of a ring)."""
@@ -265,12 +283,23 @@ class Cluster:
     def keys_arrived(self, keys: list[bytes]) -> None:
         self.replicas.adopt(keys)
 
+    def discarded(self, items: list[QueuedUrl]) -> None:
+        for item in items:
+            self.backups.released(item)
+
     def foreign_states(self, states) -> None:
         self.replicas.pass_states(states)
 
     def blocked(self, host: str) -> bool:
-        """Whether `host` lies in a gained arc whose hand-off has not arrived: not to be fetched yet."""
-        return self.handoff.waiting() and self.handoff.blocked(host_position(host))
+        """Whether `host` may not be fetched yet: it lies in a gained arc whose hand-off has not arrived, or in
+        one inherited from a dead member that may still be fetching on the other side of a partition, or this
+        node is on the minority side of a partition (`fenced`)."""
+        if self.fence.fenced():
+            return True
+        position = host_position(host)
+        if self.fence.held(position):
+            return True
+        return self.handoff.waiting() and self.handoff.blocked(position)
 
     def busy_positions(self) -> list[int]:
         return [host_position(host) for host in self.crawler.busy_hosts()] if self.crawler else []
@@ -286,9 +315,13 @@ class Cluster:
         if self.crawler is not None:
             self.crawler.take_over([], states)
 
-    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
+    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> Hold | None:
+        ticket = self.backups.replicate(new)
         if self.crawler is not None:
             self.crawler.take_over(new, states)
+        if ticket is None or self.backups.done(ticket):
+            return None
+        return lambda callback: self.backups.then(ticket, callback)
 
     # -- lifetime -----------------------------------------------------------------------------------------
 
@@ -304,9 +337,11 @@ class Cluster:
             await nursery.start(self.dispatcher.run)
             await nursery.start(self.handoff.run)
             await nursery.start(self.replicas.run)
+            await nursery.start(self.backups.run)
             nursery.start_soon(self._follow_views, watch)
             nursery.start_soon(self._progress_loop)
             nursery.start_soon(self._sweep_loop)
+            nursery.start_soon(self.fence.contact_loop)
             if self.lanes is not None:
                 nursery.start_soon(self._lanes_loop)
             nursery.start_soon(self._settings_loop)
@@ -425,6 +460,7 @@ class Cluster:
         # Fetched-page keys held for arcs owned elsewhere go to their owners now, ahead of the transfers below
         # on the same links: a receiver released by a transfer must not fetch those pages again.
         self.replicas.ring_changed(new_ring, view.epoch)
+        self.backups.ring_changed(new_ring)
         self.view_changes += 1
         if self.crawler is not None:
             self.crawler.release_moved()  # parked URLs of moved hosts go back to the queue, into the hand-off
@@ -440,6 +476,8 @@ class Cluster:
                 "epoch": view.epoch, "members": ",".join(f"{n}={w}" for n, w in sorted(new_ring.weights.items())),
                 "arcs_moved": len(arcs), "arcs_lost": len(lost),
                 "arcs_pending": self.handoff.pending_count()})
+            if plan.inherited:
+                self._promote(plan.inherited)
         if self.crawler is not None:
             self.crawler.rewake()
         self.dispatcher.wake()
@@ -483,6 +521,52 @@ class Cluster:
             self.settings_adopted += 1
         elif settings.rank() < self.crawler.settings.rank():
             self.share_settings([peer_id])  # the sender is behind: it gets ours now, not at the next round
+
+    def _promote(self, inherited: dict[str, ArcSet]) -> int:
+        """Arcs this node inherits from dead members (per dead node, from `plan_view`): their queued URLs come out
+        of the replicas held here into the frontier, with the dead owner's last known host states (merged with
+        ours: the later ready time and the longer Crawl-delay win), and the crawler takes those hosts over with
+        those timers."""
+        if not inherited:
+            return 0
+        by_arc = inherited
+        every = ArcSet.union(inherited.values())
+        promoted, states = self.store.promote(lambda position: position in every)
+        by_node: dict[str, int] = {node: 0 for node in inherited}
+        for item in promoted:
+            position = host_position(item.host)
+            for node, arc_set in by_arc.items():
+                if position in arc_set:
+                    by_node[node] += 1
+                    break
+        now = trio.current_time()
+        hold_end = max(self.fence.inherit(node, by_arc[node]) for node in inherited)
+        # Were the dead node alive behind a partition, its last request may end as late as the hold: its hosts'
+        # Crawl-delay then runs from the end of the hold, not from its last replicated state.
+        fence_end = self.wall_clock() + (hold_end - now)
+        # A host with no replicated state (its first pages' releases had not arrived) gets TAKEOVER_GRACE more:
+        # its Crawl-delay is not known here until its robots.txt is fetched again.
+        if math.isfinite(fence_end):
+            states = [HostState(host=st.host, next_allowed=max(st.next_allowed, fence_end + st.crawl_delay),
+                                crawl_delay=st.crawl_delay, backoff=st.backoff, failures=st.failures, pages=st.pages)
+                      for st in states]
+            known = {st.host for st in states}
+            for host in sorted({item.host for item in promoted} - known):
+                here = self.store.frontier.get_state(host)
+                if here is None or here.next_allowed < fence_end + TAKEOVER_GRACE:
+                    states.append(HostState(host=host, next_allowed=fence_end + TAKEOVER_GRACE,
+                                            crawl_delay=here.crawl_delay if here else 0.0))
+        if states:
+            self.store.frontier.put_states(states)
+        for node, count in by_node.items():
+            self.promotions.append((now, node, count))
+        del self.promotions[:-100]
+        self.backups.urls_promoted += len(promoted)
+        if self.crawler is not None and (promoted or states):
+            self.crawler.take_over(promoted, states)
+        log.info("queued URLs of a dead node promoted from its replicas",
+                 extra={"urls": len(promoted), "hosts": len(states), "dead": ",".join(sorted(by_node))})
+        return len(promoted)
 
     # -- stray state --------------------------------------------------------------------------------------
 
@@ -623,6 +707,8 @@ class Cluster:
             self.details[peer_id] = (trio.current_time(), status_dict(message))
         elif self.lanes is not None and self.lanes.on_message(peer_id, message):
             return
+        elif self.backups.on_message(peer_id, message):
+            return
         elif not self.replicas.on_message(peer_id, message):
             await self.dispatcher.on_message(peer_id, message)
             await self.handoff.on_message(peer_id, message)
@@ -660,6 +746,8 @@ class Cluster:
                 "waits_expired": h.waits_expired, "hosts_swept": self.hosts_swept,
             },
             "replica": self.replicas.status(),
+            "backups": self.backups.status(),
+            "fence": {"fenced": self.fence.fenced(), "fences": self.fence.fences},
             # inbound connections refused before or in the handshake, by reason (each logged at debug only),
             # and connections closed because handling a peer's message raised
             "links": {"refused_inbound": dict(self.links.refused), "handshake_failures": self.links.handshake_failures,
@@ -752,66 +840,6 @@ class Cluster:
             return None
         age = trio.current_time() - got[0]
         return None if age > DETAIL_MAX_AGE else {**got[1], "age": round(age, 1)}
-
-
-#: Positions sampled per slice of the ring's picture.
-SLICE_SAMPLES = 16
-
-
-def ring_slices(ring: Ring, slices: int, samples: int = SLICE_SAMPLES) -> list[dict[str, float]]:
-    """Each node's share of each of `slices` equal slices of the ring, estimated from `samples` evenly spaced
-    positions per slice: a picture's worth (a ring of a few hundred thousand points folded exactly takes most of
-    a second; this takes milliseconds)."""
-    step = RING_SPACE // (slices * samples)
-    owners = ring.owners_at([i * step + step // 2 for i in range(slices * samples)])
-    out = []
-    for k in range(slices):
-        counts: dict[str, int] = {}
-        for owner in owners[k * samples:(k + 1) * samples]:
-            counts[owner] = counts.get(owner, 0) + 1
-        out.append({node: round(n / samples, 4) for node, n in counts.items()})
-    return out
-
-
-def ring_pending(blocked: Callable[[int], bool], slices: int, samples: int = SLICE_SAMPLES) -> list[float]:
-    """The fraction of each slice of the ring that waits for a hand-off, from the same sampled positions."""
-    step = RING_SPACE // (slices * samples)
-    return [sum(1 for i in range(k * samples, (k + 1) * samples) if blocked(i * step + step // 2)) / samples
-            for k in range(slices)]
-
-
-def status_report(seq: int, d: dict[str, Any]) -> StatusReport:
-    """A node's summary (`Node.summary`) as the message its peers receive."""
-    def counts(m: dict[str, int]) -> tuple[Count, ...]:
-        return tuple(Count(name=str(k), count=int(v)) for k, v in sorted(m.items()))
-
-    return StatusReport(
-        seq=seq, pages=d["pages"], bytes=d["bytes"], queued=d["queued"], in_flight=d["in_flight"],
-        hosts_queued=d["hosts_queued"], hosts_known=d["hosts_known"], rss=d["rss"], idle_for=float(d["idle_for"]),
-        errors=counts(d["errors"]), dns_hits=d["dns"]["hits"], dns_misses=d["dns"]["misses"],
-        robots_hits=d["robots"]["hits"], robots_misses=d["robots"]["misses"], history=tuple(d["history"]),
-        window=float(d["window"]), sent=counts(d["sent"]), sent_recent=counts(d["sent_recent"]),
-        slow_hosts=tuple(SlowHost(host=h["host"], delay=float(h["delay"]), backoff=float(h["backoff"]),
-                                  failures=h["failures"], queued=h["queued"]) for h in d["slow_hosts"]),
-        transfers=tuple(Transfer(peer=t["peer"], incoming=t["incoming"], share=float(t["share"]), chunks=t["chunks"])
-                        for t in d["transfers"]),
-    )
-
-
-def status_dict(r: StatusReport) -> dict[str, Any]:
-    """A peer's StatusReport in the form of `Node.summary`."""
-    return {
-        "pages": r.pages, "bytes": r.bytes, "queued": r.queued, "in_flight": r.in_flight,
-        "hosts_queued": r.hosts_queued, "hosts_known": r.hosts_known, "rss": r.rss, "idle_for": r.idle_for,
-        "errors": {c.name: c.count for c in r.errors}, "dns": {"hits": r.dns_hits, "misses": r.dns_misses},
-        "robots": {"hits": r.robots_hits, "misses": r.robots_misses}, "history": list(r.history),
-        "window": r.window, "sent": {c.name: c.count for c in r.sent},
-        "sent_recent": {c.name: c.count for c in r.sent_recent},
-        "slow_hosts": [{"host": h.host, "delay": h.delay, "backoff": h.backoff, "failures": h.failures,
-                        "queued": h.queued} for h in r.slow_hosts],
-        "transfers": [{"peer": t.peer, "incoming": t.incoming, "share": t.share, "chunks": t.chunks}
-                      for t in r.transfers],
-    }
 
 
 #: In the data dir: the wall time until which lanes this node lent to others may still be in use.

@@ -25,6 +25,7 @@ from protocol import BatchAck, Message, UrlBatch, UrlEntry
 from ring import Ring
 from storage import NodeStore, QueuedUrl, url_fingerprint
 
+from peer.cluster.backups import QueueReplicas, Ticket
 from peer.config import DEFAULTS
 from peer.crawl.urls import host_of_normalized, normalize
 
@@ -77,6 +78,8 @@ class DispatchStats:
     batches_resent: int = 0
     batches_acked: int = 0
     batches_received: int = 0
+    acks_waiting: int = 0  # acks that waited for the batch's replicas to reach the backups
+    batches_held: int = 0  # re-sends of a batch whose ack waits for its replicas: not handled again
     acks_unmatched: int = 0  # acks for batches we no longer hold (late, repeated, or from an earlier run)
     send_refused: int = 0  # the link queue was full; the batch goes again at the next tick
     urls_routed: int = 0  # handed to route()
@@ -129,6 +132,7 @@ class Dispatcher:
         ring_of: Callable[[], tuple[int, Ring]],
         config: DispatchConfig | None = None,
         on_admitted: Callable[[list[QueuedUrl]], None] | None = None,
+        backups: QueueReplicas | None = None,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -137,6 +141,9 @@ class Dispatcher:
         self.config = config or DispatchConfig()
         self.on_admitted = on_admitted
         self.stats = DispatchStats()
+        # the queued-URL replicas: a batch is acknowledged once its URLs are on the owner's backups too
+        self.backups = backups
+        self._held: dict[tuple[str, int], Ticket] = {}  # (sender, batch seq) -> replicas on their way
         self._staged: list[QueuedUrl] = []
         self._local: list[QueuedUrl] = []
         self._recent: dict[bytes, None] = {}
@@ -145,7 +152,7 @@ class Dispatcher:
         self._run = 0
         self._batches = 0
         self._wake = trio.Event()
-        self._unsynced: list[tuple[str, BatchAck]] = []  # received and stored, not yet synced and acked
+        self._unsynced: list[tuple[str, BatchAck, Ticket | None]] = []  # received and stored, not yet synced and acked
         self._sync_due = trio.Event()
         self._syncing = False
 
@@ -199,7 +206,9 @@ class Dispatcher:
             others = [(ring.owner(item.host), item) for item in local if ring.owner(item.host) != self.node_id]
             if others:
                 self._stored(others)
-            self._admitted(self.store.accept(mine, others))
+            new = self.store.accept(mine, others)
+            self._replicate(new)
+            self._admitted(new)
         return len(staged)
 
     def _stored(self, routed: Sequence[tuple[str, QueuedUrl]]) -> None:
@@ -219,6 +228,9 @@ class Dispatcher:
         if state is None:
             state = self._owners[peer_id] = _Owner()
         return state
+
+    def _replicate(self, new: list[QueuedUrl]) -> Ticket | None:
+        return self.backups.replicate(new) if self.backups is not None and new else None
 
     def _admitted(self, new: list[QueuedUrl]) -> None:
         if new and self.on_admitted is not None:
@@ -275,6 +287,7 @@ class Dispatcher:
             self._owner(owner).pending += count
             self.stats.urls_rerouted += count
         self.stats.urls_reclaimed += len(mine)
+        self._replicate(mine)
         self._admitted(mine)
 
     def _send(self, owner: str, seq: int, entries: Sequence[tuple[int, QueuedUrl]]) -> bool:
@@ -350,6 +363,10 @@ class Dispatcher:
             self._acked(peer_id, message)
 
     def _receive(self, peer_id: str, batch: UrlBatch) -> None:
+        if (peer_id, batch.seq) in self._held:
+            # a re-send of a batch whose replicas are still on their way: it is acknowledged when they arrive
+            self.stats.batches_held += 1
+            return
         epoch, ring = self.ring_of()
         owned: list[QueuedUrl] = []
         forward: list[tuple[str, QueuedUrl]] = []
@@ -379,9 +396,10 @@ class Dispatcher:
         stats.urls_seen += len(owned) - len(new)
         stats.urls_forwarded += len(forward)
         self._stored(forward)
+        ticket = self._replicate(new)
         self._admitted(new)
         ack = BatchAck(seq=batch.seq, new=len(new), seen=len(owned) - len(new), forwarded=len(forward), epoch=epoch)
-        self._unsynced.append((peer_id, ack))
+        self._unsynced.append((peer_id, ack, ticket))
         if self._syncing:
             self._sync_due.set()  # `run`'s syncer makes it durable (with the others of the moment), then acks
         else:
@@ -393,9 +411,21 @@ class Dispatcher:
             return 0
         acks, self._unsynced = self._unsynced, []
         self.store.sync()
-        for peer_id, ack in acks:
-            self.links.send_nowait(peer_id, ack)  # if lost, the sender re-sends and we ack again
+        for peer_id, ack, ticket in acks:
+            if ticket is None or self.backups is None or self.backups.done(ticket):
+                self.links.send_nowait(peer_id, ack)  # if lost, the sender re-sends and we ack again
+                continue
+            # durable here, not yet on every backup: the ack waits (the sender keeps the batch meanwhile)
+            key = (peer_id, ack.seq)
+            self._held[key] = ticket
+            self.stats.acks_waiting += 1
+            self.backups.then(ticket, lambda key=key, ack=ack: self._release_ack(key, ack))
         return len(acks)
+
+    def _release_ack(self, key: tuple[str, int], ack: BatchAck) -> None:
+        """The replicas of a held batch arrived at every backup (or the backups left the ring): ack it."""
+        self._held.pop(key, None)
+        self.links.send_nowait(key[0], ack)
 
     async def _syncer(self) -> None:
         try:

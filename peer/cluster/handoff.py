@@ -31,8 +31,8 @@ from storage import HostState, NodeStore, QueuedUrl, RevisitRecord, in_arc, queu
 from peer.config import DEFAULTS
 from peer.crawl.urls import host_of_normalized, normalize
 
-__all__ = ["Alone", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "ViewPlan", "handoff_arcs",
-           "plan_view"]
+__all__ = ["Alone", "ArcSet", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "Hold", "ViewPlan",
+           "handoff_arcs", "plan_view"]
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +167,14 @@ class _ArcSet:
         arc_set._adopt(starts, ends)
         return arc_set
 
+    @classmethod
+    def union(cls, sets: Iterable[_ArcSet]) -> _ArcSet:
+        """The arcs of several disjoint sets in one."""
+        sets = list(sets)
+        if not sets:
+            return cls()
+        return cls.of(np.concatenate([s.starts for s in sets]), np.concatenate([s.ends for s in sets]))
+
     def _adopt(self, starts: np.ndarray, ends: np.ndarray) -> None:
         self.starts, self.ends = starts, ends
         self._starts_view = memoryview(starts)
@@ -291,6 +299,7 @@ class ViewPlan:
     lost_set: _ArcSet
     by_peer: dict[str, _ArcSet]
     gained: dict[str, _ArcSet]
+    inherited: dict[str, _ArcSet]  # arcs this node takes over from each dead previous owner (`gone`)
 
 
 def plan_view(node_id: str, old: Ring, new: Ring, *, gone: Iterable[str] = (), gains_from: Ring | None = None,
@@ -309,10 +318,21 @@ def plan_view(node_id: str, old: Ring, new: Ring, *, gone: Iterable[str] = (), g
         gains = moves
     gained_mask = (gains.next == gains.index_of(node_id)) & (gains.previous >= 0)
     gone = set(gone)
+    inherited: dict[str, _ArcSet] = {}
     if gone:
         gained_mask &= ~np.isin(gains.previous, [gains.index_of(node) for node in gone])
+        inherited_mask = (moves.next == moves.index_of(node_id)) & np.isin(
+            moves.previous, [moves.index_of(node) for node in gone])
+        inherited = _by_node(moves, inherited_mask, moves.previous)
     return ViewPlan(lost=lost, lost_set=_joined_up(_ArcSet.of(lost.starts, lost.ends)), by_peer=by_peer,
-                    gained=_by_node(gains, gained_mask, gains.previous))
+                    gained=_by_node(gains, gained_mask, gains.previous), inherited=inherited)
+
+
+ArcSet = _ArcSet  # disjoint arcs with a bisect look-up (the cluster holds inherited arcs in one)
+
+
+#: Given a callback, calls it once what an applied chunk queued is held by this node's backups too.
+Hold = Callable[[Callable[[], None]], None]
 
 
 class HandoffDelegate(Protocol):
@@ -323,8 +343,10 @@ class HandoffDelegate(Protocol):
         """Ring positions of the hosts being fetched here now: a transfer starts once none lies in its arcs, so
         the host states it carries include the last fetch (the politeness rule, docs/cluster.md)."""
 
-    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
-        """An applied chunk queued `new` and set `states`: wake those hosts, take over their timers."""
+    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> Hold | None:
+        """An applied chunk queued `new` and set `states`: wake those hosts, take over their timers. A `Hold`
+        when the chunk may not be acknowledged yet (its URLs are on their way to this node's ring backups,
+        `--replicas`): the hand-off acknowledges it when the hold calls back."""
 
     def owner_of(self, host: str) -> str:
         """The owner of `host` under this node's current view. Chunk content for hosts owned elsewhere (the arc
@@ -334,6 +356,10 @@ class HandoffDelegate(Protocol):
     def keys_arrived(self, keys: list[bytes]) -> None:
         """The seen keys of an applied chunk (a sender sends only keys of pages it fetched), to replicate, or to
         pass on to an owner elsewhere."""
+
+    def discarded(self, items: list[QueuedUrl]) -> None:
+        """URLs queued here that an applied chunk says its sender already fetched: dropped from the frontier
+        (their replicas at the backups go too)."""
 
     def foreign_states(self, states: list[WireHostState]) -> None:
         """Politeness states of an applied chunk for hosts owned elsewhere under this node's ring: not stored
@@ -349,13 +375,16 @@ class Alone:
     def busy_positions(self) -> Iterable[int]:
         return ()
 
-    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> None:
-        pass
+    def applied(self, new: list[QueuedUrl], states: list[HostState]) -> Hold | None:
+        return None
 
     def owner_of(self, host: str) -> str:
         return self.node_id
 
     def keys_arrived(self, keys: list[bytes]) -> None:
+        pass
+
+    def discarded(self, items: list[QueuedUrl]) -> None:
         pass
 
     def foreign_states(self, states: list[WireHostState]) -> None:
@@ -406,6 +435,9 @@ class Handoff:
         self._latest: set[int] = set()  # ids of the transfers of the latest view change (their arcs are `_lost`)
         self._outgoing: dict[int, _Outgoing] = {}
         self._incoming: dict[tuple[str, int], _Incoming] = {}
+        # chunks applied here whose ack waits for their URLs' replicas: (sender, transfer, chunk) -> None
+        self._held: dict[tuple[str, int, int], None] = {}
+        self.acks_held = 0  # chunks whose ack waited for their replicas
         self._lost = _ArcSet(())  # arcs lost at the latest view change
         self._pending: dict[tuple[str, int], _ArcSet] = {}  # (previous owner, epoch) -> arcs gained from it
         self._pending_since: dict[tuple[str, int], float | None] = {}
@@ -883,14 +915,18 @@ class Handoff:
             await self._acked(peer_id, message)
 
     def _receive(self, peer_id: str, chunk: HandoffChunk) -> None:
+        held = (peer_id, chunk.transfer_id, chunk.chunk_seq)
+        if held in self._held:
+            return  # a re-send of a chunk whose replicas are on their way: acknowledged when they arrive
         incoming = self._incoming.setdefault((peer_id, chunk.transfer_id), _Incoming())
+        hold = None
         if not incoming.complete and chunk.chunk_seq not in incoming.applied:
             new, states = self._apply(peer_id, chunk)
             self.store.sync()  # durable before the ack (DESIGN decision 5)
             incoming.applied.add(chunk.chunk_seq)
             self.chunks_applied += 1
             if new or states:
-                self.delegate.applied(new, states)
+                hold = self.delegate.applied(new, states)
         if chunk.last:
             incoming.last = chunk.chunk_seq
         if not incoming.complete and incoming.last is not None and len(incoming.applied) == incoming.last + 1:
@@ -898,7 +934,20 @@ class Handoff:
             self._release(peer_id, chunk.epoch)
             self.transfers_received += 1
             log.info("incoming hand-off complete", extra={"peer": peer_id})
-        self.links.send_nowait(peer_id, HandoffAck(transfer_id=chunk.transfer_id, chunk_seq=chunk.chunk_seq))
+        ack = HandoffAck(transfer_id=chunk.transfer_id, chunk_seq=chunk.chunk_seq)
+        if hold is None:
+            self.links.send_nowait(peer_id, ack)
+            return
+        # Durable here, not yet at this node's backups: until they hold the URLs, the sender's copy is the
+        # second one, so the sender keeps it (and re-sends the chunk) until the ack.
+        self._held[held] = None
+        self.acks_held += 1
+
+        def release() -> None:
+            self._held.pop(held, None)
+            self.links.send_nowait(peer_id, ack)
+
+        hold(release)
 
     def _apply(self, peer_id: str, chunk: HandoffChunk) -> tuple[list[QueuedUrl], list[HostState]]:
         start, end = chunk.arc_start, chunk.arc_end
@@ -950,6 +999,7 @@ class Handoff:
             stale = [i for i, k in zip(queued_here, queued_url_keys(queued_here)) if k in wanted]
             if stale:
                 self.urls_discarded += self.store.frontier.discard(stale)
+                self.delegate.discarded(stale)
         self.store.dedup.insert(keys)
         if keys:
             self.delegate.keys_arrived(keys)

@@ -160,6 +160,8 @@ class Membership:
         )
         self._rng = rng
         self._on_other = on_message
+        # peer -> when any message from it last arrived (trio time): the cluster's partition fence reads it
+        self.last_heard: dict[str, float] = {}
         self._subscribers: list[Callable[[View], None]] = [on_view] if on_view is not None else []
         self._view_event = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -447,6 +449,7 @@ class Membership:
     # -- receiving ----------------------------------------------------------------------------------------
 
     async def _on_message(self, peer_id: str, message: Message) -> None:
+        self.last_heard[peer_id] = trio.current_time()
         if isinstance(message, Ping):
             self._send(peer_id, Pong(seq=message.seq, epoch=self.view.epoch))
             if message.epoch != self.view.epoch:

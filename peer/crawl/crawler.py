@@ -231,6 +231,7 @@ class Crawler:
                 seen[c.url] = c.host
         seen_before = batch.seen + len(cands) - len(items)
         if items:
+            self.ownership.queued(items)
             now = trio.current_time()
             wake = self.sched.wake
             for item in items:
@@ -628,6 +629,7 @@ class Crawler:
                 self.frontier.done(item)
                 if before is not None:
                     self.schedule.forget(host, item.url)  # out of scope now: off the schedule
+                self.ownership.fetched(item)
                 continue
             origin = origin_of_normalized(item.url)
             decision = self.robots.get(origin, self.wallclock())
@@ -642,6 +644,7 @@ class Crawler:
                 self.frontier.done(item)
                 if before is not None:
                     self.schedule.forget(host, item.url)  # robots.txt as it is now forbids it
+                self.ownership.fetched(item)
                 continue
             if item.sitemap:
                 await self._fetch_sitemap(turn, item)
@@ -742,6 +745,7 @@ class Crawler:
             if before is not None:  # given up this time: due again after the same interval, not forgotten
                 due = self.wallclock() + before.interval
                 self.schedule.put(RevisitRecord(**{**_record_fields(before), "due": due, "queued": False}))
+            self.ownership.fetched(item)
             turn.failures += 1
             self._schedule_after_request(turn)
             self._save_state(turn)

@@ -72,8 +72,13 @@ class Ownership(Protocol):
     def take_routed(self) -> list[tuple[str, QueuedUrl]]:
         """The staged routed links, to be stored in the transaction that finishes their page."""
 
+    def queued(self, items: Sequence[QueuedUrl]) -> None:
+        """URLs were queued here by the crawler (a page's links, seeds): the cluster replicates them to the
+        arc's backups (`--replicas`)."""
+
     def fetched(self, item: QueuedUrl) -> None:
-        """A page was committed as fetched (the cluster replicates its seen key to the arc's backups)."""
+        """The crawler is done with a queued URL: its page was committed as fetched, or it was refused (robots,
+        limits) or given up. The cluster replicates its seen key and releases its queued-URL replicas."""
 
 
 class Solo:
@@ -92,6 +97,9 @@ class Solo:
 
     def take_routed(self) -> list[tuple[str, QueuedUrl]]:
         return []
+
+    def queued(self, items: Sequence[QueuedUrl]) -> None:
+        pass
 
     def fetched(self, item: QueuedUrl) -> None:
         pass

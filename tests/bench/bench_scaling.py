@@ -7,6 +7,8 @@ Run: ``python -m tests.bench.bench_scaling [--hosts 1000] [--pages-per-host 20] 
 work) against the same node free on every core with ``--page-threads N``, and free on every core inline
 (issue 19's target: >= 1.7x the one-core steady pages/s on this 2-core machine).
 
+``--replica-cost``: two nodes with ``--replicas 1`` against two with ``--replicas 0`` instead.
+
 The web is ``peerlab.localweb.bench`` (nginx, ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with about 30
 links each; its names come from ``peerlab.localweb.dns_server``). First one node crawls it to the end
 (``--exit-when-done``); then two nodes of equal weight (the second joins the first) crawl a fresh copy of the
@@ -49,6 +51,8 @@ def _node_cmd(name: str, data: Path, seeds: Path, dns_port: int, args: argparse.
            "--store", args.store, "--log-format", "json", "--log-level", "info", "--page-threads", str(threads)]
     if join:
         cmd += ["--join", join]
+    if args.replicas is not None:
+        cmd += ["--replicas", str(args.replicas)]
     return cmd
 
 
@@ -165,10 +169,13 @@ def main() -> None:
     p.add_argument("--results-dir", default="bench-results")
     p.add_argument("--keep", metavar="DIR", help="keep the nodes' data dirs and logs in DIR")
     p.add_argument("--py-spy", action="store_true", help="record the first node of the cluster with py-spy")
+    p.add_argument("--replica-cost", action="store_true",
+                   help="instead: two nodes with --replicas 1 against two with --replicas 0, alternated")
     p.add_argument("--mode", choices=["nodes", "cores"], default="nodes",
                    help="nodes: two nodes against one; cores: one node on every core against itself on one")
     p.add_argument("--page-threads", type=int, default=2, help="--mode cores: the free node's --page-threads")
     args = p.parse_args()
+    args.replicas = None
     if args.mode == "cores":
         return cores(args)
     results = Path(args.results_dir).resolve()
@@ -185,10 +192,15 @@ def main() -> None:
             try:
                 print(f"web: {web.kind}, {args.hosts} hosts x {args.pages_per_host} pages, --store {args.store}",
                       flush=True)
-                for _ in range(args.repeat):
-                    for nodes in (1, 2):
+                plan = [(2, 0), (2, 1)] if args.replica_cost else [(1, None), (2, None)]
+                for i in range(args.repeat):
+                    for nodes, replicas in plan if i % 2 == 0 else plan[::-1]:
+                        args.replicas = replicas
                         r = run_cluster(web, dns_port, nodes, args, workdir)
+                        r["replicas"] = replicas
                         rows.append(r)
+                        if replicas is not None:
+                            print(f"  --replicas {replicas}:", end="")
                         steady = r["steady_pages_per_s"]
                         print(f"  {nodes} node(s): {r['pages']} pages in {r['wall_s']:.1f} s = "
                               f"{r['pages_per_s']:.0f} pages/s end to end, "
@@ -197,6 +209,17 @@ def main() -> None:
                               f"web CPU {r['web_cpu_s']:.1f} s, per node {r['per_node_pages']}", flush=True)
             finally:
                 _stop(dns)
+    if args.replica_cost:
+        cpu = {k: [r["cpu_ms_per_page"] for r in rows if r["replicas"] == k] for k in (0, 1)}
+        ratios = [b / a for a, b in zip(cpu[0], cpu[1])]
+        rates = [b["pages_per_s"] / a["pages_per_s"] for a, b in zip([r for r in rows if r["replicas"] == 0],
+                                                                     [r for r in rows if r["replicas"] == 1])]
+        print(f"two nodes, CPU per page with --replicas 1 / --replicas 0: {', '.join(f'{x:.3f}' for x in ratios)} "
+              f"(target <= 1.15); pages per second: {', '.join(f'{x:.3f}' for x in rates)}; "
+              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        doc = {"bench": "bench_scaling --replica-cost", "args": vars(args), "rows": rows, "cpu_ratios": ratios}
+        (results / "bench_replica_cost.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        return
     ones = [r["pages_per_s"] for r in rows if r["nodes"] == 1]
     twos = [r["pages_per_s"] for r in rows if r["nodes"] == 2]
     ratios = [b / a for a, b in zip(ones, twos)]

@@ -1,16 +1,14 @@
 """Whole-cluster simulations: real `Cluster`s (membership, dispatch, hand-off, progress rounds) over a
-`MemoryNetwork`, each node with a real LMDB `NodeStore`, crawling a synthetic link graph with `SimCrawler`,
-all in one `trio.run` under `MockClock`.
+`MemoryNetwork`, each node with a real LMDB `NodeStore` and the real `Crawler` (peer/crawl/crawler.py), crawling a synthetic link
+graph served in memory by `SimFetcher`, all in one `trio.run` under `MockClock`.
 
 - `Web`: a seeded link graph of hosts and pages, with per-host minimum gaps, per-page fetch times and a few
   flaky pages (the first request fails with a retryable error, as a 503 would).
 - `Ledger`: every request any node made (node, URL, start, end), shared by the whole simulation, and the checks
   run on it (overlapping requests to one host, broken gaps, duplicates, what was never fetched).
-- `SimCrawler`: the crawl engine's cluster contract (`busy_hosts`, `wake_hosts`, `take_over`, `rewake`,
-  `release_moved`, `is_done`, `active`) over the real politeness scheduler, doing with ownership what
-  `peer/crawl/crawler.py` does: links screened by `owns` (ours into `store.finish` with `routed=take_routed()`, the
-  rest to `dispatcher.route`), a host that moved let go, a blocked host looked at again in 0.25 s, a retried URL
-  parked until the host's next turn.
+- `SimFetcher`: the crawler's `PageFetcher` seam (peer/crawl/seams.py) over the `Web`: pages as HTML after their
+  fetch time, each host's robots.txt with `Crawl-delay` set to its gap, a 503 for a flaky page's first request.
+  The crawler itself is the product's, with the `Cluster` as its `Ownership`: no copy of its rules here.
 - `ClusterSim`: starts, joins, kills (the node's cancel scope; its store stays on disk), restarts (same store,
   same address), and gracefully removes nodes, and records the state of every node at the moment a node
   concludes the crawl is finished.
@@ -43,20 +41,20 @@ import trio.testing
 
 from peer.cluster.cluster import Cluster, ring_id
 from peer.config import Config, load
-from peer.crawl.settings import CrawlSettings
-from peer.crawl.scheduler import HostScheduler, HostTurn
+from peer.crawl.crawler import Crawler
+from peer.fetch.http import Response
 from peer.stats import Stats
 from peer.cluster.transport import MemoryNetwork
 from peer.crawl.urls import host_of_normalized
 from ring import MemberState
-from storage import HostState, NodeStore, QueuedUrl
+from storage import NodeStore, NullPageStore
 
 __all__ = [
     "ClusterSim",
     "Fetch",
     "FinishSnapshot",
     "Ledger",
-    "SimCrawler",
+    "SimFetcher",
     "SimNode",
     "Web",
     "inline_threads",
@@ -70,10 +68,9 @@ log = logging.getLogger(__name__)
 SECRET = b"cluster simulation secret, 32 b!"
 #: Wall clocks start here; each node's is skewed by its own offset (the wire carries durations, not times).
 WALL0 = 1_700_000_000.0
-#: A blocked host (its arc's hand-off has not arrived) is looked at again this often, as in the crawler.
-BLOCKED_RECHECK = 0.25
-#: A retried URL waits at least this long: the crawler's back-off base (max(delay, 1 s) * 2**failures).
-RETRY_BASE = 1.0
+#: Every host's robots.txt, and the time it takes to answer.
+ROBOTS = "/robots.txt"
+ROBOTS_COST = 0.05
 #: Requests a flaky page fails before it answers (a 503 the crawler retries).
 FLAKY_FAILURES = 1
 
@@ -169,6 +166,7 @@ class Fetch:
     end: float | None = None
     ok: bool = True
     cut: bool = False
+    robots: bool = False
 
 
 @dataclass(slots=True)
@@ -190,12 +188,17 @@ class Ledger:
             fetch.end, fetch.cut, fetch.ok = now, True, False
         return cut
 
+    def in_flight_at(self, moment: float) -> set[str]:
+        """Pages whose request was under way at `moment` (started before it, ended after it or cut by it)."""
+        return {f.url for f in self.fetches if not f.robots and f.start <= moment
+                and (f.end is None or f.end >= moment)}
+
     def failed_before(self, url: str) -> int:
         return sum(1 for f in self.fetches if f.url == url and f.end is not None and not f.ok and not f.cut)
 
     def pages(self) -> Counter[str]:
         """URL -> how many times a request for it completed successfully (the page was fetched)."""
-        return Counter(f.url for f in self.fetches if f.ok and f.end is not None)
+        return Counter(f.url for f in self.fetches if f.ok and f.end is not None and not f.robots)
 
     def fetched(self) -> set[str]:
         return set(self.pages())
@@ -239,260 +242,52 @@ class Ledger:
         return found
 
 
-# -- the crawler -----------------------------------------------------------------------------------------------
+# -- the web server: the real crawler's PageFetcher ---------------------------------------------------------------
 
 
-class _Batch:
-    __slots__ = ("cands", "seen")
+class SimFetcher:
+    """The real `Crawler`'s `PageFetcher` (peer/crawl/seams.py) over a `Web`, in virtual time: a page answers
+    after `web.cost[url]` with its links as HTML, a flaky page fails its first request with a 503 (the crawler
+    retries it), and every host's robots.txt allows everything with `Crawl-delay: web.gap[host]`, so the
+    crawler's own politeness rules keep the per-host gap. Every request, robots.txt included, is written in the
+    shared `Ledger` (a request cut by a kill stays open there until `Ledger.cut`)."""
 
-    def __init__(self) -> None:
-        self.cands: list[QueuedUrl] = []
-        self.seen = 0
-
-
-class SimCrawler:
-    """The crawl engine's contract with `Cluster`, fetching from a `Web` in virtual time.
-
-    One request per host turn, one turn per host at a time (the real `HostScheduler`), `concurrency` workers;
-    after a request the host may go again `web.gap[host]` later, and that timer is saved as the host's state (so
-    a hand-off carries it). Every request is written in the shared `Ledger`.
-    """
-
-    def __init__(
-        self,
-        node_id: str,
-        *,
-        store: NodeStore,
-        web: Web,
-        ledger: Ledger,
-        stats: Stats,
-        owns: Callable[[str], bool],
-        blocked: Callable[[str], bool],
-        router: Callable[[QueuedUrl], None],
-        take_routed: Callable[[], list],
-        wallclock: Callable[[], float],
-        fetched: Callable[[QueuedUrl], None] | None = None,
-        concurrency: int = 16,
-    ) -> None:
+    def __init__(self, node_id: str, web: Web, ledger: Ledger) -> None:
         self.node_id = node_id
-        self.store = store
-        self.frontier = store.frontier
         self.web = web
         self.ledger = ledger
-        self.stats = stats
-        self.owns = owns
-        self.blocked = blocked
-        self.router = router
-        self.take_routed = take_routed
-        self.fetched = fetched  # the cluster's seen-key replicas, as the crawler calls them
-        self.wallclock = wallclock
-        self.concurrency = concurrency
-        self.sched = HostScheduler()
-        self.settings = CrawlSettings(version=0, origin=node_id)  # gossiped by the cluster like the crawler's
-        self._pending: dict[str, QueuedUrl] = {}  # host -> URL parked for a retry at the host's next turn
-        self._wakeup = trio.Event()
-        self.active = 0
-        self._draining = False
-        self.let_go = 0  # host turns dropped because the host moved
-        self.blocked_turns = 0  # host turns put off because the host's hand-off had not arrived
 
-    # -- admission (the crawler's _screen / _commit) --
-
-    def _screen(self, batch: _Batch, url: str, depth: int, found_on: str | None) -> None:
+    async def fetch(self, url: str, *, headers: Sequence[tuple[str, str]] = (), sink: object = None,
+                    address: str | None = None) -> Response:
         host = host_of_normalized(url)
-        item = QueuedUrl(url=url, host=host, depth=depth, hops=0, found_on=found_on)
-        if not self.owns(host):
-            self.router(item)
-            return
-        batch.cands.append(item)
-
-    def _commit(self, batch: _Batch, done: QueuedUrl | None = None) -> int:
-        cands = batch.cands
-        if done is not None:
-            routed = self.take_routed()
-            items = self.store.finish(done, cands, routed) if routed else self.store.finish(done, cands)
-        else:
-            items = self.store.admit(cands) if cands else []
-        if items:
-            now = trio.current_time()
-            for item in items:
-                self.sched.wake(item.host, now)
-            self._wakeup.set()
-        self.stats.urls_new += len(items)
-        self.stats.urls_seen += len(cands) - len(items)
-        return len(items)
-
-    def seed(self, urls: Iterable[str]) -> int:
-        batch = _Batch()
-        for url in urls:
-            self._screen(batch, url, 0, None)
-        return self._commit(batch)
-
-    def restore(self) -> int:
-        """After a restart, as the crawler's `restore`: in-flight URLs back to their queues, saved timers kept."""
-        recovered = self.frontier.recover()
-        now, wall = trio.current_time(), self.wallclock()
-        for st in self.frontier.states():
-            t = self.sched.turn(st.host)
-            t.next_allowed = now + max(0.0, st.next_allowed - wall)
-            t.crawl_delay, t.backoff, t.failures, t.pages = st.crawl_delay, st.backoff, st.failures, st.pages
-        for host, _count in self.frontier.hosts():
-            self.sched.wake(host, now)
-        self._wakeup.set()
-        return recovered
-
-    # -- the cluster's hooks (as in peer/crawl/crawler.py) --
-
-    def wake_hosts(self, items: Iterable[QueuedUrl]) -> None:
-        now = trio.current_time()
-        woke = False
-        for item in items:
-            woke = self.sched.wake(item.host, now) or woke
-        if woke:
-            self._wakeup.set()
-
-    def take_over(self, items: Sequence[QueuedUrl], states: Sequence[HostState]) -> None:
-        now, wall = trio.current_time(), self.wallclock()
-        for st in states:
-            t = self.sched.turn(st.host)
-            t.next_allowed = max(t.next_allowed, now + max(0.0, st.next_allowed - wall))
-            t.crawl_delay = max(t.crawl_delay, st.crawl_delay)
-            t.failures, t.pages = st.failures, max(t.pages, st.pages)
-        self.wake_hosts(items)
-
-    def rewake(self) -> int:
-        now = trio.current_time()
-        self.release_moved()
-        n = 0
-        for host, _count in self.frontier.hosts():
-            if self.owns(host):
-                n += self.sched.wake(host, now)
-        self._wakeup.set()
-        return n
-
-    def release_moved(self) -> int:
-        back = []
-        for host in list(self._pending):
-            t = self.sched.turns.get(host)
-            if not self.owns(host) and not (t is not None and t.busy):
-                back.append(self._pending.pop(host))
-        return self.frontier.requeue(back)
-
-    def busy_hosts(self) -> list[str]:
-        return [t.host for t in self.sched.turns.values() if t.busy]
-
-    def is_done(self) -> bool:
-        return len(self.frontier) == 0 and self.frontier.in_flight() == 0 and self.active == 0
-
-    def _let_go(self, turn: HostTurn) -> None:
-        parked = self._pending.pop(turn.host, None)
-        if parked is not None:
-            self.frontier.requeue([parked])
-        self.sched.release(turn, trio.current_time(), more_work=False)
-        self.let_go += 1
-
-    # -- the run loop --
-
-    def adopt(self, settings: CrawlSettings) -> bool:
-        """The crawler's rule: a record that outranks ours replaces it (the simulated crawl ignores its rules)."""
-        if settings.rank() <= self.settings.rank():
-            return False
-        self.settings = settings
-        return True
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        send, recv = trio.open_memory_channel[HostTurn](0)
-        async with trio.open_nursery() as nursery:
-            for _ in range(self.concurrency):
-                nursery.start_soon(self._worker, recv.clone())
-            recv.close()
-            task_status.started()
-            async with send:
-                await self._dispatch(send)
-
-    async def drain(self, timeout: float) -> bool:
-        """Start no new host turn; wait up to `timeout` for the requests under way."""
-        self._draining = True
-        self._wakeup.set()
-        with trio.move_on_after(timeout):
-            while self.active:
-                await trio.sleep(0.01)
-        return self.active == 0
-
-    async def _dispatch(self, send: trio.MemorySendChannel[HostTurn]) -> None:
-        sched = self.sched
-        while True:
-            if self._draining:
-                await trio.sleep_forever()
-            now = trio.current_time()
-            turn = sched.pop_ready(now)
-            if turn is not None:
-                if turn.next_allowed > now:  # a hand-off moved its timer after it was queued
-                    sched.release(turn, now, more_work=True)
-                elif not self.owns(turn.host):
-                    self._let_go(turn)
-                elif self.blocked(turn.host):
-                    self.blocked_turns += 1
-                    turn.next_allowed = now + BLOCKED_RECHECK
-                    sched.release(turn, now, more_work=True)
-                else:
-                    await send.send(turn)
-                continue
-            nxt = sched.next_time()
-            self._wakeup = trio.Event()
-            with trio.move_on_after(1.0 if nxt is None else max(0.0, nxt - now)):
-                await self._wakeup.wait()
-
-    async def _worker(self, recv: trio.MemoryReceiveChannel[HostTurn]) -> None:
-        async with recv:
-            async for turn in recv:
-                self.active += 1
-                try:
-                    await self._host_turn(turn)
-                finally:
-                    self.active -= 1
-                # Not in `finally`: a killed node writes nothing more, as after kill -9.
-                if turn.host in self._pending and not self.owns(turn.host):
-                    self.frontier.requeue([self._pending.pop(turn.host)])  # moved: into the hand-off
-                more = turn.host in self._pending or self.frontier.queued(turn.host) > 0
-                self.sched.release(turn, trio.current_time(), more_work=more)
-                self._wakeup.set()
-
-    async def _host_turn(self, turn: HostTurn) -> None:
-        host = turn.host
-        item = self._pending.pop(host, None) or self.frontier.pop(host)
-        if item is None:
-            return
-        fetch = self.ledger.begin(self.node_id, item.url, host)
-        await trio.sleep(self.web.cost.get(item.url, 0.1))
+        fetch = self.ledger.begin(self.node_id, url, host)
+        if url.endswith(ROBOTS):
+            await trio.sleep(ROBOTS_COST)
+            fetch.end = trio.current_time()
+            fetch.robots = True
+            body = f"User-agent: *\nCrawl-delay: {self.web.gap.get(host, 1.0)}\n".encode()
+            return _response(url, 200, "text/plain", body)
+        await trio.sleep(self.web.cost.get(url, 0.1))
         fetch.end = trio.current_time()
-        if item.url in self.web.flaky and self.ledger.failed_before(item.url) < FLAKY_FAILURES:
+        if url not in self.web.links:
             fetch.ok = False
-            turn.failures += 1
-            turn.backoff = RETRY_BASE * 2 ** min(turn.failures, 4)
-            self._pending[host] = item  # keeps its in-flight record; fetched again at the host's next turn
-            self._after_request(turn)
-            return
-        self.stats.pages += 1
-        turn.pages += 1
-        turn.failures = 0
-        turn.backoff = 0.0
-        batch = _Batch()
-        for url in self.web.links.get(item.url, ()):
-            self._screen(batch, url, item.depth + 1, item.url)
-        self._commit(batch, done=item)
-        if self.fetched is not None:
-            self.fetched(item)
-        self._after_request(turn)
+            return _response(url, 404, "text/plain", b"not found")
+        if url in self.web.flaky and self.ledger.failed_before(url) < FLAKY_FAILURES:
+            fetch.ok = False
+            return _response(url, 503, "text/plain", b"try again")
+        links = "".join(f'<a href="{link}">x</a>' for link in self.web.links[url])
+        return _response(url, 200, "text/html", f"<html><body>{links}</body></html>".encode())
 
-    def _after_request(self, turn: HostTurn) -> None:
-        turn.crawl_delay = self.web.gap[turn.host]
-        turn.next_allowed = trio.current_time() + max(turn.crawl_delay, turn.backoff)
-        wall_next = self.wallclock() + max(0.0, turn.next_allowed - trio.current_time())
-        self.frontier.put_state(HostState(
-            host=turn.host, next_allowed=wall_next, crawl_delay=turn.crawl_delay, backoff=turn.backoff,
-            failures=turn.failures, pages=turn.pages,
-        ))
+
+    async def address(self, host: str) -> str:
+        """A server address of its own per host (a label: nothing connects to it); the simulations run with the
+        per-address limits off (`ip_connections` 0), as the lab does, so it only answers the seam."""
+        return f"sim-address-{host}"
+
+
+def _response(url: str, status: int, ctype: str, body: bytes) -> Response:
+    return Response(url=url, status=status, reason="", headers=[("content-type", ctype)], body=body,
+                    ip="127.0.0.1", truncated=False, elapsed=0.0, request_headers=[])
 
 
 # -- the cluster -----------------------------------------------------------------------------------------------
@@ -544,7 +339,7 @@ class _WatchedEvent:
 
 
 class SimNode:
-    """One node: its store (kept across kills), `Cluster` and `SimCrawler`, under its own cancel scope."""
+    """One node: its store (kept across kills), `Cluster` and the real `Crawler`, under its own cancel scope."""
 
     def __init__(self, sim: ClusterSim, index: int, weight: int) -> None:
         self.sim = sim
@@ -556,7 +351,7 @@ class SimNode:
         self.skew = sim.rng.uniform(-300.0, 300.0)  # this node's wall clock is off by this much
         self.store: NodeStore | None = None
         self.cluster: Cluster | None = None
-        self.crawler: SimCrawler | None = None
+        self.crawler: Crawler | None = None
         self.stats = Stats()
         self.scope = trio.CancelScope()
         self.stopped = trio.Event()
@@ -587,11 +382,10 @@ class SimNode:
             wall_clock=self.wallclock, points_per_weight=sim.points_per_weight,
         )
         cluster.finished = _WatchedEvent(lambda: sim.on_finished(self))  # type: ignore[assignment]
-        crawler = SimCrawler(
-            self.node_id, store=self.store, web=sim.web, ledger=sim.ledger, stats=self.stats,
-            owns=cluster.owns, blocked=cluster.blocked, router=cluster.dispatcher.route,
-            take_routed=cluster.dispatcher.take_routed, wallclock=self.wallclock, fetched=cluster.replicas.fetched if sim.replicate else None, concurrency=sim.concurrency,
-        )
+        if not sim.replicate:
+            cluster.replicas.copies = 0  # no seen-key replicas either (the slow-network run)
+        crawler = Crawler(cfg, fetcher=SimFetcher(self.node_id, sim.web, sim.ledger), store=self.store,
+                          pages=NullPageStore(), stats=self.stats, ownership=cluster, wallclock=self.wallclock)
         cluster.attach(crawler)  # type: ignore[arg-type]
         self.cluster, self.crawler = cluster, crawler
 
@@ -643,9 +437,11 @@ class ClusterSim:
         concurrency: int = 16,
         settings: dict | None = None,
         replicate: bool = True,
+        replicas: int = 1,
     ) -> None:
         self.nursery = nursery
-        # the crawlers replicate the seen keys of the pages they fetch, as peer/crawl/crawler.py does in a cluster
+        # the nodes replicate the seen keys of the pages they fetch (off only for the slow-network run), and
+        # every queued URL to `replicas` ring backups (--replicas)
         self.replicate = replicate
         self.tmp_path = tmp_path
         self.web = web
@@ -658,7 +454,8 @@ class ClusterSim:
         self.concurrency = concurrency
         self.settings = {
             "batch_size": 50, "dispatch_interval": 0.2, "handoff_wait": 30.0, "suspicion_timeout": 3.0,
-            "probe_interval": 1.0, **(settings or {}),
+            "probe_interval": 1.0, "concurrency": concurrency, "delay": 0.0,
+            "replicas": replicas if replicate else 0, "ip_connections": 0, **(settings or {}),
         }
         self.ledger = Ledger()
         self.nodes: dict[str, SimNode] = {}  # every node ever started, by id
@@ -812,8 +609,8 @@ class ClusterSim:
             "link_breaks": self.net.breaks,
             "messages_lost": self.net.lost,
             "messages_duplicated": self.net.duplicated,
-            "blocked_turns": sum(n.crawler.blocked_turns for n in self.nodes.values() if n.crawler),
-            "hosts_let_go": sum(n.crawler.let_go for n in self.nodes.values() if n.crawler),
+            "hosts_let_go": sum(n.stats.skipped["host-moved"] for n in self.nodes.values()),
+            "urls_promoted": sum(c.backups.urls_promoted for c in clusters),
             "last_fetch_end": ledger.last_end(),
         }
 

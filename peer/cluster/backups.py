@@ -1,0 +1,577 @@
+"""Queued-URL replicas (`--replicas R`): every URL queued here is also held durably by the R ring backups of its
+host's position, so a node that dies for good takes no URL with it.
+
+Why: the owner's frontier is the only place a queued URL lives once its sender's batch is acknowledged. When the
+owner dies and never comes back, every URL only it had queued is lost (44 of 3,911 pages in the four-node
+test before this). The backups are `Ring.backups_at(position, R)`: the first owns the position once the owner
+is gone, so a death hands each arc exactly to a node that already holds its queue (R = 2: the second owns it
+once the owner and the first are gone, which covers two deaths at once).
+
+The owner's side (`QueueReplicas`):
+- every URL queued here (a page's links, seeds, a peer's batch, a hand-off chunk) is staged for its backups, and
+  so is the release of every URL this node is done with (fetched, refused, given up), with the politeness
+  state of its host; each backup gets one `QueueReplica` at a time (a FIFO per backup, window 1, so a release
+  never overtakes the add it cancels), re-sent until the backup's `ReplicaAck`;
+- a peer's batch is acknowledged only once the owner has it durably *and* every backup has acknowledged the
+  replica carrying it (`replicate` returns a `Ticket` the dispatcher waits on), or the backup left the ring
+  (declared dead, or left). While a backup is slow or unreachable the sender keeps the batch in its outbox and
+  re-sends it (the owner does not ack a re-send whose replicas are still on their way): the URL then lives on
+  the sender and the owner, two nodes, until SWIM decides whether the backup is alive;
+- after every ring change (and at start) the queue is scanned, in short read transactions and with
+  back-pressure, and each queued or in-flight URL owned here goes to each backup it did not have under the ring
+  of the previous scan (re-homing); `restore_seconds` is the time from the ring change until every replica
+  staged by that scan is acknowledged: the invariant "every queued URL is on R + 1 live nodes" holds again.
+
+The backup's side: `QueueReplica` is applied in one transaction (releases, then URLs, then host states: the later
+ready time wins) and synced before the ack. Replicas of positions where this node is no longer a backup are
+dropped once the ring has been stable for `GC_DELAY` (1 s).
+
+Promotion (`Cluster._view_changed`): when a member is declared dead, each arc this node inherits from it is
+promoted from the replicas into the frontier (`NodeStore.promote`: dedup, frontier and the dead owner's host
+states, merged with ours, in one transaction), then the crawler takes the hosts over with those timers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from protocol import HostState as WireHostState
+from protocol import Limits, Message, QueueReplica, ReplicaAck, UrlEntry
+from ring import host_position
+from storage import HostState, NodeStore, QueuedUrl, queued_url_keys
+
+from peer.crawl.urls import host_of_normalized, normalize
+
+__all__ = ["GC_DELAY", "QueueReplicas", "Ticket"]
+
+log = logging.getLogger(__name__)
+
+#: A backup's next message leaves at most this long after the first entry was staged for it.
+INTERVAL = 0.1
+#: A backup syncs once for the replicas of the last 20 ms, then acknowledges them all (one fsync per message
+#: would stall the node's event loop on a busy disk).
+ACK_DELAY = 0.02
+#: An unacknowledged replica is sent again after this long (an ack needs one commit and an fsync).
+RESEND_AFTER = 2.0
+#: Entries per message, and URL bytes per message: far inside the 1 MiB frame limit.
+MAX_ENTRIES = 2000
+MAX_URL_BYTES = 512 * 1024
+#: Entries waiting for one backup, at most (about 300 bytes each); past it the waiting adds are dropped and a
+#: full re-homing scan rebuilds them from the frontier on disk. A backup gets there only if it stays
+#: unreachable long after SWIM would have declared it dead.
+MAX_STAGED = 200_000
+#: A backup drops replicas of positions it no longer backs once the ring has been stable this long: long enough
+#: for a view to settle, short enough that a replica whose release went to the backup of a ring in between is
+#: not still here when rings change again (it would be promoted at a death and repeat a page).
+GC_DELAY = 1.0
+#: Re-homing reads the queue in chunks of this many URLs, yielding to trio between chunks.
+SCAN_CHUNK = 2048
+#: A host name is at most 253 bytes (RFC 1035).
+MAX_HOST = 253
+
+
+class Ticket:
+    """What a received batch waits for before it is acknowledged: for each backup, the count of entries staged
+    for it up to this batch's URLs. Done once each backup has acknowledged that far (or left the ring)."""
+
+    __slots__ = ("targets", "callbacks")
+
+    def __init__(self, targets: dict[str, int]) -> None:
+        self.targets = targets
+        self.callbacks: list[Callable[[], None]] = []
+
+
+@dataclass(slots=True)
+class _Backup:
+    staged: deque[QueuedUrl | tuple[bytes, QueuedUrl]] = field(default_factory=deque)  # adds, (key, release)
+    staged_total: int = 0  # entries ever staged for this backup
+    acked_total: int = 0  # entries acknowledged (or dropped): FIFO, so everything up to here arrived
+    seq: int = 0
+    inflight: QueueReplica | None = None
+    inflight_count: int = 0
+    inflight_released: list[str] = field(default_factory=list)  # the URLs the message in flight releases
+    sent_at: float = 0.0
+    connection: int = 0
+
+
+class QueueReplicas:
+    """Both sides of the queued-URL replicas for one node (see the module docstring)."""
+
+    def __init__(
+        self,
+        node_id: str,
+        store: NodeStore,
+        links: Any,
+        *,
+        ring_of: Callable[[], tuple[int, Any]],
+        copies: int = 1,
+        wall_clock: Callable[[], float] = time.time,
+        interval: float = INTERVAL,
+        resend_after: float = RESEND_AFTER,
+        max_staged: int = MAX_STAGED,
+        limits: Limits | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.store = store
+        self.links = links
+        self.ring_of = ring_of  # () -> (view epoch, the current Ring or None)
+        self.copies = copies
+        self.wall_clock = wall_clock
+        self.interval = interval
+        self.resend_after = resend_after
+        self.max_staged = max_staged
+        self.limits = limits or Limits()
+        self._backups: dict[str, _Backup] = {}
+        self._tickets: list[Ticket] = []
+        # called with each URL whose release is staged: the cluster sends its seen key to the seen-key replicas
+        # only then, so no backup holds a page as seen while the links it queued may be lost with this node
+        self.on_released: Callable[[QueuedUrl], None] | None = None
+        # releases waiting for their page's links: ({owner: outbox seq at the commit}, the links' ticket, URL)
+        self._releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]] = []
+        self._wake = trio.Event()
+        self._unsynced: list[tuple[str, ReplicaAck]] = []  # held, not yet synced and acknowledged
+        self._sync_due = trio.Event()
+        self._syncing = False
+        self._synced: Any = None  # the ring of the last complete re-homing scan
+        self._changed_at: float | None = None  # when the ring last changed (for restore_seconds)
+        self._restore: dict[str, int] | None = None  # what the last scan staged, per backup
+        self._gc_ring: Any = None  # the ring the last clean-up ran under
+        self.restore_seconds: list[float] = []  # ring change -> R + 1 copies again, one per change
+        self.urls_sent = 0
+        self.releases_sent = 0
+        self.messages_sent = 0
+        self.messages_resent = 0
+        self.urls_rehomed = 0
+        self.urls_held = 0
+        self.releases_held = 0
+        self.urls_promoted = 0
+        self.dropped = 0  # entries dropped for a backup that left the ring, or past max_staged
+        self.refused = 0  # malformed entries from a peer
+
+    @property
+    def enabled(self) -> bool:
+        return self.copies > 0
+
+    # -- the owner's side: staging -------------------------------------------------------------------------
+
+    def _backup(self, peer: str) -> _Backup:
+        state = self._backups.get(peer)
+        if state is None:
+            state = self._backups[peer] = _Backup()
+        return state
+
+    def _stage(self, peer: str, entry: QueuedUrl | tuple[bytes, QueuedUrl]) -> None:
+        state = self._backup(peer)
+        state.staged.append(entry)
+        state.staged_total += 1
+        if len(state.staged) > self.max_staged:
+            self._drop_staged(peer, state, rescan=True)
+
+    def _backups_of(self, ring: Any, host: str) -> tuple[str, ...]:
+        return tuple(b for b in ring.backups_at(host_position(host), self.copies) if b != self.node_id)
+
+    def queued(self, items: Sequence[QueuedUrl]) -> None:
+        """URLs were queued here: their backups get them."""
+        self.replicate(items)
+
+    def replicate(self, items: Sequence[QueuedUrl]) -> Ticket | None:
+        """Stage `items` for their backups; the `Ticket` is done once every backup has them (None: no backup
+        to wait for)."""
+        if not self.copies or not items:
+            return None
+        _epoch, ring = self.ring_of()
+        if ring is None:
+            return None
+        touched: set[str] = set()
+        for item in items:
+            for backup in self._backups_of(ring, item.host):
+                self._stage(backup, item)
+                touched.add(backup)
+        if not touched:
+            return None
+        self._wake.set()
+        ticket = Ticket({b: self._backups[b].staged_total for b in touched})
+        if not self._done(ticket):
+            self._tickets.append(ticket)
+        return ticket
+
+    def released(self, item: QueuedUrl, routed_to: Iterable[str] = (), links: Ticket | None = None) -> None:
+        """This node is done with `item` (fetched, refused or given up): its replicas go, once the links its page
+        found are safe elsewhere: those it routed to other owners (`routed_to`) acknowledged by them, and those
+        it queued here (`links`, the ticket of their replicas) acknowledged by their backups, which may be other
+        nodes than the page's own backups. Until then the page's replica is what brings them back if this node
+        dies: the heir fetches the page again."""
+        if not self.copies:
+            return
+        owners = set(routed_to)
+        if not owners and (links is None or self._done(links)):
+            self._release(item)
+            return
+        last = self.store.outbox.last_seq() if owners else 0
+        self._releases.append(({owner: last for owner in owners}, links, item))
+        if len(self._releases) > self.max_staged:  # owners unreachable for long: release the oldest anyway
+            self._release(self._releases.pop(0)[2])
+        self._wake.set()
+
+    def _stage_releases(self) -> None:
+        """Stage the held releases whose page's links are all safe elsewhere."""
+        if not self._releases:
+            return
+        oldest: dict[str, int | None] = {}
+        outbox = self.store.outbox
+        still = []
+        for marks, links, item in self._releases:
+            if links is not None and not self._done(links):
+                still.append((marks, links, item))
+                continue
+            for owner, mark in marks.items():
+                if owner not in oldest:
+                    oldest[owner] = outbox.oldest_seq(owner)
+                first = oldest[owner]
+                if first is not None and first <= mark:
+                    still.append((marks, links, item))
+                    break
+            else:
+                self._release(item)
+        self._releases = still
+
+    def _release(self, item: QueuedUrl) -> None:
+        if self.on_released is not None:
+            self.on_released(item)
+        _epoch, ring = self.ring_of()
+        if ring is None:
+            return
+        key = queued_url_keys((item,))[0]
+        backups = set(self._backups_of(ring, item.host))
+        if self._synced is not None and self._synced is not ring:
+            # the arc may have moved since the URL was replicated: the backups it went to are released too
+            backups.update(b for b in self._backups_of(self._synced, item.host) if b in ring.weights)
+        for backup in sorted(backups):
+            self._stage(backup, (key, item))
+        self._wake.set()
+
+    def then(self, ticket: Ticket, callback: Callable[[], None]) -> None:
+        """Call `callback` once `ticket` is done (now, if it is)."""
+        if self._done(ticket):
+            callback()
+        else:
+            ticket.callbacks.append(callback)
+
+    def done(self, ticket: Ticket) -> bool:
+        return self._done(ticket)
+
+    def _done(self, ticket: Ticket) -> bool:
+        backups = self._backups
+        return all(b not in backups or backups[b].acked_total >= target for b, target in ticket.targets.items())
+
+    def _check_tickets(self) -> None:
+        still = []
+        for ticket in self._tickets:
+            if self._done(ticket):
+                for callback in ticket.callbacks:
+                    callback()
+                ticket.callbacks.clear()
+            else:
+                still.append(ticket)
+        self._tickets = still
+        if self._restore is not None and all(
+            self._backups[b].acked_total >= n for b, n in self._restore.items() if b in self._backups
+        ):
+            self._restored()
+
+    def _restored(self) -> None:
+        self._restore = None
+        if self._changed_at is not None:
+            self.restore_seconds.append(trio.current_time() - self._changed_at)
+            del self.restore_seconds[:-100]
+            self._changed_at = None
+
+    def _drop_staged(self, peer: str, state: _Backup, *, rescan: bool) -> None:
+        """Give up what waits for `peer` (it left the ring, or too much waits): counted as acknowledged so no
+        batch waits for it; with `rescan`, a full re-homing scan sends the adds again."""
+        dropped = len(state.staged) + state.inflight_count
+        self.dropped += dropped
+        state.staged.clear()
+        state.inflight, state.inflight_count, state.inflight_released = None, 0, []
+        state.acked_total = state.staged_total
+        if rescan:
+            self._synced = None
+            log.warning("replicas waiting for a backup dropped; a full scan sends them again",
+                        extra={"peer": peer, "entries": dropped})
+
+    def ring_changed(self, ring: Any) -> None:
+        """The node adopted `ring`: backups that are no longer in it (dead, left) are waited for no more; a
+        re-homing scan follows."""
+        for peer, state in list(self._backups.items()):
+            if peer not in ring.weights:
+                self._drop_staged(peer, state, rescan=False)
+                del self._backups[peer]
+        for ticket in self._tickets:
+            ticket.targets = {b: n for b, n in ticket.targets.items() if b in self._backups}
+        self._changed_at = trio.current_time()
+        self._check_tickets()
+        self._wake.set()
+
+    # -- the owner's side: sending -------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._syncer)
+            task_status.started()
+            if self.copies:
+                await self._send_loop()
+
+    async def _syncer(self) -> None:
+        try:
+            self._syncing = True
+            while True:
+                await self._sync_due.wait()
+                self._sync_due = trio.Event()
+                await trio.sleep(ACK_DELAY)
+                self.sync_and_ack()
+        finally:
+            self._syncing = False
+
+    def sync_and_ack(self) -> int:
+        """Force the replicas held since the last sync to disk, then acknowledge them."""
+        if not self._unsynced:
+            return 0
+        acks, self._unsynced = self._unsynced, []
+        self.store.sync()
+        for peer_id, ack in acks:
+            self.links.send_nowait(peer_id, ack)  # if lost, the owner re-sends and we ack again
+        return len(acks)
+
+    async def _send_loop(self) -> None:
+        stable_since = trio.current_time()
+        seen_ring = None
+        while True:
+            with trio.move_on_after(self.interval):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            self.pump(trio.current_time())
+            _epoch, ring = self.ring_of()
+            if ring is None:
+                continue
+            if ring is not seen_ring:
+                seen_ring, stable_since = ring, trio.current_time()
+            if ring is not self._synced:
+                await self.rehome(ring)
+            elif ring is not self._gc_ring and trio.current_time() - stable_since >= GC_DELAY:
+                self.collect(ring)
+
+    def _connection(self, peer: str) -> int:
+        link = self.links.get(peer) if hasattr(self.links, "get") else None
+        connects = int(getattr(link, "connects", 0))
+        return connects if getattr(link, "connected", False) else connects + 1
+
+    def pump(self, now: float) -> None:
+        """Send each backup its next message, or re-send the one it has not acknowledged."""
+        self._stage_releases()
+        _epoch, ring = self.ring_of()
+        epoch = _epoch or 0
+        for peer, state in self._backups.items():
+            if state.inflight is not None:
+                if now - state.sent_at >= self.resend_after or self._connection(peer) > state.connection:
+                    if self.links.send_nowait(peer, state.inflight):
+                        self.messages_resent += 1
+                        state.sent_at = now
+                        state.connection = self._connection(peer)
+                continue
+            if not state.staged:
+                continue
+            message, count, state.inflight_released = self._message(state, epoch)
+            state.seq += 1
+            message = QueueReplica(seq=state.seq, epoch=message.epoch, urls=message.urls,
+                                   released=message.released, hosts=message.hosts)
+            state.inflight, state.inflight_count = message, count
+            state.sent_at, state.connection = now, self._connection(peer)
+            if self.links.send_nowait(peer, message):
+                self.messages_sent += 1
+                self.urls_sent += len(message.urls)
+                self.releases_sent += len(message.released)
+            else:
+                state.sent_at = now - self.resend_after + self.interval  # the queue is full: again soon
+
+    def _message(self, state: _Backup, epoch: int) -> tuple[QueueReplica, int, list[str]]:
+        """The next message from the front of `state.staged`: the last word on each key wins (an add followed
+        by its release in the same message cancels out), so the receiver may apply releases before adds."""
+        final: dict[bytes, QueuedUrl | None] = {}
+        hosts: dict[str, None] = {}
+        released_urls: list[str] = []
+        count = size = 0
+        staged = state.staged
+        max_keys = min(MAX_ENTRIES, self.limits.max_keys_per_chunk, self.limits.max_urls_per_batch)
+        while staged and count < max_keys and size < MAX_URL_BYTES:
+            entry = staged.popleft()
+            count += 1
+            if isinstance(entry, QueuedUrl):
+                final[queued_url_keys((entry,))[0]] = entry
+                size += len(entry.url) + len(entry.found_on or "") + 16
+            else:
+                key, done = entry
+                final[key] = None
+                hosts[done.host] = None
+                released_urls.append(done.url)
+        urls = tuple(UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops)
+                     for i in final.values() if i is not None)
+        released = tuple(key for key, i in final.items() if i is None)
+        wall = self.wall_clock()
+        states = []
+        for host in hosts:
+            st = self.store.frontier.get_state(host)
+            if st is not None and len(host.encode()) <= MAX_HOST:
+                states.append(WireHostState(host=host, crawl_delay=max(0.0, st.crawl_delay),
+                                            ready_in=max(0.0, st.next_allowed - wall), failures=st.failures))
+        message = QueueReplica(seq=0, epoch=epoch, urls=urls, released=released, hosts=tuple(states))
+        return message, count, released_urls
+
+    def _acked(self, peer: str, ack: ReplicaAck) -> None:
+        state = self._backups.get(peer)
+        if state is None or state.inflight is None or state.inflight.seq != ack.seq:
+            return  # a late or repeated ack
+        state.acked_total += state.inflight_count
+        state.inflight, state.inflight_count, state.inflight_released = None, 0, []
+        self._check_tickets()
+        if state.staged:
+            self._wake.set()
+
+    # -- re-homing ------------------------------------------------------------------------------------------
+
+    async def rehome(self, ring: Any) -> int:
+        """Send each queued or in-flight URL owned here to each backup it did not have under the ring of the
+        previous scan (every backup after a start); returns how many entries were staged."""
+        old = self._synced
+        me, copies = self.node_id, self.copies
+        staged = 0
+
+        def place(item: QueuedUrl) -> int:
+            position = host_position(item.host)
+            if ring.owner_at(position) != me:
+                return 0  # handed off with its arc
+            had: tuple[str, ...] = ()
+            if old is not None and old.owner_at(position) == me:
+                had = old.backups_at(position, copies)
+            n = 0
+            for backup in ring.backups_at(position, copies):
+                if backup != me and backup not in had:
+                    self._stage(backup, item)
+                    n += 1
+            return n
+
+        for n, item in enumerate(self.store.frontier.scan_queued(chunk=SCAN_CHUNK), start=1):
+            staged += place(item)
+            if n % SCAN_CHUNK == 0:  # the scan reads exactly SCAN_CHUNK URLs per transaction
+                self.pump(trio.current_time())
+                await trio.sleep(0)
+                while any(len(s.staged) > self.max_staged // 2 for s in self._backups.values()):
+                    await trio.sleep(self.interval)
+                    self.pump(trio.current_time())
+                if self.ring_of()[1] is not ring:
+                    return staged  # the ring changed again: the next scan starts over from `old`
+        for item in self.store.frontier.in_flight_items():
+            staged += place(item)
+        self.urls_rehomed += staged
+        self._synced = ring
+        self._restore = {peer: s.staged_total for peer, s in self._backups.items()}
+        self._wake.set()
+        self._check_tickets()
+        if staged:
+            log.info("queued URLs re-homed to their backups", extra={"entries": staged})
+        return staged
+
+    def collect(self, ring: Any) -> int:
+        """Drop the replicas of positions this node no longer backs under `ring` (nor owns: promotion took
+        those it inherited from a dead owner, a hand-off brings those of a live one)."""
+        me, copies = self.node_id, self.copies
+
+        def unwanted(position: int) -> bool:
+            return me not in ring.backups_at(position, max(1, copies))
+
+        dropped = self.store.replicas.drop_where(unwanted)
+        self._gc_ring = ring
+        if dropped:
+            log.info("replicas of positions no longer backed here dropped", extra={"urls": dropped})
+        return dropped
+
+    # -- the backup's side ----------------------------------------------------------------------------------
+
+    def on_message(self, peer_id: str, message: Message) -> bool:
+        """Hold a peer's `QueueReplica` (durably, then ack) or take a `ReplicaAck`; False for anything else."""
+        if isinstance(message, ReplicaAck):
+            self._acked(peer_id, message)
+            return True
+        if not isinstance(message, QueueReplica):
+            return False
+        items: list[QueuedUrl] = []
+        for entry in message.urls:
+            # held to what a link from the web is (normalized, an IDNA host of at most 253 bytes), as a peer's
+            # batch is, before it reaches the store
+            url = normalize(entry.url)
+            host = host_of_normalized(url) if url is not None else ""
+            if not host or len(host.encode()) > MAX_HOST or len(url) > self.limits.max_url_length:
+                continue
+            items.append(QueuedUrl(url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on))
+        released = [key for key in message.released if len(key) == 16]
+        wall = self.wall_clock()
+        states = [
+            HostState(host=s.host, next_allowed=wall + s.ready_in, crawl_delay=s.crawl_delay, failures=s.failures)
+            for s in message.hosts if s.host and len(s.host.encode()) <= MAX_HOST
+        ]
+        bad = (len(message.urls) - len(items)) + (len(message.released) - len(released))
+        bad += len(message.hosts) - len(states)
+        if bad:
+            self.refused += bad
+            log.warning("malformed replica entries from a peer dropped", extra={"peer": peer_id, "entries": bad})
+        self.store.hold_replicas(list(zip(queued_url_keys(items), items)), released, states)
+        self.urls_held += len(items)
+        self.releases_held += len(released)
+        self._unsynced.append((peer_id, ReplicaAck(seq=message.seq)))  # acknowledged once durable
+        if self._syncing:
+            self._sync_due.set()
+        else:
+            self.sync_and_ack()
+        return True
+
+    # -- status ---------------------------------------------------------------------------------------------
+
+    def unreleased(self) -> set[str]:
+        """URLs this node is done with whose release has not reached every backup yet (held for their page's
+        routed links, or on their way): what its heirs fetch again if it dies now."""
+        urls = {item.url for _marks, _links, item in self._releases}
+        for state in self._backups.values():
+            for entry in state.staged:
+                if not isinstance(entry, QueuedUrl):
+                    urls.add(entry[1].url)
+            urls.update(state.inflight_released)
+        return urls
+
+    def restored(self) -> bool:
+        """Whether every queued URL owned here is on its backups under the current ring: the re-homing scan of
+        this ring has run and everything it staged has been acknowledged (or there is nothing to replicate)."""
+        _epoch, ring = self.ring_of()
+        return not self.copies or (ring is not None and ring is self._synced and self._restore is None)
+
+    def outstanding(self) -> int:
+        """Entries staged or sent and not yet acknowledged, over all backups."""
+        return len(self._releases) + sum(len(s.staged) + s.inflight_count for s in self._backups.values())
+
+    def status(self) -> dict[str, Any]:
+        _epoch, ring = self.ring_of()
+        return {
+            "copies": self.copies, "synced": ring is not None and ring is self._synced,
+            "restored": self.restored(), "unreleased": len(self.unreleased()),
+            "outstanding": self.outstanding(), "held": len(self.store.replicas),
+            "urls_sent": self.urls_sent, "releases_sent": self.releases_sent, "messages_sent": self.messages_sent,
+            "messages_resent": self.messages_resent, "urls_rehomed": self.urls_rehomed,
+            "urls_held": self.urls_held, "releases_held": self.releases_held,
+            "urls_promoted": self.urls_promoted, "dropped": self.dropped, "refused": self.refused,
+            "restore_seconds": self.restore_seconds[-1] if self.restore_seconds else None,
+        }

@@ -1,0 +1,136 @@
+"""The partition fence: a node on the minority side of a partition starts no fetch, and an heir waits before it
+fetches the hosts of a member declared dead (docs/cluster.md, "The partition fence").
+
+Promotion of a dead member's queue makes a partition dangerous: the majority takes over the hosts of a node it
+declares dead while that node, alive behind the partition, may still fetch them. So:
+
+- a node that has heard from no strict majority of the members owning arcs (itself counted) within
+  `CONTACT_WINDOW` of its own running time is *fenced*; a stall of its own is not counted as the peers' silence;
+- once in contact again, and after any freeze long enough for the others to have declared it dead, it holds for
+  the suspicion timeout + `CONTACT_WINDOW` + `TAKEOVER_GRACE`: a suspicion raised before the heal may still fire,
+  be heard, be refuted, and the heir must stop and give the hosts back;
+- an heir holds the arcs it inherits from a dead member until `CONTACT_WINDOW + TAKEOVER_GRACE` after it last
+  heard from it: by then, were it alive on the other side, it has fenced itself and its requests have ended.
+
+`PartitionFence` keeps that state; the cluster asks it (`fenced`, `holds`) before each host turn and runs its
+`contact_loop`. It reads the membership's view and last-heard times and the trio clock, nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Container, Mapping
+
+import trio
+
+from ring import MemberState, View
+
+__all__ = ["CONTACT_TICK", "CONTACT_WINDOW", "TAKEOVER_GRACE", "PartitionFence"]
+
+log = logging.getLogger(__name__)
+
+#: Heard from within this much of this node's running time counts as contact. Every peer queries a node at
+#: least once every 1-2 s (progress rounds); SWIM probes and gossip come on top.
+CONTACT_WINDOW = 2.5
+#: An heir's hold past CONTACT_WINDOW after it last heard from the dead member: the member's last requests end.
+TAKEOVER_GRACE = 2.0
+#: How often the contact loop counts who was heard from.
+CONTACT_TICK = 0.25
+
+_OWNING = (MemberState.ALIVE, MemberState.SUSPECT)
+
+
+class PartitionFence:
+    """Whether this node may start a fetch now, and which inherited arcs are still held."""
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        view: Callable[[], View],
+        last_heard: Mapping[str, float],
+        suspicion_timeout: float,
+        probe_interval: float,
+    ) -> None:
+        self.node_id = node_id
+        self.view = view
+        self.last_heard = last_heard  # peer -> trio time it was last heard from (the membership's)
+        self.suspicion_timeout = suspicion_timeout
+        self.probe_interval = probe_interval
+        self.fences = 0  # times this node fenced itself
+        self._fence = False
+        self._until = -math.inf  # the hold after a heal or a freeze
+        self._last_tick = math.inf  # set when the contact loop starts
+        self._holds: list[tuple[Container[int], float]] = []  # arcs inherited from dead members, until when
+
+    @property
+    def hold_seconds(self) -> float:
+        return self.suspicion_timeout + CONTACT_WINDOW + TAKEOVER_GRACE
+
+    def fenced(self) -> bool:
+        """This node starts no fetch now: it heard from no strict majority of the members owning arcs within
+        CONTACT_WINDOW of its own running time, or it is in the hold after such a silence or after being
+        frozen (a stop, a stall) long enough to have been declared dead."""
+        now = trio.current_time()
+        if now - self._last_tick > 2 * CONTACT_TICK + 0.5:
+            return True  # frozen since the last tick: nothing is known until the contact loop has run again
+        return self._fence or now < self._until
+
+    def held(self, position: int) -> bool:
+        """`position` lies in an arc inherited from a dead member whose hold has not ended."""
+        if not self._holds:
+            return False
+        now = trio.current_time()
+        self._holds = [(arcs, until) for arcs, until in self._holds if until > now]
+        return any(position in arcs for arcs, _until in self._holds)
+
+    def inherit(self, dead: str, arcs: Container[int]) -> float:
+        """This node inherits `arcs` from `dead`: hold them until CONTACT_WINDOW + TAKEOVER_GRACE after it was
+        last heard from. Returns when the hold ends, in trio time (-inf if it has already)."""
+        until = self.last_heard.get(dead, -math.inf) + CONTACT_WINDOW + TAKEOVER_GRACE
+        if until > trio.current_time():
+            self._holds.append((arcs, until))
+        return until
+
+    async def contact_loop(self) -> None:
+        """Every CONTACT_TICK: count, per member owning arcs, how long it has been silent while this node ran (a
+        stall of this node's own is not the peers' silence), and fence this node while most are silent."""
+        silent: dict[str, float] = {}
+        self._last_tick = trio.current_time()
+        while True:
+            last = self._last_tick
+            await trio.sleep(CONTACT_TICK)
+            now = trio.current_time()
+            self._last_tick = now
+            elapsed = now - last
+            hold = self.hold_seconds
+            if elapsed > self.suspicion_timeout + self.probe_interval:
+                # frozen long enough for the others to have declared this node dead and taken its hosts over (a
+                # probe must fail first, then the suspicion run out)
+                self._until = max(self._until, now + hold)
+                log.warning("this node was frozen: no fetch starts here for a while",
+                            extra={"frozen": elapsed, "hold": hold})
+            owning = [m.node_id for m in self.view().members if m.state in _OWNING]
+            contact = 1
+            for peer in owning:
+                if peer == self.node_id:
+                    continue
+                if self.last_heard.get(peer, -math.inf) >= last:
+                    silent[peer] = 0.0
+                else:
+                    silent[peer] = silent.get(peer, 0.0) + min(elapsed, 2 * CONTACT_TICK)
+                contact += silent[peer] < CONTACT_WINDOW
+            fence = self.node_id in owning and len(owning) > 1 and 2 * contact <= len(owning)
+            if fence != self._fence:
+                self._fence = fence
+                self.fences += fence
+                if not fence:
+                    # Back in contact after a partition: the majority may have declared this node dead meanwhile
+                    # (a suspicion raised before the heal fires up to suspicion_timeout after it) and taken its
+                    # hosts over. Start nothing until such a declaration has been made, heard, refuted, and the
+                    # hosts given back (the heir stops at its next ring; its requests under way end).
+                    self._until = max(self._until, now + hold)
+                log.warning("no contact with most of the cluster: no fetch starts here" if fence
+                            else "contact with most of the cluster again: fetching resumes after a hold",
+                            extra={"hold": 0.0 if fence else hold})

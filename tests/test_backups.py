@@ -1,0 +1,169 @@
+"""Queued-URL replicas (peer/cluster/backups.py, storage/_replicas.py): what the owner sends its backups and when a
+batch may be acknowledged; what a backup holds, releases and promotes.
+
+Real LMDB stores, a recording stand-in for the peer links, rings of the design's weights, under MockClock. The
+whole-cluster effect (a node dead for good loses no URL) is checked by tests/test_replicas_sim.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from peer.cluster.backups import QueueReplicas
+from protocol import QueueReplica, ReplicaAck, UrlEntry
+from protocol import HostState as WireHostState
+from ring import Ring, host_position
+from storage import HostState, NodeStore, QueuedUrl, queued_url_keys
+
+WEIGHTS = {"A": 150, "B": 80, "C": 200}
+
+
+class Links:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, object]] = []
+
+    def send_nowait(self, peer_id: str, message: object) -> bool:
+        self.sent.append((peer_id, message))
+        return True
+
+    def replicas_to(self, peer: str) -> list[QueueReplica]:
+        return [m for p, m in self.sent if p == peer and isinstance(m, QueueReplica)]
+
+
+def _items(ring: Ring, owner: str, count: int, start: int = 0) -> list[QueuedUrl]:
+    items, i = [], start
+    while len(items) < count:
+        host = f"h{i}.test"
+        i += 1
+        if ring.owner(host) == owner:
+            items.append(QueuedUrl(url=f"http://{host}/p{i}", host=host, depth=1, hops=0, found_on=None))
+    return items
+
+
+@pytest.fixture
+def stores(tmp_path: Path):
+    opened = {name: NodeStore.open(tmp_path / name) for name in WEIGHTS}
+    yield opened
+    for s in opened.values():
+        s.close()
+
+
+def test_a_backup_holds_releases_and_promotes_with_the_owners_host_states(stores) -> None:
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    held = stores["B"]
+    items = _items(ring, "A", 50)
+    keys = queued_url_keys(items)
+    state = HostState(host=items[0].host, next_allowed=1000.0, crawl_delay=7.0, failures=1)
+    held.hold_replicas(list(zip(keys, items)), [], [state])
+    assert len(held.replicas) == 50
+    held.hold_replicas([], keys[:10])  # the owner fetched ten of them
+    assert len(held.replicas) == 40
+    assert all(key in held.dedup for key in keys[:10])  # done: never queued again here
+    new, states = held.promote(lambda position: True)
+    assert {i.url for i in new} == {i.url for i in items[10:]}
+    assert len(held.frontier) == 40 and len(held.replicas) == 0
+    assert states and states[0].crawl_delay == 7.0 and held.frontier.get_state(state.host).next_allowed == 1000.0
+
+
+def test_promotion_takes_only_the_inherited_positions(stores) -> None:
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    held = stores["B"]
+    items = _items(ring, "A", 40)
+    held.hold_replicas(list(zip(queued_url_keys(items), items)), [])
+    half = sorted(host_position(i.host) for i in items)[20]
+    new, _ = held.promote(lambda position: position < half)
+    assert {i.url for i in new} == {i.url for i in items if host_position(i.host) < half}
+    assert len(held.replicas) == 40 - len(new)
+
+
+def _node(name: str, stores, links: Links, ring: Ring, copies: int = 1) -> QueueReplicas:
+    return QueueReplicas(name, stores[name], links, ring_of=lambda: (1, ring), copies=copies, wall_clock=lambda: 0.0)
+
+
+async def test_a_ticket_is_done_only_once_every_backup_acknowledged_and_releases_follow_adds(stores) -> None:
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    links = Links()
+    owner = _node("A", stores, links, ring, copies=2)
+    items = _items(ring, "A", 30)
+    ticket = owner.replicate(items)
+    assert ticket is not None and not owner.done(ticket)
+    owner.pump(trio.current_time())
+    backups = {b for b in ticket.targets}
+    assert backups == {"B", "C"}
+    acked: list[str] = []
+    owner.then(ticket, lambda: acked.append("done"))
+    first = {peer: owner_msgs[-1] for peer in backups for owner_msgs in [links.replicas_to(peer)]}
+    owner.released(items[0])  # fetched, routed nothing: its release queues behind the add
+    owner.pump(trio.current_time())
+    assert all(len(links.replicas_to(p)) == 1 for p in backups), "a second message went before the first's ack"
+    owner.on_message("B", ReplicaAck(seq=first["B"].seq))
+    assert not acked and not owner.done(ticket)
+    owner.on_message("C", ReplicaAck(seq=first["C"].seq))
+    assert acked == ["done"] and owner.done(ticket)
+    owner.pump(trio.current_time())
+    second = links.replicas_to("B")[-1]
+    assert second.released == tuple(queued_url_keys(items[:1])) and not second.urls
+
+
+async def test_a_release_waits_for_the_links_its_page_routed(stores) -> None:
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    links = Links()
+    store = stores["A"]
+    owner = _node("A", stores, links, ring)
+    page = _items(ring, "A", 1)[0]
+    routed = _items(ring, "C", 1)[0]
+    store.outbox.put([("C", routed)])  # the page's link for C, unacknowledged
+    owner.released(page, ["C"])
+    owner.pump(trio.current_time())
+    assert owner.unreleased() == {page.url}
+    assert not any(m.released for _p, m in links.sent if isinstance(m, QueueReplica))
+    seq = store.outbox.take("C", 10)[0][0]
+    store.outbox.ack("C", [seq])
+    owner.pump(trio.current_time())
+    assert any(m.released == tuple(queued_url_keys([page])) for _p, m in links.sent if isinstance(m, QueueReplica))
+
+
+async def test_a_backup_acks_after_syncing_and_drops_malformed_entries(stores) -> None:
+    links = Links()
+    backup = QueueReplicas("B", stores["B"], links, ring_of=lambda: (1, None), copies=1, wall_clock=lambda: 100.0)
+    message = QueueReplica(
+        seq=7, epoch=1, released=(b"short",),
+        urls=(UrlEntry(url="http://ok.test/a", depth=1, found_on=None, hops=0),
+              UrlEntry(url="not a url", depth=1, found_on=None, hops=0)),
+        hosts=(WireHostState(host="ok.test", crawl_delay=2.0, ready_in=5.0, failures=0),
+               WireHostState(host="x" * 300, crawl_delay=2.0, ready_in=5.0, failures=0)))
+    assert backup.on_message("A", message)
+    assert links.sent == [("A", ReplicaAck(seq=7))]
+    assert len(stores["B"].replicas) == 1 and backup.refused == 3
+    _new, states = stores["B"].promote(lambda position: True)
+    assert [s.next_allowed for s in states] == [105.0]
+
+
+async def test_rehoming_sends_each_queued_url_to_its_new_backup_and_restores(stores) -> None:
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    links = Links()
+    store = stores["A"]
+    items = _items(ring, "A", 40)
+    store.admit(items)
+    owner = _node("A", stores, links, ring)
+    assert await owner.rehome(ring) == 40  # after a start: every queued URL to its backup
+    assert not owner.restored()
+    for _ in range(5):
+        owner.pump(trio.current_time())
+        for peer, message in list(links.sent):
+            if isinstance(message, QueueReplica):
+                owner.on_message(peer, ReplicaAck(seq=message.seq))
+    assert owner.restored()
+    sent = {u.url for _p, m in links.sent if isinstance(m, QueueReplica) for u in m.urls}
+    assert sent == {i.url for i in items}
+    grown = Ring({**WEIGHTS, "D": 300}, points_per_weight=20)
+    owner.ring_of = lambda: (2, grown)
+    owner.ring_changed(grown)
+    moved = await owner.rehome(grown)
+    expect = sum(1 for i in items if grown.owner(i.host) == "A"
+                 and grown.backups_at(host_position(i.host), 1) != ring.backups_at(host_position(i.host), 1))
+    assert moved == expect
