@@ -171,7 +171,7 @@ class Node:
         yield GaugeMetricFamily("peercrawl_handoff_outstanding", "Hand-off chunks not yet acknowledged",
                                 value=cluster.handoff.outstanding())
         yield GaugeMetricFamily("peercrawl_handoff_pending_arcs", "Gained arcs waiting for their hand-off",
-                                value=len(cluster.handoff.pending_arcs()))
+                                value=cluster.handoff.pending_count())
         key = GaugeMetricFamily("peercrawl_ring_key_share", "Each member's share of the ring's key space",
                                 labels=["node"])
         weight = GaugeMetricFamily("peercrawl_ring_weight_share", "Each member's share of the weight", labels=["node"])

@@ -4,7 +4,7 @@ Every node derives the same ring from the same view, so the owner of a host is a
 docs/ring.md for the placement, the measured balance and the cost.
 """
 
-from ._diff import ArcMove, diff, moved_fraction
+from ._diff import ArcMove, Moves, diff, diff_moves, moved_fraction, wire_moves
 from ._hash import RING_SPACE, host_position, host_position_bytes, node_points
 from ._hostnames import RandomSource, random_hosts
 from ._ring import DEFAULT_POINTS_PER_WEIGHT, MAX_POINTS, Arc, EmptyRingError, Ring
@@ -21,6 +21,7 @@ __all__ = [
     "MAX_POINTS",
     "Member",
     "MemberState",
+    "Moves",
     "NodeFigures",
     "RING_SPACE",
     "RandomSource",
@@ -30,6 +31,7 @@ __all__ = [
     "Stage",
     "View",
     "diff",
+    "diff_moves",
     "host_position",
     "host_position_bytes",
     "merge",
@@ -37,4 +39,5 @@ __all__ = [
     "node_points",
     "random_hosts",
     "simulate",
+    "wire_moves",
 ]

@@ -80,6 +80,17 @@ def _positions(node: str, count: int) -> np.ndarray:
     return np.frombuffer(raw, dtype=">u8").astype(np.uint64)
 
 
+def _count_buckets(delta: np.ndarray, points: np.ndarray, shift: int, sign: int) -> None:
+    """Add ``sign`` times the number of ``points`` (sorted) in each bucket to ``delta``: work per point, where a
+    ``bincount`` would allocate and convert a count for each of up to 4 M buckets."""
+    if not len(points):
+        return
+    buckets = (points >> np.uint64(shift)).astype(np.intp)
+    firsts = np.flatnonzero(np.concatenate(([True], buckets[1:] != buckets[:-1])))
+    counts = np.diff(np.append(firsts, len(buckets))).astype(np.int32)
+    delta[buckets[firsts]] += counts if sign > 0 else -counts
+
+
 def _check(weights: Mapping[str, int], points_per_weight: int) -> None:
     if isinstance(points_per_weight, bool) or not isinstance(points_per_weight, int) or points_per_weight < 1:
         raise ValueError(f"points_per_weight must be an integer >= 1, got {points_per_weight!r}")
@@ -185,13 +196,11 @@ class Ring:
         if gone:
             owners = after[1:]
             drop = owners == gone[0] if len(gone) == 1 else np.isin(owners, np.array(gone, dtype=np.uint16))
-            bucket_delta -= np.bincount((pos[drop] >> np.uint64(shift)).astype(np.intp),
-                                        minlength=len(bucket_delta)).astype(np.int32)
+            _count_buckets(bucket_delta, pos[drop], shift, -1)
             keep = ~drop
-            kept = int(np.count_nonzero(keep))
-            pos = np.compress(keep, pos)
-            trimmed = np.empty(kept + 1, dtype=np.uint16)
-            np.compress(keep, owners, out=trimmed[1:])
+            pos = pos[keep]  # boolean indexing: several times faster than np.compress on 10 M points
+            trimmed = np.empty(len(pos) + 1, dtype=np.uint16)
+            trimmed[1:] = owners[keep]
             after = trimmed
             for index in gone:
                 slots[index] = None
@@ -211,23 +220,24 @@ class Ring:
             add_pos = np.concatenate(new_pos)
             order = np.argsort(add_pos)
             add_pos, add_slot = add_pos[order], np.concatenate(new_slot)[order]
-            at = np.searchsorted(pos, add_pos)
-            hit = at < len(pos)
-            if np.any(pos[at[hit]] == add_pos[hit]) or np.any(add_pos[1:] == add_pos[:-1]):
+            # how many points lie at or before each new one (through the bucket table while it still fits `pos`)
+            at = np.searchsorted(pos, add_pos, side="right") if gone else self._search(add_pos)
+            hit = at > 0
+            if np.any(pos[at[hit] - 1] == add_pos[hit]) or np.any(add_pos[1:] == add_pos[:-1]):
                 return Ring(weights, points_per_weight=self._ppw)  # a point shared with another: order by id
-            bucket_delta += np.bincount((add_pos >> np.uint64(shift)).astype(np.intp),
-                                        minlength=len(bucket_delta)).astype(np.int32)
+            _count_buckets(bucket_delta, add_pos, shift, 1)
             # where each new point lands in the merged arrays, and where the old ones go
             landing = at + np.arange(len(at))
             is_new = np.zeros(len(pos) + len(add_pos), dtype=bool)
             is_new[landing] = True
+            old_slots = ~is_new
             merged = np.empty(len(is_new), dtype=np.uint64)
             merged[landing] = add_pos
-            merged[~is_new] = pos
+            merged[old_slots] = pos  # a boolean-mask assignment: faster than np.place here, 3x for uint16
             grown = np.empty(len(is_new) + 1, dtype=np.uint16)
             owners = grown[1:]
             owners[landing] = add_slot
-            owners[~is_new] = after[1:]
+            owners[old_slots] = after[1:]
             pos, after = merged, grown
         # the counts below each bucket move by the points added and removed (uint32 arithmetic wraps, and the
         # true result is in range, so adding a negative change cast to uint32 is exact)
@@ -237,6 +247,23 @@ class Ring:
         return ring
 
     # -- lookups -------------------------------------------------------------------------------------------
+
+    def _search(self, at: np.ndarray) -> np.ndarray:
+        """``np.searchsorted(self._pos, at, side="right")`` for a ``uint64`` array, through the bucket table: each
+        query steps through its bucket's 2-4 points, vectorized over the queries still stepping, instead of
+        bisecting the whole ring (about 3x faster for 150,000 queries into 10 M points)."""
+        if len(at) < 64 or not self._count:
+            return np.searchsorted(self._pos, at, side="right")
+        bucket = (at >> np.uint64(self._shift)).astype(np.intp)
+        found = self._buckets[bucket].astype(np.intp)
+        end = self._buckets[bucket + 1].astype(np.intp)
+        pos = self._pos
+        active = np.flatnonzero(found < end)
+        while len(active):  # at most the most points in one bucket, and the set shrinks at each step
+            active = active[pos[found[active]] <= at[active]]
+            found[active] += 1
+            active = active[found[active] < end[active]]
+        return found
 
     def owner(self, host: str) -> str:
         """The node that owns ``host`` (lower-case IDNA, no port)."""

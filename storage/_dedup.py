@@ -92,6 +92,31 @@ class DedupStore(Closing):
         """Remove the keys of the ring arc [start, end); return how many were removed."""
         return self._env.delete_ranges(DEDUP_DB, arc_ranges(start, end))
 
+    def scan_arcs(self, arcs: Sequence[tuple[int, int]]) -> list[list[bytes]]:
+        """`scan` of each of `arcs`, in one read transaction (the caller bounds how many)."""
+        ranges = [arc_ranges(start, end) for start, end in arcs]
+        found = iter(self._env.scan_each(DEDUP_DB, [r for rs in ranges for r in rs]))
+        return [[key for _ in rs for key, _value in next(found)] for rs in ranges]
+
+    def _delete_in(self, txn: lmdb.Transaction, ranges: Sequence[tuple[bytes, bytes]], keep: set[bytes]) -> int:
+        """Delete the keys in `ranges` except those in `keep`, within `txn`; return how many were deleted."""
+        cur = txn.cursor(self._db)
+        n = 0
+        for first, last in ranges:
+            if not cur.set_range(first):
+                continue
+            while True:
+                key = cur.key()
+                if not key or key[:8] > last:
+                    break
+                if key in keep:
+                    if not cur.next():
+                        break
+                    continue
+                cur.delete()  # the cursor is now on the next key
+                n += 1
+        return n
+
     def sync(self) -> None:
         self._env.sync()
 

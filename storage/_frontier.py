@@ -379,6 +379,49 @@ class FrontierStore(Closing):
 
     take_arc = export_arc  # the engine's name for it; non-destructive until drop_arc
 
+    def export_arcs(self, arcs: Sequence[tuple[int, int]]) -> list[tuple[list[QueuedUrl], list[HostState]]]:
+        """`export_arc` of each of `arcs`, in one read transaction per database (the caller bounds how many)."""
+        ranges = [arc_ranges(start, end) for start, end in arcs]
+        flat = [r for rs in ranges for r in rs]
+        queued = iter(self._env.scan_each(QUEUE, flat))
+        states = iter(self._env.scan_each(STATE, flat))
+        out = []
+        for rs in ranges:
+            items: list[QueuedUrl] = []
+            hosts: list[HostState] = []
+            for _ in rs:
+                items.extend(_item_of(key, value) for key, value in next(queued))
+                hosts.extend(_state_of(key, value) for key, value in next(states))
+            out.append((items, hosts))
+        return out
+
+    def host_positions(self) -> bytes:
+        """The ring positions (8 bytes each, big-endian, in ring order per kind) of every host with queued URLs,
+        then of every host with a politeness state: what a hand-off must look at, read without decoding a key."""
+        return self._env.key_prefixes(HOSTS) + self._env.key_prefixes(STATE)
+
+    def _drop_arc_in(self, txn: lmdb.Transaction, ranges: Sequence[tuple[bytes, bytes]]) -> int:
+        """Delete the queues, counts and states of the hosts in `ranges` within `txn`; return URLs dropped."""
+        hosts_cur = txn.cursor(self._hosts)
+        queue_cur = txn.cursor(self._queue)
+        state_cur = txn.cursor(self._state)
+        dropped = 0
+        for first, last in ranges:
+            while hosts_cur.set_range(first):
+                prefix = hosts_cur.key()
+                if prefix[:8] > last:
+                    break
+                if queue_cur.set_range(prefix):
+                    while queue_cur.key().startswith(prefix):
+                        queue_cur.delete()
+                        dropped += 1
+                hosts_cur.delete()
+            while state_cur.set_range(first):
+                if state_cur.key()[:8] > last:
+                    break
+                state_cur.delete()
+        return dropped
+
     def put_arc(self, items: Sequence[QueuedUrl], states: Sequence[HostState]) -> None:
         """Take in an arc handed over by its previous owner, in one transaction (queue order is kept)."""
 

@@ -16,7 +16,7 @@ import lmdb
 from ._closing import Closing
 from ._dedup import DEDUP_DB, DedupStore, MemoryDedupStore
 from ._frontier import FRONTIER_DBS, FrontierStore
-from ._keys import host_position_bytes, url_fingerprint
+from ._keys import arc_ranges, host_position_bytes, url_fingerprint
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
 from ._memfrontier import MemoryFrontierStore
 from ._outbox import OUTBOX_DB, Outbox
@@ -174,6 +174,20 @@ class NodeStore(Closing):
             return new
 
         return self._env.write(run)
+
+    def drop_arcs(self, arcs: Sequence[tuple[int, int]], keep: frozenset[bytes] | set[bytes] = frozenset()) -> int:
+        """A completed hand-off: delete what is queued in `arcs`, their hosts' states, their revisit schedules and
+        their seen keys except those in `keep` (the keys of fetched pages that were sent, which stay), in ONE
+        transaction; return the URLs dropped. The caller bounds how many arcs it drops at once."""
+        ranges = [r for start, end in arcs for r in arc_ranges(start, end)]
+
+        def run(txn: lmdb.Transaction) -> int:
+            dropped = self.frontier._drop_arc_in(txn, ranges)
+            self.revisits._drop_in(txn, ranges)
+            self.dedup._delete_in(txn, ranges, keep)
+            return dropped
+
+        return self._env.write(run) if ranges else 0
 
     # -- pages fetched here (the replicas' record) --
 

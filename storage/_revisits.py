@@ -176,6 +176,28 @@ class RevisitSchedule:
     def export_arc(self, start: int, end: int) -> list[RevisitRecord]:
         return [_record(value) for _key, value in self._env.scan(REVISIT_DB, arc_ranges(start, end))]
 
+    def export_arcs(self, arcs: Sequence[tuple[int, int]]) -> list[list[RevisitRecord]]:
+        """`export_arc` of each of `arcs`, in one read transaction (the caller bounds how many)."""
+        ranges = [arc_ranges(start, end) for start, end in arcs]
+        found = iter(self._env.scan_each(REVISIT_DB, [r for rs in ranges for r in rs]))
+        return [[_record(value) for _ in rs for _key, value in next(found)] for rs in ranges]
+
+    def _drop_in(self, txn: lmdb.Transaction, ranges: Sequence[tuple[bytes, bytes]]) -> int:
+        """Delete the records in `ranges` and their index entries within `txn`; return how many."""
+        cur = txn.cursor(self._db)
+        n = 0
+        for first, last in ranges:
+            while cur.set_range(first):
+                key = cur.key()
+                if key[:8] > last:
+                    break
+                record = _record(cur.value())
+                if not record.queued:
+                    txn.delete(_due_key(record.due, key), db=self._due)
+                cur.delete()
+                n += 1
+        return n
+
     def records(self) -> Iterator[RevisitRecord]:
         for _key, value in self._env.scan(REVISIT_DB, arc_ranges(0, 0)):
             yield _record(value)

@@ -6,6 +6,7 @@ import random
 from bisect import bisect_right
 from hashlib import blake2b
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -436,3 +437,90 @@ def test_diff_equals_its_definition(old: dict, new: dict, ppw: int) -> None:
     a, b = Ring(old, points_per_weight=ppw), Ring(new, points_per_weight=ppw)
     assert diff(a, b) == reference_diff(a, b)
     assert diff(a, a.with_weights(new)) == reference_diff(a, b)
+
+
+# -- the array form of diff (Moves) --------------------------------------------------------------------------
+
+
+def check_moves(old: Ring, new: Ring) -> None:
+    """`diff_moves` is the definition as arrays, and `wire_moves` is `handoff_arcs` of it."""
+    from peer.cluster.handoff import handoff_arcs
+
+    expected = reference_diff(old, new)
+    moves = ring.diff_moves(old, new)
+    assert list(moves) == expected and len(moves) == len(expected) and bool(moves) == bool(expected)
+    assert moves.starts.dtype == moves.ends.dtype == np.uint64
+    assert ring.moved_fraction(moves) == pytest.approx(ring.moved_fraction(expected), abs=1e-12)
+    wire = ring.wire_moves(moves)
+    assert wire.wire and list(wire) == handoff_arcs(expected)
+    assert ring.wire_moves(wire) is wire
+
+
+@settings(max_examples=150, deadline=None)
+@given(old=weight_maps, new=weight_maps, ppw=small_ppw)
+def test_diff_moves_equals_the_definition(old: dict, new: dict, ppw: int) -> None:
+    a, b = Ring(old, points_per_weight=ppw), Ring(new, points_per_weight=ppw)
+    check_moves(a, b)
+    check_moves(a, a.with_weights(new))
+
+
+@settings(max_examples=150, deadline=None)
+@given(weights=weight_maps, ppw=small_ppw, joiner=node_ids, weight=st.integers(1, 5), data=st.data())
+def test_diff_moves_of_one_join_or_leave_equals_the_definition(
+    weights: dict[str, int], ppw: int, joiner: str, weight: int, data: st.DataObject
+) -> None:
+    """One node joining or leaving: the path that reads the moves off the ring that holds the node."""
+    base = Ring(weights, points_per_weight=ppw)
+    if joiner not in weights:
+        joined = base.with_weights({**weights, joiner: weight})
+        check_moves(base, joined)
+        check_moves(joined, base)
+    leaving = data.draw(st.sampled_from(sorted(weights)))
+    rest = {node: w for node, w in weights.items() if node != leaving}
+    check_moves(base, base.with_weights(rest))
+    check_moves(Ring(rest, points_per_weight=ppw), base)
+
+
+def test_diff_moves_of_one_node_at_shared_points(monkeypatch) -> None:
+    """Points shared by two nodes (ordered by node id), at zero and at the ring's ends: the one-node path against
+    the definition, with a hash replaced by one that makes points collide."""
+    import ring._diff
+    import ring._ring
+
+    planted = {"m": [10, 500, 900, 0], "a": [500, 700, 2**64 - 1], "z": [900, 50, 0], "q": [0, 500, 2**64 - 1]}
+
+    def positions(node: str, count: int):
+        return np.array(planted[node][:count], dtype=np.uint64)
+
+    monkeypatch.setattr(ring._ring, "_positions", positions)
+    monkeypatch.setattr(ring._diff, "_positions", positions)
+    for weights in ({"m": 3, "a": 2, "z": 2}, {"m": 4, "a": 3, "z": 3, "q": 3}, {"a": 3, "q": 2}, {"m": 4, "z": 1}):
+        full = Ring(weights, points_per_weight=1)
+        for node in weights:
+            rest = Ring({n: w for n, w in weights.items() if n != node}, points_per_weight=1)
+            check_moves(rest, full)
+            check_moves(full, rest)
+
+
+def test_moves_of_a_large_join_are_arrays_not_objects() -> None:
+    """A join of 15,000 points moves about 15,000 arcs: as arrays, with the wrap joined for the hand-off."""
+    weights = {f"node{i}": 40 + 13 * i for i in range(20)}
+    base = Ring(weights, points_per_weight=20)
+    moves = ring.diff_moves(base, base.with_weights({**weights, "joiner": 750}))
+    assert len(moves) > 10_000 and set(moves.next.tolist()) == {moves.names.index("joiner")}
+    assert np.all(moves.starts[1:] > moves.starts[:-1]) and np.all((moves.ends > moves.starts) | (moves.ends == 0))
+    assert moves.index_of("joiner") == moves.names.index("joiner") and moves.index_of(None) == -1
+    assert moves.index_of("nobody") == -2
+
+
+@settings(max_examples=100, deadline=None)
+@given(weights=weight_maps, ppw=small_ppw, alone_weight=st.integers(1, 5), alone_ppw=small_ppw, data=st.data())
+def test_diff_moves_against_a_ring_of_one_node_equals_the_definition(
+    weights: dict[str, int], ppw: int, alone_weight: int, alone_ppw: int, data: st.DataObject
+) -> None:
+    """A node's first view after joining: its old ring held only itself (whatever its points per weight)."""
+    node = data.draw(st.sampled_from(sorted(weights)))
+    alone = Ring({node: alone_weight}, points_per_weight=alone_ppw)
+    cluster = Ring(weights, points_per_weight=ppw)
+    check_moves(alone, cluster)
+    check_moves(cluster, alone)

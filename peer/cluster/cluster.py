@@ -28,7 +28,7 @@ from typing import Any
 import trio
 
 from protocol import Message, ProgressQuery, ProgressReport, Settings, StatusQuery, StatusReport
-from ring import DEFAULT_POINTS_PER_WEIGHT, ArcMove, MemberState, Ring, View, diff, host_position
+from ring import DEFAULT_POINTS_PER_WEIGHT, MemberState, Moves, Ring, View, diff_moves, host_position, wire_moves
 from storage import HostState, NodeStore, QueuedUrl
 
 from peer.config import Config
@@ -37,7 +37,7 @@ from peer.cluster.backups import QueueReplicas
 from peer.crawl.settings import CrawlSettings, SettingsError
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.fence import TAKEOVER_GRACE, PartitionFence
-from peer.cluster.handoff import ArcSet, Handoff, HandoffConfig, Hold, handoff_arcs
+from peer.cluster.handoff import ArcSet, Handoff, HandoffConfig, Hold, plan_view
 from peer.cluster.membership import Membership, MembershipConfig
 from peer.cluster.lanes import LEASE, FleetLanes
 from peer.cluster.replicas import SeenReplicas
@@ -432,20 +432,28 @@ class Cluster:
         alone_before = not any(
             m.state in _OWNING for m in old_view.members if m.node_id != self.node_id
         )
-        gain_arcs: list[ArcMove] | None = None
+        gain_arcs: Moves | None = None
         if new_ring == old_ring:
-            arcs: list[ArcMove] = []
+            arcs = Moves.empty(wire=True)
         else:
-            arcs = await trio.to_thread.run_sync(lambda: handoff_arcs(diff(old_ring, new_ring)))
+            # the moved arcs as arrays (a join at 1,000 points per weight moves one arc per point of the joiner)
+            arcs = await trio.to_thread.run_sync(lambda: wire_moves(diff_moves(old_ring, new_ring)))
             if (alone_before or not self.ready.is_set()) and new_ring.nodes != (self.node_id,):
                 # Our own previous ring had only us, or we are still joining (a partial view merged first): the
                 # arcs we gain come from the owners in the cluster's ring without us.
                 without = {n: w for n, w in new_ring.weights.items() if n != self.node_id}
                 if without and self.node_id in new_ring.weights:
                     before = await trio.to_thread.run_sync(lambda: new_ring.with_weights(without))
-                    gain_arcs = await trio.to_thread.run_sync(lambda: handoff_arcs(diff(before, new_ring)))
+                    gain_arcs = await trio.to_thread.run_sync(lambda: wire_moves(diff_moves(before, new_ring)))
                 else:
-                    gain_arcs = []
+                    gain_arcs = Moves.empty(wire=True)
+        gone = {m.node_id for m in view.members if m.state is MemberState.DEAD}
+        plan = None
+        if arcs or gain_arcs:
+            # who gets which arcs, worked out in the worker thread too (a joiner loses millions of arcs at once)
+            node_id = self.node_id
+            plan = await trio.to_thread.run_sync(lambda: plan_view(node_id, old_ring, new_ring, gone=gone, arcs=arcs,
+                                                                   gain_arcs=gain_arcs))
         # No await from here on: the ring, the hand-off and the crawler change together.
         self.view, self.epoch = view, view.epoch
         self._set_ring(new_ring)
@@ -456,23 +464,20 @@ class Cluster:
         self.view_changes += 1
         if self.crawler is not None:
             self.crawler.release_moved()  # parked URLs of moved hosts go back to the queue, into the hand-off
-        gone = {m.node_id for m in view.members if m.state is MemberState.DEAD}
         for node in gone:
             self.handoff.abandon(node)
         for m in view.members:
             if m.node_id != self.node_id and m.state not in _OWNING and self.handoff.cancel_to(m.node_id):
                 log.info("hand-off to a departed node stopped; its content goes to the current owners",
                          extra={"peer": m.node_id, "state": m.state.value})
-        if arcs or gain_arcs:
-            lost = self.handoff.view_changed(
-                ring_id(new_ring), old_ring, new_ring, gone=gone, arcs=arcs, gain_arcs=gain_arcs
-            )
+        if plan is not None:
+            lost = self.handoff.view_changed(ring_id(new_ring), old_ring, new_ring, gone=gone, plan=plan)
             log.info("ring changed", extra={
                 "epoch": view.epoch, "members": ",".join(f"{n}={w}" for n, w in sorted(new_ring.weights.items())),
                 "arcs_moved": len(arcs), "arcs_lost": len(lost),
-                "arcs_pending": len(self.handoff.pending_arcs())})
-        if gone and arcs:
-            self._promote(arcs, gone)
+                "arcs_pending": self.handoff.pending_count()})
+            if plan.inherited:
+                self._promote(plan.inherited)
         if self.crawler is not None:
             self.crawler.rewake()
         self.dispatcher.wake()
@@ -517,18 +522,15 @@ class Cluster:
         elif settings.rank() < self.crawler.settings.rank():
             self.share_settings([peer_id])  # the sender is behind: it gets ours now, not at the next round
 
-    def _promote(self, arcs: list[ArcMove], gone: set[str]) -> int:
-        """Arcs this node inherits from dead members: their queued URLs come out of the replicas held here into
-        the frontier, with the dead owner's last known host states (merged with ours: the later ready time and
-        the longer Crawl-delay win), and the crawler takes those hosts over with those timers."""
-        inherited: dict[str, list[tuple[int, int]]] = {}
-        for arc in arcs:
-            if arc.next == self.node_id and arc.previous in gone:
-                inherited.setdefault(arc.previous, []).append((arc.start, arc.end))
+    def _promote(self, inherited: dict[str, ArcSet]) -> int:
+        """Arcs this node inherits from dead members (per dead node, from `plan_view`): their queued URLs come out
+        of the replicas held here into the frontier, with the dead owner's last known host states (merged with
+        ours: the later ready time and the longer Crawl-delay win), and the crawler takes those hosts over with
+        those timers."""
         if not inherited:
             return 0
-        by_arc = {node: ArcSet(node_arcs) for node, node_arcs in inherited.items()}
-        every = ArcSet([arc for node_arcs in inherited.values() for arc in node_arcs])
+        by_arc = inherited
+        every = ArcSet.union(inherited.values())
         promoted, states = self.store.promote(lambda position: position in every)
         by_node: dict[str, int] = {node: 0 for node in inherited}
         for item in promoted:
@@ -736,7 +738,7 @@ class Cluster:
                 "outstanding": self.dispatcher.outstanding(),
             },
             "handoff": {
-                "outstanding": h.outstanding(), "pending_arcs": len(h.pending_arcs()),
+                "outstanding": h.outstanding(), "pending_arcs": h.pending_count(),
                 "urls_sent": h.urls_sent, "urls_received": h.urls_received, "keys_sent": h.keys_sent,
                 "revisits_sent": h.revisits_sent, "revisits_received": h.revisits_received,
                 "chunks_sent": h.chunks_sent, "chunks_resent": h.chunks_resent, "chunks_applied": h.chunks_applied,

@@ -196,7 +196,7 @@ def ring_figures(plan: Plan, hosts: list[str]) -> _RingFigures:
     for old, new, old_owned, new_owned in zip(rings, rings[1:], owners, owners[1:]):
         old_shares, new_shares = old.weight_shares(), new.weight_shares()
         changes.append((sum(max(0.0, s - old_shares.get(n, 0.0)) for n, s in new_shares.items()),
-                        ring.moved_fraction(ring.diff(old, new)),
+                        ring.moved_fraction(ring.diff_moves(old, new)),
                         sum(1 for a, b in zip(old_owned, new_owned) if a != b)))
     return _RingFigures(key_shares=[r.shares() for r in rings], host_shares=host_shares, changes=changes)
 

@@ -28,6 +28,7 @@ args_for() {
         bench_dns_study) echo "--lookups 200000 --names 20000 --blocking-seconds 10 --async-prefix 50000
                                --async-seconds 60 --sweep-seconds 2 --plots $RESULTS_DIR/img" ;;
         bench_http) echo "--requests 5000 --seconds 30" ;;
+        bench_view_change) echo "--runs 1" ;;  # docs: the default, three runs per scenario (about 4 min)
         web) echo "--requests 20000 --reference-requests 5000 --time-limit 60" ;;
         bench_crawl) echo "--results-dir $RESULTS_DIR" ;;
         *) echo "" ;;
