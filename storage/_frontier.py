@@ -9,7 +9,7 @@ an arc of the ring is one key range; `hp` = position(8) + host + NUL, see `host_
           key order within a host is depth, then arrival: `pop` takes the first key, breadth first.
 - flight: hp + url fingerprint(8)             ->  msgpack [count, queue key, url, hops, found_on(, ...)]
           a popped URL until `done`; `recover` puts it back under its original queue key.
-- hosts:  hp                                  ->  queued count (8 bytes), for `hosts()` and `queued()`
+- hosts:  hp                                  ->  queued count (8 bytes), for `hosts()`, `hosts_after()`, `queued()`
 - state:  hp                                  ->  msgpack [next_allowed, crawl_delay, backoff, failures, pages]
 - meta:   b"seq"                              ->  last sequence number handed out (8 bytes)
 """
@@ -296,6 +296,25 @@ class FrontierStore(Closing):
         """Hosts with queued URLs and their counts, in ring order."""
         for key, value in self._env.scan(HOSTS, _WHOLE_RING):
             yield _host_of(key), int.from_bytes(value, "big")
+
+    def hosts_after(self, host: str | None, limit: int) -> list[tuple[str, int]]:
+        """Up to `limit` hosts with queued URLs that come after `host` in ring order (from the first when None),
+        with their counts, in one short read: the scheduler's way round the host table."""
+        out: list[tuple[str, int]] = []
+        with self._env.read() as txn:
+            cur = txn.cursor(self._hosts)
+            if host is None:
+                ok = cur.first()
+            else:
+                prefix = host_prefix(host)
+                ok = cur.set_range(prefix)
+                if ok and cur.key() == prefix:
+                    ok = cur.next()
+            while ok and len(out) < limit:
+                key, value = cur.item()
+                out.append((_host_of(key), int.from_bytes(value, "big")))
+                ok = cur.next()
+        return out
 
     def queued(self, host: str) -> int:
         with self._env.read() as txn:
