@@ -353,7 +353,7 @@ class FrontierStore(Closing):
 
         def put_all(txn: lmdb.Transaction) -> None:
             for state in states:
-                txn.put(host_prefix(state.host), _state_value(state), db=self._state)
+                self._put_state_in(txn, state)
 
         self._env.write(put_all)
 
@@ -379,6 +379,9 @@ class FrontierStore(Closing):
         """Every queued URL in ring order, read `chunk` at a time in short transactions (never all in memory)."""
         for key, value in self._env.scan(QUEUE, _WHOLE_RING, chunk=chunk):
             yield _item_of(key, value)
+
+    def _put_state_in(self, txn: lmdb.Transaction, state: HostState) -> None:
+        txn.put(host_prefix(state.host), _state_value(state), db=self._state)
 
     def states(self) -> Iterator[HostState]:
         for key, value in self._env.scan(STATE, _WHOLE_RING):

@@ -251,6 +251,15 @@ def test_node_admit_dedups_and_queues_atomically(node):
     assert node.finish(None, []) == []
 
 
+def test_finish_saves_the_hosts_state_with_the_page(node):
+    node.admit([q("a", 1)])
+    page = node.frontier.pop("a")
+    state = HostState(host="a", next_allowed=1234.5, crawl_delay=2.0, backoff=0.0, failures=0, pages=7, bytes=99)
+    assert node.frontier.get_state("a") is None
+    node.finish(page, [q("a", 2)], state=state)
+    assert node.frontier.get_state("a") == state and node.frontier.in_flight() == 0
+
+
 def test_queued_url_keys_are_url_keys():
     items = [q("a.test", 1), q("b.test", 2), q("a.test", 3)]
     assert queued_url_keys(items) == [url_key(host_position(i.host), i.url) for i in items]

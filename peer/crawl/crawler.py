@@ -223,17 +223,20 @@ class Crawler:
         batch.cands.append(item)
 
     def _commit(self, batch: _Batch, done: QueuedUrl | None = None,
-                revisit: RevisitRecord | None = None) -> tuple[int, int]:
+                revisit: RevisitRecord | None = None, turn: HostTurn | None = None) -> tuple[int, int]:
         """One store transaction: mark the batch seen, queue the new URLs and (with ``done``) clear the page
-        they were found on from in-flight, all together, so a crash can lose none of it. New URLs wake their
-        hosts."""
+        they were found on from in-flight and save its host's politeness state (``turn``), all together, so a
+        crash can lose none of it. New URLs wake their hosts."""
         cands = batch.cands
         if revisit is not None:
             assert done is not None
-            items = self.store.finish_revisit(done, revisit, cands, self.ownership.take_routed())
+            items = self.store.finish_revisit(done, revisit, cands, self.ownership.take_routed(),
+                                              state=self._state_of(turn) if turn is not None else None)
         elif done is not None:
             routed = self.ownership.take_routed()
-            items = self.store.finish(done, cands, routed) if routed else self.store.finish(done, cands)
+            state = self._state_of(turn) if turn is not None else None
+            items = (self.store.finish(done, cands, routed, state=state) if routed
+                     else self.store.finish(done, cands, state=state))
         else:
             items = self.store.admit(cands) if cands else []
         if cands:
@@ -740,17 +743,18 @@ class Crawler:
         turn.next_allowed = trio.current_time() + delay
 
     def _save_state(self, turn: HostTurn) -> None:
-        wall_next = self.wallclock() + max(0.0, turn.next_allowed - trio.current_time())
-        self.frontier.put_state(
-            HostState(
-                host=turn.host,
-                next_allowed=wall_next,
-                crawl_delay=turn.crawl_delay,
-                backoff=turn.backoff,
-                failures=turn.failures,
-                pages=turn.pages,
-                bytes=turn.bytes,
-            )
+        self.frontier.put_state(self._state_of(turn))
+
+    def _state_of(self, turn: HostTurn) -> HostState:
+        """The host's politeness state as the store keeps it (its next allowed time on the wall clock)."""
+        return HostState(
+            host=turn.host,
+            next_allowed=self.wallclock() + max(0.0, turn.next_allowed - trio.current_time()),
+            crawl_delay=turn.crawl_delay,
+            backoff=turn.backoff,
+            failures=turn.failures,
+            pages=turn.pages,
+            bytes=turn.bytes,
         )
 
     async def _fetch_robots(self, turn: HostTurn, origin: str) -> None:
@@ -890,11 +894,10 @@ class Crawler:
                 stats.links_found += len(page.links)
                 if not page.nofollow:
                     self._screen_found(batch, page.links, item.depth + 1, item.url)
-        self._commit(batch, done=item, revisit=revisit)
+        self._schedule_after_request(turn)
+        self._commit(batch, done=item, revisit=revisit, turn=turn)  # the host's state in the same transaction
         self.ownership.fetched(item)
         self._retries.pop(item.url, None)
-        self._schedule_after_request(turn)
-        self._save_state(turn)
 
     # ------------------------------------------------------------------ sitemaps
 
@@ -952,11 +955,10 @@ class Crawler:
                 stats.skipped["redirect-hops"] += 1
         elif 200 <= status < 300:
             sink.finish(batch)
-        self._commit(batch, done=item)
+        self._schedule_after_request(turn)
+        self._commit(batch, done=item, turn=turn)
         self.ownership.fetched(item)
         self._retries.pop(item.url, None)
-        self._schedule_after_request(turn)
-        self._save_state(turn)
 
     def _screen_listed(self, batch: _Batch, sitemap: QueuedUrl, entries: Sequence[SitemapEntry]) -> None:
         """Screen what a sitemap lists: the protocol's location rule, then the links' path."""
