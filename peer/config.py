@@ -93,6 +93,8 @@ class Config:
     dns_min_ttl: float = 60.0
     dns_max_ttl: float = 1800.0
     robots_cache_size: int = 100_000
+    max_active_hosts: int = 100_000
+    host_window_turns: int = 100
     sitemaps: bool = True
     sitemap_xml: bool = False
     # storage
@@ -205,6 +207,8 @@ FIELDS: dict[str, str] = {
     "dns_min_ttl": "floor on TTLs: very short TTLs would make the cache useless",
     "dns_max_ttl": "ceiling on TTLs: the refresh period of the resolver study",
     "robots_cache_size": "robots.txt decisions kept for this many origins (each up to 24 h)",
+    "max_active_hosts": "hosts with work the scheduler holds in memory (about 330 B each); the rest wait in the frontier's host table on disk (0: no bound)",
+    "host_window_turns": "turns a host keeps its place among the active hosts while others wait on disk, so none starves behind deep queues (0: until its queue is empty)",
     "sitemaps": "read the sitemaps robots.txt names: the site's own list of its pages, with last-modified times",
     "sitemap_xml": "off: /sitemap.xml is a guess that costs a request on every host whose robots.txt names none",
     "dedup": "lmdb: the seen-set shares the frontier's transactions, so a crash loses nothing",
@@ -276,6 +280,9 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"concurrency must be > 0, got {cfg.concurrency}")
     if not 0 <= cfg.page_threads <= 256:
         raise ConfigError(f"page_threads must be within [0, 256], got {cfg.page_threads}")
+    if cfg.max_active_hosts < 0 or cfg.host_window_turns < 0:
+        raise ConfigError(f"max_active_hosts and host_window_turns must be >= 0 (0: no bound), got "
+                          f"{cfg.max_active_hosts} and {cfg.host_window_turns}")
     if cfg.delay < 0:
         raise ConfigError(f"delay must be >= 0, got {cfg.delay}")
     if cfg.max_crashes < 0:

@@ -9,7 +9,7 @@ an arc of the ring is one key range; `hp` = position(8) + host + NUL, see `host_
           key order within a host is depth, then arrival: `pop` takes the first key, breadth first.
 - flight: hp + url fingerprint(8)             ->  msgpack [count, queue key, url, hops, found_on(, ...)]
           a popped URL until `done`; `recover` puts it back under its original queue key.
-- hosts:  hp                                  ->  queued count (8 bytes), for `hosts()` and `queued()`
+- hosts:  hp                                  ->  queued count (8 bytes), for `hosts()`, `hosts_after()`, `queued()`
 - state:  hp                                  ->  msgpack [next_allowed, crawl_delay, backoff, failures, pages]
 - meta:   b"seq"                              ->  last sequence number handed out (8 bytes)
 """
@@ -297,6 +297,25 @@ class FrontierStore(Closing):
         for key, value in self._env.scan(HOSTS, _WHOLE_RING):
             yield _host_of(key), int.from_bytes(value, "big")
 
+    def hosts_after(self, host: str | None, limit: int) -> list[tuple[str, int]]:
+        """Up to `limit` hosts with queued URLs that come after `host` in ring order (from the first when None),
+        with their counts, in one short read: the scheduler's way round the host table."""
+        out: list[tuple[str, int]] = []
+        with self._env.read() as txn:
+            cur = txn.cursor(self._hosts)
+            if host is None:
+                ok = cur.first()
+            else:
+                prefix = host_prefix(host)
+                ok = cur.set_range(prefix)
+                if ok and cur.key() == prefix:
+                    ok = cur.next()
+            while ok and len(out) < limit:
+                key, value = cur.item()
+                out.append((_host_of(key), int.from_bytes(value, "big")))
+                ok = cur.next()
+        return out
+
     def queued(self, host: str) -> int:
         with self._env.read() as txn:
             raw = txn.get(host_prefix(host), db=self._hosts)
@@ -334,7 +353,7 @@ class FrontierStore(Closing):
 
         def put_all(txn: lmdb.Transaction) -> None:
             for state in states:
-                txn.put(host_prefix(state.host), _state_value(state), db=self._state)
+                self._put_state_in(txn, state)
 
         self._env.write(put_all)
 
@@ -360,6 +379,9 @@ class FrontierStore(Closing):
         """Every queued URL in ring order, read `chunk` at a time in short transactions (never all in memory)."""
         for key, value in self._env.scan(QUEUE, _WHOLE_RING, chunk=chunk):
             yield _item_of(key, value)
+
+    def _put_state_in(self, txn: lmdb.Transaction, state: HostState) -> None:
+        txn.put(host_prefix(state.host), _state_value(state), db=self._state)
 
     def states(self) -> Iterator[HostState]:
         for key, value in self._env.scan(STATE, _WHOLE_RING):

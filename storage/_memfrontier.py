@@ -6,6 +6,7 @@ written against one runs against the other.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import os
 from collections.abc import Iterator, Sequence
@@ -120,6 +121,11 @@ class MemoryFrontierStore(Closing):
 
     def hosts(self) -> Iterator[tuple[str, int]]:
         return iter([(host, len(self._queues[host])) for host in sorted(self._queues, key=_ring_order)])
+
+    def hosts_after(self, host: str | None, limit: int) -> list[tuple[str, int]]:
+        order = sorted(self._queues, key=_ring_order)
+        start = 0 if host is None else bisect.bisect_right(order, _ring_order(host), key=_ring_order)
+        return [(h, len(self._queues[h])) for h in order[start:start + limit]]
 
     def queued(self, host: str) -> int:
         return len(self._queues.get(host, ()))

@@ -83,15 +83,19 @@ class NodeStore(Closing):
         item: QueuedUrl | None,
         links: Sequence[QueuedUrl],
         routed: Sequence[tuple[str, QueuedUrl]] = (),
+        *,
+        state: HostState | None = None,
     ) -> list[QueuedUrl]:
-        """Admit a fetched page's local links, put its `routed` (owner, url) links in the outbox and clear
-        the page from in-flight, in one transaction."""
+        """Admit a fetched page's local links, put its `routed` (owner, url) links in the outbox, clear the
+        page from in-flight and save its host's politeness `state`, in one transaction."""
 
         def run(txn: lmdb.Transaction) -> list[QueuedUrl]:
             new = self._admit_in(txn, links)
             self.outbox._put_in(txn, routed)
             if item is not None:
                 self.frontier._done_in(txn, item)
+            if state is not None:
+                self.frontier._put_state_in(txn, state)
             return new
 
         return self._env.write(run)
@@ -161,7 +165,8 @@ class NodeStore(Closing):
         return self._env.write(run)
 
     def finish_revisit(self, item: QueuedUrl, record: RevisitRecord | None,
-                       links: Sequence[QueuedUrl] = (), routed: Sequence[tuple[str, QueuedUrl]] = ()) -> list[QueuedUrl]:
+                       links: Sequence[QueuedUrl] = (), routed: Sequence[tuple[str, QueuedUrl]] = (), *,
+                       state: HostState | None = None) -> list[QueuedUrl]:
         """`finish` for a page on the revisit schedule: its next visit (`record`, or off the schedule when None)
         is written in the same transaction that clears it from in-flight."""
 
@@ -171,6 +176,8 @@ class NodeStore(Closing):
             self.frontier._done_in(txn, item)
             if record is not None:
                 self.revisits._put_in(txn, record)
+            if state is not None:
+                self.frontier._put_state_in(txn, state)
             return new
 
         return self._env.write(run)
@@ -243,13 +250,16 @@ class MemoryNodeStore(Closing):
         return new
 
     def finish(
-        self, item: QueuedUrl | None, links: Sequence[QueuedUrl], routed: Sequence[tuple[str, QueuedUrl]] = ()
+        self, item: QueuedUrl | None, links: Sequence[QueuedUrl], routed: Sequence[tuple[str, QueuedUrl]] = (),
+        *, state: HostState | None = None,
     ) -> list[QueuedUrl]:
         if routed:
             raise ValueError("MemoryNodeStore keeps no outbox: a cluster node needs NodeStore")
         new = self.admit(links)
         if item is not None:
             self.frontier.done(item)
+        if state is not None:
+            self.frontier.put_state(state)
         return new
 
     def sync(self) -> None:

@@ -30,9 +30,12 @@ async def _crawl(graph, tmp_path, **overrides):
 
 
 @pytest.mark.slow
-async def test_crawl_fetches_exactly_the_reachable_and_allowed_set(tmp_path):
+@pytest.mark.parametrize("window", [None, 5], ids=["default-window", "window-of-5-hosts"])
+async def test_crawl_fetches_exactly_the_reachable_and_allowed_set(tmp_path, window):
     graph = SiteGraph.generate(seed=3, hosts=24, pages_per_host=12)
-    web, node = await _crawl(graph, tmp_path)
+    # a window of 5 hosts in memory: the other hosts wait on disk and come in as hosts empty or rotate out
+    web, node = await _crawl(graph, tmp_path, **({} if window is None else {"max_active_hosts": window,
+                                                                              "host_window_turns": 3}))
     expected = web.expected(max_body=node.cfg.max_body)
     fetched = urls_fetched(web, expected)
     assert expected.fetched, "the oracle must expect something"
@@ -66,6 +69,8 @@ async def test_crawl_fetches_exactly_the_reachable_and_allowed_set(tmp_path):
     st = node.final_status
     assert st["done"] is True and st["queue"]["urls"] == 0 and st["queue"]["in_flight"] == 0
     assert st["pages"] >= len(expected.fetched)
+    if window is not None:
+        assert node.crawler.sched.spills > 0 and st["queue"]["hosts_known"] <= window, "the window was used"
 
 
 @pytest.mark.parametrize("page_threads", [0, 3], ids=["inline", "page-threads"])

@@ -9,9 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lxml import etree
+
+from peerlab.localweb.graph import SiteGraph, page_path
+from peerlab.localweb.render import render
 from peer.crawl.charset import charset_of_content_type, decode_to_utf8, lookup
 from peer.crawl.links import MAX_TITLE_CHARS, Page, extract, is_html
-from peer.crawl.urls import normalize
+from peer.crawl.urls import normalize, normalize_all
 
 URL = "http://site.example/dir/page.html"
 HTML = "text/html"
@@ -261,3 +265,61 @@ def test_undeclared_single_and_multi_byte_pages_are_detected(codec: str, text: s
     body = f"<html><head><title>{text}</title></head><body><p>{text}</p></body></html>".encode(codec)
     page = extract(body, URL, "text/html")
     assert page.title == text
+
+
+# -- the links found are lxml's, each normalized on its own
+
+
+def _reference_links(body: bytes, url: str, charset: str) -> list[str]:
+    """lxml's own reading of the page (a fresh parser, XPath), each href normalized by itself."""
+    root = etree.fromstring(body.decode(charset).encode("utf-8"), etree.HTMLParser(encoding="utf-8"))
+    hrefs = root.xpath("//a[not(contains(concat(' ', normalize-space(@rel), ' '), ' nofollow '))]/@href | //area/@href")
+    out = [normalize(str(h), url) for h in hrefs]
+    return list(dict.fromkeys(u for u in out if u is not None))
+
+
+@pytest.mark.parametrize("shape", ["bench", "features"])
+def test_links_of_the_local_webs_pages_are_lxmls_each_normalized_alone(shape) -> None:
+    """Every page of a web shaped like the crawl benchmark's (log-normal pages, 24-36 links, 20% to other
+    hosts) and of the feature-laden test web: `extract` finds exactly the links lxml finds, resolved as
+    `normalize` resolves each one alone, in the same order (twice: nothing remembered between pages changes
+    them)."""
+    if shape == "bench":
+        graph = SiteGraph.generate(seed=1, hosts=40, pages_per_host=50, links_per_page=30, page_bytes=14_000,
+                                   features=False, cross_host_fraction=0.2, page_bytes_sigma=0.604, links_spread=6)
+    else:
+        graph = SiteGraph.generate(seed=3, hosts=24, pages_per_host=12)
+    compared = 0
+    for _ in range(2):
+        for spec in graph.hosts:
+            for j in range(graph.pages_per_host):
+                res = graph.resource(spec.name, page_path(j))
+                if res is None or res.kind != "html":
+                    continue
+                answer = render(graph, res, 8080)
+                ctype = dict(answer.headers)[b"content-type"].decode()
+                url = f"http://{spec.name}:8080{page_path(j)}"
+                page = extract(answer.body, url, ctype)
+                if page.nofollow or page.base != normalize(url):
+                    continue
+                assert list(page.links) == _reference_links(answer.body, url, page.charset), url
+                compared += 1
+    assert compared > 500
+
+
+_TRICKY = ["/a", "b.html", "./b.html", "../up.html", "../../x", "//other.example/p", "http://x.example",
+           "HTTPS://X.Example:443/a/./b/../c", "https://x.example:8443/q?b=2&a=1#f", "?q=1", "#top", "",
+           " /spaced ", "http:rel.html", "http:", "https:rel", "mailto:a@b", "javascript:void(0)", "a\\b",
+           "/p%7e/%41", "p?x=%zz", "\t/tab\n", "..", ".", "/", "//", "a:b", "%2e%2e/x", "/café", "ünï.html",
+           "http://[::1]:80/x", "http://user:pw@h.example/", "data:text/html,x", "/a#b?c", "x/y/../../z"]
+_BASES = ["http://site.example/dir/page.html", "http://site.example/dir/other.html?x=1",
+          "https://site.example/dir/page.html", "http://site.example/", "http://site.example:8080/dir/sub/",
+          "http://other.example/dir/page.html", "http://site.example/dir/page.html?q=2"]
+
+
+def test_normalize_all_equals_each_href_normalized_alone() -> None:
+    for _ in range(2):
+        for base in _BASES:
+            expected = list(dict.fromkeys(u for u in (normalize(h, base) for h in _TRICKY) if u is not None))
+            assert normalize_all(_TRICKY, base) == expected, base
+            assert normalize_all(_TRICKY, base, max_length=30) == [u for u in expected if len(u) <= 30]

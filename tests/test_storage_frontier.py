@@ -87,6 +87,28 @@ def test_hosts_lists_counts_in_ring_order(frontier):
     assert "h0.example" not in dict(frontier.hosts())
 
 
+def test_hosts_after_reads_the_host_table_round_from_any_host(frontier):
+    hosts = [f"h{i}.example" for i in range(7)]
+    frontier.push([q(h, n) for h in hosts for n in range(hosts.index(h) + 1)])
+    whole = list(frontier.hosts())
+    assert frontier.hosts_after(None, 100) == whole
+    # read three at a time from the start: the whole table, in order, then nothing
+    got, at = [], None
+    while rows := frontier.hosts_after(at, 3):
+        assert len(rows) <= 3
+        got += rows
+        at = rows[-1][0]
+    assert got == whole
+    # strictly after a host, whether or not it has work (a host emptied since it was read)
+    third, count = whole[2]
+    assert frontier.hosts_after(third, 2) == whole[3:5]
+    for item in [frontier.pop(third) for _ in range(count)]:
+        frontier.done(item)
+    assert frontier.hosts_after(third, 100) == whole[3:]
+    assert frontier.hosts_after(whole[1][0], 1) == [whole[3]]
+    assert frontier.hosts_after(whole[-1][0], 5) == []
+
+
 def test_done_and_recover(frontier):
     items = [q("a", n, depth=n % 2) for n in range(6)]
     frontier.push(items)
@@ -227,6 +249,15 @@ def test_node_admit_dedups_and_queues_atomically(node):
     assert node.finish(page, [q("a", 3), q("c", 1, depth=1)]) == [q("c", 1, depth=1)]
     assert node.frontier.in_flight() == 0
     assert node.finish(None, []) == []
+
+
+def test_finish_saves_the_hosts_state_with_the_page(node):
+    node.admit([q("a", 1)])
+    page = node.frontier.pop("a")
+    state = HostState(host="a", next_allowed=1234.5, crawl_delay=2.0, backoff=0.0, failures=0, pages=7, bytes=99)
+    assert node.frontier.get_state("a") is None
+    node.finish(page, [q("a", 2)], state=state)
+    assert node.frontier.get_state("a") == state and node.frontier.in_flight() == 0
 
 
 def test_queued_url_keys_are_url_keys():

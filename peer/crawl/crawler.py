@@ -58,6 +58,13 @@ _SEEN_CACHE_SIZE = 200_000
 #: lxml about 0.7 s, longer than the membership probe timeout, and the event loop must keep answering.
 _THREAD_PARSE_BYTES = 512 * 1024
 
+#: The scheduler's window is refilled from the host table once this many places are free (or nothing is ready),
+#: reading at most _REFILL_READ hosts per read and _REFILL_SCAN per refill.
+_REFILL_ROOM = 64
+_REFILL_READ = 512
+_REFILL_SCAN = 8192
+_REFILL_PAUSE = 0.01
+
 #: A host whose arc's hand-off has not arrived is looked at again this often.
 _BLOCKED_RECHECK = 0.25
 #: The revisit schedule is read this often, and at most this many due pages are queued per read (a few reads
@@ -133,7 +140,13 @@ class Crawler:
         self.settings = settings if settings is not None else CrawlSettings.from_config(cfg, origin="", joining=False)
         self.settings_file = settings_file
         self.scope: Scope = self.settings.scope()
-        self.sched = HostScheduler()
+        # the window of hosts in memory (Mercator's bounded back queues): the rest wait in the frontier's host
+        # table on disk, brought in round the ring as room frees (`_refill`)
+        self.sched = HostScheduler(max_active=cfg.max_active_hosts, recall=self._recall,
+                                   quantum=cfg.host_window_turns)
+        self._refill_at: str | None = None  # the host table is read on from here (ring order)
+        self._lap_spills = 0  # the scheduler's spill count when the current lap of the host table began
+        self._refill_room = max(1, min(_REFILL_ROOM, cfg.max_active_hosts // 16))
         # per-address politeness (peer/crawl/addressgate.py): lanes per server address, and the hosts parked
         # until a lane of their address is given back
         self.gate: AddressLimits = limits if limits is not None else AddressGate(cfg.ip_connections, cfg.ip_delay)
@@ -210,17 +223,20 @@ class Crawler:
         batch.cands.append(item)
 
     def _commit(self, batch: _Batch, done: QueuedUrl | None = None,
-                revisit: RevisitRecord | None = None) -> tuple[int, int]:
+                revisit: RevisitRecord | None = None, turn: HostTurn | None = None) -> tuple[int, int]:
         """One store transaction: mark the batch seen, queue the new URLs and (with ``done``) clear the page
-        they were found on from in-flight, all together, so a crash can lose none of it. New URLs wake their
-        hosts."""
+        they were found on from in-flight and save its host's politeness state (``turn``), all together, so a
+        crash can lose none of it. New URLs wake their hosts."""
         cands = batch.cands
         if revisit is not None:
             assert done is not None
-            items = self.store.finish_revisit(done, revisit, cands, self.ownership.take_routed())
+            items = self.store.finish_revisit(done, revisit, cands, self.ownership.take_routed(),
+                                              state=self._state_of(turn) if turn is not None else None)
         elif done is not None:
             routed = self.ownership.take_routed()
-            items = self.store.finish(done, cands, routed) if routed else self.store.finish(done, cands)
+            state = self._state_of(turn) if turn is not None else None
+            items = (self.store.finish(done, cands, routed, state=state) if routed
+                     else self.store.finish(done, cands, state=state))
         else:
             items = self.store.admit(cands) if cands else []
         if cands:
@@ -312,16 +328,67 @@ class Crawler:
             self.dropped_urls.append(item.url)
             log.error("URL dropped: it was being fetched at %d stops of the node in a row", self.cfg.max_crashes,
                       extra={"url": item.url, "host": item.host})
-        now, wall = trio.current_time(), self.wallclock()
-        for st in self.frontier.states():
-            t = self.sched.turn(st.host)
-            t.next_allowed = now + max(0.0, st.next_allowed - wall)
-            t.crawl_delay, t.backoff, t.failures, t.pages = st.crawl_delay, st.backoff, st.failures, st.pages
-            t.bytes = st.bytes
-        for host, _count in self.frontier.hosts():
-            self.sched.wake(host, now)
+        self._wake_queued()
         self._wakeup.set()
         return recovered
+
+    def _recall(self, host: str) -> HostTurn:
+        """A host entering the scheduler's window: its turn from the politeness state saved after its last request
+        (wall-clock times turned into trio times), so leaving the window and coming back loses none of it."""
+        turn = HostTurn(host)
+        st = self.frontier.get_state(host)
+        if st is not None:
+            turn.next_allowed = trio.current_time() + max(0.0, st.next_allowed - self.wallclock())
+            turn.crawl_delay, turn.backoff, turn.failures = st.crawl_delay, st.backoff, st.failures
+            turn.pages, turn.bytes = st.pages, st.bytes
+        return turn
+
+    def _wake_queued(self) -> int:
+        """Schedule the hosts with queued URLs that this node may fetch, in ring order, until the window is full
+        (the rest wait on disk for `_refill`)."""
+        now = trio.current_time()
+        owns, sched = self.owns, self.sched
+        n = 0
+        for host, _count in self.frontier.hosts():
+            if owns is not None and not owns(host):
+                continue
+            if host not in sched.turns and sched.room() <= 0:
+                sched.spill()
+                break
+            n += sched.wake(host, now)
+        return n
+
+    def _refill(self, now: float) -> int:
+        """Bring hosts with work from the frontier's host table into the scheduler's window while it has room,
+        reading the table in ring order from where the last call stopped, round and round, so every host on
+        disk gets its place in turn. A lap of the table during which no host was left on disk ends the spill.
+        Reads at most `_REFILL_SCAN` hosts per call. Returns the hosts woken."""
+        sched, owns = self.sched, self.owns
+        woke = scanned = 0
+        wrapped = False
+        while sched.spilled and scanned < _REFILL_SCAN:
+            room = sched.room()
+            if room <= 0:
+                break
+            rows = self.frontier.hosts_after(self._refill_at, min(_REFILL_READ, room + 16))
+            if not rows:  # the end of the table: a lap is done
+                if sched.spills == self._lap_spills:
+                    sched.spilled = False  # nothing was left on disk since the lap began
+                self._refill_at, self._lap_spills = None, sched.spills
+                if wrapped:
+                    break
+                wrapped = True
+                continue
+            for host, _count in rows:
+                scanned += 1
+                self._refill_at = host
+                if host in sched.turns or (owns is not None and not owns(host)):
+                    continue
+                if sched.wake(host, now):
+                    woke += 1
+                    if sched.room() <= 0:
+                        break
+        return woke
 
     # ------------------------------------------------------------------ the cluster's hooks
 
@@ -338,7 +405,9 @@ class Crawler:
         """A hand-off arrived: adopt the hosts' politeness timers (never earlier than ours), then wake them."""
         now, wall = trio.current_time(), self.wallclock()
         for st in states:
-            t = self.sched.turn(st.host)
+            t = self.sched.turns.get(st.host)
+            if t is None:
+                continue  # not in the window: the store holds its merged state, read when it comes in
             t.next_allowed = max(t.next_allowed, now + max(0.0, st.next_allowed - wall))
             t.crawl_delay = max(t.crawl_delay, st.crawl_delay)
             t.failures, t.pages, t.bytes = st.failures, max(t.pages, st.pages), max(t.bytes, st.bytes)
@@ -346,13 +415,8 @@ class Crawler:
 
     def rewake(self) -> int:
         """After a view change: schedule every host with queued URLs that this node may now fetch."""
-        now = trio.current_time()
-        owns = self.owns
         self.release_moved()
-        n = 0
-        for host, _count in self.frontier.hosts():
-            if owns is None or owns(host):
-                n += self.sched.wake(host, now)
+        n = self._wake_queued()
         self._wakeup.set()
         return n
 
@@ -495,6 +559,8 @@ class Crawler:
                 await self._wakeup.wait()
                 continue
             now = trio.current_time()
+            if sched.spilled and sched.room() >= self._refill_room:
+                self._refill(now)
             turn = sched.pop_ready(now)
             if turn is not None:
                 if turn.next_allowed > now:  # a hand-off moved its timer after it was queued
@@ -512,8 +578,13 @@ class Crawler:
                 if self.stop_when_done:
                     return
             nxt = sched.next_time()
+            wait = 1.0 if nxt is None else max(0.0, nxt - now)
+            if sched.spilled and sched.room() > 0 and self._refill(now) == 0 and sched.spilled:
+                wait = min(wait, _REFILL_PAUSE)  # the table is read on after a pause (a lap is bounded per call)
+            elif sched.next_time() != nxt:
+                continue  # the refill brought hosts in
             self._wakeup = trio.Event()
-            with trio.move_on_after(1.0 if nxt is None else max(0.0, nxt - now)):
+            with trio.move_on_after(wait):
                 await self._wakeup.wait()
 
     async def _worker(self, recv: trio.MemoryReceiveChannel[HostTurn]) -> None:
@@ -533,8 +604,10 @@ class Crawler:
                     self.active -= 1
                     if self.owns is not None and turn.host in self._pending and not self.owns(turn.host):
                         self.frontier.requeue([self._pending.pop(turn.host)])  # moved: into the hand-off
-                    more = not parked and (turn.host in self._pending or self.frontier.queued(turn.host) > 0)
-                    self.sched.release(turn, trio.current_time(), more_work=more)
+                    pending = turn.host in self._pending
+                    more = not parked and (pending or self.frontier.queued(turn.host) > 0)
+                    # it may leave the window (its state is saved; its URLs are on disk) unless a URL is parked
+                    self.sched.release(turn, trio.current_time(), more_work=more, may_leave=not pending)
                     self._wakeup.set()
 
     def _contain(self, turn: HostTurn, exc: Exception) -> None:
@@ -670,17 +743,18 @@ class Crawler:
         turn.next_allowed = trio.current_time() + delay
 
     def _save_state(self, turn: HostTurn) -> None:
-        wall_next = self.wallclock() + max(0.0, turn.next_allowed - trio.current_time())
-        self.frontier.put_state(
-            HostState(
-                host=turn.host,
-                next_allowed=wall_next,
-                crawl_delay=turn.crawl_delay,
-                backoff=turn.backoff,
-                failures=turn.failures,
-                pages=turn.pages,
-                bytes=turn.bytes,
-            )
+        self.frontier.put_state(self._state_of(turn))
+
+    def _state_of(self, turn: HostTurn) -> HostState:
+        """The host's politeness state as the store keeps it (its next allowed time on the wall clock)."""
+        return HostState(
+            host=turn.host,
+            next_allowed=self.wallclock() + max(0.0, turn.next_allowed - trio.current_time()),
+            crawl_delay=turn.crawl_delay,
+            backoff=turn.backoff,
+            failures=turn.failures,
+            pages=turn.pages,
+            bytes=turn.bytes,
         )
 
     async def _fetch_robots(self, turn: HostTurn, origin: str) -> None:
@@ -820,11 +894,10 @@ class Crawler:
                 stats.links_found += len(page.links)
                 if not page.nofollow:
                     self._screen_found(batch, page.links, item.depth + 1, item.url)
-        self._commit(batch, done=item, revisit=revisit)
+        self._schedule_after_request(turn)
+        self._commit(batch, done=item, revisit=revisit, turn=turn)  # the host's state in the same transaction
         self.ownership.fetched(item)
         self._retries.pop(item.url, None)
-        self._schedule_after_request(turn)
-        self._save_state(turn)
 
     # ------------------------------------------------------------------ sitemaps
 
@@ -882,11 +955,10 @@ class Crawler:
                 stats.skipped["redirect-hops"] += 1
         elif 200 <= status < 300:
             sink.finish(batch)
-        self._commit(batch, done=item)
+        self._schedule_after_request(turn)
+        self._commit(batch, done=item, turn=turn)
         self.ownership.fetched(item)
         self._retries.pop(item.url, None)
-        self._schedule_after_request(turn)
-        self._save_state(turn)
 
     def _screen_listed(self, batch: _Batch, sitemap: QueuedUrl, entries: Sequence[SitemapEntry]) -> None:
         """Screen what a sitemap lists: the protocol's location rule, then the links' path."""

@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from storage import DEDUP_KINDS, NodeStore, QueuedUrl, host_position, open_dedup
+from storage import DEDUP_KINDS, HostState, NodeStore, QueuedUrl, host_position, open_dedup
 
 __all__ = ["SplitStore", "open_node_store", "DEDUP_KINDS"]
 
@@ -38,10 +38,13 @@ class SplitStore:
             self.frontier.push(new)
         return new
 
-    def finish(self, item: QueuedUrl | None, links: Sequence[QueuedUrl]) -> list[QueuedUrl]:
+    def finish(self, item: QueuedUrl | None, links: Sequence[QueuedUrl], *,
+               state: HostState | None = None) -> list[QueuedUrl]:
         new = self.admit(links)
         if item is not None:
             self.frontier.done(item)
+        if state is not None:
+            self.frontier.put_state(state)
         return new
 
     def sync(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from types import TracebackType
 from typing import Protocol, Self
 from urllib.parse import quote, urlsplit
@@ -413,7 +414,35 @@ def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None
 
 
 def _split_url(url: str) -> tuple[str, str, int, str, str]:
-    """(scheme, host, port, request target, Host header) of an http(s) URL; raises FetchError."""
+    """(scheme, host, port, request target, Host header) of an http(s) URL; raises FetchError.
+
+    The crawler asks for normalized URLs ("http://host[:port]/path?query", printable ASCII): their origin is
+    split once and remembered, and their target is the rest as it stands. Anything else takes the general
+    path (`urlsplit`)."""
+    slash = url.find("/", 8)
+    if slash > 0 and (url.startswith("http://") or url.startswith("https://")):
+        origin, target = url[:slash], url[slash:]
+        if target.isascii() and target.isprintable() and " " not in target and "#" not in target:
+            split = _split_origin(origin)
+            if split is not None:
+                scheme, host, port, host_header = split
+                return scheme, host, port, target, host_header
+    return _split_any(url)
+
+
+@lru_cache(maxsize=4096)
+def _split_origin(origin: str) -> tuple[str, str, int, str] | None:
+    """(scheme, host, port, Host header) of a plain "scheme://host[:port]", or None for any other shape."""
+    if not origin.isascii() or not origin.isprintable() or any(c in origin for c in " ?#@\\[]"):
+        return None
+    try:
+        scheme, host, port, _target, host_header = _split_any(origin + "/")
+    except FetchError:
+        return None
+    return scheme, host, port, host_header
+
+
+def _split_any(url: str) -> tuple[str, str, int, str, str]:
     try:
         parts = urlsplit(url)
         host = parts.hostname

@@ -22,6 +22,11 @@ Printed: pages, wall s, pages/s, CPU ms/page, peak RSS MiB for each, the web's C
 ratios against Scrapy. Targets (issue 3): >= 10x Scrapy's pages per CPU-second (<= 1.4 ms CPU per page) and
 >= 700 pages/s for one node. Results go to ``--results-dir`` as JSON. ``--py-spy`` also records the node with
 py-spy (``pip install py-spy``) into the results dir; its sampling costs CPU, so those runs are slower.
+
+``--baseline SRC`` compares the code with another version of it in the same run: SRC is a source tree (say
+``git archive main | tar -x -C SRC``) whose node, put first on PYTHONPATH, crawls the same web right after each
+of ours (``--repeat N`` times for each store); the CPU per page of each pair is printed as a ratio, and their
+median.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ def _run_measured(cmd: list[str], *, cwd: Path, stderr: Path, time_limit: float,
     t0 = time.perf_counter()
     with open(stderr, "wb") as err:
         proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env)
-    helper = on_start(proc.pid) if on_start is not None else None
+    helpers = on_start(proc.pid) if on_start is not None else []
     deadline = t0 + time_limit
     terminated = False
     status, usage = 0, None
@@ -89,7 +94,7 @@ def _run_measured(cmd: list[str], *, cwd: Path, stderr: Path, time_limit: float,
         time.sleep(0.05)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; keep Popen from waiting again
-    if helper is not None:
+    for helper in helpers:
         try:
             helper.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -144,8 +149,10 @@ def _final_stats(log_file: Path) -> dict[str, Any]:
 
 
 def run_node(web: BenchWeb, dns_port: int, store: str, args: argparse.Namespace, workdir: Path,
-             results: Path, *, program: tuple[str, ...] = (sys.executable, "-m", "peer")) -> dict[str, Any]:
-    """Crawl the bench web with one node process (``program start ...``) and measure it."""
+             results: Path, *, program: tuple[str, ...] = (sys.executable, "-m", "peer"),
+             source: str = "", label: str = "peercrawl") -> dict[str, Any]:
+    """Crawl the bench web with one node process (``program start ...``) and measure it. With ``source`` the
+    node runs the code of that source tree (put first on PYTHONPATH): the baseline of ``--baseline``."""
     data = workdir / f"node-{store}"
     shutil.rmtree(data, ignore_errors=True)
     seeds = workdir / "seeds.txt"
@@ -163,17 +170,30 @@ def run_node(web: BenchWeb, dns_port: int, store: str, args: argparse.Namespace,
         spy = shutil.which("py-spy")
         if spy is None:
             raise SystemExit("bench_crawl: --py-spy needs py-spy (pip install py-spy)")
-        out = results / f"py-spy-node-{store}.txt"
+        out = results / f"py-spy-node-{store}{'-baseline' if source else ''}.txt"
 
-        def on_start(pid: int) -> subprocess.Popen[bytes]:
-            return subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw",
-                                     "--output", str(out), "--nonblocking", "--idle"],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        def on_start(pid: int) -> list[subprocess.Popen[bytes]]:
+            modes = [("", ["--idle"])]
+            if args.py_spy_gil:  # the same run sampled twice: every running thread, and only the GIL's holder
+                modes = [("-active", []), ("-gil", ["--gil"])]
+            return [subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw",
+                                      "--output", str(out.with_name(out.stem + suffix + ".txt")), "--nonblocking",
+                                      *extra],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    for suffix, extra in modes]
 
     log_file = workdir / f"node-{store}.log"
     web_cpu0 = _cpu_seconds(web.processes)
-    r = _run_measured(cmd, cwd=workdir, stderr=log_file, time_limit=args.time_limit, env=dict(os.environ),
+    env = dict(os.environ)
+    if source:
+        env["PYTHONPATH"] = os.pathsep.join([source, *filter(None, [env.get("PYTHONPATH")])])
+    r = _run_measured(cmd, cwd=workdir, stderr=log_file, time_limit=args.time_limit, env=env,
                       on_start=on_start)
+    if args.py_spy and args.py_spy_gil:
+        active, gil = (_samples(out.with_name(out.stem + suffix + ".txt")) for suffix in ("-active", "-gil"))
+        r["gil_share"] = gil / active if active else 0.0
+        print(f"  py-spy: {active} running samples, {gil} holding the GIL: {r['gil_share']:.2f} of the node's "
+              f"running time needs the GIL", flush=True)
     r["web_cpu_s"] = _cpu_seconds(web.processes) - web_cpu0
     final = _final_stats(log_file)
     if r["exit"] != 0 or not final:
@@ -181,11 +201,19 @@ def run_node(web: BenchWeb, dns_port: int, store: str, args: argparse.Namespace,
         raise SystemExit(f"bench_crawl: the node exited with {r['exit']}; last log lines:\n" + "\n".join(tail))
     pages = int(final.get("pages", 0))
     robots = int(final.get("robots_fetches", 0))
-    r.update(name=f"peercrawl --store {store}", pages=pages, robots=robots, requests=pages + robots,
+    r.update(name=f"{label} --store {store}", store=store, baseline=bool(source), pages=pages, robots=robots, requests=pages + robots,
              stored=final.get("stored", 0), errors=final.get("errors", {}), status=final.get("status", {}),
              warc_mib=_dir_mib(data / "warc"))
     shutil.rmtree(data, ignore_errors=True)
     return r
+
+
+def _samples(path: Path) -> int:
+    """Samples in a py-spy raw (collapsed stacks) file: each line ends with its count."""
+    if not path.exists():
+        return 0
+    return sum(int(line.rsplit(" ", 1)[1]) for line in path.read_text(errors="replace").splitlines()
+               if line.strip() and line.rsplit(" ", 1)[-1].isdigit())
 
 
 def _dir_mib(path: Path) -> float:
@@ -326,6 +354,22 @@ def report(rows: list[dict[str, Any]], scrapy: dict[str, Any] | None) -> list[st
     return out
 
 
+def versus_baseline(rows: list[dict[str, Any]]) -> list[str]:
+    """CPU per page of ours against the baseline run right after it, pair by pair (the machine's load drifts:
+    a pair is close in time), and the median of the pairs' ratios per store."""
+    out = []
+    by_store: dict[str, list[float]] = {}
+    for ours, base in zip(rows, rows[1:]):
+        if not ours["baseline"] and base["baseline"] and ours["store"] == base["store"]:
+            by_store.setdefault(ours["store"], []).append(ours["cpu_ms_per_page"] / base["cpu_ms_per_page"])
+    for store, ratios in by_store.items():
+        ratios.sort()
+        median = ratios[len(ratios) // 2] if len(ratios) % 2 else sum(ratios[len(ratios) // 2 - 1:][:2]) / 2
+        out.append(f"--store {store}: CPU per page vs the baseline, pair by pair: "
+                   f"{', '.join(f'{r:.3f}' for r in ratios)}; median {median:.3f}")
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m tests.bench.bench_crawl", description=__doc__.split("\n\n")[0])
     p.add_argument("--hosts", type=int, default=1000)
@@ -339,6 +383,9 @@ def main() -> None:
     p.add_argument("--time-limit", type=float, default=600.0, help="seconds per crawl before SIGTERM")
     p.add_argument("--results-dir", default="bench-results")
     p.add_argument("--py-spy", action="store_true", help="record the node with py-spy (slows it down)")
+    p.add_argument("--py-spy-gil", action="store_true",
+                   help="with --py-spy: sample the node twice, running threads and the GIL's holder only, and "
+                        "print the share of the node's running samples that held the GIL")
     p.add_argument("--cross-host", type=float, default=0.3, help="fraction of a page's links to other hosts")
     p.add_argument("--node-cpus", default="", help="run the node under taskset -c CPUS (e.g. 0 for one core)")
     p.add_argument("--page-threads", type=int, default=0, help="the node's --page-threads")
@@ -346,6 +393,10 @@ def main() -> None:
     p.add_argument("--links-spread", type=int, default=0, help="links per page vary by +- this much")
     p.add_argument("--crawl-delay-fraction", type=float, default=0.0, help="hosts asking for Crawl-delay 2")
     p.add_argument("--hosts-per-address", type=int, default=0, help="hosts sharing one loopback address (0: all)")
+    p.add_argument("--baseline", default="",
+                   help="a source tree of the code to compare with (e.g. `git archive main`, unpacked): its node "
+                        "crawls the same web after each of ours, and the ratio of CPU per page is printed")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each store (and of the baseline), in turn")
     p.add_argument("--wide-web", action="store_true",
                    help="the wide web's shape: 2,000 hosts x 50 pages, log-normal pages of median 14 KB (mean "
                         "16.8 KB), 24-36 links (80%% on the same host), 31 hosts per address, 5%% Crawl-delay 2")
@@ -377,10 +428,14 @@ def main() -> None:
                 total = args.hosts * args.pages_per_host
                 print(f"web: {web.kind} on port {web.port}, {args.hosts} hosts x {args.pages_per_host} pages "
                       f"({total} pages), {len(web.seeds)} seeds; DNS server on port {dns_port}", flush=True)
-                for store in stores:
-                    rows.append(_derive(run_node(web, dns_port, store, args, workdir, results)))
-                    print(f"  peercrawl --store {store}: {rows[-1]['pages']} pages in {rows[-1]['wall_s']:.1f} s",
-                          flush=True)
+                baseline = str(Path(args.baseline).resolve()) if args.baseline else ""
+                for _ in range(max(1, args.repeat)):
+                    for store in stores:
+                        for source in ([""] + ([baseline] if baseline else [])):
+                            rows.append(_derive(run_node(web, dns_port, store, args, workdir, results, source=source,
+                                                         label="baseline" if source else "peercrawl")))
+                            print(f"  {rows[-1]['name']}: {rows[-1]['pages']} pages in {rows[-1]['wall_s']:.1f} s, "
+                                  f"{rows[-1]['cpu_ms_per_page']:.3f} ms CPU/page", flush=True)
                 if not args.skip_scrapy:
                     scrapy = _derive(run_scrapy(web, args, workdir))
                     print(f"  Scrapy: {scrapy['pages']} pages in {scrapy['wall_s']:.1f} s", flush=True)
@@ -388,7 +443,7 @@ def main() -> None:
                 _stop(dns)
     print(f"load average during the run (1/5 min): {os.getloadavg()[0]:.1f} / {os.getloadavg()[1]:.1f} "
           f"on {os.cpu_count()} cores")
-    lines = report(rows, scrapy)
+    lines = report(rows, scrapy) + versus_baseline(rows)
     print("\n".join(lines))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     doc = {"bench": "bench_crawl", "time": stamp, "args": vars(args), "cpu_count": os.cpu_count(),

@@ -15,8 +15,10 @@ queued (each checkpoint that fits `--urls`) it prints:
 
 Then the in-memory structures of a running node that grow with hosts or URLs, each filled to the size this
 web would give it and measured (bytes per entry from the growth of anonymous RSS): the scheduler's per-host
-state and heap (`peer.crawl.scheduler.HostScheduler`, one entry per host with work), and the crawler's seen-URL
-memory at its bound. The reference for those is a Python set of the same number of URL strings.
+state and heap (`peer.crawl.scheduler.HostScheduler`), without a window (every host with work in memory) and
+with the node's window (`--window`, default `max_active_hosts`) at host counts below and past it, and the
+crawler's seen-URL memory at its bound. The reference for those is a Python set of the same number of URL
+strings; bytes are Python allocations still held (tracemalloc).
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ import random
 import shutil
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
+from peer.config import DEFAULTS
+from peer.crawl.scheduler import HostScheduler
 from storage import NodeStore, QueuedUrl
 
 CHECKPOINTS = (100_000, 1_000_000, 10_000_000)
@@ -115,21 +120,27 @@ def load(store: NodeStore, urls: int, hosts: int) -> list[dict[str, float]]:
 
 
 def grown(build) -> tuple[object, int]:
+    """What `build()` returns and the bytes of Python memory it holds (tracemalloc: exact, and not fooled by
+    memory an earlier structure freed to the allocator)."""
     gc.collect()
-    before = rss()["RssAnon"]
-    thing = build()
-    gc.collect()
-    return thing, rss()["RssAnon"] - before
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        thing = build()
+        gc.collect()
+        return thing, tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
 
 
-def in_memory(hosts: int, seen_bound: int) -> None:
-    from peer.crawl.scheduler import HostScheduler
-
+def in_memory(hosts: int, seen_bound: int, window: int) -> None:
     print(f"\n== in-memory structures that grow with hosts or URLs ({hosts:,} hosts) ==")
 
-    def scheduler() -> HostScheduler:
-        s = HostScheduler()
-        for h in range(hosts):
+    def scheduler(n: int, max_active: int) -> HostScheduler:
+        """Every one of `n` hosts woken with work, as a crawl that found them would (those beyond the window
+        are refused and stay on disk)."""
+        s = HostScheduler(max_active=max_active)
+        for h in range(n):
             s.wake(host_name(h), 0.0)
         return s
 
@@ -140,10 +151,18 @@ def in_memory(hosts: int, seen_bound: int) -> None:
     print(f"  reference: a Python set of {hosts:,} URL strings      {ref_bytes / hosts:6.0f} B each "
           f"({mib(ref_bytes)})")
     del ref
-    sched, sched_bytes = grown(scheduler)
-    print(f"  scheduler: every host waiting (HostTurn + heap)    {sched_bytes / hosts:6.0f} B per host "
+    sched, sched_bytes = grown(lambda: scheduler(hosts, 0))
+    print(f"  scheduler, no window: every host waiting (HostTurn + heap)  {sched_bytes / hosts:6.0f} B per host "
           f"({mib(sched_bytes)}; {sched_bytes / ref_bytes:.2f}x the set)")
     del sched
+    for n in sorted({max(1, window // 2), window, 2 * window, 5 * window, hosts}):
+        if n > hosts:
+            continue
+        sched, sched_bytes = grown(lambda n=n: scheduler(n, window))
+        print(f"  scheduler, window {window:,}: {n:>9,} hosts with work -> {len(sched.turns):>9,} in memory, "
+              f"{mib(sched_bytes):>8} ({sched_bytes / n:6.0f} B per host; {sched_bytes / len(sched.turns):4.0f} B "
+              f"per resident)", flush=True)
+        del sched
     seen, seen_bytes = grown(lambda: {url_of(i, hosts)[0]: host_name(i % hosts) for i in range(seen_bound)})
     print(f"  crawler seen-URL memory at its bound ({seen_bound:,})    {seen_bytes / seen_bound:6.0f} B per URL "
           f"({mib(seen_bytes)})")
@@ -157,6 +176,8 @@ def main() -> None:
     parser.add_argument("--seen-bound", type=int, default=200_000, help="the crawler's seen-URL memory bound")
     parser.add_argument("--dir", type=Path, default=None, help="where the LMDB store goes (default: a temp dir)")
     parser.add_argument("--skip-store", action="store_true", help="only the in-memory structures")
+    parser.add_argument("--window", type=int, default=DEFAULTS["max_active_hosts"],
+                        help="the scheduler's window of hosts in memory (max_active_hosts)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-memory-", dir=args.dir))
     try:
@@ -167,7 +188,7 @@ def main() -> None:
                 rows = load(store, args.urls, args.hosts)
             print(f"  loaded in {time.perf_counter() - start:.0f} s; peak RSS (VmHWM) {mib(rss()['VmHWM'])}; "
                   f"last: {rows[-1]['queued']:,} queued")
-        in_memory(args.hosts, args.seen_bound)
+        in_memory(args.hosts, args.seen_bound, args.window)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
