@@ -369,7 +369,8 @@ class FrontierStore(Closing):
                 state = HostState(
                     host=state.host, next_allowed=max(state.next_allowed, here.next_allowed),
                     crawl_delay=max(state.crawl_delay, here.crawl_delay), backoff=here.backoff,
-                    failures=max(state.failures, here.failures), pages=here.pages,
+                    failures=max(state.failures, here.failures), pages=max(state.pages, here.pages),
+                    bytes=max(state.bytes, here.bytes),
                 )
             txn.put(prefix, _state_value(state), db=self._state)
             merged.append(state)

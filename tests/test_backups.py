@@ -167,3 +167,19 @@ async def test_rehoming_sends_each_queued_url_to_its_new_backup_and_restores(sto
     expect = sum(1 for i in items if grown.owner(i.host) == "A"
                  and grown.backups_at(host_position(i.host), 1) != ring.backups_at(host_position(i.host), 1))
     assert moved == expect
+
+
+def test_promotion_keeps_the_budget_counts_of_a_host_known_here(stores) -> None:
+    """A host's page and byte counts (its budgets) survive the merge of a dead owner's state into ours."""
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    held = stores["B"]
+    items = _items(ring, "A", 5)
+    host = items[0].host
+    held.frontier.put_state(HostState(host=host, next_allowed=10.0, crawl_delay=1.0, pages=5, bytes=5_000))
+    dead_owners = HostState(host=host, next_allowed=20.0, crawl_delay=3.0, failures=2)
+    held.hold_replicas(list(zip(queued_url_keys(items), items)), [], [dead_owners])
+    _new, states = held.promote(lambda position: True)
+    merged = held.frontier.get_state(host)
+    assert (merged.next_allowed, merged.crawl_delay, merged.failures) == (20.0, 3.0, 2)
+    assert (merged.pages, merged.bytes) == (5, 5_000)
+    assert any(s.host == host and s.bytes == 5_000 for s in states)

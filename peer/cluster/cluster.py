@@ -16,6 +16,7 @@ cluster-wide termination, and graceful leave.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
@@ -547,8 +548,7 @@ class Cluster:
         # A host with no replicated state (its first pages' releases had not arrived) gets TAKEOVER_GRACE more:
         # its Crawl-delay is not known here until its robots.txt is fetched again.
         if math.isfinite(fence_end):
-            states = [HostState(host=st.host, next_allowed=max(st.next_allowed, fence_end + st.crawl_delay),
-                                crawl_delay=st.crawl_delay, backoff=st.backoff, failures=st.failures, pages=st.pages)
+            states = [dataclasses.replace(st, next_allowed=max(st.next_allowed, fence_end + st.crawl_delay))
                       for st in states]
             known = {st.host for st in states}
             for host in sorted({item.host for item in promoted} - known):
