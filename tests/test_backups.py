@@ -127,7 +127,7 @@ async def test_a_release_waits_for_the_links_its_page_routed(stores) -> None:
     assert any(m.released == tuple(queued_url_keys([page])) for _p, m in links.sent if isinstance(m, QueueReplica))
 
 
-async def test_a_backup_acks_after_syncing_and_drops_malformed_entries(stores) -> None:
+async def test_a_backup_acks_once_committed_syncs_later_and_drops_malformed_entries(stores) -> None:
     links = Links()
     backup = QueueReplicas("B", stores["B"], links, ring_of=lambda: (1, None), copies=1, wall_clock=lambda: 100.0)
     message = QueueReplica(
@@ -139,6 +139,7 @@ async def test_a_backup_acks_after_syncing_and_drops_malformed_entries(stores) -
     assert backup.on_message("A", message)
     assert links.sent == [("A", ReplicaAck(seq=7))]
     assert len(stores["B"].replicas) == 1 and backup.refused == 3
+    assert backup.sync() and not backup.sync()  # one fsync for what was committed, then nothing to force
     _new, states = stores["B"].promote(lambda position: True)
     assert [s.next_allowed for s in states] == [105.0]
 
