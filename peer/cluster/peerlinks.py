@@ -455,6 +455,9 @@ class PeerLinks:
             else:
                 started = trio.current_time()
                 await self._run_session(link, session)
+                if link._dormant:  # closed for idleness, not failed: dial at once if something waits, or end
+                    failures = 0
+                    continue
                 lasted = trio.current_time() - started
                 failures = 1 if lasted >= self.config.backoff_max else failures + 1
             with trio.move_on_after(self.backoff(failures)):  # back off, unless forgotten or connected meanwhile
