@@ -3,6 +3,7 @@ hand-off) simulated in one process over the in-memory network, 20 nodes with a l
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,10 @@ def test_the_design_experiment_runs_on_a_simulated_cluster_and_its_tables_add_up
     for change in (leave, join):
         assert change.hosts_moved > 0
         assert abs(change.moved_keyspace - change.ideal_keyspace) <= 0.05 * change.ideal_keyspace
+    # Each node's status counts its open links: at most one per peer.
+    [links] = [note for note in result.notes if note.startswith("links per node at the end")]
+    most, peers = re.search(r"most (\d+) \(of (\d+) peers\)", links).groups()
+    assert 1 <= int(most) <= int(peers) == 19
     # The report prints the design's table for the named nodes of a fleet too large for the whole matrix.
     text = experiment.format_report(result)
     assert "the design's table for the named nodes (A, B, C, D)" in text

@@ -758,9 +758,11 @@ class Cluster:
             "backups": self.backups.status(),
             "fence": {"fenced": self.fence.fenced(), "fences": self.fence.fences},
             # inbound connections refused before or in the handshake, by reason (each logged at debug only),
-            # and connections closed because handling a peer's message raised
+            # connections closed because handling a peer's message raised, and the link bound at work: links
+            # open now, closed for idleness, closed as the least recently used past max_links
             "links": {"refused_inbound": dict(self.links.refused), "handshake_failures": self.links.handshake_failures,
-                      "handler_errors": self.links.handler_errors},
+                      "handler_errors": self.links.handler_errors, "live": self.links.live,
+                      "idle_closes": self.links.idle_closes, "evictions": self.links.evictions},
             "lanes": self.lanes.status() if self.lanes is not None else None,
             "settings": {"sent": self.settings_sent, "adopted": self.settings_adopted,
                          "refused": self.settings_refused},

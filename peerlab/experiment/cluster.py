@@ -478,7 +478,7 @@ async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], tim
                 f"{transition:,} sent meanwhile")
             start_time = end_time
         timings["phases"] = time.perf_counter() - t
-        links = [node.cluster.links.live for node in run.running()]
+        links = [node.cluster.status()["links"]["live"] for node in run.running()]
         run.notes.append(f"links per node at the end: mean {sum(links) / len(links):.1f}, most {max(links)} "
                          f"(of {len(links) - 1} peers); messages {run.net.connects:,} connections opened in all")
         for node in run.running():
