@@ -61,6 +61,8 @@ class Config:
     probe_timeout: float = 0.5
     suspicion_timeout: float = 5.0
     replicas: int = 1
+    link_idle_timeout: float = 60.0
+    max_links: int = 512
     # what to crawl
     seeds: tuple[str, ...] = ()
     seeds_file: str = ""
@@ -177,6 +179,8 @@ FIELDS: dict[str, str] = {
     "probe_timeout": "wait for a Pong before indirect probes: half the interval, the rest is theirs; raise it on links slower than a few hundred ms",
     "suspicion_timeout": "time a suspect has to hear the rumour and refute it (several probe and gossip rounds) before it is declared dead",
     "replicas": "every queued URL is also held durably by the ring's next node(s), so that many deaths at once lose no URL; 0 turns it off",
+    "link_idle_timeout": "a peer link with no traffic either way this long closes, and reopens at its next use: probes reach a given peer once per n seconds, so in a large fleet most links would sit idle between uses; 0 keeps links open",
+    "max_links": "live peer links at most (the least recently used idle one closes first): room for 256 fetches and the stores under a 1,024-descriptor limit; links carrying unacknowledged batches or an awaited hand-off are never closed, so the bound can be passed briefly; 0: no bound",
     "seeds": "start URLs",
     "seeds_file": "file with one start URL per line (# comments allowed)",
     "allowed_hosts": "if set, only these hosts (and subdomains) are crawled",
@@ -339,6 +343,10 @@ def _validate(cfg: Config) -> None:
                  "suspicion_timeout"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be > 0 seconds, got {getattr(cfg, name)}")
+    if cfg.link_idle_timeout < 0:
+        raise ConfigError(f"link_idle_timeout must be >= 0 seconds (0: links stay open), got {cfg.link_idle_timeout}")
+    if cfg.max_links < 0:
+        raise ConfigError(f"max_links must be >= 0 (0: no bound), got {cfg.max_links}")
     if cfg.probe_timeout >= cfg.probe_interval:
         raise ConfigError(f"probe_timeout ({cfg.probe_timeout} s) must be shorter than probe_interval "
                           f"({cfg.probe_interval} s): indirect probes need the rest of the interval")

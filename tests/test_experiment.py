@@ -125,7 +125,7 @@ BAD_PLANS = [
     ("name = 'x'\n[nodes]\nA = true\n[end]\nat = 1.0", "nodes.A: expected an integer, got a boolean (true)"),
     ("[nodes]\nA = 1\n[end]\nat = 1.0", "name: missing"),
     ("name = 'a b'\n[nodes]\nA = 1\n[end]\nat = 1.0", "name: 1-64 letters"),
-    ("name = 'x'\nmode = 'fast'\n[nodes]\nA = 1\n[end]\nat = 1.0", "mode: must be one of simulate, live"),
+    ("name = 'x'\nmode = 'fast'\n[nodes]\nA = 1\n[end]\nat = 1.0", "mode: must be one of simulate, cluster, live"),
     ("name = 'x'\n[end]\nat = 1.0", "nodes: the initial cluster is empty"),
     ("name = 'x'\n[nodes]\nA = 1", "end: missing"),
     ("name = 'x'\n[nodes]\nA = 1\n[end]\nwhen_done = true", "end: a simulation has no crawl to finish"),
@@ -471,9 +471,12 @@ def test_large_fleets_get_a_short_table_and_the_named_nodes_in_plots(
     text, files = report_mod.write_run(result, tmp_path, plots=False)
     assert "cells.csv" not in {f.name for f in files}
     assert "24 nodes, total weight" in text and "shown: the 12 receivers that deviate most, then the plan's" in text
-    assert "from\\to" not in text
+    # the whole matrix is not printed, only the design's table among the named nodes
+    assert "the design's table for the named nodes (A, B, C, D)" in text
     block = text.split("== phase 1 ")[1].split("-- change")[0]
-    rows = [line.split()[0] for line in block.splitlines()[4:] if line.strip()]
+    assert block.count("from\\to") == 2 and "\nA  " in block.split("URLs sent between them")[1]
+    block = block.split("URLs received against the weights")[1]
+    rows = [line.split()[0] for line in block.splitlines()[2:] if line.strip()]
     assert len(rows) >= 12 and {"A", "B", "C", "D"} <= set(rows)  # E joins later
     assert "median |deviation|" in text.split("== summary")[1]
     rows = list(csv.reader((tmp_path / "sent-phase1.csv").open()))

@@ -101,6 +101,10 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
                    help="time a silent peer has to refute a suspicion before it is declared dead")
     k.add_argument("--replicas", dest="replicas", type=int, metavar="R",
                    help="ring backups that hold every queued URL durably besides its owner; 0 turns it off")
+    k.add_argument("--link-idle-timeout", dest="link_idle_timeout", type=float, metavar="SECONDS",
+                   help="close a peer link idle this long; it reopens at its next use (0: keep links open)")
+    k.add_argument("--max-links", dest="max_links", type=int, metavar="N",
+                   help="live peer links at most; the least recently used idle one closes first (0: no bound)")
     c = p.add_argument_group("crawl")
     c.add_argument("--seed", dest="seeds", action="append", metavar="URL", help="start URL (repeatable)")
     c.add_argument("--seeds-file", dest="seeds_file", metavar="FILE", help="file of start URLs, one per line")

@@ -40,6 +40,7 @@ from peer.cluster.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.fence import TAKEOVER_GRACE, PartitionFence
 from peer.cluster.handoff import ArcSet, Handoff, HandoffConfig, Hold, plan_view
 from peer.cluster.membership import Membership, MembershipConfig
+from peer.cluster.peerlinks import LinkConfig
 from peer.cluster.lanes import LEASE, FleetLanes
 from peer.cluster.replicas import SeenReplicas
 from peer.cluster.report import ring_pending, ring_slices, status_dict, status_report
@@ -136,7 +137,9 @@ class Cluster:
             rng=rng or random.Random(),
             config=MembershipConfig(probe_interval=cfg.probe_interval, probe_timeout=cfg.probe_timeout,
                                     suspicion_timeout=cfg.suspicion_timeout),
+            link_config=LinkConfig(idle_timeout=cfg.link_idle_timeout, max_links=cfg.max_links),
             on_message=self._on_message,
+            link_busy=self.link_busy,
             codecs=codecs,
             compressions=compressions,
         )
@@ -199,6 +202,12 @@ class Cluster:
         self.settings_sent = 0
         self.settings_adopted = 0
         self.settings_refused = 0
+
+    def link_busy(self, peer_id: str) -> bool:
+        """Whether the link to `peer_id` must not be closed for idleness: URL batches to it wait for their ack,
+        or gained arcs wait for its hand-off. (An outgoing hand-off re-sends its chunks every few seconds, and a
+        queued message always keeps its link.)"""
+        return self.dispatcher.in_flight_to(peer_id) > 0 or self.handoff.waits_for(peer_id)
 
     # -- the crawler's Ownership (peer/crawl/seams.py) -------------------------------------------------------
 
@@ -749,9 +758,11 @@ class Cluster:
             "backups": self.backups.status(),
             "fence": {"fenced": self.fence.fenced(), "fences": self.fence.fences},
             # inbound connections refused before or in the handshake, by reason (each logged at debug only),
-            # and connections closed because handling a peer's message raised
+            # connections closed because handling a peer's message raised, and the link bound at work: links
+            # open now, closed for idleness, closed as the least recently used past max_links
             "links": {"refused_inbound": dict(self.links.refused), "handshake_failures": self.links.handshake_failures,
-                      "handler_errors": self.links.handler_errors},
+                      "handler_errors": self.links.handler_errors, "live": self.links.live,
+                      "idle_closes": self.links.idle_closes, "evictions": self.links.evictions},
             "lanes": self.lanes.status() if self.lanes is not None else None,
             "settings": {"sent": self.settings_sent, "adopted": self.settings_adopted,
                          "refused": self.settings_refused},

@@ -465,6 +465,11 @@ class Dispatcher:
         """Batches sent and not yet acknowledged."""
         return sum(len(state.inflight) for state in self._owners.values())
 
+    def in_flight_to(self, owner: str) -> int:
+        """Batches sent to `owner` and not yet acknowledged."""
+        state = self._owners.get(owner)
+        return len(state.inflight) if state is not None else 0
+
     def outstanding(self) -> int:
         """URLs routed from this node that their owner has not acknowledged (staged or in the outbox): the
         crawl is not finished while any node has some."""

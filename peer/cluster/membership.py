@@ -138,6 +138,7 @@ class Membership:
         nonce: Callable[[int], bytes] = os.urandom,
         on_view: Callable[[View], None] | None = None,
         on_message: MessageHandler | None = None,
+        link_busy: Callable[[str], bool] | None = None,
         codecs: Sequence[str] | None = None,
         compressions: Sequence[str] | None = None,
     ) -> None:
@@ -155,6 +156,8 @@ class Membership:
             config=link_config,
             limits=limits,
             nonce=nonce,
+            busy=link_busy,
+            address_of=self._address_of,
             **({"codecs": tuple(codecs)} if codecs else {}),
             **({"compressions": tuple(compressions)} if compressions else {}),
         )
@@ -322,6 +325,10 @@ class Membership:
 
     def _full_gossip(self) -> Gossip:
         return Gossip(epoch=self.view.epoch, full=True, members=tuple(to_wire(m) for m in self.view.members))
+
+    def _address_of(self, peer_id: str) -> str | None:
+        member = self.view.member(peer_id)
+        return member.address if member else None
 
     def _send(self, peer_id: str, message: Message) -> bool:
         if self._left or self._nursery is None:

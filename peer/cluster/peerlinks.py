@@ -11,12 +11,21 @@ same one by a rule that needs no coordination: the connection dialled by the low
 closed with Goodbye("duplicate link"). A connection from the same dialer replaces the older one (the dialer
 redials only when it saw its connection die), and so does any connection that arrives after the current one
 has settled (older than the handshake timeout), because the peer dials only when its side of the link is gone.
+
+Links are bounded (docs/cluster.md, "Bounding links"). A connection with no traffic either way for
+`idle_timeout` seconds closes with Goodbye("idle"), and past `max_links` live connections the least recently
+used idle one closes first; a link whose peer the `busy` predicate names (unacknowledged URL batches, an
+awaited hand-off) is never closed for idleness. Either side of an idle-closed link dials again only when it has
+something to send: the link object, its counters and its (empty) queue stay, but no task runs for it. A link
+dials while it has something to send, or until its first idle close (a link never closed for idleness
+reconnects as soon as its connection breaks, as before).
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -43,6 +52,7 @@ from protocol import (
 )
 
 from peer.cluster.transport import Transport, TransportError
+from peer.config import DEFAULTS
 
 __all__ = ["LinkConfig", "LinkError", "MessageHandler", "PeerLink", "PeerLinks"]
 
@@ -75,12 +85,18 @@ class LinkConfig:
     # can make us hold is bounded: 256 x (4 KiB frame limit + one 4 KiB read) is about 2 MiB.
     max_unauthenticated: int = 256
     max_unauthenticated_per_source: int = 16
+    # The operator's settings (default and reason in peer.config FIELDS): 0 turns each bound off.
+    idle_timeout: float = DEFAULTS["link_idle_timeout"]
+    max_links: int = DEFAULTS["max_links"]
 
     def __post_init__(self) -> None:
         if self.queue_size < 1:
             raise ValueError(f"queue_size must be at least 1, got {self.queue_size}")
         if self.max_unauthenticated < 1 or self.max_unauthenticated_per_source < 1:
             raise ValueError("max_unauthenticated and max_unauthenticated_per_source must be at least 1")
+        if self.idle_timeout < 0 or self.max_links < 0:
+            raise ValueError(f"idle_timeout and max_links must be >= 0 (0: no bound), got {self.idle_timeout!r} "
+                             f"and {self.max_links!r}")
         for name in ("handshake_timeout", "backoff_initial", "backoff_max", "goodbye_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}")
@@ -98,6 +114,9 @@ class _Session:
         self.lock = trio.Lock()
         self.established_at = trio.current_time()
         self.superseded = False
+        self.evict = False  # asked to close as the least recently used idle link (PeerLinks.max_links)
+        self.wait_scope: trio.CancelScope | None = None  # the writer's wait for the next message, while it waits
+        self.idle_checked = -math.inf  # when the writer last found the link idle but busy
 
     async def write(self, data: bytes) -> None:
         if data:
@@ -128,7 +147,11 @@ class PeerLink:
         self._closing = False
         self._goodbye_reason = "closing"
         self._dial_scope = trio.CancelScope()
-        self._done = trio.Event()  # set when the link's dialer has stopped for good
+        self._done = trio.Event()  # set while no dialer task runs for the link
+        self._done.set()
+        self._maintained = False  # a dialer task runs for the link
+        self._dormant = False  # closed for idleness: dial again only when there is something to send
+        self.last_active = trio.current_time()  # when a message was last queued or received
         # Messages taken from the queue by a connection that ended before writing them (it was superseded by a
         # duplicate, or said Goodbye): the next connection sends them first, so a closing connection loses none.
         self._carry: list[Message] = []
@@ -136,6 +159,7 @@ class PeerLink:
         self.received = 0
         self.dropped = 0
         self.connects = 0
+        self.idle_closes = 0  # connections this side closed for idleness (or as the least recently used)
 
     @property
     def connected(self) -> bool:
@@ -157,6 +181,7 @@ class PeerLink:
         except (trio.WouldBlock, trio.ClosedResourceError):
             self.dropped += 1
             return False
+        self._used()
         return True
 
     async def send(self, message: Message) -> None:
@@ -165,6 +190,17 @@ class PeerLink:
             await self._send_q.send(message)
         except trio.ClosedResourceError:
             raise LinkError(f"the link to {self.peer_id} is closing") from None
+        self._used()
+
+    @property
+    def pending(self) -> bool:
+        """Whether messages wait to be written (queued, or carried over from a connection that ended)."""
+        return bool(self._carry) or self._recv_q.statistics().current_buffer_used > 0
+
+    def _used(self) -> None:
+        self.last_active = trio.current_time()
+        self._dormant = False
+        self._owner._maintain_if_needed(self)
 
     # -- session bookkeeping ------------------------------------------------------------------------------
 
@@ -184,20 +220,36 @@ class PeerLink:
                 return False
             current.superseded = True
             current.scope.cancel()
+        else:
+            self._owner._live += 1
         self._current = new
         self.connects += 1
+        self.last_active = trio.current_time()
         self._notify()
+        self._owner._enforce_cap()
         return True
 
     def _release(self, session: _Session) -> None:
         if self._current is session:
             self._current = None
+            self._owner._live -= 1
             self._notify()
+            self._owner._maintain_if_needed(self)
 
     def _set_address(self, address: str | None) -> None:
         if address is not None and address != self.address:
             self.address = address
             self._notify()
+            self._owner._maintain_if_needed(self)
+
+    def _wants_dialer(self) -> bool:
+        """Whether a dialer task has work: no connection, an address, and something to send (or, for a link
+        never closed for idleness, the wish to stay connected)."""
+        if self._current is not None or self.address is None:
+            return False
+        if self._closing:  # a forgotten link dials once more only to deliver what was queued before
+            return self._recv_q.statistics().current_buffer_used > 0
+        return self.pending or not self._dormant
 
 
 class PeerLinks:
@@ -218,6 +270,8 @@ class PeerLinks:
         config: LinkConfig | None = None,
         limits: Limits | None = None,
         nonce: Callable[[int], bytes] = os.urandom,
+        busy: Callable[[str], bool] | None = None,
+        address_of: Callable[[str], str | None] | None = None,
         codecs: Sequence[str] = CODECS,
         # brotli first: with protocol version 2's URL columns, about 29 bytes per URL instead of 128 unpacked
         compressions: Sequence[str] = ("br", "zlib", "none"),
@@ -237,6 +291,15 @@ class PeerLinks:
         self._compressions = tuple(compressions)
         self._links: dict[str, PeerLink] = {}
         self._nursery: trio.Nursery | None = None
+        #: Whether a peer's link carries what must not be cut for idleness (the Cluster's `link_busy`).
+        self.busy: Callable[[str], bool] = busy or _never
+        # Where a peer listens, for a link learned from an inbound connection that must dial to send (after
+        # its idle close): the membership's view.
+        self._address_of: Callable[[str], str | None] = address_of or _nowhere
+        self._live = 0  # links with a connection
+        #: Connections closed for idleness, and as the least recently used past `max_links`.
+        self.idle_closes = 0
+        self.evictions = 0
         self.handshake_failures = 0
         #: Inbound connections refused before or during the handshake, by reason ("handshake", "capacity",
         #: "per-source"); each is logged at debug level only, so a fuzzer or a flood cannot flood the log.
@@ -271,7 +334,7 @@ class PeerLinks:
                 raise RuntimeError("PeerLinks.run() is not running")
             link = PeerLink(self, peer_id, address)
             self._links[peer_id] = link
-            self._nursery.start_soon(self._maintain, link)
+            self._maintain_if_needed(link)
         else:
             link._set_address(address)
         return link
@@ -290,6 +353,11 @@ class PeerLinks:
     def connected_peers(self) -> list[str]:
         return sorted(peer_id for peer_id, link in self._links.items() if link.connected)
 
+    @property
+    def live(self) -> int:
+        """Links with a connection now (what `max_links` bounds)."""
+        return self._live
+
     def forget(self, peer_id: str, reason: str = "forgotten") -> None:
         """Stop keeping a link to `peer_id`: what is queued is written, then Goodbye(reason), then it closes."""
         link = self._links.pop(peer_id, None)
@@ -301,6 +369,7 @@ class PeerLinks:
         if link._recv_q.statistics().current_buffer_used == 0:
             link._dial_scope.cancel()  # nothing to deliver: no point finishing a dial in progress
         link._notify()
+        self._maintain_if_needed(link)
 
     async def close_all(self, reason: str) -> None:
         """Gracefully close every link (queued messages first, then Goodbye). Bounded: a dial in progress gets
@@ -339,19 +408,35 @@ class PeerLinks:
         base = min(self.config.backoff_max, self.config.backoff_initial * 2 ** max(0, failures - 1))
         return base * self._rng.uniform(0.5, 1.0)
 
+    def _maintain_if_needed(self, link: PeerLink) -> None:
+        """Start `link`'s dialer task if it has work and none runs; it ends when the work is gone (a connection
+        is up, or nothing is to be sent over a link closed for idleness), so an idle link costs no task."""
+        if link.address is None and link._current is None and link.pending:
+            link.address = self._address_of(link.peer_id)
+        if link._maintained or self._nursery is None or not link._wants_dialer():
+            return
+        link._maintained = True
+        link._done = trio.Event()
+        self._nursery.start_soon(self._maintain, link)
+
     async def _maintain(self, link: PeerLink) -> None:
-        """Keep `link` connected while it is wanted: dial when no connection is up, back off on failures."""
+        """Dial `link` while it wants a connection and has none; back off on failures."""
+        try:
+            await self._dial_loop(link)
+        finally:
+            link._maintained = False
+            link._done.set()
+            link._notify()
+            if not link._closing and self._links.get(link.peer_id) is link:
+                self._maintain_if_needed(link)  # work that arrived as the loop ended
+
+    async def _dial_loop(self, link: PeerLink) -> None:
         failures = 0
         while True:
-            if link._closing:
-                # A forgotten link dials once more only to deliver what was queued before it was forgotten.
-                pending = link._recv_q.statistics().current_buffer_used > 0
-                if link._current is not None or not pending or link.address is None:
-                    break
-            elif link._current is not None or link.address is None:
-                await link._changed.wait()
-                continue
+            if not link._wants_dialer():
+                return
             address = link.address
+            assert address is not None
             session: _Session | None = None
             link._dial_scope = trio.CancelScope()
             with link._dial_scope:
@@ -370,13 +455,64 @@ class PeerLinks:
             else:
                 started = trio.current_time()
                 await self._run_session(link, session)
+                if link._dormant:  # closed for idleness, not failed: dial at once if something waits, or end
+                    failures = 0
+                    continue
                 lasted = trio.current_time() - started
                 failures = 1 if lasted >= self.config.backoff_max else failures + 1
             with trio.move_on_after(self.backoff(failures)):  # back off, unless forgotten or connected meanwhile
                 while link._current is None and not link._closing:
                     await link._changed.wait()
-        link._done.set()
-        link._notify()
+
+    def _enforce_cap(self) -> None:
+        """Past `max_links` live connections, ask the least recently used idle ones to close (a link with
+        something queued, or busy, is never chosen: the cap is then exceeded until one is idle)."""
+        cap = self.config.max_links
+        if not cap or self._live <= cap:
+            return
+        closing = 0
+        idle = []
+        for link in self._links.values():
+            session = link._current
+            if session is None:
+                continue
+            if session.evict or session.conn.sent_close:
+                closing += 1
+            elif session.wait_scope is not None and not link.pending and not self.busy(link.peer_id):
+                idle.append(link)
+        excess = self._live - closing - cap
+        if excess <= 0:
+            return
+        idle.sort(key=lambda link: link.last_active)
+        for link in idle[:excess]:
+            session = link._current
+            assert session is not None and session.wait_scope is not None
+            session.evict = True
+            session.wait_scope.cancel()
+
+    def _idle_deadline(self, link: PeerLink, session: _Session) -> float:
+        idle = self.config.idle_timeout
+        return max(link.last_active, session.idle_checked) + idle if idle else math.inf
+
+    def _close_idle(self, link: PeerLink, session: _Session) -> bool:
+        """Whether the writer, having waited in vain for a message, should close the connection now."""
+        if link.pending or link._closing:
+            return False
+        now = trio.current_time()
+        due = bool(self.config.idle_timeout) and now >= self._idle_deadline(link, session)
+        if not (due or session.evict):
+            return False
+        if self.busy(link.peer_id):
+            session.evict = False
+            session.idle_checked = now
+            return False
+        if session.evict:
+            self.evictions += 1
+        else:
+            self.idle_closes += 1
+        link.idle_closes += 1
+        link._dormant = True
+        return True
 
     async def _accept(self, stream: trio.abc.Stream) -> None:
         """Transport handler: handshake as responder, then run the connection as the link to that peer.
@@ -486,15 +622,30 @@ class PeerLinks:
             if link._carry:
                 batch, link._carry = link._carry, []
             else:
-                try:
-                    batch = [await link._recv_q.receive()]
-                except (trio.EndOfChannel, trio.ClosedResourceError):
-                    # The link was forgotten and its queue is drained: say goodbye, give the peer a moment to
-                    # answer.
-                    await session.goodbye(link._goodbye_reason, self.config.goodbye_timeout)
-                    session.scope.deadline = min(session.scope.deadline,
-                                                 trio.current_time() + self.config.goodbye_timeout)
-                    return
+                got: list[Message] = []
+                with trio.move_on_at(self._idle_deadline(link, session)) as session.wait_scope:
+                    try:
+                        got.append(await link._recv_q.receive())
+                    except (trio.EndOfChannel, trio.ClosedResourceError):
+                        # The link was forgotten and its queue is drained: say goodbye, give the peer a moment to
+                        # answer.
+                        await session.goodbye(link._goodbye_reason, self.config.goodbye_timeout)
+                        session.scope.deadline = min(session.scope.deadline,
+                                                     trio.current_time() + self.config.goodbye_timeout)
+                        return
+                    finally:
+                        session.wait_scope = None
+                if not got:
+                    if self._close_idle(link, session):
+                        # Idle (or the least recently used past the cap): say so; the peer answers and neither
+                        # side dials again until it has something to send. What the peer wrote meanwhile is
+                        # still read until its answer or the goodbye timeout.
+                        await session.goodbye("idle", self.config.goodbye_timeout)
+                        session.scope.deadline = min(session.scope.deadline,
+                                                     trio.current_time() + self.config.goodbye_timeout)
+                        return
+                    continue
+                batch = got
             while len(batch) < 64:
                 try:
                     batch.append(link._recv_q.receive_nowait())
@@ -539,11 +690,14 @@ class PeerLinks:
                 log.warning("peer %s rejected the connection: %s", link.peer_id, event.reason)
                 return
             if isinstance(event, Goodbye):
+                if event.reason == "idle":
+                    link._dormant = True  # the peer found the link idle: dial again only to send
                 await session.goodbye("goodbye", self.config.goodbye_timeout)
                 return
             if isinstance(event, Established):
                 continue
             link.received += 1
+            link.last_active = trio.current_time()
             try:
                 await self._on_message(link.peer_id, event)
             except Exception as exc:  # noqa: BLE001 - one peer's message must not end the node
@@ -570,6 +724,14 @@ async def _next_event(conn: Connection, stream: trio.abc.Stream, session: _Sessi
         # connection then costs a few KiB, however much it sends.
         data = await stream.receive_some(65536 if conn.state is State.ESTABLISHED else _HANDSHAKE_READ)
         conn.receive_data(data if isinstance(data, bytes) else bytes(data))
+
+
+def _never(peer_id: str) -> bool:
+    return False
+
+
+def _nowhere(peer_id: str) -> str | None:
+    return None
 
 
 #: Bytes read at a time during the handshake.

@@ -2,8 +2,9 @@
 
 A plan (TOML, ``plan.py``) names the nodes and weights, the changes (add, remove gracefully, kill) with their
 triggers, the web and the mode. ``simulate`` runs it on the real ring over a synthetic web with Zipf host
-popularity, without processes or network; ``live`` runs real ``peerd`` processes on loopback against the local
-web. Both give, per phase, the URLs sent from each node to each other node against the ratios the weights
+popularity, without processes or network; ``cluster`` runs the real nodes (membership, dispatch, hand-off) in one process over an
+in-memory network in virtual time; ``live`` runs real ``peerd`` processes on loopback against the local
+web. All three give, per phase, the URLs sent from each node to each other node against the ratios the weights
 promise, and split the deviation into the ring's key-space error, the host count and host popularity
 (``results.py``); ``report.py`` writes the tables, CSV files and plots into a run folder.
 
@@ -41,11 +42,13 @@ from .plan import (
 )
 from .report import default_run_dir, format_report, write_run
 from .results import ChangeResult, ExperimentResult, PhaseResult, Sample, node_deviations, ratio
+from .cluster import ClusterRunError, run_cluster
 from .simulate import run_simulation
 
 __all__ = [
     "BUNDLED_PLANS",
     "ChangeResult",
+    "ClusterRunError",
     "Dispatch",
     "End",
     "ExperimentResult",
@@ -67,6 +70,7 @@ __all__ = [
     "parse_plan",
     "ratio",
     "run",
+    "run_cluster",
     "run_simulation",
     "to_toml",
     "write_run",
@@ -91,7 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", default="design", metavar="FILE|NAME",
                         help=f"plan TOML file, or a bundled plan: {', '.join(sorted(BUNDLED_PLANS))} "
                         "(default design: the original design's A=150 B=80 C=200 D=40, C removed, E=300 added)")
-    parser.add_argument("--mode", choices=["simulate", "live"], help="override the plan's mode")
+    parser.add_argument("--mode", choices=["simulate", "cluster", "live"],
+                        help="override the plan's mode: simulate (the ring's arithmetic), cluster (real nodes "
+                        "simulated in one process, in virtual time), live (peerd processes)")
     parser.add_argument("--set", dest="overrides", action="append", type=_override, default=[],
                         metavar="KEY=VALUE", help="override a plan setting, value in TOML (repeatable; e.g. "
                         "web.hosts=10000000, fleet.count=996, points_per_weight=50)")
@@ -126,6 +132,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         if plan.mode == "simulate":
             result = run_simulation(plan, progress=progress)
+        elif plan.mode == "cluster":
+            try:
+                result = run_cluster(plan, progress=progress)
+            except ClusterRunError as exc:
+                print(f"peerctl experiment: {exc}", file=sys.stderr)
+                return 1
         else:
             from .live import LiveError, run_live
 

@@ -6,12 +6,13 @@ the effective plan back, so a run folder holds exactly what ran (``load(to_toml(
 
 Layout (every table but ``[nodes]`` and ``[end]`` optional; see ``default.toml`` for the design's experiment)::
 
-    name = "design"           mode = "simulate" | "live"      seed = 1      points_per_weight = 1000
+    name = "design"           mode = "simulate" | "cluster" | "live"      seed = 1      points_per_weight = 1000
     [nodes]     A = 150 ...                                  the initial cluster, node id = weight
     [fleet]     count, prefix, weight_min, weight_max        more initial nodes, weights drawn from the seed
     [web]       hosts, pages_per_host, links_per_page, internal_links, popularity, features (live)
     [dispatch]  batch_size, interval, codec                  (live: passed to every peerd)
-    [simulate]  pages_per_second, samples_per_phase
+    [simulate]  pages_per_second, samples_per_phase          (cluster: the pages a second of the whole cluster)
+    [cluster]   time_scale, settle_wait                      the simulated cluster (mode = "cluster")
     [live]      delay, concurrency, timeout, sample_interval, progress_interval, leave_wait, settle_wait,
                 suspicion_timeout, store, keep_data
     [[phase]]   name, at | after_pages, add = {X = w}, remove = [..], kill = [..]
@@ -49,6 +50,7 @@ __all__ = [
     "Plan",
     "PlanError",
     "SimulateSettings",
+    "ClusterSettings",
     "Web",
     "apply_overrides",
     "bundled_plan_text",
@@ -66,7 +68,7 @@ BUNDLED_PLANS = {
 }
 
 _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
-_MODES = ("simulate", "live")
+_MODES = ("simulate", "cluster", "live")
 _CODECS = ("msgpack", "json")
 _STORES = ("none", "warc")
 
@@ -126,6 +128,18 @@ class SimulateSettings:
     pages_per_second: float = 22.0
     #: 20 points per phase on the share-over-time plot: a readable curve, negligible cost.
     samples_per_phase: int = 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSettings:
+    """The simulated cluster (``mode = "cluster"``): real nodes in one process, in virtual time."""
+
+    #: virtual seconds per second of the plan's ``at`` triggers: 1 keeps the design's ten-minute phases; a
+    #: large fleet runs them shorter (0.05: 30 s) because every virtual second costs each node its timers.
+    time_scale: float = 1.0
+    #: virtual seconds a change has to settle (every ring the new one, no hand-off under way) before the run
+    #: fails: past the node's 30 s hand-off wait.
+    settle_wait: float = 120.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -195,6 +209,7 @@ class Plan:
     web: Web = field(default_factory=Web)
     dispatch: Dispatch = field(default_factory=Dispatch)
     simulate: SimulateSettings = field(default_factory=SimulateSettings)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
     live: LiveSettings = field(default_factory=LiveSettings)
     phases: tuple[Phase, ...] = ()
     end: End = field(default_factory=End)
@@ -349,7 +364,7 @@ class _Checker:
 
     def plan(self, raw: dict[str, Any]) -> Plan:
         top = {"name", "mode", "seed", "points_per_weight", "nodes", "fleet", "web", "dispatch", "simulate",
-               "live", "phase", "end"}
+               "cluster", "live", "phase", "end"}
         self.known(raw, "", top)
         if "name" not in raw:
             raise self.fail("name", "missing: every plan has a name (it names the run folder)")
@@ -399,6 +414,10 @@ class _Checker:
             "pages_per_second": lambda v, k: self.number(v, k, positive=True),
             "samples_per_phase": lambda v, k: self.integer(v, k, low=1),
         })
+        cluster = self.section(ClusterSettings, raw.get("cluster", {}), "cluster", {
+            "time_scale": lambda v, k: self.number(v, k, positive=True),
+            "settle_wait": lambda v, k: self.number(v, k, positive=True),
+        })
         live = self.section(LiveSettings, raw.get("live", {}), "live", {
             "delay": lambda v, k: self.number(v, k, low=0.0),
             "concurrency": lambda v, k: self.integer(v, k, low=1),
@@ -420,7 +439,7 @@ class _Checker:
         phases = tuple(self.phase(item, f"phase[{i + 1}]") for i, item in enumerate(phases_raw))
         end = self.end(raw.get("end"), mode)
         plan = Plan(name=name, mode=mode, seed=seed, points_per_weight=ppw, nodes=nodes, fleet=fleet, web=web,
-                    dispatch=dispatch, simulate=simulate, live=live, phases=phases, end=end)
+                    dispatch=dispatch, simulate=simulate, cluster=cluster, live=live, phases=phases, end=end)
         self.membership(plan)
         self.order(plan)
         self.ring_size(plan)
@@ -465,7 +484,7 @@ class _Checker:
         if "at" not in raw and "after_pages" not in raw:
             if not when_done:
                 raise self.fail("end", "give at = SECONDS, after_pages = N or when_done = true")
-            if mode == "simulate":
+            if mode != "live":
                 raise self.fail("end", "a simulation has no crawl to finish: give at = SECONDS or after_pages = N")
             return End(when_done=True)
         at, after = self.trigger(raw, "end")
@@ -562,7 +581,7 @@ def to_toml(plan: Plan) -> str:
              f"points_per_weight = {plan.points_per_weight}", "", "[nodes]"]
     lines += [f"{_key(node)} = {weight}" for node, weight in plan.nodes]
     for title, section in (("fleet", plan.fleet), ("web", plan.web), ("dispatch", plan.dispatch),
-                           ("simulate", plan.simulate), ("live", plan.live)):
+                           ("simulate", plan.simulate), ("cluster", plan.cluster), ("live", plan.live)):
         lines += ["", f"[{title}]"]
         lines += [f"{f.name} = {_value(getattr(section, f.name))}" for f in fields(section)]
     for phase in plan.phases:

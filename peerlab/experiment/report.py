@@ -112,10 +112,25 @@ def _phase_header(result: ExperimentResult, phase: PhaseResult) -> str:
             f"{phase.pages:,} pages, {phase.total_sent:,} URLs sent")
 
 
-def _matrix_table(phase: PhaseResult) -> list[str]:
+def _matrix_table(phase: PhaseResult, only: Sequence[str] | None = None) -> list[str]:
+    """The design's table: URLs from each node to each other, with the ratio the weights promise beside the
+    measured one; `only` restricts it to some nodes (the named ones of a large fleet), the ratios then taken
+    among them alone."""
     nodes = phase.nodes
     n = len(nodes)
     weights = {node: float(w) for node, w in phase.weights.items()}
+    if only is not None:
+        sub = [node for node in nodes if node in set(only)]
+        index = [nodes.index(node) for node in sub]
+        sent = PhaseResult.matrix(sub, {(sub[a], sub[b]): phase.sent[i * n + j]
+                                        for a, i in enumerate(index) for b, j in enumerate(index) if a != b})
+        phase = PhaseResult(index=phase.index, name=phase.name, start=phase.start, end=phase.end,
+                            pages=phase.pages, weights={node: phase.weights[node] for node in sub},
+                            key_shares={node: phase.key_shares[node] for node in sub},
+                            host_shares={node: phase.host_shares[node] for node in sub},
+                            popularity_shares=None if phase.popularity_shares is None else
+                            {node: phase.popularity_shares[node] for node in sub}, sent=sent)
+        return _matrix_table(phase)
     rows = [["from\\to", *nodes, "expected ratio", "measured ratio"]]
     for a, i in enumerate(nodes):
         others = [j for j in nodes if j != i]
@@ -183,6 +198,12 @@ def format_report(result: ExperimentResult) -> str:
         else:
             lines.append(f"({len(phase.weights):,} nodes: the URL matrix is in sent-phase{phase.index + 1}.csv; "
                          f"shown: the {TABLE_MAX_NODES} receivers that deviate most, then the plan's named nodes)")
+            named = [node for node in _named_nodes(plan) if node in phase.weights]
+            if len(named) >= 2:
+                lines.append(f"the design's table for the named nodes ({', '.join(named)}): URLs sent between them, "
+                             "the ratios taken among them alone")
+                lines += _matrix_table(phase, only=named)
+                lines.append("")
         devs = node_deviations(phase)
         shown = devs
         if len(devs) > TABLE_MAX_NODES:

@@ -12,19 +12,27 @@ the figures are those of a running cluster rather than of n joins in a row. Per 
 - a death: virtual seconds from the kill until every live node holds the victim DEAD, beside the suspicion
   timeout (5 s);
 - false suspicions: with 1% of messages lost for the same duration, how many live members were suspected (and
-  how many were declared dead) by anyone.
+  how many were declared dead) by anyone;
+- links: connections each node holds at the end of the steady state (mean and most), and connections opened
+  per node per second meanwhile (each a handshake). Links close after `--idle-timeout` seconds without traffic
+  (the product's `link_idle_timeout`, 60 s); `--warmup` virtual seconds pass before the steady state is
+  measured, so with a warm-up past the idle timeout the figures are those of links that come and go.
+- the process's peak resident memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import resource
 import time
 
 import trio
 import trio.testing
 
 from peer.cluster.membership import Membership, MembershipConfig
+from peer.cluster.peerlinks import LinkConfig
+from peer.config import DEFAULTS
 from peer.cluster.transport import MemoryNetwork
 from ring import MemberState, View, merge
 
@@ -37,8 +45,8 @@ def address(index: int) -> str:
 
 
 class Cluster:
-    def __init__(self, nursery: trio.Nursery, net: MemoryNetwork, seed: int) -> None:
-        self.nursery, self.net, self.seed = nursery, net, seed
+    def __init__(self, nursery: trio.Nursery, net: MemoryNetwork, seed: int, links: LinkConfig) -> None:
+        self.nursery, self.net, self.seed, self.link_config = nursery, net, seed, links
         self.nodes: dict[str, Membership] = {}
         self.scopes: dict[str, trio.CancelScope] = {}
         self.suspected: set[tuple[str, int]] = set()  # (node, incarnation) anyone held SUSPECT
@@ -56,6 +64,7 @@ class Cluster:
     async def start(self, index: int) -> Membership:
         membership = Membership(node_id=f"node-{index:04d}", weight=40 + index % 261, secret=SECRET,
                                 transport=self.net.transport(address(index)), config=CONFIG,
+                                link_config=self.link_config,
                                 rng=random.Random(self.seed * 100_000 + index), nonce=random.Random(index).randbytes)
 
         async def host(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
@@ -95,24 +104,29 @@ class Cluster:
                    for other, m in self.nodes.items() if other != node_id)
 
 
-def measure(count: int, seconds: float, seed: int = 1) -> dict[str, float]:
+def measure(count: int, seconds: float, *, warmup: float = 5.0, idle_timeout: float = DEFAULTS["link_idle_timeout"],
+            seed: int = 1) -> dict[str, float]:
     figures: dict[str, float] = {}
 
     async def main() -> None:
         net = MemoryNetwork(random.Random(seed), delay=0.001, jitter=0.001)
         async with trio.open_nursery() as nursery:
-            cluster = Cluster(nursery, net, seed)
+            cluster = Cluster(nursery, net, seed, LinkConfig(idle_timeout=idle_timeout))
             wall = time.perf_counter()
             await cluster.start_converged(count)
             figures["setup_s"] = time.perf_counter() - wall
-            await trio.sleep(5)  # links come up as probes go out
+            await trio.sleep(warmup)  # links come up as probes go out (and, past the idle timeout, go again)
             # steady state
             net.sent_bytes.clear()
+            connects = net.connects
             cpu = time.process_time()
             await trio.sleep(seconds)
             figures["cpu_per_node_s"] = (time.process_time() - cpu) / count / seconds
             figures["bytes_per_node_s"] = sum(net.sent_bytes.values()) / count / seconds
-            figures["links_per_node"] = 2 * len(net._links) / count
+            figures["connects_per_node_s"] = 2 * (net.connects - connects) / count / seconds
+            live = [m.links.live for m in cluster.nodes.values()]
+            figures["links_per_node"] = sum(live) / len(live)
+            figures["links_most"] = max(live)
             figures["steady_suspected"] = len(cluster.suspected)
             # a join
             newcomer = await cluster.start(count)
@@ -145,6 +159,7 @@ def measure(count: int, seconds: float, seed: int = 1) -> dict[str, float]:
     wall = time.perf_counter()
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     figures["wall_s"] = time.perf_counter() - wall
+    figures["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return figures
 
 
@@ -152,18 +167,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--seconds", type=float, default=20.0, help="virtual seconds of steady state and of loss")
+    parser.add_argument("--warmup", type=float, default=5.0, help="virtual seconds before the steady state")
+    parser.add_argument("--idle-timeout", type=float, default=DEFAULTS["link_idle_timeout"],
+                        help="seconds a link may stay idle before it closes (0: never)")
     args = parser.parse_args()
-    print(f"membership, {args.seconds:g} virtual s steady and {args.seconds:g} s at 1% loss; probe 1 s, gossip 0.2 s "
-          f"x3, suspicion {CONFIG.suspicion_timeout:g} s, sync {CONFIG.sync_interval:g} s")
+    print(f"membership, {args.warmup:g} virtual s warm-up, {args.seconds:g} s steady and {args.seconds:g} s at 1% "
+          f"loss; probe 1 s, gossip 0.2 s x3, suspicion {CONFIG.suspicion_timeout:g} s, sync "
+          f"{CONFIG.sync_interval:g} s, link idle timeout {args.idle_timeout:g} s")
     base = None
     for count in args.sizes:
-        f = measure(count, args.seconds)
+        f = measure(count, args.seconds, warmup=args.warmup, idle_timeout=args.idle_timeout)
         base = base or f
         print(f"N={count:5d}: {f['bytes_per_node_s']:8.0f} B/node/s ({f['bytes_per_node_s'] / base['bytes_per_node_s']:4.1f}x "
-              f"N={args.sizes[0]})  CPU {f['cpu_per_node_s'] * 1000:6.2f} ms/node/s  links/node {f['links_per_node']:5.1f}  "
+              f"N={args.sizes[0]})  CPU {f['cpu_per_node_s'] * 1000:6.2f} ms/node/s  links/node {f['links_per_node']:5.1f} "
+              f"(most {f['links_most']:.0f}, {f['connects_per_node_s']:.2f} opened/node/s)  "
               f"join known everywhere {f['join_s']:5.2f} s  death agreed {f['death_s']:5.2f} s  "
               f"false suspicions {f['false_suspicions']:.0f} (deaths {f['false_deaths']:.0f}) of "
-              f"{f['lost_messages']:.0f} lost  [wall {f['wall_s']:.0f} s]", flush=True)
+              f"{f['lost_messages']:.0f} lost  [wall {f['wall_s']:.0f} s, peak {f['peak_mb']:.0f} MB]", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,104 @@
+"""``peerctl experiment --mode cluster``: the design's experiment on real `Cluster` nodes (membership, dispatch,
+hand-off) simulated in one process over the in-memory network, 20 nodes with a leave and a join."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from peerlab import experiment
+from peerlab.experiment.cluster import run_cluster
+from peerlab.experiment.plan import parse_plan
+
+PLAN = """
+name = "cluster-20"
+mode = "cluster"
+seed = 3
+points_per_weight = 50
+
+[nodes]
+A = 150
+B = 80
+C = 200
+D = 40
+
+[fleet]
+count = 16
+
+[web]
+hosts = 3000
+links_per_page = 10
+
+[simulate]
+pages_per_second = 40.0
+samples_per_phase = 4
+
+[[phase]]
+name = "C removed"
+at = 12.0
+remove = ["C"]
+
+[[phase]]
+name = "E added"
+at = 20.0
+add = { E = 300 }
+
+[end]
+at = 30.0
+"""
+
+
+@pytest.mark.slow
+def test_the_design_experiment_runs_on_a_simulated_cluster_and_its_tables_add_up(tmp_path: Path) -> None:
+    plan = parse_plan(PLAN)
+    result = run_cluster(plan, workdir=tmp_path)
+    assert result.mode == "cluster" and len(result.phases) == 3 and len(result.changes) == 2
+    first, second, third = result.phases
+    assert len(first.weights) == 20 and "C" in first.weights and "E" not in first.weights
+    assert "C" not in second.weights and "E" not in second.weights and len(second.weights) == 19
+    assert "C" not in third.weights and "E" in third.weights and len(third.weights) == 20
+    # The run's own cross-checks found nothing: every node's ring gave the experiment's key shares, and no
+    # receiver counted fewer URLs from a sender than that sender counted to it.
+    assert not [note for note in result.notes if note.startswith("phase ")], result.notes
+    for phase in result.phases:
+        assert phase.pages > 0 and phase.total_sent > 0
+        # The samples of a phase add up to its matrix, sender by sender and receiver by receiver.
+        samples = [s for s in result.samples if s.phase == phase.index]
+        for node, total in phase.row_totals().items():
+            assert sum(s.sent_by.get(node, 0) for s in samples) == total
+        for node, total in phase.column_totals().items():
+            assert sum(s.received_by.get(node, 0) for s in samples) == total
+        # A node sends nothing to itself, and every named node of the phase sent and received URLs.
+        n = len(phase.weights)
+        assert all(phase.sent[i * n + i] == 0 for i in range(n))
+        for node in ("A", "B", "D"):
+            assert phase.row_totals()[node] > 0 and phase.column_totals()[node] > 0
+    assert third.column_totals()["E"] > 0
+    leave, join = result.changes
+    # C's leave handed its queue to the nodes that stay, never to itself; the join moved URLs to E only, the
+    # hosts it gained coming from the nodes that lost arcs to it.
+    assert leave.urls_moved > 0 and all(receiver in second.weights for _, receiver in leave.by_pair)
+    assert join.urls_moved > 0 and set(join.by_pair) == {("", "E")}
+    for change in (leave, join):
+        assert change.hosts_moved > 0
+        assert abs(change.moved_keyspace - change.ideal_keyspace) <= 0.05 * change.ideal_keyspace
+    # Each node's status counts its open links: at most one per peer.
+    [links] = [note for note in result.notes if note.startswith("links per node at the end")]
+    most, peers = re.search(r"most (\d+) \(of (\d+) peers\)", links).groups()
+    assert 1 <= int(most) <= int(peers) == 19
+    # The report prints the design's table for the named nodes of a fleet too large for the whole matrix.
+    text = experiment.format_report(result)
+    assert "the design's table for the named nodes (A, B, C, D)" in text
+    assert "the design's table for the named nodes (A, B, D, E)" in text
+
+
+def test_cluster_mode_is_a_plan_mode_and_checks_its_settings() -> None:
+    plan = parse_plan(PLAN.replace('mode = "cluster"', 'mode = "simulate"'), overrides={
+        "mode": '"cluster"', "cluster.time_scale": "0.05"})
+    assert plan.mode == "cluster" and plan.cluster.time_scale == 0.05
+    with pytest.raises(experiment.PlanError, match="cluster.settle_wait"):
+        parse_plan(PLAN, overrides={"cluster.settle_wait": "0"})
+    with pytest.raises(experiment.PlanError, match="a simulation has no crawl to finish"):
+        parse_plan(PLAN.replace("at = 30.0", "when_done = true"))
