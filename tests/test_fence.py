@@ -130,10 +130,13 @@ def test_an_inherited_arc_is_held_until_its_dead_owner_would_have_fenced_itself(
         seen["until"] = fence.inherit("d", arcs)
         seen["held"] = (fence.held(150), fence.held(250))
         await trio.sleep(10.0 + CONTACT_WINDOW + TAKEOVER_GRACE - 12.0 + 0.01)
+        seen["past_fence"] = fence.held(150)  # a host with no known timer waits TAKEOVER_GRACE more
+        await trio.sleep(TAKEOVER_GRACE)
         seen["released"] = fence.held(150)
         seen["past"] = fence.inherit("d", arcs)  # an old death: no hold at all
         seen["past_held"] = fence.held(150)
 
     _run(clock, body)
-    assert seen == {"until": 10.0 + CONTACT_WINDOW + TAKEOVER_GRACE, "held": (True, False), "released": False,
+    assert seen == {"until": 10.0 + CONTACT_WINDOW + TAKEOVER_GRACE, "held": (True, False), "past_fence": True,
+                    "released": False,
                     "past": 10.0 + CONTACT_WINDOW + TAKEOVER_GRACE, "past_held": False}

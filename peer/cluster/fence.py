@@ -10,7 +10,8 @@ declares dead while that node, alive behind the partition, may still fetch them.
   the suspicion timeout + `CONTACT_WINDOW` + `TAKEOVER_GRACE`: a suspicion raised before the heal may still fire,
   be heard, be refuted, and the heir must stop and give the hosts back;
 - an heir holds the arcs it inherits from a dead member until `CONTACT_WINDOW + TAKEOVER_GRACE` after it last
-  heard from it: by then, were it alive on the other side, it has fenced itself and its requests have ended.
+  heard from it (by then, were it alive on the other side, it has fenced itself and its requests have ended),
+  and `TAKEOVER_GRACE` more for a host whose timer it does not know.
 
 `PartitionFence` keeps that state; the cluster asks it (`fenced`, `holds`) before each host turn and runs its
 `contact_loop`. It reads the membership's view and last-heard times and the trio clock, nothing else.
@@ -86,11 +87,14 @@ class PartitionFence:
         return any(position in arcs for arcs, _until in self._holds)
 
     def inherit(self, dead: str, arcs: Container[int]) -> float:
-        """This node inherits `arcs` from `dead`: hold them until CONTACT_WINDOW + TAKEOVER_GRACE after it was
-        last heard from. Returns when the hold ends, in trio time (-inf if it has already)."""
+        """This node inherits `arcs` from `dead`. Returns the fence's end for them, in trio time: CONTACT_WINDOW +
+        TAKEOVER_GRACE after `dead` was last heard from (were it alive behind a partition, its last request has
+        ended by then); a host's Crawl-delay runs from there. The arcs are held TAKEOVER_GRACE longer: a host
+        whose state did not reach this node (its URLs arriving by a batch or from the outbox rather than from the
+        dead node's replicas) has no known timer, and waits that much past the fence's end."""
         until = self.last_heard.get(dead, -math.inf) + CONTACT_WINDOW + TAKEOVER_GRACE
-        if until > trio.current_time():
-            self._holds.append((arcs, until))
+        if until + TAKEOVER_GRACE > trio.current_time():
+            self._holds.append((arcs, until + TAKEOVER_GRACE))
         return until
 
     async def contact_loop(self) -> None:
