@@ -17,7 +17,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.cluster.handoff import Handoff, HandoffConfig, _ArcSet, handoff_arcs
+from peer.cluster.handoff import Handoff, HandoffConfig, _ArcSet, handoff_arcs, plan_view
 from protocol import HandoffAck, HandoffChunk, Message
 from ring import Ring, diff, diff_moves, host_position, wire_moves
 from storage import HostState, NodeStore, QueuedUrl, in_arc, url_key
@@ -192,3 +192,62 @@ def test_arc_sets_locate_positions_as_in_arc_does(cuts: list[int], wrap: bool, p
             shared = any(in_arc(p, *b) for a in arc_set.arcs for b in other.arcs for p in (a[0], b[0])
                          if in_arc(p, *a) and in_arc(p, *b))
             assert arc_set.touches(other) == other.touches(arc_set) == shared
+
+
+# -- overlapping arc sets merged (a node fresh from a restart waits for the union of two gain computations) --
+
+_SPACE = 2**64
+_points = st.integers(0, _SPACE - 1)
+
+
+@st.composite
+def _disjoint_sets(draw) -> _ArcSet:
+    """Disjoint arcs, at most one wrapping, as a ring's moved arcs are: cut points sorted, every other gap kept."""
+    cuts = sorted(set(draw(st.lists(_points, min_size=0, max_size=12))))
+    if len(cuts) < 2:
+        return _ArcSet()
+    arcs = [(cuts[i], cuts[i + 1]) for i in range(0, len(cuts) - 1, 2)]
+    if draw(st.booleans()) and len(cuts) % 2 == 1 and len(cuts) > 2:
+        arcs.append((cuts[-1], cuts[0]))  # one arc across 2**64
+    return _ArcSet(arcs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sets=st.lists(_disjoint_sets(), min_size=1, max_size=3), probes=st.lists(_points, min_size=1, max_size=40))
+def test_merged_arc_sets_hold_exactly_the_positions_of_their_parts(sets, probes) -> None:
+    merged = _ArcSet.merged(sets)
+    edges = [p for s in sets for arc in s.arcs for p in (arc[0], (arc[0] - 1) % _SPACE, arc[1], (arc[1] - 1) % _SPACE)]
+    for position in [*probes, *edges]:
+        assert (position in merged) == any(position in s for s in sets), position
+    starts = merged.starts.tolist()
+    assert starts == sorted(starts) and len(set(starts)) == len(starts)
+    wrapping = [(a, b) for a, b in merged.arcs if b != 0 and b <= a]
+    assert len(wrapping) <= 1
+
+
+def test_merged_arc_sets_join_overlaps_and_the_whole_ring() -> None:
+    a = _ArcSet([(10, 20), (30, 40)])
+    b = _ArcSet([(15, 35), (_SPACE - 5, 3)])
+    assert _ArcSet.merged([a, b]).arcs == [(10, 40), (_SPACE - 5, 3)]
+    assert _ArcSet.merged([_ArcSet([(0, 0)]), a]).arcs == [(0, 0)]
+    assert _ArcSet.merged([_ArcSet([(5, 5)])]).arcs == [(0, 0)]  # equal bounds: the whole ring
+    assert _ArcSet.merged([_ArcSet([(0, _SPACE // 2)]), _ArcSet([(_SPACE // 2, 0)])]).arcs == [(0, 0)]
+
+
+def test_a_fresh_node_also_waits_for_the_owners_of_the_ring_without_it() -> None:
+    """A restarted node whose first ring came from a partial view (a and c, not b) owns some of b's arcs in both
+    its rings: the plain diff waits for nobody there; the extra gains against the ring without it wait for b."""
+    full = Ring({"a": 3, "b": 2, "c": 2}, points_per_weight=20)
+    partial = Ring({"a": 3, "c": 2}, points_per_weight=20)
+    without = Ring({"a": 3, "b": 2}, points_per_weight=20)
+    plain = plan_view("c", partial, full)
+    fresh = plan_view("c", partial, full, extra_gains=diff_moves(without, full))
+    assert "b" not in plain.gained
+    assert "b" in fresh.gained
+    b_arcs = fresh.gained["b"]
+    for start, end in b_arcs.arcs:  # each of them is c's now and was b's without c
+        assert full.owner_at(start) == "c" and without.owner_at(start) == "b"
+    # and what the plain diff waits for is still waited for
+    for peer, arcs in plain.gained.items():
+        for start, _end in arcs.arcs:
+            assert start in fresh.gained[peer]

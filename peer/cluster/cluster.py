@@ -60,6 +60,9 @@ JOIN_RING_TIMEOUT = 30.0
 #: A node seen LEAVING this long and no longer connected has left: its arcs are not waited for any more. Its
 #: links stay up while it hands off, so this only needs to cover a link that is not up yet.
 LEFT_GRACE = 2.0
+#: A node that joined (or restarted) less than this many suspicion timeouts ago takes the arcs it gains at a view
+#: change as coming from the owners of the ring without it: its first views may have been partial.
+FRESH_WINDOW = 2.0
 #: After concluding the crawl is finished, a node keeps answering until every peer has concluded too.
 LINGER_TIMEOUT = 5.0
 #: A look at the cluster asks the peers for their detailed status (the dashboard's) at most this often.
@@ -179,6 +182,7 @@ class Cluster:
         self.address: str | None = None
         self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
         self.ready = trio.Event()  # joined (or started a new cluster) and seeded: progress rounds may begin
+        self._ready_at: float | None = None  # when `ready` was set (see `_fresh`)
         self.leaving = False
         self.view_changes = 0
         self.hosts_swept = 0
@@ -348,6 +352,7 @@ class Cluster:
             await nursery.start(self.handoff.run)
             await nursery.start(self.replicas.run)
             await nursery.start(self.backups.run)
+            nursery.start_soon(self._note_ready)
             nursery.start_soon(self._follow_views, watch)
             nursery.start_soon(self._progress_loop)
             nursery.start_soon(self._sweep_loop)
@@ -435,6 +440,17 @@ class Cluster:
             view = await watch.next()
             await self._view_changed(view)
 
+    def _fresh(self) -> bool:
+        """Still joining, or joined less than FRESH_WINDOW suspicion timeouts ago: the views this node merges may
+        still be partial (a restarted node's first view can lack members the cluster has)."""
+        if not self.ready.is_set() or self._ready_at is None:
+            return True
+        return trio.current_time() - self._ready_at < FRESH_WINDOW * self.cfg.suspicion_timeout
+
+    async def _note_ready(self) -> None:
+        await self.ready.wait()
+        self._ready_at = trio.current_time()
+
     async def _view_changed(self, view: View) -> None:
         old_view, old_ring = self.view, self.ring
         assert old_ring is not None
@@ -443,27 +459,38 @@ class Cluster:
             m.state in _OWNING for m in old_view.members if m.node_id != self.node_id
         )
         gain_arcs: Moves | None = None
+        extra_gains: Moves | None = None
         if new_ring == old_ring:
             arcs = Moves.empty(wire=True)
         else:
             # the moved arcs as arrays (a join at 1,000 points per weight moves one arc per point of the joiner)
             arcs = await trio.to_thread.run_sync(lambda: wire_moves(diff_moves(old_ring, new_ring)))
-            if (alone_before or not self.ready.is_set()) and new_ring.nodes != (self.node_id,):
+            replace = alone_before or not self.ready.is_set()
+            if (replace or self._fresh()) and new_ring.nodes != (self.node_id,):
                 # Our own previous ring had only us, or we are still joining (a partial view merged first): the
-                # arcs we gain come from the owners in the cluster's ring without us.
+                # arcs we gain come from the owners in the cluster's ring without us. Joined (or back from a
+                # restart) only a moment ago, we wait for those owners too, besides the previous owners in our own
+                # previous ring: that ring may have been built from a partial view (a restarted node merges its
+                # last view or the seed's first), which gave us an arc "from" a node that never had it, so the next
+                # ring shows the arc as ours in both. Each owner sends us a transfer (empty at least) for every ring
+                # it adopts, so waiting for one that holds nothing costs a round trip.
                 without = {n: w for n, w in new_ring.weights.items() if n != self.node_id}
                 if without and self.node_id in new_ring.weights:
                     before = await trio.to_thread.run_sync(lambda: new_ring.with_weights(without))
-                    gain_arcs = await trio.to_thread.run_sync(lambda: wire_moves(diff_moves(before, new_ring)))
+                    moved = await trio.to_thread.run_sync(lambda: wire_moves(diff_moves(before, new_ring)))
                 else:
-                    gain_arcs = Moves.empty(wire=True)
+                    moved = Moves.empty(wire=True)
+                if replace:
+                    gain_arcs = moved
+                else:
+                    extra_gains = moved
         gone = {m.node_id for m in view.members if m.state is MemberState.DEAD}
         plan = None
-        if arcs or gain_arcs:
+        if arcs or gain_arcs or extra_gains:
             # who gets which arcs, worked out in the worker thread too (a joiner loses millions of arcs at once)
             node_id = self.node_id
             plan = await trio.to_thread.run_sync(lambda: plan_view(node_id, old_ring, new_ring, gone=gone, arcs=arcs,
-                                                                   gain_arcs=gain_arcs))
+                                                                   gain_arcs=gain_arcs, extra_gains=extra_gains))
         # No await from here on: the ring, the hand-off and the crawler change together.
         self.view, self.epoch = view, view.epoch
         self._set_ring(new_ring)

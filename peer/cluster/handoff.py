@@ -175,6 +175,36 @@ class _ArcSet:
             return cls()
         return cls.of(np.concatenate([s.starts for s in sets]), np.concatenate([s.ends for s in sets]))
 
+    @classmethod
+    def merged(cls, sets: Iterable[_ArcSet]) -> _ArcSet:
+        """The positions of several sets that may overlap, as disjoint arcs (overlapping and adjacent arcs
+        joined; at most one arc wraps, and the whole ring is one arc with equal bounds)."""
+        spans: list[tuple[int, int]] = []
+        for arc_set in sets:
+            for start, end in arc_set.arcs:
+                end = end or RING_SPACE
+                if start == end % RING_SPACE:
+                    return cls([(0, 0)])  # one of them is the whole ring
+                if end > start:
+                    spans.append((start, end))
+                else:  # wraps: split at 2**64
+                    spans.append((start, RING_SPACE))
+                    spans.append((0, end))
+        spans.sort()
+        joined: list[list[int]] = []
+        for start, end in spans:
+            if joined and start <= joined[-1][1]:
+                joined[-1][1] = max(joined[-1][1], end)
+            else:
+                joined.append([start, end])
+        if len(joined) == 1 and joined[0] == [0, RING_SPACE]:
+            return cls([(0, 0)])
+        if len(joined) > 1 and joined[0][0] == 0 and joined[-1][1] == RING_SPACE:
+            first = joined.pop(0)
+            joined[-1][1] = first[1]  # one arc across 2**64 again
+        return cls.of(np.array([a for a, _ in joined], dtype=np.uint64),
+                      np.array([b % RING_SPACE for _, b in joined], dtype=np.uint64))
+
     def _adopt(self, starts: np.ndarray, ends: np.ndarray) -> None:
         self.starts, self.ends = starts, ends
         self._starts_view = memoryview(starts)
@@ -304,8 +334,12 @@ class ViewPlan:
 
 def plan_view(node_id: str, old: Ring, new: Ring, *, gone: Iterable[str] = (), gains_from: Ring | None = None,
               arcs: Moves | Sequence[ArcMove] | None = None,
-              gain_arcs: Moves | Sequence[ArcMove] | None = None) -> ViewPlan:
-    """The `ViewPlan` of `node_id` for the change from `old` to `new` (the arguments of `Handoff.view_changed`)."""
+              gain_arcs: Moves | Sequence[ArcMove] | None = None,
+              extra_gains: Moves | Sequence[ArcMove] | None = None) -> ViewPlan:
+    """The `ViewPlan` of `node_id` for the change from `old` to `new` (the arguments of `Handoff.view_changed`).
+    `extra_gains`: more moved arcs whose gains this node also waits for, from their previous owners there (a
+    node fresh from a join or a restart: the arcs it gains against the ring without it, besides those of the
+    diff from its own previous ring, which may have been built from a partial view)."""
     moves = _as_wire(arcs) if arcs is not None else wire_moves(diff_moves(old, new))
     lost_mask = moves.previous == moves.index_of(node_id)
     lost = moves.where(lost_mask)
@@ -324,8 +358,16 @@ def plan_view(node_id: str, old: Ring, new: Ring, *, gone: Iterable[str] = (), g
         inherited_mask = (moves.next == moves.index_of(node_id)) & np.isin(
             moves.previous, [moves.index_of(node) for node in gone])
         inherited = _by_node(moves, inherited_mask, moves.previous)
+    gained = _by_node(gains, gained_mask, gains.previous)
+    if extra_gains is not None:
+        extra = _as_wire(extra_gains)
+        extra_mask = (extra.next == extra.index_of(node_id)) & (extra.previous >= 0)
+        if gone:
+            extra_mask &= ~np.isin(extra.previous, [extra.index_of(node) for node in gone])
+        for peer, peer_arcs in _by_node(extra, extra_mask, extra.previous).items():
+            gained[peer] = _ArcSet.merged([gained[peer], peer_arcs]) if peer in gained else peer_arcs
     return ViewPlan(lost=lost, lost_set=_joined_up(_ArcSet.of(lost.starts, lost.ends)), by_peer=by_peer,
-                    gained=_by_node(gains, gained_mask, gains.previous), inherited=inherited)
+                    gained=gained, inherited=inherited)
 
 
 ArcSet = _ArcSet  # disjoint arcs with a bisect look-up (the cluster holds inherited arcs in one)
