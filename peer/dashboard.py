@@ -52,6 +52,20 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory since it started its program: /proc's VmHWM where there is one (the
+    peak of the current address space: `ru_maxrss` would also count the parent's memory when the process was
+    started by vfork and exec), else `ru_maxrss`."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 class NodeWatch:
     """One node's figures over time, sampled by the node's housekeeping (`sample`, about once a second)."""
 

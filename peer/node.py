@@ -42,7 +42,7 @@ from peer.control import Reply, json_reply, load_or_create_token, serve_control
 from peer.crawl.crawler import Crawler
 from peer.crawl.settings import CONFIG_VERSION_FOUNDER, CrawlSettings, SettingsError, SettingsFile
 from peer.crawl.seenstores import open_node_store
-from peer.dashboard import STALL_AFTER, NodeWatch, page, rss_bytes, slow_hosts
+from peer.dashboard import STALL_AFTER, NodeWatch, page, peak_rss_bytes, rss_bytes, slow_hosts
 from peer.fetch.dns import CachingResolver
 from peer.fetch.http import Fetcher
 from peer.stats import Stats, StatsCollector
@@ -446,7 +446,8 @@ class Node:
                     nursery.start_soon(self._wait_done_or_stop, nursery)
                 store.sync()
                 self.final_status = self.status()
-                log.info("node stopped", extra={"node_id": self.node_id, **self.stats.as_dict()})
+                log.info("node stopped", extra={"node_id": self.node_id, **self.stats.as_dict(),
+                                                "peak_rss": peak_rss_bytes()})
         return 0
 
     def _record_dropped(self, urls: list[str]) -> None:

@@ -81,11 +81,14 @@ async def test_a_node_crawls_the_hostile_web_within_its_memory_bound(tmp_path: P
         nursery.cancel_scope.cancel()
     records = log_records(log)
     assert os.waitstatus_to_exitcode(status) == 0, "\n".join(map(str, records[-10:]))
-    peak_mib = usage.ru_maxrss / 1024
-    print(f"hostile web: peak RSS {peak_mib:.0f} MiB (bound {RSS_BOUND_MIB} MiB)")
-    assert peak_mib < RSS_BOUND_MIB
     stopped = [r for r in records if r.get("msg") == "node stopped"]
     assert stopped, "the node did not stop cleanly"
+    # The node's own peak (VmHWM): the rusage of a child started by vfork and exec also counts the memory of
+    # this test process (pytest's, grown by the suite) at the moment of the spawn.
+    peak_mib = stopped[-1]["peak_rss"] / 2**20
+    print(f"hostile web: peak RSS {peak_mib:.0f} MiB (bound {RSS_BOUND_MIB} MiB; rusage said "
+          f"{usage.ru_maxrss / 1024:.0f})")
+    assert 0 < peak_mib < RSS_BOUND_MIB
     errors = stopped[-1].get("errors", {})
     assert errors.get("internal", 0) == 0, errors  # every page is handled, none needs the safety net
     assert errors.get("protocol", 0) >= 2, errors  # three stacked codings, an unknown coding

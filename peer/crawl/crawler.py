@@ -168,6 +168,9 @@ class Crawler:
         self.dropped_urls: list[str] = []
         # --page-threads N: a page's store and parse run in one of N threads (see _store_and_extract)
         self._page_threads = trio.CapacityLimiter(cfg.page_threads) if cfg.page_threads > 0 else None
+        # one large page parsed at a time: a 10 MiB page of a quarter of a million links makes a tree and link
+        # lists of over 100 MiB, and several at once (as a loaded machine lines them up) break the memory bound
+        self._large_parses = trio.CapacityLimiter(1)
         # --revisit: every stored page gets a next visit in the store's schedule (storage/_revisits.py)
         self.schedule = store.revisits if cfg.revisit else None
 
@@ -877,7 +880,10 @@ class Crawler:
                 else:
                     size = self._store(resp, ctype, now)
                     if is_html(ctype):
-                        if self.cfg.parse_in_thread or len(resp.body) > _THREAD_PARSE_BYTES:
+                        if len(resp.body) > _THREAD_PARSE_BYTES:
+                            page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype,
+                                                                 limiter=self._large_parses)
+                        elif self.cfg.parse_in_thread:
                             page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype)
                         else:
                             page = extract(resp.body, item.url, ctype)
