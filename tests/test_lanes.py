@@ -192,6 +192,29 @@ def test_a_fresh_start_lends_at_once_and_a_restart_waits_what_it_lent(tmp_path) 
         assert isinstance(got, Lane) is lent_at_once
 
 
+def test_a_joiner_does_not_lend_what_it_owned_alone_before_it_joined() -> None:
+    """A node that starts alone (a fresh data dir: no start wait) and then joins a cluster owned the whole ring
+    only in its own head. Its first ring with the others must count as a change of owner: it waits for the old
+    owner's hand-over or the quarantine, as the cluster's owner may still have lanes out on lease."""
+    sim = Sim(["A"], 1, 0.0, 3)
+    address = "10.0.0.2"
+    a = sim.nodes["A"]
+    sim.run_until(a.quarantine + 0.1)
+    lane = a.try_acquire(address, sim.now)  # A, the cluster's owner, lends itself its lane
+    assert isinstance(lane, Lane)
+    c = FleetLanes("C", 1, 0.0, lease=LEASE, max_request=MAX_REQUEST, delegate=_Delegate(sim, "C"),
+                   start_wait=0.0, clock=lambda: sim.now)
+    sim.nodes["C"], sim.ready_calls["C"] = c, 0
+    c.ring_changed(lambda _a: "C")  # C's own first ring: itself alone
+    c.joining()
+    sim.owner_map = {k: "C" for k in sim.owner_map}  # the cluster's ring gives the address to C
+    joined = sim.now
+    c.ring_changed(lambda _a: "C")
+    assert not isinstance(c.try_acquire(address, sim.now), Lane)  # A's lease may still run
+    sim.run_until(joined + c.quarantine + 0.3)
+    assert isinstance(c.try_acquire(address, sim.now), Lane)  # the quarantine is over: every old lease ran out
+
+
 def test_an_ask_made_again_keeps_its_place_in_line() -> None:
     sim = Sim(["A", "B", "C"], 1, 0.0, 3)
     address = "10.0.0.3"  # owned by A under ["A", "B", "C"]

@@ -365,6 +365,8 @@ class Cluster:
 
     async def join(self, seeds: Iterable[str]) -> str:
         """Join through the first seed that answers (each tried with the links' retries); the seed used."""
+        if self.lanes is not None:
+            self.lanes.joining()
         problems = []
         for seed in seeds:
             if seed == self.address:

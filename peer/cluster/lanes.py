@@ -151,6 +151,17 @@ class FleetLanes:
         for address in [a for a in self._handed if now - self._handed[a][0] > self.quarantine]:
             del self._handed[address]
 
+    def joining(self) -> None:
+        """This node is about to join a cluster: the rings it had on its own (all of them itself alone) owned
+        nothing that a member did not lend first. Forgotten, so an address it owns in its first ring with the
+        others counts as newly gained from its previous owner: it waits for that owner's hand-over, or the
+        quarantine, before lending, as after any change of owner. (Kept, a joiner would lend at once lanes the
+        cluster's owner still has out on lease.)"""
+        self._rings.clear()
+        self._start_wait = self.quarantine  # what a previous run lent is inside the quarantine anyway
+        for address in [a for a, entry in self._owned.items() if not any(lane.holder for lane in entry.lanes)]:
+            del self._owned[address]
+
     def _owned_since(self, address: str) -> float:
         """Since when this node has owned `address` without a break, by the rings remembered (the oldest one
         remembered counts from when it came in: the process start, or as far back as is known)."""
