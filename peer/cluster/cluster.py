@@ -310,10 +310,11 @@ class Cluster:
         node is on the minority side of a partition (`fenced`)."""
         if self.fence.fenced():
             return True
+        holding, waiting = self.fence.holding(), self.handoff.waiting()
+        if not (holding or waiting):
+            return False  # the common case: no hash of the host per turn
         position = host_position(host)
-        if self.fence.held(position):
-            return True
-        return self.handoff.waiting() and self.handoff.blocked(position)
+        return (holding and self.fence.held(position)) or (waiting and self.handoff.blocked(position))
 
     def busy_positions(self) -> list[int]:
         return [host_position(host) for host in self.crawler.busy_hosts()] if self.crawler else []

@@ -78,6 +78,10 @@ class PartitionFence:
             return True  # frozen since the last tick: nothing is known until the contact loop has run again
         return self._fence or now < self._until
 
+    def holding(self) -> bool:
+        """Whether any inherited arcs are held (their holds are dropped as they end, at the next `held`)."""
+        return bool(self._holds)
+
     def held(self, position: int) -> bool:
         """`position` lies in an arc inherited from a dead member whose hold has not ended."""
         if not self._holds:

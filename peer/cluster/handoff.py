@@ -177,33 +177,32 @@ class _ArcSet:
 
     @classmethod
     def merged(cls, sets: Iterable[_ArcSet]) -> _ArcSet:
-        """The positions of several sets that may overlap, as disjoint arcs (overlapping and adjacent arcs
-        joined; at most one arc wraps, and the whole ring is one arc with equal bounds)."""
-        spans: list[tuple[int, int]] = []
-        for arc_set in sets:
-            for start, end in arc_set.arcs:
-                end = end or RING_SPACE
-                if start == end % RING_SPACE:
-                    return cls([(0, 0)])  # one of them is the whole ring
-                if end > start:
-                    spans.append((start, end))
-                else:  # wraps: split at 2**64
-                    spans.append((start, RING_SPACE))
-                    spans.append((0, end))
-        spans.sort()
-        joined: list[list[int]] = []
-        for start, end in spans:
-            if joined and start <= joined[-1][1]:
-                joined[-1][1] = max(joined[-1][1], end)
-            else:
-                joined.append([start, end])
-        if len(joined) == 1 and joined[0] == [0, RING_SPACE]:
+        """The positions of several sets that may overlap, as disjoint arcs (overlapping and touching arcs
+        joined; at most one arc wraps, and the whole ring is one arc with equal bounds). Vectorized: a node fresh
+        from a join merges one arc per point of its own."""
+        sets = [s for s in sets if len(s.starts)]
+        if not sets:
+            return cls()
+        starts = np.concatenate([s.starts for s in sets])
+        lasts = np.concatenate([s.ends for s in sets]) - np.uint64(1)  # inclusive: an end of 0 (2**64) fits
+        if np.any(starts == lasts + np.uint64(1)):
+            return cls([(0, 0)])  # one of them is the whole ring
+        wraps = starts > lasts
+        top = np.uint64(RING_SPACE - 1)
+        starts = np.concatenate((starts[~wraps], starts[wraps], np.zeros(int(wraps.sum()), dtype=np.uint64)))
+        lasts = np.concatenate((lasts[~wraps], np.full(int(wraps.sum()), top, dtype=np.uint64), lasts[wraps]))
+        order = np.argsort(starts, kind="stable")
+        starts, lasts = starts[order], np.maximum.accumulate(lasts[order])
+        # a new arc begins where a start lies beyond the previous arcs' reach by more than one position
+        gap = np.concatenate(([True], (starts[1:] > lasts[:-1]) & (starts[1:] - lasts[:-1] > np.uint64(1))))
+        firsts = np.flatnonzero(gap)
+        starts, lasts = starts[firsts], lasts[np.concatenate((firsts[1:] - 1, [len(lasts) - 1]))]
+        if len(starts) == 1 and starts[0] == 0 and lasts[0] == top:
             return cls([(0, 0)])
-        if len(joined) > 1 and joined[0][0] == 0 and joined[-1][1] == RING_SPACE:
-            first = joined.pop(0)
-            joined[-1][1] = first[1]  # one arc across 2**64 again
-        return cls.of(np.array([a for a, _ in joined], dtype=np.uint64),
-                      np.array([b % RING_SPACE for _, b in joined], dtype=np.uint64))
+        if len(starts) > 1 and starts[0] == 0 and lasts[-1] == top:
+            lasts[-1] = lasts[0]  # one arc across 2**64 again
+            starts, lasts = starts[1:], lasts[1:]
+        return cls.of(starts, lasts + np.uint64(1))
 
     def _adopt(self, starts: np.ndarray, ends: np.ndarray) -> None:
         self.starts, self.ends = starts, ends

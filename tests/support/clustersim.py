@@ -26,13 +26,12 @@ the same virtual times, whatever the hash seed.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
 import random
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +45,7 @@ from peer.fetch.http import Response
 from peer.stats import Stats
 from peer.cluster.transport import MemoryNetwork
 from peer.crawl.urls import host_of_normalized
+from peerlab.experiment.cluster import inline_threads  # the lab's simulated cluster runs the same way
 from ring import MemberState
 from storage import NodeStore, NullPageStore
 
@@ -629,23 +629,6 @@ class ClusterSim:
 
 
 # -- determinism -----------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def inline_threads() -> Iterator[None]:
-    """Run `trio.to_thread.run_sync(fn)` as a checkpoint followed by `fn()` in the trio thread, so the virtual
-    clock cannot jump while a ring is built (see the module docstring). Restores the real one on exit."""
-    real = trio.to_thread.run_sync
-
-    async def run_sync(fn, *args, **_options):  # type: ignore[no-untyped-def]
-        await trio.lowlevel.checkpoint()
-        return fn(*args)
-
-    trio.to_thread.run_sync = run_sync  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        trio.to_thread.run_sync = real  # type: ignore[assignment]
 
 
 def seed_scheduler(seed: int) -> None:
