@@ -119,6 +119,8 @@ class Config:
     control_token_file: str = ""
     parse_in_thread: bool = False
     page_threads: int = 0
+    page_processes: int = 0
+    page_process_timeout: float = 60.0
     log_level: str = "info"
     log_format: str = "auto"
 
@@ -232,6 +234,8 @@ FIELDS: dict[str, str] = {
     "control_token_file": "file holding the control token (a Kubernetes secret); a set token lets the control endpoint listen beyond loopback",
     "parse_in_thread": "lxml parsing in a worker thread; inline is cheaper for small pages on few cores",
     "page_threads": "threads that store and parse pages (gzip, digests, lxml release the GIL); 0 = inline",
+    "page_processes": "worker processes that parse pages and build their WARC records; 0 = inline: one node per core is cheaper per page (docs/operations.md, sizing)",
+    "page_process_timeout": "seconds one page may hold a page worker before the worker is killed and the page sent again (a 10 MiB page parses in about 1 s)",
     "log_level": "info: one line per notable event, not per page",
     "log_format": "auto: JSON lines when stderr is not a terminal, text otherwise",
 }
@@ -284,6 +288,13 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"concurrency must be > 0, got {cfg.concurrency}")
     if not 0 <= cfg.page_threads <= 256:
         raise ConfigError(f"page_threads must be within [0, 256], got {cfg.page_threads}")
+    if not 0 <= cfg.page_processes <= 256:
+        raise ConfigError(f"page_processes must be within [0, 256], got {cfg.page_processes}")
+    if cfg.page_threads and cfg.page_processes:
+        raise ConfigError(f"page_threads ({cfg.page_threads}) and page_processes ({cfg.page_processes}) both "
+                          "move the same page work: set one of them")
+    if not cfg.page_process_timeout > 0:
+        raise ConfigError(f"page_process_timeout must be > 0 seconds, got {cfg.page_process_timeout}")
     if cfg.max_active_hosts < 0 or cfg.host_window_turns < 0:
         raise ConfigError(f"max_active_hosts and host_window_turns must be >= 0 (0: no bound), got "
                           f"{cfg.max_active_hosts} and {cfg.host_window_turns}")

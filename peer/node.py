@@ -21,10 +21,11 @@ import ipaddress
 import json
 import logging
 import os
+import resource
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import AbstractAsyncContextManager, ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from peer.cluster.transport import TransportError
 from peer.config import Config, ConfigError, parse_address, read_control_token, read_secret, read_seeds
 from peer.control import Reply, json_reply, load_or_create_token, serve_control
 from peer.crawl.crawler import Crawler
+from peer.crawl.pageworkers import PageWorkers, open_page_workers
 from peer.crawl.settings import CONFIG_VERSION_FOUNDER, CrawlSettings, SettingsError, SettingsFile
 from peer.crawl.seenstores import open_node_store
 from peer.dashboard import STALL_AFTER, NodeWatch, page, peak_rss_bytes, rss_bytes, slow_hosts
@@ -108,6 +110,7 @@ class Node:
         self.stats = Stats()
         self.started_wall = time.time()
         self.crawler: Crawler | None = None
+        self.page_workers: PageWorkers | None = None
         self.cluster: Cluster | None = None
         self.resolver: CachingResolver | None = None
         self.control_port: int | None = None
@@ -137,6 +140,8 @@ class Node:
             "revisit": c.revisit_status(),
         }
         out.update(self.stats.as_dict())
+        workers = self.page_workers
+        out["page_workers"] = workers.status() if workers is not None else {"processes": 0}
         if self.resolver is not None:
             out["dns"] = self.resolver.stats.as_dict()
         out["cluster"] = self.cluster.status() if self.cluster is not None else {"enabled": False}
@@ -400,12 +405,13 @@ class Node:
                 read_timeout=cfg.read_timeout,
                 total_timeout=cfg.total_timeout,
                 max_body=cfg.max_body,
-            ) as fetcher:
+            ) as fetcher, self._open_page_workers() as workers:
+                self.page_workers = workers
                 cluster = self.cluster
                 crawler = self.crawler = Crawler(
                     cfg, fetcher=fetcher, store=store, pages=pages, stats=self.stats, ownership=cluster,
                     limits=cluster.lanes if cluster is not None else None,
-                    settings=settings, settings_file=settings_file,
+                    settings=settings, settings_file=settings_file, page_workers=workers,
                 )
                 if cluster is not None:
                     cluster.attach(crawler)
@@ -446,9 +452,17 @@ class Node:
                     nursery.start_soon(self._wait_done_or_stop, nursery)
                 store.sync()
                 self.final_status = self.status()
+                usage = resource.getrusage(resource.RUSAGE_SELF)
                 log.info("node stopped", extra={"node_id": self.node_id, **self.stats.as_dict(),
-                                                "peak_rss": peak_rss_bytes()})
+                                                "peak_rss": peak_rss_bytes(),
+                                                "cpu_s": round(usage.ru_utime + usage.ru_stime, 3)})
         return 0
+
+    def _open_page_workers(self) -> AbstractAsyncContextManager[PageWorkers | None]:
+        """The page worker processes of --page-processes N (none: a page's work is done inline)."""
+        if self.cfg.page_processes <= 0:
+            return nullcontext(None)
+        return open_page_workers(self.cfg.page_processes, timeout=self.cfg.page_process_timeout)
 
     def _record_dropped(self, urls: list[str]) -> None:
         """Append the URLs the crawler gave up at this start to DATA_DIR/dropped-urls.jsonl (one JSON a line)."""

@@ -26,7 +26,7 @@ from ._keys import (
 from ._memfrontier import MemoryFrontierStore
 from ._node import MemoryNodeStore, NodeStore, queued_url_keys
 from ._outbox import Outbox, OutboxEntry
-from ._pages import NullPageStore, PageStore, WarcPageStore, open_page_store
+from ._pages import BuiltPage, NullPageStore, PageStore, WarcPageStore, build_page_records, open_page_store
 from ._records import HostState, QueuedUrl
 from ._redis_dedup import RedisDedup
 from ._replicas import Replicas
@@ -36,6 +36,7 @@ from .dedup_kinds import DEDUP_KINDS, DedupUnsupported, LmdbDedup, open_dedup
 
 __all__ = [
     "RING_SIZE",
+    "BuiltPage",
     "DedupStore",
     "FrontierStore",
     "HostState",
@@ -54,6 +55,7 @@ __all__ = [
     "StorageError",
     "WarcPageStore",
     "arc_ranges",
+    "build_page_records",
     "host_position",
     "host_position_bytes",
     "host_prefix",

@@ -18,17 +18,40 @@ import time
 import zlib
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from ._cdxj import CdxjEntry, cdxj_line, parse_cdxj_line, surt, warc_timestamp
 from ._closing import Closing
 from ._errors import StorageError
 from ._warc import exchange_records, gzip_member, revisit_records, warcinfo_record
 
-__all__ = ["NullPageStore", "PageStore", "WarcPageStore", "open_page_store"]
+__all__ = ["BuiltPage", "NullPageStore", "PageStore", "WarcPageStore", "build_page_records", "open_page_store"]
 
 _OPEN_SUFFIX = ".cdxj.open"
 _WARC_SUFFIX = ".warc.gz"
+
+
+class BuiltPage(NamedTuple):
+    """One page's records, compressed and ready to append: what `build_page_records` makes, anywhere (a page
+    worker process makes it; `PageStore.store_built` appends it in the node)."""
+
+    response: bytes  # the response record as one gzip member
+    request: bytes  # the request record as one gzip member
+    digest: str  # the payload's base32 SHA-1 (the CDXJ `digest`)
+    mime: str  # the CDXJ `mime`
+
+
+def build_page_records(*, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
+                       response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float,
+                       truncated: bool = False, compress_level: int = 1) -> BuiltPage:
+    """The stateless, CPU-heavy half of storing a page: its WARC records (two SHA-1 digests) gzip-compressed.
+    Pure: touches no file, so it may run in any thread or process."""
+    records = exchange_records(url=url, request_headers=request_headers, status=status, reason=reason,
+                               response_headers=response_headers, body=body, ip=ip, fetched_at=fetched_at,
+                               truncated=truncated)
+    return BuiltPage(response=gzip_member(records.response, compress_level),
+                     request=gzip_member((records.request,), compress_level),
+                     digest=records.payload_digest, mime=_mime(response_headers))
 
 
 class PageStore(Closing, ABC):
@@ -36,6 +59,9 @@ class PageStore(Closing, ABC):
 
     pages: int = 0
     revisits: int = 0
+    #: The gzip level of the records `build_page_records` must make for `store_built`; None: this store keeps
+    #: no records, so there is nothing to build elsewhere (`store` is cheap).
+    compress_level: int | None = None
 
     @abstractmethod
     def store(
@@ -53,6 +79,12 @@ class PageStore(Closing, ABC):
     ) -> int:
         """Keep one fetched page; returns the bytes written. `body` is the payload as received (Content-Encoding
         not undone); `truncated` says it was cut at the size limit."""
+
+    def store_built(self, *, url: str, status: int, fetched_at: float, built: BuiltPage,
+                    truncated: bool = False) -> int:
+        """Keep one page whose records were built already (by `build_page_records` at this store's
+        `compress_level`); returns the bytes written."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no built records")
 
     def store_revisit(
         self,
@@ -225,14 +257,20 @@ class WarcPageStore(PageStore):
               truncated: bool = False) -> int:
         if self._closed:
             raise ValueError(f"page store at {self.directory} is closed")
-        records = exchange_records(url=url, request_headers=request_headers, status=status, reason=reason,
+        built = build_page_records(url=url, request_headers=request_headers, status=status, reason=reason,
                                    response_headers=response_headers, body=body, ip=ip, fetched_at=fetched_at,
-                                   truncated=truncated)
-        resp = gzip_member(records.response, self.compress_level)
-        req = gzip_member((records.request,), self.compress_level)
-        mime = _mime(response_headers)
+                                   truncated=truncated, compress_level=self.compress_level)
+        return self.store_built(url=url, status=status, fetched_at=fetched_at, built=built, truncated=truncated)
+
+    def store_built(self, *, url: str, status: int, fetched_at: float, built: BuiltPage,
+                    truncated: bool = False) -> int:
+        """Append records built elsewhere (a page worker): the file write and the index line, under the lock,
+        so a page is written once, whole, and indexed after its records."""
+        if self._closed:
+            raise ValueError(f"page store at {self.directory} is closed")
         with self._lock:
-            return self._append(url, status, fetched_at, mime, records.payload_digest, resp, req, truncated)
+            return self._append(url, status, fetched_at, built.mime, built.digest, built.response, built.request,
+                                truncated)
 
     def _append(self, url: str, status: int, fetched_at: float, mime: str, digest: str, resp: bytes,
                 req: bytes, truncated: bool, revisit: bool = False) -> int:

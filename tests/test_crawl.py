@@ -73,10 +73,11 @@ async def test_crawl_fetches_exactly_the_reachable_and_allowed_set(tmp_path, win
         assert node.crawler.sched.spills > 0 and st["queue"]["hosts_known"] <= window, "the window was used"
 
 
-@pytest.mark.parametrize("page_threads", [0, 3], ids=["inline", "page-threads"])
-async def test_pages_land_in_warc_readable_by_warcio(tmp_path, page_threads):
+@pytest.mark.parametrize("where", [{}, {"page_threads": 3}, {"page_processes": 2}],
+                         ids=["inline", "page-threads", "page-processes"])
+async def test_pages_land_in_warc_readable_by_warcio(tmp_path, where):
     graph = SiteGraph.generate(seed=5, hosts=6, pages_per_host=8, features=False)
-    web, node = await _crawl(graph, tmp_path, page_threads=page_threads)
+    web, node = await _crawl(graph, tmp_path, **where)
     warcs = sorted((tmp_path / "node" / "warc").glob("*.warc.gz"))
     assert warcs
     responses, requests = {}, 0

@@ -23,6 +23,7 @@ from peer.cli.errors import CliError
 from peer.cli.format import format_status
 from peer.config import DEFAULTS, FIELDS, Config, ConfigError, default_text, load
 from peer.control import dashboard_address
+from peer.crawl.pageworkers import PageWorkerError
 from peer.log import setup_logging
 from peer.node import NodeError, run_node
 from storage import StorageError
@@ -129,6 +130,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--concurrency", type=int, help="fetches in flight")
     c.add_argument("--page-threads", dest="page_threads", type=int, metavar="N",
                    help="threads that store and parse pages, to use more cores (0: inline; docs/operations.md)")
+    c.add_argument("--page-processes", dest="page_processes", type=int, metavar="N",
+                   help="worker processes that parse pages and build their WARC records, to use more cores "
+                        "(0: inline; docs/operations.md has the sizing)")
     c.add_argument("--ip-connections", dest="ip_connections", type=int, metavar="N",
                    help="requests in service at once to one server address (0: no per-address limits)")
     c.add_argument("--ip-delay", dest="ip_delay", type=float, metavar="SECONDS",
@@ -401,7 +405,7 @@ def _leaf_errors(exc: BaseException) -> list[BaseException]:
 
 
 def _run(args: argparse.Namespace, prog: str) -> int:
-    known = (CliError, ConfigError, NodeError, StorageError)
+    known = (CliError, ConfigError, NodeError, StorageError, PageWorkerError)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -30,6 +30,7 @@ from storage import HostState, LruTtlCache, QueuedUrl, RevisitRecord, StorageErr
 from peer.config import Config
 from peer.crawl.addressgate import AddressGate, Lane
 from peer.crawl.links import Page, extract, is_html
+from peer.crawl.pageworkers import PageJob, PageResult, PageWorkerError, PageWorkers
 from peer.crawl.robots import RobotsDecision, decide, product_token
 from peer.crawl.scheduler import HostScheduler, HostTurn
 from peer.crawl.seams import AddressLimits, Ownership, PageFetcher, Solo
@@ -120,6 +121,7 @@ class Crawler:
         wallclock: Callable[[], float] = time.time,
         settings: CrawlSettings | None = None,
         settings_file: SettingsFile | None = None,
+        page_workers: PageWorkers | None = None,
     ) -> None:
         self.cfg = cfg
         self.fetcher = fetcher
@@ -168,6 +170,8 @@ class Crawler:
         self.dropped_urls: list[str] = []
         # --page-threads N: a page's store and parse run in one of N threads (see _store_and_extract)
         self._page_threads = trio.CapacityLimiter(cfg.page_threads) if cfg.page_threads > 0 else None
+        # --page-processes N: the same work in worker processes (peer/crawl/pageworkers.py); the node owns them
+        self.page_workers = page_workers
         # one large page parsed at a time: a 10 MiB page of a quarter of a million links makes a tree and link
         # lists of over 100 MiB, and several at once (as a loaded machine lines them up) break the memory bound
         self._large_parses = trio.CapacityLimiter(1)
@@ -873,7 +877,9 @@ class Crawler:
                 stats.revisits_unchanged += 1
                 revisit = self._next_visit(item, before, resp, changed=False, now=now)
             else:
-                if self._page_threads is not None:
+                if self.page_workers is not None:
+                    size, page = await self._work_elsewhere(resp, item.url, ctype, now)
+                elif self._page_threads is not None:
                     size, page = await trio.to_thread.run_sync(
                         self._store_and_extract, resp, item.url, ctype, now, limiter=self._page_threads
                     )
@@ -1011,6 +1017,35 @@ class Crawler:
         threads carry them on other cores; one hand-off per page."""
         size = self._store(resp, ctype, now)
         return size, (extract(resp.body, url, ctype) if is_html(ctype) else None)
+
+    async def _work_elsewhere(self, resp: Response, url: str, ctype: str | None,
+                              now: float) -> tuple[int | None, Page | None]:
+        """A page's records and links made by a page worker process, the records appended here: the same
+        records and links as inline (`_store`, `extract`). A page that killed its workers again and again is
+        counted (``errors{kind="page-worker"}``), logged, and finished unstored and without links."""
+        assert self.page_workers is not None
+        mime = (ctype or "").split(";", 1)[0].strip().lower()
+        stored = mime in self.store_types
+        level = getattr(self.pages, "compress_level", None) if stored else None
+        parse = is_html(ctype)
+        if not parse and level is None:
+            return self._store(resp, ctype, now), None
+        job = PageJob(url=resp.url, content_type=ctype, body=resp.body, parse=parse, compress_level=level,
+                      request_headers=resp.request_headers, status=resp.status, reason=resp.reason,
+                      response_headers=_as_decoded(resp), ip=resp.ip, fetched_at=now, truncated=resp.truncated)
+        try:
+            result: PageResult = await self.page_workers.process(job)
+        except PageWorkerError as exc:
+            self.stats.errors["page-worker"] += 1
+            log.warning("page given up by the page workers", extra={"url": url, "error": str(exc)})
+            return None, None
+        size: int | None = None
+        if result.built is not None:
+            size = self.pages.store_built(url=resp.url, status=resp.status, fetched_at=now, built=result.built,
+                                          truncated=resp.truncated) or 0
+        elif stored:
+            size = self._store(resp, ctype, now)  # a store that keeps no records (--store none) counts it here
+        return size, result.page
 
     def _store(self, resp: Response, ctype: str | None, now: float) -> int | None:
         """Write the page if its type is stored; the bytes written (None when not stored). Safe in a page

@@ -1,0 +1,445 @@
+"""Page workers: the stateless, CPU-heavy part of a fetched page in N processes (``--page-processes N``).
+
+Everything a page changes stays in the node's one process: frontier, seen-set, politeness, robots.txt, DNS,
+the outbox, LMDB and the WARC files. What a page needs no state for goes to a worker process: charset
+decoding, lxml's parse, link extraction and normalization (`peer.crawl.links.extract`), the WARC records with
+their SHA-1 digests and their gzip compression (`storage.build_page_records`). The node sends a `PageJob`
+(URL, response head, body) and gets back a `PageResult` (the page's links, the compressed records); it then
+appends the records to its WARC file itself and finishes the page in one LMDB transaction, exactly as inline.
+So the page store's guarantees are unchanged: one writer, a page indexed once, whole, and its links admitted
+in the transaction that clears it from in-flight.
+
+The pool, to the node's standards:
+
+- **Back-pressure.** At most ``in_flight`` jobs per worker (two: one worked on, one waiting in its socket, so
+  a worker never idles for a round trip); a host turn that finds every place taken waits (a semaphore), so
+  memory stays at ``processes x in_flight`` bodies.
+- **A crash or a hang costs nothing.** A worker that dies (any signal, the OOM killer) or holds one job past
+  ``timeout`` (killed then) is started again by its slot's supervisor, and the jobs it held are sent again.
+  Only the job it was working on (the first of its queue: the worker answers in order) counts a *kill*; a job
+  that has killed ``max_kills`` workers fails with `PageWorkerError` (the crawler counts it as
+  ``errors{kind="page-worker"}`` and finishes the URL unstored), so no page can crash-loop the pool.
+- **A worker that cannot start** (it dies before saying it is ready, ``_START_FAILURES`` times in a row)
+  stops the pool, and with it the node, with one line: nothing could be stored.
+- **Clean stop.** Leaving `open_page_workers` closes every worker's socket (a worker exits at end of input),
+  waits up to ``_STOP_WAIT`` seconds and kills what is left. Workers ignore SIGINT and SIGTERM: the node says
+  when they stop, so a Ctrl-C to the process group cannot cut a page in half.
+
+Processes are started with the ``spawn`` context (a fork of a trio process with threads is unsafe), and talk
+over a socket pair in length-prefixed pickle frames (the peers are the node's own processes).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import pickle
+import signal
+import socket
+import struct
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from storage import BuiltPage, build_page_records
+
+from peer.crawl.links import Page, extract
+
+__all__ = ["IN_FLIGHT_PER_WORKER", "MAX_KILLS", "PageJob", "PageResult", "PageWorkerError", "PageWorkers",
+           "open_page_workers", "process_page"]
+
+log = logging.getLogger(__name__)
+
+#: Jobs a worker holds at once: the one it works on and the next, so it never waits a round trip for work.
+IN_FLIGHT_PER_WORKER = 2
+#: A job that has killed (or hung) this many workers is failed, not sent again.
+MAX_KILLS = 3
+#: Seconds one job may take in a worker before the worker is killed (a 10 MiB page parses in about 1 s).
+DEFAULT_TIMEOUT = 60.0
+
+_HEADER = struct.Struct(">I")
+_MAX_FRAME = 1 << 30  # a frame is a page body (max_body, 10 MiB by default) and its head, or its records
+_START_FAILURES = 5  # a slot whose worker dies this many times in a row before it is ready gives up
+_RESTART_PAUSE = 0.05  # doubled for each start failure in a row, up to _RESTART_PAUSE_MAX
+_RESTART_PAUSE_MAX = 5.0
+_STOP_WAIT = 5.0  # seconds the workers get to exit at the end of their input before they are killed
+_READY = b""  # the empty frame a worker sends once it has imported what it needs
+
+
+class PageWorkerError(Exception):
+    """A page could not be processed: it killed or hung its worker ``MAX_KILLS`` times (the page's fault), or
+    the workers cannot start (the node's)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PageJob:
+    """What a worker needs of one fetched page."""
+
+    url: str
+    content_type: str | None
+    body: bytes
+    parse: bool  # extract the links (an HTML page)
+    compress_level: int | None  # build the WARC records at this gzip level; None: no records
+    request_headers: list[tuple[str, str]]
+    status: int
+    reason: str
+    response_headers: list[tuple[str, str]]  # as stored (Content-Encoding undone)
+    ip: str | None
+    fetched_at: float
+    truncated: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PageResult:
+    """What a worker gives back: the compressed records (to append) and the parsed page (its links)."""
+
+    built: BuiltPage | None
+    page: Page | None
+
+
+def process_page(job: PageJob) -> PageResult:
+    """A page's stateless work, the same calls the crawler makes inline: records first, then the links."""
+    built = None
+    if job.compress_level is not None:
+        built = build_page_records(url=job.url, request_headers=job.request_headers, status=job.status,
+                                   reason=job.reason, response_headers=job.response_headers, body=job.body,
+                                   ip=job.ip, fetched_at=job.fetched_at, truncated=job.truncated,
+                                   compress_level=job.compress_level)
+    page = extract(job.body, job.url, job.content_type) if job.parse else None
+    return PageResult(built=built, page=page)
+
+
+# ---------------------------------------------------------------------------------------------- the worker
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    """`n` bytes from a blocking socket; None at end of input."""
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _send_frame(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(_HEADER.pack(len(payload)) + payload)
+
+
+def _serve(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
+    """A worker process's life: answer each job in order until the node closes the socket."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with sock:
+            _answer_jobs(sock, work)
+    except (BrokenPipeError, ConnectionResetError):
+        return  # the node closed its end (stopping, or it died): nothing is waiting for an answer
+
+
+def _answer_jobs(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
+    _send_frame(sock, _READY)
+    while True:  # until the end of input
+        head = _recv_exactly(sock, _HEADER.size)
+        if head is None:
+            return
+        (size,) = _HEADER.unpack(head)
+        if size > _MAX_FRAME:
+            raise SystemExit(f"page worker: a frame of {size} bytes is over the bound")
+        frame = _recv_exactly(sock, size)
+        if frame is None:
+            return
+        try:
+            reply: tuple[bool, Any] = (True, work(pickle.loads(frame)))
+        except Exception as exc:  # the same exception the inline call would raise, for the crawler to contain
+            reply = (False, exc)
+        try:
+            payload = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            payload = pickle.dumps((False, RuntimeError(f"page worker: cannot send back {reply[1]!r}: {exc}")))
+        _send_frame(sock, payload)
+
+
+# ---------------------------------------------------------------------------------------------- the pool
+
+
+class _Task:
+    """One job on its way through the pool."""
+
+    __slots__ = ("done", "frame", "kills", "outcome", "url")
+
+    def __init__(self, frame: bytes, url: str) -> None:
+        self.frame = frame
+        self.url = url
+        self.kills = 0
+        self.done = trio.Event()
+        self.outcome: tuple[bool, Any] | None = None  # None: sent again (its worker died)
+
+
+class _Worker:
+    """One worker process and what it holds, in the order it will answer."""
+
+    __slots__ = ("pending", "process", "ready", "send_lock", "served", "since", "stream", "timed_out")
+
+    def __init__(self, process: Any, stream: trio.SocketStream) -> None:
+        self.process = process
+        self.stream = stream
+        self.pending: deque[_Task] = deque()
+        self.send_lock = trio.Lock()
+        self.ready = False
+        self.served = 0
+        self.since = 0.0  # when the job at the head of `pending` began (or was sent)
+        self.timed_out = False
+
+
+class PageWorkers:
+    """N worker processes doing `process_page` (or ``work``) for the crawler. Made by `open_page_workers`."""
+
+    def __init__(self, processes: int, *, work: Callable[[PageJob], Any] = process_page,
+                 in_flight: int = IN_FLIGHT_PER_WORKER, timeout: float = DEFAULT_TIMEOUT,
+                 max_kills: int = MAX_KILLS, context: str = "spawn") -> None:
+        if processes <= 0:
+            raise ValueError(f"page workers need at least one process, got {processes}")
+        if in_flight <= 0 or timeout <= 0 or max_kills <= 0:
+            raise ValueError(f"in_flight, timeout and max_kills must be > 0, got {in_flight}, {timeout}, {max_kills}")
+        self.processes = processes
+        self.in_flight = in_flight
+        self.timeout = timeout
+        self.max_kills = max_kills
+        self._work = work
+        self._ctx = multiprocessing.get_context(context)
+        self._slots: list[_Worker | None] = [None] * processes
+        self._places = trio.Semaphore(processes * in_flight)
+        self._room = trio.Event()
+        # counters for `status()`
+        self.pages = 0  # jobs answered
+        self.started = 0  # worker processes started (the first N, then restarts)
+        self.crashes = 0  # workers that died with jobs or before they were ready
+        self.timeouts = 0  # workers killed for holding a job past `timeout`
+        self.failed = 0  # jobs failed after max_kills kills
+        self.resent = 0  # jobs sent again after their worker died
+
+    # ---------------------------------------------------------------- the crawler's call
+
+    async def process(self, job: PageJob) -> Any:
+        """Do `job` in a worker; its result, or the exception the work raised. `PageWorkerError` when the
+        job killed or hung ``max_kills`` workers."""
+        payload = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        task = _Task(_HEADER.pack(len(payload)) + payload, job.url)
+        async with self._places:
+            while True:  # bounded: each round ends in an answer, or a kill (at most max_kills) or a start failure
+                worker = await self._take()
+                task.done = trio.Event()
+                task.outcome = None
+                if not worker.pending:
+                    worker.since = trio.current_time()
+                worker.pending.append(task)
+                try:
+                    # shielded: a frame cut in half by a cancellation would garble every frame after it; a worker
+                    # that stops reading is killed by the watchdog, which ends this send
+                    with trio.CancelScope(shield=True):
+                        async with worker.send_lock:
+                            await worker.stream.send_all(task.frame)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass  # the worker died: its supervisor gives the task back
+                await task.done.wait()
+                if task.outcome is None:
+                    continue
+                ok, value = task.outcome
+                if ok:
+                    return value
+                raise value
+
+    async def _take(self) -> _Worker:
+        """The ready worker holding the fewest jobs, among those with room."""
+        while True:  # bounded by the semaphore: room exists but for workers being restarted
+            best: _Worker | None = None
+            for w in self._slots:
+                if w is not None and w.ready and len(w.pending) < self.in_flight and \
+                        (best is None or len(w.pending) < len(best.pending)):
+                    best = w
+            if best is not None:
+                return best
+            await self._room.wait()
+
+    def _wake(self) -> None:
+        self._room.set()
+        self._room = trio.Event()
+
+    def status(self) -> dict[str, int]:
+        """What `peerctl status` shows (``page_workers``)."""
+        live = [w for w in self._slots if w is not None and w.ready]
+        return {"processes": self.processes, "ready": len(live), "in_flight": sum(len(w.pending) for w in live),
+                "pages": self.pages, "started": self.started, "crashes": self.crashes,
+                "timeouts": self.timeouts, "resent": self.resent, "failed": self.failed}
+
+    # ---------------------------------------------------------------- supervision
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run one supervisor per worker slot and the watchdog, until cancelled."""
+        async with trio.open_nursery() as nursery:
+            for slot in range(self.processes):
+                nursery.start_soon(self._supervise, slot)
+            nursery.start_soon(self._watchdog)
+            task_status.started()
+
+    async def _start(self, slot: int) -> _Worker:
+        parent, child = socket.socketpair()
+        try:
+            process = self._ctx.Process(target=_serve, args=(child, self._work), name=f"peercrawl-page-{slot}",
+                                        daemon=True)
+            await trio.to_thread.run_sync(process.start)
+        finally:
+            child.close()
+        parent.setblocking(False)
+        self.started += 1
+        worker = _Worker(process, trio.SocketStream(trio.socket.from_stdlib_socket(parent)))
+        self._slots[slot] = worker
+        return worker
+
+    async def _supervise(self, slot: int) -> None:
+        """Keep slot `slot` served: start its worker, read its answers, and when it dies give its jobs back
+        and start another."""
+        start_failures = 0
+        pause = _RESTART_PAUSE
+        while True:  # one round per worker process; bounded by _START_FAILURES in a row
+            worker = await self._start(slot)
+            try:
+                await self._read(worker)
+            finally:
+                if worker.stream.socket.fileno() >= 0:
+                    with trio.CancelScope(shield=True):
+                        await worker.stream.aclose()
+            self._slots[slot] = None
+            code = await self._reap(worker)
+            if not worker.ready:
+                start_failures += 1
+                self.crashes += 1
+                log.warning("a page worker died before it was ready", extra={"slot": slot, "exit_code": code,
+                                                                           "in_a_row": start_failures})
+                if start_failures >= _START_FAILURES:
+                    raise PageWorkerError(f"page worker processes cannot start (exit code {code}, "
+                                          f"{start_failures} times in a row); see the log above")
+                await trio.sleep(pause)
+                pause = min(_RESTART_PAUSE_MAX, pause * 2)
+            else:
+                start_failures = 0
+                pause = _RESTART_PAUSE
+                if worker.pending:
+                    self.crashes += 1
+                    head = worker.pending[0]
+                    head.kills += 1
+                    log.warning("a page worker %s; starting another", "timed out" if worker.timed_out else "died",
+                                extra={"slot": slot, "exit_code": code, "url": head.url, "kills": head.kills,
+                                       "jobs_resent": len(worker.pending)})
+            for task in worker.pending:
+                if task.kills >= self.max_kills:
+                    self.failed += 1
+                    what = f"hung {self.max_kills} page workers past {self.timeout:g} s" if worker.timed_out \
+                        else f"killed {self.max_kills} page workers"
+                    task.outcome = (False, PageWorkerError(f"page not processed: it {what}: {task.url[:200]}"))
+                else:
+                    self.resent += 1
+                    task.outcome = None
+                task.done.set()
+            worker.pending.clear()
+            self._wake()
+
+    async def _read(self, worker: _Worker) -> None:
+        """Answers from one worker, in the order its jobs were sent, until its socket ends."""
+        buf = bytearray()
+        stream = worker.stream
+        while True:
+            try:
+                data = await stream.receive_some(1 << 18)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if not data:
+                return
+            buf += data
+            while len(buf) >= _HEADER.size:
+                (size,) = _HEADER.unpack_from(buf)
+                if len(buf) < _HEADER.size + size:
+                    break
+                frame = bytes(buf[_HEADER.size:_HEADER.size + size])
+                del buf[:_HEADER.size + size]
+                if not worker.ready:
+                    worker.ready = frame == _READY
+                    if not worker.ready:
+                        return  # not our worker's first word: treat as a failed start
+                    self._wake()
+                    continue
+                self._answer(worker, frame)
+
+    def _answer(self, worker: _Worker, frame: bytes) -> None:
+        if not worker.pending:
+            log.error("a page worker answered a job it was not given; restarting it")
+            worker.process.kill()
+            return
+        task = worker.pending.popleft()
+        worker.since = trio.current_time()
+        worker.served += 1
+        self.pages += 1
+        try:
+            task.outcome = pickle.loads(frame)
+        except Exception as exc:
+            task.outcome = (False, PageWorkerError(f"page worker's answer unreadable: {exc}"))
+        task.done.set()
+        self._wake()
+
+    async def _reap(self, worker: _Worker) -> int | None:
+        """Wait for a worker whose socket ended to exit (it does at end of input), killing it if it does not."""
+        process = worker.process
+        await trio.to_thread.run_sync(process.join, _STOP_WAIT)
+        if process.exitcode is None:
+            process.kill()
+            await trio.to_thread.run_sync(process.join, _STOP_WAIT)
+        code = process.exitcode
+        if code is not None:
+            process.close()
+        return code
+
+    async def _watchdog(self) -> None:
+        """Kill a worker that has held one job longer than `timeout`; its supervisor does the rest."""
+        while True:
+            await trio.sleep(min(1.0, self.timeout / 4))
+            now = trio.current_time()
+            for worker in self._slots:
+                if worker is not None and worker.pending and not worker.timed_out and \
+                        now - worker.since > self.timeout:
+                    worker.timed_out = True
+                    self.timeouts += 1
+                    log.warning("a page worker held one page past the timeout; killing it",
+                                extra={"url": worker.pending[0].url, "timeout": self.timeout})
+                    worker.process.kill()
+
+    async def _stop(self) -> None:
+        """End of input for every worker, then wait for them to exit (killing the ones that do not)."""
+        workers = [w for w in self._slots if w is not None]
+        for worker in workers:
+            if worker.stream.socket.fileno() >= 0:
+                await worker.stream.aclose()
+        for worker in workers:
+            await self._reap(worker)
+
+
+@asynccontextmanager
+async def open_page_workers(processes: int, **options: Any) -> AsyncIterator[PageWorkers]:
+    """N page worker processes for the lifetime of the block; stopped cleanly when it ends."""
+    pool = PageWorkers(processes, **options)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.serve)
+            try:
+                yield pool
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await pool._stop()

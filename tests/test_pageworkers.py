@@ -1,0 +1,229 @@
+"""Page worker processes (``--page-processes``): the pool's supervision with real processes, and a node that
+crawls a local web with them storing and finding exactly what the same node stores and finds inline."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+from warcio.archiveiterator import ArchiveIterator
+
+from peer.config import ConfigError, load
+from peer.crawl.pageworkers import PageJob, PageWorkerError, open_page_workers, process_page
+from peer.node import Node
+from peerlab.localweb.graph import SiteGraph
+
+from .support.crawl import node_config, start_local_web
+from .support.pageworks import crashing, hanging
+
+BODY = (b"<html><head><title>t</title></head><body>"
+        + b"".join(b'<a href="/p%d">p</a>' % i for i in range(30)) + b"<p>" + b"x" * 4000 + b"</p></body></html>")
+
+
+def _job(url: str, body: bytes = BODY, **kw) -> PageJob:
+    fields = dict(url=url, content_type="text/html; charset=utf-8", body=body, parse=True, compress_level=1,
+                  request_headers=[("user-agent", "t")], status=200, reason="OK",
+                  response_headers=[("content-type", "text/html; charset=utf-8")], ip="127.0.0.1",
+                  fetched_at=1_700_000_000.0, truncated=False)
+    fields.update(kw)
+    return PageJob(**fields)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is gone for our purposes only once reaped: /proc says which
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_answers_match_the_inline_work_and_workers_stop_with_the_block():
+    jobs = [_job(f"http://h{i}.test/page{i}") for i in range(12)]
+    async with open_page_workers(2) as pool:
+        with trio.fail_after(30):
+            while pool.status()["ready"] < 2:  # both started, so both take jobs
+                await trio.sleep(0.02)
+        results = [None] * len(jobs)
+
+        async def one(i):
+            results[i] = await pool.process(jobs[i])
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(jobs)):
+                nursery.start_soon(one, i)
+        pids = [w.process.pid for w in pool._slots if w is not None]
+        status = pool.status()
+    for job, result in zip(jobs, results):
+        inline = process_page(job)
+        assert result.page == inline.page and len(result.page.links) == 30
+        assert result.built.digest == inline.built.digest and result.built.mime == "text/html"
+    assert status["pages"] == 12 and status["ready"] == 2 and status["crashes"] == 0
+    assert len(pids) == 2 and not any(_alive(pid) for pid in pids), "the workers exit with the block"
+
+
+async def test_the_works_exception_reaches_the_caller_as_inline():
+    job = _job("ftp://h.test/x")  # extract refuses a URL that is not crawlable
+    with pytest.raises(ValueError) as inline:
+        process_page(job)
+    async with open_page_workers(1) as pool:
+        with pytest.raises(ValueError) as there:
+            await pool.process(job)
+        ok = await pool.process(_job("http://h.test/after"))  # the worker goes on
+        assert pool.status()["crashes"] == 0
+    assert str(there.value) == str(inline.value)
+    assert len(ok.page.links) == 30
+
+
+async def test_in_flight_per_worker_is_bounded():
+    most = 0
+    async with open_page_workers(1, work=crashing, in_flight=2) as pool:
+        async def sample():
+            nonlocal most
+            while True:
+                most = max(most, pool.status()["in_flight"])
+                await trio.sleep(0.01)
+
+        async with trio.open_nursery() as outer:
+            outer.start_soon(sample)
+            async with trio.open_nursery() as nursery:
+                for i in range(8):
+                    nursery.start_soon(pool.process, _job(f"http://h.test/slow{i}"))
+            outer.cancel_scope.cancel()
+        assert pool.status()["pages"] == 8
+    assert most == 2
+
+
+@pytest.mark.slow
+async def test_a_crashed_worker_is_restarted_and_its_pages_done_again(tmp_path):
+    jobs = [_job(f"http://h.test/slow{i}") for i in range(6)] + [_job(f"http://h.test/crash-once-a?{tmp_path}")]
+    async with open_page_workers(1, work=crashing, in_flight=2) as pool:
+        results = {}
+
+        async def one(job):
+            results[job.url] = await pool.process(job)
+
+        async with trio.open_nursery() as nursery:
+            for job in jobs:
+                nursery.start_soon(one, job)
+        status = pool.status()
+    assert set(results) == {j.url for j in jobs}, "nothing lost"
+    assert all(len(r.page.links) == 30 for r in results.values())
+    assert status["crashes"] == 1 and status["started"] == 2 and status["resent"] >= 1 and status["failed"] == 0
+    assert (tmp_path / "crash-once-a").exists()
+
+
+@pytest.mark.slow
+async def test_a_page_that_kills_every_worker_fails_and_the_others_pass():
+    async with open_page_workers(2, work=crashing) as pool:
+        outcome = {}
+
+        async def one(url):
+            try:
+                outcome[url] = len((await pool.process(_job(url))).page.links)
+            except PageWorkerError as exc:
+                outcome[url] = str(exc)
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one, "http://h.test/poison")
+                for i in range(10):
+                    nursery.start_soon(one, f"http://h.test/slow{i}")
+            while pool.status()["ready"] < 2:  # the last replacement is started after the page is failed
+                await trio.sleep(0.02)
+        status = pool.status()
+    assert outcome.pop("http://h.test/poison") == "page not processed: it killed 3 page workers: http://h.test/poison"
+    assert outcome == {f"http://h.test/slow{i}": 30 for i in range(10)}
+    assert status["failed"] == 1 and status["crashes"] == 3 and status["started"] == 5
+
+
+@pytest.mark.slow
+async def test_a_page_that_hangs_its_worker_is_given_up_after_the_timeouts():
+    async with open_page_workers(1, work=hanging, timeout=0.5) as pool:
+        with trio.fail_after(60):
+            with pytest.raises(PageWorkerError, match="hung 3 page workers past 0.5 s"):
+                await pool.process(_job("http://h.test/hang"))
+            after = await pool.process(_job("http://h.test/fine"))
+        status = pool.status()
+    assert len(after.page.links) == 30
+    assert status["timeouts"] == 3 and status["failed"] == 1 and status["ready"] == 1
+
+
+@pytest.mark.slow
+async def test_workers_that_cannot_start_stop_the_pool_with_one_error(tmp_path):
+    module = tmp_path / "vanishing_work.py"
+    module.write_text("from peer.crawl.pageworkers import process_page\n\n\n"
+                      "def work(job):\n    return process_page(job)\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        work = importlib.import_module("vanishing_work").work
+        module.unlink()  # a spawned worker cannot import it: it dies before it is ready
+        with trio.fail_after(60):
+            with pytest.raises(BaseExceptionGroup) as raised:
+                async with open_page_workers(1, work=work):
+                    await trio.sleep_forever()
+        assert [str(e) for e in _leaves(raised.value)] == [
+            "page worker processes cannot start (exit code 1, 5 times in a row); see the log above"]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("vanishing_work", None)
+
+
+def test_page_processes_and_page_threads_are_one_choice():
+    assert load(env={}).page_processes == 0
+    assert load(env={"PEERCRAWL_PAGE_PROCESSES": "3"}).page_processes == 3
+    with pytest.raises(ConfigError, match="set one of them"):
+        load(env={}, flags={"page_processes": 2, "page_threads": 2})
+    with pytest.raises(ConfigError, match="page_processes must be within"):
+        load(env={}, flags={"page_processes": -1})
+
+
+def _warc_records(warc_dir: Path) -> dict[str, list[tuple[bytes, str, str]]]:
+    """URI -> its response records' (payload, content type, payload digest), in file order."""
+    out: dict[str, list[tuple[bytes, str, str]]] = {}
+    for path in sorted(warc_dir.glob("*.warc.gz")):
+        with open(path, "rb") as fh:
+            for record in ArchiveIterator(fh):
+                if record.rec_type == "response":
+                    uri = record.rec_headers.get_header("WARC-Target-URI")
+                    out.setdefault(uri, []).append((record.content_stream().read(),
+                                                    record.http_headers.get_header("Content-Type"),
+                                                    record.rec_headers.get_header("WARC-Payload-Digest")))
+    return out
+
+
+@pytest.mark.slow
+async def test_a_crawl_with_page_processes_stores_and_finds_what_inline_does(tmp_path):
+    graph = SiteGraph.generate(seed=21, hosts=16, pages_per_host=10)  # with the feature pages: charsets, gzip, ...
+    runs = {}
+    async with trio.open_nursery() as nursery:
+        web, dns = await start_local_web(nursery, graph)
+        for name, extra in (("inline", {}), ("processes", {"page_processes": 2})):
+            node = Node(node_config(tmp_path / name, web, dns, **extra))
+            with trio.fail_after(120):
+                await node.run()
+            st = node.final_status
+            runs[name] = (st, node.crawler.dedup, _warc_records(tmp_path / name / "warc"))
+        nursery.cancel_scope.cancel()
+    (st_i, _, warc_i), (st_p, _, warc_p) = runs["inline"], runs["processes"]
+    assert warc_i and warc_p == warc_i, "the same pages, payloads, types and digests"
+    assert all(len(records) == 1 for records in warc_p.values()), "each page recorded exactly once"
+    # (the page count is not compared: the web answers 429/503 by time, so retries differ between runs)
+    same = ("stored", "links_found", "urls_new", "urls_seen", "skipped")
+    assert {k: st_p[k] for k in same} == {k: st_i[k] for k in same}
+    workers = st_p["page_workers"]
+    assert workers["processes"] == 2 and workers["pages"] >= st_p["stored"] and workers["crashes"] == 0
+    assert st_i["page_workers"] == {"processes": 0}
