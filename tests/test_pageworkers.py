@@ -147,7 +147,8 @@ async def test_a_page_that_kills_every_worker_fails_and_the_others_pass():
         status = pool.status()
     assert outcome.pop("http://h.test/poison") == "page not processed: it killed 3 page workers: http://h.test/poison"
     assert outcome == {f"http://h.test/slow{i}": 30 for i in range(10)}
-    assert status["failed"] == 1 and status["crashes"] == 3 and status["started"] == 5
+    # three kills alone, and perhaps one first among other jobs (then each of those was sent again alone)
+    assert status["failed"] == 1 and status["crashes"] in (3, 4) and status["started"] == 2 + status["crashes"]
 
 
 @pytest.mark.slow

@@ -163,6 +163,8 @@ def run_node(web: BenchWeb, dns_port: int, store: str, args: argparse.Namespace,
            "--ip-connections", "0",  # one nginx on 127.0.0.1 stands for as many servers as hosts
            "--concurrency", str(args.concurrency), "--exit-when-done", "--data-dir", str(data),
            "--store", store, "--log-format", "json", "--log-level", "info", "--page-threads", str(args.page_threads)]
+    if args.page_processes:
+        cmd += ["--page-processes", str(args.page_processes)]
     if args.node_cpus:
         cmd = ["taskset", "-c", args.node_cpus, *cmd]
     on_start = None
@@ -389,6 +391,7 @@ def main() -> None:
     p.add_argument("--cross-host", type=float, default=0.3, help="fraction of a page's links to other hosts")
     p.add_argument("--node-cpus", default="", help="run the node under taskset -c CPUS (e.g. 0 for one core)")
     p.add_argument("--page-threads", type=int, default=0, help="the node's --page-threads")
+    p.add_argument("--page-processes", type=int, default=0, help="the node's --page-processes")
     p.add_argument("--page-sigma", type=float, default=0.0, help="log-normal sigma of page sizes (0: all equal)")
     p.add_argument("--links-spread", type=int, default=0, help="links per page vary by +- this much")
     p.add_argument("--crawl-delay-fraction", type=float, default=0.0, help="hosts asking for Crawl-delay 2")

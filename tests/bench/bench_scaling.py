@@ -1,11 +1,14 @@
 """Two nodes against one: the same benchmark web crawled by one peerd, then by a cluster of two, in one run.
 
 Run: ``python -m tests.bench.bench_scaling [--hosts 1000] [--pages-per-host 20] [--store none] [--repeat 1]
-[--mode nodes|cores] [--page-threads 2]``
+[--mode nodes|cores] [--page-threads 2] [--page-processes N]``
 
 ``--mode cores`` compares one node with itself instead: pinned to one core (``taskset -c 0``, inline page
-work) against the same node free on every core with ``--page-threads N``, and free on every core inline
-(issue 19's target: >= 1.7x the one-core steady pages/s on this 2-core machine).
+work) against the same node free on every core with ``--page-threads N`` (or, with ``--page-processes N``,
+with N page worker processes; then also the node and its workers pinned to one core together), and free on
+every core inline (issue 19's target: >= 1.7x the one-core steady pages/s on this 2-core machine). Each run
+prints its CPU per page split into the node's own process, its page workers and the web server (nginx and
+the DNS server share the same two cores), and the load average before and after it.
 
 ``--replica-cost``: two nodes with ``--replicas 1`` against two with ``--replicas 0`` instead.
 
@@ -41,14 +44,15 @@ SECRET = "bench-scaling-cluster-secret"
 
 
 def _node_cmd(name: str, data: Path, seeds: Path, dns_port: int, args: argparse.Namespace,
-              join: str | None, cpus: str = "", threads: int = 0) -> list[str]:
+              join: str | None, cpus: str = "", threads: int = 0, processes: int = 0) -> list[str]:
     pin = ["taskset", "-c", cpus] if cpus else []
     cmd = [*pin, sys.executable, "-m", "peer", "start", "--node-id", name, "--listen", "127.0.0.1:0",
            "--control", "127.0.0.1:0", "--seeds-file", str(seeds), "--allow-host", BENCH_DOMAIN,
            "--allow-private", "--nameserver", f"127.0.0.1:{dns_port}", "--delay", "0",
            "--ip-connections", "0",  # one nginx on 127.0.0.1 stands for as many servers as hosts
            "--concurrency", str(args.concurrency), "--exit-when-done", "--data-dir", str(data),
-           "--store", args.store, "--log-format", "json", "--log-level", "info", "--page-threads", str(threads)]
+           "--store", args.store, "--log-format", "json", "--log-level", "info", "--page-threads", str(threads),
+           "--page-processes", str(processes)]
     if join:
         cmd += ["--join", join]
     if args.replicas is not None:
@@ -84,7 +88,7 @@ def _steady_rate(samples: list[tuple[float, int]], total: int) -> float | None:
 
 
 def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespace, workdir: Path, *,
-                cpus: str = "", threads: int = 0) -> dict[str, Any]:
+                cpus: str = "", threads: int = 0, processes: int = 0) -> dict[str, Any]:
     """Crawl the web with `nodes` processes (1: standalone; more: a cluster) and measure them."""
     seeds = workdir / "seeds.txt"
     seeds.write_text("\n".join(web.seeds) + "\n", encoding="utf-8")
@@ -103,7 +107,7 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
             shutil.rmtree(data, ignore_errors=True)
             log = workdir / f"{nodes}-{name}.log"
             with open(log, "wb") as err:
-                proc = subprocess.Popen(_node_cmd(name, data, seeds, dns_port, args, join, cpus, threads),
+                proc = subprocess.Popen(_node_cmd(name, data, seeds, dns_port, args, join, cpus, threads, processes),
                                         stdin=subprocess.DEVNULL,
                                         stdout=err, stderr=err, env=env)
             procs.append((name, proc, log))
@@ -150,7 +154,10 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
             spy.wait(timeout=60)
     finals = [_final_stats(log) for _name, _proc, log in procs]
     pages = sum(int(f.get("pages", 0)) for f in finals)
+    own = sum(float(f.get("cpu_s", 0.0)) for f in finals)  # the nodes' own processes; cpu adds their workers
     return {"nodes": nodes, "wall_s": wall, "pages": pages, "pages_per_s": pages / wall, "cpu_s": cpu,
+            "own_cpu_s": own, "own_ms_per_page": 1000 * own / max(1, pages),
+            "workers_ms_per_page": 1000 * (cpu - own) / max(1, pages),
             "steady_pages_per_s": _steady_rate(samples, pages),
             "cpu_ms_per_page": 1000 * cpu / max(1, pages), "web_cpu_s": _cpu_seconds(web.processes) - web_cpu0,
             "per_node_pages": [int(f.get("pages", 0)) for f in finals]}
@@ -174,6 +181,8 @@ def main() -> None:
     p.add_argument("--mode", choices=["nodes", "cores"], default="nodes",
                    help="nodes: two nodes against one; cores: one node on every core against itself on one")
     p.add_argument("--page-threads", type=int, default=2, help="--mode cores: the free node's --page-threads")
+    p.add_argument("--page-processes", type=int, default=0,
+                   help="--mode cores: the free node's --page-processes instead of page threads (0: threads)")
     args = p.parse_args()
     args.replicas = None
     if args.mode == "cores":
@@ -236,10 +245,17 @@ def main() -> None:
 
 
 def cores(args: argparse.Namespace) -> None:
-    """One node on one core (inline) against the same node on every core with --page-threads, alternating."""
+    """One node on one core (inline) against the same node on every core with page threads or page worker
+    processes, alternating; the ratio of steady pages/s is the figure."""
     rows: list[tuple[str, dict[str, Any]]] = []
-    configs = (("one core, inline", "0", 0), (f"all cores, --page-threads {args.page_threads}", "", args.page_threads),
-               ("all cores, inline", "", 0))
+    n = args.page_processes
+    configs: list[tuple[str, str, int, int]] = [("one core, inline", "0", 0, 0)]
+    if n:
+        configs += [(f"all cores, --page-processes {n}", "", 0, n),
+                    (f"one core, --page-processes {n}", "0", 0, n)]
+    else:
+        configs += [(f"all cores, --page-threads {args.page_threads}", "", args.page_threads, 0)]
+    configs += [("all cores, inline", "", 0, 0)]
     with tempfile.TemporaryDirectory(prefix="peercrawl-bench-cores-") as tmp:
         workdir = Path(tmp)
         with start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
@@ -249,26 +265,38 @@ def cores(args: argparse.Namespace) -> None:
                 print(f"web: {web.kind}, {args.hosts} hosts x {args.pages_per_host} pages, --store {args.store}; "
                       f"{os.cpu_count()} cores", flush=True)
                 for _ in range(args.repeat):
-                    for label, cpus, threads in configs:
-                        r = run_cluster(web, dns_port, 1, args, workdir, cpus=cpus, threads=threads)
+                    for label, cpus, threads, processes in configs:
+                        load0 = os.getloadavg()[0]
+                        r = run_cluster(web, dns_port, 1, args, workdir, cpus=cpus, threads=threads,
+                                        processes=processes)
+                        r["load"] = (load0, os.getloadavg()[0])
                         rows.append((label, r))
                         steady = r["steady_pages_per_s"]
                         print(f"  {label}: {r['pages']} pages in {r['wall_s']:.1f} s = {r['pages_per_s']:.0f} "
                               f"pages/s end to end, {'-' if steady is None else f'{steady:.0f}'} pages/s from 20% "
-                              f"to 80%, {r['cpu_ms_per_page']:.2f} ms CPU/page", flush=True)
+                              f"to 80%; CPU ms/page {r['cpu_ms_per_page']:.3f} (node's own process "
+                              f"{r['own_ms_per_page']:.3f}, page workers {r['workers_ms_per_page']:.3f}), web "
+                              f"{1000 * r['web_cpu_s'] / max(1, r['pages']):.3f} ms/page = "
+                              f"{r['web_cpu_s'] / r['wall_s']:.2f} of a core; load {r['load'][0]:.1f} -> "
+                              f"{r['load'][1]:.1f}", flush=True)
             finally:
                 _stop(dns)
-    pairs = list(zip(rows[0::3], rows[1::3], strict=True))
-    steady = [b["steady_pages_per_s"] / a["steady_pages_per_s"] for (_, a), (_, b) in pairs
-              if a["steady_pages_per_s"] and b["steady_pages_per_s"]]
-    ends = [b["pages_per_s"] / a["pages_per_s"] for (_, a), (_, b) in pairs]
+    k = len(configs)
+
+    def ratio(i: int) -> list[float]:
+        return [b["steady_pages_per_s"] / a["steady_pages_per_s"] for (_, a), (_, b) in
+                zip(rows[0::k], rows[i::k]) if a["steady_pages_per_s"] and b["steady_pages_per_s"]]
+
+    for i, (label, _cpus, _t, _p) in enumerate(configs[1:], start=1):
+        target = " (target >= 1.7x)" if i == 1 else ""
+        print(f"{label} / one core inline, steady pages/s: {', '.join(f'{x:.2f}x' for x in ratio(i)) or '-'}{target}")
     load = os.getloadavg()
-    inline = [c["steady_pages_per_s"] / a["steady_pages_per_s"] for (_, a), (_, c) in zip(rows[0::3], rows[2::3])
-              if a["steady_pages_per_s"] and c["steady_pages_per_s"]]
-    print(f"all cores inline / one core, steady pages/s: {', '.join(f'{x:.2f}x' for x in inline) or '-'}")
-    print(f"all cores with page threads / one core, steady pages/s: {', '.join(f'{x:.2f}x' for x in steady) or '-'} "
-          f"(target >= 1.7x); "
-          f"end to end: {', '.join(f'{x:.2f}x' for x in ends)}; load average {load[0]:.1f} on {os.cpu_count()} cores")
+    print(f"load average {load[0]:.1f} / {load[1]:.1f} on {os.cpu_count()} cores")
+    results = Path(args.results_dir).resolve()
+    results.mkdir(parents=True, exist_ok=True)
+    doc = {"bench": "bench_scaling --mode cores", "args": vars(args), "rows": [{"config": c, **r} for c, r in rows],
+           "loadavg": load}
+    (results / "bench_cores.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
