@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pickle
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import trio
 from warcio.archiveiterator import ArchiveIterator
 
+from peer.cli.format import format_status
 from peer.config import ConfigError, load
 from peer.crawl.pageworkers import PageJob, PageWorkerError, open_page_workers, process_page
 from peer.node import Node
@@ -88,9 +90,13 @@ async def test_the_works_exception_reaches_the_caller_as_inline():
     assert len(ok.page.links) == 30
 
 
-async def test_in_flight_per_worker_is_bounded():
+@pytest.mark.parametrize("bound", ["count", "bytes"])
+async def test_in_flight_per_worker_is_bounded(bound):
     most = 0
-    async with open_page_workers(1, work=crashing, in_flight=2) as pool:
+    frame = len(pickle.dumps(_job("http://h.test/slow0"), protocol=pickle.HIGHEST_PROTOCOL)) + 4
+    # at most two jobs held: by count, or by bytes (room for two frames and a half)
+    limits = {"in_flight": 2} if bound == "count" else {"in_flight": 8, "queued_bytes": frame * 5 // 2}
+    async with open_page_workers(1, work=crashing, **limits) as pool:
         async def sample():
             nonlocal most
             while True:
@@ -228,3 +234,6 @@ async def test_a_crawl_with_page_processes_stores_and_finds_what_inline_does(tmp
     workers = st_p["page_workers"]
     assert workers["processes"] == 2 and workers["pages"] >= st_p["stored"] and workers["crashes"] == 0
     assert st_i["page_workers"] == {"processes": 0}
+    shown = format_status(st_p)  # what `peerctl status` prints
+    assert f"page workers 2/2 ready, in flight 0, pages {workers['pages']}, crashes 0" in shown
+    assert "page workers" not in format_status(st_i)

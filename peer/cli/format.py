@@ -45,6 +45,11 @@ def format_status(st: dict[str, Any]) -> str:
                      f"(304 {done.get('not_modified', 0)}), bytes saved {done.get('bytes_saved', 0)}")
         for due in rv["next_due"]:
             lines.append(f"    next in {due['in']:>8.1f}s  {due['url']}")
+    pw = st.get("page_workers", {})
+    if pw.get("processes"):
+        lines.append(f"  page workers {pw['ready']}/{pw['processes']} ready, in flight {pw['in_flight']}, "
+                     f"pages {pw['pages']}, crashes {pw['crashes']} (timeouts {pw['timeouts']}), "
+                     f"resent {pw['resent']}, failed {pw['failed']}")
     if "dns" in st:
         dns = st["dns"]
         failures = " ".join(f"{k}={v}" for k, v in sorted(dns.get("failures", {}).items())) or "-"
