@@ -12,13 +12,21 @@ meta page an abort. So before mapping, `check_data_file` reads the two meta page
 checks the magic, the version, the page size and that the file holds every page the newest meta page names;
 after mapping, LMDB's own corruption errors (a damaged page inside the file) become a `StorageError` that names
 the file and says what to do.
+
+Every page LMDB reads stays mapped in the process, and counts in its resident memory (RSS), until the map is
+closed: a node that crawls through a store of ten million URLs would touch, and so hold, most of it.
+`release_resident` hands the mapped pages back with `madvise(MADV_DONTNEED)`; the map is read-only and shared
+(no `writemap`), so the pages stay in the kernel's page cache and the next read maps them again (a minor fault,
+no disk read while the cache holds them). The node calls it when its file-backed memory passes a bound.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import struct
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
@@ -35,6 +43,39 @@ DEFAULT_MAP_SIZE = 1 << 30  # the file grows only as pages are used; the map dou
 MAX_MAP_SIZE = 1 << 40  # 1 TiB: past this a full map is reported, not grown
 _MAX_DBS = 16
 _LOW_SPACE = 64 << 20  # below this much free space a failed write is reported as a full disk
+_MADV_DONTNEED = 4  # <sys/mman.h> on Linux
+
+
+def _madvise():
+    """libc's madvise(addr, length, advice), or None where there is none to call (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_MADVISE = _madvise()
+
+
+def mapped_ranges(path: str, maps: str = "/proc/self/maps") -> list[tuple[int, int]]:
+    """The (start, end) address ranges this process maps from the file `path`, from /proc's maps."""
+    target = os.path.realpath(path)
+    out = []
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].rstrip("\n") == target:
+                    start, _, end = fields[0].partition("-")
+                    out.append((int(start, 16), int(end, 16)))
+    except OSError:
+        return []
+    return out
 
 
 # LMDB's meta page (lmdb.h / mdb.c, 64-bit builds): a 16-byte page header, then MDB_meta: magic u32, version u32,
@@ -344,6 +385,18 @@ class LmdbEnv:
     def disk_bytes(self) -> int:
         """Bytes the data file occupies on disk (allocated blocks, not the map size)."""
         return os.stat(os.path.join(self.path, "data.mdb")).st_blocks * 512
+
+    def release_resident(self) -> int:
+        """Hand the data file's mapped pages back to the kernel (see the module's docstring); returns the bytes
+        of address space released, 0 where the platform gives no way to (then nothing changes)."""
+        self._check_open()
+        if _MADVISE is None:
+            return 0
+        released = 0
+        for start, end in mapped_ranges(os.path.join(self.path, "data.mdb")):
+            if _MADVISE(start, end - start, _MADV_DONTNEED) == 0:
+                released += end - start
+        return released
 
     def close(self) -> None:
         if not self._closed:

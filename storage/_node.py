@@ -221,6 +221,10 @@ class NodeStore(Closing):
     def fetched_count(self) -> int:
         return self._env.entries(FETCHED_DB)
 
+    def release_resident(self) -> int:
+        """Let the store's mapped pages go from this process's resident memory (`LmdbEnv.release_resident`)."""
+        return self._env.release_resident()
+
     def sync(self) -> None:
         self._env.sync()
 
@@ -261,6 +265,10 @@ class MemoryNodeStore(Closing):
         if state is not None:
             self.frontier.put_state(state)
         return new
+
+    def release_resident(self) -> int:
+        """Nothing mapped."""
+        return 0
 
     def sync(self) -> None:
         """Nothing to force."""

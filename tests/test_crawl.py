@@ -143,3 +143,16 @@ async def test_other_dedup_kinds_crawl_the_same_set(tmp_path, kind):
     expected = web.expected(max_body=node.cfg.max_body)
     assert urls_fetched(web, expected) == set(expected.fetched)
     assert node.final_status["seen_urls"] >= len(expected.fetched)
+
+
+@pytest.mark.parametrize("resident_mib", [0, 1], ids=["never-released", "released-every-interval"])
+async def test_store_pages_handed_back_while_crawling_lose_nothing(tmp_path, resident_mib):
+    """With a bound below what the process maps anyway (its libraries), the store's pages are handed back at
+    every sync interval while the node crawls; the crawl is the same, and with 0 nothing is ever released."""
+    graph = SiteGraph.generate(seed=5, hosts=6, pages_per_host=8, features=False)
+    web, node = await _crawl(graph, tmp_path, store_resident_mib=resident_mib, sync_interval=0.05)
+    expected = web.expected(max_body=node.cfg.max_body)
+    assert expected.fetched and urls_fetched(web, expected) == expected.fetched
+    released = node.final_status["store_resident"]["released"]
+    assert (released > 0) if resident_mib else (released == 0)
+    assert node.final_status["store_resident"]["limit"] == resident_mib << 20

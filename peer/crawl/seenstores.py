@@ -47,6 +47,9 @@ class SplitStore:
             self.frontier.put_state(state)
         return new
 
+    def release_resident(self) -> int:
+        return self._base.release_resident()
+
     def sync(self) -> None:
         self.dedup.sync()
         self._base.sync()

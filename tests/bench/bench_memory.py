@@ -19,31 +19,47 @@ state and heap (`peer.crawl.scheduler.HostScheduler`), without a window (every h
 with the node's window (`--window`, default `max_active_hosts`) at host counts below and past it, and the
 crawler's seen-URL memory at its bound. The reference for those is a Python set of the same number of URL
 strings; bytes are Python allocations still held (tracemalloc).
+
+With ``--crawl SECONDS`` the loaded store then crawls: a real node process (``python -m peer start --store
+warc``) opens it as its data directory and crawls for that long, beside the benchmark web (nginx, ``--web-hosts``
+x 50 pages; the loaded hosts resolve to the same nginx, which answers them 404). The node's VmRSS, split into
+anonymous memory and file-backed pages (LMDB's map, the WARC files), is sampled from ``/proc/PID/status``
+twice a second; printed are its peaks against the 1 GB target, the node's own peak (VmHWM, from its "node
+stopped" line) and the pages it fetched.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 import tracemalloc
+from contextlib import ExitStack
 from pathlib import Path
 
 from peer.config import DEFAULTS
 from peer.crawl.scheduler import HostScheduler
+from peerlab.localweb.bench import BenchWeb, start_bench_web
 from storage import NodeStore, QueuedUrl
+from tests.bench.bench_crawl import BENCH_DOMAIN, _final_stats, _start_dns, _stop
+
+GB = 10**9
 
 CHECKPOINTS = (100_000, 1_000_000, 10_000_000)
 BATCH = 10_000
 POPS = 2_000
 
 
-def rss() -> dict[str, int]:
+def rss(pid: int | str = "self") -> dict[str, int]:
     out = {}
-    with open("/proc/self/status") as fh:
+    with open(f"/proc/{pid}/status") as fh:
         for line in fh:
             name, _, value = line.partition(":")
             if name in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
@@ -59,14 +75,15 @@ def host_name(h: int) -> str:
     return f"www.site{h}.example{h % 97}.test"
 
 
-def url_of(i: int, hosts: int) -> tuple[str, str]:
-    """URL i: host i mod `hosts` (so every host gets its share), a path shaped like a real site's."""
+def url_of(i: int, hosts: int, origin: str = "https://{}") -> tuple[str, str]:
+    """URL i: host i mod `hosts` (so every host gets its share), a path shaped like a real site's; `origin`
+    formats the host into scheme, host and port."""
     h = i % hosts
     host = host_name(h)
-    return f"https://{host}/section-{(i // hosts) % 13}/article/{i}.html", host
+    return f"{origin.format(host)}/section-{(i // hosts) % 13}/article/{i}.html", host
 
 
-def load(store: NodeStore, urls: int, hosts: int) -> list[dict[str, float]]:
+def load(store: NodeStore, urls: int, hosts: int, origin: str = "https://{}") -> list[dict[str, float]]:
     rows = []
     rng = random.Random(7)
     done = 0
@@ -78,7 +95,7 @@ def load(store: NodeStore, urls: int, hosts: int) -> list[dict[str, float]]:
             n = min(BATCH, checkpoint - done)
             items = []
             for i in range(done, done + n):
-                url, host = url_of(i, hosts)
+                url, host = url_of(i, hosts, origin)
                 items.append(QueuedUrl(url=url, host=host, depth=1 + i % 5))
             t, c = time.perf_counter(), time.process_time()
             store.admit(items)
@@ -169,6 +186,58 @@ def in_memory(hosts: int, seen_bound: int, window: int) -> None:
     del seen
 
 
+def crawl(data: Path, seconds: float, web: BenchWeb, dns_port: int, workdir: Path) -> None:
+    """A real node on the loaded data directory crawls for `seconds`; its memory is sampled from outside."""
+    print(f"\n== a node crawls for {seconds:.0f} s with the loaded store as its data directory ==")
+    seeds = workdir / "seeds.txt"
+    seeds.write_text("\n".join(web.seeds) + "\n", encoding="utf-8")
+    log_file = workdir / "node.log"
+    cmd = [sys.executable, "-m", "peer", "start", "--node-id", "bench-memory", "--listen", "127.0.0.1:0",
+           "--control", "127.0.0.1:0", "--seeds-file", str(seeds), "--allow-host", BENCH_DOMAIN,
+           "--allow-host", "test", "--allow-private", "--nameserver", f"127.0.0.1:{dns_port}",
+           "--delay", "0", "--ip-connections", "0", "--concurrency", "256", "--data-dir", str(data),
+           "--store", "warc", "--log-format", "json", "--log-level", "info"]
+    peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
+    samples = 0
+    t0 = time.perf_counter()
+    with open(log_file, "wb") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+    try:
+        while proc.poll() is None and time.perf_counter() - t0 < seconds:  # bounded by `seconds`
+            try:
+                mem = rss(proc.pid)
+            except (FileNotFoundError, ProcessLookupError):
+                break
+            samples += 1
+            for name in peak:
+                peak[name] = max(peak[name], mem.get(name, 0))
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    wall = time.perf_counter() - t0
+    final = _final_stats(log_file)
+    if not final:
+        tail = log_file.read_text(errors="replace").splitlines()[-5:]
+        raise SystemExit("bench_memory: the node left no 'node stopped' line; last log lines:\n" + "\n".join(tail))
+    pages = int(final.get("pages", 0))
+    hwm = int(final.get("peak_rss", 0))
+    print(f"  {pages:,} pages fetched in {wall:.0f} s ({pages / wall:.0f} pages/s), "
+          f"{int(final.get('stored', 0)):,} stored; {samples} samples of /proc/{proc.pid}/status")
+    print(f"  the store's mapped pages handed back {int(final.get('store_releases', 0))} times "
+          f"(store_resident_mib {DEFAULTS['store_resident_mib']}); 4xx answers (the loaded hosts) "
+          f"{int(final.get('status', {}).get('4xx', 0)):,}, 2xx (the web's pages) "
+          f"{int(final.get('status', {}).get('2xx', 0)):,}; robots.txt fetches {int(final.get('robots_fetches', 0)):,}")
+    print(f"  peak VmRSS {mib(peak['VmRSS'])} (target <= {GB / 2**20:,.0f} MiB: "
+          f"{'met' if peak['VmRSS'] <= GB else 'NOT met'}); peak anonymous {mib(peak['RssAnon'])}, "
+          f"peak file-backed (LMDB map, WARC) {mib(peak['RssFile'])}; the node's own VmHWM {mib(hwm)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--urls", type=int, default=10_000_000)
@@ -176,6 +245,9 @@ def main() -> None:
     parser.add_argument("--seen-bound", type=int, default=200_000, help="the crawler's seen-URL memory bound")
     parser.add_argument("--dir", type=Path, default=None, help="where the LMDB store goes (default: a temp dir)")
     parser.add_argument("--skip-store", action="store_true", help="only the in-memory structures")
+    parser.add_argument("--crawl", type=float, default=0.0, metavar="SECONDS",
+                        help="then a real node crawls for SECONDS with the loaded store as its data directory")
+    parser.add_argument("--web-hosts", type=int, default=200, help="hosts of the benchmark web for --crawl")
     parser.add_argument("--window", type=int, default=DEFAULTS["max_active_hosts"],
                         help="the scheduler's window of hosts in memory (max_active_hosts)")
     args = parser.parse_args()
@@ -184,13 +256,26 @@ def main() -> None:
         if not args.skip_store:
             print(f"== one node's store: {args.urls:,} URLs over {args.hosts:,} hosts, admitted {BATCH:,} at a time ==")
             start = time.perf_counter()
-            with NodeStore.open(root / "node", map_size=1 << 30, max_map_size=1 << 40) as store:
-                rows = load(store, args.urls, args.hosts)
-            print(f"  loaded in {time.perf_counter() - start:.0f} s; peak RSS (VmHWM) {mib(rss()['VmHWM'])}; "
-                  f"last: {rows[-1]['queued']:,} queued")
+            with ExitStack() as stack:
+                origin = "https://{}"
+                if args.crawl > 0:  # the web first: the loaded URLs name its port
+                    web = stack.enter_context(start_bench_web(hosts=args.web_hosts, pages_per_host=50))
+                    zone = dict(web.zone)
+                    zone["*.test"] = "127.0.0.1"  # the loaded hosts (www.siteN.exampleM.test): nginx answers 404
+                    dns, dns_port = _start_dns(zone, root)
+                    stack.callback(_stop, dns)
+                    origin = f"http://{{}}:{web.port}"
+                # where a node's data directory keeps it (peer.crawl.seenstores.open_node_store)
+                with NodeStore.open(root / "node" / "state", map_size=1 << 30, max_map_size=1 << 40) as store:
+                    rows = load(store, args.urls, args.hosts, origin)
+                print(f"  loaded in {time.perf_counter() - start:.0f} s; peak RSS (VmHWM) {mib(rss()['VmHWM'])}; "
+                      f"last: {rows[-1]['queued']:,} queued")
+                if args.crawl > 0:
+                    crawl(root / "node", args.crawl, web, dns_port, root)
         in_memory(args.hosts, args.seen_bound, args.window)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if not os.environ.get("BENCH_MEMORY_KEEP"):
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 target and a reference measured in the same run (a full rebuild for the incremental path, blake2b alone for a
 lookup).
 
-Run: ``python -m tests.bench.bench_ring_scale`` (``--quick`` skips the 10,000-weight view change and the sweep).
+Run: ``python -m tests.bench.bench_ring_scale`` (``--quick`` skips the 10,000-weight view change and the sweep;
+``--rendezvous`` adds the placement that keeps the ring's properties with exact shares, weighted rendezvous
+hashing, and what its lookup costs at 1,000 nodes beside the ring's).
 
 The fleet is the experiment's ``design`` plan with ``fleet.count=996``: A=150 B=80 C=200 D=40 and 996 nodes
 ``n0001``... with weights drawn uniformly from 40-300 by ``random.Random("1:fleet")``.
@@ -146,12 +148,76 @@ def sweep(weights: dict[str, int]) -> None:
               f"worst {max(errs) * 100:5.2f} %  median {statistics.median(errs) * 100:4.2f} %")
 
 
+def _mix(x):
+    """splitmix64's finalizer on a numpy uint64 array (wrapping arithmetic): a fast, well-mixed hash."""
+    import numpy as np
+
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def rendezvous(weights: dict[str, int], keys: int = 200_000) -> None:
+    """Weighted rendezvous hashing (HRW, the logarithmic method): key k goes to the node with the highest
+    ``-w / ln(u(k, node))``, u uniform in (0, 1). It has the ring's four properties (a per-key preference order
+    over node ids) and each node's share of the key space is exactly its weight share; a lookup scores every
+    node. Measured: the empirical shares over ``keys`` random keys (pure sampling noise: the expected error is
+    ``1/sqrt(keys x share)``) and the lookup's cost, one key at a time and in batches, beside the ring's."""
+    import numpy as np
+
+    names = sorted(weights)
+    w = np.array([weights[n] for n in names], dtype=np.float64)
+    seeds = np.array([int.from_bytes(hashlib.blake2b(n.encode(), digest_size=8).digest(), "big") for n in names],
+                     dtype=np.uint64)
+    scale_ = 1.0 / 2.0**64
+
+    def owners(positions):  # positions: uint64 array of key hashes -> index of the owner per key
+        u = (_mix(positions[:, None] ^ seeds[None, :]).astype(np.float64) + 0.5) * scale_
+        return np.argmax(-w[None, :] / np.log(u), axis=1)
+
+    rng = np.random.default_rng(1)
+    positions = rng.integers(0, 2**63, size=keys, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    counts = np.zeros(len(names))
+    for chunk in range(0, keys, 2_000):
+        np.add.at(counts, owners(positions[chunk:chunk + 2_000]), 1)
+    shares = counts / keys
+    target = w / w.sum()
+    errs = np.abs(shares / target - 1)
+    noise = 1 / np.sqrt(keys * target)
+    print(f"\nweighted rendezvous hashing on the same fleet ({len(names):,} nodes; its shares are exact by "
+          f"construction, so what is measured over {keys:,} random keys is sampling noise):")
+    print(f"  worst error over the sample {errs.max() * 100:5.2f} % (median {np.median(errs) * 100:4.2f} %), against "
+          f"the sampling's own standard error {np.median(noise) * 100:4.2f} % (median node): "
+          f"{np.median(errs / noise):.2f} standard errors at the median")
+    ring = Ring(weights, points_per_weight=40)
+    sample = [int(p) for p in positions[:20_000]]
+    ring_ns = per_call_ns(ring.owner_at, sample)
+    one = [positions[i:i + 1] for i in range(2_000)]
+    single_ns = per_call_ns(owners, one, rounds=3)
+    batch = positions[:10_000]
+    _, wall, _ = best_of(lambda: [owners(batch[i:i + 500]) for i in range(0, len(batch), 500)], 3)
+    batch_ns = wall / len(batch) * 1e9
+    print(f"  lookup, one key at a time: {single_ns / 1000:8.1f} µs ({single_ns / ring_ns:,.0f}x the ring's "
+          f"owner_at, {ring_ns:.0f} ns, same run; target 1 µs)")
+    print(f"  lookup, 500 keys at a time: {batch_ns / 1000:7.1f} µs per key ({batch_ns / ring_ns:,.0f}x the ring's)")
+    print(f"  a join or leave moves exactly the keys it must and builds nothing, but there are no arcs: a host's "
+          f"keys are no longer one range of the ring (DESIGN decision 7), so a hand-off is a scan of every host")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the 1,000-node ring at the sizing's ppw")
     parser.add_argument("--ppw", type=int, default=40, help="points per weight of the 1,000-node ring (40)")
+    parser.add_argument("--rendezvous", action="store_true",
+                        help="also weighted rendezvous hashing on the same fleet: exact shares, and its lookup cost")
     args = parser.parse_args()
     weights = design_fleet()
+    if args.rendezvous:
+        rendezvous(weights)
+        if args.quick:
+            return
     scale(args.ppw, weights)
     if not args.quick:
         view_change()
