@@ -3,6 +3,7 @@ crawls a local web with them storing and finding exactly what the same node stor
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import pickle
@@ -15,6 +16,8 @@ from warcio.archiveiterator import ArchiveIterator
 
 from peer.cli.format import format_status
 from peer.config import ConfigError, load
+from peer.crawl import pageworkers
+from peer.crawl.links import Page
 from peer.crawl.pageworkers import PageJob, PageWorkerError, open_page_workers, process_page
 from peer.node import Node
 from peerlab.localweb.graph import SiteGraph
@@ -237,3 +240,13 @@ async def test_a_crawl_with_page_processes_stores_and_finds_what_inline_does(tmp
     shown = format_status(st_p)  # what `peerctl status` prints
     assert f"page workers 2/2 ready, in flight 0, pages {workers['pages']}, crashes 0" in shown
     assert "page workers" not in format_status(st_i)
+
+
+def test_the_wire_tuples_name_every_field_in_order():
+    # jobs and pages cross the socket as tuples: a field added to either record must be added there too
+    assert pageworkers._JOB_FIELDS == tuple(f.name for f in dataclasses.fields(PageJob))
+    assert pageworkers._PAGE_FIELDS == tuple(f.name for f in dataclasses.fields(Page))
+    job = _job("http://h.test/x")
+    assert PageJob(**dict(zip(pageworkers._JOB_FIELDS, pageworkers._job_tuple(job)))) == job
+    page = process_page(job).page
+    assert Page(**dict(zip(pageworkers._PAGE_FIELDS, pageworkers._page_tuple(page)))) == page

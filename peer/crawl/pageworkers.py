@@ -109,6 +109,24 @@ class PageResult:
     page: Page | None
 
 
+# On the wire jobs and results are plain tuples: pickling a slotted dataclass calls `dataclasses.fields` on
+# both sides, which was a tenth of the node's cost per page in the pool.
+_JOB_FIELDS = ("url", "content_type", "body", "parse", "compress_level", "request_headers", "status", "reason",
+               "response_headers", "ip", "fetched_at", "truncated")
+_PAGE_FIELDS = ("links", "canonical", "noindex", "nofollow", "charset", "title", "base")
+
+
+def _job_tuple(job: PageJob) -> tuple:
+    return (job.url, job.content_type, job.body, job.parse, job.compress_level, job.request_headers, job.status,
+            job.reason, job.response_headers, job.ip, job.fetched_at, job.truncated)
+
+
+def _page_tuple(page: Page | None) -> tuple | None:
+    if page is None:
+        return None
+    return (page.links, page.canonical, page.noindex, page.nofollow, page.charset, page.title, page.base)
+
+
 def process_page(job: PageJob) -> PageResult:
     """A page's stateless work, the same calls the crawler makes inline: records first, then the links."""
     built = None
@@ -181,14 +199,21 @@ def _answer_jobs(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
 
 
 def _answer(work: Callable[[PageJob], Any], frame: bytes) -> bytes:
+    """One job's answer as a frame: (1, records, page fields) for a `PageResult`, (2, value) for anything else
+    the work returns, (0, exception) when it raised."""
+    reply: tuple
     try:
-        reply: tuple[bool, Any] = (True, work(pickle.loads(frame)))
+        result = work(PageJob(**dict(zip(_JOB_FIELDS, pickle.loads(frame)))))
+        if isinstance(result, PageResult):
+            reply = (1, result.built, _page_tuple(result.page))
+        else:
+            reply = (2, result)
     except Exception as exc:  # the same exception the inline call would raise, for the crawler to contain
-        reply = (False, exc)
+        reply = (0, exc)
     try:
         payload = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
-        payload = pickle.dumps((False, RuntimeError(f"page worker: cannot send back {reply[1]!r}: {exc}")))
+        payload = pickle.dumps((0, RuntimeError(f"page worker: cannot send back {reply[1:]!r}: {exc}")))
     return _HEADER.pack(len(payload)) + payload
 
 
@@ -263,7 +288,7 @@ class PageWorkers:
     async def process(self, job: PageJob) -> Any:
         """Do `job` in a worker; its result, or the exception the work raised. `PageWorkerError` when the
         job killed or hung ``max_kills`` workers."""
-        payload = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps(_job_tuple(job), protocol=pickle.HIGHEST_PROTOCOL)
         task = _Task(_HEADER.pack(len(payload)) + payload, job.url)
         async with self._places:
             while True:  # bounded: each round ends in an answer, or a kill (at most max_kills) or a start failure
@@ -445,7 +470,12 @@ class PageWorkers:
         worker.served += 1
         self.pages += 1
         try:
-            task.outcome = pickle.loads(frame)
+            reply = pickle.loads(frame)
+            if reply[0] == 1:
+                page = None if reply[2] is None else Page(**dict(zip(_PAGE_FIELDS, reply[2])))
+                task.outcome = (True, PageResult(built=reply[1], page=page))
+            else:
+                task.outcome = (reply[0] == 2, reply[1])
         except Exception as exc:
             task.outcome = (False, PageWorkerError(f"page worker's answer unreadable: {exc}"))
         task.done.set()
