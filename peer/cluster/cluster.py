@@ -253,6 +253,10 @@ class Cluster:
         self.ring = ring
         self._owners = _Owners(ring)
         self._ring_id = ring_id(ring)
+        if self.crawler is not None:
+            # the crawler trusts its memory of answered and routed URLs without asking `owns` again: a new ring
+            # may move their hosts (a URL routed to a node that has died must go to its new owner when found)
+            self.crawler.forget_seen()
         if self.lanes is not None:
             self.lanes.ring_changed(self._owners.owner)
 

@@ -234,12 +234,17 @@ class SeenReplicas:
             return 0  # no ring yet: the first rescan sends them
         by_backup: dict[str, list[bytes]] = defaultdict(list)
         node, copies = self.node_id, self.copies
+        found: dict[bytes, list[str]] = {}  # host position -> its backups: a host's pages share the look-up
         for key in keys:
-            # none in a cluster of one; this node, if the host moved away meanwhile (its key travels with the
-            # hand-off of the arc instead)
-            for backup in ring.backups_at(int.from_bytes(key[:8], "big"), copies):
-                if backup != node:
-                    by_backup[backup].append(key)
+            position = key[:8]
+            backups = found.get(position)
+            if backups is None:
+                # none in a cluster of one; this node, if the host moved away meanwhile (its key travels with the
+                # hand-off of the arc instead)
+                backups = found[position] = [
+                    b for b in ring.backups_at(int.from_bytes(position, "big"), copies) if b != node]
+            for backup in backups:
+                by_backup[backup].append(key)
         sent = self._send(epoch, by_backup)
         self.keys_sent += sent
         return sent

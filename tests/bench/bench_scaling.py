@@ -9,6 +9,17 @@ work) against the same node free on every core with ``--page-threads N``, and fr
 
 ``--replica-cost``: two nodes with ``--replicas 1`` against two with ``--replicas 0`` instead.
 
+``--cluster-replicas 0,1``: the cluster runs once per listed ``--replicas`` setting beside each lone run (a lone
+node replicates nothing whatever the setting), so issue 19's overhead target (a cluster node's CPU per page at
+most 1.1x a lone node's) is read pair by pair for each setting. Each run also reports its CPU per page between
+20% and 80% of the crawl (the nodes' CPU sampled from /proc with their pages), which leaves out what a process
+pays once (start-up, the join, the last rounds) and keeps what it pays per page. ``--pin`` puts every node on
+core 0 and the web (nginx and the name server) on the other cores: a lone node and a cluster then crawl on the
+same one core, and the ratio shows what the cluster's code costs without the two nodes' contention for both
+cores with the web server. ``--contention`` adds, to each round, two lone nodes that crawl the whole web at once,
+each on its own (no cluster): the machine is as busy as under a cluster, with none of the cluster's code, so
+"two lone / one lone" is what the contention costs and "cluster / two lone" what the cluster's code costs.
+
 The web is ``peerlab.localweb.bench`` (nginx, ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with about 30
 links each; its names come from ``peerlab.localweb.dns_server``). First one node crawls it to the end
 (``--exit-when-done``); then two nodes of equal weight (the second joins the first) crawl a fresh copy of the
@@ -21,6 +32,7 @@ is printed beside it, because it shares the same two cores.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -34,6 +46,8 @@ from typing import Any
 
 from peer.control import auth_headers
 from peerlab.localweb.bench import BenchWeb, start_bench_web
+
+import psutil
 
 from .bench_crawl import BENCH_DOMAIN, _cpu_seconds, _final_stats, _start_dns, _stop
 
@@ -71,6 +85,24 @@ def _pages_now(workdir: Path, nodes: int) -> int | None:
     return total
 
 
+def _proc_cpu(pid: int) -> float | None:
+    """User + system CPU seconds of a live process so far (/proc/PID/stat), or None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _steady_cpu(samples: list[tuple[float, int, float]], total: int) -> float | None:
+    """ms of CPU per page between 20% and 80% of the crawl, from (seconds, pages, CPU seconds) samples."""
+    low = next((s for s in samples if s[1] >= 0.2 * total), None)
+    high = next((s for s in samples if s[1] >= 0.8 * total), None)
+    if low is None or high is None or high[1] <= low[1]:
+        return None
+    return 1000 * (high[2] - low[2]) / (high[1] - low[1])
+
+
 def _steady_rate(samples: list[tuple[float, int]], total: int) -> float | None:
     """Pages per second between 20% and 80% of the crawl: leaves out start-up (joins, ring builds, the first
     hand-off) and the tail (the last hosts, termination rounds)."""
@@ -84,12 +116,20 @@ def _steady_rate(samples: list[tuple[float, int]], total: int) -> float | None:
 
 
 def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespace, workdir: Path, *,
-                cpus: str = "", threads: int = 0) -> dict[str, Any]:
-    """Crawl the web with `nodes` processes (1: standalone; more: a cluster) and measure them."""
+                cpus: str = "", threads: int = 0, alone: bool = False) -> dict[str, Any]:
+    """Crawl the web with `nodes` processes (1: standalone; more: a cluster; with `alone`, that many lone nodes
+    each crawling the whole web at once) and measure them."""
     seeds = workdir / "seeds.txt"
     seeds.write_text("\n".join(web.seeds) + "\n", encoding="utf-8")
     env = dict(os.environ)
-    if nodes > 1:
+    if args.cpu_profile:  # tests/bench/_cpuprof/sitecustomize.py samples each node on its own CPU time
+        args.profile_runs = getattr(args, "profile_runs", 0) + 1
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent / "_cpuprof"),
+                                             *filter(None, [env.get("PYTHONPATH")])])
+        kind = "alone" if alone else f"r{args.replicas}" if nodes > 1 else "lone"
+        env["BENCH_CPU_PROFILE"] = str(Path(args.results_dir).resolve()
+                                                 / f"cpu-{args.profile_runs}-{nodes}-{kind}")
+    if nodes > 1 and not alone:
         env["PEERCRAWL_CLUSTER_SECRET"] = SECRET
     procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     spies: list[subprocess.Popen[bytes]] = []
@@ -107,19 +147,22 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
                                         stdin=subprocess.DEVNULL,
                                         stdout=err, stderr=err, env=env)
             procs.append((name, proc, log))
-            if args.py_spy and nodes > 1 and i == 0:
-                spies.append(subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--rate", "200",
-                                               "--format", "raw", "--output", str(workdir / "py-spy-n0.txt"),
+            if args.py_spy and i == 0:
+                args.spy_runs = getattr(args, "spy_runs", 0) + 1
+                out = Path(args.results_dir).resolve() / f"py-spy-{args.spy_runs}-{nodes}node-n0.txt"
+                spies.append(subprocess.Popen([shutil.which("py-spy") or "py-spy", "record", "--pid", str(proc.pid),
+                                               "--rate", "200", "--format", "raw", "--output", str(out),
                                                "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            if nodes > 1 and join is None:
+            if nodes > 1 and join is None and not alone:
                 deadline = time.perf_counter() + 60
                 while not (data / "peer.addr").exists():  # bounded: the node writes it once it listens
                     if proc.poll() is not None or time.perf_counter() > deadline:
                         raise SystemExit(f"bench_scaling: {name} did not start: {log.read_text()[-2000:]}")
                     time.sleep(0.05)
                 join = (data / "peer.addr").read_text().strip()
-        cpu = 0.0
+        cpu = user = 0.0
         samples: list[tuple[float, int]] = []  # (seconds since start, pages of all nodes): the steady rate
+        cpu_samples: list[tuple[float, int, float]] = []  # (seconds, pages, CPU of all nodes): steady CPU per page
         last_sample = 0.0
         for name, proc, log in procs:
             deadline = t0 + args.time_limit
@@ -132,14 +175,20 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
                     raise SystemExit(f"bench_scaling: {name} ran past {args.time_limit} s")
                 if time.perf_counter() - last_sample >= 0.5:
                     last_sample = time.perf_counter()
+                    before = [_proc_cpu(p.pid) for _n, p, _l in procs]
                     pages = _pages_now(workdir, nodes)
+                    after = [_proc_cpu(p.pid) for _n, p, _l in procs]
                     if pages is not None:
                         samples.append((last_sample - t0, pages))
+                        if None not in before and None not in after:  # every node alive: its CPU is readable
+                            cpu_now = sum((a + b) / 2 for a, b in zip(before, after))  # type: ignore[operator]
+                            cpu_samples.append((last_sample - t0, pages, cpu_now))
                 time.sleep(0.05)
             proc.returncode = os.waitstatus_to_exitcode(status)
             if proc.returncode != 0:
                 raise SystemExit(f"bench_scaling: {name} exited {proc.returncode}: {log.read_text()[-2000:]}")
             cpu += usage.ru_utime + usage.ru_stime
+            user += usage.ru_utime
         wall = time.perf_counter() - t0
     finally:
         for _name, proc, _log in procs:
@@ -152,7 +201,8 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
     pages = sum(int(f.get("pages", 0)) for f in finals)
     return {"nodes": nodes, "wall_s": wall, "pages": pages, "pages_per_s": pages / wall, "cpu_s": cpu,
             "steady_pages_per_s": _steady_rate(samples, pages),
-            "cpu_ms_per_page": 1000 * cpu / max(1, pages), "web_cpu_s": _cpu_seconds(web.processes) - web_cpu0,
+            "steady_cpu_ms_per_page": _steady_cpu(cpu_samples, pages),
+            "cpu_ms_per_page": 1000 * cpu / max(1, pages), "user_share": user / max(cpu, 1e-9), "web_cpu_s": _cpu_seconds(web.processes) - web_cpu0,
             "per_node_pages": [int(f.get("pages", 0)) for f in finals]}
 
 
@@ -169,6 +219,14 @@ def main() -> None:
     p.add_argument("--results-dir", default="bench-results")
     p.add_argument("--keep", metavar="DIR", help="keep the nodes' data dirs and logs in DIR")
     p.add_argument("--py-spy", action="store_true", help="record the first node of the cluster with py-spy")
+    p.add_argument("--pin", action="store_true",
+                   help="every node on core 0, the web server and the name server on the other cores")
+    p.add_argument("--cpu-profile", action="store_true",
+                   help="sample every node on its own CPU time (tests/bench/_cpuprof) into the results dir")
+    p.add_argument("--contention", action="store_true",
+                   help="also two lone nodes crawling the whole web at once, in each round")
+    p.add_argument("--cluster-replicas", default="",
+                   help="comma-separated --replicas settings for the cluster runs (default: the node's default)")
     p.add_argument("--replica-cost", action="store_true",
                    help="instead: two nodes with --replicas 1 against two with --replicas 0, alternated")
     p.add_argument("--mode", choices=["nodes", "cores"], default="nodes",
@@ -189,23 +247,43 @@ def main() -> None:
         with start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
                              links_per_page=args.links_per_page, page_bytes=args.page_bytes) as web:
             dns, dns_port = _start_dns(web.zone, workdir)
+            cpus = ""
+            if args.pin:
+                cpus = "0"
+                others = list(range(1, os.cpu_count() or 1)) or [0]
+                for proc in [*web.processes, dns]:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        for q in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+                            q.cpu_affinity(others)
             try:
-                print(f"web: {web.kind}, {args.hosts} hosts x {args.pages_per_host} pages, --store {args.store}",
-                      flush=True)
-                plan = [(2, 0), (2, 1)] if args.replica_cost else [(1, None), (2, None)]
+                print(f"web: {web.kind}, {args.hosts} hosts x {args.pages_per_host} pages, --store {args.store}"
+                      f"{', nodes on core 0, the web on the others' if args.pin else ''}", flush=True)
+                settings = [int(x) for x in args.cluster_replicas.split(",") if x.strip()] or [None]
+                plan: list[tuple[int, int | None | str]] = (
+                    [(2, 0), (2, 1)] if args.replica_cost
+                    else [(1, None), *((2, r) for r in settings), *([(2, "alone")] if args.contention else [])])
                 for i in range(args.repeat):
                     for nodes, replicas in plan if i % 2 == 0 else plan[::-1]:
-                        args.replicas = replicas
-                        r = run_cluster(web, dns_port, nodes, args, workdir)
-                        r["replicas"] = replicas
+                        alone = replicas == "alone"
+                        args.replicas = None if alone else replicas
+                        r = run_cluster(web, dns_port, nodes, args, workdir, cpus=cpus, alone=alone)
+                        r["replicas"] = None if alone else replicas
+                        r["alone"] = alone
                         rows.append(r)
-                        if replicas is not None:
+                        if alone:
+                            print("  two lone nodes at once:", end="")
+                        elif replicas is not None:
                             print(f"  --replicas {replicas}:", end="")
+                        r["repeat"] = i
+                        r["load"] = os.getloadavg()[0]
                         steady = r["steady_pages_per_s"]
+                        steady_cpu = r["steady_cpu_ms_per_page"]
                         print(f"  {nodes} node(s): {r['pages']} pages in {r['wall_s']:.1f} s = "
                               f"{r['pages_per_s']:.0f} pages/s end to end, "
                               f"{'-' if steady is None else f'{steady:.0f}'} pages/s from 20% to 80%, "
-                              f"{r['cpu_ms_per_page']:.2f} ms CPU/page, "
+                              f"{r['cpu_ms_per_page']:.3f} ms CPU/page "
+                              f"({'-' if steady_cpu is None else f'{steady_cpu:.3f}'} from 20% to 80%), "
+                              f"user {100 * r['user_share']:.0f}%, load {r['load']:.1f}, "
                               f"web CPU {r['web_cpu_s']:.1f} s, per node {r['per_node_pages']}", flush=True)
             finally:
                 _stop(dns)
@@ -220,18 +298,35 @@ def main() -> None:
         doc = {"bench": "bench_scaling --replica-cost", "args": vars(args), "rows": rows, "cpu_ratios": ratios}
         (results / "bench_replica_cost.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         return
+    overhead: list[dict[str, Any]] = []
+    for i in range(args.repeat):  # pair by pair: each cluster run against the lone run of the same round
+        lone = next(r for r in rows if r["repeat"] == i and r["nodes"] == 1)
+        pair = next((r for r in rows if r["repeat"] == i and r["alone"]), None)
+        for r in (r for r in rows if r["repeat"] == i and r["nodes"] == 2 and not r["alone"]):
+            if pair is not None:
+                print(f"round {i + 1}, cluster (--replicas {'default' if r['replicas'] is None else r['replicas']}) "
+                      f"/ two lone nodes at once, CPU per page: {r['cpu_ms_per_page'] / pair['cpu_ms_per_page']:.3f}x "
+                      f"end to end (two lone / one lone: {pair['cpu_ms_per_page'] / lone['cpu_ms_per_page']:.3f}x)")
+            steady = (r["steady_cpu_ms_per_page"] / lone["steady_cpu_ms_per_page"]
+                      if r["steady_cpu_ms_per_page"] and lone["steady_cpu_ms_per_page"] else None)
+            overhead.append({"repeat": i, "replicas": r["replicas"],
+                             "ratio": r["cpu_ms_per_page"] / lone["cpu_ms_per_page"], "steady_ratio": steady})
+            print(f"round {i + 1}, cluster (--replicas {'default' if r['replicas'] is None else r['replicas']}) "
+                  f"/ lone node, CPU per page: {r['cpu_ms_per_page']:.3f} / {lone['cpu_ms_per_page']:.3f} ms = "
+                  f"{overhead[-1]['ratio']:.3f}x end to end; from 20% to 80%: "
+                  f"{'-' if steady is None else f'{steady:.3f}x'} (target <= 1.1x)")
     ones = [r["pages_per_s"] for r in rows if r["nodes"] == 1]
-    twos = [r["pages_per_s"] for r in rows if r["nodes"] == 2]
+    twos = [r["pages_per_s"] for r in rows if r["nodes"] == 2 and not r["alone"]][:: len(settings)]
     ratios = [b / a for a, b in zip(ones, twos)]
     s1 = [r["steady_pages_per_s"] for r in rows if r["nodes"] == 1]
-    s2 = [r["steady_pages_per_s"] for r in rows if r["nodes"] == 2]
+    s2 = [r["steady_pages_per_s"] for r in rows if r["nodes"] == 2 and not r["alone"]][:: len(settings)]
     steady = [b / a for a, b in zip(s1, s2) if a and b]
     load = os.getloadavg()
     print(f"two nodes / one node, pages per second end to end: {', '.join(f'{x:.2f}x' for x in ratios)}; "
           f"from 20% to 80% of the crawl: {', '.join(f'{x:.2f}x' for x in steady) or '-'} "
           f"(target >= 1.8x); load average {load[0]:.1f} on {os.cpu_count()} cores")
     doc = {"bench": "bench_scaling", "args": vars(args), "rows": rows, "ratios": ratios, "steady_ratios": steady,
-           "loadavg": load}
+           "cpu_overhead": overhead, "loadavg": load}
     (results / "bench_scaling.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
