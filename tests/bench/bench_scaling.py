@@ -18,7 +18,9 @@ core 0 and the web (nginx and the name server) on the other cores: a lone node a
 same one core, and the ratio shows what the cluster's code costs without the two nodes' contention for both
 cores with the web server. ``--contention`` adds, to each round, two lone nodes that crawl the whole web at once,
 each on its own (no cluster): the machine is as busy as under a cluster, with none of the cluster's code, so
-"two lone / one lone" is what the contention costs and "cluster / two lone" what the cluster's code costs.
+"two lone / one lone" is what the contention costs and "cluster / two lone" what the cluster's code costs. ``--baseline SRC`` runs each round again with the code of
+the source tree SRC (put first on PYTHONPATH; say an unpacked ``git archive main``): both versions' ratios in
+one run.
 
 The web is ``peerlab.localweb.bench`` (nginx, ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with about 30
 links each; its names come from ``peerlab.localweb.dns_server``). First one node crawls it to the end
@@ -116,17 +118,19 @@ def _steady_rate(samples: list[tuple[float, int]], total: int) -> float | None:
 
 
 def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespace, workdir: Path, *,
-                cpus: str = "", threads: int = 0, alone: bool = False) -> dict[str, Any]:
+                cpus: str = "", threads: int = 0, alone: bool = False, source: str = "") -> dict[str, Any]:
     """Crawl the web with `nodes` processes (1: standalone; more: a cluster; with `alone`, that many lone nodes
     each crawling the whole web at once) and measure them."""
     seeds = workdir / "seeds.txt"
     seeds.write_text("\n".join(web.seeds) + "\n", encoding="utf-8")
     env = dict(os.environ)
+    if source:
+        env["PYTHONPATH"] = os.pathsep.join([source, *filter(None, [env.get("PYTHONPATH")])])
     if args.cpu_profile:  # tests/bench/_cpuprof/sitecustomize.py samples each node on its own CPU time
         args.profile_runs = getattr(args, "profile_runs", 0) + 1
         env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent / "_cpuprof"),
                                              *filter(None, [env.get("PYTHONPATH")])])
-        kind = "alone" if alone else f"r{args.replicas}" if nodes > 1 else "lone"
+        kind = ("alone" if alone else f"r{args.replicas}" if nodes > 1 else "lone") + ("-baseline" if source else "")
         env["BENCH_CPU_PROFILE"] = str(Path(args.results_dir).resolve()
                                                  / f"cpu-{args.profile_runs}-{nodes}-{kind}")
     if nodes > 1 and not alone:
@@ -144,7 +148,7 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
             log = workdir / f"{nodes}-{name}.log"
             with open(log, "wb") as err:
                 proc = subprocess.Popen(_node_cmd(name, data, seeds, dns_port, args, join, cpus, threads),
-                                        stdin=subprocess.DEVNULL,
+                                        stdin=subprocess.DEVNULL, cwd=workdir,  # not the checkout: see --baseline
                                         stdout=err, stderr=err, env=env)
             procs.append((name, proc, log))
             if args.py_spy and i == 0:
@@ -221,6 +225,8 @@ def main() -> None:
     p.add_argument("--py-spy", action="store_true", help="record the first node of the cluster with py-spy")
     p.add_argument("--pin", action="store_true",
                    help="every node on core 0, the web server and the name server on the other cores")
+    p.add_argument("--baseline", metavar="SRC", default="",
+                   help="also run every round with the code of this source tree (first on PYTHONPATH)")
     p.add_argument("--cpu-profile", action="store_true",
                    help="sample every node on its own CPU time (tests/bench/_cpuprof) into the results dir")
     p.add_argument("--contention", action="store_true",
@@ -262,14 +268,19 @@ def main() -> None:
                 plan: list[tuple[int, int | None | str]] = (
                     [(2, 0), (2, 1)] if args.replica_cost
                     else [(1, None), *((2, r) for r in settings), *([(2, "alone")] if args.contention else [])])
+                sources = [""] + ([str(Path(args.baseline).resolve())] if args.baseline else [])
                 for i in range(args.repeat):
-                    for nodes, replicas in plan if i % 2 == 0 else plan[::-1]:
+                    for (nodes, replicas), source in [(run, source) for source in sources for run in plan][
+                            :: 1 if i % 2 == 0 else -1]:
                         alone = replicas == "alone"
                         args.replicas = None if alone else replicas
-                        r = run_cluster(web, dns_port, nodes, args, workdir, cpus=cpus, alone=alone)
+                        r = run_cluster(web, dns_port, nodes, args, workdir, cpus=cpus, alone=alone, source=source)
                         r["replicas"] = None if alone else replicas
                         r["alone"] = alone
+                        r["baseline"] = bool(source)
                         rows.append(r)
+                        if source:
+                            print("  [baseline]", end="")
                         if alone:
                             print("  two lone nodes at once:", end="")
                         elif replicas is not None:
@@ -299,27 +310,32 @@ def main() -> None:
         (results / "bench_replica_cost.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         return
     overhead: list[dict[str, Any]] = []
-    for i in range(args.repeat):  # pair by pair: each cluster run against the lone run of the same round
-        lone = next(r for r in rows if r["repeat"] == i and r["nodes"] == 1)
-        pair = next((r for r in rows if r["repeat"] == i and r["alone"]), None)
-        for r in (r for r in rows if r["repeat"] == i and r["nodes"] == 2 and not r["alone"]):
+    for i, baseline in ((i, b) for i in range(args.repeat) for b in ([False, True] if args.baseline else [False])):
+        # pair by pair: each cluster run against the lone run of the same round and code
+        mine = [r for r in rows if r["repeat"] == i and r["baseline"] == baseline]
+        lone = next(r for r in mine if r["nodes"] == 1)
+        pair = next((r for r in mine if r["alone"]), None)
+        if baseline:
+            print("[baseline] ", end="")
+        for r in (r for r in mine if r["nodes"] == 2 and not r["alone"]):
             if pair is not None:
                 print(f"round {i + 1}, cluster (--replicas {'default' if r['replicas'] is None else r['replicas']}) "
                       f"/ two lone nodes at once, CPU per page: {r['cpu_ms_per_page'] / pair['cpu_ms_per_page']:.3f}x "
                       f"end to end (two lone / one lone: {pair['cpu_ms_per_page'] / lone['cpu_ms_per_page']:.3f}x)")
             steady = (r["steady_cpu_ms_per_page"] / lone["steady_cpu_ms_per_page"]
                       if r["steady_cpu_ms_per_page"] and lone["steady_cpu_ms_per_page"] else None)
-            overhead.append({"repeat": i, "replicas": r["replicas"],
+            overhead.append({"repeat": i, "replicas": r["replicas"], "baseline": baseline,
                              "ratio": r["cpu_ms_per_page"] / lone["cpu_ms_per_page"], "steady_ratio": steady})
             print(f"round {i + 1}, cluster (--replicas {'default' if r['replicas'] is None else r['replicas']}) "
                   f"/ lone node, CPU per page: {r['cpu_ms_per_page']:.3f} / {lone['cpu_ms_per_page']:.3f} ms = "
                   f"{overhead[-1]['ratio']:.3f}x end to end; from 20% to 80%: "
                   f"{'-' if steady is None else f'{steady:.3f}x'} (target <= 1.1x)")
-    ones = [r["pages_per_s"] for r in rows if r["nodes"] == 1]
-    twos = [r["pages_per_s"] for r in rows if r["nodes"] == 2 and not r["alone"]][:: len(settings)]
+    ones = [r["pages_per_s"] for r in rows if r["nodes"] == 1 and not r["baseline"]]
+    twos = [r["pages_per_s"] for r in rows if r["nodes"] == 2 and not r["alone"] and not r["baseline"]][:: len(settings)]
     ratios = [b / a for a, b in zip(ones, twos)]
-    s1 = [r["steady_pages_per_s"] for r in rows if r["nodes"] == 1]
-    s2 = [r["steady_pages_per_s"] for r in rows if r["nodes"] == 2 and not r["alone"]][:: len(settings)]
+    s1 = [r["steady_pages_per_s"] for r in rows if r["nodes"] == 1 and not r["baseline"]]
+    s2 = [r["steady_pages_per_s"] for r in rows if r["nodes"] == 2 and not r["alone"] and not r["baseline"]][
+        :: len(settings)]
     steady = [b / a for a, b in zip(s1, s2) if a and b]
     load = os.getloadavg()
     print(f"two nodes / one node, pages per second end to end: {', '.join(f'{x:.2f}x' for x in ratios)}; "
