@@ -138,7 +138,7 @@ class QueueReplicas:
         self._tickets: list[Ticket] = []
         # called with each URL whose release is staged: the cluster sends its seen key to the seen-key replicas
         # only then, so no backup holds a page as seen while the links it queued may be lost with this node
-        self.on_released: Callable[[QueuedUrl], None] | None = None
+        self.on_released: Callable[[QueuedUrl, bytes], None] | None = None  # (the URL, its seen key)
         # releases waiting for their page's links: ({owner: outbox seq at the commit}, the links' ticket, URL)
         self._releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]] = []
         # Whether a held release may have become ready since `_stage_releases` last looked: a release waits for
@@ -269,12 +269,12 @@ class QueueReplicas:
         self._releases = still
 
     def _release(self, item: QueuedUrl) -> None:
+        key = queued_url_keys((item,))[0]
         if self.on_released is not None:
-            self.on_released(item)
+            self.on_released(item, key)
         _epoch, ring = self.ring_of()
         if ring is None:
             return
-        key = queued_url_keys((item,))[0]
         backups = set(self._backups_of(ring, item.host))
         if self._synced is not None and self._synced is not ring:
             # the arc may have moved since the URL was replicated: the backups it went to are released too

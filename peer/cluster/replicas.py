@@ -112,9 +112,10 @@ class SeenReplicas:
         self.keys_passed_on = 0  # hand-off keys of arcs owned elsewhere, sent to their owners
         self.keys_refused = 0  # malformed keys from a peer
 
-    def fetched(self, item: QueuedUrl) -> None:
-        """The crawler committed `item` as fetched: its key goes to the backup at the next tick."""
-        self._pending.extend(queued_url_keys((item,)))
+    def fetched(self, item: QueuedUrl, key: bytes | None = None) -> None:
+        """The crawler committed `item` as fetched: its key (`key`, if the caller has it already) goes to the
+        backup at the next tick."""
+        self._pending.append(key if key is not None else queued_url_keys((item,))[0])
         self._trim_pending()
 
     def _trim_pending(self) -> None:
