@@ -315,9 +315,9 @@ def main() -> None:
         mine = [r for r in rows if r["repeat"] == i and r["baseline"] == baseline]
         lone = next(r for r in mine if r["nodes"] == 1)
         pair = next((r for r in mine if r["alone"]), None)
-        if baseline:
-            print("[baseline] ", end="")
         for r in (r for r in mine if r["nodes"] == 2 and not r["alone"]):
+            if baseline:
+                print("[baseline] ", end="")
             if pair is not None:
                 print(f"round {i + 1}, cluster (--replicas {'default' if r['replicas'] is None else r['replicas']}) "
                       f"/ two lone nodes at once, CPU per page: {r['cpu_ms_per_page'] / pair['cpu_ms_per_page']:.3f}x "
