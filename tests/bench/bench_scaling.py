@@ -16,7 +16,9 @@ most 1.1x a lone node's) is read pair by pair for each setting. Each run also re
 pays once (start-up, the join, the last rounds) and keeps what it pays per page. ``--pin`` puts every node on
 core 0 and the web (nginx and the name server) on the other cores: a lone node and a cluster then crawl on the
 same one core, and the ratio shows what the cluster's code costs without the two nodes' contention for both
-cores with the web server. ``--contention`` adds, to each round, two lone nodes that crawl the whole web at once,
+cores with the web server. ``--together`` runs each round's crawls (the lone node, the clusters, and with
+``--baseline`` the baseline's) all at once instead of one after the other: each then has the machine's same
+moments, busy or quiet, and the ratios hold while other work comes and goes. ``--contention`` adds, to each round, two lone nodes that crawl the whole web at once,
 each on its own (no cluster): the machine is as busy as under a cluster, with none of the cluster's code, so
 "two lone / one lone" is what the contention costs and "cluster / two lone" what the cluster's code costs. ``--baseline SRC`` runs each round again with the code of
 the source tree SRC (put first on PYTHONPATH; say an unpacked ``git archive main``): both versions' ratios in
@@ -210,6 +212,104 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
             "per_node_pages": [int(f.get("pages", 0)) for f in finals]}
 
 
+def run_together(web: BenchWeb, dns_port: int, groups: list[dict[str, Any]], args: argparse.Namespace,
+                 workdir: Path) -> list[dict[str, Any]]:
+    """Crawl the web with every group at once, each on its own: a group is a lone node ({"nodes": 1}) or a
+    cluster ({"nodes": 2, "replicas": R}), with the code of {"source": SRC} or this checkout. Running them
+    side by side gives each the same machine at the same moments, so their CPU per page compares even while
+    other work comes and goes on it (``--together``)."""
+    seeds = workdir / "seeds.txt"
+    seeds.write_text("\n".join(web.seeds) + "\n", encoding="utf-8")
+    started: list[tuple[int, str, subprocess.Popen[bytes], Path]] = []
+    t0 = time.perf_counter()
+    try:
+        for k, group in enumerate(groups):
+            env = dict(os.environ)
+            if group.get("source"):
+                env["PYTHONPATH"] = os.pathsep.join([group["source"], *filter(None, [env.get("PYTHONPATH")])])
+            if group["nodes"] > 1:
+                env["PEERCRAWL_CLUSTER_SECRET"] = f"{SECRET}-{k}"
+            args.replicas = group.get("replicas")
+            join = None
+            for i in range(group["nodes"]):
+                name = f"g{k}n{i}"
+                data = workdir / name
+                shutil.rmtree(data, ignore_errors=True)
+                log = workdir / f"{name}.log"
+                with open(log, "wb") as err:
+                    proc = subprocess.Popen(_node_cmd(f"n{i}", data, seeds, dns_port, args, join),
+                                            stdin=subprocess.DEVNULL, cwd=workdir, stdout=err, stderr=err, env=env)
+                started.append((k, name, proc, log))
+                if group["nodes"] > 1 and join is None:
+                    deadline = time.perf_counter() + 60
+                    while not (data / "peer.addr").exists():  # bounded: the node writes it once it listens
+                        if proc.poll() is not None or time.perf_counter() > deadline:
+                            raise SystemExit(f"bench_scaling: {name} did not start: {log.read_text()[-2000:]}")
+                        time.sleep(0.05)
+                    join = (data / "peer.addr").read_text().strip()
+        cpu = [0.0] * len(groups)
+        for k, name, proc, log in started:
+            deadline = t0 + args.time_limit
+            while True:  # bounded by the time limit
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid == proc.pid:
+                    break
+                if time.perf_counter() > deadline:
+                    raise SystemExit(f"bench_scaling: {name} ran past {args.time_limit} s")
+                time.sleep(0.05)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode != 0:
+                raise SystemExit(f"bench_scaling: {name} exited {proc.returncode}: {log.read_text()[-2000:]}")
+            cpu[k] += usage.ru_utime + usage.ru_stime
+    finally:
+        for _k, _name, proc, _log in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    out = []
+    for k, group in enumerate(groups):
+        pages = sum(int(_final_stats(log).get("pages", 0)) for g, _n, _p, log in started if g == k)
+        out.append({**group, "pages": pages, "cpu_s": cpu[k], "cpu_ms_per_page": 1000 * cpu[k] / max(1, pages)})
+    return out
+
+
+def together(args: argparse.Namespace) -> None:
+    """``--together``: each round runs a lone node and the cluster (each --cluster-replicas setting), and with
+    --baseline the same for the baseline's code, all at once; the ratios are taken within each round."""
+    settings = [int(x) for x in args.cluster_replicas.split(",") if x.strip()] or [None]
+    sources = [""] + ([str(Path(args.baseline).resolve())] if args.baseline else [])
+    groups = [{"nodes": 1, "source": src} for src in sources]
+    groups += [{"nodes": 2, "replicas": r, "source": src} for src in sources for r in settings]
+    rounds: list[list[dict[str, Any]]] = []
+    with tempfile.TemporaryDirectory(prefix="peercrawl-bench-together-") as tmp:
+        workdir = Path(tmp)
+        with start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
+                             links_per_page=args.links_per_page, page_bytes=args.page_bytes) as web:
+            dns, dns_port = _start_dns(web.zone, workdir)
+            try:
+                print(f"web: {web.kind}, {args.hosts} hosts x {args.pages_per_host} pages, --store {args.store}; "
+                      f"each round: {len(groups)} crawls at once", flush=True)
+                for i in range(args.repeat):
+                    load = os.getloadavg()[0]
+                    rows = run_together(web, dns_port, groups if i % 2 == 0 else groups[::-1], args, workdir)
+                    rounds.append(rows)
+                    for src in sources:
+                        mine = [r for r in rows if r["source"] == src]
+                        lone = next(r for r in mine if r["nodes"] == 1)
+                        for r in (r for r in mine if r["nodes"] == 2):
+                            print(f"round {i + 1}{' [baseline]' if src else ''}, load {load:.1f}: cluster (--replicas "
+                                  f"{'default' if r['replicas'] is None else r['replicas']}) / lone node, CPU per "
+                                  f"page: {r['cpu_ms_per_page']:.3f} / {lone['cpu_ms_per_page']:.3f} ms = "
+                                  f"{r['cpu_ms_per_page'] / lone['cpu_ms_per_page']:.3f}x ({r['pages']} and "
+                                  f"{lone['pages']} pages)", flush=True)
+            finally:
+                _stop(dns)
+    results = Path(args.results_dir).resolve()
+    results.mkdir(parents=True, exist_ok=True)
+    doc = {"bench": "bench_scaling --together", "args": vars(args), "rounds": rounds, "loadavg": os.getloadavg()}
+    (results / "bench_scaling_together.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m tests.bench.bench_scaling", description=__doc__.split("\n\n")[0])
     p.add_argument("--hosts", type=int, default=1000)
@@ -229,6 +329,8 @@ def main() -> None:
                    help="also run every round with the code of this source tree (first on PYTHONPATH)")
     p.add_argument("--cpu-profile", action="store_true",
                    help="sample every node on its own CPU time (tests/bench/_cpuprof) into the results dir")
+    p.add_argument("--together", action="store_true",
+                   help="run the lone node and the clusters of each round at once (see run_together)")
     p.add_argument("--contention", action="store_true",
                    help="also two lone nodes crawling the whole web at once, in each round")
     p.add_argument("--cluster-replicas", default="",
@@ -242,6 +344,8 @@ def main() -> None:
     args.replicas = None
     if args.mode == "cores":
         return cores(args)
+    if args.together:
+        return together(args)
     results = Path(args.results_dir).resolve()
     results.mkdir(parents=True, exist_ok=True)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
