@@ -4,14 +4,21 @@ again; a link queued here is a seen hit without asking `owns`; and after `forget
 at every new ring) both are screened against the new ownership again, so a URL routed to an owner that has
 since gone goes to the new one.
 
-The real `Crawler` and on-disk LMDB `NodeStore`; the ownership is a recording stand-in (the real `Cluster`
-calls `forget_seen` from `_set_ring`: tests/test_cluster_sim.py and the daemon tests crawl through it).
+The real `Crawler` and on-disk LMDB `NodeStore`; the ownership is a recording stand-in, and the last test checks
+that the real `Cluster` calls `forget_seen` when, and only when, its ring changes (tests/test_cluster_sim.py and
+the daemon tests crawl through the whole of it).
 """
 
 from __future__ import annotations
 
+import random
+
+from peer.cluster.cluster import Cluster
+from peer.cluster.transport import MemoryNetwork
 from peer.config import load
 from peer.crawl.crawler import Crawler, _Batch
+from peer.stats import Stats
+from ring import Ring
 from storage import NodeStore, NullPageStore, QueuedUrl
 
 
@@ -92,3 +99,33 @@ async def test_a_lone_node_keeps_its_memory_of_answered_urls(tmp_path) -> None:
         _page(crawler, ["http://a.test/1", "http://b.test/2"])
         _page(crawler, ["http://a.test/1", "http://b.test/2", "http://b.test/3"])
         assert crawler.stats.urls_new == 3 and crawler.stats.urls_seen == 2 and crawler.stats.routed_repeats == 0
+
+
+class Forgetful:
+    """A crawler stand-in that counts `forget_seen` calls."""
+
+    def __init__(self) -> None:
+        self.forgotten = 0
+
+    def forget_seen(self) -> None:
+        self.forgotten += 1
+
+
+async def test_the_cluster_clears_the_crawlers_memory_when_its_ring_changes_and_only_then(tmp_path) -> None:
+    """`Cluster._set_ring` runs at every view change; the crawler's memory goes only when the owners may have
+    changed (another ring), not when a view change keeps the ring (a suspicion, a new incarnation)."""
+    cfg = load(env={}, flags={"node_id": "a", "data_dir": str(tmp_path)})
+    with NodeStore.open(tmp_path / "store") as store:
+        net = MemoryNetwork(random.Random(1))
+        cluster = Cluster(cfg, node_id="a", store=store, secret=b"s" * 32, stats=Stats(),
+                          transport=net.transport("10.0.0.1:7000"), points_per_weight=20)
+        crawler = Forgetful()
+        cluster.attach(crawler)  # type: ignore[arg-type]
+        two = Ring({"a": 100, "b": 100}, points_per_weight=20)
+        cluster._set_ring(two)
+        assert crawler.forgotten == 1
+        cluster._set_ring(two)  # a view change with the same ring
+        cluster._set_ring(Ring({"a": 100, "b": 100}, points_per_weight=20))  # the same ring, built again
+        assert crawler.forgotten == 1
+        cluster._set_ring(Ring({"a": 100, "b": 100, "c": 100}, points_per_weight=20))  # c joined
+        assert crawler.forgotten == 2
