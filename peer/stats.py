@@ -23,6 +23,9 @@ class Stats:
         self.links_found = 0
         self.urls_new = 0
         self.urls_seen = 0
+        # links for hosts owned elsewhere that this node routed recently, dropped before screening (DESIGN
+        # decision 4: a sender may drop URLs it sent recently; the owner's dedup decides the rest)
+        self.routed_repeats = 0
         self.robots_fetches = 0
         self.sitemap_fetches = 0  # sitemap requests (any outcome)
         self.sitemap_urls = 0  # URLs the sitemaps read listed (before scope, robots and dedup)
@@ -65,6 +68,7 @@ class Stats:
             "links_found": self.links_found,
             "urls_new": self.urls_new,
             "urls_seen": self.urls_seen,
+            "routed_repeats": self.routed_repeats,
             "robots_fetches": self.robots_fetches,
             "sitemap_fetches": self.sitemap_fetches,
             "sitemap_urls": self.sitemap_urls,
@@ -104,6 +108,8 @@ class StatsCollector(Collector):
             ("peercrawl_links_found", "Links extracted from pages", s.links_found),
             ("peercrawl_urls_new", "URLs that were new to the dedup store", s.urls_new),
             ("peercrawl_urls_seen", "URLs the dedup store had already seen", s.urls_seen),
+            ("peercrawl_routed_repeats", "Links for hosts owned elsewhere dropped as routed recently",
+             s.routed_repeats),
             ("peercrawl_robots_fetches", "robots.txt requests", s.robots_fetches),
             ("peercrawl_sitemap_fetches", "sitemap requests", s.sitemap_fetches),
             ("peercrawl_sitemap_urls", "URLs listed by the sitemaps read", s.sitemap_urls),

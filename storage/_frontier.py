@@ -17,7 +17,7 @@ an arc of the ring is one key range; `hp` = position(8) + host + NUL, see `host_
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import lmdb
 import msgpack
@@ -342,6 +342,17 @@ class FrontierStore(Closing):
         with self._env.read() as txn:
             raw = txn.get(prefix, db=self._state)
         return None if raw is None else _state_of(prefix, raw)
+
+    def get_states(self, hosts: Iterable[str]) -> dict[str, HostState]:
+        """The stored states of `hosts` (those that have one), read in one transaction."""
+        found: dict[str, HostState] = {}
+        with self._env.read() as txn:
+            for host in hosts:
+                prefix = host_prefix(host)
+                raw = txn.get(prefix, db=self._state)
+                if raw is not None:
+                    found[host] = _state_of(prefix, raw)
+        return found
 
     def put_state(self, state: HostState) -> None:
         self.put_states([state])

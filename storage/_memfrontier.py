@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from ._closing import Closing
 from ._keys import host_position, in_arc
@@ -141,6 +141,9 @@ class MemoryFrontierStore(Closing):
 
     def get_state(self, host: str) -> HostState | None:
         return self._states.get(host)
+
+    def get_states(self, hosts: Iterable[str]) -> dict[str, HostState]:
+        return {host: self._states[host] for host in hosts if host in self._states}
 
     def put_state(self, state: HostState) -> None:
         self._states[state.host] = state

@@ -67,6 +67,12 @@ class Outbox:
     def __init__(self, env: LmdbEnv) -> None:
         self._env = env
         self._db = env.db(OUTBOX_DB)
+        # The last sequence number handed out, as far as this process knows (None: not read yet). It may run
+        # ahead of the stored counter after a caller's transaction was aborted, never behind it.
+        self._last: int | None = None
+        #: Commits of this process that removed entries (acks, re-routes): a reader that waits for entries to go
+        #: looks again only when this changed.
+        self.removals = 0
 
     # -- inside a caller's transaction ----------------------------------------------------------------------
 
@@ -82,6 +88,7 @@ class Outbox:
         if not routed:
             return []
         first = self._counter_in(txn, _SEQ_KEY, len(routed)) + 1
+        self._last = max(self._last or 0, first + len(routed) - 1)
         db = self._db
         seqs = []
         for offset, (owner, item) in enumerate(routed):
@@ -140,7 +147,10 @@ class Outbox:
         if not keys:
             return 0
         db = self._db
-        return self._env.write(lambda txn: sum(1 for key in keys if txn.delete(key, db=db)))
+        removed = self._env.write(lambda txn: sum(1 for key in keys if txn.delete(key, db=db)))
+        if removed:
+            self.removals += 1
+        return removed
 
     def counts(self) -> dict[str, int]:
         """Entries waiting per owner."""
@@ -157,10 +167,14 @@ class Outbox:
         return sum(self.counts().values())
 
     def last_seq(self) -> int:
-        """The sequence number handed out last (0 before the first entry)."""
-        with self._env.read() as txn:
-            raw = txn.get(_SEQ_KEY, db=self._db)
-        return int.from_bytes(raw, "big") if raw else 0
+        """The sequence number handed out last (0 before the first entry); read from the store once, then kept
+        by this process (an aborted transaction may leave it ahead of the store: a mark taken from it is then
+        higher than needed, which only makes its reader wait for more)."""
+        if self._last is None:
+            with self._env.read() as txn:
+                raw = txn.get(_SEQ_KEY, db=self._db)
+            self._last = max(self._last or 0, int.from_bytes(raw, "big") if raw else 0)
+        return self._last
 
     def oldest_seq(self, owner: str) -> int | None:
         """The lowest sequence number of `owner`'s entries still waiting for its ack, or None when it has none:
@@ -198,6 +212,8 @@ class Outbox:
             txn.delete(key, db=db)
         for key, _, _ in moves:
             txn.delete(key, db=db)
+        if mine or moves:
+            self.removals += 1
         self._put_in(txn, [(owner, item) for _, owner, item in moves])
         moved: dict[str, int] = {}
         for _, owner, _ in moves:

@@ -184,3 +184,96 @@ def test_promotion_keeps_the_budget_counts_of_a_host_known_here(stores) -> None:
     assert (merged.next_allowed, merged.crawl_delay, merged.failures) == (20.0, 3.0, 2)
     assert (merged.pages, merged.bytes) == (5, 5_000)
     assert any(s.host == host and s.bytes == 5_000 for s in states)
+
+
+async def test_held_releases_are_looked_at_again_only_after_an_ack_or_the_timer(stores) -> None:
+    """A release held for its page's routed links is staged at the first pump after the outbox ack, not
+    before; pumps in between (one per page in a crawl) do not scan the held list; a release whose links' replica
+    ticket completes is staged once that ack arrives."""
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    links = Links()
+    store = stores["A"]
+    owner = _node("A", stores, links, ring)
+    pages = _items(ring, "A", 3)
+    routed = _items(ring, "C", 1)[0]
+    store.outbox.put([("C", routed)])
+    owner.released(pages[0], ["C"])
+    scans = 0
+    original = store.outbox.oldest_seq
+
+    def counting(owner_id: str) -> int | None:
+        nonlocal scans
+        scans += 1
+        return original(owner_id)
+
+    store.outbox.oldest_seq = counting  # type: ignore[method-assign]
+    owner.pump(trio.current_time())
+    assert scans == 1 and owner.unreleased() == {pages[0].url}
+    for _ in range(5):  # nothing was acknowledged meanwhile: the held list is not scanned again
+        owner.pump(trio.current_time())
+    assert scans == 1
+    seq = store.outbox.take("C", 10)[0][0]
+    store.outbox.ack("C", [seq])
+    owner.pump(trio.current_time())
+    assert scans == 2
+    released = [m for _p, m in links.sent if isinstance(m, QueueReplica) and m.released]
+    assert [m.released for m in released] == [tuple(queued_url_keys(pages[:1]))]
+    for peer, message in list(links.sent):
+        owner.on_message(peer, ReplicaAck(seq=message.seq))
+    assert owner.unreleased() == set()
+    # a page whose local links' replicas are on their way: released at the replica ack that completes them
+    ticket = owner.replicate(_items(ring, "A", 2, start=1000))
+    owner.released(pages[1], (), ticket)
+    owner.pump(trio.current_time())
+    adds = [(p, m) for p, m in links.sent if isinstance(m, QueueReplica) and m.urls]
+    assert adds and not any(pages[1].url in {e.url for e in m.urls} or m.released == tuple(queued_url_keys(pages[1:2]))
+                            for _p, m in links.sent[len(released):] if isinstance(m, QueueReplica) and m.released)
+    for peer, message in adds:
+        owner.on_message(peer, ReplicaAck(seq=message.seq))
+    assert ticket is not None and owner.done(ticket)
+    owner.pump(trio.current_time())
+    assert [m.released for _p, m in links.sent if isinstance(m, QueueReplica) and m.released][-1] == tuple(
+        queued_url_keys(pages[1:2]))
+
+
+async def test_the_send_loop_stages_a_release_within_an_interval_of_its_ack(stores, autojump_clock) -> None:
+    """Under MockClock: the owner's loop, woken by nothing but its timer, sends a held release at the first
+    tick after the outbox ack (within `interval`), not before the ack."""
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    links = Links()
+    store = stores["A"]
+    owner = _node("A", stores, links, ring)
+    page = _items(ring, "A", 1)[0]
+    store.outbox.put([("C", _items(ring, "C", 1)[0])])
+
+    def releases() -> list[QueueReplica]:
+        return [m for _p, m in links.sent if isinstance(m, QueueReplica) and m.released]
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(owner.run)
+        await trio.sleep(0.5)  # the first re-homing scan ran; nothing is queued
+        owner.released(page, ["C"])
+        await trio.sleep(0.35)
+        assert releases() == []
+        store.outbox.ack("C", [s for s, _ in store.outbox.take("C", 10)])
+        acked_at = trio.current_time()
+        while not releases():
+            await trio.sleep(0.001)
+        assert 0 < trio.current_time() - acked_at <= owner.interval + 0.001
+        assert releases()[0].released == tuple(queued_url_keys([page]))
+        nursery.cancel_scope.cancel()
+
+
+def test_backups_are_remembered_per_host_for_the_current_ring_only(stores) -> None:
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    current = [ring]
+    owner = QueueReplicas("A", stores["A"], Links(), ring_of=lambda: (1, current[0]), copies=2)
+    host = _items(ring, "A", 1)[0].host
+    first = owner._backups_of(ring, host)
+    assert first == tuple(b for b in ring.backups_at(host_position(host), 2) if b != "A")
+    assert owner._backups_of(ring, host) is first  # remembered
+    smaller = Ring({"A": 150, "B": 80}, points_per_weight=20)
+    current[0] = smaller
+    assert owner._backups_of(smaller, host) == ("B",)  # a new ring: looked up again, not the old answer
+    assert owner._backups_of(ring, host) == first  # an older ring is answered, never remembered over the new one
+    assert owner._backups_of(smaller, host) == ("B",)

@@ -175,6 +175,9 @@ def test_states_round_trip(frontier):
     frontier.put_state(s1b)
     assert frontier.get_state("a.example") == s1b
     assert sorted(frontier.states(), key=lambda s: s.host) == [s1b, s2]
+    # several at once, in one read: hosts without a state are left out
+    assert frontier.get_states(["b.example", "none.example", "a.example"]) == {"b.example": s2, "a.example": s1b}
+    assert frontier.get_states([]) == {}
 
 
 def test_bad_input_is_the_callers_error(frontier):

@@ -99,3 +99,36 @@ def test_memory_store_refuses_routed_links_it_cannot_keep():
     assert store.finish(None, [q("h", 1)], routed=()) == [q("h", 1)]
     with pytest.raises(ValueError, match="needs NodeStore"):
         store.finish(None, [], routed=[("b", q("x", 2))])
+
+
+def test_last_seq_is_kept_in_memory_and_never_behind_the_store(tmp_path):
+    with NodeStore.open(tmp_path / "node", map_size=1 << 24) as s:
+        assert s.outbox.last_seq() == 0
+        s.outbox.put([("b", q("x.b", 1)), ("b", q("x.b", 2))])
+        assert s.outbox.last_seq() == 2
+        s.outbox.put([("c", q("y.c", 3))])
+        assert s.outbox.last_seq() == 3
+
+        def fail(txn):
+            s.outbox._put_in(txn, [("b", q("x.b", 4))])
+            raise RuntimeError("the caller's transaction aborts")
+
+        with pytest.raises(RuntimeError):
+            s._env.write(fail)
+        # the aborted numbers were never stored: the memory may run ahead of the store, not behind it
+        assert s.outbox.last_seq() >= 3
+        assert s.outbox.put([("b", q("x.b", 5))]) == [4]
+        assert s.outbox.last_seq() == 4
+    with NodeStore.open(tmp_path / "node", map_size=1 << 24) as s:  # a new process reads it from the store
+        assert s.outbox.last_seq() == 4
+
+
+def test_removals_count_the_commits_that_took_entries_out(store):
+    store.outbox.put([("b", q("x.b", 1)), ("c", q("y.c", 2))])
+    assert store.outbox.removals == 0
+    assert store.outbox.ack("b", [99]) == 0
+    assert store.outbox.removals == 0  # nothing removed: nothing for a waiting reader to look at
+    store.outbox.ack("b", [1])
+    assert store.outbox.removals == 1
+    store.reroute(lambda host: "d", "a")  # c's entry re-keyed to d
+    assert store.outbox.removals == 2 and store.outbox.counts() == {"d": 1}

@@ -77,6 +77,10 @@ GC_DELAY = 1.0
 SCAN_CHUNK = 2048
 #: A host name is at most 253 bytes (RFC 1035).
 MAX_HOST = 253
+#: Hosts whose backups are remembered under the current ring (about 150 bytes each); past it the memory starts
+#: over. Every queued URL and every release asks for its host's backups, and a crawl names the same hosts over
+#: and over: a hash, a bisection and a walk of the ring each time cost more than the rest of staging.
+BACKUPS_CACHE = 200_000
 
 
 class Ticket:
@@ -134,9 +138,16 @@ class QueueReplicas:
         self._tickets: list[Ticket] = []
         # called with each URL whose release is staged: the cluster sends its seen key to the seen-key replicas
         # only then, so no backup holds a page as seen while the links it queued may be lost with this node
-        self.on_released: Callable[[QueuedUrl], None] | None = None
+        self.on_released: Callable[[QueuedUrl, bytes], None] | None = None  # (the URL, its seen key)
         # releases waiting for their page's links: ({owner: outbox seq at the commit}, the links' ticket, URL)
         self._releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]] = []
+        # Whether a held release may have become ready since `_stage_releases` last looked: a release waits for
+        # outbox acks and replica acks, so the held list is scanned again only after one of those (or the timer),
+        # not at every page (it holds the pages of the last few hundred ms).
+        self._releases_due = False
+        self._outbox_removals = -1  # `store.outbox.removals` when the held releases were last scanned
+        self._cache_ring: Any = None  # the ring `_cache` was filled under
+        self._cache: dict[str, tuple[str, ...]] = {}  # host -> its backups (not this node) under `_cache_ring`
         self._wake = trio.Event()
         self._dirty = False  # replicas committed here since the last fsync
         self._synced: Any = None  # the ring of the last complete re-homing scan
@@ -175,7 +186,16 @@ class QueueReplicas:
             self._drop_staged(peer, state, rescan=True)
 
     def _backups_of(self, ring: Any, host: str) -> tuple[str, ...]:
-        return tuple(b for b in ring.backups_at(host_position(host), self.copies) if b != self.node_id)
+        if ring is self._cache_ring:
+            found = self._cache.get(host)
+            if found is not None:
+                return found
+        backups = tuple(b for b in ring.backups_at(host_position(host), self.copies) if b != self.node_id)
+        if ring is self.ring_of()[1]:  # remembered for the current ring only: a new ring starts a new memory
+            if ring is not self._cache_ring or len(self._cache) >= BACKUPS_CACHE:
+                self._cache_ring, self._cache = ring, {}
+            self._cache[host] = backups
+        return backups
 
     def queued(self, items: Sequence[QueuedUrl]) -> None:
         """URLs were queued here: their backups get them."""
@@ -196,7 +216,7 @@ class QueueReplicas:
                 touched.add(backup)
         if not touched:
             return None
-        self._wake.set()
+        self._wake_for(touched)
         ticket = Ticket({b: self._backups[b].staged_total for b in touched})
         if not self._done(ticket):
             self._tickets.append(ticket)
@@ -214,16 +234,22 @@ class QueueReplicas:
         if not owners and (links is None or self._done(links)):
             self._release(item)
             return
+        # held until an ack (outbox or replica) or the timer makes `_stage_releases` look again: the page's own
+        # links were committed just now, so none of those can have been acknowledged yet
         last = self.store.outbox.last_seq() if owners else 0
         self._releases.append(({owner: last for owner in owners}, links, item))
         if len(self._releases) > self.max_staged:  # owners unreachable for long: release the oldest anyway
             self._release(self._releases.pop(0)[2])
-        self._wake.set()
 
-    def _stage_releases(self) -> None:
-        """Stage the held releases whose page's links are all safe elsewhere."""
+    def _stage_releases(self, *, force: bool = False) -> None:
+        """Stage the held releases whose page's links are all safe elsewhere. Without `force`, only when an ack
+        came since the last look (an outbox entry removed, a replica acknowledged, a backup gone)."""
         if not self._releases:
             return
+        removals = self.store.outbox.removals
+        if not (force or self._releases_due or removals != self._outbox_removals):
+            return
+        self._releases_due, self._outbox_removals = False, removals
         oldest: dict[str, int | None] = {}
         outbox = self.store.outbox
         still = []
@@ -243,19 +269,26 @@ class QueueReplicas:
         self._releases = still
 
     def _release(self, item: QueuedUrl) -> None:
+        key = queued_url_keys((item,))[0]
         if self.on_released is not None:
-            self.on_released(item)
+            self.on_released(item, key)
         _epoch, ring = self.ring_of()
         if ring is None:
             return
-        key = queued_url_keys((item,))[0]
         backups = set(self._backups_of(ring, item.host))
         if self._synced is not None and self._synced is not ring:
             # the arc may have moved since the URL was replicated: the backups it went to are released too
             backups.update(b for b in self._backups_of(self._synced, item.host) if b in ring.weights)
         for backup in sorted(backups):
             self._stage(backup, (key, item))
-        self._wake.set()
+        self._wake_for(backups)
+
+    def _wake_for(self, backups: Iterable[str]) -> None:
+        """Wake the send loop if one of `backups` can take a message now (window 1: one with a message in
+        flight gets the staged entries with its next message, after the ack, which wakes the loop itself)."""
+        states = self._backups
+        if any(b in states and states[b].inflight is None for b in backups):
+            self._wake.set()
 
     def then(self, ticket: Ticket, callback: Callable[[], None]) -> None:
         """Call `callback` once `ticket` is done (now, if it is)."""
@@ -272,6 +305,7 @@ class QueueReplicas:
         return all(b not in backups or backups[b].acked_total >= target for b, target in ticket.targets.items())
 
     def _check_tickets(self) -> None:
+        self._releases_due = True  # a held release may wait for a ticket that is done now
         still = []
         for ticket in self._tickets:
             if self._done(ticket):
@@ -298,6 +332,7 @@ class QueueReplicas:
         batch waits for it; with `rescan`, a full re-homing scan sends the adds again."""
         dropped = len(state.staged) + state.inflight_count
         self.dropped += dropped
+        self._releases_due = True
         state.staged.clear()
         state.inflight, state.inflight_count, state.inflight_released = None, 0, []
         state.acked_total = state.staged_total
@@ -346,9 +381,11 @@ class QueueReplicas:
         stable_since = trio.current_time()
         seen_ring = None
         while True:
-            with trio.move_on_after(self.interval):
+            with trio.move_on_after(self.interval) as timer:
                 await self._wake.wait()
             self._wake = trio.Event()
+            if timer.cancelled_caught:
+                self._releases_due = True  # every interval at least: whatever else may have freed a release
             self.pump(trio.current_time())
             _epoch, ring = self.ring_of()
             if ring is None:
@@ -418,9 +455,8 @@ class QueueReplicas:
         released = tuple(key for key, i in final.items() if i is None)
         wall = self.wall_clock()
         states = []
-        for host in hosts:
-            st = self.store.frontier.get_state(host)
-            if st is not None and len(host.encode()) <= MAX_HOST:
+        for host, st in self.store.frontier.get_states(hosts).items():  # one read transaction for them all
+            if len(host.encode()) <= MAX_HOST:
                 states.append(WireHostState(host=host, crawl_delay=max(0.0, st.crawl_delay),
                                             ready_in=max(0.0, st.next_allowed - wall), failures=st.failures))
         message = QueueReplica(seq=0, epoch=epoch, urls=urls, released=released, hosts=tuple(states))

@@ -252,7 +252,12 @@ class Cluster:
     def _set_ring(self, ring: Ring) -> None:
         self.ring = ring
         self._owners = _Owners(ring)
-        self._ring_id = ring_id(ring)
+        before, self._ring_id = self._ring_id, ring_id(ring)
+        if self.crawler is not None and self._ring_id != before:
+            # the crawler trusts its memory of answered and routed URLs without asking `owns` again: a new ring
+            # may move their hosts (a URL routed to a node that has died must go to its new owner when found).
+            # A view change that keeps the ring (a suspicion, a new incarnation) keeps every owner: no call.
+            self.crawler.forget_seen()
         if self.lanes is not None:
             self.lanes.ring_changed(self._owners.owner)
 

@@ -112,9 +112,10 @@ class SeenReplicas:
         self.keys_passed_on = 0  # hand-off keys of arcs owned elsewhere, sent to their owners
         self.keys_refused = 0  # malformed keys from a peer
 
-    def fetched(self, item: QueuedUrl) -> None:
-        """The crawler committed `item` as fetched: its key goes to the backup at the next tick."""
-        self._pending.extend(queued_url_keys((item,)))
+    def fetched(self, item: QueuedUrl, key: bytes | None = None) -> None:
+        """The crawler committed `item` as fetched: its key (`key`, if the caller has it already) goes to the
+        backup at the next tick."""
+        self._pending.append(key if key is not None else queued_url_keys((item,))[0])
         self._trim_pending()
 
     def _trim_pending(self) -> None:
@@ -234,12 +235,17 @@ class SeenReplicas:
             return 0  # no ring yet: the first rescan sends them
         by_backup: dict[str, list[bytes]] = defaultdict(list)
         node, copies = self.node_id, self.copies
+        found: dict[bytes, list[str]] = {}  # host position -> its backups: a host's pages share the look-up
         for key in keys:
-            # none in a cluster of one; this node, if the host moved away meanwhile (its key travels with the
-            # hand-off of the arc instead)
-            for backup in ring.backups_at(int.from_bytes(key[:8], "big"), copies):
-                if backup != node:
-                    by_backup[backup].append(key)
+            position = key[:8]
+            backups = found.get(position)
+            if backups is None:
+                # none in a cluster of one; this node, if the host moved away meanwhile (its key travels with the
+                # hand-off of the arc instead)
+                backups = found[position] = [
+                    b for b in ring.backups_at(int.from_bytes(position, "big"), copies) if b != node]
+            for backup in backups:
+                by_backup[backup].append(key)
         sent = self._send(epoch, by_backup)
         self.keys_sent += sent
         return sent

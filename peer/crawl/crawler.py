@@ -160,7 +160,9 @@ class Crawler:
         self._pending: dict[str, QueuedUrl] = {}  # host -> URL popped but parked while its robots.txt came in
         self._retries: dict[str, int] = {}
         self._wakeup = trio.Event()
-        self._seen: dict[str, str] = {}  # URL -> host, for URLs the dedup store has answered for
+        # URL -> host, for URLs the dedup store has answered for; URL -> "" for URLs routed to another owner.
+        # Valid under one ring: an ownership whose `owns` answers change calls `forget_seen` (seams.Ownership).
+        self._seen: dict[str, str] = {}
         self.done = trio.Event()
         self.active = 0
         self._draining = False
@@ -195,18 +197,21 @@ class Crawler:
         this node still owns, is counted as seen without being parsed, scope-checked or looked up again.
         """
         seen = self._seen
-        owns = self.owns
         max_depth = self.scope.max_depth
         if max_depth is not None and depth > max_depth:
             seen = {}  # the scope check must name the reason, as without the cache
-        hits = 0
+        hits = repeats = 0
         for url in urls:
             host = seen.get(url)
-            if host is not None and (owns is None or owns(host)):
-                hits += 1
+            if host is not None:  # answered for under the current ring (the ownership clears it at a change)
+                if host:
+                    hits += 1
+                else:  # routed to its owner recently: dropped, as the dispatcher's recently-sent filter would
+                    repeats += 1
                 continue
             self._screen(batch, url, depth, 0, found_on)
         batch.seen += hits
+        self.stats.routed_repeats += repeats
 
     def _screen(
         self,
@@ -226,6 +231,10 @@ class Crawler:
         item = QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on, lastmod=lastmod, sitemap=sitemap)
         if self.owns is not None and not self.owns(host):
             self.ownership.route(item)
+            seen = self._seen
+            if len(seen) >= _SEEN_CACHE_SIZE:
+                seen.clear()
+            seen[url] = ""  # routed: a repeat on a later page is dropped before it is screened again
             return
         batch.cands.append(item)
 
@@ -265,8 +274,9 @@ class Crawler:
         return len(items), seen_before
 
     def forget_seen(self) -> None:
-        """Drop the in-memory record of URLs the dedup store has answered for. Call it whenever the dedup
-        store may forget URLs (a re-crawl policy deleting keys); ownership changes need no call."""
+        """Drop the in-memory record of URLs the dedup store has answered for and of URLs routed elsewhere.
+        Call it whenever the dedup store may forget URLs (a re-crawl policy deleting keys) and whenever the
+        ownership's `owns` answers change (a new ring): a hit is then trusted without asking `owns`."""
         self._seen.clear()
 
     def seed(self, urls: Sequence[str]) -> int:

@@ -56,7 +56,10 @@ class Ownership(Protocol):
     """What the crawler asks of the cluster around it.
 
     `solo` is True only where one node owns every host: the crawler then skips the ownership checks in its
-    hot loops and decides by itself when the crawl is finished (a cluster decides that together)."""
+    hot loops and decides by itself when the crawl is finished (a cluster decides that together).
+
+    The crawler remembers URLs it has answered for or routed, and trusts that memory without asking `owns`
+    again: an ownership whose `owns` answers change (a new ring) calls the crawler's `forget_seen()` first."""
 
     solo: bool
 

@@ -189,6 +189,10 @@ def run_node(web: BenchWeb, dns_port: int, store: str, args: argparse.Namespace,
     env = dict(os.environ)
     if source:
         env["PYTHONPATH"] = os.pathsep.join([source, *filter(None, [env.get("PYTHONPATH")])])
+    if args.cpu_profile:  # tests/bench/_cpuprof/sitecustomize.py samples the node on its own CPU time
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent / "_cpuprof"),
+                                             *filter(None, [env.get("PYTHONPATH")])])
+        env["BENCH_CPU_PROFILE"] = str(results / f"cpu-node-{store}{'-baseline' if source else ''}")
     r = _run_measured(cmd, cwd=workdir, stderr=log_file, time_limit=args.time_limit, env=env,
                       on_start=on_start)
     if args.py_spy and args.py_spy_gil:
@@ -385,6 +389,8 @@ def main() -> None:
     p.add_argument("--time-limit", type=float, default=600.0, help="seconds per crawl before SIGTERM")
     p.add_argument("--results-dir", default="bench-results")
     p.add_argument("--py-spy", action="store_true", help="record the node with py-spy (slows it down)")
+    p.add_argument("--cpu-profile", action="store_true",
+                   help="sample the node on its own CPU time (tests/bench/_cpuprof) into the results dir")
     p.add_argument("--py-spy-gil", action="store_true",
                    help="with --py-spy: sample the node twice, running threads and the GIL's holder only, and "
                         "print the share of the node's running samples that held the GIL")

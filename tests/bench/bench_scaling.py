@@ -12,6 +12,21 @@ the DNS server share the same two cores), and the load average before and after 
 
 ``--replica-cost``: two nodes with ``--replicas 1`` against two with ``--replicas 0`` instead.
 
+``--cluster-replicas 0,1``: the cluster runs once per listed ``--replicas`` setting beside each lone run (a lone
+node replicates nothing whatever the setting), so issue 19's overhead target (a cluster node's CPU per page at
+most 1.1x a lone node's) is read pair by pair for each setting. Each run also reports its CPU per page between
+20% and 80% of the crawl (the nodes' CPU sampled from /proc with their pages), which leaves out what a process
+pays once (start-up, the join, the last rounds) and keeps what it pays per page. ``--pin`` puts every node on
+core 0 and the web (nginx and the name server) on the other cores: a lone node and a cluster then crawl on the
+same one core, and the ratio shows what the cluster's code costs without the two nodes' contention for both
+cores with the web server. ``--together`` runs each round's crawls (the lone node, the clusters, and with
+``--baseline`` the baseline's) all at once instead of one after the other: each then has the machine's same
+moments, busy or quiet, and the ratios hold while other work comes and goes. ``--contention`` adds, to each round, two lone nodes that crawl the whole web at once,
+each on its own (no cluster): the machine is as busy as under a cluster, with none of the cluster's code, so
+"two lone / one lone" is what the contention costs and "cluster / two lone" what the cluster's code costs. ``--baseline SRC`` runs each round again with the code of
+the source tree SRC (put first on PYTHONPATH; say an unpacked ``git archive main``): both versions' ratios in
+one run.
+
 The web is ``peerlab.localweb.bench`` (nginx, ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with about 30
 links each; its names come from ``peerlab.localweb.dns_server``). First one node crawls it to the end
 (``--exit-when-done``); then two nodes of equal weight (the second joins the first) crawl a fresh copy of the
@@ -24,6 +39,7 @@ is printed beside it, because it shares the same two cores.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -38,6 +54,8 @@ from typing import Any
 from peer.control import auth_headers
 from peerlab.localweb.bench import BenchWeb, start_bench_web
 
+import psutil
+
 from .bench_crawl import BENCH_DOMAIN, _cpu_seconds, _final_stats, _start_dns, _stop
 
 SECRET = "bench-scaling-cluster-secret"
@@ -51,8 +69,9 @@ def _node_cmd(name: str, data: Path, seeds: Path, dns_port: int, args: argparse.
            "--allow-private", "--nameserver", f"127.0.0.1:{dns_port}", "--delay", "0",
            "--ip-connections", "0",  # one nginx on 127.0.0.1 stands for as many servers as hosts
            "--concurrency", str(args.concurrency), "--exit-when-done", "--data-dir", str(data),
-           "--store", args.store, "--log-format", "json", "--log-level", "info", "--page-threads", str(threads),
-           "--page-processes", str(processes)]
+           "--store", args.store, "--log-format", "json", "--log-level", "info", "--page-threads", str(threads)]
+    if processes:  # only when asked: a --baseline tree may not know the flag
+        cmd += ["--page-processes", str(processes)]
     if join:
         cmd += ["--join", join]
     if args.replicas is not None:
@@ -75,6 +94,24 @@ def _pages_now(workdir: Path, nodes: int) -> int | None:
     return total
 
 
+def _proc_cpu(pid: int) -> float | None:
+    """User + system CPU seconds of a live process so far (/proc/PID/stat), or None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _steady_cpu(samples: list[tuple[float, int, float]], total: int) -> float | None:
+    """ms of CPU per page between 20% and 80% of the crawl, from (seconds, pages, CPU seconds) samples."""
+    low = next((s for s in samples if s[1] >= 0.2 * total), None)
+    high = next((s for s in samples if s[1] >= 0.8 * total), None)
+    if low is None or high is None or high[1] <= low[1]:
+        return None
+    return 1000 * (high[2] - low[2]) / (high[1] - low[1])
+
+
 def _steady_rate(samples: list[tuple[float, int]], total: int) -> float | None:
     """Pages per second between 20% and 80% of the crawl: leaves out start-up (joins, ring builds, the first
     hand-off) and the tail (the last hosts, termination rounds)."""
@@ -88,12 +125,23 @@ def _steady_rate(samples: list[tuple[float, int]], total: int) -> float | None:
 
 
 def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespace, workdir: Path, *,
-                cpus: str = "", threads: int = 0, processes: int = 0) -> dict[str, Any]:
-    """Crawl the web with `nodes` processes (1: standalone; more: a cluster) and measure them."""
+                cpus: str = "", threads: int = 0, alone: bool = False, source: str = "",
+                processes: int = 0) -> dict[str, Any]:
+    """Crawl the web with `nodes` processes (1: standalone; more: a cluster; with `alone`, that many lone nodes
+    each crawling the whole web at once) and measure them (`processes`: each node's --page-processes)."""
     seeds = workdir / "seeds.txt"
     seeds.write_text("\n".join(web.seeds) + "\n", encoding="utf-8")
     env = dict(os.environ)
-    if nodes > 1:
+    if source:
+        env["PYTHONPATH"] = os.pathsep.join([source, *filter(None, [env.get("PYTHONPATH")])])
+    if args.cpu_profile:  # tests/bench/_cpuprof/sitecustomize.py samples each node on its own CPU time
+        args.profile_runs = getattr(args, "profile_runs", 0) + 1
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent / "_cpuprof"),
+                                             *filter(None, [env.get("PYTHONPATH")])])
+        kind = ("alone" if alone else f"r{args.replicas}" if nodes > 1 else "lone") + ("-baseline" if source else "")
+        env["BENCH_CPU_PROFILE"] = str(Path(args.results_dir).resolve()
+                                                 / f"cpu-{args.profile_runs}-{nodes}-{kind}")
+    if nodes > 1 and not alone:
         env["PEERCRAWL_CLUSTER_SECRET"] = SECRET
     procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     spies: list[subprocess.Popen[bytes]] = []
@@ -108,22 +156,25 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
             log = workdir / f"{nodes}-{name}.log"
             with open(log, "wb") as err:
                 proc = subprocess.Popen(_node_cmd(name, data, seeds, dns_port, args, join, cpus, threads, processes),
-                                        stdin=subprocess.DEVNULL,
+                                        stdin=subprocess.DEVNULL, cwd=workdir,  # not the checkout: see --baseline
                                         stdout=err, stderr=err, env=env)
             procs.append((name, proc, log))
-            if args.py_spy and nodes > 1 and i == 0:
-                spies.append(subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--rate", "200",
-                                               "--format", "raw", "--output", str(workdir / "py-spy-n0.txt"),
+            if args.py_spy and i == 0:
+                args.spy_runs = getattr(args, "spy_runs", 0) + 1
+                out = Path(args.results_dir).resolve() / f"py-spy-{args.spy_runs}-{nodes}node-n0.txt"
+                spies.append(subprocess.Popen([shutil.which("py-spy") or "py-spy", "record", "--pid", str(proc.pid),
+                                               "--rate", "200", "--format", "raw", "--output", str(out),
                                                "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            if nodes > 1 and join is None:
+            if nodes > 1 and join is None and not alone:
                 deadline = time.perf_counter() + 60
                 while not (data / "peer.addr").exists():  # bounded: the node writes it once it listens
                     if proc.poll() is not None or time.perf_counter() > deadline:
                         raise SystemExit(f"bench_scaling: {name} did not start: {log.read_text()[-2000:]}")
                     time.sleep(0.05)
                 join = (data / "peer.addr").read_text().strip()
-        cpu = 0.0
+        cpu = user = 0.0
         samples: list[tuple[float, int]] = []  # (seconds since start, pages of all nodes): the steady rate
+        cpu_samples: list[tuple[float, int, float]] = []  # (seconds, pages, CPU of all nodes): steady CPU per page
         last_sample = 0.0
         for name, proc, log in procs:
             deadline = t0 + args.time_limit
@@ -136,14 +187,20 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
                     raise SystemExit(f"bench_scaling: {name} ran past {args.time_limit} s")
                 if time.perf_counter() - last_sample >= 0.5:
                     last_sample = time.perf_counter()
+                    before = [_proc_cpu(p.pid) for _n, p, _l in procs]
                     pages = _pages_now(workdir, nodes)
+                    after = [_proc_cpu(p.pid) for _n, p, _l in procs]
                     if pages is not None:
                         samples.append((last_sample - t0, pages))
+                        if None not in before and None not in after:  # every node alive: its CPU is readable
+                            cpu_now = sum((a + b) / 2 for a, b in zip(before, after))  # type: ignore[operator]
+                            cpu_samples.append((last_sample - t0, pages, cpu_now))
                 time.sleep(0.05)
             proc.returncode = os.waitstatus_to_exitcode(status)
             if proc.returncode != 0:
                 raise SystemExit(f"bench_scaling: {name} exited {proc.returncode}: {log.read_text()[-2000:]}")
             cpu += usage.ru_utime + usage.ru_stime
+            user += usage.ru_utime
         wall = time.perf_counter() - t0
     finally:
         for _name, proc, _log in procs:
@@ -159,8 +216,107 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
             "own_cpu_s": own, "own_ms_per_page": 1000 * own / max(1, pages),
             "workers_ms_per_page": 1000 * (cpu - own) / max(1, pages),
             "steady_pages_per_s": _steady_rate(samples, pages),
-            "cpu_ms_per_page": 1000 * cpu / max(1, pages), "web_cpu_s": _cpu_seconds(web.processes) - web_cpu0,
+            "steady_cpu_ms_per_page": _steady_cpu(cpu_samples, pages),
+            "cpu_ms_per_page": 1000 * cpu / max(1, pages), "user_share": user / max(cpu, 1e-9), "web_cpu_s": _cpu_seconds(web.processes) - web_cpu0,
             "per_node_pages": [int(f.get("pages", 0)) for f in finals]}
+
+
+def run_together(web: BenchWeb, dns_port: int, groups: list[dict[str, Any]], args: argparse.Namespace,
+                 workdir: Path) -> list[dict[str, Any]]:
+    """Crawl the web with every group at once, each on its own: a group is a lone node ({"nodes": 1}) or a
+    cluster ({"nodes": 2, "replicas": R}), with the code of {"source": SRC} or this checkout. Running them
+    side by side gives each the same machine at the same moments, so their CPU per page compares even while
+    other work comes and goes on it (``--together``)."""
+    seeds = workdir / "seeds.txt"
+    seeds.write_text("\n".join(web.seeds) + "\n", encoding="utf-8")
+    started: list[tuple[int, str, subprocess.Popen[bytes], Path]] = []
+    t0 = time.perf_counter()
+    try:
+        for k, group in enumerate(groups):
+            env = dict(os.environ)
+            if group.get("source"):
+                env["PYTHONPATH"] = os.pathsep.join([group["source"], *filter(None, [env.get("PYTHONPATH")])])
+            if group["nodes"] > 1:
+                env["PEERCRAWL_CLUSTER_SECRET"] = f"{SECRET}-{k}"
+            args.replicas = group.get("replicas")
+            join = None
+            for i in range(group["nodes"]):
+                name = f"g{k}n{i}"
+                data = workdir / name
+                shutil.rmtree(data, ignore_errors=True)
+                log = workdir / f"{name}.log"
+                with open(log, "wb") as err:
+                    proc = subprocess.Popen(_node_cmd(f"n{i}", data, seeds, dns_port, args, join),
+                                            stdin=subprocess.DEVNULL, cwd=workdir, stdout=err, stderr=err, env=env)
+                started.append((k, name, proc, log))
+                if group["nodes"] > 1 and join is None:
+                    deadline = time.perf_counter() + 60
+                    while not (data / "peer.addr").exists():  # bounded: the node writes it once it listens
+                        if proc.poll() is not None or time.perf_counter() > deadline:
+                            raise SystemExit(f"bench_scaling: {name} did not start: {log.read_text()[-2000:]}")
+                        time.sleep(0.05)
+                    join = (data / "peer.addr").read_text().strip()
+        cpu = [0.0] * len(groups)
+        for k, name, proc, log in started:
+            deadline = t0 + args.time_limit
+            while True:  # bounded by the time limit
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid == proc.pid:
+                    break
+                if time.perf_counter() > deadline:
+                    raise SystemExit(f"bench_scaling: {name} ran past {args.time_limit} s")
+                time.sleep(0.05)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode != 0:
+                raise SystemExit(f"bench_scaling: {name} exited {proc.returncode}: {log.read_text()[-2000:]}")
+            cpu[k] += usage.ru_utime + usage.ru_stime
+    finally:
+        for _k, _name, proc, _log in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    out = []
+    for k, group in enumerate(groups):
+        pages = sum(int(_final_stats(log).get("pages", 0)) for g, _n, _p, log in started if g == k)
+        out.append({**group, "pages": pages, "cpu_s": cpu[k], "cpu_ms_per_page": 1000 * cpu[k] / max(1, pages)})
+    return out
+
+
+def together(args: argparse.Namespace) -> None:
+    """``--together``: each round runs a lone node and the cluster (each --cluster-replicas setting), and with
+    --baseline the same for the baseline's code, all at once; the ratios are taken within each round."""
+    settings = [int(x) for x in args.cluster_replicas.split(",") if x.strip()] or [None]
+    sources = [""] + ([str(Path(args.baseline).resolve())] if args.baseline else [])
+    groups = [{"nodes": 1, "source": src} for src in sources]
+    groups += [{"nodes": 2, "replicas": r, "source": src} for src in sources for r in settings]
+    rounds: list[list[dict[str, Any]]] = []
+    with tempfile.TemporaryDirectory(prefix="peercrawl-bench-together-") as tmp:
+        workdir = Path(tmp)
+        with start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
+                             links_per_page=args.links_per_page, page_bytes=args.page_bytes) as web:
+            dns, dns_port = _start_dns(web.zone, workdir)
+            try:
+                print(f"web: {web.kind}, {args.hosts} hosts x {args.pages_per_host} pages, --store {args.store}; "
+                      f"each round: {len(groups)} crawls at once", flush=True)
+                for i in range(args.repeat):
+                    load = os.getloadavg()[0]
+                    rows = run_together(web, dns_port, groups if i % 2 == 0 else groups[::-1], args, workdir)
+                    rounds.append(rows)
+                    for src in sources:
+                        mine = [r for r in rows if r["source"] == src]
+                        lone = next(r for r in mine if r["nodes"] == 1)
+                        for r in (r for r in mine if r["nodes"] == 2):
+                            print(f"round {i + 1}{' [baseline]' if src else ''}, load {load:.1f}: cluster (--replicas "
+                                  f"{'default' if r['replicas'] is None else r['replicas']}) / lone node, CPU per "
+                                  f"page: {r['cpu_ms_per_page']:.3f} / {lone['cpu_ms_per_page']:.3f} ms = "
+                                  f"{r['cpu_ms_per_page'] / lone['cpu_ms_per_page']:.3f}x ({r['pages']} and "
+                                  f"{lone['pages']} pages)", flush=True)
+            finally:
+                _stop(dns)
+    results = Path(args.results_dir).resolve()
+    results.mkdir(parents=True, exist_ok=True)
+    doc = {"bench": "bench_scaling --together", "args": vars(args), "rounds": rounds, "loadavg": os.getloadavg()}
+    (results / "bench_scaling_together.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
 def main() -> None:
@@ -176,6 +332,18 @@ def main() -> None:
     p.add_argument("--results-dir", default="bench-results")
     p.add_argument("--keep", metavar="DIR", help="keep the nodes' data dirs and logs in DIR")
     p.add_argument("--py-spy", action="store_true", help="record the first node of the cluster with py-spy")
+    p.add_argument("--pin", action="store_true",
+                   help="every node on core 0, the web server and the name server on the other cores")
+    p.add_argument("--baseline", metavar="SRC", default="",
+                   help="also run every round with the code of this source tree (first on PYTHONPATH)")
+    p.add_argument("--cpu-profile", action="store_true",
+                   help="sample every node on its own CPU time (tests/bench/_cpuprof) into the results dir")
+    p.add_argument("--together", action="store_true",
+                   help="run the lone node and the clusters of each round at once (see run_together)")
+    p.add_argument("--contention", action="store_true",
+                   help="also two lone nodes crawling the whole web at once, in each round")
+    p.add_argument("--cluster-replicas", default="",
+                   help="comma-separated --replicas settings for the cluster runs (default: the node's default)")
     p.add_argument("--replica-cost", action="store_true",
                    help="instead: two nodes with --replicas 1 against two with --replicas 0, alternated")
     p.add_argument("--mode", choices=["nodes", "cores"], default="nodes",
@@ -187,6 +355,8 @@ def main() -> None:
     args.replicas = None
     if args.mode == "cores":
         return cores(args)
+    if args.together:
+        return together(args)
     results = Path(args.results_dir).resolve()
     results.mkdir(parents=True, exist_ok=True)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -198,23 +368,48 @@ def main() -> None:
         with start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
                              links_per_page=args.links_per_page, page_bytes=args.page_bytes) as web:
             dns, dns_port = _start_dns(web.zone, workdir)
+            cpus = ""
+            if args.pin:
+                cpus = "0"
+                others = list(range(1, os.cpu_count() or 1)) or [0]
+                for proc in [*web.processes, dns]:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        for q in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+                            q.cpu_affinity(others)
             try:
-                print(f"web: {web.kind}, {args.hosts} hosts x {args.pages_per_host} pages, --store {args.store}",
-                      flush=True)
-                plan = [(2, 0), (2, 1)] if args.replica_cost else [(1, None), (2, None)]
+                print(f"web: {web.kind}, {args.hosts} hosts x {args.pages_per_host} pages, --store {args.store}"
+                      f"{', nodes on core 0, the web on the others' if args.pin else ''}", flush=True)
+                settings = [int(x) for x in args.cluster_replicas.split(",") if x.strip()] or [None]
+                plan: list[tuple[int, int | None | str]] = (
+                    [(2, 0), (2, 1)] if args.replica_cost
+                    else [(1, None), *((2, r) for r in settings), *([(2, "alone")] if args.contention else [])])
+                sources = [""] + ([str(Path(args.baseline).resolve())] if args.baseline else [])
                 for i in range(args.repeat):
-                    for nodes, replicas in plan if i % 2 == 0 else plan[::-1]:
-                        args.replicas = replicas
-                        r = run_cluster(web, dns_port, nodes, args, workdir)
-                        r["replicas"] = replicas
+                    for (nodes, replicas), source in [(run, source) for source in sources for run in plan][
+                            :: 1 if i % 2 == 0 else -1]:
+                        alone = replicas == "alone"
+                        args.replicas = None if alone else replicas
+                        r = run_cluster(web, dns_port, nodes, args, workdir, cpus=cpus, alone=alone, source=source)
+                        r["replicas"] = None if alone else replicas
+                        r["alone"] = alone
+                        r["baseline"] = bool(source)
                         rows.append(r)
-                        if replicas is not None:
+                        if source:
+                            print("  [baseline]", end="")
+                        if alone:
+                            print("  two lone nodes at once:", end="")
+                        elif replicas is not None:
                             print(f"  --replicas {replicas}:", end="")
+                        r["repeat"] = i
+                        r["load"] = os.getloadavg()[0]
                         steady = r["steady_pages_per_s"]
+                        steady_cpu = r["steady_cpu_ms_per_page"]
                         print(f"  {nodes} node(s): {r['pages']} pages in {r['wall_s']:.1f} s = "
                               f"{r['pages_per_s']:.0f} pages/s end to end, "
                               f"{'-' if steady is None else f'{steady:.0f}'} pages/s from 20% to 80%, "
-                              f"{r['cpu_ms_per_page']:.2f} ms CPU/page, "
+                              f"{r['cpu_ms_per_page']:.3f} ms CPU/page "
+                              f"({'-' if steady_cpu is None else f'{steady_cpu:.3f}'} from 20% to 80%), "
+                              f"user {100 * r['user_share']:.0f}%, load {r['load']:.1f}, "
                               f"web CPU {r['web_cpu_s']:.1f} s, per node {r['per_node_pages']}", flush=True)
             finally:
                 _stop(dns)
@@ -229,18 +424,40 @@ def main() -> None:
         doc = {"bench": "bench_scaling --replica-cost", "args": vars(args), "rows": rows, "cpu_ratios": ratios}
         (results / "bench_replica_cost.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         return
-    ones = [r["pages_per_s"] for r in rows if r["nodes"] == 1]
-    twos = [r["pages_per_s"] for r in rows if r["nodes"] == 2]
+    overhead: list[dict[str, Any]] = []
+    for i, baseline in ((i, b) for i in range(args.repeat) for b in ([False, True] if args.baseline else [False])):
+        # pair by pair: each cluster run against the lone run of the same round and code
+        mine = [r for r in rows if r["repeat"] == i and r["baseline"] == baseline]
+        lone = next(r for r in mine if r["nodes"] == 1)
+        pair = next((r for r in mine if r["alone"]), None)
+        for r in (r for r in mine if r["nodes"] == 2 and not r["alone"]):
+            if baseline:
+                print("[baseline] ", end="")
+            if pair is not None:
+                print(f"round {i + 1}, cluster (--replicas {'default' if r['replicas'] is None else r['replicas']}) "
+                      f"/ two lone nodes at once, CPU per page: {r['cpu_ms_per_page'] / pair['cpu_ms_per_page']:.3f}x "
+                      f"end to end (two lone / one lone: {pair['cpu_ms_per_page'] / lone['cpu_ms_per_page']:.3f}x)")
+            steady = (r["steady_cpu_ms_per_page"] / lone["steady_cpu_ms_per_page"]
+                      if r["steady_cpu_ms_per_page"] and lone["steady_cpu_ms_per_page"] else None)
+            overhead.append({"repeat": i, "replicas": r["replicas"], "baseline": baseline,
+                             "ratio": r["cpu_ms_per_page"] / lone["cpu_ms_per_page"], "steady_ratio": steady})
+            print(f"round {i + 1}, cluster (--replicas {'default' if r['replicas'] is None else r['replicas']}) "
+                  f"/ lone node, CPU per page: {r['cpu_ms_per_page']:.3f} / {lone['cpu_ms_per_page']:.3f} ms = "
+                  f"{overhead[-1]['ratio']:.3f}x end to end; from 20% to 80%: "
+                  f"{'-' if steady is None else f'{steady:.3f}x'} (target <= 1.1x)")
+    ones = [r["pages_per_s"] for r in rows if r["nodes"] == 1 and not r["baseline"]]
+    twos = [r["pages_per_s"] for r in rows if r["nodes"] == 2 and not r["alone"] and not r["baseline"]][:: len(settings)]
     ratios = [b / a for a, b in zip(ones, twos)]
-    s1 = [r["steady_pages_per_s"] for r in rows if r["nodes"] == 1]
-    s2 = [r["steady_pages_per_s"] for r in rows if r["nodes"] == 2]
+    s1 = [r["steady_pages_per_s"] for r in rows if r["nodes"] == 1 and not r["baseline"]]
+    s2 = [r["steady_pages_per_s"] for r in rows if r["nodes"] == 2 and not r["alone"] and not r["baseline"]][
+        :: len(settings)]
     steady = [b / a for a, b in zip(s1, s2) if a and b]
     load = os.getloadavg()
     print(f"two nodes / one node, pages per second end to end: {', '.join(f'{x:.2f}x' for x in ratios)}; "
           f"from 20% to 80% of the crawl: {', '.join(f'{x:.2f}x' for x in steady) or '-'} "
           f"(target >= 1.8x); load average {load[0]:.1f} on {os.cpu_count()} cores")
     doc = {"bench": "bench_scaling", "args": vars(args), "rows": rows, "ratios": ratios, "steady_ratios": steady,
-           "loadavg": load}
+           "cpu_overhead": overhead, "loadavg": load}
     (results / "bench_scaling.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 

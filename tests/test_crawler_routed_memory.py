@@ -1,0 +1,131 @@
+"""The crawler's memory of URLs it answered for and routed (peer/crawl/crawler.py `_seen`), under an ownership
+that is not the lone node's: a link routed once is dropped on later pages before it is screened or routed
+again; a link queued here is a seen hit without asking `owns`; and after `forget_seen` (what the cluster calls
+at every new ring) both are screened against the new ownership again, so a URL routed to an owner that has
+since gone goes to the new one.
+
+The real `Crawler` and on-disk LMDB `NodeStore`; the ownership is a recording stand-in, and the last test checks
+that the real `Cluster` calls `forget_seen` when, and only when, its ring changes (tests/test_cluster_sim.py and
+the daemon tests crawl through the whole of it).
+"""
+
+from __future__ import annotations
+
+import random
+
+from peer.cluster.cluster import Cluster
+from peer.cluster.transport import MemoryNetwork
+from peer.config import load
+from peer.crawl.crawler import Crawler, _Batch
+from peer.stats import Stats
+from ring import Ring
+from storage import NodeStore, NullPageStore, QueuedUrl
+
+
+class Owners:
+    """Owns the hosts in `mine`; records what it is asked and what is routed."""
+
+    solo = False
+
+    def __init__(self, mine: set[str]) -> None:
+        self.mine = mine
+        self.asked: list[str] = []
+        self.routed: list[str] = []
+
+    def owns(self, host: str) -> bool:
+        self.asked.append(host)
+        return host in self.mine
+
+    def blocked(self, host: str) -> bool:
+        return False
+
+    def route(self, item: QueuedUrl) -> None:
+        self.routed.append(item.url)
+
+    def take_routed(self) -> list[tuple[str, QueuedUrl]]:
+        return []
+
+    def queued(self, items) -> None:
+        pass
+
+    def fetched(self, item: QueuedUrl) -> None:
+        pass
+
+
+class NoFetch:
+    async def fetch(self, url, *, headers=(), sink=None, address=None):
+        raise AssertionError("no fetch in this test")
+
+    async def address(self, host: str) -> str:
+        raise AssertionError("no fetch in this test")
+
+
+def _page(crawler: Crawler, links: list[str]) -> None:
+    """What a fetched page's links go through: screening, then one store transaction."""
+    batch = _Batch()
+    crawler._screen_found(batch, links, 1, "http://here.test/")
+    crawler._commit(batch)
+
+
+async def test_routed_links_are_dropped_on_later_pages_and_screened_again_after_a_new_ring(tmp_path) -> None:
+    cfg = load(env={}, flags={"node_id": "t", "data_dir": str(tmp_path), "allow_private": True})
+    owners = Owners({"here.test"})
+    with NodeStore.open(tmp_path / "store") as store:
+        crawler = Crawler(cfg, fetcher=NoFetch(), store=store, pages=NullPageStore(), ownership=owners)
+        links = ["http://here.test/a", "http://there.test/b", "http://there.test/c"]
+        _page(crawler, links)
+        assert owners.routed == ["http://there.test/b", "http://there.test/c"]
+        assert crawler.stats.urls_new == 1 and len(store.frontier) == 1
+        owners.asked.clear()
+        for _ in range(3):  # the same links on three more pages: nothing routed, screened or asked again
+            _page(crawler, links)
+        assert owners.routed == ["http://there.test/b", "http://there.test/c"]
+        assert owners.asked == []
+        assert crawler.stats.routed_repeats == 6 and crawler.stats.urls_seen == 3
+        assert crawler.stats.as_dict()["routed_repeats"] == 6
+        # a new ring: there.test is ours now, here.test another node's
+        owners.mine = {"there.test"}
+        crawler.forget_seen()
+        _page(crawler, links)
+        assert owners.routed == ["http://there.test/b", "http://there.test/c", "http://here.test/a"]
+        assert {i.url for i in store.frontier.scan_queued()} == set(links)
+        assert crawler.stats.urls_new == 3
+
+
+async def test_a_lone_node_keeps_its_memory_of_answered_urls(tmp_path) -> None:
+    cfg = load(env={}, flags={"node_id": "t", "data_dir": str(tmp_path), "allow_private": True})
+    with NodeStore.open(tmp_path / "store") as store:
+        crawler = Crawler(cfg, fetcher=NoFetch(), store=store, pages=NullPageStore())
+        _page(crawler, ["http://a.test/1", "http://b.test/2"])
+        _page(crawler, ["http://a.test/1", "http://b.test/2", "http://b.test/3"])
+        assert crawler.stats.urls_new == 3 and crawler.stats.urls_seen == 2 and crawler.stats.routed_repeats == 0
+
+
+class Forgetful:
+    """A crawler stand-in that counts `forget_seen` calls."""
+
+    def __init__(self) -> None:
+        self.forgotten = 0
+
+    def forget_seen(self) -> None:
+        self.forgotten += 1
+
+
+async def test_the_cluster_clears_the_crawlers_memory_when_its_ring_changes_and_only_then(tmp_path) -> None:
+    """`Cluster._set_ring` runs at every view change; the crawler's memory goes only when the owners may have
+    changed (another ring), not when a view change keeps the ring (a suspicion, a new incarnation)."""
+    cfg = load(env={}, flags={"node_id": "a", "data_dir": str(tmp_path)})
+    with NodeStore.open(tmp_path / "store") as store:
+        net = MemoryNetwork(random.Random(1))
+        cluster = Cluster(cfg, node_id="a", store=store, secret=b"s" * 32, stats=Stats(),
+                          transport=net.transport("10.0.0.1:7000"), points_per_weight=20)
+        crawler = Forgetful()
+        cluster.attach(crawler)  # type: ignore[arg-type]
+        two = Ring({"a": 100, "b": 100}, points_per_weight=20)
+        cluster._set_ring(two)
+        assert crawler.forgotten == 1
+        cluster._set_ring(two)  # a view change with the same ring
+        cluster._set_ring(Ring({"a": 100, "b": 100}, points_per_weight=20))  # the same ring, built again
+        assert crawler.forgotten == 1
+        cluster._set_ring(Ring({"a": 100, "b": 100, "c": 100}, points_per_weight=20))  # c joined
+        assert crawler.forgotten == 2
