@@ -11,7 +11,7 @@ in the transaction that clears it from in-flight.
 
 The pool, to the node's standards:
 
-- **Back-pressure.** At most ``in_flight`` jobs (16) and 4 MiB of them per worker (one worked on, the others
+- **Back-pressure.** At most ``in_flight`` jobs (64) and 4 MiB of them per worker (one worked on, the others
   waiting in its socket, sent together in one write); a host turn that finds every place taken waits (a
   semaphore, then a look for a worker with room), so what the pool holds is bounded by count and bytes.
 - **A crash or a hang costs nothing.** A worker that dies (any signal, the OOM killer) or answers nothing for
@@ -57,10 +57,9 @@ __all__ = ["IN_FLIGHT_PER_WORKER", "MAX_KILLS", "QUEUED_BYTES_PER_WORKER", "Page
 log = logging.getLogger(__name__)
 
 #: Jobs a worker holds at once: the one it works on and those queued behind it. The pool's throughput is at
-#: most this many jobs per worker per round trip, and a round trip through two wake-ups on a loaded machine
-#: takes milliseconds: with 4, one worker carried 960 pages/s while neither process was busy (measured). What
-#: is queued for a worker goes in one write and comes back in one (a write per job cost more than the work).
-IN_FLIGHT_PER_WORKER = 16
+#: most (workers x this) jobs per round trip, and in a busy node a job's round trip is several event-loop
+#: rounds: 4 held one worker to 960 pages/s and 16 two workers to 890, with neither process busy (measured).
+IN_FLIGHT_PER_WORKER = 64
 #: ... and at most this many bytes of jobs queued for one worker (a job alone may be larger: max_body).
 QUEUED_BYTES_PER_WORKER = 4 << 20
 #: A job that has killed (or hung) this many workers is failed, not sent again.
@@ -76,6 +75,7 @@ _RESTART_PAUSE_MAX = 5.0
 _STOP_WAIT = 5.0  # seconds the workers get to exit at the end of their input before they are killed
 _READY = b""  # the empty frame a worker sends once it has imported what it needs
 _READ_SIZE = 1 << 16  # bytes read at once from a worker's socket, each way
+_ANSWER_BATCH = 4  # a worker answers at least every this many jobs, so no job waits for a whole queue
 
 
 class PageWorkerError(Exception):
@@ -158,9 +158,8 @@ def _serve(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
 
 
 def _answer_jobs(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
-    """Answer the jobs in order. What has arrived is worked off before the answers go back in one write: a
-    wake-up of the other process per page cost more CPU than the work (measured; IN_FLIGHT_PER_WORKER says how
-    many can arrive together)."""
+    """Answer the jobs in order, up to _ANSWER_BATCH in one write: a wake-up of the other process per page cost
+    more CPU than the work, and a whole queue's answers in one write made each job wait for all of them."""
     _send_frame(sock, _READY)
     buf = bytearray()
     block = True
@@ -187,6 +186,9 @@ def _answer_jobs(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
             frame = bytes(buf[pos + _HEADER.size:pos + _HEADER.size + size])
             pos += _HEADER.size + size
             answers.append(_answer(work, frame))
+            if len(answers) >= _ANSWER_BATCH:  # no job waits for the whole queue behind it
+                sock.sendall(b"".join(answers))
+                answers = []
         del buf[:pos]
         if data is None or (block and not pos):
             # nothing more waiting (or only part of a frame): send what is done, then wait for input
