@@ -1,7 +1,7 @@
 """Cluster mode: the plan's nodes as real ``Cluster``s in one process, over the in-memory network.
 
 Every node is the product's ``peer.cluster.Cluster`` (SWIM membership, dispatch with its durable outbox, hand-off
-of moved arcs, seen-key replicas, progress rounds) on a real LMDB ``NodeStore`` in a temporary folder, linked to
+of moved arcs, seen-key replicas, progress waves) on a real LMDB ``NodeStore`` in a temporary folder, linked to
 the others by ``PeerLinks`` over a ``MemoryNetwork`` (1-2 ms per message), all in one ``trio.run`` under
 ``MockClock``: the experiment's seconds are virtual, so a thousand nodes need no thousand processes. What is
 simulated is the network, the clock and the web; the crawl engine is replaced by a page source that does, with
@@ -35,7 +35,7 @@ import random
 import resource
 import tempfile
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ import trio
 import trio.testing
 
 from peer.cluster.cluster import Cluster
+from peer.cluster.rings import RingCache
 from peer.cluster.transport import MemoryNetwork
 from peer.config import load
 from peer.crawl.settings import CrawlSettings
@@ -61,7 +62,7 @@ __all__ = ["ClusterRunError", "run_cluster"]
 log = logging.getLogger(__name__)
 
 SECRET = b"cluster-mode experiment secret!!"
-_NOTE = ("cluster: real Cluster nodes (membership, dispatch, hand-off, replicas, progress rounds) on LMDB stores "
+_NOTE = ("cluster: real Cluster nodes (membership, dispatch, hand-off, replicas, progress waves) on LMDB stores "
          "over the in-memory network in virtual time; the crawl engine is a page source over the web model. URLs "
          "are first sends counted by each sender (dispatcher.stats.urls_sent), after its recently-sent filter")
 #: Member states that own arcs.
@@ -240,7 +241,7 @@ class _Node:
                                transport=run.net.transport(self.address),
                                rng=random.Random(f"{run.plan.seed}:{node_id}"),
                                wall_clock=lambda: 1_700_000_000.0 + trio.current_time(),
-                               points_per_weight=run.plan.points_per_weight)
+                               points_per_weight=run.plan.points_per_weight, rings=run.rings)
         self.source = _PageSource(node_id, self.store, self.cluster, run.web, 0.0,
                                   random.Random(f"{run.plan.seed}:{node_id}:links"))
         self.cluster.attach(self.source)  # type: ignore[arg-type]
@@ -273,6 +274,8 @@ class _Run:
         self.say = say
         self.web = _WebModel(plan)
         self.net = MemoryNetwork(random.Random(f"{plan.seed}:net"), delay=0.001, jitter=0.001)
+        # one copy of each ring and of each view change's moved arcs for every node (peer/cluster/rings.py)
+        self.rings = RingCache(size=8)
         self.nodes: dict[str, _Node] = {}
         self.index = 0
         self.samples: list[Sample] = []
@@ -481,6 +484,14 @@ async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], tim
         links = [node.cluster.status()["links"]["live"] for node in run.running()]
         run.notes.append(f"links per node at the end: mean {sum(links) / len(links):.1f}, most {max(links)} "
                          f"(of {len(links) - 1} peers); messages {run.net.connects:,} connections opened in all")
+        kinds: Counter[str] = Counter()
+        for node in run.nodes.values():
+            kinds.update(node.cluster.links.received_kinds)
+        total = sum(kinds.values())
+        per = total / max(1, len(run.nodes)) / max(1e-9, trio.current_time())
+        run.notes.append(f"messages received: {total:,} in {trio.current_time():.1f} virtual s, {per:.1f} per node "
+                         "per virtual s; by kind: " + ", ".join(
+                             f"{kind} {n:,} ({n / total:.1%})" for kind, n in kinds.most_common()))
         for node in run.running():
             await node.stop()
         nursery.cancel_scope.cancel()
