@@ -133,6 +133,7 @@ class Cluster:
         wall_clock: Callable[[], float] = time.time,
         points_per_weight: int = DEFAULT_POINTS_PER_WEIGHT,
         rings: RingCache | None = None,
+        members: View | None = None,
     ) -> None:
         self.cfg = cfg
         self.points_per_weight = points_per_weight  # fewer in simulations: a ring of many points takes a second
@@ -156,6 +157,7 @@ class Cluster:
             link_busy=self.link_busy,
             codecs=codecs,
             compressions=compressions,
+            members=members,
         )
         self.links = self.membership.links
         self.view = View()

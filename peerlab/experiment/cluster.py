@@ -16,9 +16,8 @@ others on a host drawn by Zipf popularity (``web.popularity``). A node fetches `
 its weight share pages a second; ``cluster.time_scale`` shortens the plan's ``at`` triggers (the design's ten
 minutes become 30 s at 0.05).
 
-The cluster starts converged: every node starts alone, then the whole initial view is merged into each node's
-membership at once (as n sequential joins would end), so the run measures a running cluster, not n joins in a
-row. The first node brings the seeds. Changes: ``remove`` is the node's graceful ``leave`` (hand everything off,
+The cluster starts converged: every node starts with the whole initial view (as n sequential joins would end),
+so its first ring is the cluster's and the run measures a running cluster, not n joins in a row. The first node brings the seeds. Changes: ``remove`` is the node's graceful ``leave`` (hand everything off,
 then stop), ``kill`` cancels the node (its store stays, nothing handed off), ``add`` starts a node that joins
 through a running one. After a change the next phase starts once every running node's ring holds exactly the
 new members and no hand-off is under way (the transition is counted in no phase, as in live mode). Per phase,
@@ -49,7 +48,7 @@ from peer.cluster.transport import MemoryNetwork
 from peer.config import load
 from peer.crawl.settings import CrawlSettings
 from peer.stats import Stats
-from ring import MemberState, View, merge, random_hosts
+from ring import MemberState, View, random_hosts
 from storage import HostState, NodeStore, QueuedUrl
 
 from . import synthweb
@@ -225,11 +224,16 @@ class _PageSource:
         self.wake_hosts(new)
 
 
+def address_of(index: int) -> str:
+    """The in-memory network address of the `index`-th node started."""
+    return f"10.{index // 62500}.{index // 250 % 250}.{index % 250 + 1}:7400"
+
+
 class _Node:
-    def __init__(self, run: _Run, index: int, node_id: str, weight: int) -> None:
+    def __init__(self, run: _Run, index: int, node_id: str, weight: int, members: View | None = None) -> None:
         self.node_id = node_id
         self.weight = weight
-        self.address = f"10.{index // 62500}.{index // 250 % 250}.{index % 250 + 1}:7400"
+        self.address = address_of(index)
         self.path = run.workdir / node_id
         self.store = NodeStore.open(self.path, map_size=1 << 26)
         cfg = load(env={}, flags={
@@ -241,7 +245,7 @@ class _Node:
                                transport=run.net.transport(self.address),
                                rng=random.Random(f"{run.plan.seed}:{node_id}"),
                                wall_clock=lambda: 1_700_000_000.0 + trio.current_time(),
-                               points_per_weight=run.plan.points_per_weight, rings=run.rings)
+                               points_per_weight=run.plan.points_per_weight, rings=run.rings, members=members)
         self.source = _PageSource(node_id, self.store, self.cluster, run.web, 0.0,
                                   random.Random(f"{run.plan.seed}:{node_id}:links"))
         self.cluster.attach(self.source)  # type: ignore[arg-type]
@@ -284,8 +288,8 @@ class _Run:
     def running(self) -> list[_Node]:
         return [node for node in self.nodes.values() if node.running]
 
-    async def start(self, nursery: trio.Nursery, node_id: str, weight: int) -> _Node:
-        node = _Node(self, self.index, node_id, weight)
+    async def start(self, nursery: trio.Nursery, node_id: str, weight: int, members: View | None = None) -> _Node:
+        node = _Node(self, self.index, node_id, weight, members)
         self.index += 1
         self.nodes[node_id] = node
         await nursery.start(node.serve)
@@ -349,16 +353,16 @@ class _Run:
         return trio.current_time() - start
 
     async def start_converged(self, nursery: trio.Nursery, weights: Mapping[str, int]) -> None:
-        """Start every initial node alone, then merge the whole view into each (as n joins would end)."""
-        for node_id, weight in weights.items():
-            await self.start(nursery, node_id, weight)
+        """Start every initial node with the whole view (as n joins would end): its first ring is the cluster's,
+        so nothing moves and nothing is handed off. (Starting each alone and merging the whole view afterwards
+        made every node hand the whole ring to every other: n² transfers, and at 1,000 nodes each node's plan of
+        1.7 million lost arcs, over 20 GB in all.)"""
         whole = View()
-        for node in self.nodes.values():
-            whole = merge(whole, node.cluster.membership.view)
-        for node in self.nodes.values():
-            membership = node.cluster.membership
-            membership._apply(merge(membership.view, whole))  # as the bench of membership at scale does
-            membership._broadcast.clear()  # a converged cluster has nothing left to gossip
+        for offset, (node_id, weight) in enumerate(weights.items()):
+            whole = whole.join(node_id, address_of(self.index + offset), weight)
+        for node_id, weight in weights.items():
+            node = await self.start(nursery, node_id, weight, members=whole)
+            node.cluster.membership._broadcast.clear()  # a converged cluster has nothing left to gossip
         for node in self.nodes.values():
             node.cluster.ready.set()
 
