@@ -15,9 +15,9 @@ concludes nothing from that wave). A child that does not answer within the wave'
 The root starts a wave every interval whether or not the last one has returned, so one member that does not
 answer slows no wave but the ones it is in.
 
-Contact. Each wave carries `reached`, the members the root's last returned wave counted on the same ring (0 if
-that wave began more than `CONTACT_WINDOW` ago). A member that receives a wave of its own ring with a strict majority
-reached has just heard from a node that has just heard from most of the cluster: `contact_at` records when, and
+Contact. Each wave carries `reached`, the members the root's last returned wave counted (0 if that wave began
+more than `CONTACT_WINDOW` ago; on the ring before, while a ring change spreads). A member that receives a wave,
+of its own ring or not, with a strict majority of its ring reached has just heard from a node that has just heard from most of the cluster: `contact_at` records when, and
 the partition fence (`peer/cluster/fence.py`) counts it as contact with the majority. This is what lets a node
 talk to a bounded number of peers and still know it is not on the minority side of a partition.
 
@@ -52,9 +52,10 @@ FANOUT = 8
 #: Only a member that does not answer makes a wave wait this long; the others answer as soon as their range has.
 HOP_WAIT = 2.0
 #: Waves a node gathers at once (each lasts at most a wave's time): more are answered at once, counting nobody.
-MAX_GATHERS = 16
-#: Waves the root has under way at once (a member that does not answer holds each for a few seconds).
-MAX_WAVES = 8
+MAX_GATHERS = 32
+#: Waves the root has under way at once: a member that does not answer holds each for up to HOP_WAIT per level
+#: (10 s at 1,000 members), and one must start every second for the contact proof to stay fresh.
+MAX_WAVES = 16
 
 
 def children(lo: int, hi: int, fanout: int = FANOUT) -> list[tuple[int, int]]:
@@ -181,8 +182,9 @@ class ProgressTree:
         self.waves_started += 1
         wait = HOP_WAIT * (depth(len(members)) + 1)
         # how many the last returned wave reached, if that is recent: a proof of contact for every member
-        reached_ring, reached, when = self._reached
-        fresh = reached_ring == ring and trio.current_time() - when <= CONTACT_WINDOW
+        # (counted on the ring before, if the ring just changed: as contact, a member of either counts)
+        _reached_ring, reached, when = self._reached
+        fresh = trio.current_time() - when <= CONTACT_WINDOW
         began = trio.current_time()
 
         def counted(count: int) -> None:
@@ -224,7 +226,7 @@ class ProgressTree:
 
     def on_wave(self, peer_id: str, wave: ProgressWave) -> None:
         ring, members = self._members()
-        if wave.ring == ring and 2 * wave.reached > len(members):
+        if 2 * wave.reached > len(members):  # a wave of another ring proves contact just as well
             self.contact_at = trio.current_time()
         if (wave.ring != ring or not 0 <= wave.lo < wave.hi <= len(members) or members[wave.lo] != self.node_id
                 or self._nursery is None or self._gathers >= MAX_GATHERS):
