@@ -29,6 +29,7 @@ by hand-off (``handoff.urls_received``).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import random
 import resource
@@ -409,6 +410,11 @@ async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], tim
         t = time.perf_counter()
         await run.start_converged(nursery, stages[0])
         await run.settle(stages[0], settle_limit)
+        # The nodes' long-lived objects (stores, views, rings, links) are not garbage: keep the cyclic collector
+        # from walking them at every collection (at 1,000 nodes a profile put 46% of the time in the allocation
+        # sites that trigger it).
+        gc.collect()
+        gc.freeze()
         timings["start and converge"] = time.perf_counter() - t
         say(f"{len(stages[0]):,} nodes converged in {timings['start and converge']:.1f} s wall "
             f"({trio.current_time():.1f} virtual s)")
@@ -544,8 +550,14 @@ def run_cluster(plan: Plan, *, progress: Callable[[str], None] | None = None,
         with tempfile.TemporaryDirectory(prefix="cluster-", dir=workdir) as tmp:
             out.append(await _experiment(plan, Path(tmp), say, timings))
 
-    with inline_threads():
-        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    threshold = gc.get_threshold()
+    gc.set_threshold(50_000, 20, 100)  # a thousand nodes allocate fast; collect the young generation less often
+    try:
+        with inline_threads():
+            trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
     result = out[0]
     timings["CPU"] = time.process_time() - cpu
     return ExperimentResult(
