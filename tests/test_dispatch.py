@@ -338,6 +338,16 @@ async def test_simulation_with_link_breaks_and_a_restarted_receiver(tmp_path, se
                 for item in urls_for(ring, node.node_id, 120, rng):
                     routed.add(item.url)
                     node.dispatcher.route(item)
+            if round_ == 4:  # a link breaks under a batch not acknowledged yet, which must go again
+                pair = None
+                for _ in range(2_000):  # bounded: batches leave at the next tick (0.2 s)
+                    pair = next(((n.node_id, o) for n in nodes for o in ids
+                                 if o != n.node_id and n.dispatcher.in_flight_to(o)), None)
+                    if pair is not None:
+                        break
+                    await trio.sleep(0.001)
+                assert pair is not None, "no batch was ever in flight"
+                assert net.break_links(*pair) > 0
             await trio.sleep(0.3)
             if round_ == 2:  # c dies and comes back with its store; unacked batches reach it again
                 victim = nodes[2]
