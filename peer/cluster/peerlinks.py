@@ -306,8 +306,6 @@ class PeerLinks:
         self.refused: collections.Counter[str] = collections.Counter()
         #: Connections closed because handling a peer's message raised (the node goes on).
         self.handler_errors = 0
-        #: Messages received from peers, by type (what a node pays for each kind of traffic).
-        self.received_kinds: collections.Counter[str] = collections.Counter()
         self._unauthenticated = 0
         self._unauthenticated_by_source: collections.Counter[str] = collections.Counter()
 
@@ -699,7 +697,6 @@ class PeerLinks:
             if isinstance(event, Established):
                 continue
             link.received += 1
-            self.received_kinds[type(event).__name__] += 1
             link.last_active = trio.current_time()
             try:
                 await self._on_message(link.peer_id, event)
