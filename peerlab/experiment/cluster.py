@@ -147,6 +147,9 @@ class _PageSource:
     def release_moved(self) -> int:
         return 0  # nothing is parked: a host's URLs stay in the frontier, which the hand-off exports
 
+    def forget_seen(self) -> None:
+        pass  # no memory of answered or routed URLs to forget: every link asks `owns` (the crawler's has one)
+
     def rewake(self) -> int:
         self._ready.clear()
         self._queued.clear()
