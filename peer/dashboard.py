@@ -53,30 +53,31 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def file_rss_bytes() -> int:
-    """This process's file-backed resident memory (RssFile: mapped files, the store's pages among them); 0 where
-    /proc does not say."""
+def _status_bytes(field: bytes) -> int | None:
+    """A `kB` figure of /proc/self/status (`field` with its colon) in bytes; None where /proc does not say."""
     try:
         with open("/proc/self/status", "rb") as f:
             for line in f:
-                if line.startswith(b"RssFile:"):
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 0
+    return None
+
+
+def file_rss_bytes() -> int:
+    """This process's file-backed resident memory (RssFile: mapped files, the store's pages among them); 0 where
+    /proc does not say."""
+    return _status_bytes(b"RssFile:") or 0
 
 
 def peak_rss_bytes() -> int:
     """This process's peak resident memory since it started its program: /proc's VmHWM where there is one (the
     peak of the current address space: `ru_maxrss` would also count the parent's memory when the process was
     started by vfork and exec), else `ru_maxrss`."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    peak = _status_bytes(b"VmHWM:")
+    if peak is not None:
+        return peak
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
