@@ -236,6 +236,13 @@ def _resolve(ref: str, base: _Base | None, max_length: int) -> str | None:
         if hostport is None:
             return None
         prefix, tail = ref[:start] + hostport, ref[end:]
+    elif ref and ":" not in ref and ref[0] != "?" and ref[0] != "/":
+        # A relative path ("p/2.html", "../up"): with no ":" anywhere it has no scheme, and it starts with no
+        # authority or query, so it is the base's directory followed by the reference (dot segments and an
+        # empty query are normalized below, as for any other tail).
+        if base is None:
+            return None
+        prefix, tail = base.origin, base.directory + ref
     else:
         m = _SPLIT.match(ref)
         assert m is not None  # every group is optional, so the pattern matches any string

@@ -1,4 +1,4 @@
-"""The node's HTTP fetcher: HTTP/1.1 with h11 over trio streams, a per-origin keep-alive pool, the node's DNS.
+"""The node's HTTP fetcher: HTTP/1.1 (`peer.fetch.h1`) over trio streams, a per-origin keep-alive pool, the node's DNS.
 
 Measured on this machine (``tests/bench/bench_http.py``), httpx's own pool collapses over many hosts, and its
 client layer alone costs about as much CPU per request as this whole fetch path; so the crawl engine calls
@@ -19,11 +19,11 @@ from types import TracebackType
 from typing import Protocol, Self
 from urllib.parse import quote, urlsplit
 
-import h11
 import httpx
 import trio
 
 from peer.config import DEFAULTS
+from peer.fetch import h1
 from peer.fetch.decoding import BodyDecoder, DecodeError, make_decoder
 from peer.fetch.pool import (
     Connection,
@@ -205,7 +205,7 @@ class Fetcher:
                         conn = await self._connect(key, ip, host, url)
                     reused = conn.requests > 0
                     try:
-                        head, body, truncated = await self._exchange(
+                        head, body, truncated, reusable = await self._exchange(
                             conn, method, target, request_headers, content, url, reused, scope, deadline, sink
                         )
                     except _StaleConnection:
@@ -214,18 +214,16 @@ class Fetcher:
                     except BaseException:
                         conn.close()
                         raise
-                    h = conn.h11
-                    if not truncated and h.our_state is h11.DONE and h.their_state is h11.DONE:
-                        h.start_next_cycle()
+                    if not truncated and reusable:
                         conn.requests += 1
                         self._pool.put_idle(origin, conn, trio.current_time())
                     else:
                         conn.close()
                     return Response(
                         url=url,
-                        status=head.status_code,
-                        reason=head.reason.decode("latin-1"),
-                        headers=[(n.decode("latin-1"), v.decode("latin-1")) for n, v in head.headers],
+                        status=head.status,
+                        reason=head.reason,
+                        headers=head.headers,
                         body=body,
                         ip=ip,
                         truncated=truncated,
@@ -291,16 +289,13 @@ class Fetcher:
         scope: trio.CancelScope,
         deadline: float,
         sink: BodySink | None = None,
-    ) -> tuple[h11.Response, bytes, bool]:
-        """Send the request and read the response: (head, decoded body, truncated). With ``sink``, the decoded
-        body goes to it piece by piece and the body returned is empty."""
-        h = conn.h11
+    ) -> tuple[h1.Head, bytes, bool, bool]:
+        """Send the request and read the response: (head, decoded body, truncated, whether the connection may
+        carry another request). With ``sink``, the decoded body goes to it piece by piece and the body returned
+        is empty."""
         try:
-            data = h.send(h11.Request(method=method, target=target, headers=headers))
-            if content:
-                data += h.send(h11.Data(data=content))
-            data += h.send(h11.EndOfMessage())
-        except h11.LocalProtocolError as exc:
+            data = h1.request_bytes(method, target, headers, content)
+        except h1.LocalProtocolError as exc:
             raise HttpProtocolError(f"{url}: cannot send this request: {exc}") from exc
         try:
             await conn.send_all(data)
@@ -312,7 +307,8 @@ class Fetcher:
         max_body = self._max_body if sink is None else sink.max_bytes
         step = max_body if sink is None else _SINK_STEP
         read_timeout = self._read_timeout
-        head: h11.Response | None = None
+        h = h1.ResponseReader(method, max_head=conn.max_head)
+        head: h1.Head | None = None
         decoder: BodyDecoder | None = None
         chunks: list[bytes] = []
         size = 0
@@ -323,7 +319,7 @@ class Fetcher:
         try:
             while True:
                 event = h.next_event()
-                if event is h11.NEED_DATA:
+                if event is h1.NEED_DATA:
                     read_deadline = trio.current_time() + read_timeout
                     scope.deadline = min(deadline, read_deadline)
                     try:
@@ -345,8 +341,8 @@ class Fetcher:
                     h.receive_data(chunk)
                     continue
                 kind = type(event)
-                if kind is h11.Data:
-                    piece = event.data
+                if kind is bytes:
+                    piece = event
                     raw_size += len(piece)
                     if decoder is not None:
                         piece = decoder.decompress(piece, min(step, max_body - size + 1))
@@ -366,17 +362,15 @@ class Fetcher:
                     elif not await sink.write(piece):
                         truncated = True
                         break
-                elif kind is h11.Response:
+                elif kind is h1.Head:
                     head = event
-                    if sink is not None and not sink.head(
-                        event.status_code, [(n.decode("latin-1"), v.decode("latin-1")) for n, v in event.headers]
-                    ):
+                    if sink is not None and not sink.head(event.status, list(event.headers)):
                         truncated = True  # the sink wants no body: stop reading, drop the connection
                         break
-                    encoding = _header(event.headers, b"content-encoding")
+                    encoding = _header(event.headers, "content-encoding")
                     if encoding is not None:
-                        decoder = make_decoder(encoding.decode("latin-1"))
-                elif kind is h11.EndOfMessage:
+                        decoder = make_decoder(encoding)
+                else:  # h1.END
                     if decoder is not None:
                         tail = decoder.flush(max_body - size + 1)
                         if size + len(tail) > max_body:
@@ -387,17 +381,14 @@ class Fetcher:
                         elif tail:
                             await sink.write(tail)
                     break
-                elif kind is h11.ConnectionClosed:
-                    raise HttpProtocolError(f"{url}: the server closed the connection without a response")
-                # InformationalResponse (1xx): keep reading for the final response.
-        except h11.RemoteProtocolError as exc:
-            if exc.error_status_hint == 431:
-                raise ResponseTooLarge(f"{url}: response head exceeds {_MAX_HEAD} bytes") from exc
+        except h1.HeadTooLarge as exc:
+            raise ResponseTooLarge(f"{url}: {exc}") from exc
+        except h1.RemoteProtocolError as exc:
             raise HttpProtocolError(f"{url}: malformed HTTP response: {exc}") from exc
         except DecodeError as exc:
             raise CorruptBody(f"{url}: {exc}") from exc
         assert head is not None
-        return head, b"".join(chunks), truncated
+        return head, b"".join(chunks), truncated, h.reusable
 
 
 def _tls_reason(exc: ssl.SSLError) -> str:
@@ -406,7 +397,7 @@ def _tls_reason(exc: ssl.SSLError) -> str:
     return str(exc.reason or exc)
 
 
-def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+def _header(headers: Sequence[tuple[str, str]], name: str) -> str | None:
     for n, v in headers:
         if n == name:
             return v

@@ -16,7 +16,6 @@ import resource
 import socket
 import ssl
 
-import h11
 import trio
 
 __all__ = ["Connection", "ConnectionPool", "Origin", "OriginKey", "default_max_idle_total", "open_connection"]
@@ -25,9 +24,9 @@ OriginKey = tuple[str, str, int]  # (scheme, host, port)
 
 
 class Connection:
-    """One TCP (or TLS) connection with its h11 state machine."""
+    """One TCP (or TLS) connection; `max_head` bounds each response head read on it (`peer.fetch.h1`)."""
 
-    __slots__ = ("h11", "idle_since", "ip", "key", "raw", "requests", "sock", "stream", "tls")
+    __slots__ = ("idle_since", "ip", "key", "max_head", "raw", "requests", "sock", "stream", "tls")
 
     def __init__(
         self,
@@ -43,7 +42,7 @@ class Connection:
         self.raw = raw  # the stdlib socket, for a cheap liveness peek
         self.sock = sock
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=max_head)
+        self.max_head = max_head
         self.ip = ip
         self.tls = tls
         self.idle_since = 0.0
