@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import re
 import time
+from functools import lru_cache
 from typing import NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 __all__ = ["CdxjEntry", "cdxj_line", "parse_cdxj_line", "surt", "warc_timestamp"]
 
@@ -19,8 +20,38 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def surt(url: str) -> str:
-    """The SURT sort key of a URL, e.g. `http://www.Example.com/A?b=2&a=1` -> `com,example)/a?a=1&b=2`."""
-    parts = urlsplit(url.strip())
+    """The SURT sort key of a URL, e.g. `http://www.Example.com/A?b=2&a=1` -> `com,example)/a?a=1&b=2`.
+
+    A plain "http(s)://authority..." URL (what the crawler stores) has its authority's part of the key
+    remembered, and its path and query split as `urlsplit` splits them; any other string takes `urlsplit`."""
+    url = url.strip()
+    if (url.startswith("http://") or url.startswith("https://")) and not _UNUSUAL.search(url):
+        start = url.find("//") + 2
+        end = len(url)
+        for sep in "/?#":
+            i = url.find(sep, start)
+            if 0 <= i < end:
+                end = i
+        rest = url[end:]
+        hash_at = rest.find("#")
+        if hash_at >= 0:
+            rest = rest[:hash_at]
+        path, _, query = rest.partition("?")
+        return _surt_key(_surt_authority(url[:end]), path, query)
+    parts = urlsplit(url)
+    return _surt_key(_surt_authority_of(parts), parts.path, parts.query)
+
+
+# characters `urlsplit` drops or reads specially, and any non-ASCII: such URLs take the general path
+_UNUSUAL = re.compile(r"[^\x21-\x7e]")
+
+
+@lru_cache(maxsize=4096)
+def _surt_authority(origin: str) -> str:
+    return _surt_authority_of(urlsplit(origin))
+
+
+def _surt_authority_of(parts: SplitResult) -> str:
     host = _WWW.sub("", (parts.hostname or "").lower().strip("."))
     key = ",".join(reversed(host.split("."))) if host else ""
     try:
@@ -29,10 +60,13 @@ def surt(url: str) -> str:
         port = None
     if port is not None and port != _DEFAULT_PORTS.get(parts.scheme.lower()):
         key += f":{port}"
-    path = parts.path or "/"
-    key += ")" + path
-    if parts.query:
-        key += "?" + "&".join(sorted(parts.query.split("&")))
+    return key
+
+
+def _surt_key(authority: str, path: str, query: str) -> str:
+    key = authority + ")" + (path or "/")
+    if query:
+        key += "?" + "&".join(sorted(query.split("&")))
     return key.lower()
 
 
@@ -66,7 +100,17 @@ def cdxj_line(entry: CdxjEntry) -> str:
     }
     if entry.truncated:
         fields["truncated"] = "length"
-    return f"{surt(entry.url)} {entry.timestamp} {json.dumps(fields, ensure_ascii=False)}\n"
+    values = fields.values()
+    if _NEEDS_ESCAPE.search("".join(values)) is None:
+        # nothing JSON would escape (ensure_ascii=False escapes only quotes, backslashes and controls): the
+        # same text as json.dumps, written directly
+        blob = "{" + ", ".join([f'"{k}": "{v}"' for k, v in zip(fields, values)]) + "}"
+    else:
+        blob = json.dumps(fields, ensure_ascii=False)
+    return f"{surt(entry.url)} {entry.timestamp} {blob}\n"
+
+
+_NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f]')
 
 
 def parse_cdxj_line(line: str) -> CdxjEntry:

@@ -30,10 +30,10 @@ REVISIT_PROFILES = {
 }
 
 _END = b"\r\n\r\n"  # two newlines close every record
-# base32 of a 20-byte SHA-1 is 32 characters, 16 pairs of 10 bits: a table of pairs is faster than base64's
+# base32 of a 20-byte SHA-1 is 32 characters: four 40-bit groups of four 10-bit pairs each; a table of pairs
+# over small integers is faster than base64's (and than shifting one 160-bit integer)
 _B32 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"  # RFC 4648 base32
 _B32_PAIRS = [bytes((a, b)) for a in _B32 for b in _B32]
-_B32_SHIFTS = tuple(range(150, -1, -10))
 _TARGET = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*([^#]*)")
 
 
@@ -49,8 +49,15 @@ def _sha1(*parts: bytes) -> bytes:
     digest = hashlib.sha1()
     for part in parts:
         digest.update(part)
-    n = int.from_bytes(digest.digest(), "big")
-    return b"sha1:" + b"".join([_B32_PAIRS[(n >> shift) & 1023] for shift in _B32_SHIFTS])
+    d = digest.digest()
+    a, b, c, e = (int.from_bytes(d[0:5], "big"), int.from_bytes(d[5:10], "big"), int.from_bytes(d[10:15], "big"),
+                  int.from_bytes(d[15:20], "big"))
+    p = _B32_PAIRS
+    return b"".join((b"sha1:",
+                     p[a >> 30], p[(a >> 20) & 1023], p[(a >> 10) & 1023], p[a & 1023],
+                     p[b >> 30], p[(b >> 20) & 1023], p[(b >> 10) & 1023], p[b & 1023],
+                     p[c >> 30], p[(c >> 20) & 1023], p[(c >> 10) & 1023], p[c & 1023],
+                     p[e >> 30], p[(e >> 20) & 1023], p[(e >> 10) & 1023], p[e & 1023]))
 
 
 _EMPTY_SHA1 = _sha1()

@@ -119,6 +119,8 @@ RESPONSES = [
     b"HTTP/1.1 200 OK\r\nNoColon\r\n\r\n",
     b"HTTP/1.1 200 OK\r\n X-Lead: fold at start\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nX-Nul: a\x00b\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nX-CR: a\rb\r\nContent-Length: 2\r\n\r\nok",
+    b"HTTP/1.1 200 OK\r\nX-Mixed: a\nX-Ends: b\r\nContent-Length: 2\r\n\r\nok",
     b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n",
     b"",
     b"garbage",

@@ -30,6 +30,7 @@ _TOKEN = rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+"
 _FIELD_VALUE = rb"(?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?"
 _STATUS_LINE = re.compile(rb"HTTP/([0-9]\.[0-9]) ([0-9]{3})(?: ((?:[ \t]|[^\x00\s])*))?")
 _HEADER_LINE = re.compile(rb"(" + _TOKEN + rb"):[ \t]*(" + _FIELD_VALUE + rb")[ \t]*")
+_HEADER_LINES = re.compile(rb"^(" + _TOKEN + rb"):[ \t]*(" + _FIELD_VALUE + rb")[ \t]*\r?$", re.M)
 _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
 _BLANK_LINE = re.compile(rb"\n\r?\n")
 _LINE_END = re.compile(rb"\r?\n")
@@ -264,12 +265,15 @@ class ResponseReader:
         block = self._block("response head")
         if block is None:
             return None
-        lines = _LINE_END.split(block)
-        match = _STATUS_LINE.fullmatch(lines[0])
+        end = block.find(b"\n")
+        status_line, rest = (block, b"") if end < 0 else (block[:end], block[end + 1:])
+        if status_line[-1:] == b"\r":
+            status_line = status_line[:-1]
+        match = _STATUS_LINE.fullmatch(status_line)
         if match is None:
-            raise RemoteProtocolError(f"illegal status line {lines[0][:200]!r}")
+            raise RemoteProtocolError(f"illegal status line {status_line[:200]!r}")
         version, status = match.group(1), int(match.group(2))
-        headers = _headers(lines[1:])
+        headers = _headers(rest)
         head = Head(http_version=version.decode("ascii"), status=status,
                     reason=(match.group(3) or b"").decode("latin-1"), headers=headers)
         if status < 200:
@@ -345,9 +349,15 @@ class ResponseReader:
         return buf[: end - 1] if buf[end - 1:end] == b"\r" else buf[:end]
 
 
-def _headers(lines: list[bytes] | bytes) -> list[tuple[str, str]]:
-    if isinstance(lines, bytes):
-        lines = _LINE_END.split(lines)
+def _headers(block: bytes) -> list[tuple[str, str]]:
+    """The header fields of a block of lines (CRLF or LF between them)."""
+    if not block:
+        return []
+    # the usual block: every line a header field, matched in one pass
+    fields = _HEADER_LINES.findall(block)
+    if len(fields) == block.count(b"\n") + 1:
+        return [(name.decode("ascii").lower(), value.decode("latin-1")) for name, value in fields]
+    lines = _LINE_END.split(block)
     out: list[tuple[str, str]] = []
     folded = False
     for line in lines:
@@ -360,7 +370,7 @@ def _headers(lines: list[bytes] | bytes) -> list[tuple[str, str]]:
         out.append((match.group(1).decode("ascii").lower(), match.group(2).decode("latin-1")))
     if not folded:
         return out
-    return _headers(_unfold(lines))
+    return _headers(b"\n".join(_unfold(lines)))
 
 
 def _unfold(lines: list[bytes]) -> list[bytes]:
