@@ -248,3 +248,37 @@ def test_fast_host_and_origin_agree_on_normalized_urls(raw):
         return
     assert host_of_normalized(url) == host_of(url)
     assert origin_of_normalized(url) == origin_of(url)
+
+
+_REF_CHARS = st.sampled_from(
+    list("aZ09-._~!$&'()*+,;=@/?#[]%%\\|<>\"{}^`") + ["%41", "%7e", "%2F", "%zz", "..", "./", "ä", "ツ", "p/", ".html"]
+)
+_BASES = st.sampled_from([BASE, "http://h.example", "http://h.example/", "http://h.example:8080/a/b/?q",
+                          "http://h.example/a/b/c.html?"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_REF_CHARS, max_size=12).map("".join), _BASES)
+def test_relative_paths_resolve_as_the_general_split_does(ref: str, base: str) -> None:
+    """A reference with no ":" takes the relative-path shortcut; "http:REF" against an http base is read by the
+    general split as the same relative reference (RFC 3986 section 5.2.2, the browsers' habit), so both must
+    agree."""
+    if ":" not in ref and not ref.startswith("//"):
+        assert normalize(ref, base) == normalize("http:" + ref, base)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_REF_CHARS, max_size=10).map("".join), max_size=8), _BASES)
+def test_normalize_all_is_normalize_of_each(refs: list[str], base: str) -> None:
+    """The batch's shortcut for paths already in normal form gives what `normalize` gives for each alone."""
+    expected = list(dict.fromkeys(url for url in (normalize(r, base) for r in refs) if url is not None))
+    assert normalize_all(refs, base) == expected
+    assert normalize_all(refs, base, max_length=30) == list(
+        dict.fromkeys(url for url in (normalize(r, base, max_length=30) for r in refs) if url is not None))
+
+
+def test_normalize_all_shortcut_cases() -> None:
+    refs = ["/p/1.html", "p/2.html", "p/3.html?x=1", "/p/4.html?", "//o.example/5", "./6", "../7", "/a/./8",
+            "?9", "p:10", "/p/11%41", "/p/12 x", "p/13#frag", "/p/14?a=[1]", ""]
+    assert normalize_all(refs, BASE) == [u for u in dict.fromkeys(normalize(r, BASE) for r in refs) if u]
+    assert normalize_all(["/x", "http://o.example/y", "z"], "bogus") == ["http://o.example/y"]

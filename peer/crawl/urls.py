@@ -59,6 +59,10 @@ _ASCII_HOST = re.compile(r"[a-z0-9_\-.]+")
 _PORT = re.compile(r"[0-9]*")
 _STRIP = "".join(chr(c) for c in range(0x21))
 _TAB_NEWLINE = re.compile(r"[\t\n\r]")
+# A reference that resolves by concatenation: an absolute path ("/a/b", not "//host") or a relative one (not
+# starting with ".", "/" or "?"), of characters that need no escaping and no ":" (which could start a scheme),
+# with an optional non-empty query; "/." (dot segments) is checked apart.
+_SIMPLE_REF = re.compile(r"(?:/(?!/)|(?![./?]))[A-Za-z0-9\-._~!$&'()*+,;=@/]*(?:\?[A-Za-z0-9\-._~!$&'()*+,;=:@/?\[\]]+)?")
 
 
 class _Base(NamedTuple):
@@ -324,10 +328,19 @@ def normalize_all(
     """
     parsed_base = _parse_base(base)
     seen: dict[str, None] = {}
+    origin, directory = (parsed_base.origin, parsed_base.directory) if parsed_base is not None else ("", "")
+    simple = _SIMPLE_REF.fullmatch
     for href in dict.fromkeys(hrefs):
-        url = _resolve(href, parsed_base, max_length)
-        if url is not None:
-            seen[url] = None
+        if origin and href and simple(href) and "/." not in href:
+            # a path (and query) already in normal form: joined to the base as it stands, as _resolve would
+            url = origin + href if href[0] == "/" else origin + directory + href
+            if len(url) > max_length:
+                continue
+        else:
+            url = _resolve(href, parsed_base, max_length)
+            if url is None:
+                continue
+        seen[url] = None
     return list(seen)
 
 
