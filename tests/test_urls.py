@@ -282,3 +282,28 @@ def test_normalize_all_shortcut_cases() -> None:
             "?9", "p:10", "/p/11%41", "/p/12 x", "p/13#frag", "/p/14?a=[1]", ""]
     assert normalize_all(refs, BASE) == [u for u in dict.fromkeys(normalize(r, BASE) for r in refs) if u]
     assert normalize_all(["/x", "http://o.example/y", "z"], "bogus") == ["http://o.example/y"]
+
+
+def test_normalize_all_absolute_shortcut_cases() -> None:
+    refs = ["http://o.example/p/1.html", "https://o.example:443/x?a=1", "http://o.example:8080", "http://o.example",
+            "http://o.example:0080/y", "http://o.example:99999/z", "http://o..example/", "http://o.example./q",
+            "http://-o.example/", "http://o.example/a/../b", "http://o.example/%41", "http://o.example?x",
+            "http://o.example/p?", "http://" + "a" * 64 + ".example/", "http://xn--bcher-kva.example/",
+            "http://xn--zz.example/", "https://o.example/ok?q=[1]&r=:", "httpx://o.example/", "http://O.example/"]
+    assert normalize_all(refs, BASE) == [u for u in dict.fromkeys(normalize(r, BASE) for r in refs) if u]
+    assert normalize_all(refs, BASE, max_length=24) == [
+        u for u in dict.fromkeys(normalize(r, BASE, max_length=24) for r in refs) if u]
+
+
+_ABS_REFS = st.builds(lambda scheme, host, port, tail: f"{scheme}://{host}{port}{tail}",
+                      st.sampled_from(["http", "https"]),
+                      st.sampled_from(["o.example", "a-b.example", "127.0.0.1", "o.example.", "x..y", "xn--zz.de"]),
+                      st.sampled_from(["", ":80", ":443", ":8080", ":0081", ":70000", ":"]),
+                      st.lists(_REF_CHARS, max_size=10).map("".join))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_ABS_REFS, max_size=6), _BASES)
+def test_normalize_all_is_normalize_of_each_absolute(refs: list[str], base: str) -> None:
+    expected = list(dict.fromkeys(url for url in (normalize(r, base) for r in refs) if url is not None))
+    assert normalize_all(refs, base) == expected

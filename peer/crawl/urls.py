@@ -59,6 +59,11 @@ _ASCII_HOST = re.compile(r"[a-z0-9_\-.]+")
 _PORT = re.compile(r"[0-9]*")
 _STRIP = "".join(chr(c) for c in range(0x21))
 _TAB_NEWLINE = re.compile(r"[\t\n\r]")
+# An absolute http(s) URL of a lower-case host and a path (and query) in normal form: group 1 is the scheme and
+# authority, group 2 the path and query (empty for none).
+_SIMPLE_ABSOLUTE = re.compile(
+    r"(https?://[a-z0-9.\-]+(?::[0-9]+)?)((?:/[A-Za-z0-9\-._~!$&'()*+,;=@/]*(?:\?[A-Za-z0-9\-._~!$&'()*+,;=:@/?\[\]]+)?)?)"
+)
 # A reference that resolves by concatenation: an absolute path ("/a/b", not "//host") or a relative one (not
 # starting with ".", "/" or "?"), of characters that need no escaping and no ":" (which could start a scheme),
 # with an optional non-empty query; "/." (dot segments) is checked apart.
@@ -296,6 +301,14 @@ def _resolve(ref: str, base: _Base | None, max_length: int) -> str | None:
     return result
 
 
+@lru_cache(maxsize=8192)
+def _simple_prefix(scheme_authority: str) -> str | None:
+    """"scheme://host[:port]" normalized, of a `_SIMPLE_ABSOLUTE` match's first group; None if not a usable host."""
+    scheme, _, authority = scheme_authority.partition("://")
+    hostport = _authority(authority, scheme)
+    return None if hostport is None else scheme + "://" + hostport
+
+
 @lru_cache(maxsize=256)
 def _parse_base(base: str) -> _Base | None:
     absolute = _resolve(base, None, 1 << 30)
@@ -330,10 +343,19 @@ def normalize_all(
     seen: dict[str, None] = {}
     origin, directory = (parsed_base.origin, parsed_base.directory) if parsed_base is not None else ("", "")
     simple = _SIMPLE_REF.fullmatch
+    simple_absolute = _SIMPLE_ABSOLUTE.fullmatch
     for href in dict.fromkeys(hrefs):
         if origin and href and simple(href) and "/." not in href:
             # a path (and query) already in normal form: joined to the base as it stands, as _resolve would
             url = origin + href if href[0] == "/" else origin + directory + href
+            if len(url) > max_length:
+                continue
+        elif href[:4] == "http" and (m := simple_absolute(href)) is not None and "/." not in href:
+            # an absolute URL whose path is in normal form: only its authority needs normalizing (remembered)
+            prefix = _simple_prefix(m.group(1))
+            if prefix is None:
+                continue
+            url = prefix + (m.group(2) or "/")
             if len(url) > max_length:
                 continue
         else:
