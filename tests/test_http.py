@@ -6,6 +6,7 @@ import datetime
 import functools
 import gzip
 import os
+import resource
 import socket
 import ssl
 import tempfile
@@ -41,6 +42,7 @@ from peer.fetch.errors import (
     TlsFailed,
 )
 from peer.fetch.http import Fetcher, HttpxTransport
+from peer.fetch.pool import MAX_IDLE_TOTAL, default_max_idle_total
 from peerlab.localweb.dns_server import serve_dns
 
 UA = "peercrawl-test/1 (+http://127.0.0.1/contact)"
@@ -472,3 +474,18 @@ async def test_https_with_sni_and_certificate_checks(nursery: trio.Nursery) -> N
         with pytest.raises(FetchError) as untrusted:
             await fetcher.fetch(url)
     assert type(untrusted.value) is TlsFailed
+
+
+def test_idle_connections_kept_scale_with_the_descriptor_limit() -> None:
+    """A quarter of the descriptor limit (at least 8, at most 16,384): a crawl rotating over more hosts than
+    1,024 keeps their connections when the limit allows it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        for limit in (20, 1024, 20_000, 200_000):
+            if hard != resource.RLIM_INFINITY and limit > hard:
+                continue
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+            assert default_max_idle_total() == max(8, min(MAX_IDLE_TOTAL, limit // 4))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert default_max_idle_total() > 1024 or soft // 4 <= 1024

@@ -105,8 +105,10 @@ def extract(
         tag = el.tag
         if tag == "a" or tag == "area":
             href = el.get("href")
-            if href is not None and "nofollow" not in _tokens(el.get("rel")):
-                hrefs.append(href)
+            if href is not None:
+                rel = el.get("rel")
+                if rel is None or "nofollow" not in _tokens(rel):
+                    hrefs.append(href)
         elif tag == "meta":
             name = el.get("name")
             if name is not None and name.strip().lower() == "robots":
