@@ -240,3 +240,22 @@ def test_requests_http_cannot_carry_are_refused(method: str, target: str, header
     for _ in range(2):  # a refused header list is not remembered as good
         with pytest.raises(h1.LocalProtocolError):
             h1.request_bytes(method, target, headers)
+
+
+def test_a_large_head_dripped_byte_by_byte() -> None:
+    """A head arriving a byte at a time (a hostile or slow server) is read whole; the buffer grows in place and
+    is searched once through, and the body pieces that follow are bytes."""
+    fields = [(f"x-field-{i}", "v" * 40) for i in range(300)]
+    head = b"HTTP/1.1 200 OK\r\n" + b"".join(f"{n}: {v}\r\n".encode() for n, v in fields)
+    data = head + b"Transfer-Encoding: chunked\r\n\r\n" + b"5;" + b"e" * 300 + b"\r\nhello\r\n0\r\n\r\n"
+    got, body, reader = read(data, step=1, eof=False, max_head=65536)
+    assert got.headers == [*fields, ("transfer-encoding", "chunked")]
+    assert body == b"hello" and reader.reusable
+    pieces = []
+    reader = h1.ResponseReader("GET", max_head=65536)
+    for byte in (data[i:i + 1] for i in range(len(data))):
+        reader.receive_data(byte)
+        while (event := reader.next_event()) is not h1.NEED_DATA and event is not h1.END:
+            if not isinstance(event, h1.Head):
+                pieces.append(event)
+    assert pieces and all(type(p) is bytes for p in pieces) and b"".join(pieces) == b"hello"

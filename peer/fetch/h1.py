@@ -137,7 +137,7 @@ class ResponseReader:
     `Connection: close`, a body framed by its length or chunks, and nothing after the response."""
 
     __slots__ = ("_buf", "_chunk_left", "_eof", "_framing", "_head_req", "_keep_alive", "_left", "_max_head",
-                 "_state")
+                 "_scanned", "_state")
 
     def __init__(self, method: str, *, max_head: int) -> None:
         self._head_req = method == "HEAD"
@@ -149,6 +149,9 @@ class ResponseReader:
         self._left = 0  # body bytes still to come (Content-Length framing)
         self._chunk_left = 0  # bytes of the current chunk still to come
         self._keep_alive = False
+        # How far the buffer was searched for the end of a line or block: a head dripped in byte by byte is
+        # searched once through, not once per byte.
+        self._scanned = 0
 
     @property
     def done(self) -> bool:
@@ -162,7 +165,13 @@ class ResponseReader:
         if data:
             if self._eof:
                 raise RemoteProtocolError("data after the end of the stream")
-            self._buf = self._buf + data if self._buf else data
+            buf = self._buf
+            if not buf:
+                self._buf = data  # the usual case: nothing waiting, no copy
+            elif type(buf) is bytearray:
+                buf += data  # a head (or chunk line) arriving in pieces: grown in place, not copied each time
+            else:
+                self._buf = bytearray(buf) + data
         else:
             self._eof = True
 
@@ -183,14 +192,14 @@ class ResponseReader:
                         self._left = left - len(piece)
                         if not self._left:
                             self._state = _DONE
-                        return piece
+                        return piece if type(piece) is bytes else bytes(piece)
                     if self._eof:
                         raise RemoteProtocolError("the server closed the connection before the end of the body")
                     return NEED_DATA
                 # read to the end of the stream
                 if buf:
                     self._buf = b""
-                    return buf
+                    return buf if type(buf) is bytes else bytes(buf)
                 if self._eof:
                     self._state = _DONE
                     return END
@@ -234,7 +243,7 @@ class ResponseReader:
                 self._chunk_left = left - len(piece)
                 if not self._chunk_left:
                     self._state = _CHUNK_END
-                return piece
+                return piece if type(piece) is bytes else bytes(piece)
             if state == _CHUNK_END:
                 buf = self._buf
                 if len(buf) < 2:
@@ -321,32 +330,36 @@ class ResponseReader:
         """Lines up to a blank line, taken off the buffer (without the blank line); None if it has not all
         come yet. A block over `max_head` bytes is refused."""
         buf = self._buf
-        match = _BLANK_LINE.search(buf)
+        match = _BLANK_LINE.search(buf, max(0, self._scanned - 2))  # a match may start up to 2 bytes back
         if match is None:
             if len(buf) > self._max_head:
                 raise HeadTooLarge(f"{what} exceeds {self._max_head} bytes")
             if self._eof:
                 raise RemoteProtocolError(f"the server closed the connection inside the {what}")
+            self._scanned = len(buf)
             return None
         if match.start() > self._max_head:
             raise HeadTooLarge(f"{what} exceeds {self._max_head} bytes")
+        self._scanned = 0
         self._buf = buf[match.end():]
-        block = buf[: match.start()]
+        block = bytes(buf[: match.start()])
         return block[:-1] if block[-1:] == b"\r" else block
 
     def _line(self, what: str) -> bytes | None:
         buf = self._buf
-        end = buf.find(b"\n")
+        end = buf.find(b"\n", self._scanned)
         if end < 0:
             if len(buf) > self._max_head:
                 raise HeadTooLarge(f"{what} exceeds {self._max_head} bytes")
             if self._eof:
                 raise RemoteProtocolError(f"the server closed the connection inside a {what}")
+            self._scanned = len(buf)
             return None
         if end > self._max_head:
             raise HeadTooLarge(f"{what} exceeds {self._max_head} bytes")
+        self._scanned = 0
         self._buf = buf[end + 1:]
-        return buf[: end - 1] if buf[end - 1:end] == b"\r" else buf[:end]
+        return bytes(buf[: end - 1] if buf[end - 1:end] == b"\r" else buf[:end])
 
 
 def _headers(block: bytes) -> list[tuple[str, str]]:
