@@ -87,6 +87,7 @@ class Member:
     weight: int
     incarnation: int
     state: str
+    zone: str = ""  # the failure zone the node named, "" for none (protocol version 4 on; older ones omit it)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -519,14 +520,17 @@ _URL = Text("max_url_length")
 _URL_ENTRY = _record(
     UrlEntry, url=_URL, depth=_U32, found_on=Maybe(_URL), hops=_U32, lastmod=Maybe(Seconds()), sitemap=Flag()
 )
-_MEMBER = _record(
+_MEMBER_V4 = _record(
     Member,
     node_id=Text(),
     address=Text(),
     weight=UInt(1, 0xFFFF_FFFF),
     incarnation=UInt(),
     state=Choice(MEMBER_STATES),
+    zone=Text(),
 )
+# versions 2 and 3 carry no zone: a member read from them has none
+_MEMBER = Record(Member, tuple((name, kind) for name, kind in _MEMBER_V4.fields if name != "zone"))
 # A seen-URL key: the host's 8-byte ring position and at least one byte of fingerprint (16 bytes today).
 _SEEN_KEY = Blob(limit="max_key_length", minimum=9)
 _HOST_STATE = _record(HostState, host=HostName(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32,
@@ -644,7 +648,10 @@ for _code, _field in ((0x10, "urls"), (0x30, "urls")):
     RECORDS_V3[_code] = Record(
         _old.cls, tuple((name, _URL_COLUMNS if name == _field else kind) for name, kind in _old.fields)
     )
+# Version 4: a member carries its failure zone (ring/_zones.py).
+RECORDS_V4: dict[int, Record] = dict(RECORDS_V3)
+RECORDS_V4[0x20] = _record(Gossip, epoch=UInt(), full=Flag(), members=Many(_MEMBER_V4))
 # protocol version -> its wire table
-RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3}
+RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4}
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})
 TYPE_CODES: dict[type, int] = {record.cls: code for code, record in RECORDS.items()}
