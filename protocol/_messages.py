@@ -426,6 +426,7 @@ class LaneHandover:
 
     address: str
     ready_in: tuple[float, ...]
+    epoch: int = 0  # the sender's view epoch when it stopped lending (version 4 on; 0: not sent)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -633,7 +634,7 @@ RECORDS: dict[int, Record] = {
                   ready_in=Many(Seconds(), "max_lanes"), lease=Seconds()),
     0x52: _record(LaneReturn, address=Text("max_address"), lanes=Many(UInt(0, 0xFFFF), "max_lanes"),
                   ready_in=Many(Seconds(), "max_lanes")),
-    0x53: _record(LaneHandover, address=Text("max_address"), ready_in=Many(Seconds(), "max_lanes")),
+    0x53: Record(LaneHandover, (("address", Text("max_address")), ("ready_in", Many(Seconds(), "max_lanes")))),
     0x33: _record(QueueReplica, seq=UInt(), epoch=UInt(), urls=UrlList(_URL_ENTRY, "max_urls_per_batch"),
                   released=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"), hosts=Many(_HOST_STATE)),
     0x34: _record(ReplicaAck, seq=UInt()),
@@ -651,6 +652,9 @@ for _code, _field in ((0x10, "urls"), (0x30, "urls")):
 # Version 4: a member carries its failure zone (ring/_zones.py).
 RECORDS_V4: dict[int, Record] = dict(RECORDS_V3)
 RECORDS_V4[0x20] = _record(Gossip, epoch=UInt(), full=Flag(), members=Many(_MEMBER_V4))
+# ... and a lane hand-over the view epoch it was sent from (peer/cluster/lanes.py)
+RECORDS_V4[0x53] = _record(LaneHandover, address=Text("max_address"), ready_in=Many(Seconds(), "max_lanes"),
+                           epoch=UInt())
 # protocol version -> its wire table
 RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4}
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})

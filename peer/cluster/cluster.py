@@ -270,7 +270,7 @@ class Cluster:
             # A view change that keeps the ring (a suspicion, a new incarnation) keeps every owner: no call.
             self.crawler.forget_seen()
         if self.lanes is not None:
-            self.lanes.ring_changed(self._owners.owner)
+            self.lanes.ring_changed(self._owners.owner, self.epoch)
 
     # -- the lanes' delegate (peer/cluster/lanes.py: LanesDelegate) ----------------------------------------
 

@@ -12,7 +12,9 @@ The rule (docs/cluster.md, "Per-address limits", has the proof sketch):
   borrower died or is cut off), `lease + max_request + delay` after the grant. A new owner of an address (a
   view change moved it here) lends none of its lanes until the previous owner's `LaneHandover` arrives (sent
   once that owner stopped lending, with when each lane may be lent again) or, failing that (it died),
-  `quarantine = lease + max_request + delay` after it became the owner, so every older lease has run out. A
+  `quarantine = lease + max_request + delay` after it became the owner, so every older lease has run out (a
+  hand-over that arrives before the ring giving this node the address counts when its view epoch is later
+  than every remembered view in which another node owned it: `_handed_for_now`). A
   process that starts waits out what its previous run may have lent (`start_wait`, from a file the cluster
   keeps), none if it never lent to another node.
 
@@ -113,11 +115,13 @@ class FleetLanes:
         self._owned: dict[str, _Owned] = {}
         self._held: dict[str, _Held] = {}
         self._seq = 0
-        self._rings: deque[tuple[float, Callable[[str], str]]] = deque(maxlen=_RING_HISTORY)
+        # (installed at, owner of an address, the view epoch): the rings remembered, oldest first
+        self._rings: deque[tuple[float, Callable[[str], str], int]] = deque(maxlen=_RING_HISTORY)
         # the first ring is the process start: what a previous run lent may still run for `start_wait`
         self._start_wait = self.quarantine if start_wait is None else min(max(0.0, start_wait), self.quarantine)
         self._started_at: float | None = None
-        self._handed: dict[str, tuple[float, tuple[float, ...]]] = {}  # address -> (received at, ready_in)
+        # address -> (received at, ready_in, the sender's view epoch): hand-overs of addresses not owned here yet
+        self._handed: dict[str, tuple[float, tuple[float, ...], int]] = {}
         self.lent_until = -math.inf  # the latest time a lane lent to another node may still be in use
         self.grants_sent = 0
         self.asks_sent = 0
@@ -127,13 +131,14 @@ class FleetLanes:
 
     # -- the view --------------------------------------------------------------------------------------------
 
-    def ring_changed(self, owner_of: Callable[[str], str]) -> None:
-        """A new ring is in force (the first one at start): owned addresses that moved away stop being lent
-        from here (their leases run out on their own); asks from departed members are dropped later."""
+    def ring_changed(self, owner_of: Callable[[str], str], epoch: int = 0) -> None:
+        """A new ring is in force (the first one at start), from the view of `epoch`: owned addresses that moved
+        away stop being lent from here (their leases run out on their own); asks from departed members are
+        dropped later."""
         now = self.clock()
         if self._started_at is None:
             self._started_at = now
-        self._rings.append((now, owner_of))
+        self._rings.append((now, owner_of, epoch))
         for address in [a for a in self._owned if owner_of(a) != self.node_id]:
             entry = self._owned.pop(address)
             # hand over: from now on nothing is lent here; each lane may be lent again once its lease (with its
@@ -144,7 +149,7 @@ class FleetLanes:
                 for lane in entry.lanes
             )
             target = owner_of(address)
-            message = LaneHandover(address=address, ready_in=ready)
+            message = LaneHandover(address=address, ready_in=ready, epoch=epoch)
             if target == self.node_id:
                 continue
             self.delegate.send_lanes(target, message)
@@ -166,7 +171,7 @@ class FleetLanes:
         """Since when this node has owned `address` without a break, by the rings remembered (the oldest one
         remembered counts from when it came in: the process start, or as far back as is known)."""
         since = math.inf
-        for installed, owner_of in reversed(self._rings):
+        for installed, owner_of, _epoch in reversed(self._rings):
             if owner_of(address) != self.node_id:
                 break
             since = installed
@@ -280,9 +285,24 @@ class FleetLanes:
                 since=self._owned_since(address), lanes=[_OwnedLane() for _ in range(self.connections)]
             )
             handed = self._handed.pop(address, None)
-            if handed is not None and handed[0] >= entry.since:
-                self._apply_handover(entry, *handed)
+            if handed is not None and (handed[0] >= entry.since or self._handed_for_now(address, handed[2])):
+                self._apply_handover(entry, handed[0], handed[1])
         return entry
+
+    def _handed_for_now(self, address: str, epoch: int) -> bool:
+        """Whether a hand-over sent from a view of `epoch`, received before this node's own ring gave it the
+        address, is about the ownership that ring began: it was sent after every view remembered here in which
+        another node owned the address. (The previous owner installs the new ring first as often as not, so
+        its hand-over often arrives before the new owner's ring does: taken only by arrival time it was thrown
+        away, and the new owner waited out the whole quarantine, a minute in which the address served nobody.)
+        An older hand-over, of an earlier time this node owned the address, comes from a view no later than one
+        in which it did not."""
+        if epoch <= 0:
+            return False  # a peer that speaks an older protocol sends no epoch: arrival time alone decides
+        for _installed, owner_of, seen in reversed(self._rings):
+            if owner_of(address) != self.node_id:
+                return epoch > seen
+        return True  # owned in every ring remembered since this process started or joined
 
     def _apply_handover(self, entry: _Owned, received: float, ready_in: tuple[float, ...]) -> None:
         longest = max(ready_in, default=0.0)
@@ -297,7 +317,7 @@ class FleetLanes:
             self._apply_handover(entry, now, message.ready_in)
             self._serve(message.address, entry, now)
         elif len(self._handed) < 100_000:
-            self._handed[message.address] = (now, message.ready_in)
+            self._handed[message.address] = (now, message.ready_in, message.epoch)
 
     def _on_ask(self, peer_id: str, message: LaneAsk, now: float) -> None:
         entry = self._owned_entry(message.address, now)
