@@ -33,6 +33,7 @@ __all__ = [
     "RevisitEntry",
     "TYPE_CODES",
     "HANDSHAKE_CODES",
+    "KNOWN_CODES",
     "Ping",
     "Pong",
     "ProbeReply",
@@ -48,6 +49,7 @@ __all__ = [
     "LaneGrant",
     "LaneAsk",
     "LaneHandover",
+    "LaneHandoverAsk",
     "Settings",
     "QueueReplica",
     "ReplicaAck",
@@ -430,6 +432,15 @@ class LaneHandover:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LaneHandoverAsk:
+    """The sender owns `address` now (its view of `epoch`) and has no hand-over for it: the receiver, its
+    previous owner, answers with a LaneHandover of what it knows, if anything (version 4 on)."""
+
+    address: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """The crawl settings in force (scope rules, budgets, the paused flag), gossiped to every member.
 
@@ -498,6 +509,7 @@ Message: TypeAlias = (
     | LaneGrant
     | LaneReturn
     | LaneHandover
+    | LaneHandoverAsk
     | Settings
     | QueueReplica
     | ReplicaAck
@@ -655,7 +667,12 @@ RECORDS_V4[0x20] = _record(Gossip, epoch=UInt(), full=Flag(), members=Many(_MEMB
 # ... and a lane hand-over the view epoch it was sent from (peer/cluster/lanes.py)
 RECORDS_V4[0x53] = _record(LaneHandover, address=Text("max_address"), ready_in=Many(Seconds(), "max_lanes"),
                            epoch=UInt())
+RECORDS_V4[0x54] = _record(LaneHandoverAsk, address=Text("max_address"), epoch=UInt())
 # protocol version -> its wire table
 RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4}
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})
-TYPE_CODES: dict[type, int] = {record.cls: code for code, record in RECORDS.items()}
+# every type code some version has (a frame's version-specific check comes when its body is decoded)
+KNOWN_CODES = frozenset(code for table in RECORDS_BY_VERSION.values() for code in table)
+TYPE_CODES: dict[type, int] = {
+    record.cls: code for table in RECORDS_BY_VERSION.values() for code, record in table.items()
+}

@@ -281,6 +281,15 @@ class Cluster:
         if self.crawler is not None:
             self.crawler.address_ready(address)
 
+    def successor_of(self, host: str) -> str | None:
+        """The node that owns `host` (an address is a key like a host) in the ring without this node."""
+        if self.ring is None:
+            return None
+        position = host_position(host)
+        if self.ring.owner_at(position) != self.node_id:
+            return self.ring.owner_at(position)
+        return self.ring.backup_at(position)
+
     async def _lanes_loop(self) -> None:
         assert self.lanes is not None
         while True:

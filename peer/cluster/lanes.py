@@ -33,7 +33,7 @@ from typing import Protocol
 
 import trio
 
-from protocol import LaneAsk, LaneGrant, LaneHandover, LaneReturn, Message
+from protocol import LaneAsk, LaneGrant, LaneHandover, LaneHandoverAsk, LaneReturn, Message
 
 from peer.crawl.addressgate import Lane
 
@@ -48,6 +48,8 @@ ASK_TIMEOUT = 2.0
 LEASE = 2.0
 #: Rings remembered to tell since when this node has owned an address.
 _RING_HISTORY = 16
+#: Hand-overs remembered to answer asks, at most (they are forgotten after the quarantine anyway).
+MAX_REMEMBERED = 100_000
 
 
 class LanesDelegate(Protocol):
@@ -61,6 +63,9 @@ class LanesDelegate(Protocol):
 
     def address_ready(self, address: str) -> None:
         """Lanes of `address` arrived here: hosts waiting for them may try again."""
+
+    def successor_of(self, host: str) -> str | None:
+        """The node that would own a ring key if this node were not in the ring (None if it is alone)."""
 
 
 @dataclass(slots=True)
@@ -122,10 +127,16 @@ class FleetLanes:
         self._started_at: float | None = None
         # address -> (received at, ready_in, the sender's view epoch): hand-overs of addresses not owned here yet
         self._handed: dict[str, tuple[float, tuple[float, ...], int]] = {}
+        # address -> (when, ready_in): what this node said in its hand-over when the address moved away, to
+        # answer the new owner's LaneHandoverAsk if the hand-over was lost or thrown away
+        self._released: dict[str, tuple[float, tuple[float, ...]]] = {}
+        self._current_epoch = 0
         self.lent_until = -math.inf  # the latest time a lane lent to another node may still be in use
         self.grants_sent = 0
         self.asks_sent = 0
         self.reclaimed = 0
+        self.handover_asks = 0  # LaneHandoverAsk sent: a new owner with no hand-over asked its previous owner
+        self.handover_answers = 0  # hand-overs sent in answer to one
 
     active = True
 
@@ -139,6 +150,7 @@ class FleetLanes:
         if self._started_at is None:
             self._started_at = now
         self._rings.append((now, owner_of, epoch))
+        self._current_epoch = epoch
         for address in [a for a in self._owned if owner_of(a) != self.node_id]:
             entry = self._owned.pop(address)
             # hand over: from now on nothing is lent here; each lane may be lent again once its lease (with its
@@ -152,9 +164,13 @@ class FleetLanes:
             message = LaneHandover(address=address, ready_in=ready, epoch=epoch)
             if target == self.node_id:
                 continue
+            if len(self._released) < MAX_REMEMBERED:
+                self._released[address] = (now, ready)
             self.delegate.send_lanes(target, message)
         for address in [a for a in self._handed if now - self._handed[a][0] > self.quarantine]:
             del self._handed[address]
+        for address in [a for a, (at, _ready) in self._released.items() if now - at > self.quarantine]:
+            del self._released[address]
 
     def joining(self) -> None:
         """This node is about to join a cluster: the rings it had on its own (all of them itself alone) owned
@@ -287,7 +303,64 @@ class FleetLanes:
             handed = self._handed.pop(address, None)
             if handed is not None and (handed[0] >= entry.since or self._handed_for_now(address, handed[2])):
                 self._apply_handover(entry, handed[0], handed[1])
+            elif now < self._ready_at(entry):
+                self._ask_handover(address)
         return entry
+
+    def _ask_handover(self, address: str) -> None:
+        """No hand-over for an address just found owned here: ask the previous owner (by the rings remembered,
+        else, for a node that has just joined, the node that owns it without this one) for what it knows. Its
+        own hand-over may have been lost, or it never lent the address and so sent none (it still knows when
+        the leases of the owner before it ran out); without an answer the quarantine stands."""
+        previous = None
+        for _installed, owner_of, _epoch in reversed(self._rings):
+            owner = owner_of(address)
+            if owner != self.node_id:
+                previous = owner
+                break
+        else:
+            successor = getattr(self.delegate, "successor_of", None)
+            previous = successor(address) if successor is not None else None
+        if previous is None or previous == self.node_id:
+            return
+        self.handover_asks += 1
+        self.delegate.send_lanes(previous, LaneHandoverAsk(address=address, epoch=self._current_epoch))
+
+    def _on_handover_ask(self, peer_id: str, message: LaneHandoverAsk, now: float) -> None:
+        """Answer a new owner that has no hand-over, if this node owned the address just before it (by the rings
+        remembered here: no other owner between): when each lane may be lent again, by what this node handed
+        over, or else by its own wait (it lent nothing: its wait covered the leases of the owner before it)."""
+        address = message.address
+        if self.delegate.owner_of(address) != peer_id:
+            return  # our views differ: the asker asks again, or waits out the quarantine
+        rings = list(self._rings)
+        while rings and rings[-1][1](address) == peer_id:
+            rings.pop()  # the asker's own time as owner
+        if not rings or rings[-1][1](address) != self.node_id:
+            return  # not the owner just before it (or too long ago to know): no answer
+        period_start, period_epoch = rings[-1][0], rings[-1][2]
+        while rings and rings[-1][1](address) == self.node_id:
+            period_start, period_epoch = rings[-1][0], rings[-1][2]
+            rings.pop()
+        released = self._released.get(address)
+        if released is not None and released[0] >= period_start:
+            at, ready = released
+            answer = tuple(max(0.0, r - (now - at)) for r in ready)
+        else:
+            if period_start == self._started_at:
+                wait_end = period_start + self._start_wait
+            else:
+                wait_end = period_start + self.quarantine
+            handed = self._handed.get(address)
+            if handed is not None and (handed[0] >= period_start or (handed[2] > 0 and handed[2] >= period_epoch)):
+                received, ready_in = handed[0], handed[1]
+                longest = max(ready_in, default=0.0)
+                answer = tuple(max(0.0, received + (ready_in[i] if i < len(ready_in) else longest) - now)
+                               for i in range(self.connections))
+            else:
+                answer = (max(0.0, wait_end - now),) * self.connections
+        self.handover_answers += 1
+        self.delegate.send_lanes(peer_id, LaneHandover(address=address, ready_in=answer, epoch=self._current_epoch))
 
     def _handed_for_now(self, address: str, epoch: int) -> bool:
         """Whether a hand-over sent from a view of `epoch`, received before this node's own ring gave it the
@@ -404,6 +477,8 @@ class FleetLanes:
             self._on_return(peer_id, message, now)
         elif isinstance(message, LaneHandover):
             self._on_handover(message, now)
+        elif isinstance(message, LaneHandoverAsk):
+            self._on_handover_ask(peer_id, message, now)
         else:
             return False
         return True
@@ -416,4 +491,6 @@ class FleetLanes:
             "asks_sent": self.asks_sent,
             "grants_sent": self.grants_sent,
             "lanes_reclaimed": self.reclaimed,
+            "handover_asks": self.handover_asks,
+            "handover_answers": self.handover_answers,
         }
