@@ -198,6 +198,37 @@ def test_a_hand_over_that_arrives_before_the_new_owners_ring_is_taken() -> None:
     assert isinstance(got, Lane) and got.lender == "B"
 
 
+def test_a_lane_out_on_lease_at_a_move_comes_back_through_the_old_owner() -> None:
+    """A lane lent when its address moves is counted by the new owner until the lease could end (lease, longest
+    request, rest); when it comes back to the old owner, the old owner tells the new one at once."""
+    sim = Sim(["A", "B"], 1, 0.0, 6)
+    a, b = sim.nodes["A"], sim.nodes["B"]
+    address = "10.0.0.2"  # owned by A under ["A", "B"]
+    sim.run_until(a.quarantine + 0.1)
+    assert b.try_acquire(address, sim.now) == math.inf  # asked A
+    sim.run_until(sim.now + 0.2)
+    lane = b.try_acquire(address, sim.now)
+    assert isinstance(lane, Lane) and lane.lender == "A"
+    sim.owner_map = {k: "B" for k in sim.owner_map}
+    moved = sim.now
+    for node in (a, b):
+        node.ring_changed(lambda _a: "B", 7)
+    sim.run_until(sim.now + 0.2)
+    assert not isinstance(b.try_acquire(address, sim.now), Lane)  # the lane is still out on A's lease
+    b.release(lane, sim.now)
+    for name in ("A", "B"):
+        sim.at(sim.now, lambda n=name: _ticks(sim, n))
+    # at the lease's end B gives the lane back to A, which no longer owns the address: A passes the word on
+    sim.run_until(moved + a.lease + 0.3)
+    got = b.try_acquire(address, sim.now)
+    if not isinstance(got, Lane):
+        sim.run_until(sim.now + 0.1)
+        got = b.try_acquire(address, sim.now)
+    assert isinstance(got, Lane) and got.lender == "B"
+    assert sim.now < moved + a.lease + MAX_REQUEST  # long before A's lease could have run out
+    assert a.returns_forwarded == 1
+
+
 def test_a_hand_over_of_an_earlier_ownership_is_not_taken() -> None:
     sim = Sim(["A", "B"], 1, 0.0, 5)
     a, b = sim.nodes["A"], sim.nodes["B"]

@@ -73,6 +73,7 @@ class _OwnedLane:
     holder: str | None = None
     free_at: float = 0.0  # when it may next be lent (its rest after the last request)
     reclaim_at: float = math.inf  # while lent: when it is free again if never returned
+    handed: bool = False  # free_at is the previous owner's word (a later hand-over of its replaces it)
 
 
 @dataclass(slots=True)
@@ -130,6 +131,9 @@ class FleetLanes:
         # address -> (when, ready_in): what this node said in its hand-over when the address moved away, to
         # answer the new owner's LaneHandoverAsk if the hand-over was lost or thrown away
         self._released: dict[str, tuple[float, tuple[float, ...]]] = {}
+        # address -> its entry when it moved away: lanes still out on lease come back here, and the new owner is
+        # told at once (a lane in use at the change would otherwise wait out its whole lease, up to a minute)
+        self._gone: dict[str, _Owned] = {}
         self._current_epoch = 0
         self.lent_until = -math.inf  # the latest time a lane lent to another node may still be in use
         self.grants_sent = 0
@@ -137,6 +141,7 @@ class FleetLanes:
         self.reclaimed = 0
         self.handover_asks = 0  # LaneHandoverAsk sent: a new owner with no hand-over asked its previous owner
         self.handover_answers = 0  # hand-overs sent in answer to one
+        self.returns_forwarded = 0  # lanes returned here after their address moved away, passed on to its owner
 
     active = True
 
@@ -166,11 +171,16 @@ class FleetLanes:
                 continue
             if len(self._released) < MAX_REMEMBERED:
                 self._released[address] = (now, ready)
+                if any(lane.holder is not None for lane in entry.lanes):
+                    self._gone[address] = entry
             self.delegate.send_lanes(target, message)
         for address in [a for a in self._handed if now - self._handed[a][0] > self.quarantine]:
             del self._handed[address]
         for address in [a for a, (at, _ready) in self._released.items() if now - at > self.quarantine]:
             del self._released[address]
+            self._gone.pop(address, None)
+        for address in [a for a in self._gone if owner_of(a) == self.node_id]:
+            del self._gone[address]  # owned here again: its new entry waits for the hand-overs
 
     def joining(self) -> None:
         """This node is about to join a cluster: the rings it had on its own (all of them itself alone) owned
@@ -381,7 +391,11 @@ class FleetLanes:
         longest = max(ready_in, default=0.0)
         for i, lane in enumerate(entry.lanes):
             if lane.holder is None:
-                lane.free_at = max(lane.free_at, received + (ready_in[i] if i < len(ready_in) else longest))
+                said = received + (ready_in[i] if i < len(ready_in) else longest)
+                # a later word of the previous owner replaces its earlier one (a lane came back to it); a lane
+                # this node has lent since is its own
+                lane.free_at = said if lane.handed else max(lane.free_at, said)
+                lane.handed = True
         entry.since = -math.inf
 
     def _on_handover(self, message: LaneHandover, now: float) -> None:
@@ -409,6 +423,7 @@ class FleetLanes:
     def _on_return(self, peer_id: str, message: LaneReturn, now: float) -> None:
         entry = self._owned.get(message.address)
         if entry is None:
+            self._returned_after_move(peer_id, message, now)
             return
         for index, ready_in in zip(message.lanes, message.ready_in):
             if 0 <= index < len(entry.lanes) and entry.lanes[index].holder == peer_id:
@@ -416,10 +431,39 @@ class FleetLanes:
                 lane.holder, lane.free_at, lane.reclaim_at = None, now + ready_in, math.inf
         self._serve(message.address, entry, now)
 
+    def _returned_after_move(self, peer_id: str, message: LaneReturn, now: float) -> None:
+        """A lane lent here before the address moved away came back: tell the new owner when each lane may be
+        lent again now (the hand-over said: when its lease runs out)."""
+        entry = self._gone.get(message.address)
+        if entry is None:
+            return
+        changed = False
+        for index, ready_in in zip(message.lanes, message.ready_in):
+            if 0 <= index < len(entry.lanes) and entry.lanes[index].holder == peer_id:
+                lane = entry.lanes[index]
+                lane.holder, lane.free_at, lane.reclaim_at = None, now + ready_in, math.inf
+                changed = True
+        if not changed:
+            return
+        target = self.delegate.owner_of(message.address)
+        if target == self.node_id:
+            return
+        ready = tuple(max((lane.reclaim_at if lane.holder is not None else lane.free_at) - now, 0.0)
+                      for lane in entry.lanes)
+        if not any(lane.holder is not None for lane in entry.lanes):
+            del self._gone[message.address]
+        self._released[message.address] = (now, ready)
+        self.returns_forwarded += 1
+        self.delegate.send_lanes(target, LaneHandover(address=message.address, ready_in=ready,
+                                                      epoch=self._current_epoch))
+
     def _serve(self, address: str, entry: _Owned, now: float) -> None:
         if now < self._ready_at(entry):
             return  # leases a previous owner (or this node's previous run) made may still run
-        free = [i for i, lane in enumerate(entry.lanes) if lane.holder is None]
+        # a lane the previous owner's word still holds is not lent until it is free: the old owner's later word
+        # (the lane came back to it) may free it sooner
+        free = [i for i, lane in enumerate(entry.lanes)
+                if lane.holder is None and not (lane.handed and lane.free_at > now)]
         while entry.asks and free:
             # lanes are shared among the nodes waiting, so each gets some at once rather than all to the first
             share = max(1, len(free) // len(entry.asks))
@@ -428,7 +472,7 @@ class FleetLanes:
             while free and len(given) < min(want, share):
                 index = free.pop(0)
                 lane = entry.lanes[index]
-                lane.holder = peer_id
+                lane.holder, lane.handed = peer_id, False
                 lane.reclaim_at = now + self.lease + self.max_request + self.delay
                 if peer_id != self.node_id:
                     self.lent_until = max(self.lent_until, lane.reclaim_at)
@@ -493,4 +537,5 @@ class FleetLanes:
             "lanes_reclaimed": self.reclaimed,
             "handover_asks": self.handover_asks,
             "handover_answers": self.handover_answers,
+            "returns_forwarded": self.returns_forwarded,
         }
