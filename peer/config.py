@@ -25,6 +25,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from ring import MAX_ZONE, check_zone
+
 __all__ = ["DEFAULTS", "Config", "ConfigError", "load", "FIELDS", "default_text", "parse_address", "read_seeds",
            "read_secret"]
 
@@ -40,6 +42,7 @@ class Config:
     # identity and cluster
     node_id: str = ""
     weight: int = 100
+    zone: str = ""
     listen: str = "127.0.0.1:7400"
     advertise: str = ""
     control: str = "127.0.0.1:7410"
@@ -131,6 +134,11 @@ class Config:
             return f"{self.user_agent} (+{self.contact})"
         return self.user_agent
 
+    def resolved_zone(self) -> str:
+        """The failure zone this node names: the setting, else the machine's host name (nodes on one machine go
+        down together)."""
+        return self.zone or socket.gethostname()[:MAX_ZONE]
+
     def resolved_node_id(self) -> str:
         if self.node_id:
             return self.node_id
@@ -161,6 +169,7 @@ def default_text(name: str) -> str | None:
 FIELDS: dict[str, str] = {
     "node_id": "stable name of this node; empty means host name + listen port",
     "weight": "share of the ring; a neutral unit of 100 lets weights read as percentages",
+    "zone": "nodes that go down together (one machine, one rack) name one zone, and each queued URL keeps a copy outside its owner's zone; empty means this machine's host name",
     "listen": "peer port on loopback: nothing is exposed until the operator says so",
     "advertise": "address peers dial to reach this node; empty means the listen address (set it when listening on 0.0.0.0)",
     "control": "control/metrics endpoint on loopback: status and metrics are not public by default",
@@ -340,6 +349,10 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"store must be 'warc' or 'none', got {cfg.store!r}")
     if cfg.log_format not in ("auto", "json", "text"):
         raise ConfigError(f"log_format must be auto, json or text, got {cfg.log_format!r}")
+    try:
+        check_zone(cfg.zone)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     parse_address(cfg.listen, "listen")
     parse_address(cfg.control, "control")
     if cfg.advertise:

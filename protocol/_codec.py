@@ -53,8 +53,11 @@ def encode_body(
     js = codec == "json"
     if not js and codec != "msgpack":
         raise LocalProtocolError(f"unknown codec {codec!r}; expected one of {CODECS}")
+    record = records.get(code)
+    if record is None:
+        raise LocalProtocolError(f"cannot send {type(message).__name__} in protocol version {version}: it came later")
     try:
-        tree = records[code].dump(message, js, limits)
+        tree = record.dump(message, js, limits)
     except Invalid as exc:
         where = exc.where(type(message).__name__)
         raise LocalProtocolError(f"cannot send {where}: {exc.message}") from None

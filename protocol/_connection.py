@@ -40,7 +40,7 @@ from ._handshake import (
     responder_proof,
 )
 from ._limits import Limits
-from ._messages import HANDSHAKE_CODES, NONCE_SIZE, RECORDS, Challenge, Goodbye, Hello, Message, Reject, Welcome
+from ._messages import HANDSHAKE_CODES, KNOWN_CODES, NONCE_SIZE, Challenge, Goodbye, Hello, Message, Reject, Welcome
 from ._schema import Invalid, Text
 
 __all__ = ["NEED_DATA", "Connection", "ConnectionClosed", "Established", "Event", "NeedData", "Role", "State"]
@@ -254,7 +254,7 @@ class Connection:
             self._state = State.CLOSED
             return ConnectionClosed(clean=self.received_close)
         code, flags, body = frame
-        if code not in RECORDS:
+        if code not in KNOWN_CODES:
             raise RemoteProtocolError(f"peer sent a frame of unknown type 0x{code:02x}")
         if self.received_close:
             raise RemoteProtocolError(f"peer sent a frame of type 0x{code:02x} after its Goodbye or Reject")

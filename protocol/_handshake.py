@@ -33,8 +33,8 @@ __all__ = [
 
 # Version 2 added the per-frame tag; a version-1 peer is refused in the handshake (no common version).
 # Version 3 writes URL lists in msgpack as front-coded columns (protocol/_urlcolumns.py); 2 wrote each entry whole.
-PROTOCOL_VERSION = 3
-SUPPORTED_VERSIONS = (2, PROTOCOL_VERSION)
+PROTOCOL_VERSION = 4
+SUPPORTED_VERSIONS = (2, 3, PROTOCOL_VERSION)
 MIN_SECRET_SIZE = 16
 # 16 bytes (128 bits) of keyed BLAKE2b: forging one needs about 2^128 tries, and each wrong try ends the connection.
 TAG_SIZE = 16

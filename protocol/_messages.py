@@ -33,6 +33,7 @@ __all__ = [
     "RevisitEntry",
     "TYPE_CODES",
     "HANDSHAKE_CODES",
+    "KNOWN_CODES",
     "Ping",
     "Pong",
     "ProbeReply",
@@ -48,6 +49,7 @@ __all__ = [
     "LaneGrant",
     "LaneAsk",
     "LaneHandover",
+    "LaneHandoverAsk",
     "Settings",
     "QueueReplica",
     "ReplicaAck",
@@ -87,6 +89,7 @@ class Member:
     weight: int
     incarnation: int
     state: str
+    zone: str = ""  # the failure zone the node named, "" for none (protocol version 4 on; older ones omit it)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -425,6 +428,16 @@ class LaneHandover:
 
     address: str
     ready_in: tuple[float, ...]
+    epoch: int = 0  # the sender's view epoch when it stopped lending (version 4 on; 0: not sent)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneHandoverAsk:
+    """The sender owns `address` now (its view of `epoch`) and has no hand-over for it: the receiver, its
+    previous owner, answers with a LaneHandover of what it knows, if anything (version 4 on)."""
+
+    address: str
+    epoch: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -496,6 +509,7 @@ Message: TypeAlias = (
     | LaneGrant
     | LaneReturn
     | LaneHandover
+    | LaneHandoverAsk
     | Settings
     | QueueReplica
     | ReplicaAck
@@ -519,14 +533,17 @@ _URL = Text("max_url_length")
 _URL_ENTRY = _record(
     UrlEntry, url=_URL, depth=_U32, found_on=Maybe(_URL), hops=_U32, lastmod=Maybe(Seconds()), sitemap=Flag()
 )
-_MEMBER = _record(
+_MEMBER_V4 = _record(
     Member,
     node_id=Text(),
     address=Text(),
     weight=UInt(1, 0xFFFF_FFFF),
     incarnation=UInt(),
     state=Choice(MEMBER_STATES),
+    zone=Text(),
 )
+# versions 2 and 3 carry no zone: a member read from them has none
+_MEMBER = Record(Member, tuple((name, kind) for name, kind in _MEMBER_V4.fields if name != "zone"))
 # A seen-URL key: the host's 8-byte ring position and at least one byte of fingerprint (16 bytes today).
 _SEEN_KEY = Blob(limit="max_key_length", minimum=9)
 _HOST_STATE = _record(HostState, host=HostName(), crawl_delay=Seconds(), ready_in=Seconds(), failures=_U32,
@@ -629,7 +646,7 @@ RECORDS: dict[int, Record] = {
                   ready_in=Many(Seconds(), "max_lanes"), lease=Seconds()),
     0x52: _record(LaneReturn, address=Text("max_address"), lanes=Many(UInt(0, 0xFFFF), "max_lanes"),
                   ready_in=Many(Seconds(), "max_lanes")),
-    0x53: _record(LaneHandover, address=Text("max_address"), ready_in=Many(Seconds(), "max_lanes")),
+    0x53: Record(LaneHandover, (("address", Text("max_address")), ("ready_in", Many(Seconds(), "max_lanes")))),
     0x33: _record(QueueReplica, seq=UInt(), epoch=UInt(), urls=UrlList(_URL_ENTRY, "max_urls_per_batch"),
                   released=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"), hosts=Many(_HOST_STATE)),
     0x34: _record(ReplicaAck, seq=UInt()),
@@ -644,7 +661,18 @@ for _code, _field in ((0x10, "urls"), (0x30, "urls")):
     RECORDS_V3[_code] = Record(
         _old.cls, tuple((name, _URL_COLUMNS if name == _field else kind) for name, kind in _old.fields)
     )
+# Version 4: a member carries its failure zone (ring/_zones.py).
+RECORDS_V4: dict[int, Record] = dict(RECORDS_V3)
+RECORDS_V4[0x20] = _record(Gossip, epoch=UInt(), full=Flag(), members=Many(_MEMBER_V4))
+# ... and a lane hand-over the view epoch it was sent from (peer/cluster/lanes.py)
+RECORDS_V4[0x53] = _record(LaneHandover, address=Text("max_address"), ready_in=Many(Seconds(), "max_lanes"),
+                           epoch=UInt())
+RECORDS_V4[0x54] = _record(LaneHandoverAsk, address=Text("max_address"), epoch=UInt())
 # protocol version -> its wire table
-RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3}
+RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4}
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})
-TYPE_CODES: dict[type, int] = {record.cls: code for code, record in RECORDS.items()}
+# every type code some version has (a frame's version-specific check comes when its body is decoded)
+KNOWN_CODES = frozenset(code for table in RECORDS_BY_VERSION.values() for code in table)
+TYPE_CODES: dict[type, int] = {
+    record.cls: code for table in RECORDS_BY_VERSION.values() for code, record in table.items()
+}

@@ -9,6 +9,7 @@ field; the codec layer turns it into a Local- or RemoteProtocolError, whichever 
 from __future__ import annotations
 
 import binascii
+import dataclasses
 import ipaddress
 import math
 import re
@@ -298,11 +299,20 @@ def builder(cls: type, names: tuple[str, ...]) -> Callable[..., Any]:
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__} has a __post_init__; build it through __init__")
     setters = tuple(getattr(cls, name).__set__ for name in names)
+    # fields an older protocol version does not carry take their defaults (a field added later has one)
+    missing = []
+    for field in dataclasses.fields(cls):
+        if field.name not in names:
+            if field.default is dataclasses.MISSING:
+                raise TypeError(f"{cls.__name__}.{field.name} is not on the wire and has no default")
+            missing.append((getattr(cls, field.name).__set__, field.default))
     new = object.__new__
 
     def build(*values: Any) -> Any:
         obj: Any = new(cls)
         for set_slot, value in zip(setters, values, strict=True):
+            set_slot(obj, value)
+        for set_slot, value in missing:
             set_slot(obj, value)
         return obj
 

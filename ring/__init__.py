@@ -10,6 +10,7 @@ from ._hostnames import RandomSource, random_hosts
 from ._ring import DEFAULT_POINTS_PER_WEIGHT, MAX_POINTS, Arc, EmptyRingError, Ring
 from ._simulate import AddNode, ChangeFigures, NodeFigures, RemoveNode, SimulationReport, Stage, simulate
 from ._view import Member, MemberState, View, merge
+from ._zones import MAX_ZONE, Zones, check_zone
 
 __all__ = [
     "AddNode",
@@ -19,6 +20,7 @@ __all__ = [
     "DEFAULT_POINTS_PER_WEIGHT",
     "EmptyRingError",
     "MAX_POINTS",
+    "MAX_ZONE",
     "Member",
     "MemberState",
     "Moves",
@@ -30,6 +32,8 @@ __all__ = [
     "SimulationReport",
     "Stage",
     "View",
+    "Zones",
+    "check_zone",
     "diff",
     "diff_moves",
     "host_position",

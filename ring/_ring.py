@@ -27,6 +27,7 @@ from hashlib import blake2b, shake_128
 import numpy as np
 
 from ._hash import _POINT_DOMAIN, RING_SPACE
+from ._zones import Zones
 
 __all__ = ["Arc", "DEFAULT_POINTS_PER_WEIGHT", "EmptyRingError", "MAX_POINTS", "Ring"]
 
@@ -312,6 +313,29 @@ class Ring:
                 if len(taken) > wanted:
                     break
         return tuple(slots[slot] for slot in taken[1:])
+
+    def holders_at(self, position: int, count: int, zones: Zones | None = None) -> tuple[str, ...]:
+        """The nodes that keep copies of ``position``'s queued URLs and seen keys: ``backups_at(position, count)``
+        and, when every one of those is in the owner's zone, also the first node after them in another zone (the
+        one that owns the position once the owner's whole zone is gone: see ``ring/_zones.py``). Nothing when
+        ``count`` is 0."""
+        backups = self.backups_at(position, count)
+        if not backups or zones is None or not zones:
+            return backups
+        owner, slots = self.owner_at(position), self._slots
+        home = zones.zone(owner)
+        if not home or any(zones.zone(node) != home for node in backups):
+            return backups
+        if zones.alone(owner, len(self._nodes)):
+            return backups  # every node of the ring is in the owner's zone: no copy can be kept off it
+        after, total = self._after_view, self._count
+        m = bisect_right(self._points, position) - 1
+        for _ in range(total):
+            m = m - 1 if m > 0 else total - 1
+            node = slots[after[m + 1]]
+            if zones.zone(node) != home:
+                return (*backups, node)
+        return backups
 
     def owners_at(self, positions: list[int]) -> list[str]:
         """The owner of each of ``positions`` (in range, unchecked): the batch form of ``owner_at``."""

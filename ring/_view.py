@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from hashlib import blake2b
 
 from ._ring import DEFAULT_POINTS_PER_WEIGHT, Ring
+from ._zones import Zones, check_zone
 
 __all__ = ["Member", "MemberState", "View", "merge"]
 
@@ -69,6 +70,7 @@ class Member:
     weight: int
     incarnation: int = 0
     state: MemberState = MemberState.ALIVE
+    zone: str = ""  # the failure zone the node named ("" for none): see ring/_zones.py
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not self.node_id:
@@ -80,11 +82,12 @@ class Member:
             raise ValueError(f"member {self.node_id!r}: incarnation must be an integer >= 0, got {self.incarnation!r}")
         if not isinstance(self.state, MemberState):
             raise ValueError(f"member {self.node_id!r}: state must be a MemberState, got {self.state!r}")
+        check_zone(self.zone, f"member {self.node_id!r}: zone")
 
-    def precedence(self) -> tuple[int, int, int, str]:
-        """Merge order: incarnation, then worse state; weight and address only break ties between records that
-        a correct node never produces (changing them requires a new incarnation)."""
-        return (self.incarnation, self.state.rank, self.weight, self.address)
+    def precedence(self) -> tuple[int, int, int, str, str]:
+        """Merge order: incarnation, then worse state; weight, address and zone only break ties between records
+        that a correct node never produces (changing them requires a new incarnation)."""
+        return (self.incarnation, self.state.rank, self.weight, self.address, self.zone)
 
     @property
     def rank(self) -> int:
@@ -131,6 +134,10 @@ class View:
         """Weights of the members that own arcs (ALIVE and SUSPECT)."""
         return {member.node_id: member.weight for member in self.members if member.state.owns_arcs}
 
+    def zones(self) -> Zones:
+        """The zones of the members that own arcs (the nodes of ``ring()``), for ``Ring.holders_at``."""
+        return Zones({member.node_id: member.zone for member in self.members if member.state.owns_arcs})
+
     def ring(self, *, points_per_weight: int = DEFAULT_POINTS_PER_WEIGHT) -> Ring:
         """The ring of this view. Building one costs about a second per 500,000 points: cache it per epoch."""
         return Ring(self.owner_weights(), points_per_weight=points_per_weight)
@@ -139,7 +146,10 @@ class View:
         """A 16-byte digest of the members, equal for equal member sets: a cheap "same view?" check for gossip."""
         digest = blake2b(digest_size=16)
         for member in self.members:
-            fields = (member.node_id, member.address, str(member.weight), str(member.incarnation), member.state.value)
+            fields: tuple[str, ...] = (member.node_id, member.address, str(member.weight), str(member.incarnation),
+                                       member.state.value)
+            if member.zone:  # a member with no zone digests as it did before zones
+                fields += (member.zone,)
             digest.update("\x00".join(fields).encode() + b"\n")
         return digest.digest()
 
@@ -155,12 +165,14 @@ class View:
         rank_gain = record.rank - (current.rank if current is not None else 0)
         return View(epoch=self.epoch + rank_gain, members=tuple(members))
 
-    def join(self, node_id: str, address: str, weight: int) -> View:
-        """The node announces itself alive with this address and weight; a rejoin or a change bumps its incarnation."""
+    def join(self, node_id: str, address: str, weight: int, zone: str = "") -> View:
+        """The node announces itself alive with this address, weight and zone; a rejoin or a change bumps its
+        incarnation."""
         current = self.member(node_id)
         if current is None:
-            return self.with_member(Member(node_id=node_id, address=address, weight=weight))
-        if current.state is MemberState.ALIVE and (current.address, current.weight) == (address, weight):
+            return self.with_member(Member(node_id=node_id, address=address, weight=weight, zone=zone))
+        if current.state is MemberState.ALIVE and (current.address, current.weight, current.zone) == (
+                address, weight, zone):
             return self
         return self.with_member(
             Member(
@@ -169,6 +181,7 @@ class View:
                 weight=weight,
                 incarnation=current.incarnation + 1,
                 state=MemberState.ALIVE,
+                zone=zone,
             )
         )
 

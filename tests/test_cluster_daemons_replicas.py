@@ -75,19 +75,22 @@ async def _leave(cluster: Cluster, name: str) -> None:
         assert await cluster.procs[name].wait() == 0, cluster.log_tail(name)
 
 
-async def _dead_kill_run(tmp_path: Path, replicas: int, victims: tuple[str, ...]) -> None:
+async def _dead_kill_run(tmp_path: Path, replicas: int, victims: tuple[str, ...],
+                         zones: dict[str, str] | None = None) -> None:
     graph = SiteGraph.generate(seed=61, hosts=200, pages_per_host=10, links_per_page=8, seed_hosts=4)
     async with trio.open_nursery() as nursery:
         web, dns = await start_local_web(nursery, graph)
         expected = web.expected()
         cluster = Cluster(tmp_path, web, dns, delay=0.5, concurrency=32)
-        extra = ("--replicas", str(replicas))
+        def extra(name: str) -> tuple[str, ...]:
+            return ("--replicas", str(replicas), *(("--zone", zones[name]) if zones else ()))
+
         try:
-            await cluster.start("A", 150, join=False, extra=extra)
+            await cluster.start("A", 150, join=False, extra=extra("A"))
             for name, weight in (("B", 80), ("C", 200), ("D", 40)):
-                await cluster.start(name, weight, extra=extra)
+                await cluster.start(name, weight, extra=extra(name))
             await _wait_fetched(web, expected, 0.10, 120)
-            await cluster.start("E", 300, extra=extra)
+            await cluster.start("E", 300, extra=extra("E"))
             await _wait_fetched(web, expected, 0.25, 120)
             await _leave(cluster, "C")
             await _wait_fetched(web, expected, 0.40, 120)
@@ -104,7 +107,7 @@ async def _dead_kill_run(tmp_path: Path, replicas: int, victims: tuple[str, ...]
             for name in victims:
                 await cluster.procs[name].wait()
             pages_at_kill = len(urls_fetched(web, expected))
-            survivors = sorted({"A", "D", "E"} - set(victims))
+            survivors = sorted({"A", "B", "D", "E"} - set(victims))
             with trio.fail_after(60):
                 while True:
                     view = await _get(cluster.control(survivors[0]), "/cluster", cluster.tmp / survivors[0])
@@ -176,6 +179,12 @@ async def test_a_node_killed_for_good_loses_nothing_with_one_replica(tmp_path):
 
 async def test_two_nodes_killed_at_once_lose_nothing_with_two_replicas(tmp_path):
     await _dead_kill_run(tmp_path, 2, ("B", "D"))
+
+
+async def test_a_machine_of_two_nodes_killed_at_once_loses_nothing_with_one_replica_and_zones(tmp_path):
+    # A and B run on one machine (zone m1): with one replica, each of A's queued URLs whose ring backup is B also
+    # has a copy on the node that inherits it once both are gone
+    await _dead_kill_run(tmp_path, 1, ("A", "B"), zones={"A": "m1", "B": "m1", "C": "m2", "D": "m2", "E": "m3"})
 
 
 async def test_a_five_second_partition_that_heals_loses_nothing_and_keeps_one_connection_per_host(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 from peer.cluster.cluster import LANES_FILE, _lent_until
 from peer.cluster.lanes import LEASE, FleetLanes
 from peer.crawl.addressgate import Lane
-from protocol import LaneAsk, Message
+from protocol import LaneAsk, LaneHandover, Message
 
 MAX_REQUEST = 1.0
 
@@ -174,6 +174,91 @@ def test_a_new_owner_waits_out_the_old_leases() -> None:
     sim.run_until(moved + b.quarantine + 0.3)
     got = a.try_acquire(address, sim.now)
     assert isinstance(got, Lane) and got.lender == "B"
+
+
+def test_a_hand_over_that_arrives_before_the_new_owners_ring_is_taken() -> None:
+    """The old owner installs the new ring first as often as not (the new owner may still be building it): its
+    hand-over then reaches the new owner before the ring that gives it the address. It is about that ring (sent
+    from a later view than any in which the new owner did not own the address), so the new owner lends at once
+    instead of waiting out the quarantine, a minute in which the address serves nobody."""
+    sim = Sim(["A", "B"], 1, 0.0, 4)
+    a, b = sim.nodes["A"], sim.nodes["B"]
+    address = "10.0.0.2"  # owned by A under ["A", "B"]
+    sim.run_until(a.quarantine + 0.1)
+    lane = a.try_acquire(address, sim.now)
+    assert isinstance(lane, Lane) and lane.lender == "A"
+    a.release(lane, sim.now)
+    sim.run_until(sim.now + a.quarantine)  # every lease A made has run out: its hand-over says "at once"
+    sim.owner_map = {k: "B" for k in sim.owner_map}
+    a.ring_changed(lambda _a: "B", 7)  # A first: it hands the address over from its view of epoch 7
+    sim.run_until(sim.now + 0.2)  # the hand-over reaches B ...
+    assert address in b._handed
+    b.ring_changed(lambda _a: "B", 7)  # ... before B's own ring of that view gives it the address
+    got = b.try_acquire(address, sim.now)  # lent by itself at once
+    assert isinstance(got, Lane) and got.lender == "B"
+
+
+def test_a_lane_out_on_lease_at_a_move_comes_back_through_the_old_owner() -> None:
+    """A lane lent when its address moves is counted by the new owner until the lease could end (lease, longest
+    request, rest); when it comes back to the old owner, the old owner tells the new one at once."""
+    sim = Sim(["A", "B"], 1, 0.0, 6)
+    a, b = sim.nodes["A"], sim.nodes["B"]
+    address = "10.0.0.2"  # owned by A under ["A", "B"]
+    sim.run_until(a.quarantine + 0.1)
+    assert b.try_acquire(address, sim.now) == math.inf  # asked A
+    sim.run_until(sim.now + 0.2)
+    lane = b.try_acquire(address, sim.now)
+    assert isinstance(lane, Lane) and lane.lender == "A"
+    sim.owner_map = {k: "B" for k in sim.owner_map}
+    moved = sim.now
+    for node in (a, b):
+        node.ring_changed(lambda _a: "B", 7)
+    sim.run_until(sim.now + 0.2)
+    assert not isinstance(b.try_acquire(address, sim.now), Lane)  # the lane is still out on A's lease
+    b.release(lane, sim.now)
+    for name in ("A", "B"):
+        sim.at(sim.now, lambda n=name: _ticks(sim, n))
+    # at the lease's end B gives the lane back to A, which no longer owns the address: A passes the word on
+    sim.run_until(moved + a.lease + 0.3)
+    got = b.try_acquire(address, sim.now)
+    if not isinstance(got, Lane):
+        sim.run_until(sim.now + 0.1)
+        got = b.try_acquire(address, sim.now)
+    assert isinstance(got, Lane) and got.lender == "B"
+    assert sim.now < moved + a.lease + MAX_REQUEST  # long before A's lease could have run out
+    assert a.returns_forwarded == 1
+
+
+def test_a_hand_over_of_an_earlier_ownership_is_not_taken() -> None:
+    sim = Sim(["A", "B"], 1, 0.0, 5)
+    a, b = sim.nodes["A"], sim.nodes["B"]
+    address = "10.0.0.2"  # owned by A under ["A", "B"] (epoch 0 here)
+    sim.run_until(b.quarantine + 0.1)
+    for node in (a, b):
+        node.ring_changed(lambda _a: "B", 3)  # B owned it from epoch 3 ...
+    sim.run_until(sim.now + 0.1)
+    for node in (a, b):
+        node.ring_changed(lambda _a: "A", 5)  # ... and lost it at epoch 5
+    b.on_message("A", LaneHandover(address=address, ready_in=(0.0,), epoch=3))  # late: about epoch 3
+    b.on_message("A", LaneHandover(address="10.0.0.3", ready_in=(0.0,)))  # a peer of an older protocol
+    sim.run_until(sim.now + 0.1)
+    gained = sim.now
+    sim.owner_map = {k: "B" for k in sim.owner_map}
+    for node in (a, b):
+        node.ring_changed(lambda _a: "B", 9)  # B owns both again: it asks A, whose answer is its own wait
+    for name in ("A", "B"):
+        sim.at(sim.now, lambda n=name: _ticks(sim, n))
+    for other in (address, "10.0.0.3"):
+        assert not isinstance(b.try_acquire(other, sim.now), Lane)  # A's leases of epoch 5 on may still run
+    sim.run_until(sim.now + 0.1)
+    for other in (address, "10.0.0.3"):
+        assert not isinstance(b.try_acquire(other, sim.now), Lane)
+    sim.run_until(gained + b.quarantine + 0.3)
+    got = b.try_acquire(address, sim.now)
+    if not isinstance(got, Lane):  # the lane lent before was past its lease: asked again
+        sim.run_until(sim.now + 0.1)
+        got = b.try_acquire(address, sim.now)
+    assert isinstance(got, Lane)
 
 
 def test_a_fresh_start_lends_at_once_and_a_restart_waits_what_it_lent(tmp_path) -> None:

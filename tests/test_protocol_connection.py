@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol import (
+    PROTOCOL_VERSION,
     CODECS,
     COMPRESSIONS,
     FLAG_BROTLI,
@@ -95,8 +96,8 @@ def established(codec: str = "msgpack", compression: str = "none", **options: ob
     a = make(Role.INITIATOR, "a", codecs=(codec,), compressions=(compression,), nonce=NONCE_A, **options)
     b = make(Role.RESPONDER, "b", **options, codecs=CODECS, compressions=COMPRESSIONS, nonce=NONCE_B)
     events_a, events_b = handshake(a, b)
-    assert events_a == [Established(node_id="b", version=3, codec=codec, compression=compression)]
-    assert events_b == [Established(node_id="a", version=3, codec=codec, compression=compression)]
+    assert events_a == [Established(node_id="b", version=PROTOCOL_VERSION, codec=codec, compression=compression)]
+    assert events_b == [Established(node_id="a", version=PROTOCOL_VERSION, codec=codec, compression=compression)]
     return a, b
 
 
@@ -105,8 +106,8 @@ def test_handshake_with_the_right_secret() -> None:
     b = make(Role.RESPONDER, "node-b:7000")
     assert (a.state, b.state) == (State.IDLE, State.IDLE)
     events_a, events_b = handshake(a, b)
-    assert events_a == [Established(node_id="node-b:7000", version=3, codec="msgpack", compression="none")]
-    assert events_b == [Established(node_id="node-a:7000", version=3, codec="msgpack", compression="none")]
+    assert events_a == [Established(node_id="node-b:7000", version=PROTOCOL_VERSION, codec="msgpack", compression="none")]
+    assert events_b == [Established(node_id="node-a:7000", version=PROTOCOL_VERSION, codec="msgpack", compression="none")]
     assert (a.state, b.state) == (State.ESTABLISHED, State.ESTABLISHED)
     assert (a.peer_node_id, b.peer_node_id) == ("node-b:7000", "node-a:7000")
     b.receive_data(a.send(Ping(seq=1, epoch=4)))
@@ -234,7 +235,7 @@ def test_negotiation_prefers_the_initiators_order_and_rejects_nothing_in_common(
     a = make(Role.INITIATOR, "a", codecs=("json", "msgpack"), compressions=("zlib", "none"))
     b = make(Role.RESPONDER, "b", compressions=("none", "zlib"))
     events_a, _ = handshake(a, b)
-    assert events_a == [Established(node_id="b", version=3, codec="json", compression="zlib")]
+    assert events_a == [Established(node_id="b", version=PROTOCOL_VERSION, codec="json", compression="zlib")]
 
     a = make(Role.INITIATOR, "a", codecs=("json",))
     b = make(Role.RESPONDER, "b", codecs=("msgpack",))
@@ -268,10 +269,10 @@ def test_version_3_is_chosen_when_both_speak_it_and_2_with_an_older_peer() -> No
 
 def test_no_common_version_is_refused() -> None:
     b = make(Role.RESPONDER, "b")
-    hello = Hello(versions=(1, 4), codecs=("msgpack",), compressions=("none",), node_id="future", nonce=bytes(32))
+    hello = Hello(versions=(1, 5), codecs=("msgpack",), compressions=("none",), node_id="future", nonce=bytes(32))
     code, body = encode_body(hello, "json", Limits())
     b.receive_data(encode_frame(code, 0, body))
-    with pytest.raises(RemoteProtocolError, match=r"no common protocol version: peer offers \[1, 4\], we speak \[2, 3\]"):
+    with pytest.raises(RemoteProtocolError, match=r"no common protocol version: peer offers \[1, 5\], we speak \[2, 3, 4\]"):
         b.next_event()
 
 
@@ -693,4 +694,4 @@ def test_before_the_handshake_a_frame_is_at_most_max_handshake_frame() -> None:
     frame = a.send(batch)
     assert len(frame) > 4096
     b.receive_data(a.data_to_send() + frame)
-    assert drain(b) == [Established(node_id="a", version=3, codec="msgpack", compression="none"), batch]
+    assert drain(b) == [Established(node_id="a", version=PROTOCOL_VERSION, codec="msgpack", compression="none"), batch]

@@ -9,6 +9,7 @@ import trio
 import trio.testing
 
 from protocol import (
+    PROTOCOL_VERSION,
     NEED_DATA,
     BatchAck,
     Connection,
@@ -76,12 +77,12 @@ async def test_two_peers_handshake_and_exchange_a_batch_over_a_stream() -> None:
             nursery.start_soon(initiator)
             nursery.start_soon(responder)
     assert seen["a"] == [
-        Established(node_id="b", version=3, codec="msgpack", compression="zlib"),
+        Established(node_id="b", version=PROTOCOL_VERSION, codec="msgpack", compression="zlib"),
         BatchAck(seq=1, new=50, seen=0, forwarded=0, epoch=2),
         Goodbye(reason="bye"),
     ]
     assert seen["b"] == [
-        Established(node_id="a", version=3, codec="msgpack", compression="zlib"),
+        Established(node_id="a", version=PROTOCOL_VERSION, codec="msgpack", compression="zlib"),
         batch,
         Goodbye(reason="done"),
         ConnectionClosed(clean=True),

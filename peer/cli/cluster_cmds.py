@@ -27,10 +27,10 @@ def format_cluster(cs: dict[str, Any]) -> str:
     nodes = cs["nodes"]
     head = f"cluster seen from {cs['node_id']}: epoch {cs['epoch']}, {len(nodes)} members, " + (
         "crawl FINISHED" if cs["done"] else "crawling")
-    rows = [("node", "state", "weight", "pages", "rate/s", "queue", "received", "idle", "link")]
+    rows = [("node", "state", "zone", "weight", "pages", "rate/s", "queue", "received", "idle", "link")]
     for n in nodes:
         rows.append((
-            n["node_id"], n["state"], str(n["weight"]), _num(n["pages"]), _num(n["rate"], ".1f"),
+            n["node_id"], n["state"], n.get("zone") or "-", str(n["weight"]), _num(n["pages"]), _num(n["rate"], ".1f"),
             _num(n["queue"]), _num(n["urls_received"]),
             "-" if n["idle"] is None else ("yes" if n["idle"] else "no"),
             "up" if n["connected"] else "down",

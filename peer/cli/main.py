@@ -83,6 +83,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     k.add_argument("--join-srv", dest="join_srv", metavar="NAME",
                    help="DNS SRV name listing members to join through (Kubernetes headless service)")
     k.add_argument("--advertise", metavar="HOST:PORT", help="address peers dial (default: the --listen address)")
+    k.add_argument("--zone", metavar="NAME",
+                   help="failure zone: nodes that go down together (one machine) name the same one, and each queued "
+                        "URL keeps a copy outside its owner's zone (default: this machine's host name)")
     k.add_argument("--tls-cert", dest="tls_cert", metavar="PEM", help="this node's certificate (mutual TLS)")
     k.add_argument("--tls-key", dest="tls_key", metavar="PEM", help="its private key")
     k.add_argument("--tls-ca", dest="tls_ca", metavar="PEM", help="the CA that signed every node's certificate")

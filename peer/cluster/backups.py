@@ -3,9 +3,11 @@ host's position, so a node that dies for good takes no URL with it.
 
 Why: the owner's frontier is the only place a queued URL lives once its sender's batch is acknowledged. When the
 owner dies and never comes back, every URL only it had queued is lost (44 of 3,911 pages in the four-node
-test before this). The backups are `Ring.backups_at(position, R)`: the first owns the position once the owner
-is gone, so a death hands each arc exactly to a node that already holds its queue (R = 2: the second owns it
-once the owner and the first are gone, which covers two deaths at once).
+test before this). The backups are `Ring.holders_at(position, R, zones)`: the first owns the position once the
+owner is gone, so a death hands each arc exactly to a node that already holds its queue (R = 2: the second owns
+it once the owner and the first are gone, which covers two deaths at once). When all R share the owner's failure
+zone (nodes on one machine), the first node after them in another zone holds a copy too: it owns the position
+once that whole machine is gone (ring/_zones.py).
 
 The owner's side (`QueueReplicas`):
 - every URL queued here (a page's links, seeds, a peer's batch, a hand-off chunk) is staged for its backups, and
@@ -44,7 +46,7 @@ import trio
 
 from protocol import HostState as WireHostState
 from protocol import Limits, Message, QueueReplica, ReplicaAck, UrlEntry
-from ring import host_position
+from ring import Zones, host_position
 from storage import HostState, NodeStore, QueuedUrl, queued_url_keys
 
 from peer.crawl.urls import host_of_normalized, normalize
@@ -123,11 +125,13 @@ class QueueReplicas:
         resend_after: float = RESEND_AFTER,
         max_staged: int = MAX_STAGED,
         limits: Limits | None = None,
+        zones_of: Callable[[], Zones] = Zones,
     ) -> None:
         self.node_id = node_id
         self.store = store
         self.links = links
         self.ring_of = ring_of  # () -> (view epoch, the current Ring or None)
+        self.zones_of = zones_of  # () -> the failure zones of the ring's nodes (a copy goes outside the owner's)
         self.copies = copies
         self.wall_clock = wall_clock
         self.interval = interval
@@ -190,7 +194,8 @@ class QueueReplicas:
             found = self._cache.get(host)
             if found is not None:
                 return found
-        backups = tuple(b for b in ring.backups_at(host_position(host), self.copies) if b != self.node_id)
+        backups = tuple(b for b in ring.holders_at(host_position(host), self.copies, self.zones_of())
+                        if b != self.node_id)
         if ring is self.ring_of()[1]:  # remembered for the current ring only: a new ring starts a new memory
             if ring is not self._cache_ring or len(self._cache) >= BACKUPS_CACHE:
                 self._cache_ring, self._cache = ring, {}
@@ -478,7 +483,7 @@ class QueueReplicas:
         """Send each queued or in-flight URL owned here to each backup it did not have under the ring of the
         previous scan (every backup after a start); returns how many entries were staged."""
         old = self._synced
-        me, copies = self.node_id, self.copies
+        me, copies, zones = self.node_id, self.copies, self.zones_of()
         staged = 0
 
         def place(item: QueuedUrl) -> int:
@@ -487,9 +492,9 @@ class QueueReplicas:
                 return 0  # handed off with its arc
             had: tuple[str, ...] = ()
             if old is not None and old.owner_at(position) == me:
-                had = old.backups_at(position, copies)
+                had = old.holders_at(position, copies, zones)
             n = 0
-            for backup in ring.backups_at(position, copies):
+            for backup in ring.holders_at(position, copies, zones):
                 if backup != me and backup not in had:
                     self._stage(backup, item)
                     n += 1
@@ -519,10 +524,10 @@ class QueueReplicas:
     def collect(self, ring: Any) -> int:
         """Drop the replicas of positions this node no longer backs under `ring` (nor owns: promotion took
         those it inherited from a dead owner, a hand-off brings those of a live one)."""
-        me, copies = self.node_id, self.copies
+        me, copies, zones = self.node_id, self.copies, self.zones_of()
 
         def unwanted(position: int) -> bool:
-            return me not in ring.backups_at(position, max(1, copies))
+            return me not in ring.holders_at(position, max(1, copies), zones)
 
         dropped = self.store.replicas.drop_where(unwanted)
         self._gc_ring = ring

@@ -29,7 +29,8 @@ from typing import Any
 import trio
 
 from protocol import Message, ProgressQuery, ProgressReport, Settings, StatusQuery, StatusReport
-from ring import DEFAULT_POINTS_PER_WEIGHT, MemberState, Moves, Ring, View, diff_moves, host_position, wire_moves
+from ring import (DEFAULT_POINTS_PER_WEIGHT, MemberState, Moves, Ring, View, Zones, diff_moves, host_position,
+                  wire_moves)
 from storage import HostState, NodeStore, QueuedUrl
 
 from peer.config import Config
@@ -133,6 +134,7 @@ class Cluster:
         self.membership = Membership(
             node_id=node_id,
             weight=cfg.weight,
+            zone=cfg.resolved_zone(),
             secret=secret,
             transport=transport or TcpTransport(
                 cfg.listen, advertise=cfg.advertise or None,
@@ -153,9 +155,11 @@ class Cluster:
         self._owners: _Owners | None = None
         self._ring_id = 0
         self._rings: dict[frozenset[tuple[str, int]], Ring] = {}
+        # the failure zones of the ring's nodes: replicas keep a copy outside the owner's zone (ring/_zones.py)
+        self.zones = Zones()
         # every queued URL also on the ring backups of its position (--replicas R), promoted when its owner dies
         self.backups = QueueReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
-                                     copies=cfg.replicas, wall_clock=wall_clock)
+                                     copies=cfg.replicas, wall_clock=wall_clock, zones_of=lambda: self.zones)
         self.wall_clock = wall_clock
         self.dispatcher = Dispatcher(
             node_id, store, self.links, ring_of=self.ring_of,
@@ -163,7 +167,8 @@ class Cluster:
             on_admitted=self._admitted, backups=self.backups,
         )
         self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
-                                     apply_states=self._merge_states, wall_clock=wall_clock)
+                                     apply_states=self._merge_states, wall_clock=wall_clock,
+                                     zones_of=lambda: self.zones)
         self.backups.on_released = self.replicas.fetched
         # the hand-off asks the cluster (its delegate) what is busy, who owns what, and where keys go
         self.handoff = Handoff(node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait),
@@ -251,6 +256,12 @@ class Cluster:
 
     def _set_ring(self, ring: Ring) -> None:
         self.ring = ring
+        zones, self.zones = self.zones, self.view.zones()  # the view's members that own arcs: the ring's nodes
+        one_zone = (self.cfg.replicas > 0 and len(ring.nodes) > 1
+                    and self.zones.alone(self.node_id, len(ring.nodes)))
+        if one_zone and not (zones and zones.alone(self.node_id, len(zones))):
+            log.info("every node of the ring is in this node's zone: a queued URL survives a node's death, not the "
+                     "zone's", extra={"zone": self.zones.zone(self.node_id), "nodes": len(ring.nodes)})
         self._owners = _Owners(ring)
         before, self._ring_id = self._ring_id, ring_id(ring)
         if self.crawler is not None and self._ring_id != before:
@@ -259,7 +270,7 @@ class Cluster:
             # A view change that keeps the ring (a suspicion, a new incarnation) keeps every owner: no call.
             self.crawler.forget_seen()
         if self.lanes is not None:
-            self.lanes.ring_changed(self._owners.owner)
+            self.lanes.ring_changed(self._owners.owner, self.epoch)
 
     # -- the lanes' delegate (peer/cluster/lanes.py: LanesDelegate) ----------------------------------------
 
@@ -269,6 +280,15 @@ class Cluster:
     def address_ready(self, address: str) -> None:
         if self.crawler is not None:
             self.crawler.address_ready(address)
+
+    def successor_of(self, host: str) -> str | None:
+        """The node that owns `host` (an address is a key like a host) in the ring without this node."""
+        if self.ring is None:
+            return None
+        position = host_position(host)
+        if self.ring.owner_at(position) != self.node_id:
+            return self.ring.owner_at(position)
+        return self.ring.backup_at(position)
 
     async def _lanes_loop(self) -> None:
         assert self.lanes is not None
@@ -768,7 +788,7 @@ class Cluster:
             "epoch": self.epoch,
             "members": [
                 {"node_id": m.node_id, "address": m.address, "weight": m.weight, "state": m.state.value,
-                 "incarnation": m.incarnation}
+                 "incarnation": m.incarnation, "zone": m.zone}
                 for m in self.view.members
             ],
             "peers_connected": self.links.connected_peers(),
@@ -860,7 +880,7 @@ class Cluster:
             live = m.state in _OWNING
             nodes.append({
                 "node_id": m.node_id, "address": m.address, "weight": m.weight, "state": m.state.value,
-                "key_share": shares.get(m.node_id, 0.0), "weight_share": weight_shares.get(m.node_id, 0.0),
+                "zone": m.zone, "key_share": shares.get(m.node_id, 0.0), "weight_share": weight_shares.get(m.node_id, 0.0),
                 "pages": report.pages if report else None, "rate": report.rate if report else None,
                 "queue": report.queued if report else None,
                 "urls_received": report.urls_received if report else None,

@@ -12,7 +12,9 @@ The rule (docs/cluster.md, "Per-address limits", has the proof sketch):
   borrower died or is cut off), `lease + max_request + delay` after the grant. A new owner of an address (a
   view change moved it here) lends none of its lanes until the previous owner's `LaneHandover` arrives (sent
   once that owner stopped lending, with when each lane may be lent again) or, failing that (it died),
-  `quarantine = lease + max_request + delay` after it became the owner, so every older lease has run out. A
+  `quarantine = lease + max_request + delay` after it became the owner, so every older lease has run out (a
+  hand-over that arrives before the ring giving this node the address counts when its view epoch is later
+  than every remembered view in which another node owned it: `_handed_for_now`). A
   process that starts waits out what its previous run may have lent (`start_wait`, from a file the cluster
   keeps), none if it never lent to another node.
 
@@ -31,7 +33,7 @@ from typing import Protocol
 
 import trio
 
-from protocol import LaneAsk, LaneGrant, LaneHandover, LaneReturn, Message
+from protocol import LaneAsk, LaneGrant, LaneHandover, LaneHandoverAsk, LaneReturn, Message
 
 from peer.crawl.addressgate import Lane
 
@@ -46,6 +48,8 @@ ASK_TIMEOUT = 2.0
 LEASE = 2.0
 #: Rings remembered to tell since when this node has owned an address.
 _RING_HISTORY = 16
+#: Hand-overs remembered to answer asks, at most (they are forgotten after the quarantine anyway).
+MAX_REMEMBERED = 100_000
 
 
 class LanesDelegate(Protocol):
@@ -60,12 +64,16 @@ class LanesDelegate(Protocol):
     def address_ready(self, address: str) -> None:
         """Lanes of `address` arrived here: hosts waiting for them may try again."""
 
+    def successor_of(self, host: str) -> str | None:
+        """The node that would own a ring key if this node were not in the ring (None if it is alone)."""
+
 
 @dataclass(slots=True)
 class _OwnedLane:
     holder: str | None = None
     free_at: float = 0.0  # when it may next be lent (its rest after the last request)
     reclaim_at: float = math.inf  # while lent: when it is free again if never returned
+    handed: bool = False  # free_at is the previous owner's word (a later hand-over of its replaces it)
 
 
 @dataclass(slots=True)
@@ -113,27 +121,41 @@ class FleetLanes:
         self._owned: dict[str, _Owned] = {}
         self._held: dict[str, _Held] = {}
         self._seq = 0
-        self._rings: deque[tuple[float, Callable[[str], str]]] = deque(maxlen=_RING_HISTORY)
+        # (installed at, owner of an address, the view epoch): the rings remembered, oldest first
+        self._rings: deque[tuple[float, Callable[[str], str], int]] = deque(maxlen=_RING_HISTORY)
         # the first ring is the process start: what a previous run lent may still run for `start_wait`
         self._start_wait = self.quarantine if start_wait is None else min(max(0.0, start_wait), self.quarantine)
         self._started_at: float | None = None
-        self._handed: dict[str, tuple[float, tuple[float, ...]]] = {}  # address -> (received at, ready_in)
+        # address -> (received at, ready_in, the sender's view epoch): hand-overs of addresses not owned here yet
+        self._handed: dict[str, tuple[float, tuple[float, ...], int]] = {}
+        # address -> (when, ready_in): what this node said in its hand-over when the address moved away, to
+        # answer the new owner's LaneHandoverAsk if the hand-over was lost or thrown away
+        self._released: dict[str, tuple[float, tuple[float, ...]]] = {}
+        # address -> its entry when it moved away: lanes still out on lease come back here, and the new owner is
+        # told at once (a lane in use at the change would otherwise wait out its whole lease, up to a minute)
+        self._gone: dict[str, _Owned] = {}
+        self._current_epoch = 0
         self.lent_until = -math.inf  # the latest time a lane lent to another node may still be in use
         self.grants_sent = 0
         self.asks_sent = 0
         self.reclaimed = 0
+        self.handover_asks = 0  # LaneHandoverAsk sent: a new owner with no hand-over asked its previous owner
+        self.handover_answers = 0  # hand-overs sent in answer to one
+        self.returns_forwarded = 0  # lanes returned here after their address moved away, passed on to its owner
 
     active = True
 
     # -- the view --------------------------------------------------------------------------------------------
 
-    def ring_changed(self, owner_of: Callable[[str], str]) -> None:
-        """A new ring is in force (the first one at start): owned addresses that moved away stop being lent
-        from here (their leases run out on their own); asks from departed members are dropped later."""
+    def ring_changed(self, owner_of: Callable[[str], str], epoch: int = 0) -> None:
+        """A new ring is in force (the first one at start), from the view of `epoch`: owned addresses that moved
+        away stop being lent from here (their leases run out on their own); asks from departed members are
+        dropped later."""
         now = self.clock()
         if self._started_at is None:
             self._started_at = now
-        self._rings.append((now, owner_of))
+        self._rings.append((now, owner_of, epoch))
+        self._current_epoch = epoch
         for address in [a for a in self._owned if owner_of(a) != self.node_id]:
             entry = self._owned.pop(address)
             # hand over: from now on nothing is lent here; each lane may be lent again once its lease (with its
@@ -144,12 +166,21 @@ class FleetLanes:
                 for lane in entry.lanes
             )
             target = owner_of(address)
-            message = LaneHandover(address=address, ready_in=ready)
+            message = LaneHandover(address=address, ready_in=ready, epoch=epoch)
             if target == self.node_id:
                 continue
+            if len(self._released) < MAX_REMEMBERED:
+                self._released[address] = (now, ready)
+                if any(lane.holder is not None for lane in entry.lanes):
+                    self._gone[address] = entry
             self.delegate.send_lanes(target, message)
         for address in [a for a in self._handed if now - self._handed[a][0] > self.quarantine]:
             del self._handed[address]
+        for address in [a for a, (at, _ready) in self._released.items() if now - at > self.quarantine]:
+            del self._released[address]
+            self._gone.pop(address, None)
+        for address in [a for a in self._gone if owner_of(a) == self.node_id]:
+            del self._gone[address]  # owned here again: its new entry waits for the hand-overs
 
     def joining(self) -> None:
         """This node is about to join a cluster: the rings it had on its own (all of them itself alone) owned
@@ -166,7 +197,7 @@ class FleetLanes:
         """Since when this node has owned `address` without a break, by the rings remembered (the oldest one
         remembered counts from when it came in: the process start, or as far back as is known)."""
         since = math.inf
-        for installed, owner_of in reversed(self._rings):
+        for installed, owner_of, _epoch in reversed(self._rings):
             if owner_of(address) != self.node_id:
                 break
             since = installed
@@ -280,15 +311,91 @@ class FleetLanes:
                 since=self._owned_since(address), lanes=[_OwnedLane() for _ in range(self.connections)]
             )
             handed = self._handed.pop(address, None)
-            if handed is not None and handed[0] >= entry.since:
-                self._apply_handover(entry, *handed)
+            if handed is not None and (handed[0] >= entry.since or self._handed_for_now(address, handed[2])):
+                self._apply_handover(entry, handed[0], handed[1])
+            elif now < self._ready_at(entry):
+                self._ask_handover(address)
         return entry
+
+    def _ask_handover(self, address: str) -> None:
+        """No hand-over for an address just found owned here: ask the previous owner (by the rings remembered,
+        else, for a node that has just joined, the node that owns it without this one) for what it knows. Its
+        own hand-over may have been lost, or it never lent the address and so sent none (it still knows when
+        the leases of the owner before it ran out); without an answer the quarantine stands."""
+        previous = None
+        for _installed, owner_of, _epoch in reversed(self._rings):
+            owner = owner_of(address)
+            if owner != self.node_id:
+                previous = owner
+                break
+        else:
+            successor = getattr(self.delegate, "successor_of", None)
+            previous = successor(address) if successor is not None else None
+        if previous is None or previous == self.node_id:
+            return
+        self.handover_asks += 1
+        self.delegate.send_lanes(previous, LaneHandoverAsk(address=address, epoch=self._current_epoch))
+
+    def _on_handover_ask(self, peer_id: str, message: LaneHandoverAsk, now: float) -> None:
+        """Answer a new owner that has no hand-over, if this node owned the address just before it (by the rings
+        remembered here: no other owner between): when each lane may be lent again, by what this node handed
+        over, or else by its own wait (it lent nothing: its wait covered the leases of the owner before it)."""
+        address = message.address
+        if self.delegate.owner_of(address) != peer_id:
+            return  # our views differ: the asker asks again, or waits out the quarantine
+        rings = list(self._rings)
+        while rings and rings[-1][1](address) == peer_id:
+            rings.pop()  # the asker's own time as owner
+        if not rings or rings[-1][1](address) != self.node_id:
+            return  # not the owner just before it (or too long ago to know): no answer
+        period_start, period_epoch = rings[-1][0], rings[-1][2]
+        while rings and rings[-1][1](address) == self.node_id:
+            period_start, period_epoch = rings[-1][0], rings[-1][2]
+            rings.pop()
+        released = self._released.get(address)
+        if released is not None and released[0] >= period_start:
+            at, ready = released
+            answer = tuple(max(0.0, r - (now - at)) for r in ready)
+        else:
+            if period_start == self._started_at:
+                wait_end = period_start + self._start_wait
+            else:
+                wait_end = period_start + self.quarantine
+            handed = self._handed.get(address)
+            if handed is not None and (handed[0] >= period_start or (handed[2] > 0 and handed[2] >= period_epoch)):
+                received, ready_in = handed[0], handed[1]
+                longest = max(ready_in, default=0.0)
+                answer = tuple(max(0.0, received + (ready_in[i] if i < len(ready_in) else longest) - now)
+                               for i in range(self.connections))
+            else:
+                answer = (max(0.0, wait_end - now),) * self.connections
+        self.handover_answers += 1
+        self.delegate.send_lanes(peer_id, LaneHandover(address=address, ready_in=answer, epoch=self._current_epoch))
+
+    def _handed_for_now(self, address: str, epoch: int) -> bool:
+        """Whether a hand-over sent from a view of `epoch`, received before this node's own ring gave it the
+        address, is about the ownership that ring began: it was sent after every view remembered here in which
+        another node owned the address. (The previous owner installs the new ring first as often as not, so
+        its hand-over often arrives before the new owner's ring does: taken only by arrival time it was thrown
+        away, and the new owner waited out the whole quarantine, a minute in which the address served nobody.)
+        An older hand-over, of an earlier time this node owned the address, comes from a view no later than one
+        in which it did not."""
+        if epoch <= 0:
+            return False  # a peer that speaks an older protocol sends no epoch: arrival time alone decides
+        for _installed, owner_of, seen in reversed(self._rings):
+            if owner_of(address) != self.node_id:
+                return epoch > seen
+        return True  # owned in every ring remembered since this process started or joined
 
     def _apply_handover(self, entry: _Owned, received: float, ready_in: tuple[float, ...]) -> None:
         longest = max(ready_in, default=0.0)
         for i, lane in enumerate(entry.lanes):
             if lane.holder is None:
-                lane.free_at = max(lane.free_at, received + (ready_in[i] if i < len(ready_in) else longest))
+                said = received + (ready_in[i] if i < len(ready_in) else longest)
+                # a later word of the previous owner replaces its earlier one (a lane came back to it); a lane
+                # this node has lent since is its own
+                lane.free_at = said if lane.handed else max(lane.free_at, said)
+                lane.handed = True
         entry.since = -math.inf
 
     def _on_handover(self, message: LaneHandover, now: float) -> None:
@@ -297,7 +404,7 @@ class FleetLanes:
             self._apply_handover(entry, now, message.ready_in)
             self._serve(message.address, entry, now)
         elif len(self._handed) < 100_000:
-            self._handed[message.address] = (now, message.ready_in)
+            self._handed[message.address] = (now, message.ready_in, message.epoch)
 
     def _on_ask(self, peer_id: str, message: LaneAsk, now: float) -> None:
         entry = self._owned_entry(message.address, now)
@@ -316,6 +423,7 @@ class FleetLanes:
     def _on_return(self, peer_id: str, message: LaneReturn, now: float) -> None:
         entry = self._owned.get(message.address)
         if entry is None:
+            self._returned_after_move(peer_id, message, now)
             return
         for index, ready_in in zip(message.lanes, message.ready_in):
             if 0 <= index < len(entry.lanes) and entry.lanes[index].holder == peer_id:
@@ -323,10 +431,39 @@ class FleetLanes:
                 lane.holder, lane.free_at, lane.reclaim_at = None, now + ready_in, math.inf
         self._serve(message.address, entry, now)
 
+    def _returned_after_move(self, peer_id: str, message: LaneReturn, now: float) -> None:
+        """A lane lent here before the address moved away came back: tell the new owner when each lane may be
+        lent again now (the hand-over said: when its lease runs out)."""
+        entry = self._gone.get(message.address)
+        if entry is None:
+            return
+        changed = False
+        for index, ready_in in zip(message.lanes, message.ready_in):
+            if 0 <= index < len(entry.lanes) and entry.lanes[index].holder == peer_id:
+                lane = entry.lanes[index]
+                lane.holder, lane.free_at, lane.reclaim_at = None, now + ready_in, math.inf
+                changed = True
+        if not changed:
+            return
+        target = self.delegate.owner_of(message.address)
+        if target == self.node_id:
+            return
+        ready = tuple(max((lane.reclaim_at if lane.holder is not None else lane.free_at) - now, 0.0)
+                      for lane in entry.lanes)
+        if not any(lane.holder is not None for lane in entry.lanes):
+            del self._gone[message.address]
+        self._released[message.address] = (now, ready)
+        self.returns_forwarded += 1
+        self.delegate.send_lanes(target, LaneHandover(address=message.address, ready_in=ready,
+                                                      epoch=self._current_epoch))
+
     def _serve(self, address: str, entry: _Owned, now: float) -> None:
         if now < self._ready_at(entry):
             return  # leases a previous owner (or this node's previous run) made may still run
-        free = [i for i, lane in enumerate(entry.lanes) if lane.holder is None]
+        # a lane the previous owner's word still holds is not lent until it is free: the old owner's later word
+        # (the lane came back to it) may free it sooner
+        free = [i for i, lane in enumerate(entry.lanes)
+                if lane.holder is None and not (lane.handed and lane.free_at > now)]
         while entry.asks and free:
             # lanes are shared among the nodes waiting, so each gets some at once rather than all to the first
             share = max(1, len(free) // len(entry.asks))
@@ -335,7 +472,7 @@ class FleetLanes:
             while free and len(given) < min(want, share):
                 index = free.pop(0)
                 lane = entry.lanes[index]
-                lane.holder = peer_id
+                lane.holder, lane.handed = peer_id, False
                 lane.reclaim_at = now + self.lease + self.max_request + self.delay
                 if peer_id != self.node_id:
                     self.lent_until = max(self.lent_until, lane.reclaim_at)
@@ -384,6 +521,8 @@ class FleetLanes:
             self._on_return(peer_id, message, now)
         elif isinstance(message, LaneHandover):
             self._on_handover(message, now)
+        elif isinstance(message, LaneHandoverAsk):
+            self._on_handover_ask(peer_id, message, now)
         else:
             return False
         return True
@@ -396,4 +535,7 @@ class FleetLanes:
             "asks_sent": self.asks_sent,
             "grants_sent": self.grants_sent,
             "lanes_reclaimed": self.reclaimed,
+            "handover_asks": self.handover_asks,
+            "handover_answers": self.handover_answers,
+            "returns_forwarded": self.returns_forwarded,
         }

@@ -29,7 +29,7 @@ import trio
 
 import protocol
 from protocol import Gossip, Limits, Message, Ping, Pong, ProbeReply, ProbeRequest
-from ring import Member, MemberState, View, merge
+from ring import Member, MemberState, View, check_zone, merge
 
 from peer.config import DEFAULTS
 from peer.cluster.peerlinks import LinkConfig, LinkError, MessageHandler, PeerLinks
@@ -89,6 +89,7 @@ def to_wire(member: Member) -> protocol.Member:
         weight=member.weight,
         incarnation=member.incarnation,
         state=member.state.value,
+        zone=member.zone,
     )
 
 
@@ -100,6 +101,7 @@ def from_wire(member: protocol.Member) -> Member:
         weight=member.weight,
         incarnation=member.incarnation,
         state=MemberState(member.state),
+        zone=member.zone,
     )
 
 
@@ -141,9 +143,11 @@ class Membership:
         link_busy: Callable[[str], bool] | None = None,
         codecs: Sequence[str] | None = None,
         compressions: Sequence[str] | None = None,
+        zone: str = "",
     ) -> None:
         self.node_id = node_id
         self.weight = weight
+        self.zone = check_zone(zone)
         self.config = config or MembershipConfig()
         self.address: str | None = None
         self.view = View()
@@ -190,7 +194,7 @@ class Membership:
         async with trio.open_nursery() as nursery:
             self.address = await nursery.start(self.links.run)
             self._nursery = nursery
-            self._apply(View().join(self.node_id, self.address, self.weight))
+            self._apply(View().join(self.node_id, self.address, self.weight, self.zone))
             for loop in (self._probe_loop, self._gossip_loop, self._sync_loop, self._reconnect_loop,
                          self._suspicion_loop, self._indirect_probe_loop):
                 nursery.start_soon(loop)
@@ -265,10 +269,11 @@ class Membership:
         """Adopt `new` (already merged with the current view); refute rumours about us; notify. Changed?"""
         old = self.view
         me = new.member(self.node_id)
-        rumour = me is not None and (me.state, me.address, me.weight) != (MemberState.ALIVE, self.address, self.weight)
+        rumour = me is not None and (me.state, me.address, me.weight, me.zone) != (
+            MemberState.ALIVE, self.address, self.weight, self.zone)
         if rumour and not self._leaving and self.address is not None:
             assert me is not None
-            new = new.join(self.node_id, self.address, self.weight)
+            new = new.join(self.node_id, self.address, self.weight, self.zone)
             log.info("%s refutes %s at incarnation %d", self.node_id, me.state.value, me.incarnation)
         if new.epoch == old.epoch and new.members == old.members:
             return False

@@ -7,9 +7,9 @@ the hosts' new owners fetch again every page of those hosts that is linked again
 URL marked seen but queued nowhere would be lost; pages already fetched are the only keys that are safe to copy.
 
 How: after a page's commit the crawler calls `fetched(item)`; every `interval` the keys gathered are recorded
-in the store's `fetched` database, grouped by their backups, `ring.backups_at(position, 2)` (the owner of the
+in the store's `fetched` database, grouped by their backups, `ring.holders_at(position, 2, zones)` (the owner of the
 position in the ring without this node, so a death moves each arc exactly to the node holding its replica, and
-the owner once that one is gone too), and sent as `SeenReplica` messages. The receiver puts the keys in its dedup store, where they decide nothing while
+the owner once that one is gone too; and a node in another failure zone if both share this node's), and sent as `SeenReplica` messages. The receiver puts the keys in its dedup store, where they decide nothing while
 the sender owns their arc: a node looks a URL up only for hosts it owns. Once it owns them (the sender died, or
 the arc moved to it by hand-off, which carries the same keys anyway) they keep those pages from being fetched
 again.
@@ -50,6 +50,7 @@ import trio
 
 from protocol import HostState as WireHostState
 from protocol import Limits, Message, SeenReplica
+from ring import Zones
 from storage import NodeStore, QueuedUrl, queued_url_keys
 
 __all__ = ["REPLICA_INTERVAL", "SeenReplicas"]
@@ -87,11 +88,13 @@ class SeenReplicas:
         copies: int = REPLICA_COPIES,
         apply_states: Callable[[Sequence[WireHostState]], None] | None = None,
         wall_clock: Callable[[], float] = time.time,
+        zones_of: Callable[[], Zones] = Zones,
     ) -> None:
         self.node_id = node_id
         self.store = store
         self.links = links
         self.ring_of = ring_of  # () -> (view epoch, the current Ring or None)
+        self.zones_of = zones_of  # () -> the failure zones of the ring's nodes (a copy goes outside the owner's)
         self.interval = interval
         self.max_pending = max_pending
         self.copies = copies
@@ -234,7 +237,7 @@ class SeenReplicas:
         if ring is None:
             return 0  # no ring yet: the first rescan sends them
         by_backup: dict[str, list[bytes]] = defaultdict(list)
-        node, copies = self.node_id, self.copies
+        node, copies, zones = self.node_id, self.copies, self.zones_of()
         found: dict[bytes, list[str]] = {}  # host position -> its backups: a host's pages share the look-up
         for key in keys:
             position = key[:8]
@@ -243,7 +246,7 @@ class SeenReplicas:
                 # none in a cluster of one; this node, if the host moved away meanwhile (its key travels with the
                 # hand-off of the arc instead)
                 backups = found[position] = [
-                    b for b in ring.backups_at(int.from_bytes(position, "big"), copies) if b != node]
+                    b for b in ring.holders_at(int.from_bytes(position, "big"), copies, zones) if b != node]
             for backup in backups:
                 by_backup[backup].append(key)
         sent = self._send(epoch, by_backup)
@@ -254,7 +257,7 @@ class SeenReplicas:
         """The ring changed to `ring`: send again each recorded key whose backup changed since the last scan
         (every key after a start), forget those of arcs no longer owned here; returns how many were sent."""
         old = self._synced
-        node = self.node_id
+        node, zones = self.node_id, self.zones_of()
         resend: dict[str, list[bytes]] = defaultdict(list)
         forget: list[bytes] = []
         for n, key in enumerate(self.store.fetched_keys(), start=1):
@@ -262,8 +265,8 @@ class SeenReplicas:
             if ring.owner_at(position) != node:
                 forget.append(key)
                 continue
-            had = old.backups_at(position, self.copies) if old is not None else ()
-            for backup in ring.backups_at(position, self.copies):
+            had = old.holders_at(position, self.copies, zones) if old is not None else ()
+            for backup in ring.holders_at(position, self.copies, zones):
                 if backup not in had:
                     resend[backup].append(key)
             if n % 4096 == 0:
