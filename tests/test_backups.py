@@ -7,6 +7,7 @@ whole-cluster effect (a node dead for good loses no URL) is checked by tests/tes
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,9 @@ async def test_a_backup_acks_once_committed_syncs_later_and_drops_malformed_entr
     assert links.sent == [("A", ReplicaAck(seq=7))]
     assert len(stores["B"].replicas) == 1 and backup.refused == 3
     assert backup.sync() and not backup.sync()  # one fsync for what was committed, then nothing to force
+    assert backup.on_message("A", replace(message, seq=8))
+    stores["B"].sync()  # the store forced to disk by someone else (the node's periodic sync, a receiver's)
+    assert not backup.sync()  # what was held is covered: no fsync of its own
     _new, states = stores["B"].promote(lambda position: True)
     assert [s.next_allowed for s in states] == [105.0]
 

@@ -179,6 +179,57 @@ async def test_receiver_admits_owned_forwards_the_rest_then_acks(store, autojump
     assert len(admitted) == 2
 
 
+class CountingStore:
+    """A real NodeStore whose fsyncs are timed (the virtual time of each)."""
+
+    def __init__(self, store: NodeStore) -> None:
+        self._store = store
+        self.synced_at: list[float] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    def sync(self) -> None:
+        self._store.sync()
+        self.synced_at.append(trio.current_time())
+
+
+def _batch(seq: int, host: str) -> UrlBatch:
+    return UrlBatch(seq=seq, sender="b", epoch=1, urls=(UrlEntry(url=f"http://{host}/{seq}", depth=1,
+                                                                   found_on=None, hops=0),))
+
+
+async def test_receiver_syncs_at_most_once_per_sync_gap_and_acks_only_after_a_sync(store, autojump_clock):
+    counting = CountingStore(store)
+    links = FakeLinks()
+    config = DispatchConfig(ack_delay=0.02, sync_gap=0.5)
+    d = Dispatcher("a", counting, links, ring_of=lambda: (1, RING2), config=config)  # type: ignore[arg-type]
+    mine = owned_hosts(RING2, "a", 4)
+    acks = lambda: [(t, m.seq) for t, _p, m in links.sent if isinstance(m, BatchAck)]  # noqa: E731
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(d._syncer)
+        await trio.sleep(1.0)
+        start = trio.current_time()
+        await d.on_message("b", _batch(1, mine[0]))  # the first: synced and acked after ack_delay
+        await trio.sleep(0.1)
+        await d.on_message("b", _batch(2, mine[1]))  # within sync_gap of that sync: waits for the gap
+        await trio.sleep(0.1)
+        await d.on_message("b", _batch(3, mine[2]))  # rides the same sync
+        await trio.sleep(1.0)
+        assert [t - start for t in counting.synced_at] == pytest.approx([0.02, 0.52])
+        assert [seq for _t, seq in acks()] == [1, 2, 3]
+        assert [t - start for t, _seq in acks()] == pytest.approx([0.02, 0.52, 0.52])
+        # a sync by someone else (the node's periodic one) covers what was committed before it: acked
+        # without an fsync of the receiver's own
+        start = trio.current_time()
+        await d.on_message("b", _batch(4, mine[3]))
+        counting.sync()
+        await trio.sleep(1.0)
+        assert [t - start for t in counting.synced_at[2:]] == pytest.approx([0.0])
+        assert acks()[-1][1] == 4 and acks()[-1][0] == pytest.approx(start + 0.02) and d.syncs == 2
+        nursery.cancel_scope.cancel()
+
+
 async def test_view_change_reroutes_the_outbox(store, autojump_clock):
     links = FakeLinks()
     ring3 = Ring({"a": 100, "b": 100, "c": 100})

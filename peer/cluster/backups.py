@@ -153,7 +153,7 @@ class QueueReplicas:
         self._cache_ring: Any = None  # the ring `_cache` was filled under
         self._cache: dict[str, tuple[str, ...]] = {}  # host -> its backups (not this node) under `_cache_ring`
         self._wake = trio.Event()
-        self._dirty = False  # replicas committed here since the last fsync
+        self._dirty: int | None = None  # store.syncs when replicas were last committed here (None: none since)
         self._synced: Any = None  # the ring of the last complete re-homing scan
         self._changed_at: float | None = None  # when the ring last changed (for restore_seconds)
         self._restore: dict[str, int] | None = None  # what the last scan staged, per backup
@@ -375,10 +375,11 @@ class QueueReplicas:
             self.sync()
 
     def sync(self) -> bool:
-        """Force the replicas committed since the last sync to disk; False if there were none."""
-        if not self._dirty:
+        """Force the replicas committed since the last sync to disk; False if there were none, or if a sync of
+        the store since then (the dispatcher's before its acks, the node's periodic one) has covered them."""
+        dirty, self._dirty = self._dirty, None
+        if dirty is None or self.store.syncs > dirty:
             return False
-        self._dirty = False
         self.store.sync()
         return True
 
@@ -567,7 +568,7 @@ class QueueReplicas:
         self.store.hold_replicas(list(zip(queued_url_keys(items), items)), released, states)
         self.urls_held += len(items)
         self.releases_held += len(released)
-        self._dirty = True
+        self._dirty = self.store.syncs
         # committed: it survives this process's death (SYNC_INTERVAL says why no fsync waits before the ack)
         self.links.send_nowait(peer_id, ReplicaAck(seq=message.seq))  # if lost, the owner re-sends: ack again
         return True

@@ -62,12 +62,19 @@ class DispatchConfig:
     # A receiver syncs once for the batches of the last 20 ms and then acks them all: one fsync per batch would
     # cost more than the rest of receiving (measured: 8 of 25 ms per 1,000 URLs).
     ack_delay: float = 0.02
+    # ... and at most once per 0.5 s: an fsync costs its CPU (about 0.5 ms here, most of it fixed) and makes
+    # the next commits dearer (their pages were clean), so with a batch from each peer every 0.2 s the
+    # receiver's own syncs were a cluster node's largest disk cost (docs/benchmarks.md, cluster overhead).
+    # A sync by anything else in the node (its once-a-second one, a hand-off's) acks what it covered.
+    sync_gap: float = 0.5
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.window < 1 or self.recent_size < 0 or self.peers_per_interval < 1:
             raise ValueError("dispatch batch_size, window and peers_per_interval must be >= 1, recent_size >= 0")
         if self.interval <= 0 or self.resend_after <= 0:
             raise ValueError("dispatch interval and resend_after must be > 0 seconds")
+        if self.ack_delay < 0 or self.sync_gap < 0:
+            raise ValueError("dispatch ack_delay and sync_gap must be >= 0 seconds")
 
 
 @dataclass(slots=True)
@@ -152,9 +159,12 @@ class Dispatcher:
         self._run = 0
         self._batches = 0
         self._wake = trio.Event()
-        self._unsynced: list[tuple[str, BatchAck, Ticket | None]] = []  # received and stored, not yet synced and acked
+        # received and stored, not yet synced and acked: (peer, ack, replicas' ticket, store.syncs at the commit)
+        self._unsynced: list[tuple[str, BatchAck, Ticket | None, int]] = []
         self._sync_due = trio.Event()
         self._syncing = False
+        self._synced_at = -math.inf  # when this receiver last forced the store to disk
+        self.syncs = 0  # fsyncs this receiver forced (the others' syncs acked the rest)
 
     # -- the crawler's side -------------------------------------------------------------------------------
 
@@ -399,19 +409,23 @@ class Dispatcher:
         ticket = self._replicate(new)
         self._admitted(new)
         ack = BatchAck(seq=batch.seq, new=len(new), seen=len(owned) - len(new), forwarded=len(forward), epoch=epoch)
-        self._unsynced.append((peer_id, ack, ticket))
+        self._unsynced.append((peer_id, ack, ticket, self.store.syncs))
         if self._syncing:
             self._sync_due.set()  # `run`'s syncer makes it durable (with the others of the moment), then acks
         else:
             self.sync_and_ack()
 
     def sync_and_ack(self) -> int:
-        """Force received batches to disk, then ack them (DESIGN decision 5: durable before the ack)."""
+        """Force received batches to disk, then ack them (DESIGN decision 5: durable before the ack). Batches
+        committed before the store's last sync (the node's periodic one, a hand-off's) are on disk already:
+        no fsync of their own."""
         if not self._unsynced:
             return 0
         acks, self._unsynced = self._unsynced, []
-        self.store.sync()
-        for peer_id, ack, ticket in acks:
+        if any(syncs >= self.store.syncs for _peer, _ack, _ticket, syncs in acks):  # not all covered yet
+            self.store.sync()
+            self.syncs += 1
+        for peer_id, ack, ticket, _syncs in acks:
             if ticket is None or self.backups is None or self.backups.done(ticket):
                 self.links.send_nowait(peer_id, ack)  # if lost, the sender re-sends and we ack again
                 continue
@@ -433,8 +447,12 @@ class Dispatcher:
             while True:
                 await self._sync_due.wait()
                 self._sync_due = trio.Event()
-                await trio.sleep(self.config.ack_delay)
+                await trio.sleep_until(max(trio.current_time() + self.config.ack_delay,
+                                           self._synced_at + self.config.sync_gap))
+                forced = self.syncs
                 self.sync_and_ack()
+                if self.syncs != forced:
+                    self._synced_at = trio.current_time()
         finally:
             self._syncing = False
 

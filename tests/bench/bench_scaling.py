@@ -44,6 +44,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,15 +80,16 @@ def _node_cmd(name: str, data: Path, seeds: Path, dns_port: int, args: argparse.
     return cmd
 
 
-def _pages_now(workdir: Path, nodes: int) -> int | None:
-    """Pages fetched so far by all nodes, from their control endpoints; None if one cannot be asked."""
+def _pages_now(workdir: Path, nodes: int, names: list[str] | None = None) -> int | None:
+    """Pages fetched so far by all nodes (their data dirs `names` under workdir, default "{nodes}-n{i}"), from
+    their control endpoints; None if one cannot be asked."""
     import httpx
 
     total = 0
-    for i in range(nodes):
+    for name in names or [f"{nodes}-n{i}" for i in range(nodes)]:
         try:
-            address = (workdir / f"{nodes}-n{i}" / "control.addr").read_text().strip()
-            headers = auth_headers(workdir / f"{nodes}-n{i}")
+            address = (workdir / name / "control.addr").read_text().strip()
+            headers = auth_headers(workdir / name)
             total += int(httpx.get(f"http://{address}/status", timeout=2.0, headers=headers).json()["pages"])
         except (OSError, ValueError, KeyError, httpx.HTTPError):
             return None
@@ -230,6 +232,7 @@ def run_together(web: BenchWeb, dns_port: int, groups: list[dict[str, Any]], arg
     seeds = workdir / "seeds.txt"
     seeds.write_text("\n".join(web.seeds) + "\n", encoding="utf-8")
     started: list[tuple[int, str, subprocess.Popen[bytes], Path]] = []
+    args.profile_runs = getattr(args, "profile_runs", 0) + 1
     t0 = time.perf_counter()
     try:
         for k, group in enumerate(groups):
@@ -238,6 +241,14 @@ def run_together(web: BenchWeb, dns_port: int, groups: list[dict[str, Any]], arg
                 env["PYTHONPATH"] = os.pathsep.join([group["source"], *filter(None, [env.get("PYTHONPATH")])])
             if group["nodes"] > 1:
                 env["PEERCRAWL_CLUSTER_SECRET"] = f"{SECRET}-{k}"
+            if args.cpu_profile:  # as in run_cluster: each node sampled on its own CPU time
+                env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent / "_cpuprof"),
+                                                     *filter(None, [env.get("PYTHONPATH")])])
+                kind = (f"r{group.get('replicas')}" if group["nodes"] > 1 else "lone") + \
+                    ("-baseline" if group.get("source") else "")
+                env["BENCH_CPU_PROFILE"] = str(Path(args.results_dir).resolve()
+                                               / f"cpu-together-{args.profile_runs}-{kind}")
+                env["BENCH_CPU_PROFILE_WINDOW"] = "1"  # counted from 20% to 80% of the crawl (signals below)
             args.replicas = group.get("replicas")
             join = None
             for i in range(group["nodes"]):
@@ -257,6 +268,13 @@ def run_together(web: BenchWeb, dns_port: int, groups: list[dict[str, Any]], arg
                         time.sleep(0.05)
                     join = (data / "peer.addr").read_text().strip()
         cpu = [0.0] * len(groups)
+        switches = [[0, 0] for _ in groups]  # voluntary (the node waited) and involuntary (preempted)
+        # (pages, CPU seconds) of each group's nodes, every 2 s while all of them run: its CPU per page
+        # between 20% and 80% of its crawl, without start-up (imports, the join) and the end (the last rounds)
+        cpu_samples: list[list[tuple[float, int, float]]] = [[] for _ in groups]
+        expected = args.hosts * args.pages_per_host  # the bench web's pages, all allowed
+        window: list[list[int]] = [[] for _ in groups]  # pages when the profile window opened and closed
+        last_sample = 0.0
         for k, name, proc, log in started:
             deadline = t0 + args.time_limit
             while True:  # bounded by the time limit
@@ -265,11 +283,28 @@ def run_together(web: BenchWeb, dns_port: int, groups: list[dict[str, Any]], arg
                     break
                 if time.perf_counter() > deadline:
                     raise SystemExit(f"bench_scaling: {name} ran past {args.time_limit} s")
+                if time.perf_counter() - last_sample >= 2.0:  # a cluster node's /status costs about 2 ms
+                    last_sample = time.perf_counter()
+                    for g in range(len(groups)):
+                        mine = [(n, p) for gk, n, p, _l in started if gk == g]
+                        before = [_proc_cpu(p.pid) for _n, p in mine]
+                        pages = _pages_now(workdir, 0, [n for n, _p in mine])
+                        after = [_proc_cpu(p.pid) for _n, p in mine]
+                        if pages is not None and None not in before and None not in after:
+                            cpu_now = sum((a + b) / 2 for a, b in zip(before, after))  # type: ignore[operator]
+                            cpu_samples[g].append((last_sample - t0, pages, cpu_now))
+                            if args.cpu_profile and len(window[g]) < 2 and pages >= (0.2, 0.8)[len(window[g])] * expected:
+                                window[g].append(pages)  # --cpu-profile: open, then close, the sampler's window
+                                for _n, p in mine:
+                                    with contextlib.suppress(ProcessLookupError):
+                                        os.kill(p.pid, signal.SIGUSR1 if len(window[g]) == 1 else signal.SIGUSR2)
                 time.sleep(0.05)
             proc.returncode = os.waitstatus_to_exitcode(status)
             if proc.returncode != 0:
                 raise SystemExit(f"bench_scaling: {name} exited {proc.returncode}: {log.read_text()[-2000:]}")
             cpu[k] += usage.ru_utime + usage.ru_stime
+            switches[k][0] += usage.ru_nvcsw
+            switches[k][1] += usage.ru_nivcsw
     finally:
         for _k, _name, proc, _log in started:
             if proc.poll() is None:
@@ -278,8 +313,17 @@ def run_together(web: BenchWeb, dns_port: int, groups: list[dict[str, Any]], arg
     out = []
     for k, group in enumerate(groups):
         pages = sum(int(_final_stats(log).get("pages", 0)) for g, _n, _p, log in started if g == k)
-        out.append({**group, "pages": pages, "cpu_s": cpu[k], "cpu_ms_per_page": 1000 * cpu[k] / max(1, pages)})
+        out.append({**group, "pages": pages, "cpu_s": cpu[k], "cpu_ms_per_page": 1000 * cpu[k] / max(1, pages),
+                    "steady_cpu_ms_per_page": _steady_cpu(cpu_samples[k], pages), "cpu_samples": cpu_samples[k],
+                    "profile_window_pages": window[k], "context_switches": switches[k],
+                    "switches_per_page": [n / max(1, pages) for n in switches[k]]})
     return out
+
+
+def _ratio(run: dict[str, Any], reference: dict[str, Any]) -> str:
+    """The steady CPU per page of two runs and their ratio, as printed."""
+    a, b = run.get("steady_cpu_ms_per_page"), reference.get("steady_cpu_ms_per_page")
+    return f"{a:.3f} / {b:.3f} ms = {a / b:.3f}x" if a and b else "not sampled"
 
 
 def together(args: argparse.Namespace) -> None:
@@ -290,8 +334,10 @@ def together(args: argparse.Namespace) -> None:
     groups = [{"nodes": 1, "source": src} for src in sources]
     groups += [{"nodes": 2, "replicas": r, "source": src} for src in sources for r in settings]
     rounds: list[list[dict[str, Any]]] = []
+    Path(args.results_dir).mkdir(parents=True, exist_ok=True)  # --cpu-profile writes there as nodes exit
     with tempfile.TemporaryDirectory(prefix="peercrawl-bench-together-") as tmp:
-        workdir = Path(tmp)
+        workdir = Path(args.keep) if args.keep else Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
         with start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
                              links_per_page=args.links_per_page, page_bytes=args.page_bytes) as web:
             dns, dns_port = _start_dns(web.zone, workdir)
@@ -310,7 +356,7 @@ def together(args: argparse.Namespace) -> None:
                                   f"{'default' if r['replicas'] is None else r['replicas']}) / lone node, CPU per "
                                   f"page: {r['cpu_ms_per_page']:.3f} / {lone['cpu_ms_per_page']:.3f} ms = "
                                   f"{r['cpu_ms_per_page'] / lone['cpu_ms_per_page']:.3f}x ({r['pages']} and "
-                                  f"{lone['pages']} pages)", flush=True)
+                                  f"{lone['pages']} pages); 20%-80%: {_ratio(r, lone)}", flush=True)
             finally:
                 _stop(dns)
     results = Path(args.results_dir).resolve()
