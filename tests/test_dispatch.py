@@ -227,6 +227,14 @@ async def test_receiver_syncs_at_most_once_per_sync_gap_and_acks_only_after_a_sy
         await trio.sleep(1.0)
         assert [t - start for t in counting.synced_at[2:]] == pytest.approx([0.0])
         assert acks()[-1][1] == 4 and acks()[-1][0] == pytest.approx(start + 0.02) and d.syncs == 2
+        # a re-send (the same seq) while the first copy waits for its sync is not acknowledged on its own: the
+        # ack would let the sender drop URLs before this node has them on disk (and on its backups)
+        start = trio.current_time()
+        await d.on_message("b", _batch(5, mine[0]))
+        await d.on_message("b", _batch(5, mine[0]))
+        assert acks()[-1][1] == 4 and d.stats.batches_held == 1
+        await trio.sleep(1.0)
+        assert [seq for _t, seq in acks()].count(5) == 1 and acks()[-1][0] == pytest.approx(start + 0.02)
         nursery.cancel_scope.cancel()
 
 

@@ -161,6 +161,7 @@ class Dispatcher:
         self._wake = trio.Event()
         # received and stored, not yet synced and acked: (peer, ack, replicas' ticket, store.syncs at the commit)
         self._unsynced: list[tuple[str, BatchAck, Ticket | None, int]] = []
+        self._unsynced_keys: set[tuple[str, int]] = set()  # (peer, batch seq) of those
         self._sync_due = trio.Event()
         self._syncing = False
         self._synced_at = -math.inf  # when this receiver last forced the store to disk
@@ -373,8 +374,9 @@ class Dispatcher:
             self._acked(peer_id, message)
 
     def _receive(self, peer_id: str, batch: UrlBatch) -> None:
-        if (peer_id, batch.seq) in self._held:
-            # a re-send of a batch whose replicas are still on their way: it is acknowledged when they arrive
+        if (peer_id, batch.seq) in self._held or (peer_id, batch.seq) in self._unsynced_keys:
+            # a re-send of a batch not yet synced, or whose replicas are still on their way: it is acknowledged
+            # when they are (an ack for the re-send now would let the sender drop URLs that only this node has)
             self.stats.batches_held += 1
             return
         epoch, ring = self.ring_of()
@@ -410,6 +412,7 @@ class Dispatcher:
         self._admitted(new)
         ack = BatchAck(seq=batch.seq, new=len(new), seen=len(owned) - len(new), forwarded=len(forward), epoch=epoch)
         self._unsynced.append((peer_id, ack, ticket, self.store.syncs))
+        self._unsynced_keys.add((peer_id, batch.seq))
         if self._syncing:
             self._sync_due.set()  # `run`'s syncer makes it durable (with the others of the moment), then acks
         else:
@@ -422,6 +425,7 @@ class Dispatcher:
         if not self._unsynced:
             return 0
         acks, self._unsynced = self._unsynced, []
+        self._unsynced_keys.clear()
         if any(syncs >= self.store.syncs for _peer, _ack, _ticket, syncs in acks):  # not all covered yet
             self.store.sync()
             self.syncs += 1
