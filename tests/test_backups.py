@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from peer.cluster.backups import QueueReplicas
+from peer.cluster.backups import FULL, QueueReplicas
 from protocol import QueueReplica, ReplicaAck, UrlEntry
 from protocol import HostState as WireHostState
 from ring import Ring, host_position
@@ -281,3 +281,37 @@ def test_backups_are_remembered_per_host_for_the_current_ring_only(stores) -> No
     assert owner._backups_of(smaller, host) == ("B",)  # a new ring: looked up again, not the old answer
     assert owner._backups_of(ring, host) == first  # an older ring is answered, never remembered over the new one
     assert owner._backups_of(smaller, host) == ("B",)
+
+
+async def test_the_send_loop_sends_a_backup_one_message_per_interval_and_full_ones_at_once(stores,
+                                                                                          autojump_clock) -> None:
+    """Under MockClock: URLs queued page by page within an interval go to their backup in one message at the
+    loop's next tick (not one message per page as each is queued); an ack with more staged waits for that tick
+    too, unless FULL entries wait, which go at once."""
+    ring = Ring({"A": 100, "B": 100}, points_per_weight=20)
+    links = Links()
+    owner = QueueReplicas("A", stores["A"], links, ring_of=lambda: (1, ring), copies=1, wall_clock=lambda: 0.0)
+    pages = _items(ring, "A", 10 + FULL)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(owner.run)
+        await trio.sleep(0.55)  # the first re-homing scan ran (nothing queued) and a tick passed
+        start = trio.current_time()
+        for item in pages[:5]:  # five pages' links, 10 ms apart
+            owner.queued([item])
+            await trio.sleep(0.01)
+        await trio.sleep(0.1)
+        [first] = links.replicas_to("B")
+        assert [e.url for e in first.urls] == [i.url for i in pages[:5]]
+        owner.queued(pages[5:10])  # staged behind the message in flight
+        owner.on_message("B", ReplicaAck(seq=first.seq))
+        assert len(links.replicas_to("B")) == 1  # the ack does not send them: the next tick does
+        await trio.sleep(0.1)
+        [_first, second] = links.replicas_to("B")
+        assert [e.url for e in second.urls] == [i.url for i in pages[5:10]]
+        owner.on_message("B", ReplicaAck(seq=second.seq))
+        await trio.sleep(0.05)  # half-way to the next tick
+        owner.queued(pages[10:])  # FULL entries: at once, without waiting for the tick
+        await trio.sleep(0.001)
+        assert len(links.replicas_to("B")) == 3 and len(links.replicas_to("B")[2].urls) == FULL
+        assert trio.current_time() - start == pytest.approx(0.301)  # the next tick is at 0.35
+        nursery.cancel_scope.cancel()

@@ -36,6 +36,7 @@ states, merged with ours, in one transaction), then the crawler takes the hosts 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -55,8 +56,14 @@ __all__ = ["GC_DELAY", "QueueReplicas", "Ticket"]
 
 log = logging.getLogger(__name__)
 
-#: A backup's next message leaves at most this long after the first entry was staged for it.
+#: A backup's next message leaves at most this long after the first entry was staged for it, and no sooner
+#: unless FULL entries wait: one message per backup per interval carries the pages of the last 100 ms (about
+#: 60 entries on 2 cores) instead of one message per page (each costs its frame, HMAC, compression, decoding,
+#: the backup's transaction and the ack: docs/benchmarks.md, cluster overhead).
 INTERVAL = 0.1
+#: Staged entries that make a message due at once (a hand-off's URLs, a re-homing scan, a backlog after a
+#: slow ack): bulk work goes as fast as the acks come back.
+FULL = 500
 #: A backup acknowledges a replica once it is committed (in the OS page cache: it survives the process's death)
 #: and forces what it holds to disk at most this often. An fsync before each ack would guard only against the
 #: backup's machine crashing together with the owner dying for good, two failures, which R = 1 does not
@@ -107,6 +114,7 @@ class _Backup:
     inflight_released: list[str] = field(default_factory=list)  # the URLs the message in flight releases
     sent_at: float = 0.0
     connection: int = 0
+    staged_at: float | None = None  # when the oldest entry not yet sent was staged (None: nothing staged)
 
 
 class QueueReplicas:
@@ -184,6 +192,8 @@ class QueueReplicas:
 
     def _stage(self, peer: str, entry: QueuedUrl | tuple[bytes, QueuedUrl]) -> None:
         state = self._backup(peer)
+        if not state.staged:
+            state.staged_at = trio.current_time()
         state.staged.append(entry)
         state.staged_total += 1
         if len(state.staged) > self.max_staged:
@@ -289,11 +299,17 @@ class QueueReplicas:
         self._wake_for(backups)
 
     def _wake_for(self, backups: Iterable[str]) -> None:
-        """Wake the send loop if one of `backups` can take a message now (window 1: one with a message in
-        flight gets the staged entries with its next message, after the ack, which wakes the loop itself)."""
+        """Wake the send loop if one of `backups` can take a message now and has FULL entries waiting (window 1:
+        one with a message in flight gets the staged entries with its next message, after the ack; fewer wait
+        for the loop's next tick, at most INTERVAL away)."""
         states = self._backups
-        if any(b in states and states[b].inflight is None for b in backups):
+        if any(b in states and states[b].inflight is None and len(states[b].staged) >= FULL for b in backups):
             self._wake.set()
+
+    def _due(self, state: _Backup, now: float) -> bool:
+        """Whether `state`'s staged entries should go now: FULL of them, or the oldest has waited an interval."""
+        return bool(state.staged) and (len(state.staged) >= FULL or state.staged_at is None
+                                       or now - state.staged_at >= self.interval - 1e-9)
 
     def then(self, ticket: Ticket, callback: Callable[[], None]) -> None:
         """Call `callback` once `ticket` is done (now, if it is)."""
@@ -386,13 +402,17 @@ class QueueReplicas:
     async def _send_loop(self) -> None:
         stable_since = trio.current_time()
         seen_ring = None
+        next_tick = trio.current_time() + self.interval
         while True:
-            with trio.move_on_after(self.interval) as timer:
+            with trio.move_on_at(next_tick):
                 await self._wake.wait()
             self._wake = trio.Event()
-            if timer.cancelled_caught:
-                self._releases_due = True  # every interval at least: whatever else may have freed a release
-            self.pump(trio.current_time())
+            now = trio.current_time()
+            tick = now >= next_tick
+            if tick:  # every interval: whatever is staged goes (one message per backup), held releases looked at
+                next_tick = now + self.interval
+                self._releases_due = True
+            self.pump(now, due_only=not tick)
             _epoch, ring = self.ring_of()
             if ring is None:
                 continue
@@ -408,8 +428,9 @@ class QueueReplicas:
         connects = int(getattr(link, "connects", 0))
         return connects if getattr(link, "connected", False) else connects + 1
 
-    def pump(self, now: float) -> None:
-        """Send each backup its next message, or re-send the one it has not acknowledged."""
+    def pump(self, now: float, *, due_only: bool = False) -> None:
+        """Send each backup its next message, or re-send the one it has not acknowledged. With `due_only` (the
+        send loop), a backup's staged entries go only once due (`_due`): FULL of them or an interval old."""
         self._stage_releases()
         _epoch, ring = self.ring_of()
         epoch = _epoch or 0
@@ -421,9 +442,11 @@ class QueueReplicas:
                         state.sent_at = now
                         state.connection = self._connection(peer)
                 continue
-            if not state.staged:
+            if not state.staged or (due_only and not self._due(state, now)):
                 continue
             message, count, state.inflight_released = self._message(state, epoch)
+            # what a capped message left behind is a backlog: due at once, after the ack
+            state.staged_at = None if not state.staged else -math.inf
             state.seq += 1
             message = QueueReplica(seq=state.seq, epoch=message.epoch, urls=message.urls,
                                    released=message.released, hosts=message.hosts)
@@ -475,8 +498,8 @@ class QueueReplicas:
         state.acked_total += state.inflight_count
         state.inflight, state.inflight_count, state.inflight_released = None, 0, []
         self._check_tickets()
-        if state.staged:
-            self._wake.set()
+        if self._due(state, trio.current_time()):
+            self._wake.set()  # a backlog, or entries that waited an interval behind this message: at once
 
     # -- re-homing ------------------------------------------------------------------------------------------
 
