@@ -204,3 +204,33 @@ def test_politeness_states_go_on_to_the_owner_and_are_merged_there(store) -> Non
     b.ring_changed(Ring({"B": 1}, points_per_weight=50), 4)
     assert [s.host for s in applied] == [host] and applied[0].ready_in == pytest.approx(0.3)
     assert b.status()["states_foreign"] == 0
+
+
+def test_a_released_pages_key_skips_the_backups_its_release_reached(store) -> None:
+    """With --replicas R the release of a page (a QueueReplica) marks its key seen at the first R backups of its
+    position: the seen-key replicas send that key only to the backups after those; a key that came another way
+    (a hand-off's, a node without queued-URL replicas) still goes to all of them. All are recorded."""
+    ring = Ring(WEIGHTS, points_per_weight=50)
+    links = Links()
+    replicas = SeenReplicas("A", store, links, ring_of=lambda: (7, ring))  # two copies
+    replicas.covered = 1
+    items = _items(ring, "A", 40)
+    keys = queued_url_keys(items)
+    for item, key in zip(items[:20], keys[:20]):
+        replicas.fetched(item, key, released=True)
+    for item in items[20:]:
+        replicas.fetched(item)
+    assert replicas.flush() == 20 + 2 * 20
+    sent = links.keys_to()
+    for item, key in zip(items, keys):
+        first, second = ring.backups_at(host_position(item.host), 2)
+        released = key in keys[:20]
+        assert (key in sent.get(first, set())) is not released and key in sent[second]
+    assert store.fetched_count() == 40
+    # in a cluster of two the release's backup is the only one: a released key goes nowhere else
+    links.sent.clear()
+    two = Ring({"A": 150, "B": 80}, points_per_weight=50)
+    pair = SeenReplicas("A", store, links, ring_of=lambda: (8, two))
+    pair.covered = 1
+    pair.fetched(items[0], keys[0], released=True)
+    assert pair.flush() == 0 and links.sent == []

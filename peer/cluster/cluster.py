@@ -169,7 +169,10 @@ class Cluster:
         self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
                                      apply_states=self._merge_states, wall_clock=wall_clock,
                                      zones_of=lambda: self.zones)
-        self.backups.on_released = self.replicas.fetched
+        # a released page's seen key: its release marks it seen at its --replicas holders, so the seen-key
+        # replicas send it only to the holders beyond those
+        self.replicas.covered = cfg.replicas
+        self.backups.on_released = lambda item, key: self.replicas.fetched(item, key, released=True)
         # the hand-off asks the cluster (its delegate) what is busy, who owns what, and where keys go
         self.handoff = Handoff(node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait),
                                wall_clock=wall_clock, delegate=self)

@@ -100,6 +100,11 @@ class SeenReplicas:
         self.copies = copies
         self.max_keys = min(Limits().max_keys_per_chunk, MAX_KEYS_PER_MESSAGE)
         self._pending: list[bytes] = []
+        # keys of pages released through the queued-URL replicas (`fetched(..., released=True)`): the first
+        # `covered` backups of their position (--replicas R) mark them seen with the release, so they go only
+        # to the backups after those (none in a cluster of two)
+        self._released: list[bytes] = []
+        self.covered = 0
         self._foreign: dict[bytes, None] = {}  # fetched-page keys of arcs owned elsewhere, oldest first
         # host -> (crawl delay, ready at (wall clock), failures): states of hosts owned elsewhere, to pass on
         self._states: dict[str, tuple[float, float, int, int, int]] = {}  # delay, ready, failures, pages, bytes
@@ -115,18 +120,21 @@ class SeenReplicas:
         self.keys_passed_on = 0  # hand-off keys of arcs owned elsewhere, sent to their owners
         self.keys_refused = 0  # malformed keys from a peer
 
-    def fetched(self, item: QueuedUrl, key: bytes | None = None) -> None:
+    def fetched(self, item: QueuedUrl, key: bytes | None = None, *, released: bool = False) -> None:
         """The crawler committed `item` as fetched: its key (`key`, if the caller has it already) goes to the
-        backup at the next tick."""
-        self._pending.append(key if key is not None else queued_url_keys((item,))[0])
+        backups at the next tick. `released`: its release went to the queued-URL replicas, which mark it seen
+        at the first `covered` backups: it goes to the others only (it is recorded all the same)."""
+        key = key if key is not None else queued_url_keys((item,))[0]
+        (self._released if released and self.covered else self._pending).append(key)
         self._trim_pending()
 
     def _trim_pending(self) -> None:
         """Past `max_pending` keys waiting to leave, the oldest go (counted as dropped)."""
-        excess = len(self._pending) - self.max_pending
-        if excess > 0:
-            del self._pending[:excess]
-            self.keys_dropped += excess
+        for pending in (self._pending, self._released):
+            excess = len(pending) - self.max_pending
+            if excess > 0:
+                del pending[:excess]
+                self.keys_dropped += excess
 
     def adopt(self, keys: list[bytes]) -> None:
         """Keys of fetched pages that came by hand-off: ours are replicated like our own, the others go to their
@@ -229,26 +237,34 @@ class SeenReplicas:
 
     def flush(self) -> int:
         """Record the keys gathered so far and send them, grouped by backup; returns how many were sent."""
-        if not self._pending:
+        if not self._pending and not self._released:
             return 0
         keys, self._pending = self._pending, []
-        self.store.mark_fetched(keys)
+        released, self._released = self._released, []
+        self.store.mark_fetched(keys + released)
         epoch, ring = self.ring_of()
         if ring is None:
             return 0  # no ring yet: the first rescan sends them
         by_backup: dict[str, list[bytes]] = defaultdict(list)
-        node, copies, zones = self.node_id, self.copies, self.zones_of()
-        found: dict[bytes, list[str]] = {}  # host position -> its backups: a host's pages share the look-up
-        for key in keys:
-            position = key[:8]
-            backups = found.get(position)
-            if backups is None:
-                # none in a cluster of one; this node, if the host moved away meanwhile (its key travels with the
-                # hand-off of the arc instead)
-                backups = found[position] = [
-                    b for b in ring.holders_at(int.from_bytes(position, "big"), copies, zones) if b != node]
-            for backup in backups:
-                by_backup[backup].append(key)
+        node, copies, covered, zones = self.node_id, self.copies, self.covered, self.zones_of()
+        found: dict[tuple[bytes, int], list[str]] = {}  # (host position, skip) -> backups: a host's pages share it
+        # without failure zones the release's holders are the first R of the seen-key ones: with R >= the seen
+        # copies a released key goes nowhere else, and needs no look-up
+        everywhere = covered >= copies and not zones
+        for skip, group in ((0, keys), (covered, () if everywhere else released)):
+            for key in group:
+                position = key[:8]
+                backups = found.get((position, skip))
+                if backups is None:
+                    at = int.from_bytes(position, "big")
+                    # not those the queued-URL replicas' release reached (`skip`: --replicas R): it marks the key
+                    # seen there; none in a cluster of one; not this node, if the host moved away meanwhile (its
+                    # key travels with the hand-off of the arc instead)
+                    done = set(ring.holders_at(at, skip, zones)) if skip else set()
+                    backups = found[(position, skip)] = [
+                        b for b in ring.holders_at(at, copies, zones) if b != node and b not in done]
+                for backup in backups:
+                    by_backup[backup].append(key)
         sent = self._send(epoch, by_backup)
         self.keys_sent += sent
         return sent
@@ -319,4 +335,4 @@ class SeenReplicas:
                 "keys_dropped": self.keys_dropped, "keys_refused": self.keys_refused,
                 "keys_passed_on": self.keys_passed_on, "keys_foreign": len(self._foreign),
                 "states_passed_on": self.states_passed_on, "states_foreign": len(self._states),
-                "keys_pending": len(self._pending), "rescans": self.rescans}
+                "keys_pending": len(self._pending) + len(self._released), "rescans": self.rescans}
