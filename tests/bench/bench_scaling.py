@@ -21,7 +21,9 @@ core 0 and the web (nginx and the name server) on the other cores: a lone node a
 same one core, and the ratio shows what the cluster's code costs without the two nodes' contention for both
 cores with the web server. ``--together`` runs each round's crawls (the lone node, the clusters, and with
 ``--baseline`` the baseline's) all at once instead of one after the other: each then has the machine's same
-moments, busy or quiet, and the ratios hold while other work comes and goes. ``--contention`` adds, to each round, two lone nodes that crawl the whole web at once,
+moments, busy or quiet, and the ratios hold while other work comes and goes; each is also given from 20% to
+80% of its crawl (without start-up and the end), and ``--cpu-profile`` samples only that window (the benchmark
+signals each node at 20% and 80%), with the collector's time per generation and the crawls' context switches. ``--contention`` adds, to each round, two lone nodes that crawl the whole web at once,
 each on its own (no cluster): the machine is as busy as under a cluster, with none of the cluster's code, so
 "two lone / one lone" is what the contention costs and "cluster / two lone" what the cluster's code costs. ``--baseline SRC`` runs each round again with the code of
 the source tree SRC (put first on PYTHONPATH; say an unpacked ``git archive main``): both versions' ratios in
