@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from peer.cluster.backups import FULL, QueueReplicas
+from peer.cluster.backups import FULL, SYNC_INTERVAL, QueueReplicas
 from protocol import QueueReplica, ReplicaAck, UrlEntry
 from protocol import HostState as WireHostState
 from ring import Ring, host_position
@@ -315,3 +315,21 @@ async def test_the_send_loop_sends_a_backup_one_message_per_interval_and_full_on
         assert len(links.replicas_to("B")) == 3 and len(links.replicas_to("B")[2].urls) == FULL
         assert trio.current_time() - start == pytest.approx(0.301)  # the next tick is at 0.35
         nursery.cancel_scope.cancel()
+
+
+async def test_a_backup_forces_what_it_holds_to_disk_itself_only_if_the_node_does_not_every_second(
+        stores, autojump_clock) -> None:
+    """Under MockClock: held replicas are forced to disk within SYNC_INTERVAL by the backup's own syncer, unless
+    the node's periodic sync (`synced_every`, its sync_interval) comes at least that often and covers them."""
+    message = QueueReplica(seq=1, epoch=1, released=(), hosts=(),
+                           urls=(UrlEntry(url="http://ok.test/a", depth=1, found_on=None, hops=0),))
+    for every, forced in ((None, 1), (30.0, 1), (1.0, 0)):
+        store = stores["B"]
+        backup = QueueReplicas("B", store, Links(), ring_of=lambda: (1, None), copies=0, synced_every=every)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(backup.run)
+            before = store.syncs
+            assert backup.on_message("A", message)
+            await trio.sleep(SYNC_INTERVAL + 0.01)
+            assert store.syncs - before == forced, every
+            nursery.cancel_scope.cancel()

@@ -134,6 +134,7 @@ class QueueReplicas:
         max_staged: int = MAX_STAGED,
         limits: Limits | None = None,
         zones_of: Callable[[], Zones] = Zones,
+        synced_every: float | None = None,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -146,6 +147,9 @@ class QueueReplicas:
         self.resend_after = resend_after
         self.max_staged = max_staged
         self.limits = limits or Limits()
+        # how often the node forces its whole store to disk anyway (its `sync_interval`); at most SYNC_INTERVAL,
+        # that sync covers the replicas held here and this side forces none of its own (None: no such sync)
+        self.synced_every = synced_every
         self._backups: dict[str, _Backup] = {}
         self._tickets: list[Ticket] = []
         # called with each URL whose release is staged: the cluster sends its seen key to the seen-key replicas
@@ -385,7 +389,10 @@ class QueueReplicas:
                 await self._send_loop()
 
     async def _syncer(self) -> None:
-        """Force the replicas held here to disk at most once per SYNC_INTERVAL (acks do not wait for it)."""
+        """Force the replicas held here to disk at most once per SYNC_INTERVAL (acks do not wait for it), unless
+        the node's own periodic sync does it at least that often."""
+        if self.synced_every is not None and self.synced_every <= SYNC_INTERVAL:
+            return
         while True:
             await trio.sleep(SYNC_INTERVAL)
             self.sync()

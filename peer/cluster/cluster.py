@@ -159,7 +159,8 @@ class Cluster:
         self.zones = Zones()
         # every queued URL also on the ring backups of its position (--replicas R), promoted when its owner dies
         self.backups = QueueReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
-                                     copies=cfg.replicas, wall_clock=wall_clock, zones_of=lambda: self.zones)
+                                     copies=cfg.replicas, wall_clock=wall_clock, zones_of=lambda: self.zones,
+                                     synced_every=cfg.sync_interval)  # the node's housekeeping syncs the store
         self.wall_clock = wall_clock
         self.dispatcher = Dispatcher(
             node_id, store, self.links, ring_of=self.ring_of,
