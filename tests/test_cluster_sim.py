@@ -34,6 +34,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from peer.cluster.dispatch import DispatchConfig
 from peer.cluster.membership import to_wire
 from peer.crawl.settings import CrawlSettings
 from protocol import Gossip, UrlBatch, UrlEntry
@@ -588,8 +589,9 @@ def test_the_crawl_is_concluded_soon_over_a_slow_network() -> None:
     _run(seed, body)
     sim = result["sim"]
     assert sim.ledger.fetched() == web.reachable(web.seeds)
-    # two progress rounds, each a second apart plus answers that take up to 1.2 s here, and the last report
-    _check_termination(sim, bound=FINISH_BOUND + 3 * 1.2)
+    # two progress rounds, each a second apart plus answers that take up to 1.2 s here, and the last report;
+    # and the last batches' acks, which wait for a sync of their receiver, at most one per sync_gap
+    _check_termination(sim, bound=FINISH_BOUND + 3 * 1.2 + DispatchConfig().sync_gap)
 
 
 # -- figures ---------------------------------------------------------------------------------------------------
