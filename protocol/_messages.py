@@ -274,6 +274,37 @@ class ProgressReport:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ProgressWave:
+    """Asks the member at `lo` of `ring`'s members (sorted by node id) for the progress of the members
+    `lo..hi-1`, answered with one ProgressTally of the same `seq` within `wait` seconds (peer/cluster/progress.py).
+    `finished`: the root has concluded the crawl finished (an idle receiver concludes it too). `reached`: how
+    many members the root's last returned wave counted on this ring (0 if that is not recent): a strict
+    majority is the receiver's proof of contact with most of the cluster (the partition fence)."""
+
+    seq: int
+    ring: int
+    lo: int
+    hi: int
+    wait: float
+    finished: bool
+    reached: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProgressTally:
+    """The answer to a ProgressWave: of the members of the asked range, how many answered on `ring` (`nodes`),
+    how many of them are idle, the sum of their activity counters, and how many have concluded the crawl
+    finished. `ring` is the answering node's: another ring than the wave's counts nobody."""
+
+    seq: int
+    ring: int
+    nodes: int
+    idle: int
+    activity: int
+    concluded: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Count:
     """A named counter: an error kind, a peer's node id, a status class."""
 
@@ -371,6 +402,15 @@ class HandoffAck:
 
     transfer_id: int
     chunk_seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HandoffAsk:
+    """The sender waits for arcs from the receiver up to `ring` (the id of the sender's current ring): once the
+    receiver has adopted that ring, it sends a transfer labelled with it, an empty one if it holds nothing for
+    the sender, so that a sender that saw the rings in another order is released without waiting out the time."""
+
+    ring: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -500,10 +540,13 @@ Message: TypeAlias = (
     | ProbeReply
     | ProgressQuery
     | ProgressReport
+    | ProgressWave
+    | ProgressTally
     | StatusQuery
     | StatusReport
     | HandoffChunk
     | HandoffAck
+    | HandoffAsk
     | SeenReplica
     | LaneAsk
     | LaneGrant
@@ -600,6 +643,9 @@ RECORDS: dict[int, Record] = {
         urls_received=UInt(),
         rate=Seconds(),
     ),
+    0x2A: _record(ProgressWave, seq=UInt(), ring=UInt(), lo=_U32, hi=_U32, wait=Seconds(), finished=Flag(),
+                  reached=_U32),
+    0x2B: _record(ProgressTally, seq=UInt(), ring=UInt(), nodes=_U32, idle=_U32, activity=UInt(), concluded=_U32),
     0x27: _record(StatusQuery, seq=UInt()),
     0x28: _record(
         StatusReport,
@@ -638,6 +684,7 @@ RECORDS: dict[int, Record] = {
         revisits=Many(_REVISIT_ENTRY),
     ),
     0x31: _record(HandoffAck, transfer_id=UInt(), chunk_seq=UInt()),
+    0x35: _record(HandoffAsk, ring=UInt()),
     0x32: _record(SeenReplica, epoch=UInt(), keys=Many(_SEEN_KEY, "max_keys_per_chunk"),
                   hosts=Many(_HOST_STATE)),
     0x29: _record(Settings, version=UInt(), origin=Text(), body=Text("max_settings")),

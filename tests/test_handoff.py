@@ -15,7 +15,7 @@ import trio
 from peer.cluster.handoff import Alone, Handoff, HandoffConfig, handoff_arcs
 from peer.cluster.peerlinks import PeerLinks
 from peer.cluster.transport import MemoryNetwork
-from protocol import HandoffAck, HandoffChunk, Limits, Message, decode_body, encode_body
+from protocol import HandoffAck, HandoffAsk, HandoffChunk, Limits, Message, decode_body, encode_body
 from ring import RING_SPACE, ArcMove, Ring, diff, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc, url_key
 
@@ -317,6 +317,66 @@ async def test_a_transfer_to_a_ring_adopted_later_releases_what_older_rings_stil
     assert not any(e.blocked(p) for p in from_a)
 
 
+async def test_a_node_that_saw_other_rings_is_asked_and_releases_the_waiter_with_an_empty_transfer(
+        stores, autojump_clock) -> None:
+    """e went from ring X straight to Z and waits for arcs from a; a went X, Y, Z and handed them to e under Y
+    (a ring e never adopted). a sends nobody anything at Z (its arcs stay where Y put them); e asks a after
+    `ask_after`, and a's answer, an empty transfer labelled Z, releases e long before `wait` runs out."""
+    store_a, store_e = stores
+    x = Ring({"a": 1, "c": 1}, points_per_weight=8)
+    y = Ring({"a": 1, "c": 1, "e": 1}, points_per_weight=8)
+    z = Ring({"a": 1, "e": 1, "f": 1}, points_per_weight=8)
+    from_a = [p for p in range(0, RING_SPACE, RING_SPACE // 256) if z.owner_at(p) == "e" and x.owner_at(p) == "a"]
+    a_out, e_out = Recorder(), Recorder()
+    config = HandoffConfig(ask_after=0.25, wait=30.0)
+    a = Handoff("a", store_a, a_out, config=config)
+    e = Handoff("e", store_e, e_out, config=config)
+    a.view_changed(2, x, y)
+    a.view_changed(3, y, z)
+    e.view_changed(3, x, z)
+    assert from_a and all(e.blocked(p) for p in from_a)
+    a.pump()
+    # a's transfers: only to the owners that gain arcs from it (e under y, f under z), none to "every owner"
+    assert {peer for peer, m in a_out.sent if isinstance(m, HandoffChunk)} <= {"e", "f"}
+    for peer, m in a_out.sent:  # e applies what a labelled y (a ring it never adopted); everything is acked
+        if peer == "e":
+            await e.on_message("a", m)
+        await a.on_message(peer, HandoffAck(transfer_id=m.transfer_id, chunk_seq=m.chunk_seq))
+    a_out.sent.clear()
+    e_out.sent.clear()
+    assert all(e.blocked(p) for p in from_a)  # labelled y, they release nothing e waits for under z
+    for _ in range(4):  # e's waits start at its first pump; it asks once ask_after has passed
+        e.pump()
+        await trio.sleep(0.1)
+    asks = [(peer, m) for peer, m in e_out.sent if isinstance(m, HandoffAsk)]
+    # e waits for a and for c (c left between x and z, and nobody declared it dead): it asks each once
+    assert sorted(asks) == [("a", HandoffAsk(ring=3)), ("c", HandoffAsk(ring=3))] and e.asks_sent == 2
+    await a.on_message("e", HandoffAsk(ring=3))
+    a.pump()
+    answer = [m for peer, m in a_out.sent if peer == "e" and isinstance(m, HandoffChunk) and m.epoch == 3]
+    assert a.asks_answered == 1 and len(answer) == 1 and answer[0].last and not answer[0].urls
+    await e.on_message("a", answer[0])
+    assert not any(e.blocked(p) for p in from_a) and not e.waits_for("a") and e.waits_expired == 0
+    assert trio.current_time() < 1.0  # not the 30 s wait
+
+
+async def test_an_ask_for_a_ring_not_adopted_yet_is_answered_when_it_is(stores) -> None:
+    store_a, _ = stores
+    out = Recorder()
+    a = Handoff("a", store_a, out)
+    x = Ring({"a": 1, "c": 1}, points_per_weight=8)
+    z = Ring({"a": 1, "c": 1, "e": 1}, points_per_weight=8)
+    a.view_changed(1, x, x)  # a holds ring x (nothing moved)
+    await a.on_message("e", HandoffAsk(ring=9))  # e is on ring 9 (z), a is not yet
+    a.pump()
+    assert not [m for peer, m in out.sent if peer == "e"] and a.asks_answered == 0
+    a.view_changed(9, x, z)
+    a.pump()
+    to_e = [m for peer, m in out.sent if peer == "e" and isinstance(m, HandoffChunk)]
+    assert to_e and all(m.epoch == 9 for m in to_e) and to_e[-1].last
+    assert a.asks_answered == 0  # z gives e arcs of a's: that transfer is the answer, no empty one besides
+
+
 # -- over PeerLinks and MemoryNetwork ---------------------------------------------------------------------------
 
 SECRET = b"handoff-test-secret-0123456789ab"
@@ -383,9 +443,10 @@ async def test_join_and_leave_over_peer_links_with_link_breaks(tmp_path, seed, a
             assert all(WALL0 + 30.0 <= st.next_allowed <= WALL0 + 31.0 for st in states if old.owner(st.host) != node_id)
         assert net.breaks > 0  # connections did break under the transfers (what they cut off went again)
         pairs = {(m.previous, m.next) for m in handoff_arcs(diff(old, new))}
-        # one transfer per (previous, next) owner pair, and an empty one to every other owner of the new ring
-        markers = sum(len(set(new.nodes) - {n} - {b for a, b in pairs if a == n}) for n in ids)
-        assert sum(h.transfers_completed for h in handoffs.values()) == len(pairs) + markers
+        # one transfer per (previous, next) owner pair, and no other: nobody waited for a node that owed it nothing
+        # (every node saw the same two rings), so nobody asked one for an empty transfer
+        assert sum(h.transfers_completed for h in handoffs.values()) == len(pairs)
+        assert sum(h.asks_answered for h in handoffs.values()) == 0
     finally:
         for store in stores.values():
             store.close()

@@ -107,7 +107,7 @@ async def test_a_join_of_thousands_of_arcs_moves_every_url_once_in_a_few_chunks(
     assert a.urls_sent == 0
     a.pump()
     first = [m for _, m in out.sent if isinstance(m, HandoffChunk)]
-    assert first and len([m for m in first if m.urls]) <= config.window and a.urls_sent < sum(going.values())
+    assert len([m for m in first if m.urls]) <= config.window and a.urls_sent < sum(going.values())
     sent: list[HandoffChunk] = []
     for _ in range(10_000):  # deliver, ack, pump until done (bounded)
         batch, out.sent = out.sent, []
@@ -115,15 +115,13 @@ async def test_a_join_of_thousands_of_arcs_moves_every_url_once_in_a_few_chunks(
             if peer == "j" and isinstance(message, HandoffChunk):
                 sent.append(message)
                 await j.on_message("a", message)
-            elif isinstance(message, HandoffChunk):  # b and c hear "nothing more from me": they ack it
-                await a.on_message(peer, HandoffAck(transfer_id=message.transfer_id, chunk_seq=message.chunk_seq))
         acks, back.sent = back.sent, []
         for _, ack in acks:
             await a.on_message("j", ack)
         a.pump()
         if not out.sent and not a.outstanding():
             break
-    assert a.transfers_completed == 3 and a.outstanding() == 0  # to j, and the empty ones to b and c
+    assert a.transfers_completed == 1 and a.outstanding() == 0  # to j only: b and c gain nothing from a
     assert rows(store_j) == going and rows(store_a) == staying
     assert not j.waits_for("a") and j.waits_for("b") and j.transfers_received == 1  # b's arcs come from b
     # grouped: far fewer chunks than arcs with content, and only the last is marked so
@@ -154,7 +152,7 @@ async def test_the_drop_after_the_last_ack_lets_other_tasks_run_between_slices(s
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch)
         await trio.lowlevel.checkpoint()
-        for _ in range(1000):  # pump and ack everything (to j, and the empty transfers to b and c) until done
+        for _ in range(1000):  # pump and ack everything (the transfer to j) until done
             a.pump()
             sent, out.sent = out.sent, []
             for peer, message in sent:
@@ -162,7 +160,7 @@ async def test_the_drop_after_the_last_ack_lets_other_tasks_run_between_slices(s
             if not sent and not a.outstanding():
                 break
         finished.set()
-    assert len(store_a.frontier) == before - going and a.transfers_completed == 3 and a.outstanding() == 0
+    assert len(store_a.frontier) == before - going and a.transfers_completed == 1 and a.outstanding() == 0
     # the other task ran while the arcs were being dropped, and saw the drop under way and counted as outstanding
     partial = [(n, size) for n, size in seen_while_dropping if before - going < size < before]
     assert partial and all(n > 0 for n, _ in partial)

@@ -1,7 +1,7 @@
 """`peerctl` commands for a live cluster: status --cluster, ring (live), join, leave.
 
 Each talks to one node's control endpoint; the node answers for the cluster from its view and the progress
-reports its peers send it every second (docs/cluster.md, "Termination and control").
+reports its peers send while someone looks (docs/cluster.md, "Termination and control").
 """
 
 from __future__ import annotations

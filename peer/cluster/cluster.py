@@ -9,9 +9,11 @@ cluster-wide termination, and graceful leave.
   them (`take_routed`);
 - a view change starts the hand-off of the arcs this node lost and notes those it gained;
 - the seen keys of the pages it fetches go to each arc's backup (`peer/cluster/replicas.py`), so a death repeats little;
-- every second each node asks every live peer for a `ProgressReport`; two rounds in which every node is idle
-  with unchanged activity at the same epoch mean the crawl is finished everywhere (the four-counter method:
-  an idle node has nothing queued, nothing being fetched, and every batch and chunk it sent acknowledged).
+- every second the ring's first member (by node id) gathers every member's progress over a tree of the ring's
+  members (`peer/cluster/progress.py`: a bounded number of messages per node, whatever the cluster's size); two
+  waves in which every member is idle with unchanged activity on the same ring mean the crawl is finished
+  everywhere (the four-counter method: an idle node has nothing queued, nothing being fetched, and every batch
+  and chunk it sent acknowledged), and the next wave tells every member so.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from typing import Any
 
 import trio
 
-from protocol import Message, ProgressQuery, ProgressReport, Settings, StatusQuery, StatusReport
+from protocol import (
+    Message, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, Settings, StatusQuery, StatusReport,
+)
 from ring import (DEFAULT_POINTS_PER_WEIGHT, MemberState, Moves, Ring, View, Zones, diff_moves, host_position,
                   wire_moves)
 from storage import HostState, NodeStore, QueuedUrl
@@ -42,8 +46,10 @@ from peer.cluster.fence import TAKEOVER_GRACE, PartitionFence
 from peer.cluster.handoff import ArcSet, Handoff, HandoffConfig, Hold, plan_view
 from peer.cluster.membership import Membership, MembershipConfig
 from peer.cluster.peerlinks import LinkConfig
+from peer.cluster.progress import Local, ProgressTree
 from peer.cluster.lanes import LEASE, FleetLanes
 from peer.cluster.replicas import SeenReplicas
+from peer.cluster.rings import RingCache
 from peer.cluster.report import ring_pending, ring_slices, status_dict, status_report
 from peer.cluster.transport import TcpTransport, TlsFiles, Transport
 
@@ -51,7 +57,7 @@ __all__ = ["Cluster", "ClusterError"]
 
 log = logging.getLogger(__name__)
 
-#: Progress rounds: each node asks every live peer once a second and waits this long for the answers.
+#: Progress waves: the ring's first member starts one this often (peer/cluster/progress.py).
 PROGRESS_INTERVAL = 1.0
 #: How often a node looks for queued hosts it no longer owns (state that arrived late or from an older view).
 SWEEP_INTERVAL = 5.0
@@ -64,7 +70,8 @@ LEFT_GRACE = 2.0
 #: A node that joined (or restarted) less than this many suspicion timeouts ago takes the arcs it gains at a view
 #: change as coming from the owners of the ring without it: its first views may have been partial.
 FRESH_WINDOW = 2.0
-#: After concluding the crawl is finished, a node keeps answering until every peer has concluded too.
+#: After concluding the crawl is finished, a node keeps answering until the members it answers for (its range of
+#: the progress tree) have concluded too.
 LINGER_TIMEOUT = 5.0
 #: A look at the cluster asks the peers for their detailed status (the dashboard's) at most this often.
 STATUS_INTERVAL = 0.5
@@ -72,9 +79,12 @@ STATUS_INTERVAL = 0.5
 DETAIL_MAX_AGE = 10.0
 #: The dashboard's picture folds the ring into this many slices.
 RING_SLICES = 360
-#: The crawl settings go to every live peer at each change and view change, and again this often (links deliver
-#: at most once per connection: the repeat is what makes a lost record harmless). One small message per peer.
+#: The crawl settings go to every live peer at each change, to a member that joins, and again this often to
+#: `SETTINGS_FANOUT` live peers picked at random (links deliver at most once per connection: the repeat is what
+#: makes a lost record harmless). As gossip, a record reaches every member in about log4(n) intervals, and a
+#: node sends three small messages per interval whatever the cluster's size.
 SETTINGS_INTERVAL = 5.0
+SETTINGS_FANOUT = 3
 
 _OWNING = (MemberState.ALIVE, MemberState.SUSPECT)
 
@@ -123,6 +133,8 @@ class Cluster:
         rng: random.Random | None = None,
         wall_clock: Callable[[], float] = time.time,
         points_per_weight: int = DEFAULT_POINTS_PER_WEIGHT,
+        rings: RingCache | None = None,
+        members: View | None = None,
     ) -> None:
         self.cfg = cfg
         self.points_per_weight = points_per_weight  # fewer in simulations: a ring of many points takes a second
@@ -147,6 +159,7 @@ class Cluster:
             link_busy=self.link_busy,
             codecs=codecs,
             compressions=compressions,
+            members=members,
         )
         self.links = self.membership.links
         self.view = View()
@@ -154,7 +167,9 @@ class Cluster:
         self.ring: Ring | None = None
         self._owners: _Owners | None = None
         self._ring_id = 0
-        self._rings: dict[frozenset[tuple[str, int]], Ring] = {}
+        self._order: tuple[str, ...] = ()  # the ring's members sorted by node id: the progress tree's numbering
+        # the rings of recent views and their moved arcs; nodes in one process may share one cache (rings.py)
+        self._rings = rings if rings is not None else RingCache()
         # the failure zones of the ring's nodes: replicas keep a copy outside the owner's zone (ring/_zones.py)
         self.zones = Zones()
         # every queued URL also on the ring backups of its position (--replicas R), promoted when its owner dies
@@ -190,23 +205,23 @@ class Cluster:
         self.crawler: Crawler | None = None
         self.address: str | None = None
         self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
-        self.ready = trio.Event()  # joined (or started a new cluster) and seeded: progress rounds may begin
+        self.ready = trio.Event()  # joined (or started a new cluster) and seeded: progress waves may begin
         self._ready_at: float | None = None  # when `ready` was set (see `_fresh`)
         self.leaving = False
         self.view_changes = 0
         self.hosts_swept = 0
-        self.peers: dict[str, ProgressReport] = {}  # the latest report of each peer
-        self._last_round: dict[str, tuple[int, bool, int]] | None = None
-        self._round_done = False
+        self.peers: dict[str, ProgressReport] = {}  # the latest report of each peer (asked while someone looks)
         self._seq = 0
-        self._answers: dict[int, tuple[str, trio.Event]] = {}
+        self.progress = ProgressTree(node_id, members=lambda: (self._ring_id, self._order),
+                                     local=self._wave_local, send=self._send_to, concluded=self._conclude)
         self._leaving_since: dict[str, float] = {}  # peer -> when this node first saw it LEAVING
         # (when, dead node, URLs promoted): each arc inherited from a dead node, promoted from its replicas
         self.promotions: list[tuple[float, str, int]] = []
         self._routed_to: set[str] = set()  # owners of the links routed by the page being committed
         self._queued_ticket = None  # the replicas of the links it queued here
         self.fence = PartitionFence(node_id, view=lambda: self.view, last_heard=self.membership.last_heard,
-                                    suspicion_timeout=cfg.suspicion_timeout, probe_interval=cfg.probe_interval)
+                                    suspicion_timeout=cfg.suspicion_timeout, probe_interval=cfg.probe_interval,
+                                    majority_heard=lambda: self.progress.contact_at)
         # The dashboard: this node's detailed status (set by the node), its peers' latest, and until when to ask.
         self.summary: Callable[[], dict[str, Any]] | None = None
         self.details: dict[str, tuple[float, dict[str, Any]]] = {}  # peer -> (trio time received, status)
@@ -215,6 +230,7 @@ class Cluster:
         self.settings_sent = 0
         self.settings_adopted = 0
         self.settings_refused = 0
+        self._gossip_rng = random.Random(f"{node_id}:settings")  # whom the settings are repeated to
 
     def link_busy(self, peer_id: str) -> bool:
         """Whether the link to `peer_id` must not be closed for idleness: URL batches to it wait for their ack,
@@ -268,6 +284,7 @@ class Cluster:
                      "zone's", extra={"zone": self.zones.zone(self.node_id), "nodes": len(ring.nodes)})
         self._owners = _Owners(ring)
         before, self._ring_id = self._ring_id, ring_id(ring)
+        self._order = tuple(sorted(ring.nodes))
         if self.crawler is not None and self._ring_id != before:
             # the crawler trusts its memory of answered and routed URLs without asking `owns` again: a new ring
             # may move their hosts (a URL routed to a node that has died must go to its new owner when found).
@@ -382,6 +399,7 @@ class Cluster:
             await nursery.start(self.handoff.run)
             await nursery.start(self.replicas.run)
             await nursery.start(self.backups.run)
+            await nursery.start(self.progress.serve)
             nursery.start_soon(self._note_ready)
             nursery.start_soon(self._follow_views, watch)
             nursery.start_soon(self._progress_loop)
@@ -450,22 +468,32 @@ class Cluster:
     # -- views --------------------------------------------------------------------------------------------
 
     async def _ring(self, view: View) -> Ring:
-        key = frozenset(view.owner_weights().items())
-        ring = self._rings.get(key)
+        weights = view.owner_weights()
+        if not weights:  # nobody owns arcs (the last member is leaving): keep the ring we had
+            assert self.ring is not None
+            return self.ring
+        return await self._ring_of(weights, self.ring)
+
+    async def _ring_of(self, weights: dict[str, int], base: Ring | None) -> Ring:
+        ppw = self.points_per_weight
+        ring = self._rings.ring(weights, ppw)
         if ring is None:
-            if not key:  # nobody owns arcs (the last member is leaving): keep the ring we had
-                assert self.ring is not None
-                return self.ring
-            ppw, base, weights = self.points_per_weight, self.ring, view.owner_weights()
             if base is not None and base.points_per_weight == ppw:
                 # only the points of the members that joined, left or changed weight are inserted or removed
                 ring = await trio.to_thread.run_sync(lambda: base.with_weights(weights))
             else:
-                ring = await trio.to_thread.run_sync(lambda: view.ring(points_per_weight=ppw))
-            if len(self._rings) >= 4:  # a few recent rings: views flap between the same members
-                del self._rings[next(iter(self._rings))]
-            self._rings[key] = ring
+                ring = await trio.to_thread.run_sync(lambda: Ring(weights, points_per_weight=ppw))
+            ring = self._rings.put(ring)
         return ring
+
+    async def _moves(self, old: Ring, new: Ring) -> Moves:
+        """The moved arcs from `old` to `new` in the hand-off's form (computed in a worker thread, once per
+        cache)."""
+        moves = self._rings.moves(old, new)
+        if moves is None:
+            moves = await trio.to_thread.run_sync(lambda: wire_moves(diff_moves(old, new)))
+            moves = self._rings.put_moves(old, new, moves)
+        return moves
 
     async def _follow_views(self, watch) -> None:
         while True:
@@ -496,7 +524,7 @@ class Cluster:
             arcs = Moves.empty(wire=True)
         else:
             # the moved arcs as arrays (a join at 1,000 points per weight moves one arc per point of the joiner)
-            arcs = await trio.to_thread.run_sync(lambda: wire_moves(diff_moves(old_ring, new_ring)))
+            arcs = await self._moves(old_ring, new_ring)
             replace = alone_before or not self.ready.is_set()
             if (replace or self._fresh()) and new_ring.nodes != (self.node_id,):
                 # Our own previous ring had only us, or we are still joining (a partial view merged first): the
@@ -504,12 +532,13 @@ class Cluster:
                 # restart) only a moment ago, we wait for those owners too, besides the previous owners in our own
                 # previous ring: that ring may have been built from a partial view (a restarted node merges its
                 # last view or the seed's first), which gave us an arc "from" a node that never had it, so the next
-                # ring shows the arc as ours in both. Each owner sends us a transfer (empty at least) for every ring
-                # it adopts, so waiting for one that holds nothing costs a round trip.
+                # ring shows the arc as ours in both. We ask each owner we wait for (`HandoffAsk`), which answers with
+                # a transfer (empty at least) once it has adopted our ring, so waiting for one that holds nothing
+                # costs the ask's delay and a round trip.
                 without = {n: w for n, w in new_ring.weights.items() if n != self.node_id}
                 if without and self.node_id in new_ring.weights:
-                    before = await trio.to_thread.run_sync(lambda: new_ring.with_weights(without))
-                    moved = await trio.to_thread.run_sync(lambda: wire_moves(diff_moves(before, new_ring)))
+                    before = await self._ring_of(without, new_ring)
+                    moved = await self._moves(before, new_ring)
                 else:
                     moved = Moves.empty(wire=True)
                 if replace:
@@ -574,7 +603,8 @@ class Cluster:
     async def _settings_loop(self) -> None:
         while True:
             await trio.sleep(SETTINGS_INTERVAL)
-            self.share_settings()
+            peers = self._live_peers()
+            self.share_settings(self._gossip_rng.sample(peers, min(SETTINGS_FANOUT, len(peers))))
 
     def _settings_arrived(self, peer_id: str, message: Settings) -> None:
         if self.crawler is None:
@@ -681,12 +711,17 @@ class Cluster:
     def _live_peers(self) -> list[str]:
         return [m.node_id for m in self.view.members if m.node_id != self.node_id and m.state in _OWNING]
 
+    def _send_to(self, peer: str, message: Message) -> bool:
+        member = self.view.member(peer)
+        return self.links.send_nowait(peer, message, address=member.address if member else None)
+
     async def _progress_loop(self) -> None:
         await self.ready.wait()  # a node that is still joining must not conclude anything from its lone view
         while True:
             await trio.sleep(PROGRESS_INTERVAL)
             self.release_departed()
-            await self.progress_round()
+            if self.progress.is_root():
+                self.progress.tick()
 
     def release_departed(self) -> list[str]:
         """Stop waiting for arcs from nodes that left: LEAVING for LEFT_GRACE and no longer connected (a leaving
@@ -709,65 +744,35 @@ class Cluster:
                          extra={"peer": peer})
         return released
 
-    async def progress_round(self, timeout: float = PROGRESS_INTERVAL) -> bool:
-        """Ask every live peer for its progress; conclude whether the crawl is finished everywhere."""
-        peers = self._live_peers()
-        asked: dict[int, tuple[str, trio.Event]] = {}
-        for peer in peers:
-            self._seq += 1
-            event = trio.Event()
-            asked[self._seq] = (peer, event)
-            self._answers[self._seq] = (peer, event)
-            member = self.view.member(peer)
-            self.links.send_nowait(peer, ProgressQuery(seq=self._seq), address=member.address if member else None)
-        with trio.move_on_after(timeout):
-            for _peer, event in asked.values():
-                await event.wait()
-        for seq in asked:
-            self._answers.pop(seq, None)
-        answered = all(event.is_set() for _, event in asked.values())
+    def _wave_local(self, finished: bool) -> Local:
+        """This node's part of a wave's tally; a wave from a root that concluded makes an idle node conclude."""
         me = self.local_progress()
-        reports = {self.node_id: me} | {p: self.peers[p] for p in peers if p in self.peers}
-        if self.finished.is_set():
-            return True
-        if me.idle and any(r.finished for n, r in reports.items() if n != self.node_id):
-            self._conclude("a peer concluded it")
-            return True
-        this_round = {n: (r.ring, r.idle, r.activity) for n, r in reports.items()}
-        all_idle = answered and len(reports) == len(peers) + 1 and all(r.idle for r in reports.values())
-        same_view = len({r.ring for r in reports.values()}) == 1
-        if all_idle and same_view and self._last_round == this_round:
-            self._conclude("two rounds with every node idle")
-            return True
-        self._last_round = this_round if all_idle and same_view else None
-        return False
+        if finished and me.idle and not self.finished.is_set():
+            self._conclude("the ring's first member concluded it")
+        return Local(idle=me.idle, activity=me.activity, finished=self.finished.is_set())
 
     def _conclude(self, why: str) -> None:
-        log.info("crawl finished across the cluster", extra={"reason": why, "members": len(self._live_peers()) + 1})
+        log.info("crawl finished across the cluster", extra={"reason": why, "members": len(self._order)})
         self.finished.set()
-        # Tell every peer at once (an unasked report, seq 0): a peer still waiting for its second round then
-        # concludes without us, and one that concluded first need not wait for our answer before it exits.
-        me = self.local_progress()
-        for peer in self._live_peers():
-            member = self.view.member(peer)
-            self.links.send_nowait(peer, me, address=member.address if member else None)
 
     async def linger(self, timeout: float = LINGER_TIMEOUT) -> None:
-        """After concluding, keep answering until every live peer has concluded too (bounded)."""
+        """After concluding, keep answering until every member this node answers for in the progress tree has
+        concluded too (bounded): they learn it from the waves that pass through this node."""
         with trio.move_on_after(timeout):
-            while not all(self.peers.get(p) is not None and self.peers[p].finished for p in self._live_peers()):
+            while not self.progress.range_concluded:
                 await trio.sleep(0.2)
 
     async def _on_message(self, peer_id: str, message: Message) -> None:
-        if isinstance(message, ProgressQuery):
+        if isinstance(message, ProgressWave):
+            self.progress.on_wave(peer_id, message)
+        elif isinstance(message, ProgressTally):
+            self.progress.on_tally(peer_id, message)
+        elif isinstance(message, ProgressQuery):
             self.links.send_nowait(peer_id, self.local_progress(message.seq))
         elif isinstance(message, Settings):
             self._settings_arrived(peer_id, message)
         elif isinstance(message, ProgressReport):
             self.peers[peer_id] = message
-            waiter = self._answers.get(message.seq)
-            if waiter is not None and waiter[0] == peer_id:
-                waiter[1].set()
         elif isinstance(message, StatusQuery):
             if self.summary is not None:
                 self.links.send_nowait(peer_id, status_report(message.seq, self.summary()))
@@ -835,9 +840,9 @@ class Cluster:
     # -- the dashboard ------------------------------------------------------------------------------------
 
     def watched(self) -> None:
-        """Someone looks at the cluster (the dashboard polls once a second): ask every live peer for its detailed
-        status, at most every `STATUS_INTERVAL`; the answers show from the next look on. Nobody looking, nothing
-        is sent."""
+        """Someone looks at the cluster (the dashboard polls once a second): ask every live peer for its progress
+        and its detailed status, at most every `STATUS_INTERVAL`; the answers show from the next look on. Nobody
+        looking, nothing is sent."""
         now = trio.current_time()
         if now - self._asked_at < STATUS_INTERVAL:
             return
@@ -845,7 +850,9 @@ class Cluster:
         for peer in self._live_peers():
             self._seq += 1
             member = self.view.member(peer)
-            self.links.send_nowait(peer, StatusQuery(seq=self._seq), address=member.address if member else None)
+            address = member.address if member else None
+            self.links.send_nowait(peer, ProgressQuery(seq=self._seq), address=address)
+            self.links.send_nowait(peer, StatusQuery(seq=self._seq), address=address)
 
     def transfers(self) -> list[dict[str, Any]]:
         """Hand-offs under way here: the key share still awaited from each peer, the chunks each has not acked."""

@@ -5,7 +5,10 @@ Promotion of a dead member's queue makes a partition dangerous: the majority tak
 declares dead while that node, alive behind the partition, may still fetch them. So:
 
 - a node that has heard from no strict majority of the members owning arcs (itself counted) within
-  `CONTACT_WINDOW` of its own running time is *fenced*; a stall of its own is not counted as the peers' silence;
+  `CONTACT_WINDOW` of its own running time is *fenced*; a stall of its own is not counted as the peers' silence.
+  Hearing from a majority may be direct, or a progress wave (peer/cluster/progress.py) that came down the tree
+  from a root whose last wave reached a majority, within `CONTACT_WINDOW` (`majority_heard`): in a cluster of
+  hundreds a node talks to a few dozen peers at a time;
 - once in contact again, and after any freeze long enough for the others to have declared it dead, it holds for
   the suspicion timeout + `CONTACT_WINDOW` + `TAKEOVER_GRACE`: a suspicion raised before the heal may still fire,
   be heard, be refuted, and the heir must stop and give the hosts back;
@@ -31,8 +34,8 @@ __all__ = ["CONTACT_TICK", "CONTACT_WINDOW", "TAKEOVER_GRACE", "PartitionFence"]
 
 log = logging.getLogger(__name__)
 
-#: Heard from within this much of this node's running time counts as contact. Every peer queries a node at
-#: least once every 1-2 s (progress rounds); SWIM probes and gossip come on top.
+#: Heard from within this much of this node's running time counts as contact: directly, or through a progress
+#: wave (one a second) whose root reached a majority; SWIM probes and gossip come on top.
 CONTACT_WINDOW = 2.5
 #: An heir's hold past CONTACT_WINDOW after it last heard from the dead member: the member's last requests end.
 TAKEOVER_GRACE = 2.0
@@ -53,12 +56,14 @@ class PartitionFence:
         last_heard: Mapping[str, float],
         suspicion_timeout: float,
         probe_interval: float,
+        majority_heard: Callable[[], float] = lambda: -math.inf,
     ) -> None:
         self.node_id = node_id
         self.view = view
         self.last_heard = last_heard  # peer -> trio time it was last heard from (the membership's)
         self.suspicion_timeout = suspicion_timeout
         self.probe_interval = probe_interval
+        self.majority_heard = majority_heard  # trio time this node last heard, through a wave, from a majority
         self.fences = 0  # times this node fenced itself
         self._fence = False
         self._until = -math.inf  # the hold after a heal or a freeze
@@ -129,7 +134,8 @@ class PartitionFence:
                 else:
                     silent[peer] = silent.get(peer, 0.0) + min(elapsed, 2 * CONTACT_TICK)
                 contact += silent[peer] < CONTACT_WINDOW
-            fence = self.node_id in owning and len(owning) > 1 and 2 * contact <= len(owning)
+            fence = (self.node_id in owning and len(owning) > 1 and 2 * contact <= len(owning)
+                     and now - self.majority_heard() >= CONTACT_WINDOW)
             if fence != self._fence:
                 self._fence = fence
                 self.fences += fence

@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 import trio
 
-from protocol import HandoffAck, HandoffChunk, Message, RevisitEntry, UrlEntry
+from protocol import HandoffAck, HandoffAsk, HandoffChunk, Message, RevisitEntry, UrlEntry
 from protocol import HostState as WireHostState
 from ring import RING_SPACE, ArcMove, Moves, Ring, diff_moves, host_position, wire_moves
 from storage import HostState, NodeStore, QueuedUrl, RevisitRecord, in_arc, queued_url_keys
@@ -73,6 +73,10 @@ class HandoffConfig:
     resend_after: float = 5.0
     # How often `run` looks for chunks to send or re-send.
     interval: float = 0.2
+    # Gained arcs whose transfer has not come after this long make the node ask their previous owner for it
+    # (`HandoffAsk`), and again every `resend_after`: a small transfer on a LAN arrives well within it, so the
+    # ask is mostly sent to a previous owner that has nothing for us under our ring (it saw other rings).
+    ask_after: float = 0.25
     # A gained arc waits at most this long for its previous owner's transfer: views that reached the two nodes
     # by different paths (or a previous owner that restarted) must not block its hosts forever. The operator's
     # setting handoff_wait: default and reason in peer.config (FIELDS).
@@ -463,6 +467,11 @@ class Handoff:
         # off to (not the view epoch: two nodes can number the same ring differently), so both ends agree.
         self._completed: dict[str, set[int]] = {}
         self._ring_id: int | None = None
+        self._ring: Ring | None = None  # the ring `_ring_id` names
+        self._asked: dict[str, int] = {}  # peer -> the ring it waits for arcs up to (its HandoffAsk)
+        self._asks_sent: dict[str, float] = {}  # peer -> when we last asked it
+        self.asks_sent = 0
+        self.asks_answered = 0  # empty transfers sent because a peer asked
         self.urls_forwarded = 0
         self.urls_discarded = 0  # queued here, but the previous owner had already fetched them
         self._run = 0  # the store's run counter, set by `run`: transfer ids never repeat an earlier process's
@@ -525,16 +534,19 @@ class Handoff:
             plan = plan_view(self.node_id, old, new, gone=gone, gains_from=gains_from, arcs=arcs,
                              gain_arcs=gain_arcs)
         self._ring_id = epoch
+        self._ring = new
         self._lost = plan.lost_set
         first = self._transfers + 1
         for peer in sorted(plan.by_peer):
             self._waiting.append((self._next_transfer_id(), epoch, peer, plan.by_peer[peer], new))
         self._latest = {self._run << 40 | n for n in range(first, self._transfers + 1)}  # within `_lost`
-        # Every other owner of the new ring hears "nothing more from me up to this ring" (an empty transfer,
-        # after any earlier one to it): a receiver that saw the rings in another order, and waits for arcs this
-        # node labelled with a ring it never adopted, is released by it instead of by the wait timeout.
-        for peer in sorted(set(new.nodes) - set(plan.by_peer) - {self.node_id}):
-            self._waiting.append((self._next_transfer_id(), epoch, peer, _ArcSet(), new))
+        # A peer that asked for this ring before we adopted it hears "nothing more from me up to this ring" (an
+        # empty transfer, after any earlier one to it) if this change gives it nothing of ours: a receiver that
+        # saw the rings in another order, and waits for arcs this node labelled with a ring it never adopted, is
+        # released by it instead of by the wait timeout. Peers ask only for what they wait for (`HandoffAsk`).
+        for peer, ring in sorted(self._asked.items()):
+            if ring == epoch:
+                self._answer_ask(peer)
         self._start_quiet()
         for peer, peer_arcs in plan.gained.items():
             if epoch in self._completed.get(peer, ()):
@@ -832,8 +844,29 @@ class Handoff:
             del self._pending[key]
             self._pending_since.pop(key, None)
 
+    def _answer_ask(self, peer: str) -> None:
+        """`peer` waits for arcs from us up to our current ring: a transfer labelled with it, an empty one
+        unless one to it is on its way already."""
+        epoch = self._asked.pop(peer)
+        if any(w[2] == peer and w[1] == epoch for w in self._waiting) or any(
+                t.peer == peer and t.epoch == epoch for t in self._outgoing.values()):
+            return
+        self._waiting.append((self._next_transfer_id(), epoch, peer, _ArcSet(), self._ring))
+        self.asks_answered += 1
+
+    def _asked_by(self, peer_id: str, ask: HandoffAsk) -> None:
+        self._asked[peer_id] = ask.ring
+        if ask.ring == self._ring_id and peer_id in (self._ring.weights if self._ring is not None else ()):
+            self._answer_ask(peer_id)
+            self._start_quiet()
+            if self._wake is not None:
+                self._wake.set()
+
     def _expire(self, now: float) -> None:
+        ask: set[str] = set()
         for key, since in list(self._pending_since.items()):
+            if since is not None and now - since >= self.config.ask_after:
+                ask.add(key[0])
             if since is None:
                 self._pending_since[key] = now
             elif now - since >= self.config.wait:
@@ -842,6 +875,15 @@ class Handoff:
                 self.waits_expired += 1
                 log.warning("gained arcs released without their hand-off after %.0f s", self.config.wait,
                             extra={"peer": key[0], "epoch": key[1]})
+        if self._ring_id is None:
+            return
+        for peer in sorted(ask):
+            if now - self._asks_sent.get(peer, -float("inf")) >= self.config.resend_after and self.links.send_nowait(
+                    peer, HandoffAsk(ring=self._ring_id)):
+                self._asks_sent[peer] = now
+                self.asks_sent += 1
+        for peer in [peer for peer in self._asks_sent if not self.waits_for(peer)]:
+            del self._asks_sent[peer]
 
     def outstanding(self) -> int:
         """Chunks sent or to send and not yet acknowledged, over all outgoing transfers (at least one for a
@@ -949,11 +991,13 @@ class Handoff:
     # -- receiving --
 
     async def on_message(self, peer_id: str, message: Message) -> None:
-        """Take a `HandoffChunk` (apply, sync, ack) or a `HandoffAck`; ignore anything else."""
+        """Take a `HandoffChunk` (apply, sync, ack), a `HandoffAck` or a `HandoffAsk`; ignore anything else."""
         if isinstance(message, HandoffChunk):
             self._receive(peer_id, message)
         elif isinstance(message, HandoffAck):
             await self._acked(peer_id, message)
+        elif isinstance(message, HandoffAsk):
+            self._asked_by(peer_id, message)
 
     def _receive(self, peer_id: str, chunk: HandoffChunk) -> None:
         held = (peer_id, chunk.transfer_id, chunk.chunk_seq)

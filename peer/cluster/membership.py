@@ -144,8 +144,12 @@ class Membership:
         codecs: Sequence[str] | None = None,
         compressions: Sequence[str] | None = None,
         zone: str = "",
+        members: View | None = None,
     ) -> None:
         self.node_id = node_id
+        # the members this node starts with besides itself (a simulation's cluster that starts converged, as
+        # n joins would end); by default it starts alone and joins
+        self._members = members
         self.weight = weight
         self.zone = check_zone(zone)
         self.config = config or MembershipConfig()
@@ -194,7 +198,8 @@ class Membership:
         async with trio.open_nursery() as nursery:
             self.address = await nursery.start(self.links.run)
             self._nursery = nursery
-            self._apply(View().join(self.node_id, self.address, self.weight, self.zone))
+            alone = View().join(self.node_id, self.address, self.weight, self.zone)
+            self._apply(merge(alone, self._members) if self._members is not None else alone)
             for loop in (self._probe_loop, self._gossip_loop, self._sync_loop, self._reconnect_loop,
                          self._suspicion_loop, self._indirect_probe_loop):
                 nursery.start_soon(loop)

@@ -306,6 +306,8 @@ class PeerLinks:
         self.refused: collections.Counter[str] = collections.Counter()
         #: Connections closed because handling a peer's message raised (the node goes on).
         self.handler_errors = 0
+        #: Messages received from peers, by type (what a node pays for each kind of traffic).
+        self.received_kinds: collections.Counter[str] = collections.Counter()
         self._unauthenticated = 0
         self._unauthenticated_by_source: collections.Counter[str] = collections.Counter()
 
@@ -697,6 +699,7 @@ class PeerLinks:
             if isinstance(event, Established):
                 continue
             link.received += 1
+            self.received_kinds[type(event).__name__] += 1
             link.last_active = trio.current_time()
             try:
                 await self._on_message(link.peer_id, event)

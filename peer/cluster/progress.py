@@ -1,0 +1,285 @@
+"""Crawl progress gathered over a tree of the ring's members, so that each node handles a bounded number of
+progress messages a second however large the cluster is.
+
+The members of a ring, sorted by node id, are numbered 0..n-1; the ring's id names that list on every node that
+built the same ring. The node at index `lo` answers for the members `lo..hi-1`: it asks the first member of each
+of up to `FANOUT` equal parts of `lo+1..hi-1` for theirs (a `ProgressWave`), adds its own, and answers its
+parent with one `ProgressTally` (how many members of the range answered on this ring, how many of them are idle,
+the sum of their activity counters, how many have concluded the crawl finished). Member 0 (the root) starts a
+wave every `PROGRESS_INTERVAL`; the tree is `log_FANOUT(n)` deep, so a wave costs each node one query and one
+answer from its parent, and at most `FANOUT` of each with its children: O(1) messages per node a wave, against
+2(n - 1) when every node asked every peer.
+
+A node whose ring is not the wave's answers at once, counting nobody (its range then falls short, and the root
+concludes nothing from that wave). A child that does not answer within the wave's time counts nobody either.
+The root starts a wave every interval whether or not the last one has returned, so one member that does not
+answer slows no wave but the ones it is in.
+
+Contact. Each wave carries `reached`, the members the root's last returned wave counted (0 if that wave began
+more than `CONTACT_WINDOW` ago; on the ring before, while a ring change spreads). A member that receives a wave,
+of its own ring or not, with a strict majority of its ring reached has just heard from a node that has just heard from most of the cluster: `contact_at` records when, and
+the partition fence (`peer/cluster/fence.py`) counts it as contact with the majority. This is what lets a node
+talk to a bounded number of peers and still know it is not on the minority side of a partition.
+
+Termination (the four-counter method, as before): the root concludes when two waves in a row, the second begun
+after the first had returned, counted every member of the same ring, all idle, with the same sum of activity.
+Every snapshot of the second wave is then taken after every snapshot of the first; activity counters only grow,
+so an unchanged sum means no node's changed in between, and an idle node has nothing queued, nothing in flight,
+and every batch and chunk it sent acknowledged. The root then sends a wave marked `finished`: a node
+that is idle when it gets one concludes too, and lingers until its range has answered that it concluded.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from protocol import ProgressTally, ProgressWave
+
+from peer.cluster.fence import CONTACT_WINDOW
+
+__all__ = ["FANOUT", "HOP_WAIT", "MAX_GATHERS", "MAX_WAVES", "Local", "ProgressTree", "Tally", "children", "depth"]
+
+log = logging.getLogger(__name__)
+
+#: Children per node in the tree: 1,000 members are 4 levels deep.
+FANOUT = 8
+#: How long a level of the tree may take to answer: a round trip on a slow network (1.2 s), with room to spare.
+#: Only a member that does not answer makes a wave wait this long; the others answer as soon as their range has.
+HOP_WAIT = 2.0
+#: Waves a node gathers at once (each lasts at most a wave's time): more are answered at once, counting nobody.
+MAX_GATHERS = 32
+#: Waves the root has under way at once: a member that does not answer holds each for up to HOP_WAIT per level
+#: (10 s at 1,000 members), and one must start every second for the contact proof to stay fresh.
+MAX_WAVES = 16
+
+
+def children(lo: int, hi: int, fanout: int = FANOUT) -> list[tuple[int, int]]:
+    """The ranges the member at `lo` asks, for the range `lo..hi-1`: `lo+1..hi-1` cut into up to `fanout`
+    contiguous parts of sizes differing by at most one; each part's first member answers for it."""
+    rest = hi - lo - 1
+    if rest <= 0:
+        return []
+    parts = min(fanout, rest)
+    out = []
+    start = lo + 1
+    for i in range(parts):
+        size = rest // parts + (1 if i < rest % parts else 0)
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+def depth(n: int, fanout: int = FANOUT) -> int:
+    """Levels of questions below the root for `n` members (0 for one member)."""
+    levels = 0
+    while n > 1:
+        n = math.ceil((n - 1) / fanout)
+        levels += 1
+    return levels
+
+
+@dataclass(frozen=True, slots=True)
+class Local:
+    """One node's own progress, as a tally counts it."""
+
+    idle: bool
+    activity: int
+    finished: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """What a wave counted over a range of members of `ring`."""
+
+    ring: int
+    nodes: int
+    idle: int
+    activity: int
+    concluded: int
+
+    def __add__(self, other: Tally) -> Tally:
+        return Tally(self.ring, self.nodes + other.nodes, self.idle + other.idle,
+                     self.activity + other.activity, self.concluded + other.concluded)
+
+
+class _Gather:
+    __slots__ = ("waiting", "tally", "done", "majority")
+
+    def __init__(self, waiting: int, tally: Tally, majority: Callable[[int], None] | None = None) -> None:
+        self.waiting = waiting
+        self.tally = tally
+        self.done = trio.Event()
+        self.majority = majority  # the root's: called with the count once its answers and itself are a majority
+
+
+class ProgressTree:
+    """One node's part in the progress waves. `members()` gives the current ring's id and its members sorted by
+    node id; `local(finished_wave)` this node's own progress (a wave marked finished may make it conclude first);
+    `send(peer, message)` queues a message without waiting."""
+
+    def __init__(self, node_id: str, *, members: Callable[[], tuple[int, tuple[str, ...]]],
+                 local: Callable[[bool], Local], send: Callable[[str, object], bool],
+                 concluded: Callable[[str], None] = lambda why: None) -> None:
+        self.node_id = node_id
+        self._members = members
+        self._local = local
+        self._send = send
+        self._concluded = concluded
+        self.contact_at = -math.inf  # trio time of the last wave that showed a majority of the ring reached
+        self._reached: tuple[int, int, float] = (0, 0, -math.inf)  # the root's last returned wave: ring, count, when
+        self._waves = 0  # the root's waves under way
+        self._seq = 0
+        self._waits: dict[int, tuple[str, _Gather]] = {}  # seq of a wave we sent -> (child, its gathering)
+        self._gathers = 0
+        self._nursery: trio.Nursery | None = None
+        self.waves_started = 0
+        self.waves_answered = 0
+        self.waves_refused = 0  # answered at once counting nobody: another ring, or too many gatherings
+        self.range_concluded = False  # a finished wave came back with every member of our range concluded
+        # (ring, members, activity, when it returned) of the root's last wave that counted every member idle
+        self._last: tuple[int, int, int, float] | None = None
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def is_root(self) -> bool:
+        _ring, members = self._members()
+        return bool(members) and members[0] == self.node_id
+
+    def tick(self) -> bool:
+        """As the root, start a wave (without waiting for it): it concludes the crawl when it and a wave that
+        returned before it began both counted every member idle with the same activity. False if too many waves
+        are under way."""
+        if self._nursery is None or self._waves >= MAX_WAVES:
+            return False
+        self._waves += 1
+        self._nursery.start_soon(self._tick)
+        return True
+
+    async def _tick(self) -> None:
+        try:
+            if self._local(False).finished:
+                await self.wave(finished=True)
+                return
+            why = await self.round()
+            if why is not None and not self._local(False).finished:
+                self._concluded(why)
+                await self.wave(finished=True)  # every member learns it now, not a wave later
+        finally:
+            self._waves -= 1
+
+    async def wave(self, *, finished: bool) -> Tally:
+        """Start a wave over every member from the root (this node); what it counted."""
+        ring, members = self._members()
+        self.waves_started += 1
+        wait = HOP_WAIT * (depth(len(members)) + 1)
+        # how many the last returned wave reached, if that is recent: a proof of contact for every member
+        # (counted on the ring before, if the ring just changed: as contact, a member of either counts)
+        _reached_ring, reached, when = self._reached
+        fresh = trio.current_time() - when <= CONTACT_WINDOW
+        began = trio.current_time()
+
+        def counted(count: int) -> None:
+            # what this wave counted was heard between its start and now: dated by its start, and known as soon
+            # as the answers come (a silent member holds the wave's return for seconds)
+            if began >= self._reached[2]:
+                self._reached = (ring, count, began)
+                if 2 * count > len(members):
+                    self.contact_at = max(self.contact_at, began)
+
+        tally = await self._gather(ring, members, 0, len(members), wait, finished, reached if fresh else 0,
+                                   counted)
+        if tally.ring == ring:
+            counted(tally.nodes)
+        if finished and tally.ring == ring and tally.concluded == len(members):
+            self.range_concluded = True
+        return tally
+
+    async def round(self) -> str | None:
+        """As the root: one wave; why the crawl is finished everywhere, or None. Finished when this wave and one
+        that had returned before this one began each counted every member of the same ring, all idle, with the
+        same sum of activity; or when a member has concluded it (under an earlier root) and we are idle."""
+        ring, members = self._members()
+        n = len(members)
+        began = trio.current_time()
+        tally = await self.wave(finished=False)
+        if tally.concluded > 0 and self._local(False).idle:
+            return "a member concluded it"
+        if tally.ring != ring or self._members()[0] != ring or tally.nodes != n or tally.idle != n:
+            self._last = None
+            return None
+        last = self._last
+        if last is not None and last[:3] == (ring, n, tally.activity):
+            if began >= last[3]:
+                return "two waves with every member idle"
+            return None  # this wave overlapped that one: the next may conclude
+        self._last = (ring, n, tally.activity, trio.current_time())
+        return None
+
+    def on_wave(self, peer_id: str, wave: ProgressWave) -> None:
+        ring, members = self._members()
+        if 2 * wave.reached > len(members):  # a wave of another ring proves contact just as well
+            self.contact_at = trio.current_time()
+        if (wave.ring != ring or not 0 <= wave.lo < wave.hi <= len(members) or members[wave.lo] != self.node_id
+                or self._nursery is None or self._gathers >= MAX_GATHERS):
+            self.waves_refused += 1
+            self._send(peer_id, ProgressTally(seq=wave.seq, ring=ring, nodes=0, idle=0, activity=0, concluded=0))
+            return
+        self._gathers += 1
+        self._nursery.start_soon(self._answer, peer_id, wave, ring, members)
+
+    def on_tally(self, peer_id: str, tally: ProgressTally) -> None:
+        entry = self._waits.pop(tally.seq, None)
+        if entry is None or entry[0] != peer_id:
+            return  # late (its wave gave up on it) or not ours
+        _child, gather = entry
+        if tally.ring == gather.tally.ring:
+            gather.tally = gather.tally + Tally(tally.ring, tally.nodes, tally.idle, tally.activity,
+                                               tally.concluded)
+        gather.waiting -= 1
+        if gather.majority is not None:
+            gather.majority(gather.tally.nodes + 1)
+        if gather.waiting == 0:
+            gather.done.set()
+
+    async def _answer(self, parent: str, wave: ProgressWave, ring: int, members: tuple[str, ...]) -> None:
+        try:
+            tally = await self._gather(ring, members, wave.lo, wave.hi, wave.wait - HOP_WAIT, wave.finished,
+                                       wave.reached)
+            if wave.finished and tally.concluded == wave.hi - wave.lo:
+                self.range_concluded = True
+            self.waves_answered += 1
+            self._send(parent, ProgressTally(seq=wave.seq, ring=tally.ring, nodes=tally.nodes, idle=tally.idle,
+                                             activity=tally.activity, concluded=tally.concluded))
+        finally:
+            self._gathers -= 1
+
+    async def _gather(self, ring: int, members: tuple[str, ...], lo: int, hi: int, wait: float,
+                      finished: bool, reached: int, counted: Callable[[int], None] | None = None) -> Tally:
+        parts = children(lo, hi)
+        gather = _Gather(len(parts), Tally(ring, 0, 0, 0, 0), counted)
+
+        mine = []
+        for start, end in parts:
+            self._seq += 1
+            self._waits[self._seq] = (members[start], gather)
+            mine.append(self._seq)
+            self._send(members[start], ProgressWave(seq=self._seq, ring=ring, lo=start, hi=end,
+                                                    wait=max(0.0, wait - HOP_WAIT), finished=finished,
+                                                    reached=reached))
+        if parts:
+            with trio.move_on_after(max(wait, HOP_WAIT)):
+                await gather.done.wait()
+        for seq in mine:
+            self._waits.pop(seq, None)
+        # our own snapshot last: after every child's (a wave's snapshots all fall between its start and its end)
+        me = self._local(finished)
+        return gather.tally + Tally(ring, 1, int(me.idle), me.activity, int(me.finished))

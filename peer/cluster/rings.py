@@ -1,0 +1,81 @@
+"""Rings and their differences, kept by value so that the nodes holding one `RingCache` share them.
+
+A ring is a pure function of its members' weights and its points per weight, and the moved arcs between two
+rings a pure function of the two: every node that adopts the same view builds the same arrays. A node keeps the
+last few it built (views flap between the same members); nodes that run in one process (the lab's simulated
+cluster) may be given one cache, so that a thousand of them hold one copy of each ring (about 70 MB at 1,000
+nodes and 40 points per weight) and compute each view change's moved arcs once instead of once per node. The
+arrays of a cached `Moves` are made read-only, so a user that wrote into one would fail at once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+
+from ring import Moves, Ring
+
+__all__ = ["RingCache"]
+
+RingKey = tuple[frozenset[tuple[str, int]], int]
+
+
+def ring_key(weights: Mapping[str, int], points_per_weight: int) -> RingKey:
+    return frozenset(weights.items()), points_per_weight
+
+
+class RingCache:
+    """The last `size` rings and the last `size` ring differences built, by value."""
+
+    def __init__(self, size: int = 4) -> None:
+        if size < 1:
+            raise ValueError(f"a ring cache holds at least one ring, not {size}")
+        self.size = size
+        self._rings: OrderedDict[RingKey, Ring] = OrderedDict()
+        self._moves: OrderedDict[tuple[RingKey, RingKey], Moves] = OrderedDict()
+        self.hits = 0
+        self.builds = 0
+
+    def ring(self, weights: Mapping[str, int], points_per_weight: int) -> Ring | None:
+        """The ring of `weights` if it is held (and then the most recently used)."""
+        key = ring_key(weights, points_per_weight)
+        ring = self._rings.get(key)
+        if ring is not None:
+            self._rings.move_to_end(key)
+            self.hits += 1
+        return ring
+
+    def put(self, ring: Ring) -> Ring:
+        """Hold `ring`; the one held already for the same weights if another node put it first."""
+        key = ring_key(ring.weights, ring.points_per_weight)
+        held = self._rings.get(key)
+        if held is not None:
+            self._rings.move_to_end(key)
+            return held
+        self.builds += 1
+        self._rings[key] = ring
+        while len(self._rings) > self.size:
+            self._rings.popitem(last=False)
+        return ring
+
+    def moves(self, old: Ring, new: Ring) -> Moves | None:
+        """The moved arcs from `old` to `new` if they are held."""
+        key = (ring_key(old.weights, old.points_per_weight), ring_key(new.weights, new.points_per_weight))
+        moves = self._moves.get(key)
+        if moves is not None:
+            self._moves.move_to_end(key)
+            self.hits += 1
+        return moves
+
+    def put_moves(self, old: Ring, new: Ring, moves: Moves) -> Moves:
+        """Hold `moves` (from `old` to `new`), its arrays made read-only; the ones held already if any."""
+        key = (ring_key(old.weights, old.points_per_weight), ring_key(new.weights, new.points_per_weight))
+        held = self._moves.get(key)
+        if held is not None:
+            return held
+        for array in (moves.starts, moves.ends, moves.previous, moves.next):
+            array.flags.writeable = False
+        self._moves[key] = moves
+        while len(self._moves) > self.size:
+            self._moves.popitem(last=False)
+        return moves

@@ -1,0 +1,333 @@
+"""The progress tree (peer/cluster/progress.py): bounded messages per node per wave, ranges that cover every
+member once, and termination that is never declared while work is queued, under way or in flight."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+from protocol import ProgressTally, ProgressWave
+from peer.cluster.fence import CONTACT_WINDOW
+from peer.cluster.progress import FANOUT, HOP_WAIT, MAX_WAVES, Local, ProgressTree, children, depth
+
+RING = 12345
+
+
+@given(st.integers(0, 3000), st.integers(1, 3000), st.integers(2, 16))
+def test_children_cut_the_rest_of_a_range_into_contiguous_parts_of_near_equal_size(lo: int, size: int,
+                                                                                    fanout: int) -> None:
+    hi = lo + size
+    parts = children(lo, hi, fanout)
+    assert len(parts) == min(fanout, size - 1)
+    covered = [i for start, end in parts for i in range(start, end)]
+    assert covered == list(range(lo + 1, hi))
+    sizes = [end - start for start, end in parts]
+    assert not sizes or max(sizes) - min(sizes) <= 1
+
+
+def test_depth_grows_with_the_log_of_the_members() -> None:
+    assert [depth(n) for n in (1, 2, 9, 10, 73, 74, 1000, 10_000)] == [0, 1, 1, 2, 2, 3, 4, 5]
+
+
+class Net:
+    """The members' trees linked by a network of random delays; counts messages per node and in flight."""
+
+    def __init__(self, nursery: trio.Nursery, rng: random.Random, names: list[str], max_delay: float,
+                 delay: Callable[[str, str, object], float] | None = None) -> None:
+        self.nursery = nursery
+        self.rng = rng
+        self.max_delay = max_delay
+        self.delay = delay
+        self.order = tuple(sorted(names))
+        self.ring = {name: RING for name in names}
+        self.down: set[str] = set()
+        self.sent: Counter[str] = Counter()
+        self.received: Counter[str] = Counter()
+        self.handlers: dict[str, Callable[[str, object], None]] = {}
+        self.in_flight = 0
+
+    def send(self, sender: str, peer: str, message: object) -> bool:
+        self.sent[sender] += 1
+        self.in_flight += 1
+        self.nursery.start_soon(self._deliver, sender, peer, message)
+        return True
+
+    async def _deliver(self, sender: str, peer: str, message: object) -> None:
+        await trio.sleep(self.delay(sender, peer, message) if self.delay else self.rng.uniform(0.001, self.max_delay))
+        self.in_flight -= 1
+        if peer in self.down:
+            return
+        self.received[peer] += 1
+        self.handlers[peer](sender, message)
+
+
+def tree(net: Net, name: str, local: Callable[[bool], Local]) -> ProgressTree:
+    t = ProgressTree(name, members=lambda: (net.ring[name], net.order), local=local,
+                     send=lambda peer, message: net.send(name, peer, message))
+
+    def handle(sender: str, message: object) -> None:
+        if isinstance(message, ProgressWave):
+            t.on_wave(sender, message)
+        elif isinstance(message, ProgressTally):
+            t.on_tally(sender, message)
+
+    net.handlers[name] = handle
+    return t
+
+
+def run(body: Callable[[trio.Nursery], object]) -> None:
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await body(nursery)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_wave_over_a_thousand_members_counts_each_once_with_a_bounded_number_of_messages_per_node() -> None:
+    names = [f"n{i:04d}" for i in range(1000)]
+
+    async def body(nursery: trio.Nursery) -> None:
+        net = Net(nursery, random.Random(1), names, 0.002)
+        trees = {name: tree(net, name, lambda _f, i=i: Local(idle=i % 2 == 0, activity=i, finished=False))
+                 for i, name in enumerate(names)}
+        for t in trees.values():
+            await nursery.start(t.serve)
+        root = trees[net.order[0]]
+        assert root.is_root() and not trees[names[1]].is_root()
+        start = trio.current_time()
+        tally = await root.wave(finished=False)
+        assert (tally.nodes, tally.idle, tally.activity, tally.concluded) == (1000, 500, sum(range(1000)), 0)
+        # four levels of a round trip of at most 4 ms each
+        assert trio.current_time() - start <= 2 * 0.002 * depth(1000) + 1e-9
+        assert max(net.sent.values()) <= FANOUT + 1 and max(net.received.values()) <= FANOUT + 1
+        assert sum(net.sent.values()) == 2 * 999  # one wave and one tally per member but the root
+
+    run(body)
+
+
+def test_a_member_that_does_not_answer_or_holds_another_ring_makes_the_wave_fall_short() -> None:
+    names = [f"n{i:02d}" for i in range(40)]
+
+    async def body(nursery: trio.Nursery) -> None:
+        net = Net(nursery, random.Random(2), names, 0.002)
+        trees = {name: tree(net, name, lambda _f: Local(idle=True, activity=0, finished=False)) for name in names}
+        for t in trees.values():
+            await nursery.start(t.serve)
+        root = trees[net.order[0]]
+        net.down.add(net.order[1])  # a child of the root: its whole part (5 members) is missing
+        start = trio.current_time()
+        tally = await root.wave(finished=False)
+        assert tally.nodes == 40 - len(range(*children(0, 40)[0]))
+        assert trio.current_time() - start <= HOP_WAIT * (depth(40) + 1) + 1e-9  # the wave's bounded wait
+        net.down.clear()
+        net.ring[net.order[39]] = RING + 1  # a view behind the others
+        tally = await root.wave(finished=False)
+        assert tally.nodes == 39 and trees[net.order[39]].waves_refused == 1
+        assert await root.round() is None and await root.round() is None  # never concluded on a short wave
+
+    run(body)
+
+
+class Work:
+    """Members that process queued items, each of which may create items for random members, sent as messages
+    that the receiver acknowledges; a sender is idle only once every item it sent is acknowledged."""
+
+    def __init__(self, net: Net, rng: random.Random, names: list[str], budget: int) -> None:
+        self.net, self.rng, self.names = net, rng, names
+        self.queue = dict.fromkeys(names, 0)
+        self.busy = dict.fromkeys(names, False)
+        self.unacked = dict.fromkeys(names, 0)
+        self.activity = dict.fromkeys(names, 0)
+        self.finished: dict[str, float] = {}
+        self.budget = budget
+        self.items_in_flight = 0
+
+    def idle(self, name: str) -> bool:
+        return not self.queue[name] and not self.busy[name] and not self.unacked[name]
+
+    def nothing_left(self) -> bool:
+        return self.items_in_flight == 0 and all(self.idle(name) for name in self.names)
+
+    def local(self, name: str) -> Callable[[bool], Local]:
+        def snapshot(finished: bool) -> Local:
+            if finished and self.idle(name) and name not in self.finished:
+                assert self.nothing_left(), f"{name} concluded while work remained"
+                self.finished[name] = trio.current_time()
+            return Local(idle=self.idle(name), activity=self.activity[name], finished=name in self.finished)
+
+        return snapshot
+
+    async def worker(self, name: str) -> None:
+        while True:
+            if not self.queue[name]:
+                await trio.sleep(0.05)
+                continue
+            self.queue[name] -= 1
+            self.busy[name] = True
+            await trio.sleep(self.rng.uniform(0.05, 0.6))
+            self.activity[name] += 1
+            for _ in range(self.rng.choice((0, 1, 1, 2, 3))):
+                if self.budget <= 0:
+                    break
+                self.budget -= 1
+                self.unacked[name] += 1
+                self.items_in_flight += 1
+                self.net.nursery.start_soon(self._item, name, self.rng.choice(self.names))
+            self.busy[name] = False
+
+    async def _item(self, sender: str, receiver: str) -> None:
+        await trio.sleep(self.rng.uniform(0.001, 0.8))
+        self.queue[receiver] += 1
+        self.activity[receiver] += 1
+        self.items_in_flight -= 1
+        await trio.sleep(self.rng.uniform(0.001, 0.8))  # the acknowledgement
+        self.unacked[sender] -= 1
+
+
+class OneWave(ProgressTree):
+    """A wrong rule, for the oracle's sake: one wave with every member idle is taken as the end."""
+
+    async def round(self) -> str | None:
+        _ring, members = self._members()
+        tally = await self.wave(finished=False)
+        return "one idle wave" if tally.nodes == tally.idle == len(members) else None
+
+
+def simulate(seed: int, cls: type[ProgressTree]) -> tuple[float | None, float | None, bool]:
+    """(when the root concluded, when the last work ended, whether nothing was left at the conclusion)."""
+    names = [f"n{i:02d}" for i in range(30)]
+    out: list = [None, None, True]
+
+    async def body(nursery: trio.Nursery) -> None:
+        rng = random.Random(seed)
+        net = Net(nursery, rng, names, 0.2)  # a round trip within HOP_WAIT
+        work = Work(net, rng, names, budget=400)
+        trees = {}
+        for name in names:
+            t = cls(name, members=lambda: (RING, net.order), local=work.local(name),
+                    send=lambda peer, message, name=name: net.send(name, peer, message))
+            net.handlers[name] = (lambda t: lambda sender, message: (
+                t.on_wave(sender, message) if isinstance(message, ProgressWave) else t.on_tally(sender, message)))(t)
+            trees[name] = t
+            await nursery.start(t.serve)
+            nursery.start_soon(work.worker, name)
+        work.queue[names[7]] = 3
+        root = trees[net.order[0]]
+        last_work = 0.0
+        with trio.move_on_after(600):
+            while True:
+                await trio.sleep(1.0)
+                if not work.nothing_left():
+                    last_work = trio.current_time()
+                why = await root.round()
+                if why is not None:
+                    out[0] = trio.current_time()
+                    out[2] = work.nothing_left()
+                    break
+        out[1] = last_work
+        if out[2] and out[0] is not None:
+            await root.wave(finished=True)
+            assert set(work.finished) == set(names) and root.range_concluded
+
+    run(body)
+    return out[0], out[1], out[2]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_root_concludes_only_when_no_work_is_left_anywhere_and_soon_after(seed: int) -> None:
+    concluded, last_work, nothing_left = simulate(seed, ProgressTree)
+    assert concluded is not None, "never concluded"
+    assert nothing_left, f"concluded at {concluded:.2f} while work was queued, under way or in flight"
+    # the last work is seen by the 1 s samples, then two waves (each of at most 1.5 s here) a second apart
+    assert concluded - last_work <= 1.0 + 2 * (1.0 + HOP_WAIT * (depth(30) + 1)) + 1e-9
+
+
+def early_end(cls: type[ProgressTree]) -> tuple[list[str | None], bool]:
+    """Three members; n1 is counted idle early in the first wave, then gets an item from the root, which is
+    counted idle (the item acknowledged) at the end of the same wave. What each round said, and whether work was
+    left when the first conclusion came."""
+    names = ["n0", "n1", "n2"]
+    said: list[str | None] = []
+    left = [False]
+
+    def delay(sender: str, peer: str, message: object) -> float:
+        return 0.4 if sender == "n2" else 0.05  # n2's answer is slow: the root's own snapshot comes late
+
+    async def body(nursery: trio.Nursery) -> None:
+        net = Net(nursery, random.Random(0), names, 0.0, delay)
+        state = {"n0": [False, 0], "n1": [True, 0], "n2": [True, 0]}  # idle, activity
+        trees = {}
+        for name in names:
+            t = cls(name, members=lambda: (RING, net.order),
+                    local=lambda _f, name=name: Local(idle=state[name][0], activity=state[name][1], finished=False),
+                    send=lambda peer, message, name=name: net.send(name, peer, message))
+            net.handlers[name] = (lambda t: lambda sender, message: (
+                t.on_wave(sender, message) if isinstance(message, ProgressWave) else t.on_tally(sender, message)))(t)
+            trees[name] = t
+            await nursery.start(t.serve)
+
+        async def root_work() -> None:
+            await trio.sleep(0.1)  # the root's page is done: it sends a link to n1 (unacknowledged: not idle)
+            state["n0"][1] += 1
+            await trio.sleep(0.05)
+            state["n1"] = [False, state["n1"][1] + 1]  # n1 has it, acknowledges it
+            await trio.sleep(0.05)
+            state["n0"][0] = True  # acknowledged: the root is idle
+            await trio.sleep(1.5)
+            state["n1"] = [True, state["n1"][1] + 1]  # n1 fetched it; nothing more
+
+        nursery.start_soon(root_work)
+        root = trees["n0"]
+        for _ in range(5):
+            why = await root.round()
+            said.append(why)
+            if why is not None:
+                left[0] = not all(idle for idle, _ in state.values())
+                break
+            await trio.sleep(1.0)
+
+    run(body)
+    return said, left[0]
+
+
+def test_a_member_counted_idle_before_it_got_work_in_the_same_wave_does_not_end_the_crawl() -> None:
+    said, left = early_end(ProgressTree)
+    assert said[0] is None, "concluded on the first wave"
+    assert said[-1] == "two waves with every member idle" and not left
+    # the oracle has teeth: the one-wave rule ends the crawl on the first wave, while n1 holds the link
+    said, left = early_end(OneWave)
+    assert said == ["one idle wave"] and left
+
+
+def test_waves_carry_the_roots_reach_as_a_proof_of_contact_and_keep_coming_while_a_member_is_silent() -> None:
+    names = [f"n{i:02d}" for i in range(40)]
+
+    async def body(nursery: trio.Nursery) -> None:
+        net = Net(nursery, random.Random(3), names, 0.002)
+        trees = {name: tree(net, name, lambda _f: Local(idle=False, activity=0, finished=False)) for name in names}
+        for t in trees.values():
+            await nursery.start(t.serve)
+        root, member = trees[net.order[0]], trees[net.order[30]]
+        net.down.add(net.order[1])  # holds every wave for HOP_WAIT x 3 s, its part of the tree (5 members) missing
+        for _ in range(8):
+            assert root.tick()
+            await trio.sleep(1.0)
+        # a wave a second all the same, each carrying the 35 members the one before reached
+        assert root.waves_started == 8 and root._waves <= MAX_WAVES
+        assert trio.current_time() - member.contact_at <= 1.0 and trio.current_time() - root.contact_at <= 1.0
+        net.down.update(net.order[20:])  # now 15 of 40 answer: no majority
+        for _ in range(6):
+            root.tick()
+            await trio.sleep(1.0)
+        assert trio.current_time() - trees[net.order[2]].contact_at >= CONTACT_WINDOW
+        assert trio.current_time() - root.contact_at >= CONTACT_WINDOW
+
+    run(body)
