@@ -275,29 +275,32 @@ class ProgressReport:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProgressWave:
-    """Asks the member at `lo` of `ring`'s members (sorted by node id) for the progress of the members
-    `lo..hi-1`, answered with one ProgressTally of the same `seq` within `wait` seconds (peer/cluster/progress.py).
-    `finished`: the root has concluded the crawl finished (an idle receiver concludes it too). `reached`: how
-    many members the root's last returned wave counted on this ring (0 if that is not recent): a strict
-    majority is the receiver's proof of contact with most of the cluster (the partition fence)."""
+    """Asks `members[0]` for the progress of `members`, a contiguous range of `ring`'s members (sorted by node id),
+    answered with one ProgressTally of the same `seq` within `wait` seconds (peer/cluster/progress.py). The range
+    travels with the wave, so a receiver that holds another ring (a view change under way) still passes the wave
+    on to the same members. `finished`: the root has concluded the crawl finished (an idle receiver on `ring`
+    concludes it too). `proof`: how many seconds ago the sender last had proof of contact with a strict majority
+    of its ring (a wave it counted, or one it received), or None if not within the contact window: the
+    receiver's proof too, dated as old (the partition fence)."""
 
     seq: int
     ring: int
-    lo: int
-    hi: int
+    members: tuple[str, ...]
     wait: float
     finished: bool
-    reached: int
+    proof: float | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProgressTally:
-    """The answer to a ProgressWave: of the members of the asked range, how many answered on `ring` (`nodes`),
-    how many of them are idle, the sum of their activity counters, and how many have concluded the crawl
-    finished. `ring` is the answering node's: another ring than the wave's counts nobody."""
+    """The answer to a ProgressWave, over the asked range: how many members answered at all (`heard`, whatever
+    ring they hold: the contact the partition fence counts), how many answered on the wave's `ring` (`nodes`),
+    how many of those are idle, the sum of their activity counters, and how many have concluded the crawl
+    finished. A member on another ring is heard but counts in no other field."""
 
     seq: int
     ring: int
+    heard: int
     nodes: int
     idle: int
     activity: int
@@ -643,9 +646,10 @@ RECORDS: dict[int, Record] = {
         urls_received=UInt(),
         rate=Seconds(),
     ),
-    0x2A: _record(ProgressWave, seq=UInt(), ring=UInt(), lo=_U32, hi=_U32, wait=Seconds(), finished=Flag(),
-                  reached=_U32),
-    0x2B: _record(ProgressTally, seq=UInt(), ring=UInt(), nodes=_U32, idle=_U32, activity=UInt(), concluded=_U32),
+    0x2A: _record(ProgressWave, seq=UInt(), ring=UInt(), members=Many(Text()), wait=Seconds(), finished=Flag(),
+                  proof=Maybe(Seconds())),
+    0x2B: _record(ProgressTally, seq=UInt(), ring=UInt(), heard=_U32, nodes=_U32, idle=_U32, activity=UInt(),
+                  concluded=_U32),
     0x27: _record(StatusQuery, seq=UInt()),
     0x28: _record(
         StatusReport,

@@ -9,12 +9,13 @@ from collections.abc import Callable
 
 import pytest
 import trio
+from ring import Member, MemberState, View
 import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol import ProgressTally, ProgressWave
-from peer.cluster.fence import CONTACT_WINDOW
+from peer.cluster.fence import CONTACT_TICK, CONTACT_WINDOW, PartitionFence
 from peer.cluster.progress import FANOUT, HOP_WAIT, MAX_WAVES, Local, ProgressTree, children, depth
 
 RING = 12345
@@ -47,6 +48,7 @@ class Net:
         self.delay = delay
         self.order = tuple(sorted(names))
         self.ring = {name: RING for name in names}
+        self.orders: dict[str, tuple[str, ...]] = {}  # a member's own list, where it differs from `order`
         self.down: set[str] = set()
         self.sent: Counter[str] = Counter()
         self.received: Counter[str] = Counter()
@@ -69,7 +71,7 @@ class Net:
 
 
 def tree(net: Net, name: str, local: Callable[[bool], Local]) -> ProgressTree:
-    t = ProgressTree(name, members=lambda: (net.ring[name], net.order), local=local,
+    t = ProgressTree(name, members=lambda: (net.ring[name], net.orders.get(name, net.order)), local=local,
                      send=lambda peer, message: net.send(name, peer, message))
 
     def handle(sender: str, message: object) -> None:
@@ -104,7 +106,8 @@ def test_a_wave_over_a_thousand_members_counts_each_once_with_a_bounded_number_o
         assert root.is_root() and not trees[names[1]].is_root()
         start = trio.current_time()
         tally = await root.wave(finished=False)
-        assert (tally.nodes, tally.idle, tally.activity, tally.concluded) == (1000, 500, sum(range(1000)), 0)
+        assert (tally.heard, tally.nodes, tally.idle, tally.activity, tally.concluded) == (
+            1000, 1000, 500, sum(range(1000)), 0)
         # four levels of a round trip of at most 4 ms each
         assert trio.current_time() - start <= 2 * 0.002 * depth(1000) + 1e-9
         assert max(net.sent.values()) <= FANOUT + 1 and max(net.received.values()) <= FANOUT + 1
@@ -130,7 +133,8 @@ def test_a_member_that_does_not_answer_or_holds_another_ring_makes_the_wave_fall
         net.down.clear()
         net.ring[net.order[39]] = RING + 1  # a view behind the others
         tally = await root.wave(finished=False)
-        assert tally.nodes == 39 and trees[net.order[39]].waves_refused == 1
+        # heard all the same, and passed on: the member behind hides nobody else
+        assert (tally.heard, tally.nodes) == (40, 39) and trees[net.order[39]].waves_off_ring == 1
         assert await root.round() is None and await root.round() is None  # never concluded on a short wave
 
     run(body)
@@ -320,14 +324,172 @@ def test_waves_carry_the_roots_reach_as_a_proof_of_contact_and_keep_coming_while
         for _ in range(8):
             assert root.tick()
             await trio.sleep(1.0)
-        # a wave a second all the same, each carrying the 35 members the one before reached
-        assert root.waves_started == 8 and root._waves <= MAX_WAVES
-        assert trio.current_time() - member.contact_at <= 1.0 and trio.current_time() - root.contact_at <= 1.0
+        # a wave a second all the same, each carrying the proof of the one before (35 of 40 heard), dated by its start
+        assert root.waves_started == 8 and root._waves <= MAX_WAVES and root.reached == 35
+        assert trio.current_time() - root.contact_at <= 1.0 + 1e-9
+        assert trio.current_time() - member.contact_at <= 2.0 + 1e-9
         net.down.update(net.order[20:])  # now 15 of 40 answer: no majority
         for _ in range(6):
             root.tick()
             await trio.sleep(1.0)
         assert trio.current_time() - trees[net.order[2]].contact_at >= CONTACT_WINDOW
         assert trio.current_time() - root.contact_at >= CONTACT_WINDOW
+
+    run(body)
+
+
+# -- the proof of contact through a ring change and a partition (the partition fence, peer/cluster/fence.py) ----
+
+def _members_view(names: list[str], leaving: str | None = None) -> View:
+    return View(epoch=1, members=tuple(
+        Member(node_id=n, address=f"127.0.0.{1 + i // 250}:{7400 + i % 250}", weight=100,
+               state=MemberState.LEAVING if n == leaving else MemberState.ALIVE) for i, n in enumerate(names)))
+
+
+def _fences(net: Net, trees: dict[str, ProgressTree], views: dict[str, Callable[[], View]]
+            ) -> dict[str, PartitionFence]:
+    # Nobody is heard from directly (in a cluster of hundreds a node talks to a few dozen peers at a time): the
+    # waves alone must keep a node on the majority side in contact.
+    return {name: PartitionFence(name, view=views[name], last_heard={}, suspicion_timeout=5.0, probe_interval=1.0,
+                                 majority_heard=lambda t=trees[name]: t.contact_at) for name in trees}
+
+
+@pytest.mark.parametrize("root_adopts", [2.0, 4.0])
+@pytest.mark.parametrize("change", ["join", "leave"])
+def test_a_ring_change_spreading_over_seconds_fences_no_node(change: str, root_adopts: float) -> None:
+    """300 members; a member joins (or one leaves) and the new ring reaches the members one by one over five
+    seconds, the root among the first or in the middle. Until a member adopts the new ring it holds the old one
+    and the waves of the other ring are not its own. Every node keeps its proof of contact: none fences. The
+    joiner gets no wave until the root's ring holds it (2 s here): it has the contact window's grace. (At 300
+    simulated nodes such a change fenced most of them when a member of the other ring refused a wave, its part of
+    the tree uncounted, the root's reach under a majority, and no proof reaching the leaves.)"""
+    old = [f"n{i:03d}" for i in range(300)]
+    joiner = "n150a"
+    leaver = "n151" if change == "leave" else None
+    new = sorted([*old, joiner]) if change == "join" else [n for n in old if n != leaver]
+
+    async def body(nursery: trio.Nursery) -> None:
+        rng = random.Random(7)
+        net = Net(nursery, rng, old, 0.002)
+        views = {"old": _members_view(old),
+                 "new": _members_view(new) if change == "join" else _members_view(old, leaving=leaver)}
+        names = sorted(set(old) | set(new))
+        trees = {name: tree(net, name, lambda _f: Local(idle=False, activity=0, finished=False)) for name in names}
+        if change == "join":
+            net.ring[joiner], net.orders[joiner] = RING + 1, tuple(new)
+        fences = _fences(net, trees, {name: (lambda name=name: views["new" if net.ring[name] != RING else "old"])
+                                      for name in names})
+        root = trees[old[0]]
+        for name, t in trees.items():
+            await nursery.start(t.serve)
+            if name != joiner:
+                nursery.start_soon(fences[name].contact_loop)
+
+        async def waves() -> None:
+            while True:
+                await trio.sleep(1.0)
+                if root.is_root():
+                    root.tick()
+
+        async def adopt(name: str, at: float) -> None:
+            await trio.sleep(at)
+            net.ring[name], net.orders[name] = RING + 1, tuple(new)
+
+        nursery.start_soon(waves)
+        await trio.sleep(2.0)
+        if change == "join":
+            nursery.start_soon(fences[joiner].contact_loop)  # the joiner's node starts now
+        nursery.start_soon(adopt, old[0], root_adopts - 2.0)
+        for name in old[1:]:
+            nursery.start_soon(adopt, name, rng.uniform(0.0, 5.0))
+        await trio.sleep(12.0)
+        fenced = {n: f.fences for n, f in fences.items() if f.fences and n != leaver}
+        assert not fenced, f"{len(fenced)} of {len(new)} nodes fenced themselves during the change"
+        on_time = [n for n in names if n != leaver and trio.current_time() - trees[n].contact_at <= CONTACT_WINDOW]
+        assert len(on_time) == len(new)
+        assert root.reached == len(new)
+
+    run(body)
+
+
+def _reachable(order: tuple[str, ...], side: set[str]) -> set[str]:
+    """The members a wave from `order[0]` reaches through members of `side` only."""
+    out: set[str] = set()
+
+    def walk(lo: int, hi: int) -> None:
+        if order[lo] in side:
+            out.add(order[lo])
+            for start, end in children(lo, hi):
+                walk(start, end)
+
+    walk(0, len(order))
+    return out
+
+
+@pytest.mark.parametrize("root_side", ["majority", "minority"])
+def test_a_member_cut_off_from_the_majority_fences_itself_within_the_contact_window(root_side: str) -> None:
+    """120 members split 70 / 50. The minority side fences itself within CONTACT_WINDOW of the split (and a tick):
+    no proof is refreshed by being passed on, so the proofs it holds run out. With the root on the majority side
+    that side stays in contact (were the split to cut paths down the tree, members of the majority side would get
+    no wave until their view drops the minority: liveness, not safety); with the root on the minority side the root
+    itself
+    counts 50 of 120 and fences, and the majority side, without a root until its ring changes, too."""
+    names = [f"n{i:03d}" for i in range(120)]
+
+    async def body(nursery: trio.Nursery) -> None:
+        rng = random.Random(11)
+        net = Net(nursery, rng, names, 0.002)
+        cut: set[str] = set()
+
+        def delay(sender: str, peer: str, message: object) -> float:
+            return rng.uniform(0.001, 0.002)
+
+        net.delay = delay
+        trees = {name: tree(net, name, lambda _f: Local(idle=False, activity=0, finished=False)) for name in names}
+        view = _members_view(names)
+        fences = _fences(net, trees, {name: (lambda: view) for name in names})
+        for name, t in trees.items():
+            await nursery.start(t.serve)
+            nursery.start_soon(fences[name].contact_loop)
+        root = trees[names[0]]
+
+        async def waves() -> None:
+            while True:
+                await trio.sleep(1.0)
+                root.tick()
+
+        nursery.start_soon(waves)
+        await trio.sleep(5.0)
+        assert not any(f.fences for f in fences.values())
+        # the split: no message crosses it (the net drops what goes to the other side)
+        # the minority: 50 members contiguous in the tree's numbering (so that the root on the majority side
+        # reaches that side through it; a split that cuts paths down the tree leaves members of the majority
+        # side without a wave, and the root's count short, until the views drop the minority)
+        minority = set(names[70:]) if root_side == "majority" else set(names[:50])
+        majority = set(names) - minority
+        cut.update(minority)
+        deliver = net._deliver
+
+        async def split_deliver(sender: str, peer: str, message: object) -> None:
+            if (sender in cut) != (peer in cut):
+                net.in_flight -= 1
+                return
+            await deliver(sender, peer, message)
+
+        net._deliver = split_deliver  # type: ignore[method-assign]
+        split = trio.current_time()
+        fenced_at: dict[str, float] = {}
+        while trio.current_time() - split < 8.0:
+            await trio.sleep(CONTACT_TICK)
+            for name in names:
+                if fences[name].fenced() and name not in fenced_at:
+                    fenced_at[name] = trio.current_time() - split
+        assert minority <= set(fenced_at), f"{len(minority - set(fenced_at))} of the minority never fenced"
+        assert max(fenced_at[n] for n in minority) <= CONTACT_WINDOW + 2 * CONTACT_TICK + 1e-9
+        if root_side == "majority":
+            assert _reachable(tuple(names), majority) == majority
+            assert not set(fenced_at) & majority, "a member on the majority side fenced itself"
+        else:
+            assert majority <= set(fenced_at)  # no root on that side until its ring changes
 
     run(body)

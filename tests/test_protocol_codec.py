@@ -145,9 +145,10 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
         pages=U64, queued=U64, urls_received=U64,
         rate=st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False),
     ),
-    ProgressWave: st.builds(ProgressWave, seq=U64, ring=U64, lo=U32, hi=U32, wait=seconds, finished=st.booleans(),
-                               reached=U32),
-    ProgressTally: st.builds(ProgressTally, seq=U64, ring=U64, nodes=U32, idle=U32, activity=U64, concluded=U32),
+    ProgressWave: st.builds(ProgressWave, seq=U64, ring=U64, members=tuples(texts), wait=seconds,
+                            finished=st.booleans(), proof=st.none() | seconds),
+    ProgressTally: st.builds(ProgressTally, seq=U64, ring=U64, heard=U32, nodes=U32, idle=U32, activity=U64,
+                             concluded=U32),
     StatusQuery: st.builds(StatusQuery, seq=U64),
     StatusReport: st.builds(
         StatusReport, seq=U64, pages=U64, bytes=U64, queued=U64, in_flight=U64, hosts_queued=U64,

@@ -2,31 +2,42 @@
 progress messages a second however large the cluster is.
 
 The members of a ring, sorted by node id, are numbered 0..n-1; the ring's id names that list on every node that
-built the same ring. The node at index `lo` answers for the members `lo..hi-1`: it asks the first member of each
-of up to `FANOUT` equal parts of `lo+1..hi-1` for theirs (a `ProgressWave`), adds its own, and answers its
-parent with one `ProgressTally` (how many members of the range answered on this ring, how many of them are idle,
-the sum of their activity counters, how many have concluded the crawl finished). Member 0 (the root) starts a
-wave every `PROGRESS_INTERVAL`; the tree is `log_FANOUT(n)` deep, so a wave costs each node one query and one
-answer from its parent, and at most `FANOUT` of each with its children: O(1) messages per node a wave, against
-2(n - 1) when every node asked every peer.
+built the same ring. A wave asks the first member of a contiguous range of that list for the range: the range's
+ids travel with the wave (`ProgressWave.members`), so the tree is the root's whatever ring the receivers hold.
+The receiver asks the first member of each of up to `FANOUT` equal parts of the rest of its range for theirs,
+adds its own, and answers its parent with one `ProgressTally`: how many members of the range answered at all
+(`heard`), how many answered on the wave's ring (`nodes`), how many of those are idle, the sum of their activity
+counters, how many have concluded the crawl finished. Member 0 (the root) starts a wave every
+`PROGRESS_INTERVAL`; the tree is `log_FANOUT(n)` deep, so a wave costs each node one query and one answer from
+its parent, and at most `FANOUT` of each with its children: O(1) messages per node a wave, against 2(n - 1) when
+every node asked every peer. The ids cost bytes, not messages: a wave carries each member's id once per level
+above it (about n log_FANOUT(n) ids a wave in all).
 
-A node whose ring is not the wave's answers at once, counting nobody (its range then falls short, and the root
-concludes nothing from that wave). A child that does not answer within the wave's time counts nobody either.
-The root starts a wave every interval whether or not the last one has returned, so one member that does not
-answer slows no wave but the ones it is in.
+A node whose ring is not the wave's (a view change under way) is heard but counts in no other field; it still
+passes the wave to the rest of its range, which it reads from the wave, so one member behind or ahead of the
+others hides nobody else. A child that does not answer within the wave's time counts nobody. The root starts a
+wave every interval whether or not the last one has returned, so one member that does not answer slows no wave
+but the ones it is in.
 
-Contact. Each wave carries `reached`, the members the root's last returned wave counted (0 if that wave began
-more than `CONTACT_WINDOW` ago; on the ring before, while a ring change spreads). A member that receives a wave,
-of its own ring or not, with a strict majority of its ring reached has just heard from a node that has just heard from most of the cluster: `contact_at` records when, and
-the partition fence (`peer/cluster/fence.py`) counts it as contact with the majority. This is what lets a node
-talk to a bounded number of peers and still know it is not on the minority side of a partition.
+Contact. The root has proof of contact with a strict majority of its ring when a wave's `heard`, with itself,
+is more than half its members; the proof is dated by that wave's start (each answer was sent after it).
+`contact_at` holds the date of the newest proof. Every wave carries the sender's proof as an age (`proof`,
+seconds, None if older than `CONTACT_WINDOW`), and a receiver takes it as its own, as old as it was sent: a
+node that heard from a node that heard from a majority has heard from a majority, no later than that. A proof is
+never refreshed by passing it on, so on the minority side of a partition every proof runs out within
+`CONTACT_WINDOW` of the last majority count made before the split. Every member on the root's list gets a wave
+a second, leaves included, whatever ring it holds; a root that took over (its ring changed) carries the proof it
+received from the root before. The partition fence (`peer/cluster/fence.py`) counts `contact_at` as contact
+with the majority. This is what lets a node talk to a bounded number of peers and still know it is not on the
+minority side of a partition.
 
 Termination (the four-counter method, as before): the root concludes when two waves in a row, the second begun
 after the first had returned, counted every member of the same ring, all idle, with the same sum of activity.
 Every snapshot of the second wave is then taken after every snapshot of the first; activity counters only grow,
 so an unchanged sum means no node's changed in between, and an idle node has nothing queued, nothing in flight,
-and every batch and chunk it sent acknowledged. The root then sends a wave marked `finished`: a node
-that is idle when it gets one concludes too, and lingers until its range has answered that it concluded.
+and every batch and chunk it sent acknowledged. The root then sends a wave marked `finished`: a node on the
+wave's ring that is idle when it gets one concludes too, and lingers until its range has answered that it
+concluded.
 """
 
 from __future__ import annotations
@@ -94,16 +105,17 @@ class Local:
 
 @dataclass(frozen=True, slots=True)
 class Tally:
-    """What a wave counted over a range of members of `ring`."""
+    """What a wave counted over a range of members of `ring`: `heard` answered at all, `nodes` on `ring`."""
 
     ring: int
+    heard: int
     nodes: int
     idle: int
     activity: int
     concluded: int
 
     def __add__(self, other: Tally) -> Tally:
-        return Tally(self.ring, self.nodes + other.nodes, self.idle + other.idle,
+        return Tally(self.ring, self.heard + other.heard, self.nodes + other.nodes, self.idle + other.idle,
                      self.activity + other.activity, self.concluded + other.concluded)
 
 
@@ -114,7 +126,7 @@ class _Gather:
         self.waiting = waiting
         self.tally = tally
         self.done = trio.Event()
-        self.majority = majority  # the root's: called with the count once its answers and itself are a majority
+        self.majority = majority  # the root's: called with the members heard (itself counted) as answers come
 
 
 class ProgressTree:
@@ -130,8 +142,8 @@ class ProgressTree:
         self._local = local
         self._send = send
         self._concluded = concluded
-        self.contact_at = -math.inf  # trio time of the last wave that showed a majority of the ring reached
-        self._reached: tuple[int, int, float] = (0, 0, -math.inf)  # the root's last returned wave: ring, count, when
+        self.contact_at = -math.inf  # trio time of the newest proof of contact with a majority (when it was heard)
+        self.reached = 0  # members the root's last returned wave heard from (itself counted)
         self._waves = 0  # the root's waves under way
         self._seq = 0
         self._waits: dict[int, tuple[str, _Gather]] = {}  # seq of a wave we sent -> (child, its gathering)
@@ -139,7 +151,8 @@ class ProgressTree:
         self._nursery: trio.Nursery | None = None
         self.waves_started = 0
         self.waves_answered = 0
-        self.waves_refused = 0  # answered at once counting nobody: another ring, or too many gatherings
+        self.waves_refused = 0  # answered at once counting itself alone: too many gatherings, or not addressed
+        self.waves_off_ring = 0  # waves of another ring than ours, passed on all the same
         self.range_concluded = False  # a finished wave came back with every member of our range concluded
         # (ring, members, activity, when it returned) of the root's last wave that counted every member idle
         self._last: tuple[int, int, int, float] | None = None
@@ -153,6 +166,11 @@ class ProgressTree:
     def is_root(self) -> bool:
         _ring, members = self._members()
         return bool(members) and members[0] == self.node_id
+
+    def proof(self) -> float | None:
+        """How long ago this node's newest proof of contact with a majority was heard, if within the window."""
+        age = trio.current_time() - self.contact_at
+        return max(0.0, age) if age <= CONTACT_WINDOW else None
 
     def tick(self) -> bool:
         """As the root, start a wave (without waiting for it): it concludes the crawl when it and a wave that
@@ -181,25 +199,18 @@ class ProgressTree:
         ring, members = self._members()
         self.waves_started += 1
         wait = HOP_WAIT * (depth(len(members)) + 1)
-        # how many the last returned wave reached, if that is recent: a proof of contact for every member
-        # (counted on the ring before, if the ring just changed: as contact, a member of either counts)
-        _reached_ring, reached, when = self._reached
-        fresh = trio.current_time() - when <= CONTACT_WINDOW
         began = trio.current_time()
 
-        def counted(count: int) -> None:
-            # what this wave counted was heard between its start and now: dated by its start, and known as soon
-            # as the answers come (a silent member holds the wave's return for seconds)
-            if began >= self._reached[2]:
-                self._reached = (ring, count, began)
-                if 2 * count > len(members):
-                    self.contact_at = max(self.contact_at, began)
+        def counted(heard: int) -> None:
+            # every answer counted was sent after the wave began: a majority heard is a proof dated by the start,
+            # known as soon as the answers come (a silent member holds the wave's return for seconds)
+            if 2 * heard > len(members):
+                self.contact_at = max(self.contact_at, began)
 
-        tally = await self._gather(ring, members, 0, len(members), wait, finished, reached if fresh else 0,
-                                   counted)
-        if tally.ring == ring:
-            counted(tally.nodes)
-        if finished and tally.ring == ring and tally.concluded == len(members):
+        tally = await self._gather(ring, members, wait, finished, counted)
+        counted(tally.heard)
+        self.reached = tally.heard
+        if finished and tally.concluded == len(members):
             self.range_concluded = True
         return tally
 
@@ -225,16 +236,20 @@ class ProgressTree:
         return None
 
     def on_wave(self, peer_id: str, wave: ProgressWave) -> None:
-        ring, members = self._members()
-        if 2 * wave.reached > len(members):  # a wave of another ring proves contact just as well
-            self.contact_at = trio.current_time()
-        if (wave.ring != ring or not 0 <= wave.lo < wave.hi <= len(members) or members[wave.lo] != self.node_id
-                or self._nursery is None or self._gathers >= MAX_GATHERS):
+        # the sender's proof of contact is ours, as old as it was (a wave of another ring proves it just as well)
+        if wave.proof is not None and wave.proof <= CONTACT_WINDOW:
+            self.contact_at = max(self.contact_at, trio.current_time() - wave.proof)
+        addressed = bool(wave.members) and wave.members[0] == self.node_id
+        if not addressed or self._nursery is None or self._gathers >= MAX_GATHERS:
+            # we answered: heard (if it was us it asked), though our range is not gathered
             self.waves_refused += 1
-            self._send(peer_id, ProgressTally(seq=wave.seq, ring=ring, nodes=0, idle=0, activity=0, concluded=0))
+            self._send(peer_id, ProgressTally(seq=wave.seq, ring=wave.ring, heard=int(addressed), nodes=0, idle=0,
+                                              activity=0, concluded=0))
             return
+        on_ring = wave.ring == self._members()[0]
+        self.waves_off_ring += not on_ring
         self._gathers += 1
-        self._nursery.start_soon(self._answer, peer_id, wave, ring, members)
+        self._nursery.start_soon(self._answer, peer_id, wave, on_ring)
 
     def on_tally(self, peer_id: str, tally: ProgressTally) -> None:
         entry = self._waits.pop(tally.seq, None)
@@ -242,44 +257,48 @@ class ProgressTree:
             return  # late (its wave gave up on it) or not ours
         _child, gather = entry
         if tally.ring == gather.tally.ring:
-            gather.tally = gather.tally + Tally(tally.ring, tally.nodes, tally.idle, tally.activity,
+            gather.tally = gather.tally + Tally(tally.ring, tally.heard, tally.nodes, tally.idle, tally.activity,
                                                tally.concluded)
         gather.waiting -= 1
         if gather.majority is not None:
-            gather.majority(gather.tally.nodes + 1)
+            gather.majority(gather.tally.heard + 1)
         if gather.waiting == 0:
             gather.done.set()
 
-    async def _answer(self, parent: str, wave: ProgressWave, ring: int, members: tuple[str, ...]) -> None:
+    async def _answer(self, parent: str, wave: ProgressWave, on_ring: bool) -> None:
         try:
-            tally = await self._gather(ring, members, wave.lo, wave.hi, wave.wait - HOP_WAIT, wave.finished,
-                                       wave.reached)
-            if wave.finished and tally.concluded == wave.hi - wave.lo:
+            tally = await self._gather(wave.ring, wave.members, wave.wait - HOP_WAIT, wave.finished,
+                                       on_ring=on_ring)
+            if wave.finished and tally.concluded == len(wave.members):
                 self.range_concluded = True
             self.waves_answered += 1
-            self._send(parent, ProgressTally(seq=wave.seq, ring=tally.ring, nodes=tally.nodes, idle=tally.idle,
-                                             activity=tally.activity, concluded=tally.concluded))
+            self._send(parent, ProgressTally(seq=wave.seq, ring=tally.ring, heard=tally.heard, nodes=tally.nodes,
+                                             idle=tally.idle, activity=tally.activity, concluded=tally.concluded))
         finally:
             self._gathers -= 1
 
-    async def _gather(self, ring: int, members: tuple[str, ...], lo: int, hi: int, wait: float,
-                      finished: bool, reached: int, counted: Callable[[int], None] | None = None) -> Tally:
-        parts = children(lo, hi)
-        gather = _Gather(len(parts), Tally(ring, 0, 0, 0, 0), counted)
-
+    async def _gather(self, ring: int, members: tuple[str, ...], wait: float, finished: bool,
+                      counted: Callable[[int], None] | None = None, *, on_ring: bool = True) -> Tally:
+        """Ask the first member of each part of `members[1:]` for its part, wait for their answers (at most
+        `wait`), add this node's own snapshot (`members[0]` is this node); counted on `ring` only if `on_ring`."""
+        parts = children(0, len(members))
+        gather = _Gather(len(parts), Tally(ring, 0, 0, 0, 0, 0), counted)
+        proof = self.proof()
         mine = []
         for start, end in parts:
             self._seq += 1
             self._waits[self._seq] = (members[start], gather)
             mine.append(self._seq)
-            self._send(members[start], ProgressWave(seq=self._seq, ring=ring, lo=start, hi=end,
+            self._send(members[start], ProgressWave(seq=self._seq, ring=ring, members=members[start:end],
                                                     wait=max(0.0, wait - HOP_WAIT), finished=finished,
-                                                    reached=reached))
+                                                    proof=proof))
         if parts:
             with trio.move_on_after(max(wait, HOP_WAIT)):
                 await gather.done.wait()
         for seq in mine:
             self._waits.pop(seq, None)
+        if not on_ring:
+            return gather.tally + Tally(ring, 1, 0, 0, 0, 0)  # heard, but its progress is of another ring
         # our own snapshot last: after every child's (a wave's snapshots all fall between its start and its end)
         me = self._local(finished)
-        return gather.tally + Tally(ring, 1, int(me.idle), me.activity, int(me.finished))
+        return gather.tally + Tally(ring, 1, 1, int(me.idle), me.activity, int(me.finished))
