@@ -472,9 +472,10 @@ def test_large_fleets_get_a_short_table_and_the_named_nodes_in_plots(
     assert "cells.csv" not in {f.name for f in files}
     assert "24 nodes, total weight" in text and "shown: the 12 receivers that deviate most, then the plan's" in text
     # the whole matrix is not printed, only the design's table among the named nodes
-    assert "the design's table for the named nodes (A, B, C, D)" in text
+    assert "the design's table for the named nodes (A, B, C, D) and the other 20 nodes as one (others)" in text
     block = text.split("== phase 1 ")[1].split("-- change")[0]
     assert block.count("from\\to") == 2 and "\nA  " in block.split("URLs sent between them")[1]
+    assert "\nothers  " in block.split("URLs sent between them")[1]
     block = block.split("URLs received against the weights")[1]
     rows = [line.split()[0] for line in block.splitlines()[2:] if line.strip()]
     assert len(rows) >= 12 and {"A", "B", "C", "D"} <= set(rows)  # E joins later
@@ -483,6 +484,24 @@ def test_large_fleets_get_a_short_table_and_the_named_nodes_in_plots(
     assert len(rows) == 25 and len(rows[0]) == 25
     chosen = report_mod._plot_nodes(result)
     assert chosen[:5] == ["A", "B", "C", "D", "E"] and len(chosen) == report_mod.PLOT_MAX_NODES
+
+
+def test_the_named_nodes_table_of_a_large_fleet_has_the_rest_as_one_node() -> None:
+    # Two named nodes among 40 that never send each other a URL (each holds 1% of the ring): alone their table
+    # is all zeros; with the rest of the fleet as one node ("others") it shows what they sent and received.
+    weights = {"A": 10, "B": 10, **{f"n{i:02d}": 20 for i in range(38)}}
+    total = sum(weights.values())
+    shares = {k: v / total for k, v in weights.items()}
+    sent = {("A", "n00"): 30, ("A", "n01"): 12, ("B", "n05"): 7, ("n03", "A"): 4, ("n04", "A"): 5, ("n07", "B"): 6,
+            ("n00", "n01"): 1000}
+    phase = _phase(sent, weights, key=shares, hosts=shares)
+    lines = report_mod._matrix_table(phase, only=["A", "B"])
+    assert lines[0].split() == ["from\\to", "A", "B", "others", "expected", "ratio", "measured", "ratio"]
+    rows = {line.split()[0]: line.split() for line in lines[1:4]}
+    assert rows["A"][1:4] == ["-", "0", "42"] and rows["B"][1:4] == ["0", "-", "7"]
+    assert rows["others"][1:4] == ["9", "6", "-"]  # the URLs among the rest stay out: the diagonal
+    # the expected ratio weighs the rest as one node of weight 760: A sends 1:76 to B and the rest
+    assert rows["A"][4] == "1:76.00" and rows["others"][4:] == ["1:1.00", "1:0.67"]
 
 
 def test_text_table_shows_the_designs_ratio_form() -> None:

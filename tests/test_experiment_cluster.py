@@ -90,8 +90,8 @@ def test_the_design_experiment_runs_on_a_simulated_cluster_and_its_tables_add_up
     assert 1 <= int(most) <= int(peers) == 19
     # The report prints the design's table for the named nodes of a fleet too large for the whole matrix.
     text = experiment.format_report(result)
-    assert "the design's table for the named nodes (A, B, C, D)" in text
-    assert "the design's table for the named nodes (A, B, D, E)" in text
+    assert "the design's table for the named nodes (A, B, C, D) and the other 16 nodes as one (others)" in text
+    assert "the design's table for the named nodes (A, B, D, E) and the other 16 nodes as one (others)" in text
 
 
 def test_cluster_mode_is_a_plan_mode_and_checks_its_settings() -> None:

@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 TABLE_MAX_NODES = 12
 #: Above this many nodes cells.csv is not written: 200 nodes already make 40,000 rows per phase.
 CELLS_CSV_MAX_NODES = 200
+#: The row and column of the design's table for named nodes that stand for the rest of a large fleet.
+OTHERS = "others"
 #: Plots show at most this many nodes (the plan's named nodes first, then the largest deviations).
 PLOT_MAX_NODES = 12
 #: The share plot leaves out samples in which the nodes received fewer URLs than this: at the end of a live
@@ -112,24 +114,50 @@ def _phase_header(result: ExperimentResult, phase: PhaseResult) -> str:
             f"{phase.pages:,} pages, {phase.total_sent:,} URLs sent")
 
 
+def _others_label(nodes: Sequence[str]) -> str:
+    label = OTHERS
+    while label in nodes:
+        label += "*"
+    return label
+
+
 def _matrix_table(phase: PhaseResult, only: Sequence[str] | None = None) -> list[str]:
     """The design's table: URLs from each node to each other, with the ratio the weights promise beside the
-    measured one; `only` restricts it to some nodes (the named ones of a large fleet), the ratios then taken
-    among them alone."""
+    measured one; `only` restricts it to some nodes (the named ones of a large fleet) plus the rest of the fleet
+    as one node (`others`: its weight, key and host shares summed, the URLs it sent to and received from the
+    named nodes), the ratios then taken among them alone. Without the rest, named nodes holding a fraction of a
+    percent of the ring each would send each other almost nothing (all zeros at 1,000 nodes)."""
     nodes = phase.nodes
     n = len(nodes)
     weights = {node: float(w) for node, w in phase.weights.items()}
     if only is not None:
-        sub = [node for node in nodes if node in set(only)]
+        wanted = set(only)
+        sub = [node for node in nodes if node in wanted]
         index = [nodes.index(node) for node in sub]
-        sent = PhaseResult.matrix(sub, {(sub[a], sub[b]): phase.sent[i * n + j]
-                                        for a, i in enumerate(index) for b, j in enumerate(index) if a != b})
+        rest = [k for k, node in enumerate(nodes) if node not in wanted]
+        sent_map = {(sub[a], sub[b]): phase.sent[i * n + j]
+                    for a, i in enumerate(index) for b, j in enumerate(index) if a != b}
+        shown = list(sub)
+        new_weights = {node: phase.weights[node] for node in sub}
+        key_shares = {node: phase.key_shares[node] for node in sub}
+        host_shares = {node: phase.host_shares[node] for node in sub}
+        pop = None if phase.popularity_shares is None else {node: phase.popularity_shares[node] for node in sub}
+        if rest:
+            others = _others_label(nodes)
+            shown.append(others)
+            named = set(index)
+            for a, i in enumerate(index):
+                row = phase.sent[i * n:(i + 1) * n]
+                sent_map[(sub[a], others)] = sum(row) - sum(row[j] for j in index)
+                sent_map[(others, sub[a])] = sum(phase.sent[k * n + i] for k in range(n) if k not in named)
+            new_weights[others] = sum(phase.weights[nodes[k]] for k in rest)
+            key_shares[others] = sum(phase.key_shares.get(nodes[k], 0.0) for k in rest)
+            host_shares[others] = sum(phase.host_shares.get(nodes[k], 0.0) for k in rest)
+            if pop is not None and phase.popularity_shares is not None:
+                pop[others] = sum(phase.popularity_shares.get(nodes[k], 0.0) for k in rest)
         phase = PhaseResult(index=phase.index, name=phase.name, start=phase.start, end=phase.end,
-                            pages=phase.pages, weights={node: phase.weights[node] for node in sub},
-                            key_shares={node: phase.key_shares[node] for node in sub},
-                            host_shares={node: phase.host_shares[node] for node in sub},
-                            popularity_shares=None if phase.popularity_shares is None else
-                            {node: phase.popularity_shares[node] for node in sub}, sent=sent)
+                            pages=phase.pages, weights=new_weights, key_shares=key_shares, host_shares=host_shares,
+                            popularity_shares=pop, sent=PhaseResult.matrix(shown, sent_map))
         return _matrix_table(phase)
     rows = [["from\\to", *nodes, "expected ratio", "measured ratio"]]
     for a, i in enumerate(nodes):
@@ -199,9 +227,11 @@ def format_report(result: ExperimentResult) -> str:
             lines.append(f"({len(phase.weights):,} nodes: the URL matrix is in sent-phase{phase.index + 1}.csv; "
                          f"shown: the {TABLE_MAX_NODES} receivers that deviate most, then the plan's named nodes)")
             named = [node for node in _named_nodes(plan) if node in phase.weights]
-            if len(named) >= 2:
-                lines.append(f"the design's table for the named nodes ({', '.join(named)}): URLs sent between them, "
-                             "the ratios taken among them alone")
+            if named:
+                rest = len(phase.weights) - len(named)
+                lines.append(f"the design's table for the named nodes ({', '.join(named)}) and the other {rest:,} "
+                             f"nodes as one ({_others_label(phase.nodes)}): URLs sent between them, the ratios "
+                             "taken among them alone")
                 lines += _matrix_table(phase, only=named)
                 lines.append("")
         devs = node_deviations(phase)
