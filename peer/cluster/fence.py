@@ -6,9 +6,10 @@ declares dead while that node, alive behind the partition, may still fetch them.
 
 - a node that has heard from no strict majority of the members owning arcs (itself counted) within
   `CONTACT_WINDOW` of its own running time is *fenced*; a stall of its own is not counted as the peers' silence.
-  Hearing from a majority may be direct, or a progress wave (peer/cluster/progress.py) that came down the tree
-  from a root whose last wave reached a majority, within `CONTACT_WINDOW` (`majority_heard`): in a cluster of
-  hundreds a node talks to a few dozen peers at a time;
+  Hearing from a majority may be direct (any message from a peer counts, whatever ring or epoch it holds), or a
+  proof of contact that the progress waves (peer/cluster/progress.py) carry down the tree, dated by the root's
+  count of a majority it comes from (`majority_heard`): in a cluster of hundreds a node talks to a few dozen
+  peers at a time;
 - once in contact again, and after any freeze long enough for the others to have declared it dead, it holds for
   the suspicion timeout + `CONTACT_WINDOW` + `TAKEOVER_GRACE`: a suspicion raised before the heal may still fire,
   be heard, be refuted, and the heir must stop and give the hosts back;
@@ -34,8 +35,9 @@ __all__ = ["CONTACT_TICK", "CONTACT_WINDOW", "TAKEOVER_GRACE", "PartitionFence"]
 
 log = logging.getLogger(__name__)
 
-#: Heard from within this much of this node's running time counts as contact: directly, or through a progress
-#: wave (one a second) whose root reached a majority; SWIM probes and gossip come on top.
+#: Heard from within this much of this node's running time counts as contact: directly, or through a proof of
+#: contact carried by a progress wave (one a second), dated by the root's count of a majority; SWIM probes and
+#: gossip come on top.
 CONTACT_WINDOW = 2.5
 #: An heir's hold past CONTACT_WINDOW after it last heard from the dead member: the member's last requests end.
 TAKEOVER_GRACE = 2.0
@@ -63,7 +65,7 @@ class PartitionFence:
         self.last_heard = last_heard  # peer -> trio time it was last heard from (the membership's)
         self.suspicion_timeout = suspicion_timeout
         self.probe_interval = probe_interval
-        self.majority_heard = majority_heard  # trio time this node last heard, through a wave, from a majority
+        self.majority_heard = majority_heard  # trio time of this node's newest proof of contact with a majority
         self.fences = 0  # times this node fenced itself
         self._fence = False
         self._until = -math.inf  # the hold after a heal or a freeze

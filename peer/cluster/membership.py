@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 _LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
 _MAX_INDIRECT_TASKS = 64
+#: A joiner sends its view to the seed again this often until the seed's answer is merged (a lost message).
+JOIN_RESEND = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,7 +222,8 @@ class Membership:
         """Join the cluster through the member at `seed_address`; returns once the seed's view is merged.
 
         Tries `attempts` times with the links' back-off between tries, then raises LinkError saying why; each try
-        waits at most the handshake timeout for the seed's answer. The caller may bound it further.
+        waits at most the handshake timeout for the seed's answer, sending our view again every `JOIN_RESEND`
+        meanwhile. The caller may bound it further.
         """
         if self.address is None:
             raise RuntimeError("Membership.run() must be started before join()")
@@ -232,11 +235,16 @@ class Membership:
             except LinkError as exc:
                 problem = LinkError(f"cannot join through {seed_address}: {exc}")
             else:
-                self.links.send_nowait(seed_id, self._full_gossip(), address=seed_address)
+                # Our full view again every JOIN_RESEND until the seed's answer is merged: one lost message (a
+                # connection that broke after the write) would otherwise cost the attempt's whole wait, and
+                # three in a row the join. The exchange is idempotent; the seed answers each while we lack its view.
                 watch = self.watch()
                 with trio.move_on_after(wait):
                     while self.view.member(seed_id) is None:
-                        await watch.next()
+                        self.links.send_nowait(seed_id, self._full_gossip(), address=seed_address)
+                        with trio.move_on_after(JOIN_RESEND):
+                            while self.view.member(seed_id) is None:
+                                await watch.next()
                 if self.view.member(seed_id) is not None:
                     return self.view
                 problem = LinkError(f"cannot join through {seed_address}: the seed did not answer within {wait} s")
