@@ -128,6 +128,43 @@ async def test_a_release_waits_for_the_links_its_page_routed(stores) -> None:
     assert any(m.released == tuple(queued_url_keys([page])) for _p, m in links.sent if isinstance(m, QueueReplica))
 
 
+async def test_a_held_release_goes_once_its_links_backup_has_left_and_come_back(stores) -> None:
+    # Found by counting replicas in flight as "not idle" in the 5 s partition simulation: a page's release waited
+    # for a routed link's owner (on the other side) while the replicas of the links it queued here were already
+    # acknowledged by backup B. The partition took B out of the ring and the heal brought it back with its counts
+    # started again from 0: the ticket, which still wanted B's old count, was never done, and the release (and
+    # the node's idleness) waited forever. A backup that left and came back now counts as having left.
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    current = [ring]
+    links = Links()
+    store = stores["A"]
+    owner = QueueReplicas("A", store, links, ring_of=lambda: (1, current[0]), copies=1, wall_clock=lambda: 0.0)
+    queued = [i for i in _items(ring, "A", 200) if ring.backups_at(host_position(i.host), 1) == ("B",)][:20]
+    ticket = owner.replicate(queued)  # the page's links, queued here: their replicas go to B
+    owner.pump(trio.current_time())
+    owner.on_message("B", ReplicaAck(seq=links.replicas_to("B")[-1].seq))
+    assert ticket is not None and owner.done(ticket)
+    page = queued[0]
+    routed = _items(ring, "C", 1)[0]
+    store.outbox.put([("C", routed)])  # and a link for C, unacknowledged: the release is held for it
+    owner.released(page, ["C"], ticket)
+    assert owner.unreleased() == {page.url}
+    without_b = Ring({"A": 150, "C": 200}, points_per_weight=20)
+    for step in (without_b, ring):  # B declared dead, then back after the heal
+        current[0] = step
+        owner.ring_changed(step)
+    owner.replicate(_items(ring, "A", 5, start=10_000))  # B's new state counts again from 0
+    seq = store.outbox.take("C", 10)[0][0]
+    store.outbox.ack("C", [seq])
+    owner.pump(trio.current_time())
+    assert owner.done(ticket)
+    for _ in range(3):  # B acknowledges what it gets; the release follows the adds staged before it
+        owner.on_message("B", ReplicaAck(seq=links.replicas_to("B")[-1].seq))
+        owner.pump(trio.current_time())
+    key = queued_url_keys([page])[0]
+    assert any(key in m.released for m in links.replicas_to("B")) and page.url not in owner.unreleased()
+
+
 async def test_a_backup_acks_once_committed_syncs_later_and_drops_malformed_entries(stores) -> None:
     links = Links()
     backup = QueueReplicas("B", stores["B"], links, ring_of=lambda: (1, None), copies=1, wall_clock=lambda: 100.0)

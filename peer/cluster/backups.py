@@ -93,12 +93,14 @@ BACKUPS_CACHE = 200_000
 
 
 class Ticket:
-    """What a received batch waits for before it is acknowledged: for each backup, the count of entries staged
-    for it up to this batch's URLs. Done once each backup has acknowledged that far (or left the ring)."""
+    """What a received batch waits for before it is acknowledged: for each backup, its state here and the count
+    of entries staged for it up to this batch's URLs. Done once each backup has acknowledged that far (or left
+    the ring). A backup that left the ring and came back has a new state whose counts start again from 0: the
+    old state is how a ticket tells it left (its entries were dropped, and counted as acknowledged, when it did)."""
 
     __slots__ = ("targets", "callbacks")
 
-    def __init__(self, targets: dict[str, int]) -> None:
+    def __init__(self, targets: dict[str, tuple[_Backup, int]]) -> None:
         self.targets = targets
         self.callbacks: list[Callable[[], None]] = []
 
@@ -168,7 +170,7 @@ class QueueReplicas:
         self._dirty: int | None = None  # store.syncs when replicas were last committed here (None: none since)
         self._synced: Any = None  # the ring of the last complete re-homing scan
         self._changed_at: float | None = None  # when the ring last changed (for restore_seconds)
-        self._restore: dict[str, int] | None = None  # what the last scan staged, per backup
+        self._restore: dict[str, tuple[_Backup, int]] | None = None  # what the last scan staged, per backup
         self._gc_ring: Any = None  # the ring the last clean-up ran under
         self.restore_seconds: list[float] = []  # ring change -> R + 1 copies again, one per change
         self.urls_sent = 0
@@ -236,7 +238,7 @@ class QueueReplicas:
         if not touched:
             return None
         self._wake_for(touched)
-        ticket = Ticket({b: self._backups[b].staged_total for b in touched})
+        ticket = Ticket({b: (self._backups[b], self._backups[b].staged_total) for b in touched})
         if not self._done(ticket):
             self._tickets.append(ticket)
         return ticket
@@ -326,8 +328,12 @@ class QueueReplicas:
         return self._done(ticket)
 
     def _done(self, ticket: Ticket) -> bool:
+        return self._reached(ticket.targets)
+
+    def _reached(self, targets: dict[str, tuple[_Backup, int]]) -> bool:
+        """Each backup has acknowledged its count, or left the ring since (its state here is gone or new)."""
         backups = self._backups
-        return all(b not in backups or backups[b].acked_total >= target for b, target in ticket.targets.items())
+        return all(backups.get(b) is not state or state.acked_total >= n for b, (state, n) in targets.items())
 
     def _check_tickets(self) -> None:
         self._releases_due = True  # a held release may wait for a ticket that is done now
@@ -340,9 +346,7 @@ class QueueReplicas:
             else:
                 still.append(ticket)
         self._tickets = still
-        if self._restore is not None and all(
-            self._backups[b].acked_total >= n for b, n in self._restore.items() if b in self._backups
-        ):
+        if self._restore is not None and self._reached(self._restore):
             self._restored()
 
     def _restored(self) -> None:
@@ -374,7 +378,7 @@ class QueueReplicas:
                 self._drop_staged(peer, state, rescan=False)
                 del self._backups[peer]
         for ticket in self._tickets:
-            ticket.targets = {b: n for b, n in ticket.targets.items() if b in self._backups}
+            ticket.targets = {b: t for b, t in ticket.targets.items() if self._backups.get(b) is t[0]}
         self._changed_at = trio.current_time()
         self._check_tickets()
         self._wake.set()
@@ -545,7 +549,7 @@ class QueueReplicas:
             staged += place(item)
         self.urls_rehomed += staged
         self._synced = ring
-        self._restore = {peer: s.staged_total for peer, s in self._backups.items()}
+        self._restore = {peer: (s, s.staged_total) for peer, s in self._backups.items()}
         self._wake.set()
         self._check_tickets()
         if staged:
