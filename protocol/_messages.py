@@ -646,10 +646,6 @@ RECORDS: dict[int, Record] = {
         urls_received=UInt(),
         rate=Seconds(),
     ),
-    0x2A: _record(ProgressWave, seq=UInt(), ring=UInt(), members=Many(Text()), wait=Seconds(), finished=Flag(),
-                  proof=Maybe(Seconds())),
-    0x2B: _record(ProgressTally, seq=UInt(), ring=UInt(), heard=_U32, nodes=_U32, idle=_U32, activity=UInt(),
-                  concluded=_U32),
     0x27: _record(StatusQuery, seq=UInt()),
     0x28: _record(
         StatusReport,
@@ -688,7 +684,6 @@ RECORDS: dict[int, Record] = {
         revisits=Many(_REVISIT_ENTRY),
     ),
     0x31: _record(HandoffAck, transfer_id=UInt(), chunk_seq=UInt()),
-    0x35: _record(HandoffAsk, ring=UInt()),
     0x32: _record(SeenReplica, epoch=UInt(), keys=Many(_SEEN_KEY, "max_keys_per_chunk"),
                   hosts=Many(_HOST_STATE)),
     0x29: _record(Settings, version=UInt(), origin=Text(), body=Text("max_settings")),
@@ -719,6 +714,12 @@ RECORDS_V4[0x20] = _record(Gossip, epoch=UInt(), full=Flag(), members=Many(_MEMB
 RECORDS_V4[0x53] = _record(LaneHandover, address=Text("max_address"), ready_in=Many(Seconds(), "max_lanes"),
                            epoch=UInt())
 RECORDS_V4[0x54] = _record(LaneHandoverAsk, address=Text("max_address"), epoch=UInt())
+# ... and the messages that came with it: progress waves (peer/cluster/progress.py), a hand-off ask
+RECORDS_V4[0x2A] = _record(ProgressWave, seq=UInt(), ring=UInt(), members=Many(Text()), wait=Seconds(),
+                           finished=Flag(), proof=Maybe(Seconds()))
+RECORDS_V4[0x2B] = _record(ProgressTally, seq=UInt(), ring=UInt(), heard=_U32, nodes=_U32, idle=_U32,
+                           activity=UInt(), concluded=_U32)
+RECORDS_V4[0x35] = _record(HandoffAsk, ring=UInt())
 # protocol version -> its wire table
 RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4}
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})
