@@ -182,17 +182,11 @@ class ResponseReader:
                 buf = self._buf
                 if self._framing == _LENGTH:
                     if buf:
-                        left = self._left
-                        if len(buf) <= left:
-                            self._buf = b""
-                            piece = buf
-                        else:
-                            self._buf = buf[left:]
-                            piece = buf[:left]
-                        self._left = left - len(piece)
+                        piece = self._take(self._left)
+                        self._left -= len(piece)
                         if not self._left:
                             self._state = _DONE
-                        return piece if type(piece) is bytes else bytes(piece)
+                        return piece
                     if self._eof:
                         raise RemoteProtocolError("the server closed the connection before the end of the body")
                     return NEED_DATA
@@ -233,17 +227,11 @@ class ResponseReader:
                     if self._eof:
                         raise RemoteProtocolError("the server closed the connection inside a chunk")
                     return NEED_DATA
-                left = self._chunk_left
-                if len(buf) <= left:
-                    self._buf = b""
-                    piece = buf
-                else:
-                    self._buf = buf[left:]
-                    piece = buf[:left]
-                self._chunk_left = left - len(piece)
+                piece = self._take(self._chunk_left)
+                self._chunk_left -= len(piece)
                 if not self._chunk_left:
                     self._state = _CHUNK_END
-                return piece if type(piece) is bytes else bytes(piece)
+                return piece
             if state == _CHUNK_END:
                 buf = self._buf
                 if len(buf) < 2:
@@ -344,6 +332,17 @@ class ResponseReader:
         self._buf = buf[match.end():]
         block = bytes(buf[: match.start()])
         return block[:-1] if block[-1:] == b"\r" else block
+
+    def _take(self, left: int) -> bytes:
+        """Up to `left` bytes of the buffer (not empty), removed from it: a piece of the body."""
+        buf = self._buf
+        if len(buf) <= left:
+            self._buf = b""
+            piece = buf
+        else:
+            self._buf = buf[left:]
+            piece = buf[:left]
+        return piece if type(piece) is bytes else bytes(piece)
 
     def _line(self, what: str) -> bytes | None:
         buf = self._buf
