@@ -370,3 +370,30 @@ async def test_a_backup_forces_what_it_holds_to_disk_itself_only_if_the_node_doe
             await trio.sleep(SYNC_INTERVAL + 0.01)
             assert store.syncs - before == forced, every
             nursery.cancel_scope.cancel()
+
+
+async def test_a_joiner_keeps_the_replicas_sent_under_a_newer_view_than_its_own_until_it_holds_that_view(
+        stores, autojump_clock) -> None:
+    """The cluster adopts a ring with a joiner in it and re-homes queued URLs to it before the joiner has built
+    that ring itself. Under its own older ring (only itself) the joiner backs nothing, and a clean-up then would
+    drop them all, acknowledged already: a death before the owners' next re-homing loses those URLs (14 pages in
+    a five-daemon run). The clean-up waits for a view at least as new as the replicas' own."""
+    full = Ring(WEIGHTS, points_per_weight=20)
+    alone = Ring({"C": WEIGHTS["C"]}, points_per_weight=20)
+    view = [(1, alone)]
+    joiner = QueueReplicas("C", stores["C"], Links(), ring_of=lambda: view[0], copies=1, wall_clock=lambda: 0.0)
+    items = _items(full, "A", 60)
+    backed = [i for i in items if "C" in full.holders_at(host_position(i.host), 1)]
+    elsewhere = [i for i in items if i not in backed]
+    assert backed and elsewhere
+    entries = tuple(UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops) for i in items)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(joiner.run)
+        assert joiner.on_message("A", QueueReplica(seq=1, epoch=5, urls=entries, released=()))
+        await trio.sleep(5.0)  # its own ring stable for far longer than GC_DELAY
+        assert len(stores["C"].replicas) == len(items)
+        view[0] = (5, full)
+        await trio.sleep(2.0)
+        # under the cluster's ring: what it backs is kept, the rest is no longer its to hold
+        assert set(stores["C"].replicas.keys()) == set(queued_url_keys(backed))
+        nursery.cancel_scope.cancel()

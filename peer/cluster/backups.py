@@ -26,7 +26,8 @@ The owner's side (`QueueReplicas`):
 
 The backup's side: `QueueReplica` is applied in one transaction (releases, then URLs, then host states: the later
 ready time wins) and synced before the ack. Replicas of positions where this node is no longer a backup are
-dropped once the ring has been stable for `GC_DELAY` (1 s).
+dropped once the ring has been stable for `GC_DELAY` (1 s), and never under a view older than the newest one a
+replica held here was sent under.
 
 Promotion (`Cluster._view_changed`): when a member is declared dead, each arc this node inherits from it is
 promoted from the replicas into the frontier (`NodeStore.promote`: dedup, frontier and the dead owner's host
@@ -172,6 +173,7 @@ class QueueReplicas:
         self._changed_at: float | None = None  # when the ring last changed (for restore_seconds)
         self._restore: dict[str, tuple[_Backup, int]] | None = None  # what the last scan staged, per backup
         self._gc_ring: Any = None  # the ring the last clean-up ran under
+        self._held_epoch = 0  # the newest view epoch a replica held here was sent under
         self.restore_seconds: list[float] = []  # ring change -> R + 1 copies again, one per change
         self.urls_sent = 0
         self.releases_sent = 0
@@ -431,7 +433,11 @@ class QueueReplicas:
                 seen_ring, stable_since = ring, trio.current_time()
             if ring is not self._synced:
                 await self.rehome(ring)
-            elif ring is not self._gc_ring and trio.current_time() - stable_since >= GC_DELAY:
+            elif (ring is not self._gc_ring and trio.current_time() - stable_since >= GC_DELAY
+                  and _epoch >= self._held_epoch):
+                # never under a view older than one a replica held here was sent under: its sender's ring may
+                # make this node a backup where ours does not yet (a joiner, before its first ring, dropped what
+                # the whole cluster had just re-homed to it, and a machine's death then lost those URLs)
                 self.collect(ring)
 
     def _connection(self, peer: str) -> int:
@@ -600,6 +606,7 @@ class QueueReplicas:
             self.refused += bad
             log.warning("malformed replica entries from a peer dropped", extra={"peer": peer_id, "entries": bad})
         self.store.hold_replicas(list(zip(queued_url_keys(items), items)), released, states)
+        self._held_epoch = max(self._held_epoch, message.epoch)
         self.urls_held += len(items)
         self.releases_held += len(released)
         self._dirty = self.store.syncs
