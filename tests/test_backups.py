@@ -397,3 +397,33 @@ async def test_a_joiner_keeps_the_replicas_sent_under_a_newer_view_than_its_own_
         # under the cluster's ring: what it backs is kept, the rest is no longer its to hold
         assert set(stores["C"].replicas.keys()) == set(queued_url_keys(backed))
         nursery.cancel_scope.cancel()
+
+
+async def test_a_release_reaches_the_seen_key_backups_too_and_is_sent_again_until_acknowledged(
+        stores, autojump_clock) -> None:
+    """With one replica a page's queued URL is on one backup, but its seen key on two (the seen-key replicas):
+    the release, which marks the page seen where it lands, goes to both and is re-sent until each acknowledges
+    it. (The key used to go to the second by a best-effort message: one lost frame, and the heir of both deaths
+    fetched the page again, beyond what was under way at the kill.)"""
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    links = Links()
+    owner = QueueReplicas("A", stores["A"], links, ring_of=lambda: (1, ring), copies=1, seen_copies=2,
+                          wall_clock=lambda: 0.0)
+    item = _items(ring, "A", 1)[0]
+    first, second = ring.backups_at(host_position(item.host), 2)
+    owner.replicate([item])
+    owner.pump(trio.current_time())
+    add = links.replicas_to(first)[-1]
+    assert add.urls and links.replicas_to(second) == []  # the queued URL: one backup
+    owner.on_message(first, ReplicaAck(seq=add.seq))
+    owner.released(item)
+    owner.pump(trio.current_time())
+    key = queued_url_keys([item])[0]
+    assert [m.released for m in (links.replicas_to(first)[-1], links.replicas_to(second)[-1])] == [(key,), (key,)]
+    assert owner.unreleased() == {item.url}
+    await trio.sleep(owner.resend_after + 0.01)  # the second's frame was lost: sent again
+    owner.pump(trio.current_time())
+    assert len(links.replicas_to(second)) == 2 and links.replicas_to(second)[-1].released == (key,)
+    for peer in (first, second):
+        owner.on_message(peer, ReplicaAck(seq=links.replicas_to(peer)[-1].seq))
+    assert owner.unreleased() == set()

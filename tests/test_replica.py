@@ -207,17 +207,16 @@ def test_politeness_states_go_on_to_the_owner_and_are_merged_there(store) -> Non
 
 
 def test_a_released_pages_key_skips_the_backups_its_release_reached(store) -> None:
-    """With --replicas R the release of a page (a QueueReplica) marks its key seen at the first R backups of its
-    position: the seen-key replicas send that key only to the backups after those; a key that came another way
-    (a hand-off's, a node without queued-URL replicas) still goes to all of them. All are recorded."""
+    """With --replicas R the release of a page (a QueueReplica) marks its key seen at the backups it went to: the
+    seen-key replicas send that key only to the other backups of its position; a key that came another way (a
+    hand-off's, a node without queued-URL replicas) still goes to all of them. All are recorded."""
     ring = Ring(WEIGHTS, points_per_weight=50)
     links = Links()
     replicas = SeenReplicas("A", store, links, ring_of=lambda: (7, ring))  # two copies
-    replicas.covered = 1
     items = _items(ring, "A", 40)
     keys = queued_url_keys(items)
     for item, key in zip(items[:20], keys[:20]):
-        replicas.fetched(item, key, released=True)
+        replicas.fetched(item, key, released=frozenset(ring.backups_at(host_position(item.host), 1)))
     for item in items[20:]:
         replicas.fetched(item)
     assert replicas.flush() == 20 + 2 * 20
@@ -231,6 +230,24 @@ def test_a_released_pages_key_skips_the_backups_its_release_reached(store) -> No
     links.sent.clear()
     two = Ring({"A": 150, "B": 80}, points_per_weight=50)
     pair = SeenReplicas("A", store, links, ring_of=lambda: (8, two))
-    pair.covered = 1
-    pair.fetched(items[0], keys[0], released=True)
+    pair.fetched(items[0], keys[0], released=frozenset({"B"}))
     assert pair.flush() == 0 and links.sent == []
+
+
+def test_a_released_pages_key_reaches_the_backups_a_ring_change_made_first_before_it_left(store) -> None:
+    """A page's release went to its backup, which then died: the ring without it, adopted before the key's tick,
+    makes another node the first backup, the heir if this node dies too. That node got no release, so it gets
+    the key (it used to be skipped as the first backup under the ring at the tick: the heir fetched the page
+    again after this node's death, a duplicate beyond what was under way)."""
+    full = Ring(WEIGHTS, points_per_weight=50)
+    current = [full]
+    links = Links()
+    replicas = SeenReplicas("A", store, links, ring_of=lambda: (7, current[0]))
+    item = next(i for i in _items(full, "A", 40) if full.backups_at(host_position(i.host), 1) == ("B",))
+    key = queued_url_keys([item])[0]
+    replicas.fetched(item, key, released=frozenset({"B"}))  # staged to B under the full ring
+    current[0] = Ring({n: w for n, w in WEIGHTS.items() if n != "B"}, points_per_weight=50)
+    heir = current[0].backups_at(host_position(item.host), 1)[0]
+    assert replicas.flush() >= 1
+    assert key in links.keys_to()[heir]
+

@@ -108,7 +108,10 @@ def _check(sim: ClusterSim, web: Web, expected: set[str], kills: list[tuple[floa
     in_flight = _in_flight_at_kills(sim, kills)
     allowed = in_flight | getattr(sim, "unreleased_at_kills", set())
     if bound_duplicates:
-        assert dups <= allowed, f"fetched twice though not under way at a kill: {sorted(dups - allowed)[:5]}"
+        extra = sorted(dups - allowed)[:3]
+        detail = [(f.url, f.node, round(f.start, 3), f.end and round(f.end, 3), f.cut) for f in sim.ledger.fetches
+                  if f.url in extra]
+        assert dups <= allowed, f"fetched twice though not under way at a kill: {extra} {detail} kills {kills}"
     figures["unexplained_duplicates"] = len(dups - allowed)
     figures["in_flight_at_kills"] = len(in_flight)
     figures["unreleased_at_kills"] = len(allowed - in_flight)

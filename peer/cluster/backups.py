@@ -138,6 +138,7 @@ class QueueReplicas:
         limits: Limits | None = None,
         zones_of: Callable[[], Zones] = Zones,
         synced_every: float | None = None,
+        seen_copies: int = 0,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -145,6 +146,9 @@ class QueueReplicas:
         self.ring_of = ring_of  # () -> (view epoch, the current Ring or None)
         self.zones_of = zones_of  # () -> the failure zones of the ring's nodes (a copy goes outside the owner's)
         self.copies = copies
+        # a release goes to the holders of this many backups (at least `copies`): the seen-key replicas' (their
+        # copies), so the mark that a page was fetched reaches each of them acknowledged, not best effort
+        self.release_copies = max(copies, seen_copies) if copies else 0
         self.wall_clock = wall_clock
         self.interval = interval
         self.resend_after = resend_after
@@ -156,8 +160,9 @@ class QueueReplicas:
         self._backups: dict[str, _Backup] = {}
         self._tickets: list[Ticket] = []
         # called with each URL whose release is staged: the cluster sends its seen key to the seen-key replicas
-        # only then, so no backup holds a page as seen while the links it queued may be lost with this node
-        self.on_released: Callable[[QueuedUrl, bytes], None] | None = None  # (the URL, its seen key)
+        # only then, so no backup holds a page as seen while the links it queued may be lost with this node; with
+        # the backups the release went to (they mark the key seen with it)
+        self.on_released: Callable[[QueuedUrl, bytes, frozenset[str]], None] | None = None
         # releases waiting for their page's links: ({owner: outbox seq at the commit}, the links' ticket, URL)
         self._releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]] = []
         # Whether a held release may have become ready since `_stage_releases` last looked: a release waits for
@@ -166,7 +171,8 @@ class QueueReplicas:
         self._releases_due = False
         self._outbox_removals = -1  # `store.outbox.removals` when the held releases were last scanned
         self._cache_ring: Any = None  # the ring `_cache` was filled under
-        self._cache: dict[str, tuple[str, ...]] = {}  # host -> its backups (not this node) under `_cache_ring`
+        # host -> (its backups, those of its releases), not this node, under `_cache_ring`
+        self._cache: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         self._wake = trio.Event()
         self._dirty: int | None = None  # store.syncs when replicas were last committed here (None: none since)
         self._synced: Any = None  # the ring of the last complete re-homing scan
@@ -208,17 +214,31 @@ class QueueReplicas:
             self._drop_staged(peer, state, rescan=True)
 
     def _backups_of(self, ring: Any, host: str) -> tuple[str, ...]:
+        """The backups that hold `host`'s queued URLs under `ring` (not this node)."""
+        return self._holders_of(ring, host)[0]
+
+    def _release_backups_of(self, ring: Any, host: str) -> tuple[str, ...]:
+        """The backups a release of one of `host`'s URLs goes to under `ring`: its backups and the seen-key
+        replicas' (not this node)."""
+        return self._holders_of(ring, host)[1]
+
+    def _holders_of(self, ring: Any, host: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         if ring is self._cache_ring:
             found = self._cache.get(host)
             if found is not None:
                 return found
-        backups = tuple(b for b in ring.holders_at(host_position(host), self.copies, self.zones_of())
-                        if b != self.node_id)
+        position, zones = host_position(host), self.zones_of()
+        backups = tuple(b for b in ring.holders_at(position, self.copies, zones) if b != self.node_id)
+        releases = backups
+        if self.release_copies > self.copies:
+            releases = tuple(b for b in ring.holders_at(position, self.release_copies, zones) if b != self.node_id)
+            releases = backups + tuple(b for b in releases if b not in backups)
+        found = (backups, releases)
         if ring is self.ring_of()[1]:  # remembered for the current ring only: a new ring starts a new memory
             if ring is not self._cache_ring or len(self._cache) >= BACKUPS_CACHE:
                 self._cache_ring, self._cache = ring, {}
-            self._cache[host] = backups
-        return backups
+            self._cache[host] = found
+        return found
 
     def queued(self, items: Sequence[QueuedUrl]) -> None:
         """URLs were queued here: their backups get them."""
@@ -293,18 +313,18 @@ class QueueReplicas:
 
     def _release(self, item: QueuedUrl) -> None:
         key = queued_url_keys((item,))[0]
-        if self.on_released is not None:
-            self.on_released(item, key)
         _epoch, ring = self.ring_of()
-        if ring is None:
-            return
-        backups = set(self._backups_of(ring, item.host))
-        if self._synced is not None and self._synced is not ring:
-            # the arc may have moved since the URL was replicated: the backups it went to are released too
-            backups.update(b for b in self._backups_of(self._synced, item.host) if b in ring.weights)
-        for backup in sorted(backups):
-            self._stage(backup, (key, item))
-        self._wake_for(backups)
+        backups: set[str] = set()
+        if ring is not None:
+            backups.update(self._release_backups_of(ring, item.host))
+            if self._synced is not None and self._synced is not ring:
+                # the arc may have moved since the URL was replicated: the backups it went to are released too
+                backups.update(b for b in self._backups_of(self._synced, item.host) if b in ring.weights)
+            for backup in sorted(backups):
+                self._stage(backup, (key, item))
+            self._wake_for(backups)
+        if self.on_released is not None:
+            self.on_released(item, key, frozenset(backups))
 
     def _wake_for(self, backups: Iterable[str]) -> None:
         """Wake the send loop if one of `backups` can take a message now and has FULL entries waiting (window 1:

@@ -48,7 +48,7 @@ from peer.cluster.membership import Membership, MembershipConfig
 from peer.cluster.peerlinks import LinkConfig
 from peer.cluster.progress import Local, ProgressTree
 from peer.cluster.lanes import LEASE, FleetLanes
-from peer.cluster.replicas import SeenReplicas
+from peer.cluster.replicas import REPLICA_COPIES, SeenReplicas
 from peer.cluster.rings import RingCache
 from peer.cluster.report import ring_pending, ring_slices, status_dict, status_report
 from peer.cluster.transport import TcpTransport, TlsFiles, Transport
@@ -175,7 +175,8 @@ class Cluster:
         # every queued URL also on the ring backups of its position (--replicas R), promoted when its owner dies
         self.backups = QueueReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
                                      copies=cfg.replicas, wall_clock=wall_clock, zones_of=lambda: self.zones,
-                                     synced_every=cfg.sync_interval)  # the node's housekeeping syncs the store
+                                     synced_every=cfg.sync_interval,  # the node's housekeeping syncs the store
+                                     seen_copies=REPLICA_COPIES)  # a release marks a page seen where its key goes
         self.wall_clock = wall_clock
         self.dispatcher = Dispatcher(
             node_id, store, self.links, ring_of=self.ring_of,
@@ -185,10 +186,9 @@ class Cluster:
         self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
                                      apply_states=self._merge_states, wall_clock=wall_clock,
                                      zones_of=lambda: self.zones)
-        # a released page's seen key: its release marks it seen at its --replicas holders, so the seen-key
-        # replicas send it only to the holders beyond those
-        self.replicas.covered = cfg.replicas
-        self.backups.on_released = lambda item, key: self.replicas.fetched(item, key, released=True)
+        # a released page's seen key: its release marks it seen at the backups it went to, so the seen-key
+        # replicas send it only to the others
+        self.backups.on_released = lambda item, key, done: self.replicas.fetched(item, key, released=done)
         # the hand-off asks the cluster (its delegate) what is busy, who owns what, and where keys go
         self.handoff = Handoff(node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait),
                                wall_clock=wall_clock, delegate=self)

@@ -100,11 +100,11 @@ class SeenReplicas:
         self.copies = copies
         self.max_keys = min(Limits().max_keys_per_chunk, MAX_KEYS_PER_MESSAGE)
         self._pending: list[bytes] = []
-        # keys of pages released through the queued-URL replicas (`fetched(..., released=True)`): the first
-        # `covered` backups of their position (--replicas R) mark them seen with the release, so they go only
-        # to the backups after those (none in a cluster of two)
-        self._released: list[bytes] = []
-        self.covered = 0
+        # keys of pages released through the queued-URL replicas (`fetched(..., released=backups)`), with the
+        # backups that release went to: they mark the key seen with it, so it goes only to the others (none in a
+        # cluster of two). The backups of the release, not those of the ring at the flush: the ring may change
+        # in between, and a backup that the ring makes first then would get neither the key nor the release.
+        self._released: list[tuple[bytes, frozenset[str]]] = []
         self._foreign: dict[bytes, None] = {}  # fetched-page keys of arcs owned elsewhere, oldest first
         # host -> (crawl delay, ready at (wall clock), failures): states of hosts owned elsewhere, to pass on
         self._states: dict[str, tuple[float, float, int, int, int]] = {}  # delay, ready, failures, pages, bytes
@@ -120,12 +120,15 @@ class SeenReplicas:
         self.keys_passed_on = 0  # hand-off keys of arcs owned elsewhere, sent to their owners
         self.keys_refused = 0  # malformed keys from a peer
 
-    def fetched(self, item: QueuedUrl, key: bytes | None = None, *, released: bool = False) -> None:
+    def fetched(self, item: QueuedUrl, key: bytes | None = None, *, released: frozenset[str] | None = None) -> None:
         """The crawler committed `item` as fetched: its key (`key`, if the caller has it already) goes to the
-        backups at the next tick. `released`: its release went to the queued-URL replicas, which mark it seen
-        at the first `covered` backups: it goes to the others only (it is recorded all the same)."""
+        backups at the next tick. `released`: the backups its release went to through the queued-URL replicas,
+        which mark it seen there: it goes to the others only (it is recorded all the same)."""
         key = key if key is not None else queued_url_keys((item,))[0]
-        (self._released if released and self.covered else self._pending).append(key)
+        if released is None:
+            self._pending.append(key)
+        else:
+            self._released.append((key, released))
         self._trim_pending()
 
     def _trim_pending(self) -> None:
@@ -241,30 +244,27 @@ class SeenReplicas:
             return 0
         keys, self._pending = self._pending, []
         released, self._released = self._released, []
-        self.store.mark_fetched(keys + released)
+        self.store.mark_fetched(keys + [key for key, _done in released])
         epoch, ring = self.ring_of()
         if ring is None:
             return 0  # no ring yet: the first rescan sends them
         by_backup: dict[str, list[bytes]] = defaultdict(list)
-        node, copies, covered, zones = self.node_id, self.copies, self.covered, self.zones_of()
-        found: dict[tuple[bytes, int], list[str]] = {}  # (host position, skip) -> backups: a host's pages share it
-        # without failure zones the release's holders are the first R of the seen-key ones: with R >= the seen
-        # copies a released key goes nowhere else, and needs no look-up
-        everywhere = covered >= copies and not zones
-        for skip, group in ((0, keys), (covered, () if everywhere else released)):
-            for key in group:
-                position = key[:8]
-                backups = found.get((position, skip))
-                if backups is None:
-                    at = int.from_bytes(position, "big")
-                    # not those the queued-URL replicas' release reached (`skip`: --replicas R): it marks the key
-                    # seen there; none in a cluster of one; not this node, if the host moved away meanwhile (its
-                    # key travels with the hand-off of the arc instead)
-                    done = set(ring.holders_at(at, skip, zones)) if skip else set()
-                    backups = found[(position, skip)] = [
-                        b for b in ring.holders_at(at, copies, zones) if b != node and b not in done]
-                for backup in backups:
-                    by_backup[backup].append(key)
+        node, copies, zones = self.node_id, self.copies, self.zones_of()
+        # (host position, the backups its release reached) -> backups: a host's pages share it
+        found: dict[tuple[bytes, frozenset[str]], list[str]] = {}
+        nothing: frozenset[str] = frozenset()
+        for key, done in [(key, nothing) for key in keys] + released:
+            position = key[:8]
+            backups = found.get((position, done))
+            if backups is None:
+                # not those the queued-URL replicas' release reached (`done`): it marks the key seen there; none
+                # in a cluster of one; not this node, if the host moved away meanwhile (its key travels with the
+                # hand-off of the arc instead)
+                backups = found[(position, done)] = [
+                    b for b in ring.holders_at(int.from_bytes(position, "big"), copies, zones)
+                    if b != node and b not in done]
+            for backup in backups:
+                by_backup[backup].append(key)
         sent = self._send(epoch, by_backup)
         self.keys_sent += sent
         return sent
