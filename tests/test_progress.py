@@ -50,12 +50,15 @@ class Net:
         self.ring = {name: RING for name in names}
         self.orders: dict[str, tuple[str, ...]] = {}  # a member's own list, where it differs from `order`
         self.down: set[str] = set()
+        self.suspected: set[str] = set()  # the members every view holds SUSPECT
         self.sent: Counter[str] = Counter()
         self.received: Counter[str] = Counter()
         self.handlers: dict[str, Callable[[str, object], None]] = {}
         self.in_flight = 0
 
     def send(self, sender: str, peer: str, message: object) -> bool:
+        if sender in self.down:
+            return True  # a dead member sends nothing
         self.sent[sender] += 1
         self.in_flight += 1
         self.nursery.start_soon(self._deliver, sender, peer, message)
@@ -72,7 +75,8 @@ class Net:
 
 def tree(net: Net, name: str, local: Callable[[bool], Local]) -> ProgressTree:
     t = ProgressTree(name, members=lambda: (net.ring[name], net.orders.get(name, net.order)), local=local,
-                     send=lambda peer, message: net.send(name, peer, message))
+                     send=lambda peer, message: net.send(name, peer, message),
+                     suspect=lambda peer: peer in net.suspected)
 
     def handle(sender: str, message: object) -> None:
         if isinstance(message, ProgressWave):
@@ -491,5 +495,66 @@ def test_a_member_cut_off_from_the_majority_fences_itself_within_the_contact_win
             assert not set(fenced_at) & majority, "a member on the majority side fenced itself"
         else:
             assert majority <= set(fenced_at)  # no root on that side until its ring changes
+
+    run(body)
+
+
+def _fenced_seconds(fences: dict[str, PartitionFence], seconds: float, every: float = 0.1):
+    """Sample every member's fence for `seconds`: member -> seconds fenced."""
+    async def watch() -> dict[str, float]:
+        fenced: Counter[str] = Counter()
+        for _ in range(round(seconds / every)):
+            await trio.sleep(every)
+            for name, fence in fences.items():
+                if fence.fenced():
+                    fenced[name] += every
+        return dict(fenced)
+    return watch()
+
+
+@pytest.mark.parametrize("victim", ["root", "second root", "first child", "grandchild"])
+def test_a_member_that_dies_leaves_every_other_member_in_contact(victim: str) -> None:
+    """300 members, no direct contact (a fleet too large for it): the waves alone keep every node in contact
+    with the majority. A member dies; a second later every view holds it SUSPECT. With one tree, the root's death
+    stopped every wave and a member's death the waves of its part (37 members below the root's first child),
+    and those nodes fenced themselves until the views dropped the dead member, then held. With two trees (the
+    list and the list reversed, their roots a leaf of each other's) and the waves going around suspect members,
+    no live node fences at all."""
+    names = [f"n{i:03d}" for i in range(300)]
+    dead = {"root": names[0], "second root": names[-1], "first child": names[1], "grandchild": names[2]}[victim]
+
+    async def body(nursery: trio.Nursery) -> None:
+        rng = random.Random(21)
+        net = Net(nursery, rng, names, 0.003)
+        trees = {name: tree(net, name, lambda _f: Local(idle=False, activity=0, finished=False)) for name in names}
+        view = _members_view(names)
+        fences = _fences(net, trees, {name: (lambda: view) for name in names})
+        for name, t in trees.items():
+            await nursery.start(t.serve)
+            nursery.start_soon(fences[name].contact_loop)
+
+        async def waves(name: str) -> None:  # each node's progress loop: the two trees half a second apart
+            t, second = trees[name], True
+            while name not in net.down:
+                await trio.sleep(0.5)
+                second = not second
+                if t.is_root(second):
+                    t.tick(second)
+
+        for name in names:
+            nursery.start_soon(waves, name)
+        await trio.sleep(6.3)
+        assert not any(f.fences for f in fences.values())
+        net.down.add(dead)
+        await trio.sleep(1.0)
+        net.suspected.add(dead)
+        fenced = await _fenced_seconds({n: f for n, f in fences.items() if n != dead}, 15.0)
+        assert not fenced, f"{len(fenced)} of {len(names) - 1} live nodes fenced, up to {max(fenced.values()):.1f} s"
+        late = [n for n in names if n != dead and trio.current_time() - trees[n].contact_at > CONTACT_WINDOW]
+        assert not late
+        roots = {n for n in names if n != dead and trees[n].is_root()}
+        assert roots == {names[1] if dead == names[0] else names[0]}
+        if victim in ("first child", "grandchild"):
+            assert sum(t.routed_around for t in trees.values()) > 0
 
     run(body)

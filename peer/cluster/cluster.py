@@ -213,7 +213,8 @@ class Cluster:
         self.peers: dict[str, ProgressReport] = {}  # the latest report of each peer (asked while someone looks)
         self._seq = 0
         self.progress = ProgressTree(node_id, members=lambda: (self._ring_id, self._order),
-                                     local=self._wave_local, send=self._send_to, concluded=self._conclude)
+                                     local=self._wave_local, send=self._send_to, concluded=self._conclude,
+                                     suspect=self._suspect)
         self._leaving_since: dict[str, float] = {}  # peer -> when this node first saw it LEAVING
         # (when, dead node, URLs promoted): each arc inherited from a dead node, promoted from its replicas
         self.promotions: list[tuple[float, str, int]] = []
@@ -717,11 +718,14 @@ class Cluster:
 
     async def _progress_loop(self) -> None:
         await self.ready.wait()  # a node that is still joining must not conclude anything from its lone view
+        second = True
         while True:
-            await trio.sleep(PROGRESS_INTERVAL)
+            # the two trees' waves half an interval apart: each root starts one every interval
+            await trio.sleep(PROGRESS_INTERVAL / 2)
             self.release_departed()
-            if self.progress.is_root():
-                self.progress.tick()
+            second = not second
+            if self.progress.is_root(second):
+                self.progress.tick(second)
 
     def release_departed(self) -> list[str]:
         """Stop waiting for arcs from nodes that left: LEAVING for LEFT_GRACE and no longer connected (a leaving
@@ -743,6 +747,11 @@ class Cluster:
                 log.info("a node that left hands nothing more: its arcs are no longer waited for",
                          extra={"peer": peer})
         return released
+
+    def _suspect(self, peer: str) -> bool:
+        """Whether this node's view holds `peer` SUSPECT (the progress waves go around it)."""
+        member = self.view.member(peer)
+        return member is not None and member.state is MemberState.SUSPECT
 
     def _wave_local(self, finished: bool) -> Local:
         """This node's part of a wave's tally; a wave from a root that concluded makes an idle node conclude."""

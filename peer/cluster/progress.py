@@ -8,8 +8,8 @@ The receiver asks the first member of each of up to `FANOUT` equal parts of the 
 adds its own, and answers its parent with one `ProgressTally`: how many members of the range answered at all
 (`heard`), how many answered on the wave's ring (`nodes`), how many of those are idle, the sum of their activity
 counters, how many have concluded the crawl finished. Member 0 (the root) starts a wave every
-`PROGRESS_INTERVAL`; the tree is `log_FANOUT(n)` deep, so a wave costs each node one query and one answer from
-its parent, and at most `FANOUT` of each with its children: O(1) messages per node a wave, against 2(n - 1) when
+`PROGRESS_INTERVAL` (and the last member another, below); the tree is `log_FANOUT(n)` deep, so a wave costs each
+node one query and one answer from its parent, and at most `FANOUT` of each with its children: O(1) messages per node a wave, against 2(n - 1) when
 every node asked every peer. The ids cost bytes, not messages: a wave carries each member's id once per level
 above it (about n log_FANOUT(n) ids a wave in all).
 
@@ -30,6 +30,22 @@ a second, leaves included, whatever ring it holds; a root that took over (its ri
 received from the root before. The partition fence (`peer/cluster/fence.py`) counts `contact_at` as contact
 with the majority. This is what lets a node talk to a bounded number of peers and still know it is not on the
 minority side of a partition.
+
+Two trees, and around dead members. One tree has one root, and the members that answer for parts of it
+(about one in eight): the death of one of them stops the waves below it, and the root's death stops them all,
+until the views drop it (the suspicion timeout, then the ring change), so every node below would fence itself
+for that long and then hold (docs/cluster.md). So there are two trees over the same list, their waves half an
+interval apart: the first rooted at the list's first member, the second at its last (the list reversed). The
+last member is a leaf of the first tree and the first a leaf of the second, so either root's death leaves the
+other tree whole, and a member below a dead member in one tree is seldom below it in the other: its proofs keep
+coming from the other tree, each a count of a majority, whichever root made it. Then, once its view holds a
+member SUSPECT (`suspect(peer)`, the membership's first word on a silent member, about a probe after a
+death), a node routes its waves around it: a suspect first member of a part is asked for itself alone, not
+waited for (counted if it answers in time), and the rest of the part goes to the next member that is not
+suspect; and the first member of a tree's list that is not suspect is that tree's root, with the list turned so
+that it comes first. Two roots of one tree (a root wrongly suspected and its stand-in) are harmless: each count
+is a count, each conclusion the four-counter method's. The price is twice the progress messages: each node
+handles at most 2 (FANOUT + 1) of each a second.
 
 Termination (the four-counter method, as before): the root concludes when two waves in a row, the second begun
 after the first had returned, counted every member of the same ring, all idle, with the same sum of activity.
@@ -119,6 +135,10 @@ class Tally:
                      self.activity + other.activity, self.concluded + other.concluded)
 
 
+def _never(peer: str) -> bool:
+    return False
+
+
 class _Gather:
     __slots__ = ("waiting", "tally", "done", "majority")
 
@@ -132,13 +152,16 @@ class _Gather:
 class ProgressTree:
     """One node's part in the progress waves. `members()` gives the current ring's id and its members sorted by
     node id; `local(finished_wave)` this node's own progress (a wave marked finished may make it conclude first);
-    `send(peer, message)` queues a message without waiting."""
+    `send(peer, message)` queues a message without waiting; `suspect(peer)` whether this node's view holds that
+    member SUSPECT (waves go around it, and it is not the root while it is)."""
 
     def __init__(self, node_id: str, *, members: Callable[[], tuple[int, tuple[str, ...]]],
                  local: Callable[[bool], Local], send: Callable[[str, object], bool],
-                 concluded: Callable[[str], None] = lambda why: None) -> None:
+                 concluded: Callable[[str], None] = lambda why: None,
+                 suspect: Callable[[str], bool] = _never) -> None:
         self.node_id = node_id
         self._members = members
+        self._suspect = suspect
         self._local = local
         self._send = send
         self._concluded = concluded
@@ -146,16 +169,19 @@ class ProgressTree:
         self.reached = 0  # members the root's last returned wave heard from (itself counted)
         self._waves = 0  # the root's waves under way
         self._seq = 0
-        self._waits: dict[int, tuple[str, _Gather]] = {}  # seq of a wave we sent -> (child, its gathering)
+        # seq of a wave we sent -> (child, its gathering, whether the gathering waits for its answer)
+        self._waits: dict[int, tuple[str, _Gather, bool]] = {}
         self._gathers = 0
         self._nursery: trio.Nursery | None = None
         self.waves_started = 0
         self.waves_answered = 0
         self.waves_refused = 0  # answered at once counting itself alone: too many gatherings, or not addressed
         self.waves_off_ring = 0  # waves of another ring than ours, passed on all the same
+        self.routed_around = 0  # suspect first members of a part asked for themselves alone
         self.range_concluded = False  # a finished wave came back with every member of our range concluded
-        # (ring, members, activity, when it returned) of the root's last wave that counted every member idle
-        self._last: tuple[int, int, int, float] | None = None
+        # per tree (False: the first, True: the second), (ring, members, activity, when it returned) of the root's
+        # last wave that counted every member idle
+        self._last: dict[bool, tuple[int, int, int, float] | None] = {False: None, True: None}
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -163,40 +189,58 @@ class ProgressTree:
             task_status.started()
             await trio.sleep_forever()
 
-    def is_root(self) -> bool:
-        _ring, members = self._members()
-        return bool(members) and members[0] == self.node_id
+    def is_root(self, second: bool = False) -> bool:
+        """Whether this node starts the waves of the first tree (the second with `second`): the first member of
+        the ring's list (of the list reversed) that its view does not hold SUSPECT. A ring of one member has
+        one tree."""
+        ring, members = self._members()
+        if second and len(members) < 2:
+            return False
+        return self.node_id in self._tree(second)[1][:1]
+
+    def _tree(self, second: bool = False) -> tuple[int, tuple[str, ...]]:
+        """The ring's id and its members in the order a wave of the first tree (the second: the list reversed)
+        from this node lists them: turned so that the first member not suspect comes first (the suspect members
+        before it go last)."""
+        ring, members = self._members()
+        if second:
+            members = members[::-1]
+        for i, member in enumerate(members):
+            if member == self.node_id or not self._suspect(member):
+                return ring, (members[i:] + members[:i]) if i else members
+        return ring, members
 
     def proof(self) -> float | None:
         """How long ago this node's newest proof of contact with a majority was heard, if within the window."""
         age = trio.current_time() - self.contact_at
         return max(0.0, age) if age <= CONTACT_WINDOW else None
 
-    def tick(self) -> bool:
+    def tick(self, second: bool = False) -> bool:
         """As the root, start a wave (without waiting for it): it concludes the crawl when it and a wave that
         returned before it began both counted every member idle with the same activity. False if too many waves
         are under way."""
         if self._nursery is None or self._waves >= MAX_WAVES:
             return False
         self._waves += 1
-        self._nursery.start_soon(self._tick)
+        self._nursery.start_soon(self._tick, second)
         return True
 
-    async def _tick(self) -> None:
+    async def _tick(self, second: bool) -> None:
         try:
             if self._local(False).finished:
-                await self.wave(finished=True)
+                await self.wave(finished=True, second=second)
                 return
-            why = await self.round()
+            why = await self.round(second)
             if why is not None and not self._local(False).finished:
                 self._concluded(why)
-                await self.wave(finished=True)  # every member learns it now, not a wave later
+                await self.wave(finished=True, second=second)  # every member learns it now, not a wave later
         finally:
             self._waves -= 1
 
-    async def wave(self, *, finished: bool) -> Tally:
-        """Start a wave over every member from the root (this node); what it counted."""
-        ring, members = self._members()
+    async def wave(self, *, finished: bool, second: bool = False) -> Tally:
+        """Start a wave of the first tree (the second with `second`) over every member from its root (this
+        node); what it counted."""
+        ring, members = self._tree(second)
         self.waves_started += 1
         wait = HOP_WAIT * (depth(len(members)) + 1)
         began = trio.current_time()
@@ -214,25 +258,25 @@ class ProgressTree:
             self.range_concluded = True
         return tally
 
-    async def round(self) -> str | None:
+    async def round(self, second: bool = False) -> str | None:
         """As the root: one wave; why the crawl is finished everywhere, or None. Finished when this wave and one
         that had returned before this one began each counted every member of the same ring, all idle, with the
         same sum of activity; or when a member has concluded it (under an earlier root) and we are idle."""
         ring, members = self._members()
         n = len(members)
         began = trio.current_time()
-        tally = await self.wave(finished=False)
+        tally = await self.wave(finished=False, second=second)
         if tally.concluded > 0 and self._local(False).idle:
             return "a member concluded it"
         if tally.ring != ring or self._members()[0] != ring or tally.nodes != n or tally.idle != n:
-            self._last = None
+            self._last[second] = None
             return None
-        last = self._last
+        last = self._last[second]
         if last is not None and last[:3] == (ring, n, tally.activity):
             if began >= last[3]:
                 return "two waves with every member idle"
             return None  # this wave overlapped that one: the next may conclude
-        self._last = (ring, n, tally.activity, trio.current_time())
+        self._last[second] = (ring, n, tally.activity, trio.current_time())
         return None
 
     def on_wave(self, peer_id: str, wave: ProgressWave) -> None:
@@ -255,10 +299,12 @@ class ProgressTree:
         entry = self._waits.pop(tally.seq, None)
         if entry is None or entry[0] != peer_id:
             return  # late (its wave gave up on it) or not ours
-        _child, gather = entry
+        _child, gather, waited = entry
         if tally.ring == gather.tally.ring:
             gather.tally = gather.tally + Tally(tally.ring, tally.heard, tally.nodes, tally.idle, tally.activity,
                                                tally.concluded)
+        if not waited:  # a suspect member asked for itself: counted, but nothing waits for it
+            return
         gather.waiting -= 1
         if gather.majority is not None:
             gather.majority(gather.tally.heard + 1)
@@ -281,18 +327,26 @@ class ProgressTree:
                       counted: Callable[[int], None] | None = None, *, on_ring: bool = True) -> Tally:
         """Ask the first member of each part of `members[1:]` for its part, wait for their answers (at most
         `wait`), add this node's own snapshot (`members[0]` is this node); counted on `ring` only if `on_ring`."""
-        parts = children(0, len(members))
-        gather = _Gather(len(parts), Tally(ring, 0, 0, 0, 0, 0), counted)
+        asks: list[tuple[int, int, bool]] = []  # (start, end, waited) of each wave this node sends
+        for start, end in children(0, len(members)):
+            # around suspect first members: each asked for itself alone, unwaited; the rest goes to the next
+            while end - start > 1 and self._suspect(members[start]):
+                asks.append((start, start + 1, False))
+                start += 1
+            asks.append((start, end, end - start > 1 or not self._suspect(members[start])))
+        self.routed_around += sum(1 for ask in asks if not ask[2])
+        waited = sum(1 for ask in asks if ask[2])
+        gather = _Gather(waited, Tally(ring, 0, 0, 0, 0, 0), counted)
         proof = self.proof()
         mine = []
-        for start, end in parts:
+        for start, end, wait_for in asks:
             self._seq += 1
-            self._waits[self._seq] = (members[start], gather)
+            self._waits[self._seq] = (members[start], gather, wait_for)
             mine.append(self._seq)
             self._send(members[start], ProgressWave(seq=self._seq, ring=ring, members=members[start:end],
                                                     wait=max(0.0, wait - HOP_WAIT), finished=finished,
                                                     proof=proof))
-        if parts:
+        if waited:
             with trio.move_on_after(max(wait, HOP_WAIT)):
                 await gather.done.wait()
         for seq in mine:
