@@ -427,3 +427,28 @@ async def test_a_release_reaches_the_seen_key_backups_too_and_is_sent_again_unti
     for peer in (first, second):
         owner.on_message(peer, ReplicaAck(seq=links.replicas_to(peer)[-1].seq))
     assert owner.unreleased() == set()
+
+
+async def test_seen_marks_go_in_the_fifo_acknowledged_and_are_held_as_seen(stores, autojump_clock) -> None:
+    """The seen-key replicas' keys (a ring change's re-sends, a backup a release did not reach) go to a backup
+    as seen marks in its FIFO with `--replicas`: re-sent until acknowledged, marked seen where they land, never
+    counted as unreleased URLs; a FIFO without room for them says so (they then go best effort)."""
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    links = Links()
+    owner = QueueReplicas("A", stores["A"], links, ring_of=lambda: (1, ring), copies=1, wall_clock=lambda: 0.0,
+                          max_staged=10)
+    keys = queued_url_keys(_items(ring, "A", 3))
+    assert owner.mark_seen("B", keys) and not owner.mark_seen("B", queued_url_keys(_items(ring, "A", 4, 50)))
+    owner.pump(trio.current_time())
+    message = links.replicas_to("B")[-1]
+    assert message.released == tuple(keys) and not message.urls and owner.unreleased() == set()
+    await trio.sleep(owner.resend_after + 0.01)
+    owner.pump(trio.current_time())
+    assert len(links.replicas_to("B")) == 2  # not acknowledged: sent again
+    backup = QueueReplicas("B", stores["B"], Links(), ring_of=lambda: (1, ring), copies=1, wall_clock=lambda: 0.0)
+    assert backup.on_message("A", links.replicas_to("B")[-1])
+    assert all(key in stores["B"].dedup for key in keys)
+    owner.on_message("B", ReplicaAck(seq=links.replicas_to("B")[-1].seq))
+    assert owner.outstanding() == 0
+    assert owner.mark_seen("D", keys)  # not in the ring: nothing to do
+    assert "D" not in owner.status() and owner.outstanding() == 0

@@ -251,3 +251,28 @@ def test_a_released_pages_key_reaches_the_backups_a_ring_change_made_first_befor
     assert replicas.flush() >= 1
     assert key in links.keys_to()[heir]
 
+
+
+async def test_with_queued_url_replicas_a_ring_changes_re_sent_keys_go_the_acknowledged_way(store) -> None:
+    """With `--replicas` the keys a ring change sends again go through the queued-URL replicas' FIFO (`reliable`),
+    not as best-effort `SeenReplica` messages; a FIFO without room sends them best effort."""
+    ring = Ring(WEIGHTS, points_per_weight=50)
+    links = Links()
+    taken: dict[str, list[bytes]] = {}
+    room = [True]
+
+    def reliable(backup: str, keys) -> bool:
+        if room[0]:
+            taken.setdefault(backup, []).extend(keys)
+        return room[0]
+
+    replicas = SeenReplicas("A", store, links, ring_of=lambda: (7, ring), reliable=reliable)
+    items = _items(ring, "A", 20)
+    for item in items:
+        replicas.fetched(item)
+    replicas.flush()
+    assert links.sent == [] and sum(len(k) for k in taken.values()) == 2 * 20
+    taken.clear()
+    room[0] = False
+    assert await replicas.rescan(ring) == 2 * 20  # a first scan: every key to both backups, best effort now
+    assert taken == {} and sum(len(k) for k in links.keys_to().values()) == 2 * 20

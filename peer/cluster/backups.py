@@ -108,7 +108,8 @@ class Ticket:
 
 @dataclass(slots=True)
 class _Backup:
-    staged: deque[QueuedUrl | tuple[bytes, QueuedUrl]] = field(default_factory=deque)  # adds, (key, release)
+    # adds, (key, release) and keys of fetched pages (seen marks: a release with no URL of this node's queue)
+    staged: deque[QueuedUrl | tuple[bytes, QueuedUrl] | bytes] = field(default_factory=deque)
     staged_total: int = 0  # entries ever staged for this backup
     acked_total: int = 0  # entries acknowledged (or dropped): FIFO, so everything up to here arrived
     seq: int = 0
@@ -204,7 +205,7 @@ class QueueReplicas:
             state = self._backups[peer] = _Backup()
         return state
 
-    def _stage(self, peer: str, entry: QueuedUrl | tuple[bytes, QueuedUrl]) -> None:
+    def _stage(self, peer: str, entry: QueuedUrl | tuple[bytes, QueuedUrl] | bytes) -> None:
         state = self._backup(peer)
         if not state.staged:
             state.staged_at = trio.current_time()
@@ -325,6 +326,21 @@ class QueueReplicas:
             self._wake_for(backups)
         if self.on_released is not None:
             self.on_released(item, key, frozenset(backups))
+
+    def mark_seen(self, backup: str, keys: Sequence[bytes]) -> bool:
+        """`backup` is to hold `keys` (of pages fetched here) as seen: sent like a release, in its FIFO,
+        acknowledged and re-sent, so that the mark survives a lost frame (the seen-key replicas' own messages are
+        best effort). A backup no longer in the ring gets nothing. False if the backup's FIFO has no room for
+        them (a restart's re-sending of every key recorded): the caller sends them best effort instead."""
+        _epoch, ring = self.ring_of()
+        if not keys or ring is None or backup == self.node_id or backup not in ring.weights:
+            return True
+        if len(self._backup(backup).staged) + len(keys) > self.max_staged // 2:
+            return False
+        for key in keys:
+            self._stage(backup, key)
+        self._wake_for((backup,))
+        return True
 
     def _wake_for(self, backups: Iterable[str]) -> None:
         """Wake the send loop if one of `backups` can take a message now and has FULL entries waiting (window 1:
@@ -511,6 +527,8 @@ class QueueReplicas:
             if isinstance(entry, QueuedUrl):
                 final[queued_url_keys((entry,))[0]] = entry
                 size += len(entry.url) + len(entry.found_on or "") + 16
+            elif isinstance(entry, bytes):  # a fetched page's seen mark
+                final[entry] = None
             else:
                 key, done = entry
                 final[key] = None
@@ -642,7 +660,7 @@ class QueueReplicas:
         urls = {item.url for _marks, _links, item in self._releases}
         for state in self._backups.values():
             for entry in state.staged:
-                if not isinstance(entry, QueuedUrl):
+                if isinstance(entry, tuple):
                     urls.add(entry[1].url)
             urls.update(state.inflight_released)
         return urls

@@ -185,7 +185,8 @@ class Cluster:
         )
         self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
                                      apply_states=self._merge_states, wall_clock=wall_clock,
-                                     zones_of=lambda: self.zones)
+                                     zones_of=lambda: self.zones,
+                                     reliable=self.backups.mark_seen if cfg.replicas else None)
         # a released page's seen key: its release marks it seen at the backups it went to, so the seen-key
         # replicas send it only to the others
         self.backups.on_released = lambda item, key, done: self.replicas.fetched(item, key, released=done)

@@ -32,8 +32,10 @@ so a joiner does not fetch a host sooner than the leaver's Crawl-delay allows be
 to a node that no longer owned the host. A node that receives states it does not own keeps them and sends them
 on only at its next ring change (never at once: two nodes whose views differ would pass them back and forth).
 
-Best effort by design: no acks. A replica lost with a connection or a full send queue costs at most a page
-fetched twice after a death. The window between a page's commit and its replica leaving is `interval`.
+With `--replicas R` (R >= 1) none of this travels by `SeenReplica`: a page's key goes with its release, and
+what is left (a backup the release did not reach, a ring change's re-sends) goes in the queued-URL replicas'
+acknowledged FIFO (`reliable`, `QueueReplicas.mark_seen`). With `--replicas 0` the messages are best effort, no
+acks: a replica lost with a connection or a full send queue costs at most a page fetched twice after a death. The window between a page's commit and its replica leaving is `interval`.
 Replicas a node holds for arcs that later moved elsewhere stay in its store as harmless seen keys (every one of
 them names a page that was fetched); they cost about 40 bytes each on disk.
 """
@@ -89,8 +91,12 @@ class SeenReplicas:
         apply_states: Callable[[Sequence[WireHostState]], None] | None = None,
         wall_clock: Callable[[], float] = time.time,
         zones_of: Callable[[], Zones] = Zones,
+        reliable: Callable[[str, Sequence[bytes]], bool] | None = None,
     ) -> None:
         self.node_id = node_id
+        # (backup, keys) -> the keys go to the backup acknowledged and re-sent (the queued-URL replicas' FIFO,
+        # with --replicas R >= 1), or False: no room, best effort then; None: `SeenReplica` messages only
+        self.reliable = reliable
         self.store = store
         self.links = links
         self.ring_of = ring_of  # () -> (view epoch, the current Ring or None)
@@ -265,7 +271,7 @@ class SeenReplicas:
                     if b != node and b not in done]
             for backup in backups:
                 by_backup[backup].append(key)
-        sent = self._send(epoch, by_backup)
+        sent = self._send(epoch, by_backup, backups=True)
         self.keys_sent += sent
         return sent
 
@@ -289,7 +295,7 @@ class SeenReplicas:
                 await trio.sleep(0)
         self.store.forget_fetched(forget)
         epoch, _ring = self.ring_of()
-        sent = self._send(epoch, resend)
+        sent = self._send(epoch, resend, backups=True)
         self.keys_resent += sent
         self._synced = ring
         self.rescans += 1
@@ -297,8 +303,18 @@ class SeenReplicas:
             log.info("replicas moved with the ring", extra={"keys_sent": sent, "keys_forgotten": len(forget)})
         return sent
 
-    def _send(self, epoch: int, by_backup: dict[str, list[bytes]]) -> int:
+    def _send(self, epoch: int, by_backup: dict[str, list[bytes]], *, backups: bool = False) -> int:
+        """Send each peer its keys; `backups`: the peers are their positions' backups, and the keys go the
+        reliable way if there is one."""
         sent = 0
+        if backups and self.reliable is not None:
+            rest = {}
+            for backup, group in by_backup.items():
+                if self.reliable(backup, group):
+                    sent += len(group)
+                else:
+                    rest[backup] = group
+            by_backup = rest
         for backup, group in by_backup.items():
             for i in range(0, len(group), self.max_keys):
                 part = tuple(group[i : i + self.max_keys])
