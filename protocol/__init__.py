@@ -7,6 +7,7 @@ a random source (the handshake's nonces are passed in). The wire format is speci
 from ._codec import CODECS, decode_body, encode_body
 from ._connection import NEED_DATA, Connection, ConnectionClosed, Established, Event, NeedData, Role, State
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from ._datagram import DATAGRAM_TYPES, DATAGRAM_VERSION, MAX_DATAGRAM, datagram_key, decode_datagram, encode_datagram
 from ._frames import COMPRESSIONS, FLAG_BROTLI, FLAG_ZLIB, HEADER_SIZE, encode_frame
 from ._handshake import MIN_SECRET_SIZE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, TAG_SIZE, FrameKeys, frame_keys, frame_tag
 from ._limits import Limits
@@ -58,6 +59,9 @@ from ._messages import (
 
 __all__ = [
     "CODECS",
+    "DATAGRAM_TYPES",
+    "DATAGRAM_VERSION",
+    "MAX_DATAGRAM",
     "COMPRESSIONS",
     "FLAG_BROTLI",
     "FLAG_ZLIB",
@@ -122,7 +126,10 @@ __all__ = [
     "UrlBatch",
     "UrlEntry",
     "Welcome",
+    "datagram_key",
     "decode_body",
+    "decode_datagram",
+    "encode_datagram",
     "encode_body",
     "encode_frame",
     "frame_keys",

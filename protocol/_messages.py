@@ -721,7 +721,8 @@ RECORDS_V4[0x2B] = _record(ProgressTally, seq=UInt(), ring=UInt(), heard=_U32, n
                            activity=UInt(), concluded=_U32)
 RECORDS_V4[0x35] = _record(HandoffAsk, ring=UInt())
 # protocol version -> its wire table
-RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4}
+# Version 5 adds probe datagrams (protocol/_datagram.py); its frames are those of version 4.
+RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4, 5: RECORDS_V4}
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})
 # every type code some version has (a frame's version-specific check comes when its body is decoded)
 KNOWN_CODES = frozenset(code for table in RECORDS_BY_VERSION.values() for code in table)

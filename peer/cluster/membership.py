@@ -13,6 +13,13 @@ every sync interval to one random member, and whenever a Ping shows the sender's
 receiver of a full view answers with its own when the sender lacked something (push-pull), so any two nodes
 that talk converge. Dead members are retried now and then (serf's reconnect), so a healed partition merges.
 
+Probes travel as datagrams (protocol version 5) where the transport carries them, as memberlist sends its probes
+over UDP: Ping, Pong, ProbeRequest and ProbeReply need no link, so probing a different member every second costs
+no handshake however large the cluster. An answer goes back the way its question came. A member that has never
+sent us a datagram is pinged by datagram and, with no answer by the probe timeout, over its link too (it may
+run an older version, or its UDP may be blocked); a member whose link agreed on a version before 5 is probed
+over links only. Gossip and full views stay on the links.
+
 Every change of the merged view notifies subscribers with the new View; the ring follows from `View.ring()`.
 """
 
@@ -168,6 +175,7 @@ class Membership:
             nonce=nonce,
             busy=link_busy,
             address_of=self._address_of,
+            on_datagram=self._on_datagram,
             **({"codecs": tuple(codecs)} if codecs else {}),
             **({"compressions": tuple(compressions)} if compressions else {}),
         )
@@ -188,7 +196,7 @@ class Membership:
         self._suspicion_added = trio.Event()
         self._indirect_tasks = 0
         # Probe requests from peers, as data for the indirect-probe loop (the message handler only records them).
-        self._probe_requests: list[tuple[str, ProbeRequest]] = []
+        self._probe_requests: list[tuple[str, ProbeRequest, bool]] = []  # (requester, request, came by datagram)
         self._probe_requested = trio.Event()
         self._leaving = False
         self._left = False
@@ -354,6 +362,21 @@ class Membership:
         member = self.view.member(peer_id)
         return self.links.send_nowait(peer_id, message, address=member.address if member else None)
 
+    def _send_probe(self, peer_id: str, message: Message) -> bool:
+        """A probe message by datagram, or over the link if the peer takes no datagrams (or we send none)."""
+        if self._left or self._nursery is None:
+            return False
+        if self.links.datagram_peers.get(peer_id) is not False and self.links.send_datagram(
+                peer_id, message, address=self._address_of(peer_id)):
+            return True
+        return self._send(peer_id, message)
+
+    def _reply(self, peer_id: str, message: Message, datagram: bool) -> bool:
+        """An answer, the way its question came (by datagram, else over the link)."""
+        if datagram and not self._left and self.links.send_datagram(peer_id, message, address=self._address_of(peer_id)):
+            return True
+        return self._send(peer_id, message)
+
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
@@ -384,14 +407,17 @@ class Membership:
         acked = self._acks[seq] = trio.Event()
         try:
             member = self.view.member(target)
-            self._send(target, Ping(seq=seq, epoch=self.view.epoch))
+            self._send_probe(target, Ping(seq=seq, epoch=self.view.epoch))
             with trio.move_on_after(self.config.probe_timeout):
                 await acked.wait()
             if acked.is_set():
                 return
+            if self.links.datagrams and target not in self.links.datagram_peers:
+                # It never sent us a datagram: it may take none (an older version, UDP blocked). Ask over its link.
+                self._send(target, Ping(seq=seq, epoch=self.view.epoch))
             helpers = [m.node_id for m in self._live_peers() if m.node_id != target and m.state is MemberState.ALIVE]
             for helper in self._rng.sample(helpers, min(self.config.indirect_probes, len(helpers))):
-                self._send(helper, ProbeRequest(seq=seq, target=target))
+                self._send_probe(helper, ProbeRequest(seq=seq, target=target))
             with trio.move_on_at(started + self.config.probe_interval):
                 await acked.wait()
             if acked.is_set():
@@ -410,7 +436,7 @@ class Membership:
         seq = self._next_seq()
         acked = self._acks[seq] = trio.Event()
         try:
-            self._send(target, Ping(seq=seq, epoch=self.view.epoch))
+            self._send_probe(target, Ping(seq=seq, epoch=self.view.epoch))
             with trio.move_on_after(timeout):
                 await acked.wait()
             return acked.is_set()
@@ -423,17 +449,17 @@ class Membership:
             while True:
                 self._probe_requested = added = trio.Event()
                 requests, self._probe_requests = self._probe_requests, []
-                for requester, request in requests:
-                    nursery.start_soon(self._probe_for, requester, request)
+                for requester, request, datagram in requests:
+                    nursery.start_soon(self._probe_for, requester, request, datagram)
                 await added.wait()
 
-    async def _probe_for(self, requester: str, request: ProbeRequest) -> None:
+    async def _probe_for(self, requester: str, request: ProbeRequest, datagram: bool) -> None:
         try:
             member = self.view.member(request.target)
             alive = False
             if member is not None and request.target != self.node_id:
                 alive = await self._ping(request.target, self.config.probe_timeout)
-            self._send(requester, ProbeReply(seq=request.seq, target=request.target, alive=alive))
+            self._reply(requester, ProbeReply(seq=request.seq, target=request.target, alive=alive), datagram)
         finally:
             self._indirect_tasks -= 1
 
@@ -453,9 +479,19 @@ class Membership:
                     del self._broadcast[node_id]
 
     async def _sync_loop(self) -> None:
+        first = True
         while True:
-            stretch = max(1.0, (len(self._live_peers()) + 1) / self.config.sync_members)
-            await trio.sleep(self.config.sync_interval * stretch * self._rng.uniform(0.5, 1.5))
+            # The first wait is a random part of one period (nodes that start together do not sync together); the
+            # stretch is taken again when a wait ends, so a node that started alone and then joined (or was given)
+            # a large cluster waits as that cluster's member, not as a cluster of one.
+            started, draw = trio.current_time(), self._rng.uniform(0.0, 1.0) if first else self._rng.uniform(0.5, 1.5)
+            first = False
+            for _ in range(8):  # bounded: each pass waits longer, for a cluster that grew meanwhile
+                stretch = max(1.0, (len(self._live_peers()) + 1) / self.config.sync_members)
+                due = started + self.config.sync_interval * stretch * draw
+                if trio.current_time() >= due:
+                    break
+                await trio.sleep_until(due)
             peers = self._live_peers()
             if peers and not self._left:
                 self._send(self._rng.choice(peers).node_id, self._full_gossip())
@@ -473,10 +509,13 @@ class Membership:
 
     # -- receiving ----------------------------------------------------------------------------------------
 
-    async def _on_message(self, peer_id: str, message: Message) -> None:
+    async def _on_datagram(self, peer_id: str, message: Message) -> None:
+        await self._on_message(peer_id, message, datagram=True)
+
+    async def _on_message(self, peer_id: str, message: Message, datagram: bool = False) -> None:
         self.last_heard[peer_id] = trio.current_time()
         if isinstance(message, Ping):
-            self._send(peer_id, Pong(seq=message.seq, epoch=self.view.epoch))
+            self._reply(peer_id, Pong(seq=message.seq, epoch=self.view.epoch), datagram)
             if message.epoch != self.view.epoch:
                 self._send(peer_id, self._full_gossip())
         elif isinstance(message, Pong):
@@ -488,10 +527,10 @@ class Membership:
         elif isinstance(message, ProbeRequest):
             if self._indirect_tasks < _MAX_INDIRECT_TASKS and self._nursery is not None:
                 self._indirect_tasks += 1
-                self._probe_requests.append((peer_id, message))
+                self._probe_requests.append((peer_id, message, datagram))
                 self._probe_requested.set()
             else:
-                self._send(peer_id, ProbeReply(seq=message.seq, target=message.target, alive=False))
+                self._reply(peer_id, ProbeReply(seq=message.seq, target=message.target, alive=False), datagram)
         elif isinstance(message, Gossip):
             self._on_gossip(peer_id, message)
         elif self._on_other is not None:

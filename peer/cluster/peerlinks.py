@@ -19,6 +19,13 @@ awaited hand-off) is never closed for idleness. Either side of an idle-closed li
 something to send: the link object, its counters and its (empty) queue stay, but no task runs for it. A link
 dials while it has something to send, or until its first idle close (a link never closed for idleness
 reconnects as soon as its connection breaks, as before).
+
+Datagrams (protocol version 5). When the transport carries them (`DatagramTransport`, LinkConfig.datagrams), the
+probe messages of failure detection may go without a link: `send_datagram` writes one authenticated datagram
+(protocol/_datagram.py), and datagrams that arrive go to `on_datagram(peer_id, message)`. A peer is known to take
+datagrams once one came from it (`datagram_peers[peer] is True`), and known not to when a link to it agreed on a
+version before 5 (False); the membership sends probes to a peer not known either way by datagram and, if no
+answer comes, over its link too, so a cluster being upgraded loses no probes.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import trio
 
 from protocol import (
     CODECS,
+    DATAGRAM_VERSION,
     MIN_SECRET_SIZE,
     NEED_DATA,
     Connection,
@@ -49,9 +57,12 @@ from protocol import (
     RemoteProtocolError,
     Role,
     State,
+    datagram_key,
+    decode_datagram,
+    encode_datagram,
 )
 
-from peer.cluster.transport import Transport, TransportError
+from peer.cluster.transport import DatagramTransport, Transport, TransportError
 from peer.config import DEFAULTS
 
 __all__ = ["LinkConfig", "LinkError", "MessageHandler", "PeerLink", "PeerLinks"]
@@ -88,6 +99,9 @@ class LinkConfig:
     # The operator's settings (default and reason in peer.config FIELDS): 0 turns each bound off.
     idle_timeout: float = DEFAULTS["link_idle_timeout"]
     max_links: int = DEFAULTS["max_links"]
+    # Probes by datagram when the transport carries them: a node of a large cluster probes a different peer every
+    # second, and over a link each probe would first cost a handshake (docs/cluster.md, "Measured costs").
+    datagrams: bool = True
 
     def __post_init__(self) -> None:
         if self.queue_size < 1:
@@ -272,6 +286,7 @@ class PeerLinks:
         nonce: Callable[[int], bytes] = os.urandom,
         busy: Callable[[str], bool] | None = None,
         address_of: Callable[[str], str | None] | None = None,
+        on_datagram: MessageHandler | None = None,
         codecs: Sequence[str] = CODECS,
         # brotli first: with protocol version 2's URL columns, about 29 bytes per URL instead of 128 unpacked
         compressions: Sequence[str] = ("br", "zlib", "none"),
@@ -310,6 +325,15 @@ class PeerLinks:
         self.received_kinds: collections.Counter[str] = collections.Counter()
         self._unauthenticated = 0
         self._unauthenticated_by_source: collections.Counter[str] = collections.Counter()
+        self._on_datagram = on_datagram
+        self._datagram_key = datagram_key(secret)
+        self._datagrams = False  # datagrams are being served (set by run)
+        #: peer -> True once a datagram came from it, False when a link to it agreed on a version before 5.
+        self.datagram_peers: dict[str, bool] = {}
+        self.datagrams_sent = 0
+        self.datagrams_received = 0
+        #: Datagrams refused (not ours, a wrong tag, malformed), each logged at debug level only.
+        self.datagrams_refused = 0
 
     # -- service ------------------------------------------------------------------------------------------
 
@@ -319,12 +343,71 @@ class PeerLinks:
             self._nursery = nursery
             try:
                 self.address = await nursery.start(self._transport.serve, self._accept)
+                await self._serve_datagrams(nursery)
                 task_status.started(self.address)
                 await trio.sleep_forever()
             finally:
                 self._nursery = None
 
+    async def _serve_datagrams(self, nursery: trio.Nursery) -> None:
+        transport = self._transport
+        if not (self.config.datagrams and self._on_datagram is not None and isinstance(transport, DatagramTransport)
+                and transport.datagrams):
+            return
+        try:
+            await nursery.start(transport.serve_datagrams, self._receive_datagram)
+        except TransportError as exc:
+            log.warning("%s: probes go over links only: %s", self.node_id, exc)
+            return
+        self._datagrams = True
+
     # -- public API ---------------------------------------------------------------------------------------
+
+    @property
+    def datagrams(self) -> bool:
+        """Whether this node sends and receives datagrams."""
+        return self._datagrams
+
+    def send_datagram(self, peer_id: str, message: Message, *, address: str | None = None) -> bool:
+        """Send `message` (a probe message) to `peer_id` as one datagram; False if it could not be sent here (no
+        datagrams, no address known, a full send queue). Delivery is never promised."""
+        if not self._datagrams:
+            return False
+        address = address or self._address_of(peer_id)
+        if address is None:
+            return False
+        try:
+            data = encode_datagram(message, key=self._datagram_key, sender=self.node_id, recipient=peer_id,
+                                   limits=self._limits)
+        except LocalProtocolError as exc:
+            log.error("datagram to %s not sent, it is invalid: %s", peer_id, exc)
+            return False
+        assert isinstance(self._transport, DatagramTransport)
+        if not self._transport.send_datagram(address, data):
+            return False
+        self.datagrams_sent += 1
+        return True
+
+    async def _receive_datagram(self, data: bytes, source: str) -> None:
+        try:
+            peer_id, message = decode_datagram(data, key=self._datagram_key, recipient=self.node_id,
+                                               limits=self._limits)
+            if peer_id == self.node_id:
+                raise RemoteProtocolError(f"datagram claims our own node id {peer_id!r}")
+        except RemoteProtocolError as exc:
+            self.datagrams_refused += 1
+            log.debug("datagram from %s to %s refused: %s", source, self.node_id, exc)
+            return
+        self.datagrams_received += 1
+        self.datagram_peers[peer_id] = True
+        self.received_kinds[type(message).__name__] += 1
+        assert self._on_datagram is not None
+        try:
+            await self._on_datagram(peer_id, message)
+        except Exception as exc:  # noqa: BLE001 - one peer's datagram must not end the node
+            self.handler_errors += 1
+            log.error("handling datagram %s from peer %s failed", type(message).__name__, peer_id, exc_info=exc)
+
 
     def link(self, peer_id: str, address: str | None = None) -> PeerLink:
         """The link to `peer_id`, created (and dialled, once its address is known) if needed."""
@@ -362,6 +445,7 @@ class PeerLinks:
 
     def forget(self, peer_id: str, reason: str = "forgotten") -> None:
         """Stop keeping a link to `peer_id`: what is queued is written, then Goodbye(reason), then it closes."""
+        self.datagram_peers.pop(peer_id, None)
         link = self._links.pop(peer_id, None)
         if link is None:
             return
@@ -595,6 +679,8 @@ class PeerLinks:
             await trio.aclose_forcefully(stream)
             raise
         dialer = self.node_id if role is Role.INITIATOR else peer_id
+        if event.version < DATAGRAM_VERSION:
+            self.datagram_peers[peer_id] = False  # an older version: it takes no datagrams, probe it over links
         return _Session(conn, stream, peer_id, dialer)
 
     async def _run_session(self, link: PeerLink, session: _Session, adopted: bool | None = None) -> None:

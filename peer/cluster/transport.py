@@ -4,6 +4,12 @@ Everything above this module (peer links, membership, dispatch) sees only `Trans
 a byte stream, `serve(handler)` runs a listener and reports the address it bound. `TcpTransport` is the real
 thing. `MemoryNetwork` runs many nodes in one `trio.run`, so a cluster can be simulated under `MockClock`.
 
+A transport may also carry datagrams (`DatagramTransport`: `send_datagram(address, data)`, best effort, and
+`serve_datagrams(handler)`): the probes of failure detection travel that way, with no connection to set up
+(protocol/_datagram.py). `TcpTransport` sends them over UDP on the node's own port (the same number as its TCP
+listener); the memory network delivers them after its delay, loses them at its loss probability and never
+across a partition. A transport with no datagrams (TLS between peers) leaves the probes on the links.
+
 The in-memory network models faults where a real network shows them to a TCP user: at the connection (a
 partition refuses new connections and breaks existing ones; a link can break at random) and at delivery (each
 write arrives after an added delay, in order). It can also lose or duplicate single messages on a connection
@@ -52,6 +58,8 @@ from protocol import (
 )
 
 __all__ = [
+    "DatagramHandler",
+    "DatagramTransport",
     "Handler",
     "MemoryNetwork",
     "MemoryStream",
@@ -82,6 +90,28 @@ class Transport(Protocol):
 
     async def serve(self, handler: Handler, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         """Accept connections forever, running `handler(stream)` for each; report the bound address when ready."""
+        ...
+
+
+DatagramHandler = Callable[[bytes, str], Awaitable[None]]
+
+
+@runtime_checkable
+class DatagramTransport(Protocol):
+    """A transport that also carries datagrams: one message per packet, no connection, no delivery promise."""
+
+    #: Whether datagrams are on (a transport may have the methods and still not carry them, e.g. under TLS).
+    datagrams: bool
+
+    def send_datagram(self, address: str, data: bytes) -> bool:
+        """Send `data` to the node at `address` if that can be done without waiting; False if it was dropped here
+        (nothing served yet, a full send buffer). Delivery is never promised."""
+        ...
+
+    async def serve_datagrams(
+        self, handler: DatagramHandler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Receive datagrams forever on the address `serve` bound, awaiting `handler(data, source)` for each."""
         ...
 
 
@@ -141,6 +171,11 @@ class TcpTransport:
         if tls is not None:
             self._client_ctx = tls.context(ssl.Purpose.SERVER_AUTH)
             self._server_ctx = tls.context(ssl.Purpose.CLIENT_AUTH)
+        # Datagrams over UDP on the listener's port, but not under TLS: they are authenticated by the cluster
+        # secret and not encrypted, and a cluster that asked for TLS keeps all its traffic in it.
+        self.datagrams = tls is None
+        self._bound: tuple[str, int] | None = None  # the TCP listener's (host, port), once serving
+        self._udp_send: trio.MemorySendChannel[tuple[bytes, str]] | None = None
 
     async def connect(self, address: str) -> trio.abc.Stream:
         host, port = split_address(address)
@@ -164,6 +199,7 @@ class TcpTransport:
         except OSError as exc:
             raise TransportError(f"cannot listen on {self.listen}: {exc}") from exc
         sockname = listeners[0].socket.getsockname()
+        self._bound = (sockname[0], sockname[1])
         address = _join_address(sockname[0], sockname[1])
         log.info("peer transport listening on %s", address)
         if self.advertise is not None:
@@ -173,6 +209,61 @@ class TcpTransport:
             listeners = [trio.SSLListener(listener, self._server_ctx, https_compatible=False) for listener in listeners]
             handler = self._tls_handler(handler)
         await trio.serve_listeners(handler, listeners, task_status=_Reporter(task_status, address))
+
+    def send_datagram(self, address: str, data: bytes) -> bool:
+        if self._udp_send is None:
+            return False
+        try:
+            self._udp_send.send_nowait((data, address))
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
+        return True
+
+    async def serve_datagrams(
+        self, handler: DatagramHandler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """UDP on the TCP listener's host and port (call after `serve` reported its address): one socket both
+        receives and sends, so a peer sees our datagrams come from our own port. TransportError if it cannot
+        bind. Datagrams to send wait in a bounded queue; past it they are dropped, as a full socket buffer
+        drops them."""
+        if not self.datagrams:
+            raise TransportError("this transport carries no datagrams (TLS between peers)")
+        if self._bound is None:
+            raise RuntimeError("TcpTransport.serve_datagrams() needs serve() to have bound the TCP listener first")
+        host, port = self._bound
+        family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
+        sock = trio.socket.socket(family, trio.socket.SOCK_DGRAM)
+        try:
+            await sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise TransportError(f"cannot receive datagrams on UDP {_join_address(host, port)}: {exc}") from exc
+        send, receive = trio.open_memory_channel[tuple[bytes, str]](_DATAGRAM_QUEUE)
+        self._udp_send = send
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._send_datagrams, sock, receive)
+                task_status.started()
+                while True:
+                    try:
+                        data, source = await sock.recvfrom(_DATAGRAM_READ)
+                    except OSError as exc:  # e.g. an ICMP port unreachable reported on the socket: not ours to end
+                        log.debug("UDP receive on %s: %s", _join_address(host, port), exc)
+                        continue
+                    await handler(data, _join_address(source[0], source[1]))
+        finally:
+            self._udp_send = None
+            send.close()
+            sock.close()
+
+    @staticmethod
+    async def _send_datagrams(sock: trio.socket.SocketType, queue: trio.MemoryReceiveChannel[tuple[bytes, str]]) -> None:
+        async for data, address in queue:
+            try:
+                host, port = split_address(address)
+                await sock.sendto(data, (host, port))
+            except (OSError, ValueError) as exc:  # unreachable, unresolvable, another family: a lost datagram
+                log.debug("datagram to %s not sent: %s", address, exc)
 
     @staticmethod
     def _tls_handler(handler: Handler) -> Handler:
@@ -198,6 +289,11 @@ class _Reporter:
 
     def started(self, value: object = None) -> None:
         self._task_status.started(self._address)
+
+
+#: Datagrams waiting to be sent by one node, and the bytes read for one (MAX_DATAGRAM is 1,200; more is refused).
+_DATAGRAM_QUEUE = 256
+_DATAGRAM_READ = 2048
 
 
 # --- in memory ----------------------------------------------------------------------------------------------
@@ -476,6 +572,9 @@ class MemoryNetwork:
         self.lost = 0  # frames dropped by `loss_probability`
         self.duplicated = 0  # frames delivered twice by `duplicate_probability`
         self.sent_bytes: Counter[str] = Counter()  # bytes written per sending address (what a node pays in wire)
+        self._datagram_listeners: dict[str, trio.MemorySendChannel[tuple[float, bytes, str]]] = {}
+        self.datagrams = 0  # datagrams sent (delivered or not)
+        self.datagrams_lost = 0  # of them, lost to `loss_probability`, a partition, or nobody listening
 
     def transport(self, address: str) -> MemoryTransport:
         """The transport of the node that listens at `address` on this network."""
@@ -543,6 +642,24 @@ class MemoryNetwork:
 
     # -- used by MemoryTransport --------------------------------------------------------------------------
 
+    def _send_datagram(self, source: str, address: str, data: bytes) -> bool:
+        """Deliver `data` after the network's delay, unless the network loses it (its loss probability, a
+        partition, nobody listening, a full receive queue): a datagram's fate, silent to the sender."""
+        self.datagrams += 1
+        self.sent_bytes[source] += len(data)
+        accept = self._datagram_listeners.get(address)
+        lost = accept is None or self.blocked(source, address)
+        copies = 0 if lost else self.draw_copies()
+        for _ in range(copies):
+            try:
+                accept.send_nowait((trio.current_time() + self.draw_delay(), data, source))  # type: ignore[union-attr]
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                copies = 0
+                break
+        if not copies:
+            self.datagrams_lost += 1
+        return True
+
     async def _connect(self, source: str, address: str) -> trio.abc.Stream:
         await trio.sleep(self.draw_delay())
         if self.blocked(source, address):
@@ -564,9 +681,34 @@ class MemoryNetwork:
 class MemoryTransport:
     """The transport of one simulated node at `address` on a `MemoryNetwork`."""
 
+    datagrams = True
+
     def __init__(self, network: MemoryNetwork, address: str) -> None:
         self.network = network
         self.address = address
+
+    def send_datagram(self, address: str, data: bytes) -> bool:
+        return self.network._send_datagram(self.address, address, data)
+
+    async def serve_datagrams(
+        self, handler: DatagramHandler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Receive the datagrams sent to this node's address, each at its due time, in the order sent."""
+        network = self.network
+        if self.address in network._datagram_listeners:
+            raise TransportError(f"cannot receive datagrams on {self.address}: the address is in use")
+        send, receive = trio.open_memory_channel[tuple[float, bytes, str]](_DATAGRAM_QUEUE)
+        network._datagram_listeners[self.address] = send
+        try:
+            task_status.started()
+            async with receive:
+                async for due, data, source in receive:
+                    await trio.sleep_until(due)
+                    await handler(data, source)
+        finally:
+            if network._datagram_listeners.get(self.address) is send:
+                del network._datagram_listeners[self.address]
+            send.close()
 
     async def connect(self, address: str) -> trio.abc.Stream:
         return await self.network._connect(self.address, address)

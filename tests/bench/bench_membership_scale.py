@@ -7,7 +7,13 @@ network in one ``trio.run`` under ``MockClock``; the network adds 1-2 ms per mes
 starts converged: each node's view holds every member (the view n sequential joins end with, merged once), so
 the figures are those of a running cluster rather than of n joins in a row. Per size it prints:
 
-- steady state: bytes written and CPU seconds (of this process, divided by n) per node per virtual second;
+- steady state: bytes written (frames on links and datagrams) per node per virtual second, and CPU per node per
+  virtual second twice: the whole process's divided by n, and that spent inside the nodes' own task steps (the
+  membership, link and protocol code, with the trio calls it makes and the in-memory network's pipes standing in
+  for the kernel's sockets), measured by a trio Instrument around every task step. The difference is the
+  simulator's scheduling: one trio run loop and timer heap holding every node's tasks and deadlines, which a
+  real node (one process, its own few tasks) does not share with 999 others;
+- with `--by-kind`, the steady state's bytes by message kind (link frames, handshake included; "dg:" datagrams);
 - a join: virtual seconds until every node holds the newcomer ALIVE, in protocol periods (probe interval 1 s);
 - a death: virtual seconds from the kill until every live node holds the victim DEAD, beside the suspicion
   timeout (5 s);
@@ -23,6 +29,7 @@ the figures are those of a running cluster rather than of n joins in a row. Per 
 from __future__ import annotations
 
 import argparse
+import collections
 import random
 import resource
 import time
@@ -33,11 +40,66 @@ import trio.testing
 from peer.cluster.membership import Membership, MembershipConfig
 from peer.cluster.peerlinks import LinkConfig
 from peer.config import DEFAULTS
+from peer.cluster import transport as _transport
 from peer.cluster.transport import MemoryNetwork
+from protocol import TYPE_CODES
 from ring import MemberState, View, merge
 
 SECRET = b"membership bench secret, 32 byte"
 CONFIG = MembershipConfig()
+
+
+_KIND_NAMES = {code: cls.__name__ for cls, code in TYPE_CODES.items()}
+
+
+class TaskCpu(trio.abc.Instrument):
+    """CPU spent inside task steps (the nodes' own code), apart from the run loop's scheduling between them."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+        self._started: int | None = None  # None in the step that adds the instrument (it saw no start)
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._started = time.process_time_ns()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self._started is not None:
+            self.ns += time.process_time_ns() - self._started
+            self._started = None
+
+
+class KindCounter:
+    """Bytes sent by message kind: every link write cut into its frames, every datagram by its type byte. It wraps
+    the in-memory network's two send paths for the bench's run only (the network itself counts bytes per node)."""
+
+    def __init__(self) -> None:
+        self.bytes: collections.Counter[str] = collections.Counter()
+        self.count: collections.Counter[str] = collections.Counter()
+        self.on = False
+
+    def install(self) -> None:
+        send_all, send_datagram, counter = _transport.MemoryStream.send_all, MemoryNetwork._send_datagram, self
+
+        async def counted_send_all(stream: _transport.MemoryStream, data: bytes) -> None:
+            if counter.on:
+                view, offset = bytes(data), 0
+                while offset + 6 <= len(view):  # PeerLinks writes whole frames only
+                    size = 4 + int.from_bytes(view[offset:offset + 4], "big")
+                    counter.add(_KIND_NAMES.get(view[offset + 4], "?"), size)
+                    offset += size
+            await send_all(stream, data)
+
+        def counted_datagram(network: MemoryNetwork, source: str, address: str, data: bytes) -> bool:
+            if counter.on:
+                counter.add("dg:" + _KIND_NAMES.get(data[3], "?"), len(data))
+            return send_datagram(network, source, address, data)
+
+        _transport.MemoryStream.send_all = counted_send_all  # type: ignore[method-assign]
+        MemoryNetwork._send_datagram = counted_datagram  # type: ignore[method-assign]
+
+    def add(self, kind: str, size: int) -> None:
+        self.bytes[kind] += size
+        self.count[kind] += 1
 
 
 def address(index: int) -> str:
@@ -105,7 +167,7 @@ class Cluster:
 
 
 def measure(count: int, seconds: float, *, warmup: float = 5.0, idle_timeout: float = DEFAULTS["link_idle_timeout"],
-            seed: int = 1) -> dict[str, float]:
+            seed: int = 1, kinds: KindCounter | None = None) -> dict[str, float]:
     figures: dict[str, float] = {}
 
     async def main() -> None:
@@ -119,9 +181,19 @@ def measure(count: int, seconds: float, *, warmup: float = 5.0, idle_timeout: fl
             # steady state
             net.sent_bytes.clear()
             connects = net.connects
+            datagrams = net.datagrams
+            task_cpu = TaskCpu()
+            if kinds is not None:
+                kinds.on = True
+            trio.lowlevel.add_instrument(task_cpu)
             cpu = time.process_time()
             await trio.sleep(seconds)
             figures["cpu_per_node_s"] = (time.process_time() - cpu) / count / seconds
+            trio.lowlevel.remove_instrument(task_cpu)
+            if kinds is not None:
+                kinds.on = False
+            figures["task_cpu_per_node_s"] = task_cpu.ns / 1e9 / count / seconds
+            figures["datagrams_per_node_s"] = (net.datagrams - datagrams) / count / seconds
             figures["bytes_per_node_s"] = sum(net.sent_bytes.values()) / count / seconds
             figures["connects_per_node_s"] = 2 * (net.connects - connects) / count / seconds
             live = [m.links.live for m in cluster.nodes.values()]
@@ -170,20 +242,35 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="virtual seconds before the steady state")
     parser.add_argument("--idle-timeout", type=float, default=DEFAULTS["link_idle_timeout"],
                         help="seconds a link may stay idle before it closes (0: never)")
+    parser.add_argument("--by-kind", action="store_true", help="also print the steady state's bytes by message kind")
     args = parser.parse_args()
     print(f"membership, {args.warmup:g} virtual s warm-up, {args.seconds:g} s steady and {args.seconds:g} s at 1% "
           f"loss; probe 1 s, gossip 0.2 s x3, suspicion {CONFIG.suspicion_timeout:g} s, sync "
           f"{CONFIG.sync_interval:g} s, link idle timeout {args.idle_timeout:g} s")
     base = None
+    kinds = KindCounter() if args.by_kind else None
+    if kinds is not None:
+        kinds.install()
     for count in args.sizes:
-        f = measure(count, args.seconds, warmup=args.warmup, idle_timeout=args.idle_timeout)
+        if kinds is not None:
+            kinds.bytes.clear()
+            kinds.count.clear()
+        f = measure(count, args.seconds, warmup=args.warmup, idle_timeout=args.idle_timeout, kinds=kinds)
         base = base or f
         print(f"N={count:5d}: {f['bytes_per_node_s']:8.0f} B/node/s ({f['bytes_per_node_s'] / base['bytes_per_node_s']:4.1f}x "
-              f"N={args.sizes[0]})  CPU {f['cpu_per_node_s'] * 1000:6.2f} ms/node/s  links/node {f['links_per_node']:5.1f} "
+              f"N={args.sizes[0]})  CPU {f['cpu_per_node_s'] * 1000:6.2f} ms/node/s process-wide, "
+              f"{f['task_cpu_per_node_s'] * 1000:5.2f} in the nodes' task steps "
+              f"({f['task_cpu_per_node_s'] / base['task_cpu_per_node_s']:4.1f}x)  "
+              f"datagrams {f['datagrams_per_node_s']:.2f}/node/s  links/node {f['links_per_node']:5.1f} "
               f"(most {f['links_most']:.0f}, {f['connects_per_node_s']:.2f} opened/node/s)  "
               f"join known everywhere {f['join_s']:5.2f} s  death agreed {f['death_s']:5.2f} s  "
               f"false suspicions {f['false_suspicions']:.0f} (deaths {f['false_deaths']:.0f}) of "
               f"{f['lost_messages']:.0f} lost  [wall {f['wall_s']:.0f} s, peak {f['peak_mb']:.0f} MB]", flush=True)
+        if kinds is not None:
+            total = sum(kinds.bytes.values())
+            for kind, size in kinds.bytes.most_common():
+                print(f"    {kind:16s} {size / count / args.seconds:7.1f} B/node/s  {100 * size / total:5.1f}%  "
+                      f"{kinds.count[kind] / count / args.seconds:6.2f} /node/s", flush=True)
 
 
 if __name__ == "__main__":
