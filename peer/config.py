@@ -66,6 +66,7 @@ class Config:
     replicas: int = 1
     link_idle_timeout: float = 60.0
     max_links: int = 512
+    peer_datagrams: bool = True
     # what to crawl
     seeds: tuple[str, ...] = ()
     seeds_file: str = ""
@@ -193,6 +194,7 @@ FIELDS: dict[str, str] = {
     "replicas": "every queued URL is also held durably by the ring's next node(s), so that many deaths at once lose no URL; 0 turns it off",
     "link_idle_timeout": "a peer link with no traffic either way this long closes, and reopens at its next use: probes reach a given peer once per n seconds, so in a large fleet most links would sit idle between uses; 0 keeps links open",
     "max_links": "live peer links at most (the least recently used idle one closes first): room for 256 fetches and the stores under a 1,024-descriptor limit; links carrying unacknowledged batches or an awaited hand-off are never closed, so the bound can be passed briefly; 0: no bound",
+    "peer_datagrams": "membership's probes and gossip go as UDP datagrams on the peer port (one packet each, no connection to set up; memberlist does the same): a node of a large cluster reaches a different peer every second, and over TCP each would first cost a handshake. Off keeps them on TCP links, for a network that passes only TCP between nodes; under TLS they stay on the links anyway",
     "seeds": "start URLs",
     "seeds_file": "file with one start URL per line (# comments allowed)",
     "allowed_hosts": "if set, only these hosts (and subdomains) are crawled",

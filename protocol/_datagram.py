@@ -1,15 +1,17 @@
-"""Datagrams (protocol version 5): the probe messages of failure detection without a connection.
+"""Datagrams (protocol version 5): the probes and gossip of membership without a connection.
 
 SWIM's probes are small, frequent and go round-robin over every member, so a node of a large cluster talks to a
 different peer every second. Over a connection, each of those first costs a handshake (three frames, about 440
-bytes, two HMAC proofs); as a datagram a Ping costs one packet of about 50 bytes. memberlist does the same:
-probes and acks over UDP, full state over TCP.
+bytes, two HMAC proofs); as a datagram a Ping costs one packet of about 35 bytes. Gossip of changed records goes
+to a few random members each round, so at scale it too meets a new peer at nearly every send. memberlist does
+the same: probes, acks and gossip over UDP, full state over TCP.
 
 A datagram is one message, whole, in msgpack, authenticated by the cluster secret:
 
     "PD" | version u8 (5) | type u8 | sender length u8 | sender (UTF-8) | body | tag (16 bytes)
 
-- Only `DATAGRAM_TYPES` travel this way (Ping, Pong, ProbeRequest, ProbeReply); the rest keep their links.
+- Only `DATAGRAM_TYPES` travel this way (Ping, Pong, ProbeRequest, ProbeReply, Gossip); the rest keep their
+  links, and so does a Gossip too large for one datagram (a full view, or many changes at once).
 - `tag` is keyed BLAKE2b-128 under the datagram key (HMAC-SHA256 of the secret over a label) over the
   recipient's node id (length-prefixed, not sent: the receiver knows its own) and every byte before the tag. So
   a datagram forged without the secret, altered, or meant for another node is refused; the recipient's id in the
@@ -17,7 +19,8 @@ A datagram is one message, whole, in msgpack, authenticated by the cluster secre
 - There is no connection, so no sequence number protects against a replay to the same recipient. What a replay
   can do is bounded and harmless: a replayed Ping is answered once (to the sender's address in the view, never to
   the packet's source), a replayed Pong or ProbeReply matches no probe in progress (sequence numbers only grow),
-  and a replayed ProbeRequest costs one Ping (indirect probes in flight are capped).
+  a replayed ProbeRequest costs one Ping (indirect probes in flight are capped), and a replayed Gossip carries
+  records the merge already holds or has superseded (records only move up: ring/_view.py).
 - A datagram is at most `MAX_DATAGRAM` bytes (below an Ethernet MTU with IP and UDP headers), checked on both
   sides; the body obeys the same `Limits` as a frame's.
 
@@ -34,7 +37,7 @@ from ._codec import decode_body, encode_body
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._handshake import TAG_SIZE
 from ._limits import Limits
-from ._messages import TYPE_CODES, Message, Ping, Pong, ProbeReply, ProbeRequest
+from ._messages import TYPE_CODES, Gossip, Message, Ping, Pong, ProbeReply, ProbeRequest
 
 __all__ = [
     "DATAGRAM_TYPES",
@@ -49,7 +52,7 @@ __all__ = [
 DATAGRAM_VERSION = 5
 #: 1,200 bytes: under a 1,500-byte Ethernet MTU less IPv6 and UDP headers, so a datagram is never fragmented.
 MAX_DATAGRAM = 1200
-DATAGRAM_TYPES: tuple[type, ...] = (Ping, Pong, ProbeRequest, ProbeReply)
+DATAGRAM_TYPES: tuple[type, ...] = (Ping, Pong, ProbeRequest, ProbeReply, Gossip)
 
 _MAGIC = b"PD"
 _HEADER = struct.Struct("!2sBBB")  # magic, version, type, sender length

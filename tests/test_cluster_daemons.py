@@ -144,6 +144,10 @@ async def test_four_nodes_join_leave_and_kill_lose_nothing(tmp_path):
                         if line.startswith("{")]
             assert any(e.get("msg") == "leave: everything handed off" for e in c_status), cluster.log_tail("C")
             await _wait_fetched(web, expected, 0.40, 120)
+            for name in ("A", "B", "D", "E"):  # membership's probes and gossip travel as UDP datagrams
+                links = (await _get(cluster.control(name), "/status", cluster.tmp / name))["cluster"]["links"]
+                assert links["datagrams"] and links["datagrams_sent"] > 0 and links["datagrams_received"] > 0, links
+                assert links["datagrams_refused"] == 0, links
             # The join and the leave have settled (every node on the ring A, B, D, E, no hand-off under way,
             # every replica where that ring puts it), so what B's death costs is measured alone.
             settle_began = time.time()

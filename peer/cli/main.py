@@ -109,6 +109,8 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
                    help="close a peer link idle this long; it reopens at its next use (0: keep links open)")
     k.add_argument("--max-links", dest="max_links", type=int, metavar="N",
                    help="live peer links at most; the least recently used idle one closes first (0: no bound)")
+    k.add_argument("--no-peer-datagrams", dest="peer_datagrams", action="store_const", const=False,
+                   help="keep membership's probes and gossip on TCP links instead of UDP on the peer port")
     c = p.add_argument_group("crawl")
     c.add_argument("--seed", dest="seeds", action="append", metavar="URL", help="start URL (repeatable)")
     c.add_argument("--seeds-file", dest="seeds_file", metavar="FILE", help="file of start URLs, one per line")

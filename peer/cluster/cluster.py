@@ -154,7 +154,8 @@ class Cluster:
             rng=rng or random.Random(),
             config=MembershipConfig(probe_interval=cfg.probe_interval, probe_timeout=cfg.probe_timeout,
                                     suspicion_timeout=cfg.suspicion_timeout),
-            link_config=LinkConfig(idle_timeout=cfg.link_idle_timeout, max_links=cfg.max_links),
+            link_config=LinkConfig(idle_timeout=cfg.link_idle_timeout, max_links=cfg.max_links,
+                                   datagrams=cfg.peer_datagrams),
             on_message=self._on_message,
             link_busy=self.link_busy,
             codecs=codecs,
@@ -833,10 +834,14 @@ class Cluster:
             "fence": {"fenced": self.fence.fenced(), "fences": self.fence.fences},
             # inbound connections refused before or in the handshake, by reason (each logged at debug only),
             # connections closed because handling a peer's message raised, and the link bound at work: links
-            # open now, closed for idleness, closed as the least recently used past max_links
+            # open now, closed for idleness, closed as the least recently used past max_links; and membership's
+            # datagrams (probes and gossip without a link): whether on, sent, received, refused (not ours, forged)
             "links": {"refused_inbound": dict(self.links.refused), "handshake_failures": self.links.handshake_failures,
                       "handler_errors": self.links.handler_errors, "live": self.links.live,
-                      "idle_closes": self.links.idle_closes, "evictions": self.links.evictions},
+                      "idle_closes": self.links.idle_closes, "evictions": self.links.evictions,
+                      "datagrams": self.links.datagrams, "datagrams_sent": self.links.datagrams_sent,
+                      "datagrams_received": self.links.datagrams_received,
+                      "datagrams_refused": self.links.datagrams_refused},
             "lanes": self.lanes.status() if self.lanes is not None else None,
             "settings": {"sent": self.settings_sent, "adopted": self.settings_adopted,
                          "refused": self.settings_refused},

@@ -13,12 +13,13 @@ every sync interval to one random member, and whenever a Ping shows the sender's
 receiver of a full view answers with its own when the sender lacked something (push-pull), so any two nodes
 that talk converge. Dead members are retried now and then (serf's reconnect), so a healed partition merges.
 
-Probes travel as datagrams (protocol version 5) where the transport carries them, as memberlist sends its probes
-over UDP: Ping, Pong, ProbeRequest and ProbeReply need no link, so probing a different member every second costs
+Probes and partial gossip travel as datagrams (protocol version 5) where the transport carries them, as
+memberlist sends them over UDP: Ping, Pong, ProbeRequest, ProbeReply and a Gossip of changed records that fits
+one datagram need no link, so probing a different member every second, or gossiping to three random ones, costs
 no handshake however large the cluster. An answer goes back the way its question came. A member that has never
 sent us a datagram is pinged by datagram and, with no answer by the probe timeout, over its link too (it may
-run an older version, or its UDP may be blocked); a member whose link agreed on a version before 5 is probed
-over links only. Gossip and full views stay on the links.
+run an older version, or its UDP may be blocked); a member whose link agreed on a version before 5 gets all of
+it over links. Full views (join, sync, leave, a differing epoch) stay on the links.
 
 Every change of the merged view notifies subscribers with the new View; the ring follows from `View.ring()`.
 """
@@ -363,7 +364,8 @@ class Membership:
         return self.links.send_nowait(peer_id, message, address=member.address if member else None)
 
     def _send_probe(self, peer_id: str, message: Message) -> bool:
-        """A probe message by datagram, or over the link if the peer takes no datagrams (or we send none)."""
+        """A probe message or a partial gossip by datagram, or over the link if the peer takes no datagrams (or we
+        send none, or the message is too large for one)."""
         if self._left or self._nursery is None:
             return False
         if self.links.datagram_peers.get(peer_id) is not False and self.links.send_datagram(
@@ -472,7 +474,7 @@ class Membership:
             gossip = Gossip(epoch=self.view.epoch, full=False, members=members)
             peers = self._live_peers()
             for member in self._rng.sample(peers, min(self.config.gossip_fanout, len(peers))):
-                self._send(member.node_id, gossip)
+                self._send_probe(member.node_id, gossip)
             for node_id in list(self._broadcast):
                 self._broadcast[node_id] -= 1
                 if self._broadcast[node_id] <= 0:

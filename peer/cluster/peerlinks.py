@@ -21,7 +21,7 @@ dials while it has something to send, or until its first idle close (a link neve
 reconnects as soon as its connection breaks, as before).
 
 Datagrams (protocol version 5). When the transport carries them (`DatagramTransport`, LinkConfig.datagrams), the
-probe messages of failure detection may go without a link: `send_datagram` writes one authenticated datagram
+probes and the partial gossip of membership may go without a link: `send_datagram` writes one authenticated datagram
 (protocol/_datagram.py), and datagrams that arrive go to `on_datagram(peer_id, message)`. A peer is known to take
 datagrams once one came from it (`datagram_peers[peer] is True`), and known not to when a link to it agreed on a
 version before 5 (False); the membership sends probes to a peer not known either way by datagram and, if no
@@ -379,8 +379,8 @@ class PeerLinks:
         try:
             data = encode_datagram(message, key=self._datagram_key, sender=self.node_id, recipient=peer_id,
                                    limits=self._limits)
-        except LocalProtocolError as exc:
-            log.error("datagram to %s not sent, it is invalid: %s", peer_id, exc)
+        except LocalProtocolError as exc:  # not a datagram's message, or too large for one: the caller uses the link
+            log.debug("%s to %s not sent as a datagram: %s", type(message).__name__, peer_id, exc)
             return False
         assert isinstance(self._transport, DatagramTransport)
         if not self._transport.send_datagram(address, data):
