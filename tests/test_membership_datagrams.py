@@ -262,3 +262,11 @@ async def test_real_nodes_probe_over_udp_with_links_closed_and_a_forged_datagram
                 await trio.sleep(0.02)
             assert all(n.view.member("udp-2").state is MemberState.DEAD for n in nodes[:2])
             nursery.cancel_scope.cancel()
+
+
+def test_the_worked_example_of_docs_protocol_md() -> None:
+    key = datagram_key(b"correct horse battery staple 123")
+    assert key.hex() == "aa42311c8a40fdf91f56ea560438a71c475791c6bec2f950d97d09e257efa099"
+    data = encode_datagram(Ping(seq=1, epoch=2), key=key, sender="a.example:7070", recipient="b.example:7070",
+                           limits=LIMITS)
+    assert data.hex() == ("504405210e612e6578616d706c653a37303730920102" "5db8b9c015b99786c31482bd0f7368c5")
