@@ -367,7 +367,9 @@ def test_dockerfile_image() -> None:
     env = docker_env()
     cfg = load(env={k: v for k, v in env.items() if k.startswith("PEERCRAWL_")})
     assert json.loads(last("VOLUME")) == [cfg.data_dir]
-    assert {int(p) for p in last("EXPOSE").split()} == {port_of(cfg.listen), port_of(cfg.control)}
+    exposed = last("EXPOSE").split()
+    assert {int(p.split("/")[0]) for p in exposed} == {port_of(cfg.listen), port_of(cfg.control)}
+    assert f"{port_of(cfg.listen)}/udp" in exposed  # membership's datagrams on the peer port
     entry = json.loads(last("ENTRYPOINT"))
     assert entry == ["peerd", "start"]
     check_command(entry, env)
