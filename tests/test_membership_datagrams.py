@@ -270,3 +270,29 @@ def test_the_worked_example_of_docs_protocol_md() -> None:
     data = encode_datagram(Ping(seq=1, epoch=2), key=key, sender="a.example:7070", recipient="b.example:7070",
                            limits=LIMITS)
     assert data.hex() == ("504405210e612e6578616d706c653a37303730920102" "5db8b9c015b99786c31482bd0f7368c5")
+
+
+async def test_tcp_transport_sends_datagrams_to_a_name_and_to_an_address_over_loopback() -> None:
+    receiver, sender = TcpTransport("127.0.0.1:0"), TcpTransport("127.0.0.1:0")
+    got: list[tuple[bytes, str]] = []
+
+    async def handler(data: bytes, source: str) -> None:
+        got.append((data, source))
+
+    async def accept(stream: trio.abc.Stream) -> None:
+        await stream.aclose()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            address = await nursery.start(receiver.serve, accept)
+            await nursery.start(receiver.serve_datagrams, handler)
+            sender_address = await nursery.start(sender.serve, accept)
+            await nursery.start(sender.serve_datagrams, handler)
+            port = split_address(address)[1]
+            assert sender.send_datagram(address, b"by address")
+            assert sender.send_datagram(f"localhost:{port}", b"by name")
+            while len(got) < 2:
+                await trio.sleep(0.01)
+            # both came from the sender's own port: the UDP socket is bound where its TCP listener is
+            assert sorted(got) == [(b"by address", sender_address), (b"by name", sender_address)]
+            nursery.cancel_scope.cancel()

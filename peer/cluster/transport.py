@@ -258,10 +258,24 @@ class TcpTransport:
 
     @staticmethod
     async def _send_datagrams(sock: trio.socket.SocketType, queue: trio.MemoryReceiveChannel[tuple[bytes, str]]) -> None:
+        # Peer addresses may be names (a pod's DNS name): each is resolved once per _RESOLVED_FOR seconds, not for
+        # every datagram. At most _RESOLVED_MAX are kept (the oldest goes first).
+        resolved: dict[str, tuple[object, float]] = {}
+        flags = trio.socket.AI_V4MAPPED if sock.family == trio.socket.AF_INET6 else 0
         async for data, address in queue:
             try:
-                host, port = split_address(address)
-                await sock.sendto(data, (host, port))
+                now = trio.current_time()
+                entry = resolved.get(address)
+                if entry is None or entry[1] <= now:
+                    host, port = split_address(address)
+                    infos = await trio.socket.getaddrinfo(host, port, sock.family, trio.socket.SOCK_DGRAM, 0, flags)
+                    if not infos:
+                        raise OSError(f"no {sock.family.name} address for {host}")
+                    resolved.pop(address, None)
+                    entry = resolved[address] = (infos[0][4], now + _RESOLVED_FOR)
+                    if len(resolved) > _RESOLVED_MAX:
+                        del resolved[next(iter(resolved))]
+                await sock.sendto(data, entry[0])
             except (OSError, ValueError) as exc:  # unreachable, unresolvable, another family: a lost datagram
                 log.debug("datagram to %s not sent: %s", address, exc)
 
@@ -294,6 +308,10 @@ class _Reporter:
 #: Datagrams waiting to be sent by one node, and the bytes read for one (MAX_DATAGRAM is 1,200; more is refused).
 _DATAGRAM_QUEUE = 256
 _DATAGRAM_READ = 2048
+#: A peer's name is resolved again after this many seconds (a pod that moved gets a new address), and at most
+#: this many names are kept (a cluster of thousands of nodes).
+_RESOLVED_FOR = 30.0
+_RESOLVED_MAX = 8192
 
 
 # --- in memory ----------------------------------------------------------------------------------------------
