@@ -363,7 +363,7 @@ class Membership:
         member = self.view.member(peer_id)
         return self.links.send_nowait(peer_id, message, address=member.address if member else None)
 
-    def _send_probe(self, peer_id: str, message: Message) -> bool:
+    def _send_datagram_first(self, peer_id: str, message: Message) -> bool:
         """A probe message or a partial gossip by datagram, or over the link if the peer takes no datagrams (or we
         send none, or the message is too large for one)."""
         if self._left or self._nursery is None:
@@ -409,7 +409,7 @@ class Membership:
         acked = self._acks[seq] = trio.Event()
         try:
             member = self.view.member(target)
-            self._send_probe(target, Ping(seq=seq, epoch=self.view.epoch))
+            self._send_datagram_first(target, Ping(seq=seq, epoch=self.view.epoch))
             with trio.move_on_after(self.config.probe_timeout):
                 await acked.wait()
             if acked.is_set():
@@ -419,7 +419,7 @@ class Membership:
                 self._send(target, Ping(seq=seq, epoch=self.view.epoch))
             helpers = [m.node_id for m in self._live_peers() if m.node_id != target and m.state is MemberState.ALIVE]
             for helper in self._rng.sample(helpers, min(self.config.indirect_probes, len(helpers))):
-                self._send_probe(helper, ProbeRequest(seq=seq, target=target))
+                self._send_datagram_first(helper, ProbeRequest(seq=seq, target=target))
             with trio.move_on_at(started + self.config.probe_interval):
                 await acked.wait()
             if acked.is_set():
@@ -438,7 +438,7 @@ class Membership:
         seq = self._next_seq()
         acked = self._acks[seq] = trio.Event()
         try:
-            self._send_probe(target, Ping(seq=seq, epoch=self.view.epoch))
+            self._send_datagram_first(target, Ping(seq=seq, epoch=self.view.epoch))
             with trio.move_on_after(timeout):
                 await acked.wait()
             return acked.is_set()
@@ -474,7 +474,7 @@ class Membership:
             gossip = Gossip(epoch=self.view.epoch, full=False, members=members)
             peers = self._live_peers()
             for member in self._rng.sample(peers, min(self.config.gossip_fanout, len(peers))):
-                self._send_probe(member.node_id, gossip)
+                self._send_datagram_first(member.node_id, gossip)
             for node_id in list(self._broadcast):
                 self._broadcast[node_id] -= 1
                 if self._broadcast[node_id] <= 0:

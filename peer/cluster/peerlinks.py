@@ -99,8 +99,9 @@ class LinkConfig:
     # The operator's settings (default and reason in peer.config FIELDS): 0 turns each bound off.
     idle_timeout: float = DEFAULTS["link_idle_timeout"]
     max_links: int = DEFAULTS["max_links"]
-    # Probes by datagram when the transport carries them: a node of a large cluster probes a different peer every
-    # second, and over a link each probe would first cost a handshake (docs/cluster.md, "Measured costs").
+    # Membership's probes and partial gossip by datagram when the transport carries them: a node of a large cluster
+    # probes a different peer every second, and over a link each probe would first cost a handshake (docs/cluster.md,
+    # "What a node pays for each additional peer"). The operator's peer_datagrams.
     datagrams: bool = True
 
     def __post_init__(self) -> None:
@@ -369,7 +370,7 @@ class PeerLinks:
         return self._datagrams
 
     def send_datagram(self, peer_id: str, message: Message, *, address: str | None = None) -> bool:
-        """Send `message` (a probe message) to `peer_id` as one datagram; False if it could not be sent here (no
+        """Send `message` (a probe, or a partial gossip that fits) to `peer_id` as one datagram; False if it could not be sent here (no
         datagrams, no address known, a full send queue). Delivery is never promised."""
         if not self._datagrams:
             return False
@@ -407,7 +408,6 @@ class PeerLinks:
         except Exception as exc:  # noqa: BLE001 - one peer's datagram must not end the node
             self.handler_errors += 1
             log.error("handling datagram %s from peer %s failed", type(message).__name__, peer_id, exc_info=exc)
-
 
     def link(self, peer_id: str, address: str | None = None) -> PeerLink:
         """The link to `peer_id`, created (and dialled, once its address is known) if needed."""
