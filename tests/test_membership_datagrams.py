@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from peer.cluster.membership import Membership, MembershipConfig
-from peer.cluster.peerlinks import LinkConfig
+from peer.cluster.peerlinks import LinkConfig, PeerLinks
 from peer.cluster.transport import DatagramTransport, MemoryNetwork, TcpTransport, split_address
 from protocol import (
     MAX_DATAGRAM,
@@ -296,3 +296,31 @@ async def test_tcp_transport_sends_datagrams_to_a_name_and_to_an_address_over_lo
             # both came from the sender's own port: the UDP socket is bound where its TCP listener is
             assert sorted(got) == [(b"by address", sender_address), (b"by name", sender_address)]
             nursery.cancel_scope.cancel()
+
+
+def test_a_link_that_agrees_on_version_4_marks_its_peer_as_taking_no_datagrams() -> None:
+    async def main() -> None:
+        net = MemoryNetwork(random.Random(4), delay=0.001)
+        got: list[tuple[str, object]] = []
+
+        async def on_message(peer_id: str, message: object) -> None:
+            got.append((peer_id, message))
+
+        new = PeerLinks(node_id="new", secret=SECRET, transport=net.transport("10.0.0.1:7000"), on_message=on_message,
+                        on_datagram=on_message, rng=random.Random(1))
+        old = PeerLinks(node_id="old", secret=SECRET, transport=net.transport("10.0.0.2:7000"), on_message=on_message,
+                        rng=random.Random(2), versions=(2, 3, 4))  # a node of version 4: no datagrams
+        async with trio.open_nursery() as nursery:
+            await nursery.start(new.run)
+            await nursery.start(old.run)
+            assert new.datagrams and not old.datagrams and new.datagram_peers == {}
+            new.send_nowait("old", Ping(seq=1, epoch=1), address="10.0.0.2:7000")
+            await trio.sleep(1)
+            assert got == [("new", Ping(seq=1, epoch=1))]
+            assert new.datagram_peers == {"old": False}  # from now on the membership probes it over this link
+            assert new.send_datagram("old", Pong(seq=1, epoch=1), address="10.0.0.2:7000")  # sent, and lost
+            await trio.sleep(1)
+            assert got == [("new", Ping(seq=1, epoch=1))] and net.datagrams_lost == 1
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

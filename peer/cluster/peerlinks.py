@@ -55,6 +55,7 @@ from protocol import (
     Message,
     Reject,
     RemoteProtocolError,
+    SUPPORTED_VERSIONS,
     Role,
     State,
     datagram_key,
@@ -288,6 +289,8 @@ class PeerLinks:
         busy: Callable[[str], bool] | None = None,
         address_of: Callable[[str], str | None] | None = None,
         on_datagram: MessageHandler | None = None,
+        # what this node speaks: every version it knows, unless held to older ones (as a node of that version is)
+        versions: Sequence[int] = SUPPORTED_VERSIONS,
         codecs: Sequence[str] = CODECS,
         # brotli first: with protocol version 2's URL columns, about 29 bytes per URL instead of 128 unpacked
         compressions: Sequence[str] = ("br", "zlib", "none"),
@@ -303,6 +306,7 @@ class PeerLinks:
         self._rng = rng
         self._limits = limits or Limits()
         self._nonce = nonce
+        self._versions = tuple(versions)
         self._codecs = tuple(codecs)
         self._compressions = tuple(compressions)
         self._links: dict[str, PeerLink] = {}
@@ -644,6 +648,7 @@ class PeerLinks:
             secret=self._secret,
             nonce=self._nonce,
             limits=self._limits,
+            versions=self._versions,
             codecs=self._codecs,
             compressions=self._compressions,
         )
