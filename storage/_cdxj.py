@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import NamedTuple
 from urllib.parse import SplitResult, urlsplit
 
-__all__ = ["CdxjEntry", "cdxj_line", "parse_cdxj_line", "surt", "warc_timestamp"]
+__all__ = ["CdxjEntry", "cdxj_join", "cdxj_line", "cdxj_parts", "parse_cdxj_line", "surt", "warc_timestamp"]
 
 _WWW = re.compile(r"^www\d*\.")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -111,6 +111,27 @@ def cdxj_line(entry: CdxjEntry) -> str:
 
 
 _NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f]')
+
+
+def cdxj_parts(*, url: str, timestamp: str, length: int, status: int, mime: str, digest: str,
+               truncated: bool = False) -> tuple[str, str] | None:
+    """The index line of a record whose place (WARC file and offset) is not known yet, in two pieces:
+    `cdxj_join` puts the offset and the file name between them. A page worker makes them (the SURT key is most
+    of a line's cost); the writer only joins. None when a value needs JSON escapes (`cdxj_line` then)."""
+    values = (url, mime, str(status), digest, str(length))
+    if _NEEDS_ESCAPE.search("".join(values)) is not None:
+        return None
+    return (f'{surt(url)} {timestamp} {{"url": "{url}", "mime": "{mime}", "status": "{values[2]}", '
+            f'"digest": "{digest}", "length": "{values[4]}", "offset": "',
+            '"}\n' if not truncated else '", "truncated": "length"}\n')
+
+
+def cdxj_join(parts: tuple[str, str], offset: int, filename: str) -> str | None:
+    """The line of `cdxj_parts` at its place: the same text as `cdxj_line`. None when the file name needs
+    JSON escapes."""
+    if _NEEDS_ESCAPE.search(filename) is not None:
+        return None
+    return f'{parts[0]}{offset}", "filename": "{filename}{parts[1]}'
 
 
 def parse_cdxj_line(line: str) -> CdxjEntry:

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from ._cdxj import CdxjEntry, cdxj_line, parse_cdxj_line, surt, warc_timestamp
+from ._cdxj import CdxjEntry, cdxj_join, cdxj_line, cdxj_parts, parse_cdxj_line, surt, warc_timestamp
 from ._closing import Closing
 from ._errors import StorageError
 from ._warc import exchange_records, gzip_member, revisit_records, warcinfo_record
@@ -39,6 +39,9 @@ class BuiltPage(NamedTuple):
     request: bytes  # the request record as one gzip member
     digest: str  # the payload's base32 SHA-1 (the CDXJ `digest`)
     mime: str  # the CDXJ `mime`
+    #: the index line without its place (`cdxj_parts`), made with the records so the writer only joins it;
+    #: None: the writer makes the line (`cdxj_line`)
+    index: tuple[str, str] | None = None
 
 
 def build_page_records(*, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
@@ -49,9 +52,12 @@ def build_page_records(*, url: str, request_headers: list[tuple[str, str]], stat
     records = exchange_records(url=url, request_headers=request_headers, status=status, reason=reason,
                                response_headers=response_headers, body=body, ip=ip, fetched_at=fetched_at,
                                truncated=truncated)
-    return BuiltPage(response=gzip_member(records.response, compress_level),
-                     request=gzip_member((records.request,), compress_level),
-                     digest=records.payload_digest, mime=_mime(response_headers))
+    response = gzip_member(records.response, compress_level)
+    mime = _mime(response_headers)
+    index = cdxj_parts(url=url, timestamp=warc_timestamp(fetched_at), length=len(response), status=status,
+                       mime=mime, digest=records.payload_digest, truncated=truncated)
+    return BuiltPage(response=response, request=gzip_member((records.request,), compress_level),
+                     digest=records.payload_digest, mime=mime, index=index)
 
 
 class PageStore(Closing, ABC):
@@ -270,10 +276,11 @@ class WarcPageStore(PageStore):
             raise ValueError(f"page store at {self.directory} is closed")
         with self._lock:
             return self._append(url, status, fetched_at, built.mime, built.digest, built.response, built.request,
-                                truncated)
+                                truncated, index=built.index)
 
     def _append(self, url: str, status: int, fetched_at: float, mime: str, digest: str, resp: bytes,
-                req: bytes, truncated: bool, revisit: bool = False) -> int:
+                req: bytes, truncated: bool, revisit: bool = False,
+                index: tuple[str, str] | None = None) -> int:
         """Write one response (or revisit) record and its request record under the lock; returns the bytes
         written."""
         if self._closed:
@@ -285,10 +292,13 @@ class WarcPageStore(PageStore):
                 self._start_file(fetched_at)
             offset = self._size
             self._write(resp + req)
-            entry = CdxjEntry(url=url, timestamp=warc_timestamp(fetched_at), filename=self._name, offset=offset,
-                              length=len(resp), status=status, mime=mime, digest=digest, truncated=truncated)
+            line = None if index is None else cdxj_join(index, offset, self._name)
+            if line is None:
+                line = cdxj_line(CdxjEntry(url=url, timestamp=warc_timestamp(fetched_at), filename=self._name,
+                                           offset=offset, length=len(resp), status=status, mime=mime,
+                                           digest=digest, truncated=truncated))
             assert self._index is not None
-            _write_all(self._index, cdxj_line(entry).encode("utf-8"))
+            _write_all(self._index, line.encode("utf-8"))
             if revisit:
                 self.revisits += 1
             else:

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from storage._cdxj import CdxjEntry, cdxj_line, parse_cdxj_line, surt
+from storage._cdxj import CdxjEntry, cdxj_join, cdxj_line, cdxj_parts, parse_cdxj_line, surt
 
 _WWW = re.compile(r"^www\d*\.")
 
@@ -84,3 +84,35 @@ def test_cdxj_line_is_json_dumps(entry: CdxjEntry) -> None:
     assert blob == json.dumps(fields, ensure_ascii=False)
     assert key == surt_reference(entry.url) and timestamp == entry.timestamp
     assert parse_cdxj_line(line) == entry
+
+
+ENTRIES = [
+    CdxjEntry(url="http://a.test/p/1.html", timestamp="20261125230000", filename="peercrawl-1-00001.warc.gz",
+              offset=123, length=4567, status=200, mime="text/html", digest="ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"),
+    CdxjEntry(url="http://a.test/\u00e9?b=2&a=1", timestamp="20261125230000", filename="f.warc.gz", offset=0,
+              length=1, status=404, mime="text/plain", digest="D", truncated=True),
+    CdxjEntry(url="http://a.test/q=\"x\"", timestamp="20261125230000", filename="f.warc.gz", offset=5,
+              length=1, status=200, mime="unk", digest="D"),
+    CdxjEntry(url="http://a.test/x", timestamp="20261125230000", filename="f\x01.warc.gz", offset=0,
+              length=1, status=200, mime="text/html", digest="D", truncated=True),
+    CdxjEntry(url="http://a.test/x", timestamp="20261125230000", filename="f.warc.gz", offset=9,
+              length=1, status=200, mime="te\\xt", digest="D", truncated=False),
+]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_cdxj_parts_joined_at_their_place_are_the_line(entry: CdxjEntry) -> None:
+    """A page worker makes the line without its place; joined in the writer it is `cdxj_line`'s text, or
+    None (the writer then calls `cdxj_line`) when a value needs a JSON escape."""
+    parts = cdxj_parts(url=entry.url, timestamp=entry.timestamp, length=entry.length, status=entry.status,
+                       mime=entry.mime, digest=entry.digest, truncated=entry.truncated)
+    escapes = any(c in '"\\' or ord(c) < 0x20 for c in entry.url + entry.mime)
+    assert (parts is None) == escapes
+    if parts is None:
+        return
+    line = cdxj_join(parts, entry.offset, entry.filename)
+    if any(c in '"\\' or ord(c) < 0x20 for c in entry.filename):
+        assert line is None
+    else:
+        assert line == cdxj_line(entry)
+        assert parse_cdxj_line(line) == entry
