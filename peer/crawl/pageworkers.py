@@ -28,7 +28,12 @@ The pool, to the node's standards:
   when they stop, so a Ctrl-C to the process group cannot cut a page in half.
 
 Processes are started with the ``spawn`` context (a fork of a trio process with threads is unsafe), and talk
-over a socket pair in length-prefixed pickle frames (the peers are the node's own processes).
+over a socket pair in length-prefixed pickle frames (the peers are the node's own processes). A job's frame is
+its head (the lengths of its two parts), the pickled fields without the body, and the body as it came from the
+fetch: the node hands the three to one ``sendmsg`` with the frames queued beside them, so a body is not
+copied in the node on its way out (a pickle of it, the frame, the join of the frames were three copies). An
+answer is the compressed records, the index line without its place (`storage.cdxj_parts`) and the page's
+fields as plain tuples, read in place from the node's buffer.
 """
 
 from __future__ import annotations
@@ -67,7 +72,8 @@ MAX_KILLS = 3
 #: Seconds one job may take in a worker before the worker is killed (a 10 MiB page parses in about 1 s).
 DEFAULT_TIMEOUT = 60.0
 
-_HEADER = struct.Struct(">I")
+_HEADER = struct.Struct(">I")  # an answer: its length
+_JOB_HEADER = struct.Struct(">II")  # a job: the length of its pickled fields, then of its body
 _MAX_FRAME = 1 << 30  # a frame is a page body (max_body, 10 MiB by default) and its head, or its records
 _START_FAILURES = 5  # a slot whose worker dies this many times in a row before it is ready gives up
 _RESTART_PAUSE = 0.05  # doubled for each start failure in a row, up to _RESTART_PAUSE_MAX
@@ -75,6 +81,7 @@ _RESTART_PAUSE_MAX = 5.0
 _STOP_WAIT = 5.0  # seconds the workers get to exit at the end of their input before they are killed
 _READY = b""  # the empty frame a worker sends once it has imported what it needs
 _READ_SIZE = 1 << 16  # bytes read at once from a worker's socket, each way
+_IOV_MAX = 512  # parts given to one sendmsg (Linux takes 1024)
 _ANSWER_BATCH = 4  # a worker answers at least every this many jobs, so no job waits for a whole queue
 
 
@@ -121,6 +128,21 @@ def _job_tuple(job: PageJob) -> tuple:
             job.reason, job.response_headers, job.ip, job.fetched_at, job.truncated)
 
 
+def _job_frame(job: PageJob) -> tuple[bytes, bytes, bytes]:
+    """A job's frame in three parts, the body as it is: head, pickled fields (the body's place empty), body."""
+    meta = pickle.dumps((job.url, job.content_type, None, job.parse, job.compress_level, job.request_headers,
+                         job.status, job.reason, job.response_headers, job.ip, job.fetched_at, job.truncated),
+                        protocol=pickle.HIGHEST_PROTOCOL)
+    return _JOB_HEADER.pack(len(meta), len(job.body)), meta, job.body
+
+
+def _job_of(meta: Any, body: bytes) -> PageJob:
+    fields = pickle.loads(meta)
+    if not isinstance(fields, tuple) or len(fields) != len(_JOB_FIELDS):
+        raise ValueError(f"page worker: a job of {len(fields) if isinstance(fields, tuple) else '?'} fields")
+    return PageJob(**dict(zip(_JOB_FIELDS, fields[:2] + (body,) + fields[3:])))
+
+
 def _page_tuple(page: Page | None) -> tuple | None:
     if page is None:
         return None
@@ -144,6 +166,15 @@ def process_page(job: PageJob) -> PageResult:
 
 def _send_frame(sock: socket.socket, payload: bytes) -> None:
     sock.sendall(_HEADER.pack(len(payload)) + payload)
+
+
+def _job_size(buf: bytearray, pos: int) -> int:
+    """The length of the job frame at `pos` of `buf` (which holds at least its head); SystemExit past the
+    bound."""
+    meta, body = _JOB_HEADER.unpack_from(buf, pos)
+    if meta + body > _MAX_FRAME:
+        raise SystemExit(f"page worker: a frame of {meta + body} bytes is over the bound")
+    return _JOB_HEADER.size + meta + body
 
 
 def _serve(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
@@ -177,15 +208,20 @@ def _answer_jobs(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
         if data:
             buf += view[:got]
         pos = 0
-        while len(buf) - pos >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(buf, pos)
-            if size > _MAX_FRAME:
-                raise SystemExit(f"page worker: a frame of {size} bytes is over the bound")
-            if len(buf) - pos - _HEADER.size < size:
+        while len(buf) - pos >= _JOB_HEADER.size:
+            size = _job_size(buf, pos)
+            if len(buf) - pos < size:
                 break
-            frame = bytes(buf[pos + _HEADER.size:pos + _HEADER.size + size])
-            pos += _HEADER.size + size
-            answers.append(_answer(work, frame))
+            (meta_size,) = _HEADER.unpack_from(buf, pos)
+            start = pos + _JOB_HEADER.size
+            with memoryview(buf) as whole:
+                meta = whole[start:start + meta_size]
+                body = bytes(whole[start + meta_size:pos + size])
+                try:
+                    answers.append(_answer(work, meta, body))
+                finally:
+                    meta.release()
+            pos += size
             if len(answers) >= _ANSWER_BATCH:  # no job waits for the whole queue behind it
                 sock.sendall(b"".join(answers))
                 answers = []
@@ -200,14 +236,14 @@ def _answer_jobs(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
             block = False  # look once more, without waiting, before answering
 
 
-def _answer(work: Callable[[PageJob], Any], frame: bytes) -> bytes:
-    """One job's answer as a frame: (1, records, page fields) for a `PageResult`, (2, value) for anything else
-    the work returns, (0, exception) when it raised."""
+def _answer(work: Callable[[PageJob], Any], meta: Any, body: bytes) -> bytes:
+    """One job's answer as a frame: (1, records, page fields) for a `PageResult` (both plain tuples), (2, value)
+    for anything else the work returns, (0, exception) when it raised."""
     reply: tuple
     try:
-        result = work(PageJob(**dict(zip(_JOB_FIELDS, pickle.loads(frame)))))
+        result = work(_job_of(meta, body))
         if isinstance(result, PageResult):
-            reply = (1, result.built, _page_tuple(result.page))
+            reply = (1, None if result.built is None else tuple(result.built), _page_tuple(result.page))
         else:
             reply = (2, result)
     except Exception as exc:  # the same exception the inline call would raise, for the crawler to contain
@@ -225,10 +261,11 @@ def _answer(work: Callable[[PageJob], Any], frame: bytes) -> bytes:
 class _Task:
     """One job on its way through the pool."""
 
-    __slots__ = ("done", "frame", "kills", "outcome", "suspect", "url")
+    __slots__ = ("done", "frame", "kills", "outcome", "size", "suspect", "url")
 
-    def __init__(self, frame: bytes, url: str) -> None:
-        self.frame = frame
+    def __init__(self, frame: tuple[bytes, bytes, bytes], url: str) -> None:
+        self.frame = frame  # head, pickled fields, body: written as they are (one sendmsg)
+        self.size = len(frame[0]) + len(frame[1]) + len(frame[2])
         self.url = url
         self.kills = 0
         self.suspect = False  # held by a worker that died with other jobs: sent alone from now on
@@ -246,7 +283,7 @@ class _Worker:
         self.process = process
         self.stream = stream
         self.pending: deque[_Task] = deque()
-        self.outbox: list[bytes] = []  # frames of `pending` not yet written, in the same order
+        self.outbox: list[bytes] = []  # the parts of the frames of `pending` not yet written, in the same order
         self.queued = 0  # bytes of the frames of `pending`
         self.wake = trio.Event()
         self.ready = False
@@ -290,19 +327,19 @@ class PageWorkers:
     async def process(self, job: PageJob) -> Any:
         """Do `job` in a worker; its result, or the exception the work raised. `PageWorkerError` when the
         job killed or hung ``max_kills`` workers."""
-        payload = pickle.dumps(_job_tuple(job), protocol=pickle.HIGHEST_PROTOCOL)
-        task = _Task(_HEADER.pack(len(payload)) + payload, job.url)
+        task = _Task(_job_frame(job), job.url)
         async with self._places:
             while True:  # bounded: each round ends in an answer, or a kill (at most max_kills) or a start failure
-                worker = await self._take(len(task.frame), alone=task.suspect)
+                worker = await self._take(task.size, alone=task.suspect)
                 worker.solo = task.suspect
-                task.done = trio.Event()
+                if task.outcome is not None or task.done.is_set():
+                    task.done = trio.Event()
                 task.outcome = None
                 if not worker.pending:
                     worker.since = trio.current_time()
                 worker.pending.append(task)
-                worker.queued += len(task.frame)
-                worker.outbox.append(task.frame)
+                worker.queued += task.size
+                worker.outbox += task.frame
                 worker.wake.set()
                 await task.done.wait()  # a worker that dies gives it back (outcome None)
                 if task.outcome is None:
@@ -418,17 +455,19 @@ class PageWorkers:
             self._wake()
 
     async def _write(self, worker: _Worker) -> None:
-        """Write the jobs queued for one worker, all that are waiting in one write. A frame cut in half (the
-        worker died) ends the worker's round: its reader sees the socket end."""
+        """Write the jobs queued for one worker, all that are waiting in one ``sendmsg`` of their parts (no
+        copy of a body here). A frame cut in half (the worker died) ends the worker's round: its reader sees
+        the socket end."""
+        sock = worker.stream.socket
         while True:  # until the worker's round is cancelled
             await worker.wake.wait()
             worker.wake = trio.Event()
-            frames, worker.outbox = worker.outbox, []
-            if not frames:
+            parts, worker.outbox = worker.outbox, []
+            if not parts:
                 continue
             try:
-                await worker.stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await _send_parts(sock, parts)
+            except (OSError, trio.ClosedResourceError):
                 worker.process.kill()  # make sure the reader sees the end
                 return
 
@@ -446,27 +485,36 @@ class PageWorkers:
             if not got:
                 return
             buf += view[:got]
-            while len(buf) >= _HEADER.size:
-                (size,) = _HEADER.unpack_from(buf)
-                if len(buf) < _HEADER.size + size:
+            pos = 0
+            while len(buf) - pos >= _HEADER.size:
+                (size,) = _HEADER.unpack_from(buf, pos)
+                end = pos + _HEADER.size + size
+                if len(buf) < end:
                     break
-                frame = bytes(buf[_HEADER.size:_HEADER.size + size])
-                del buf[:_HEADER.size + size]
-                if not worker.ready:
-                    worker.ready = frame == _READY
+                with memoryview(buf) as whole:  # read in place; released before the buffer is cut
+                    frame = whole[pos + _HEADER.size:end]
+                    pos = end
                     if not worker.ready:
-                        return  # not our worker's first word: treat as a failed start
-                    self._wake()
-                    continue
-                self._answer(worker, frame)
+                        worker.ready = frame == _READY
+                        frame.release()
+                        if not worker.ready:
+                            return  # not our worker's first word: treat as a failed start
+                        self._wake()
+                        continue
+                    try:
+                        self._answer(worker, frame)
+                    finally:
+                        frame.release()
+            if pos:
+                del buf[:pos]
 
-    def _answer(self, worker: _Worker, frame: bytes) -> None:
+    def _answer(self, worker: _Worker, frame: memoryview) -> None:
         if not worker.pending:
             log.error("a page worker answered a job it was not given; restarting it")
             worker.process.kill()
             return
         task = worker.pending.popleft()
-        worker.queued -= len(task.frame)
+        worker.queued -= task.size
         worker.solo = False
         worker.since = trio.current_time()
         worker.served += 1
@@ -475,7 +523,8 @@ class PageWorkers:
             reply = pickle.loads(frame)
             if reply[0] == 1:
                 page = None if reply[2] is None else Page(**dict(zip(_PAGE_FIELDS, reply[2])))
-                task.outcome = (True, PageResult(built=reply[1], page=page))
+                built = None if reply[1] is None else BuiltPage(*reply[1])
+                task.outcome = (True, PageResult(built=built, page=page))
             else:
                 task.outcome = (reply[0] == 2, reply[1])
         except Exception as exc:
@@ -517,6 +566,23 @@ class PageWorkers:
                 await worker.stream.aclose()
         for worker in workers:
             await self._reap(worker)
+
+
+async def _send_parts(sock: trio.socket.SocketType, parts: list[bytes]) -> None:
+    """Write every byte of `parts`, in order, with as few ``sendmsg`` calls as the socket takes (at most
+    _IOV_MAX parts a call)."""
+    i = 0
+    while i < len(parts):  # bounded: each call writes at least one byte or raises
+        batch = parts[i:i + _IOV_MAX]
+        sent = await sock.sendmsg(batch)
+        for part in batch:  # drop what was written, whole parts, then the written head of one
+            if sent >= len(part):
+                sent -= len(part)
+                i += 1
+                continue
+            if sent:
+                parts[i] = memoryview(part)[sent:]
+            break
 
 
 @asynccontextmanager

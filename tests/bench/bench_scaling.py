@@ -521,6 +521,12 @@ def cores(args: argparse.Namespace) -> None:
     else:
         configs += [(f"all cores, --page-threads {args.page_threads}", "", args.page_threads, 0)]
     configs += [("all cores, inline", "", 0, 0)]
+    # --baseline SRC: the first two configurations again with that tree's code, in the same rounds
+    base = str(Path(args.baseline).resolve()) if args.baseline else ""
+    plan = [(label, cpus, threads, processes, "") for label, cpus, threads, processes in configs]
+    if base:
+        plan += [(f"[baseline] {label}", cpus, threads, processes, base)
+                 for label, cpus, threads, processes in configs[:2]]
     with tempfile.TemporaryDirectory(prefix="peercrawl-bench-cores-") as tmp:
         workdir = Path(tmp)
         with start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
@@ -530,10 +536,10 @@ def cores(args: argparse.Namespace) -> None:
                 print(f"web: {web.kind}, {args.hosts} hosts x {args.pages_per_host} pages, --store {args.store}; "
                       f"{os.cpu_count()} cores", flush=True)
                 for _ in range(args.repeat):
-                    for label, cpus, threads, processes in configs:
+                    for label, cpus, threads, processes, source in plan:
                         load0 = os.getloadavg()[0]
                         r = run_cluster(web, dns_port, 1, args, workdir, cpus=cpus, threads=threads,
-                                        processes=processes)
+                                        processes=processes, source=source)
                         r["load"] = (load0, os.getloadavg()[0])
                         rows.append((label, r))
                         steady = r["steady_pages_per_s"]
@@ -546,15 +552,24 @@ def cores(args: argparse.Namespace) -> None:
                               f"{r['load'][1]:.1f}", flush=True)
             finally:
                 _stop(dns)
-    k = len(configs)
+    k = len(plan)
 
-    def ratio(i: int) -> list[float]:
+    def ratio(i: int, ref: int = 0) -> list[float]:
         return [b["steady_pages_per_s"] / a["steady_pages_per_s"] for (_, a), (_, b) in
-                zip(rows[0::k], rows[i::k]) if a["steady_pages_per_s"] and b["steady_pages_per_s"]]
+                zip(rows[ref::k], rows[i::k]) if a["steady_pages_per_s"] and b["steady_pages_per_s"]]
 
-    for i, (label, _cpus, _t, _p) in enumerate(configs[1:], start=1):
+    for i, (label, _cpus, _t, _p, source) in enumerate(plan[1:], start=1):
+        if source and label == f"[baseline] {configs[0][0]}":
+            continue
+        ref = len(configs) if source else 0
         target = " (target >= 1.7x)" if i == 1 else ""
-        print(f"{label} / one core inline, steady pages/s: {', '.join(f'{x:.2f}x' for x in ratio(i)) or '-'}{target}")
+        print(f"{label} / {plan[ref][0]}, steady pages/s: {', '.join(f'{x:.2f}x' for x in ratio(i, ref)) or '-'}"
+              f"{target}")
+    own = [r["own_ms_per_page"] for label, r in rows if label == plan[1][0]]
+    if base:
+        own_base = [r["own_ms_per_page"] for label, r in rows if label == f"[baseline] {plan[1][0]}"]
+        print(f"{plan[1][0]}: the node's own process, ms CPU per page, this tree / baseline: "
+              f"{', '.join(f'{a:.3f} / {b:.3f}' for a, b in zip(own, own_base))}")
     load = os.getloadavg()
     print(f"load average {load[0]:.1f} / {load[1]:.1f} on {os.cpu_count()} cores")
     results = Path(args.results_dir).resolve()
