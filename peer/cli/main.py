@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import importlib
 import json
 import os
@@ -190,9 +191,19 @@ def _config_from(args: argparse.Namespace):
     return load(toml=args.config, env=os.environ, flags=flags)
 
 
+#: allocations of container objects between two collections of the young generation (Python's default: 700)
+_GC_YOUNG = 10_000
+
+
 def _peerd_start(args: argparse.Namespace) -> int:
     cfg = _config_from(args)
     setup_logging(cfg.log_level, cfg.log_format)
+    # What start-up made (modules, classes, functions: about 60,000 objects) lives as long as the process:
+    # frozen, the collector's full passes skip it. A node allocates tens of container objects per page that
+    # die young by reference counting; collecting the young generation every 700 allocations (the default)
+    # cost 2-3% of the node's CPU, most of it looking at objects about to be freed anyway.
+    gc.freeze()
+    gc.set_threshold(_GC_YOUNG, *gc.get_threshold()[1:])
     return trio.run(run_node, cfg)
 
 

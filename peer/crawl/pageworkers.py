@@ -38,6 +38,7 @@ fields as plain tuples, read in place from the node's buffer.
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import pickle
@@ -81,6 +82,7 @@ _RESTART_PAUSE_MAX = 5.0
 _STOP_WAIT = 5.0  # seconds the workers get to exit at the end of their input before they are killed
 _READY = b""  # the empty frame a worker sends once it has imported what it needs
 _READ_SIZE = 1 << 16  # bytes read at once from a worker's socket, each way
+_GC_YOUNG = 10_000  # a worker's allocations between two young collections (Python's default: 700)
 _IOV_MAX = 512  # parts given to one sendmsg (Linux takes 1024)
 _ANSWER_BATCH = 4  # a worker answers at least every this many jobs, so no job waits for a whole queue
 
@@ -181,6 +183,8 @@ def _serve(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
     """A worker process's life: answer each job in order until the node closes the socket."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    gc.freeze()  # as in the node (peer.cli.main): start-up's objects live as long as the process
+    gc.set_threshold(_GC_YOUNG, *gc.get_threshold()[1:])
     try:
         with sock:
             _answer_jobs(sock, work)
@@ -328,7 +332,11 @@ class PageWorkers:
         """Do `job` in a worker; its result, or the exception the work raised. `PageWorkerError` when the
         job killed or hung ``max_kills`` workers."""
         task = _Task(_job_frame(job), job.url)
-        async with self._places:
+        try:  # a place free: taken without a trip through the scheduler (the answer is waited for below)
+            self._places.acquire_nowait()
+        except trio.WouldBlock:
+            await self._places.acquire()
+        try:
             while True:  # bounded: each round ends in an answer, or a kill (at most max_kills) or a start failure
                 worker = await self._take(task.size, alone=task.suspect)
                 worker.solo = task.suspect
@@ -348,6 +356,8 @@ class PageWorkers:
                 if ok:
                     return value
                 raise value
+        finally:
+            self._places.release()
 
     async def _take(self, size: int, *, alone: bool) -> _Worker:
         """The ready worker holding the fewest jobs, among those with room for one of `size` bytes (``alone``:
