@@ -509,6 +509,10 @@ def main() -> None:
     (results / "bench_scaling.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def cores(args: argparse.Namespace) -> None:
     """One node on one core (inline) against the same node on every core with page threads or page worker
     processes, alternating; the ratio of steady pages/s is the figure."""
@@ -546,7 +550,8 @@ def cores(args: argparse.Namespace) -> None:
                         print(f"  {label}: {r['pages']} pages in {r['wall_s']:.1f} s = {r['pages_per_s']:.0f} "
                               f"pages/s end to end, {'-' if steady is None else f'{steady:.0f}'} pages/s from 20% "
                               f"to 80%; CPU ms/page {r['cpu_ms_per_page']:.3f} (node's own process "
-                              f"{r['own_ms_per_page']:.3f}, page workers {r['workers_ms_per_page']:.3f}), web "
+                              f"{r['own_ms_per_page']:.3f}, from 20% to 80% {_ms(r['steady_cpu_ms_per_page'])}; "
+                              f"page workers {r['workers_ms_per_page']:.3f}), web "
                               f"{1000 * r['web_cpu_s'] / max(1, r['pages']):.3f} ms/page = "
                               f"{r['web_cpu_s'] / r['wall_s']:.2f} of a core; load {r['load'][0]:.1f} -> "
                               f"{r['load'][1]:.1f}", flush=True)
@@ -565,11 +570,13 @@ def cores(args: argparse.Namespace) -> None:
         target = " (target >= 1.7x)" if i == 1 else ""
         print(f"{label} / {plan[ref][0]}, steady pages/s: {', '.join(f'{x:.2f}x' for x in ratio(i, ref)) or '-'}"
               f"{target}")
-    own = [r["own_ms_per_page"] for label, r in rows if label == plan[1][0]]
     if base:
-        own_base = [r["own_ms_per_page"] for label, r in rows if label == f"[baseline] {plan[1][0]}"]
-        print(f"{plan[1][0]}: the node's own process, ms CPU per page, this tree / baseline: "
-              f"{', '.join(f'{a:.3f} / {b:.3f}' for a, b in zip(own, own_base))}")
+        for key, what in (("own_ms_per_page", "whole crawl"), ("steady_cpu_ms_per_page", "from 20% to 80%")):
+            for label in (plan[0][0], plan[1][0]):
+                mine = [r[key] for lb, r in rows if lb == label]
+                theirs = [r[key] for lb, r in rows if lb == f"[baseline] {label}"]
+                print(f"{label}: the node's own process, ms CPU per page ({what}), this tree / baseline: "
+                      f"{', '.join(f'{_ms(a)} / {_ms(b)}' for a, b in zip(mine, theirs))}")
     load = os.getloadavg()
     print(f"load average {load[0]:.1f} / {load[1]:.1f} on {os.cpu_count()} cores")
     results = Path(args.results_dir).resolve()
