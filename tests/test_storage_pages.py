@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from warcio.archiveiterator import ArchiveIterator
 
-from storage import NullPageStore, StorageError, WarcPageStore, open_page_store, surt
+from storage import NullPageStore, StorageError, WarcPageStore, build_page_records, open_page_store, surt
+from storage._cdxj import cdxj_line, parse_cdxj_line
 
 T0 = 1_700_000_000.5  # 2023-11-14T22:13:20.5Z
 
@@ -404,3 +405,27 @@ def test_pages_stored_from_several_threads_are_whole_and_indexed(tmp_path):
             assert (int(fields["offset"]), int(fields["length"])) == found[fields["url"]][4:6]
             urls.append(fields["url"])
     assert sorted(urls) == sorted(f"http://h{n % 7}.test/p/{n}" for n in range(200))
+
+
+def test_records_built_elsewhere_index_as_records_built_here(tmp_path):
+    """A page worker makes the index line without its place (`BuiltPage.index`); the writer's join gives the
+    line `cdxj_line` gives at that place, so the index is the same whichever side made the line."""
+    pages = [page(n, size=400 + 97 * n, url=f"http://h{n % 3}.test/p/{n}?b=2&a=1", truncated=n % 5 == 0)
+             for n in range(12)]
+    records = {p["url"]: build_page_records(compress_level=1, **p) for p in pages}
+    with WarcPageStore(tmp_path, max_file_bytes=6_000) as store:
+        for n, p in enumerate(pages):
+            built = records[p["url"]]
+            assert built.index is not None
+            if n % 2:
+                built = built._replace(index=None)  # the writer makes the whole line
+            store.store_built(url=p["url"], status=p["status"], fetched_at=p["fetched_at"], built=built,
+                              truncated=p["truncated"])
+    lines = [line + "\n" for f in sorted(tmp_path.glob("*.cdxj")) for line in f.read_text().splitlines()]
+    assert len(lines) == 12 and len(list(tmp_path.glob("*.cdxj"))) >= 2
+    for line in lines:
+        entry = parse_cdxj_line(line)
+        built = records[entry.url]
+        assert line == cdxj_line(entry)
+        assert (entry.length, entry.digest, entry.mime) == (len(built.response), built.digest, built.mime)
+        assert entry.truncated == (int(entry.url.split("/p/")[1].split("?")[0]) % 5 == 0)

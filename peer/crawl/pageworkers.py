@@ -125,11 +125,6 @@ _JOB_FIELDS = ("url", "content_type", "body", "parse", "compress_level", "reques
 _PAGE_FIELDS = ("links", "canonical", "noindex", "nofollow", "charset", "title", "base")
 
 
-def _job_tuple(job: PageJob) -> tuple:
-    return (job.url, job.content_type, job.body, job.parse, job.compress_level, job.request_headers, job.status,
-            job.reason, job.response_headers, job.ip, job.fetched_at, job.truncated)
-
-
 def _job_frame(job: PageJob) -> tuple[bytes, bytes, bytes]:
     """A job's frame in three parts, the body as it is: head, pickled fields (the body's place empty), body."""
     meta = pickle.dumps((job.url, job.content_type, None, job.parse, job.compress_level, job.request_headers,
