@@ -251,6 +251,7 @@ def test_the_wire_tuples_name_every_field_in_order():
     assert pageworkers._job_of(meta, body) == job
     page = process_page(job).page
     assert Page(**dict(zip(pageworkers._PAGE_FIELDS, pageworkers._page_tuple(page)))) == page
+    assert pageworkers._page_of(pageworkers._page_tuple(page)) == page
 
 
 def test_a_job_frame_carries_the_body_as_it_came_and_reads_back_whole():

@@ -146,6 +146,12 @@ def _page_tuple(page: Page | None) -> tuple | None:
     return (page.links, page.canonical, page.noindex, page.nofollow, page.charset, page.title, page.base)
 
 
+def _page_of(fields: tuple) -> Page:
+    links, canonical, noindex, nofollow, charset, title, base = fields
+    return Page(links=links, canonical=canonical, noindex=noindex, nofollow=nofollow, charset=charset, title=title,
+                base=base)
+
+
 def process_page(job: PageJob) -> PageResult:
     """A page's stateless work, the same calls the crawler makes inline: records first, then the links."""
     built = None
@@ -313,6 +319,7 @@ class PageWorkers:
         self._slots: list[_Worker | None] = [None] * processes
         self._places = trio.Semaphore(processes * in_flight)
         self._room = trio.Event()
+        self._waiting = 0  # tasks waiting in `_take` for a worker with room
         # counters for `status()`
         self.pages = 0  # jobs answered
         self.started = 0  # worker processes started (the first N, then restarts)
@@ -367,11 +374,16 @@ class PageWorkers:
                     best = w
             if best is not None:
                 return best
-            await self._room.wait()
+            self._waiting += 1
+            try:
+                await self._room.wait()
+            finally:
+                self._waiting -= 1
 
     def _wake(self) -> None:
-        self._room.set()
-        self._room = trio.Event()
+        if self._waiting:  # an answer per page: no new event when nobody waits for room
+            self._room.set()
+            self._room = trio.Event()
 
     def status(self) -> dict[str, int]:
         """What `peerctl status` shows (``page_workers``)."""
@@ -527,7 +539,7 @@ class PageWorkers:
         try:
             reply = pickle.loads(frame)
             if reply[0] == 1:
-                page = None if reply[2] is None else Page(**dict(zip(_PAGE_FIELDS, reply[2])))
+                page = None if reply[2] is None else _page_of(reply[2])
                 built = None if reply[1] is None else BuiltPage(*reply[1])
                 task.outcome = (True, PageResult(built=built, page=page))
             else:
