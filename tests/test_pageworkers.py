@@ -23,7 +23,7 @@ from peer.node import Node
 from peerlab.localweb.graph import SiteGraph
 
 from .support.crawl import node_config, start_local_web
-from .support.pageworks import crashing, hanging
+from .support.pageworks import collector, crashing, hanging
 
 BODY = (b"<html><head><title>t</title></head><body>"
         + b"".join(b'<a href="/p%d">p</a>' % i for i in range(30)) + b"<p>" + b"x" * 4000 + b"</p></body></html>")
@@ -317,3 +317,11 @@ async def test_a_worker_that_dies_on_a_large_job_loses_nothing(tmp_path):
         assert results[job.url].built.digest == inline.built.digest
     assert status["crashes"] == 1 and status["started"] == 2 and status["resent"] >= 1 and status["failed"] == 0
     assert (tmp_path / "crash-once-big").exists()
+
+
+async def test_a_worker_collects_as_the_node_does():
+    """Start-up's objects frozen and the young generation collected every _GC_YOUNG allocations, in the worker
+    that does the work (its answer says so)."""
+    async with open_page_workers(1, work=collector) as pool:
+        threshold, frozen = await pool.process(_job("http://h.test/x"))
+    assert threshold == pageworkers._GC_YOUNG and frozen > 1000

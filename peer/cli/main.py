@@ -202,6 +202,7 @@ def _peerd_start(args: argparse.Namespace) -> int:
     # frozen, the collector's full passes skip it. A node allocates tens of container objects per page that
     # die young by reference counting; collecting the young generation every 700 allocations (the default)
     # cost 2-3% of the node's CPU, most of it looking at objects about to be freed anyway.
+    gc.collect()  # start-up's garbage first, so none of it is frozen
     gc.freeze()
     gc.set_threshold(_GC_YOUNG, *gc.get_threshold()[1:])
     return trio.run(run_node, cfg)

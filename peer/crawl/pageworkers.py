@@ -184,7 +184,8 @@ def _serve(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
     """A worker process's life: answer each job in order until the node closes the socket."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    gc.freeze()  # as in the node (peer.cli.main): start-up's objects live as long as the process
+    gc.collect()  # as in the node (peer.cli.main): start-up's objects live as long as the process, frozen
+    gc.freeze()
     gc.set_threshold(_GC_YOUNG, *gc.get_threshold()[1:])
     try:
         with sock:

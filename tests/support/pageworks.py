@@ -7,6 +7,7 @@ hostile server. The pool under test is the real one, with real processes.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from pathlib import Path
@@ -36,3 +37,8 @@ def hanging(job: PageJob) -> PageResult:
         while True:
             time.sleep(1)
     return process_page(job)
+
+
+def collector(job: PageJob) -> tuple[int, int]:
+    """The worker's collector settings: (young generation threshold, objects frozen)."""
+    return gc.get_threshold()[0], gc.get_freeze_count()
