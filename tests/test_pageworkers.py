@@ -116,18 +116,26 @@ async def test_in_flight_per_worker_is_bounded(bound):
     assert most == 2
 
 
+async def _process_all(pool, jobs, gap: float = 0.0) -> dict:
+    """Every job through the pool at once (started `gap` seconds apart): URL -> its answer."""
+    results = {}
+
+    async def one(job):
+        results[job.url] = await pool.process(job)
+
+    async with trio.open_nursery() as nursery:
+        for job in jobs:
+            nursery.start_soon(one, job)
+            if gap:
+                await trio.sleep(gap)
+    return results
+
+
 @pytest.mark.slow
 async def test_a_crashed_worker_is_restarted_and_its_pages_done_again(tmp_path):
     jobs = [_job(f"http://h.test/slow{i}") for i in range(6)] + [_job(f"http://h.test/crash-once-a?{tmp_path}")]
     async with open_page_workers(1, work=crashing, in_flight=2) as pool:
-        results = {}
-
-        async def one(job):
-            results[job.url] = await pool.process(job)
-
-        async with trio.open_nursery() as nursery:
-            for job in jobs:
-                nursery.start_soon(one, job)
+        results = await _process_all(pool, jobs)
         status = pool.status()
     assert set(results) == {j.url for j in jobs}, "nothing lost"
     assert all(len(r.page.links) == 30 for r in results.values())
@@ -300,15 +308,7 @@ async def test_a_worker_that_dies_on_a_large_job_loses_nothing(tmp_path):
     jobs.insert(1, _job(f"http://h.test/crash-once-big?{tmp_path}", body=big))
     jobs += [_job(f"http://h.test/after{i}", body=big if i == 0 else BODY) for i in range(3)]
     async with open_page_workers(1, work=crashing, in_flight=8, queued_bytes=16 << 20) as pool:
-        results = {}
-
-        async def one(job):
-            results[job.url] = await pool.process(job)
-
-        async with trio.open_nursery() as nursery:
-            for job in jobs:
-                nursery.start_soon(one, job)
-                await trio.sleep(0.01)  # in this order
+        results = await _process_all(pool, jobs, gap=0.01)  # in this order
         status = pool.status()
     assert set(results) == {j.url for j in jobs}, "nothing lost"
     for job in jobs:

@@ -88,6 +88,14 @@ def tree(net: Net, name: str, local: Callable[[bool], Local]) -> ProgressTree:
     return t
 
 
+async def _start(nursery: trio.Nursery, net: Net, names: list[str], *, idle: bool) -> dict[str, ProgressTree]:
+    """A started tree per member, each always `idle` (or busy) with no activity."""
+    trees = {name: tree(net, name, lambda _f: Local(idle=idle, activity=0, finished=False)) for name in names}
+    for t in trees.values():
+        await nursery.start(t.serve)
+    return trees
+
+
 def run(body: Callable[[trio.Nursery], object]) -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -125,9 +133,7 @@ def test_a_member_that_does_not_answer_or_holds_another_ring_makes_the_wave_fall
 
     async def body(nursery: trio.Nursery) -> None:
         net = Net(nursery, random.Random(2), names, 0.002)
-        trees = {name: tree(net, name, lambda _f: Local(idle=True, activity=0, finished=False)) for name in names}
-        for t in trees.values():
-            await nursery.start(t.serve)
+        trees = await _start(nursery, net, names, idle=True)
         root = trees[net.order[0]]
         net.down.add(net.order[1])  # a child of the root: its whole part (5 members) is missing
         start = trio.current_time()
@@ -320,9 +326,7 @@ def test_waves_carry_the_roots_reach_as_a_proof_of_contact_and_keep_coming_while
 
     async def body(nursery: trio.Nursery) -> None:
         net = Net(nursery, random.Random(3), names, 0.002)
-        trees = {name: tree(net, name, lambda _f: Local(idle=False, activity=0, finished=False)) for name in names}
-        for t in trees.values():
-            await nursery.start(t.serve)
+        trees = await _start(nursery, net, names, idle=False)
         root, member = trees[net.order[0]], trees[net.order[30]]
         net.down.add(net.order[1])  # holds every wave for HOP_WAIT x 3 s, its part of the tree (5 members) missing
         for _ in range(8):
@@ -449,12 +453,11 @@ def test_a_member_cut_off_from_the_majority_fences_itself_within_the_contact_win
             return rng.uniform(0.001, 0.002)
 
         net.delay = delay
-        trees = {name: tree(net, name, lambda _f: Local(idle=False, activity=0, finished=False)) for name in names}
+        trees = await _start(nursery, net, names, idle=False)
         view = _members_view(names)
         fences = _fences(net, trees, {name: (lambda: view) for name in names})
-        for name, t in trees.items():
-            await nursery.start(t.serve)
-            nursery.start_soon(fences[name].contact_loop)
+        for fence in fences.values():
+            nursery.start_soon(fence.contact_loop)
         root = trees[names[0]]
 
         async def waves() -> None:
@@ -526,12 +529,11 @@ def test_a_member_that_dies_leaves_every_other_member_in_contact(victim: str) ->
     async def body(nursery: trio.Nursery) -> None:
         rng = random.Random(21)
         net = Net(nursery, rng, names, 0.003)
-        trees = {name: tree(net, name, lambda _f: Local(idle=False, activity=0, finished=False)) for name in names}
+        trees = await _start(nursery, net, names, idle=False)
         view = _members_view(names)
         fences = _fences(net, trees, {name: (lambda: view) for name in names})
-        for name, t in trees.items():
-            await nursery.start(t.serve)
-            nursery.start_soon(fences[name].contact_loop)
+        for fence in fences.values():
+            nursery.start_soon(fence.contact_loop)
 
         async def waves(name: str) -> None:  # each node's progress loop: the two trees half a second apart
             t, second = trees[name], True

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import importlib
 import json
 import os
@@ -24,7 +23,7 @@ from peer.cli.errors import CliError
 from peer.cli.format import format_status
 from peer.config import DEFAULTS, FIELDS, Config, ConfigError, default_text, load
 from peer.control import dashboard_address
-from peer.crawl.pageworkers import PageWorkerError
+from peer.crawl.pageworkers import PageWorkerError, settle_collector
 from peer.log import setup_logging
 from peer.node import NodeError, run_node
 from storage import StorageError
@@ -191,20 +190,10 @@ def _config_from(args: argparse.Namespace):
     return load(toml=args.config, env=os.environ, flags=flags)
 
 
-#: allocations of container objects between two collections of the young generation (Python's default: 700)
-_GC_YOUNG = 10_000
-
-
 def _peerd_start(args: argparse.Namespace) -> int:
     cfg = _config_from(args)
     setup_logging(cfg.log_level, cfg.log_format)
-    # What start-up made (modules, classes, functions: about 60,000 objects) lives as long as the process:
-    # frozen, the collector's full passes skip it. A node allocates tens of container objects per page that
-    # die young by reference counting; collecting the young generation every 700 allocations (the default)
-    # cost 2-3% of the node's CPU, most of it looking at objects about to be freed anyway.
-    gc.collect()  # start-up's garbage first, so none of it is frozen
-    gc.freeze()
-    gc.set_threshold(_GC_YOUNG, *gc.get_threshold()[1:])
+    settle_collector()  # the node's, as each page worker's
     return trio.run(run_node, cfg)
 
 

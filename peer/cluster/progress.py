@@ -9,8 +9,8 @@ adds its own, and answers its parent with one `ProgressTally`: how many members 
 (`heard`), how many answered on the wave's ring (`nodes`), how many of those are idle, the sum of their activity
 counters, how many have concluded the crawl finished. Member 0 (the root) starts a wave every
 `PROGRESS_INTERVAL` (and the last member another, below); the tree is `log_FANOUT(n)` deep, so a wave costs each
-node one query and one answer from its parent, and at most `FANOUT` of each with its children: O(1) messages per node a wave, against 2(n - 1) when
-every node asked every peer. The ids cost bytes, not messages: a wave carries each member's id once per level
+node one query and one answer from its parent, and at most `FANOUT` of each with its children: O(1) messages per
+node a wave, against 2(n - 1) when every node asked every peer. The ids cost bytes, not messages: a wave carries each member's id once per level
 above it (about n log_FANOUT(n) ids a wave in all).
 
 A node whose ring is not the wave's (a view change under way) is heard but counts in no other field; it still
@@ -193,10 +193,8 @@ class ProgressTree:
         """Whether this node starts the waves of the first tree (the second with `second`): the first member of
         the ring's list (of the list reversed) that its view does not hold SUSPECT. A ring of one member has
         one tree."""
-        ring, members = self._members()
-        if second and len(members) < 2:
-            return False
-        return self.node_id in self._tree(second)[1][:1]
+        _ring, members = self._tree(second)
+        return (len(members) > 1 or not second) and self.node_id in members[:1]
 
     def _tree(self, second: bool = False) -> tuple[int, tuple[str, ...]]:
         """The ring's id and its members in the order a wave of the first tree (the second: the list reversed)

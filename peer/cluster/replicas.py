@@ -35,7 +35,8 @@ on only at its next ring change (never at once: two nodes whose views differ wou
 With `--replicas R` (R >= 1) none of this travels by `SeenReplica`: a page's key goes with its release, and
 what is left (a backup the release did not reach, a ring change's re-sends) goes in the queued-URL replicas'
 acknowledged FIFO (`reliable`, `QueueReplicas.mark_seen`). With `--replicas 0` the messages are best effort, no
-acks: a replica lost with a connection or a full send queue costs at most a page fetched twice after a death. The window between a page's commit and its replica leaving is `interval`.
+acks: a replica lost with a connection or a full send queue costs at most a page fetched twice after a death. The
+window between a page's commit and its replica leaving is `interval`.
 Replicas a node holds for arcs that later moved elsewhere stay in its store as harmless seen keys (every one of
 them names a page that was fetched); they cost about 40 bytes each on disk.
 """
