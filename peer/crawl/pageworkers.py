@@ -48,8 +48,7 @@ import struct
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -104,9 +103,10 @@ class PageWorkerError(Exception):
     the workers cannot start (the node's)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PageJob:
-    """What a worker needs of one fetched page."""
+class PageJob(NamedTuple):
+    """What a worker needs of one fetched page. A named tuple, like `storage.BuiltPage`: made once per page in
+    the node and once in the worker, and a frozen dataclass's field-by-field set-up cost more than the job's
+    framing (measured in the node's profile)."""
 
     url: str
     content_type: str | None
@@ -122,8 +122,7 @@ class PageJob:
     truncated: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PageResult:
+class PageResult(NamedTuple):
     """What a worker gives back: the compressed records (to append) and the parsed page (its links)."""
 
     built: BuiltPage | None
@@ -132,24 +131,21 @@ class PageResult:
 
 # On the wire jobs and results are plain tuples: pickling a slotted dataclass calls `dataclasses.fields` on
 # both sides, which was a tenth of the node's cost per page in the pool.
-_JOB_FIELDS = ("url", "content_type", "body", "parse", "compress_level", "request_headers", "status", "reason",
-               "response_headers", "ip", "fetched_at", "truncated")
 _PAGE_FIELDS = ("links", "canonical", "noindex", "nofollow", "charset", "title", "base")
+_BODY = PageJob._fields.index("body")
 
 
 def _job_frame(job: PageJob) -> tuple[bytes, bytes, bytes]:
     """A job's frame in three parts, the body as it is: head, pickled fields (the body's place empty), body."""
-    meta = pickle.dumps((job.url, job.content_type, None, job.parse, job.compress_level, job.request_headers,
-                         job.status, job.reason, job.response_headers, job.ip, job.fetched_at, job.truncated),
-                        protocol=pickle.HIGHEST_PROTOCOL)
+    meta = pickle.dumps(job[:_BODY] + (None,) + job[_BODY + 1:], protocol=pickle.HIGHEST_PROTOCOL)
     return _JOB_HEADER.pack(len(meta), len(job.body)), meta, job.body
 
 
 def _job_of(meta: Any, body: bytes) -> PageJob:
     fields = pickle.loads(meta)
-    if not isinstance(fields, tuple) or len(fields) != len(_JOB_FIELDS):
+    if not isinstance(fields, tuple) or len(fields) != len(PageJob._fields):
         raise ValueError(f"page worker: a job of {len(fields) if isinstance(fields, tuple) else '?'} fields")
-    return PageJob(**dict(zip(_JOB_FIELDS, fields[:2] + (body,) + fields[3:])))
+    return PageJob._make(fields[:_BODY] + (body,) + fields[_BODY + 1:])
 
 
 def _page_tuple(page: Page | None) -> tuple | None:
