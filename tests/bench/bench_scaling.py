@@ -140,6 +140,7 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
         env["PYTHONPATH"] = os.pathsep.join([source, *filter(None, [env.get("PYTHONPATH")])])
     if args.cpu_profile:  # tests/bench/_cpuprof/sitecustomize.py samples each node on its own CPU time
         args.profile_runs = getattr(args, "profile_runs", 0) + 1
+        Path(args.results_dir).mkdir(parents=True, exist_ok=True)  # the nodes write there as they exit
         env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent / "_cpuprof"),
                                              *filter(None, [env.get("PYTHONPATH")])])
         kind = ("alone" if alone else f"r{args.replicas}" if nodes > 1 else "lone") + ("-baseline" if source else "")
@@ -244,6 +245,7 @@ def run_together(web: BenchWeb, dns_port: int, groups: list[dict[str, Any]], arg
             if group["nodes"] > 1:
                 env["PEERCRAWL_CLUSTER_SECRET"] = f"{SECRET}-{k}"
             if args.cpu_profile:  # as in run_cluster: each node sampled on its own CPU time
+                Path(args.results_dir).mkdir(parents=True, exist_ok=True)
                 env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent / "_cpuprof"),
                                                      *filter(None, [env.get("PYTHONPATH")])])
                 kind = (f"r{group.get('replicas')}" if group["nodes"] > 1 else "lone") + \
