@@ -400,7 +400,8 @@ def main() -> None:
                    help="nodes: two nodes against one; cores: one node on every core against itself on one")
     p.add_argument("--page-threads", type=int, default=2, help="--mode cores: the free node's --page-threads")
     p.add_argument("--page-processes", type=int, default=0,
-                   help="--mode cores: the free node's --page-processes instead of page threads (0: threads)")
+                   help="--mode cores: the free node's --page-processes instead of page threads (0: threads); "
+                        "--mode nodes (without --together): every node's --page-processes")
     args = p.parse_args()
     args.replicas = None
     if args.mode == "cores":
@@ -439,7 +440,8 @@ def main() -> None:
                             :: 1 if i % 2 == 0 else -1]:
                         alone = replicas == "alone"
                         args.replicas = None if alone else replicas
-                        r = run_cluster(web, dns_port, nodes, args, workdir, cpus=cpus, alone=alone, source=source)
+                        r = run_cluster(web, dns_port, nodes, args, workdir, cpus=cpus, alone=alone, source=source,
+                                        processes=args.page_processes)
                         r["replicas"] = None if alone else replicas
                         r["alone"] = alone
                         r["baseline"] = bool(source)
