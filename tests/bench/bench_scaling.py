@@ -107,6 +107,23 @@ def _proc_cpu(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _children_cpu(pid: int) -> float:
+    """User + system CPU seconds so far of the live children of a process (its page workers), 0 if none."""
+    total = 0.0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0.0
+    for task in tasks:
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            total += _proc_cpu(int(child)) or 0.0
+    return total
+
+
 def _steady_cpu(samples: list[tuple[float, int, float]], total: int) -> float | None:
     """ms of CPU per page between 20% and 80% of the crawl, from (seconds, pages, CPU seconds) samples."""
     low = next((s for s in samples if s[1] >= 0.2 * total), None)
@@ -180,6 +197,7 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
         cpu = user = 0.0
         samples: list[tuple[float, int]] = []  # (seconds since start, pages of all nodes): the steady rate
         cpu_samples: list[tuple[float, int, float]] = []  # (seconds, pages, CPU of all nodes): steady CPU per page
+        worker_samples: list[tuple[float, int, float]] = []  # the same for the nodes' page workers
         last_sample = 0.0
         for name, proc, log in procs:
             deadline = t0 + args.time_limit
@@ -200,6 +218,9 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
                         if None not in before and None not in after:  # every node alive: its CPU is readable
                             cpu_now = sum((a + b) / 2 for a, b in zip(before, after))  # type: ignore[operator]
                             cpu_samples.append((last_sample - t0, pages, cpu_now))
+                            if processes:
+                                worker_samples.append((last_sample - t0, pages,
+                                                       sum(_children_cpu(p.pid) for _n, p, _l in procs)))
                 time.sleep(0.05)
             proc.returncode = os.waitstatus_to_exitcode(status)
             if proc.returncode != 0:
@@ -222,6 +243,7 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
             "workers_ms_per_page": 1000 * (cpu - own) / max(1, pages),
             "steady_pages_per_s": _steady_rate(samples, pages),
             "steady_cpu_ms_per_page": _steady_cpu(cpu_samples, pages),
+            "steady_workers_ms_per_page": _steady_cpu(worker_samples, pages) if processes else None,
             "cpu_ms_per_page": 1000 * cpu / max(1, pages), "user_share": user / max(cpu, 1e-9), "web_cpu_s": _cpu_seconds(web.processes) - web_cpu0,
             "per_node_pages": [int(f.get("pages", 0)) for f in finals]}
 
@@ -555,7 +577,8 @@ def cores(args: argparse.Namespace) -> None:
                               f"pages/s end to end, {'-' if steady is None else f'{steady:.0f}'} pages/s from 20% "
                               f"to 80%; CPU ms/page {r['cpu_ms_per_page']:.3f} (node's own process "
                               f"{r['own_ms_per_page']:.3f}, from 20% to 80% {_ms(r['steady_cpu_ms_per_page'])}; "
-                              f"page workers {r['workers_ms_per_page']:.3f}), web "
+                              f"page workers {r['workers_ms_per_page']:.3f}, from 20% to 80% "
+                              f"{_ms(r['steady_workers_ms_per_page'])}), web "
                               f"{1000 * r['web_cpu_s'] / max(1, r['pages']):.3f} ms/page = "
                               f"{r['web_cpu_s'] / r['wall_s']:.2f} of a core; load {r['load'][0]:.1f} -> "
                               f"{r['load'][1]:.1f}", flush=True)
