@@ -33,7 +33,7 @@ import trio
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from storage import StorageError, open_page_store
+from storage import PageStore, StorageError, open_page_store
 
 from peer.cluster.cluster import Cluster, ClusterError
 from peer.cluster.discovery import DiscoveryError, srv_seeds
@@ -41,7 +41,7 @@ from peer.cluster.transport import TransportError
 from peer.config import Config, ConfigError, parse_address, read_control_token, read_secret, read_seeds
 from peer.control import Reply, json_reply, load_or_create_token, serve_control
 from peer.crawl.crawler import Crawler
-from peer.crawl.pageworkers import PageWorkers, open_page_workers
+from peer.crawl.pageworkers import PageWorkers, PageWriter, open_page_workers
 from peer.crawl.settings import CONFIG_VERSION_FOUNDER, CrawlSettings, SettingsError, SettingsFile
 from peer.crawl.seenstores import open_node_store
 from peer.dashboard import STALL_AFTER, NodeWatch, file_rss_bytes, page, peak_rss_bytes, rss_bytes, slow_hosts
@@ -411,7 +411,7 @@ class Node:
                 read_timeout=cfg.read_timeout,
                 total_timeout=cfg.total_timeout,
                 max_body=cfg.max_body,
-            ) as fetcher, self._open_page_workers() as workers:
+            ) as fetcher, self._open_page_workers(pages) as workers:
                 self.page_workers = workers
                 cluster = self.cluster
                 crawler = self.crawler = Crawler(
@@ -466,11 +466,13 @@ class Node:
                                                 "cpu_s": round(usage.ru_utime + usage.ru_stime, 3)})
         return 0
 
-    def _open_page_workers(self) -> AbstractAsyncContextManager[PageWorkers | None]:
-        """The page worker processes of --page-processes N (none: a page's work is done inline)."""
+    def _open_page_workers(self, pages: PageStore) -> AbstractAsyncContextManager[PageWorkers | None]:
+        """The page worker processes of --page-processes N (none: a page's work is done inline). With WARC
+        output each worker appends the records it builds to WARC files of its own in the same directory."""
         if self.cfg.page_processes <= 0:
             return nullcontext(None)
-        return open_page_workers(self.cfg.page_processes, timeout=self.cfg.page_process_timeout)
+        return open_page_workers(self.cfg.page_processes, timeout=self.cfg.page_process_timeout,
+                                 writer=PageWriter.of(pages, self.cfg.sync_interval))
 
     def _record_dropped(self, urls: list[str]) -> None:
         """Append the URLs the crawler gave up at this start to DATA_DIR/dropped-urls.jsonl (one JSON a line)."""

@@ -12,6 +12,7 @@ survives kill -9 of the process; `sync()` forces the files to disk. The records 
 
 from __future__ import annotations
 
+import glob
 import os
 import threading
 import time
@@ -196,7 +197,11 @@ class WarcPageStore(PageStore):
         max_file_bytes: int = 1 << 30,
         prefix: str = "peercrawl",
         compress_level: int = 1,
+        recover_all: bool = True,
     ) -> None:
+        """``recover_all``: finish every file a killed writer left open in `directory` (the node, which opens
+        its store before any page worker starts); False: only those of this `prefix` (a page worker's own
+        writer, started again while the node's and the other workers' files are being written)."""
         if max_file_bytes <= 0:
             raise ValueError(f"max_file_bytes must be positive, got {max_file_bytes}")
         if not 0 <= compress_level <= 9:
@@ -218,7 +223,8 @@ class WarcPageStore(PageStore):
         self._lock = threading.Lock()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            for leftover in sorted(self.directory.glob("*" + _OPEN_SUFFIX)):
+            mine = "*" if recover_all else f"{glob.escape(prefix)}-[0-9]*"  # not "<prefix>-p0-" for "<prefix>"
+            for leftover in sorted(self.directory.glob(mine + _OPEN_SUFFIX)):
                 _finish_index(self.directory, leftover)
         except OSError as exc:
             raise StorageError(f"cannot use page store at {self.directory}: {exc.strerror or exc}") from exc

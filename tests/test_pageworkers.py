@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import os
 import pickle
 import sys
@@ -18,7 +19,8 @@ from peer.cli.format import format_status
 from peer.config import ConfigError, load
 from peer.crawl import pageworkers
 from peer.crawl.links import Page
-from peer.crawl.pageworkers import PageJob, PageWorkerError, open_page_workers, process_page
+from peer.crawl.pageworkers import PageJob, PageWorkerError, PageWriter, open_page_workers, process_page
+from storage import StorageError, WarcPageStore
 from peer.node import Node
 from peerlab.localweb.graph import SiteGraph
 
@@ -239,6 +241,16 @@ async def test_a_crawl_with_page_processes_stores_and_finds_what_inline_does(tmp
     (st_i, _, warc_i), (st_p, _, warc_p) = runs["inline"], runs["processes"]
     assert warc_i and warc_p == warc_i, "the same pages, payloads, types and digests"
     assert all(len(records) == 1 for records in warc_p.values()), "each page recorded exactly once"
+    # the workers wrote the pages' records to files of their own, each finished with its index at the stop
+    files = sorted(p.name for p in (tmp_path / "processes" / "warc").iterdir())
+    writers = {name.split("-")[1] for name in files if name.endswith(".warc.gz")}
+    assert writers and writers <= {"p0", "p1"}, files
+    assert not [n for n in files if n.endswith(".open")], "every index finished"
+    store = WarcPageStore(tmp_path / "processes" / "warc")
+    try:
+        assert all(len(store.lookup(uri)) == 1 for uri in warc_p), "each page indexed exactly once"
+    finally:
+        store.close()
     # (the page count is not compared: the web answers 429/503 by time, so retries differ between runs)
     same = ("stored", "links_found", "urls_new", "urls_seen", "skipped")
     assert {k: st_p[k] for k in same} == {k: st_i[k] for k in same}
@@ -325,3 +337,61 @@ async def test_a_worker_collects_as_the_node_does():
     async with open_page_workers(1, work=collector) as pool:
         threshold, frozen = await pool.process(_job("http://h.test/x"))
     assert threshold == pageworkers._GC_YOUNG and frozen > 1000
+
+
+def _indexed(warc_dir: Path) -> dict[str, list[str]]:
+    """URI -> the files whose finished or open index lists it."""
+    out: dict[str, list[str]] = {}
+    for path in warc_dir.iterdir():
+        if path.name.endswith((".cdxj", ".cdxj.open")):
+            for line in path.read_text(encoding="utf-8").splitlines():
+                entry = json.loads(line.split(" ", 2)[2])
+                out.setdefault(entry["url"], []).append(entry["filename"])
+    return out
+
+
+@pytest.mark.slow
+async def test_workers_write_their_own_warc_and_a_killed_workers_open_file_is_finished_by_the_next(tmp_path):
+    warc = tmp_path / "warc"
+    node_store = WarcPageStore(warc)  # the node's own writer, with a file open while the workers run
+    node_store.store_built(url="http://node.test/r", status=200, fetched_at=1_700_000_000.0,
+                           built=process_page(_job("http://node.test/r")).built)
+    writer = PageWriter(str(warc), "peercrawl", 1 << 30, 1, 3600.0)
+    first = [_job(f"http://h.test/a{i}") for i in range(5)]
+    then = [_job(f"http://h.test/b{i}") for i in range(5)]
+    async with open_page_workers(1, writer=writer) as pool:
+        results = await _process_all(pool, first)
+        assert all(r.built is None and r.written > 0 and len(r.page.links) == 30 for r in results.values())
+        pool._slots[0].process.kill()  # dies with its file open and its index unfinished
+        with trio.fail_after(30):
+            while pool.status()["ready"] < 1 or pool.status()["started"] < 2:
+                await trio.sleep(0.02)
+        results.update(await _process_all(pool, then))
+    node_store.close()
+    files = sorted(p.name for p in warc.iterdir())
+    assert not [n for n in files if n.endswith(".open")], f"every index finished: {files}"
+    warcs = [n for n in files if n.endswith(".warc.gz")]
+    assert len([n for n in warcs if n.startswith("peercrawl-p0-")]) == 2, warcs  # one per worker process
+    indexed = _indexed(warc)
+    assert {u: len(f) for u, f in indexed.items()} == {j.url: 1 for j in first + then} | {"http://node.test/r": 1}
+    assert indexed["http://node.test/r"][0].startswith("peercrawl-2"), "the node's file left to the node"
+    assert _warc_records(warc).keys() == indexed.keys(), "every record whole and readable"
+
+
+def test_a_workers_failed_sync_refuses_its_later_pages(tmp_path, monkeypatch):
+    own = pageworkers._OwnWarc(PageWriter(str(tmp_path), "peercrawl", 1 << 30, 1, 0.0), 3)
+    job = _job("http://h.test/x")
+    assert own.append(job, process_page(job).built) > 0 and own.dirty and own.due_in() <= 0
+    own.sync()
+    assert not own.dirty and own.failure is None
+
+    def broken() -> None:
+        raise StorageError("cannot sync WARC: no space left on device")
+
+    monkeypatch.setattr(own.store, "sync", broken)
+    own.append(job, process_page(job).built)
+    own.sync()
+    with pytest.raises(StorageError, match="no space left"):
+        own.append(job, process_page(job).built)
+    own.close()
+    assert [p.name.split("-")[1] for p in tmp_path.glob("*.warc.gz")] == ["p3"]

@@ -1050,7 +1050,9 @@ class Crawler:
             log.warning("page given up by the page workers", extra={"url": url, "error": str(exc)})
             return None, None
         size: int | None = None
-        if result.built is not None:
+        if result.written is not None:  # the worker appended the records to its own WARC file
+            size = result.written or 0
+        elif result.built is not None:
             size = self.pages.store_built(url=resp.url, status=resp.status, fetched_at=now, built=result.built,
                                           truncated=resp.truncated) or 0
         elif stored:

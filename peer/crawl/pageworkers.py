@@ -42,9 +42,12 @@ import gc
 import logging
 import multiprocessing
 import pickle
+import select
 import signal
 import socket
 import struct
+import sys
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -52,11 +55,11 @@ from typing import Any, NamedTuple
 
 import trio
 
-from storage import BuiltPage, build_page_records
+from storage import BuiltPage, StorageError, WarcPageStore, build_page_records
 
 from peer.crawl.links import Page, extract
 
-__all__ = ["IN_FLIGHT_PER_WORKER", "MAX_KILLS", "QUEUED_BYTES_PER_WORKER", "PageJob", "PageResult", "PageWorkerError", "PageWorkers", "settle_collector",
+__all__ = ["IN_FLIGHT_PER_WORKER", "MAX_KILLS", "QUEUED_BYTES_PER_WORKER", "PageJob", "PageResult", "PageWorkerError", "PageWorkers", "PageWriter", "settle_collector",
            "open_page_workers", "process_page"]
 
 log = logging.getLogger(__name__)
@@ -123,10 +126,31 @@ class PageJob(NamedTuple):
 
 
 class PageResult(NamedTuple):
-    """What a worker gives back: the compressed records (to append) and the parsed page (its links)."""
+    """What a worker gives back: the compressed records (to append) and the parsed page (its links); or, when
+    the worker wrote the records to its own WARC file (`PageWriter`), the bytes it wrote."""
 
     built: BuiltPage | None
     page: Page | None
+    written: int | None = None
+
+
+class PageWriter(NamedTuple):
+    """Where the page workers write their records themselves (``--store warc``): the node's WARC directory and
+    its settings. Worker N writes ``<prefix>-p<N>-<UTC time>-<serial>.warc.gz``, each file with its own index
+    as the node's, and forces them to disk every ``sync_interval`` seconds it has written, as the node does."""
+
+    directory: str
+    prefix: str
+    max_file_bytes: int
+    compress_level: int
+    sync_interval: float
+
+    @classmethod
+    def of(cls, store: Any, sync_interval: float) -> PageWriter | None:
+        """The writer spec for the node's page store, or None when the node keeps its pages otherwise."""
+        if not isinstance(store, WarcPageStore):
+            return None
+        return cls(str(store.directory), store.prefix, store.max_file_bytes, store.compress_level, sync_interval)
 
 
 # On the wire jobs and results are plain tuples: pickling a slotted dataclass calls `dataclasses.fields` on
@@ -188,19 +212,68 @@ def _job_size(buf: bytearray, pos: int) -> int:
     return _JOB_HEADER.size + meta + body
 
 
-def _serve(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
+def _serve(sock: socket.socket, work: Callable[[PageJob], Any], slot: int = 0,
+           writer: PageWriter | None = None) -> None:
     """A worker process's life: answer each job in order until the node closes the socket."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    own = None if writer is None else _OwnWarc(writer, slot)  # before the ready word: a failure is a failed start
     settle_collector()
     try:
         with sock:
-            _answer_jobs(sock, work)
+            _answer_jobs(sock, work, own)
     except (BrokenPipeError, ConnectionResetError):
         return  # the node closed its end (stopping, or it died): nothing is waiting for an answer
+    finally:
+        if own is not None:
+            own.close()
 
 
-def _answer_jobs(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
+class _OwnWarc:
+    """A page worker's own WARC writer: the records it builds are appended here, not sent to the node, so the
+    node's process neither copies them nor writes them (its two writes a page were a tenth of its CPU with
+    workers). The worker's file and index are the node's format; its files are finished when it stops, and
+    what a killed worker left open is finished by the next worker of its slot (or the node's next start)."""
+
+    __slots__ = ("dirty", "failure", "interval", "store", "synced")
+
+    def __init__(self, writer: PageWriter, slot: int) -> None:
+        self.store = WarcPageStore(writer.directory, prefix=f"{writer.prefix}-p{slot}",
+                                   max_file_bytes=writer.max_file_bytes, compress_level=writer.compress_level,
+                                   recover_all=False)
+        self.interval = writer.sync_interval
+        self.synced = time.monotonic()
+        self.dirty = False  # written since the last sync
+        self.failure: StorageError | None = None  # a failed sync: every later page is refused with it
+
+    def append(self, job: PageJob, built: BuiltPage) -> int:
+        if self.failure is not None:
+            raise self.failure
+        written = self.store.store_built(url=job.url, status=job.status, fetched_at=job.fetched_at, built=built,
+                                         truncated=job.truncated)
+        self.dirty = True
+        return written
+
+    def due_in(self) -> float:
+        """Seconds until what was written must be synced (<= 0: now)."""
+        return self.synced + self.interval - time.monotonic()
+
+    def sync(self) -> None:
+        try:
+            self.store.sync()
+        except StorageError as exc:  # the node hears of it with its next page, and stops on it
+            self.failure = exc
+        self.dirty = False
+        self.synced = time.monotonic()
+
+    def close(self) -> None:
+        try:
+            self.store.close()
+        except StorageError as exc:  # the node's next start finishes the file
+            print(f"page worker: {exc}", file=sys.stderr)
+
+
+def _answer_jobs(sock: socket.socket, work: Callable[[PageJob], Any], own: _OwnWarc | None = None) -> None:
     """Answer the jobs in order, up to _ANSWER_BATCH in one write: a wake-up of the other process per page cost
     more CPU than the work, and a whole queue's answers in one write made each job wait for all of them."""
     _send_frame(sock, _READY)
@@ -210,6 +283,10 @@ def _answer_jobs(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
     chunk = bytearray(_READ_SIZE)  # read into one buffer: a fresh large buffer per read costs an mmap and munmap
     view = memoryview(chunk)
     while True:  # until the end of input
+        if own is not None and own.dirty:  # written pages reach the disk within sync_interval, busy or idle
+            wait = own.due_in()
+            if wait <= 0 or (block and not select.select([sock], [], [], wait)[0]):
+                own.sync()
         try:
             got = sock.recv_into(view, 0, 0 if block else socket.MSG_DONTWAIT)
             data: bool | None = got > 0
@@ -230,7 +307,7 @@ def _answer_jobs(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
                 meta = whole[start:start + meta_size]
                 body = bytes(whole[start + meta_size:pos + size])
                 try:
-                    answers.append(_answer(work, meta, body))
+                    answers.append(_answer(work, meta, body, own))
                 finally:
                     meta.release()
             pos += size
@@ -248,13 +325,17 @@ def _answer_jobs(sock: socket.socket, work: Callable[[PageJob], Any]) -> None:
             block = False  # look once more, without waiting, before answering
 
 
-def _answer(work: Callable[[PageJob], Any], meta: Any, body: bytes) -> bytes:
-    """One job's answer as a frame: (1, records, page fields) for a `PageResult` (both plain tuples), (2, value)
-    for anything else the work returns, (0, exception) when it raised."""
+def _answer(work: Callable[[PageJob], Any], meta: Any, body: bytes, own: _OwnWarc | None = None) -> bytes:
+    """One job's answer as a frame: (1, records, page fields) for a `PageResult` (both plain tuples), or (3,
+    bytes written, page fields) when the worker wrote the records itself; (2, value) for anything else the
+    work returns, (0, exception) when it raised."""
     reply: tuple
     try:
-        result = work(_job_of(meta, body))
-        if isinstance(result, PageResult):
+        job = _job_of(meta, body)
+        result = work(job)
+        if isinstance(result, PageResult) and own is not None and result.built is not None:
+            reply = (3, own.append(job, result.built), _page_tuple(result.page))
+        elif isinstance(result, PageResult):
             reply = (1, None if result.built is None else tuple(result.built), _page_tuple(result.page))
         else:
             reply = (2, result)
@@ -311,7 +392,7 @@ class PageWorkers:
     def __init__(self, processes: int, *, work: Callable[[PageJob], Any] = process_page,
                  in_flight: int = IN_FLIGHT_PER_WORKER, queued_bytes: int = QUEUED_BYTES_PER_WORKER,
                  timeout: float = DEFAULT_TIMEOUT,
-                 max_kills: int = MAX_KILLS, context: str = "spawn") -> None:
+                 max_kills: int = MAX_KILLS, context: str = "spawn", writer: PageWriter | None = None) -> None:
         if processes <= 0:
             raise ValueError(f"page workers need at least one process, got {processes}")
         if in_flight <= 0 or timeout <= 0 or max_kills <= 0:
@@ -322,6 +403,7 @@ class PageWorkers:
         self.timeout = timeout
         self.max_kills = max_kills
         self._work = work
+        self._writer = writer  # the workers append the records to WARC files of their own
         self._ctx = multiprocessing.get_context(context)
         self._slots: list[_Worker | None] = [None] * processes
         self._places = trio.Semaphore(processes * in_flight)
@@ -412,7 +494,8 @@ class PageWorkers:
     async def _start(self, slot: int) -> _Worker:
         parent, child = socket.socketpair()
         try:
-            process = self._ctx.Process(target=_serve, args=(child, self._work), name=f"peercrawl-page-{slot}",
+            process = self._ctx.Process(target=_serve, args=(child, self._work, slot, self._writer),
+                                        name=f"peercrawl-page-{slot}",
                                         daemon=True)
             await trio.to_thread.run_sync(process.start)
         finally:
@@ -545,7 +628,10 @@ class PageWorkers:
         self.pages += 1
         try:
             reply = pickle.loads(frame)
-            if reply[0] == 1:
+            if reply[0] == 3:
+                page = None if reply[2] is None else _page_of(reply[2])
+                task.outcome = (True, PageResult(None, page, reply[1]))
+            elif reply[0] == 1:
                 page = None if reply[2] is None else _page_of(reply[2])
                 built = None if reply[1] is None else BuiltPage(*reply[1])
                 task.outcome = (True, PageResult(built=built, page=page))
