@@ -1,13 +1,18 @@
 """Page workers: the stateless, CPU-heavy part of a fetched page in N processes (``--page-processes N``).
 
 Everything a page changes stays in the node's one process: frontier, seen-set, politeness, robots.txt, DNS,
-the outbox, LMDB and the WARC files. What a page needs no state for goes to a worker process: charset
-decoding, lxml's parse, link extraction and normalization (`peer.crawl.links.extract`), the WARC records with
-their SHA-1 digests and their gzip compression (`storage.build_page_records`). The node sends a `PageJob`
-(URL, response head, body) and gets back a `PageResult` (the page's links, the compressed records); it then
-appends the records to its WARC file itself and finishes the page in one LMDB transaction, exactly as inline.
-So the page store's guarantees are unchanged: one writer, a page indexed once, whole, and its links admitted
-in the transaction that clears it from in-flight.
+the outbox and LMDB. What a page needs no state for goes to a worker process: charset decoding, lxml's parse,
+link extraction and normalization (`peer.crawl.links.extract`), the WARC records with their SHA-1 digests and
+their gzip compression (`storage.build_page_records`), and with ``--store warc`` their append: each worker
+writes WARC files of its own (`PageWriter`: ``<prefix>-p<N>-...`` in the node's WARC directory, each with its
+index, fsynced every ``sync_interval`` it has written). The node sends a `PageJob` (URL, response head, body)
+and gets back a `PageResult` (the page's links, and the bytes written, or the compressed records for a store
+that is not WARC); it then finishes the page in one LMDB transaction, exactly as inline. A page's records are
+written, whole and indexed, before the answer that lets the node commit it, as inline; each file has one
+writer. A worker killed between writing a page and answering it leaves the page in its file, and the page is
+written again by the next worker: as after a node's own crash between the write and its commit, a WARC may
+then hold a page twice, never half of one (what a killed worker left open is cut back to its last whole page
+by the next worker of its slot, or by the node's next start).
 
 The pool, to the node's standards:
 
