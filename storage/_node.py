@@ -47,7 +47,8 @@ class NodeStore(Closing):
         self.dedup = DedupStore(env, owns_env=False)
         self.frontier = FrontierStore(env, owns_env=False)
         self.outbox = Outbox(env)
-        self.replicas = Replicas(env)
+        # a released replica marks its key seen here (its owner is done with it), when the journal is folded
+        self.replicas = Replicas(env, mark_seen_in=self._mark_seen_in)
         self.revisits = RevisitSchedule(env)
         #: Completed `sync` calls: whatever was committed before the count last moved is on disk, so parts of
         #: the node that need their commits durable share one fsync instead of each forcing its own.
@@ -125,15 +126,14 @@ class NodeStore(Closing):
         return self._env.write(run)
 
     def hold_replicas(self, items: Sequence[tuple[bytes, QueuedUrl]], released: Sequence[bytes],
-                      states: Sequence[HostState] = ()) -> int:
-        """A peer's `QueueReplica`, in one transaction: `Replicas.hold`, and the released keys marked seen (the
-        peer is done with those URLs: if it dies, its heir must not queue them again when they are linked)."""
+                      states: Sequence[HostState] = (), *, fold: bool = False) -> None:
+        """A peer's `QueueReplica`, journaled in one transaction (`Replicas.hold`); the released keys are marked
+        seen when the journal is folded (the peer is done with those URLs: if it dies, its heir must not queue
+        them again when they are linked), which promotion does first."""
+        self.replicas.hold(items, released, states, fold=fold)
 
-        def run(txn: lmdb.Transaction) -> int:
-            self.dedup._add_new_in(txn, released)
-            return self.replicas._hold_in(txn, items, released, states)
-
-        return self._env.write(run)
+    def _mark_seen_in(self, txn: lmdb.Transaction, keys: list[bytes]) -> None:
+        txn.cursor(self.dedup._db).putmulti([(key, _EMPTY) for key in keys], dupdata=False, overwrite=False)
 
     def promote(self, inherited: Callable[[int], bool]) -> tuple[list[QueuedUrl], list[HostState]]:
         """This node inherits arcs from a dead owner (`inherited(position)` says which positions): the replicas

@@ -12,11 +12,28 @@ the ring is one key range, as everywhere in the node store):
 
 `rstate` is the owner's last known politeness state of the hosts it fetched, so a backup that inherits them
 keeps their timers (one connection per host and Crawl-delay hold through a take-over).
+
+- rjournal: sequence number(8, big-endian)  ->  msgpack [[[key, url, host, depth, hops, found_on], ...],
+                                                         [released key, ...],
+                                                         [[host, next_allowed, crawl_delay, failures], ...]]
+
+Why a journal: a backup receives a message per owner every 100 ms, each a page's add and release or so per page
+fetched. Applied at once, every entry touched a leaf page of its own in `replica` and in the seen table
+(keys begin with a random ring position), so each message's commit copied and wrote about one page per entry;
+and most URLs of a crawl are released a few seconds after they were added. So a message is appended to the
+journal (one put at the end of a table: its commit writes a page or two) and the journal is folded into
+`replica`, `rstate` and the seen table (`mark_seen_in`) in one transaction when the caller says so (the node
+folds every `FOLD_ENTRIES` entries or `FOLD_AGE` seconds, peer/cluster/backups.py), and before anything reads
+the replicas (promotion, the clean-up, an arc, the count). The fold applies the messages in the order they
+came, as one: a URL added and released within it never reaches `replica`; a host's states collapse into
+one write. A journaled message is committed like any other write: it survives the process's death, and a
+store opened again folds what its journal holds first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import lmdb
 import msgpack
@@ -27,8 +44,8 @@ from ._records import HostState, QueuedUrl
 
 __all__ = ["REPLICA_DBS", "Replicas"]
 
-REPLICA, RSTATE = b"replica", b"rstate"
-REPLICA_DBS = (REPLICA, RSTATE)
+REPLICA, RSTATE, RJOURNAL = b"replica", b"rstate", b"rjournal"
+REPLICA_DBS = (REPLICA, RSTATE, RJOURNAL)
 _WHOLE_RING = arc_ranges(0, 0)
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
@@ -46,37 +63,104 @@ def _state(key: bytes, value: bytes) -> HostState:
 
 
 class Replicas:
-    """The replicas held here. Every public call is one transaction, or a scan in short ones."""
+    """The replicas held here. Every public call is one transaction, or a scan in short ones. Messages go to the
+    journal (`hold`) and reach the tables when folded (`fold`, or `hold(..., fold=True)`); every read folds
+    first."""
 
-    def __init__(self, env: LmdbEnv) -> None:
+    def __init__(self, env: LmdbEnv, mark_seen_in: Callable[[lmdb.Transaction, list[bytes]], Any] | None = None) -> None:
         self._env = env
         self._db = env.db(REPLICA)
         self._states = env.db(RSTATE)
+        self._journal = env.db(RJOURNAL)
+        # marks released keys seen in the same transaction (the node store's seen table); None: not marked
+        self._mark_seen_in = mark_seen_in
+        with env.read() as txn:
+            last = txn.cursor(self._journal)
+            self._next = int.from_bytes(last.key(), "big") + 1 if last.last() else 0
+        #: entries (URLs, releases, host states) journaled since the last fold
+        self.journaled = 0
+        self.folds = 0
+        if self._next:
+            self.journaled = 1
+            self.fold()  # what a stopped or killed node had journaled
 
     def hold(self, items: Sequence[tuple[bytes, QueuedUrl]], released: Sequence[bytes],
-             states: Sequence[HostState] = ()) -> int:
-        """Delete the `released` keys, then store `items` (key, URL) and merge `states` (the later
-        `next_allowed` wins), in one transaction. Returns how many released keys were held."""
-        return self._env.write(lambda txn: self._hold_in(txn, items, released, states))
+             states: Sequence[HostState] = (), *, fold: bool = False) -> None:
+        """Journal one message: delete the `released` keys (and mark them seen), then store `items` (key, URL) and
+        merge `states` (the later `next_allowed` wins), in one transaction; with `fold`, the journal is folded
+        in the same transaction."""
+        self._env.write(lambda txn: self._hold_in(txn, items, released, states, fold=fold))
+        self._held(len(items) + len(released) + len(states), folded=fold)
 
     def _hold_in(self, txn: lmdb.Transaction, items: Sequence[tuple[bytes, QueuedUrl]], released: Sequence[bytes],
-                 states: Sequence[HostState]) -> int:
-        gone = 0
-        for key in released:
-            gone += txn.delete(key, db=self._db)
-        for key, item in items:
-            txn.put(key, _packb([item.url, item.host, item.depth, item.hops, item.found_on]), db=self._db)
-        for state in states:
-            prefix = host_prefix(state.host)
+                 states: Sequence[HostState], *, fold: bool = False) -> None:
+        """The transaction's part of `hold`; the caller calls `_held` once it has committed."""
+        record = _packb([
+            [[key, i.url, i.host, i.depth, i.hops, i.found_on] for key, i in items],
+            list(released),
+            [[s.host, float(s.next_allowed), float(s.crawl_delay), s.failures] for s in states],
+        ])
+        txn.put(self._next.to_bytes(8, "big"), record, db=self._journal, append=True)
+        if fold:
+            self._fold_in(txn)
+
+    def _held(self, entries: int, *, folded: bool) -> None:
+        """A `_hold_in` committed."""
+        self._next += 1
+        self.journaled = 0 if folded else self.journaled + max(1, entries)
+        self.folds += folded
+
+    def fold(self) -> int:
+        """Apply the journal to the tables, in one transaction; returns the entries folded (0: it was empty)."""
+        if not self.journaled:
+            return 0
+        entries = self._env.write(self._fold_in)
+        self.journaled = 0
+        self.folds += 1
+        return entries
+
+    def _fold_in(self, txn: lmdb.Transaction) -> int:
+        """The journal's messages in the order they came, applied as one: the last word on each key wins (a
+        release deletes and marks seen, an add stores), a host's states merge (the later ready time, the newest
+        Crawl-delay and failures); then the journal is emptied. Writes keys in order (neighbours share pages)."""
+        final: dict[bytes, list[Any] | None] = {}
+        marks: list[bytes] = []
+        merged: dict[str, tuple[float, float, int]] = {}
+        entries = 0
+        for _seq, raw in txn.cursor(self._journal):
+            added, released, states = _unpackb(raw)
+            for key in released:
+                final[key] = None
+            marks.extend(released)
+            for entry in added:
+                final[entry[0]] = entry
+            for host, ready, delay, failures in states:
+                earlier = merged.get(host)
+                if earlier is not None and earlier[0] > ready:
+                    ready = earlier[0]
+                merged[host] = (ready, delay, failures)
+            entries += len(added) + len(released) + len(states)
+        if marks and self._mark_seen_in is not None:
+            marks.sort()
+            self._mark_seen_in(txn, marks)
+        db, put, delete = self._db, txn.put, txn.delete
+        for key in sorted(final):
+            entry = final[key]
+            if entry is None:
+                delete(key, db=db)
+            else:
+                put(key, _packb(entry[1:]), db=db)
+        for prefix, (ready, delay, failures) in sorted((host_prefix(h), s) for h, s in merged.items()):
             raw = txn.get(prefix, db=self._states)
-            ready = state.next_allowed
             if raw is not None:
                 ready = max(ready, _unpackb(raw)[0])
-            txn.put(prefix, _packb([float(ready), float(state.crawl_delay), state.failures]), db=self._states)
-        return gone
+            put(prefix, _packb([float(ready), float(delay), failures]), db=self._states)
+        txn.drop(self._journal, delete=False)
+        return entries
 
     def arc(self, start: int, end: int) -> tuple[list[tuple[bytes, QueuedUrl]], list[HostState]]:
         """What is held for the arc [start, end): (key, URL) pairs and host states."""
+        self.fold()
         ranges = arc_ranges(start, end)
         items = [(key, _item(value)) for key, value in self._env.scan(REPLICA, ranges)]
         states = [_state(key, value) for key, value in self._env.scan(RSTATE, ranges)]
@@ -85,6 +169,7 @@ class Replicas:
     def where(self, wanted: Callable[[int], bool]) -> tuple[list[tuple[bytes, QueuedUrl]], list[HostState]]:
         """What is held at the ring positions `wanted(position)` picks: one pass over the replicas (a death
         moves thousands of small arcs; one scan beats thousands of range reads)."""
+        self.fold()
         items = [(key, _item(value)) for key, value in self._env.scan(REPLICA, _WHOLE_RING)
                  if wanted(int.from_bytes(key[:8], "big"))]
         states = [_state(key, value) for key, value in self._env.scan(RSTATE, _WHOLE_RING)
@@ -99,18 +184,21 @@ class Replicas:
 
     def drop_arc(self, start: int, end: int) -> int:
         """Forget everything held for the arc [start, end); returns how many URLs were held."""
+        self.fold()
         ranges = arc_ranges(start, end)
         self._env.delete_ranges(RSTATE, ranges)
         return self._env.delete_ranges(REPLICA, ranges)
 
     def keys(self) -> Iterator[bytes]:
         """Every key held, in ring order, read in short transactions."""
+        self.fold()
         for key, _value in self._env.scan(REPLICA, _WHOLE_RING):
             yield key
 
     def drop_where(self, unwanted: Callable[[int], bool], *, chunk: int = 4096) -> int:
         """Forget the URLs and states whose ring position `unwanted(position)` says are not this node's to hold
         (it is no longer a backup there). Reads in short transactions, deletes `chunk` keys per transaction."""
+        self.fold()
         dropped = {REPLICA: 0, RSTATE: 0}
         for name in (REPLICA, RSTATE):
             db = self._env.db(name)
@@ -129,7 +217,13 @@ class Replicas:
         return self._env.write(lambda txn: sum(1 for key in keys if txn.delete(key, db=db)))
 
     def __len__(self) -> int:
+        self.fold()
+        return self._env.entries(REPLICA)
+
+    def folded(self) -> int:
+        """URLs held as of the last fold (without folding: for status)."""
         return self._env.entries(REPLICA)
 
     def host_states(self) -> int:
+        self.fold()
         return self._env.entries(RSTATE)

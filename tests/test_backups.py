@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from peer.cluster.backups import FULL, SYNC_INTERVAL, QueueReplicas
+from peer.cluster.backups import FOLD_AGE, FOLD_ENTRIES, FULL, SYNC_INTERVAL, QueueReplicas
 from protocol import QueueReplica, ReplicaAck, UrlEntry
 from protocol import HostState as WireHostState
 from ring import Ring, host_position
@@ -79,6 +79,78 @@ def test_promotion_takes_only_the_inherited_positions(stores) -> None:
     new, _ = held.promote(lambda position: position < half)
     assert {i.url for i in new} == {i.url for i in items if host_position(i.host) < half}
     assert len(held.replicas) == 40 - len(new)
+
+
+def test_the_journal_folds_in_order_as_one(stores) -> None:
+    """A backup journals each message and folds the journal as one, in the order the messages came: a URL added
+    and released within it is not held (only marked seen), one released and added again is held, a host's states
+    merge (the later ready time, the newest Crawl-delay)."""
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    held = stores["B"]
+    items = _items(ring, "A", 6)
+    keys = queued_url_keys(items)
+    pairs = list(zip(keys, items))
+    host = items[0].host
+    held.hold_replicas(pairs[:4], [], [HostState(host=host, next_allowed=500.0, crawl_delay=3.0, failures=0)])
+    held.hold_replicas(pairs[4:], keys[:2], [HostState(host=host, next_allowed=400.0, crawl_delay=5.0, failures=2)])
+    held.hold_replicas([pairs[1]], keys[5:], [])  # the second released, then queued again; the sixth released
+    assert held.replicas.folded() == 0 and held.replicas.journaled == (4 + 1) + (2 + 2 + 1) + (1 + 1)
+    assert not any(key in held.dedup for key in keys)  # journaled only
+    folds_before = held.replicas.folds
+    assert set(held.replicas.keys()) == {keys[1], keys[2], keys[3], keys[4]}  # a read folds first
+    assert held.replicas.folds == folds_before + 1 and held.replicas.journaled == 0
+    assert all(key in held.dedup for key in (keys[0], keys[1], keys[5]))  # every release marks its key seen
+    assert keys[2] not in held.dedup
+    _items_held, states = held.replicas.where(lambda position: True)
+    assert [(s.host, s.next_allowed, s.crawl_delay, s.failures) for s in states] == [(host, 500.0, 5.0, 2)]
+    # a later message merges with what the table holds: the later ready time still wins
+    held.hold_replicas([], [], [HostState(host=host, next_allowed=450.0, crawl_delay=1.0, failures=0)], fold=True)
+    assert held.replicas.journaled == 0
+    _items_held, states = held.replicas.where(lambda position: True)
+    assert [(s.next_allowed, s.crawl_delay) for s in states] == [(500.0, 1.0)]
+
+
+def test_a_journal_left_by_a_killed_node_is_folded_when_its_store_opens(tmp_path) -> None:
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    items = _items(ring, "A", 5)
+    keys = queued_url_keys(items)
+    store = NodeStore.open(tmp_path / "b")
+    store.hold_replicas(list(zip(keys, items)), [])
+    store.hold_replicas([], keys[:2])
+    store.sync()
+    store.close()  # as after kill -9: the journal is committed, never folded
+    again = NodeStore.open(tmp_path / "b")
+    try:
+        assert again.replicas.journaled == 0 and again.replicas.folded() == 3
+        assert keys[0] in again.dedup and keys[4] not in again.dedup
+        again.hold_replicas([], keys[2:3])  # the journal goes on after what was there
+        new, _states = again.promote(lambda position: True)
+        assert {i.url for i in new} == {i.url for i in items[3:]}
+    finally:
+        again.close()
+
+
+async def test_a_backup_folds_its_journal_after_fold_entries_or_fold_age(stores, autojump_clock) -> None:
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    backup = QueueReplicas("B", stores["B"], Links(), ring_of=lambda: (1, ring), copies=1, wall_clock=lambda: 0.0)
+    journal = stores["B"].replicas
+    items = _items(ring, "A", 40)
+    entries = tuple(UrlEntry(url=i.url, depth=i.depth, found_on=None, hops=0) for i in items)
+    backup.on_message("A", QueueReplica(seq=1, epoch=1, urls=entries[:20], released=()))
+    await trio.sleep(FOLD_AGE / 2)
+    backup.on_message("A", QueueReplica(seq=2, epoch=1, urls=entries[20:30], released=()))
+    assert journal.journaled == 30 and journal.folds == 0 and backup.status()["journaled"] == 30
+    await trio.sleep(FOLD_AGE / 2)
+    backup.on_message("A", QueueReplica(seq=3, epoch=1, urls=entries[30:], released=()))  # the oldest is FOLD_AGE old
+    assert journal.journaled == 0 and journal.folds == 1 and backup.status()["held"] == 40
+    many = _items(ring, "A", FOLD_ENTRIES, start=1000)
+    for n in range(0, len(many), 1000):
+        assert journal.folds == 1 and journal.journaled == n  # below FOLD_ENTRIES (and FOLD_AGE): journaled
+        batch = tuple(UrlEntry(url=i.url, depth=1, found_on=None, hops=0) for i in many[n:n + 1000])
+        backup.on_message("A", QueueReplica(seq=4 + n, epoch=1, urls=batch, released=()))
+    # the message that brought FOLD_ENTRIES folded them, itself included
+    assert journal.folds == 2 and journal.journaled == 0
+    assert len(journal) == 40 + len(many)
 
 
 def _node(name: str, stores, links: Links, ring: Ring, copies: int = 1) -> QueueReplicas:
@@ -447,6 +519,8 @@ async def test_seen_marks_go_in_the_fifo_acknowledged_and_are_held_as_seen(store
     assert len(links.replicas_to("B")) == 2  # not acknowledged: sent again
     backup = QueueReplicas("B", stores["B"], Links(), ring_of=lambda: (1, ring), copies=1, wall_clock=lambda: 0.0)
     assert backup.on_message("A", links.replicas_to("B")[-1])
+    assert stores["B"].replicas.journaled == len(keys)  # journaled; folded at the latest when B inherits them
+    assert stores["B"].promote(lambda position: True) == ([], [])
     assert all(key in stores["B"].dedup for key in keys)
     owner.on_message("B", ReplicaAck(seq=links.replicas_to("B")[-1].seq))
     assert owner.outstanding() == 0

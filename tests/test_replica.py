@@ -253,6 +253,24 @@ def test_a_released_pages_key_reaches_the_backups_a_ring_change_made_first_befor
 
 
 
+def test_the_backups_remembered_per_position_follow_the_ring(store) -> None:
+    """A flush remembers each host position's backups for the ring of the moment; a key of the same position
+    flushed under a new ring goes to the new ring's backups, not to those remembered."""
+    full = Ring(WEIGHTS, points_per_weight=50)
+    current = [full]
+    links = Links()
+    replicas = SeenReplicas("A", store, links, ring_of=lambda: (7, current[0]), copies=1)
+    item = next(i for i in _items(full, "A", 40) if full.backups_at(host_position(i.host), 1) == ("B",))
+    again = QueuedUrl(url=item.url + "?again", host=item.host, depth=1, hops=0, found_on=None)
+    replicas.fetched(item)
+    assert replicas.flush() == 1 and links.keys_to() == {"B": set(queued_url_keys([item]))}
+    links.sent.clear()
+    current[0] = Ring({n: w for n, w in WEIGHTS.items() if n != "B"}, points_per_weight=50)
+    replicas.fetched(again)
+    assert replicas.flush() == 1
+    assert links.keys_to() == {current[0].backups_at(host_position(item.host), 1)[0]: set(queued_url_keys([again]))}
+
+
 async def test_with_queued_url_replicas_a_ring_changes_re_sent_keys_go_the_acknowledged_way(store) -> None:
     """With `--replicas` the keys a ring change sends again go through the queued-URL replicas' FIFO (`reliable`),
     not as best-effort `SeenReplica` messages; a FIFO without room sends them best effort."""

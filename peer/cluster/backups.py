@@ -85,6 +85,12 @@ MAX_STAGED = 200_000
 GC_DELAY = 1.0
 #: Re-homing reads the queue in chunks of this many URLs, yielding to trio between chunks.
 SCAN_CHUNK = 2048
+#: A backup journals each message (one put at the end of a table) and folds the journal into its replica and seen
+#: tables once this many entries wait, or the oldest has waited FOLD_AGE seconds (storage/_replicas.py): most
+#: URLs of a crawl are released seconds after they were added, and a fold applies the pair as nothing; applied
+#: one message at a time, each entry copied a leaf page of its own. A fold of 8,192 entries takes about 10 ms.
+FOLD_ENTRIES = 8192
+FOLD_AGE = 5.0
 #: A host name is at most 253 bytes (RFC 1035).
 MAX_HOST = 253
 #: Hosts whose backups are remembered under the current ring (about 150 bytes each); past it the memory starts
@@ -181,6 +187,7 @@ class QueueReplicas:
         self._restore: dict[str, tuple[_Backup, int]] | None = None  # what the last scan staged, per backup
         self._gc_ring: Any = None  # the ring the last clean-up ran under
         self._held_epoch = 0  # the newest view epoch a replica held here was sent under
+        self._journaled_at: float | None = None  # when the oldest message not yet folded was held (None: none)
         self.restore_seconds: list[float] = []  # ring change -> R + 1 copies again, one per change
         self.urls_sent = 0
         self.releases_sent = 0
@@ -417,6 +424,9 @@ class QueueReplicas:
                 del self._backups[peer]
         for ticket in self._tickets:
             ticket.targets = {b: t for b, t in ticket.targets.items() if self._backups.get(b) is t[0]}
+        # the replicas held here reach their tables before ownership moves (promotion and the clean-up fold too)
+        self.store.replicas.fold()
+        self._journaled_at = None
         self._changed_at = trio.current_time()
         self._check_tickets()
         self._wake.set()
@@ -643,7 +653,14 @@ class QueueReplicas:
         if bad:
             self.refused += bad
             log.warning("malformed replica entries from a peer dropped", extra={"peer": peer_id, "entries": bad})
-        self.store.hold_replicas(list(zip(queued_url_keys(items), items)), released, states)
+        now = trio.current_time()
+        if self._journaled_at is None or not self.store.replicas.journaled:  # (a read folds too)
+            self._journaled_at = now
+        waiting = self.store.replicas.journaled + len(items) + len(released) + len(states)
+        fold = waiting >= FOLD_ENTRIES or now - self._journaled_at >= FOLD_AGE
+        self.store.hold_replicas(list(zip(queued_url_keys(items), items)), released, states, fold=fold)
+        if fold:
+            self._journaled_at = None
         self._held_epoch = max(self._held_epoch, message.epoch)
         self.urls_held += len(items)
         self.releases_held += len(released)
@@ -680,7 +697,8 @@ class QueueReplicas:
         return {
             "copies": self.copies, "synced": ring is not None and ring is self._synced,
             "restored": self.restored(), "unreleased": len(self.unreleased()),
-            "outstanding": self.outstanding(), "held": len(self.store.replicas),
+            "outstanding": self.outstanding(), "held": self.store.replicas.folded(),
+            "journaled": self.store.replicas.journaled, "folds": self.store.replicas.folds,
             "urls_sent": self.urls_sent, "releases_sent": self.releases_sent, "messages_sent": self.messages_sent,
             "messages_resent": self.messages_resent, "urls_rehomed": self.urls_rehomed,
             "urls_held": self.urls_held, "releases_held": self.releases_held,

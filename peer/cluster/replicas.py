@@ -74,6 +74,10 @@ REPLICA_COPIES = 2
 MAX_KEYS_PER_MESSAGE = 4096
 #: A dedup key: 8 bytes of ring position, 8 of URL fingerprint (storage/_keys.py).
 KEY_SIZE = 16
+#: Host positions whose backups are remembered under the current ring (about 150 bytes each); past it the memory
+#: starts over. A flush asked the ring for the backups of every position it carried, each time (a bisection and a
+#: walk of the ring: about half of what seen-key replicas cost per page, docs/benchmarks.md).
+HOLDERS_CACHE = 200_000
 
 
 class SeenReplicas:
@@ -119,6 +123,9 @@ class SeenReplicas:
         self.wall_clock = wall_clock  # states travel as durations; kept here as wall-clock times
         self.states_passed_on = 0
         self._synced: Any = None  # the ring under which every recorded key was last sent to its backup
+        self._holders_ring: Any = None  # the ring and zones `_holders` was filled under
+        self._holders_zones: Any = None
+        self._holders: dict[bytes, tuple[str, ...]] = {}  # host position -> its backups (not this node)
         self.rescans = 0
         self.keys_resent = 0
         self.keys_sent = 0
@@ -251,30 +258,38 @@ class SeenReplicas:
             return 0
         keys, self._pending = self._pending, []
         released, self._released = self._released, []
+        nothing: frozenset[str] = frozenset()
         self.store.mark_fetched(keys + [key for key, _done in released])
         epoch, ring = self.ring_of()
         if ring is None:
             return 0  # no ring yet: the first rescan sends them
         by_backup: dict[str, list[bytes]] = defaultdict(list)
+        holders = self._holders_under(ring)
         node, copies, zones = self.node_id, self.copies, self.zones_of()
-        # (host position, the backups its release reached) -> backups: a host's pages share it
-        found: dict[tuple[bytes, frozenset[str]], list[str]] = {}
-        nothing: frozenset[str] = frozenset()
         for key, done in [(key, nothing) for key in keys] + released:
             position = key[:8]
-            backups = found.get((position, done))
+            backups = holders.get(position)
             if backups is None:
-                # not those the queued-URL replicas' release reached (`done`): it marks the key seen there; none
-                # in a cluster of one; not this node, if the host moved away meanwhile (its key travels with the
-                # hand-off of the arc instead)
-                backups = found[(position, done)] = [
-                    b for b in ring.holders_at(int.from_bytes(position, "big"), copies, zones)
-                    if b != node and b not in done]
+                # none in a cluster of one; not this node, if the host moved away meanwhile (its key travels with
+                # the hand-off of the arc instead)
+                if len(holders) >= HOLDERS_CACHE:
+                    holders.clear()
+                backups = holders[position] = tuple(
+                    b for b in ring.holders_at(int.from_bytes(position, "big"), copies, zones) if b != node)
             for backup in backups:
-                by_backup[backup].append(key)
+                # not those the queued-URL replicas' release reached (`done`): it marks the key seen there
+                if backup not in done:
+                    by_backup[backup].append(key)
         sent = self._send(epoch, by_backup, backups=True)
         self.keys_sent += sent
         return sent
+
+    def _holders_under(self, ring: Any) -> dict[bytes, tuple[str, ...]]:
+        """The remembered backups of host positions under `ring` (a new ring, or new zones, start over)."""
+        zones = self.zones_of()
+        if ring is not self._holders_ring or zones is not self._holders_zones:
+            self._holders_ring, self._holders_zones, self._holders = ring, zones, {}
+        return self._holders
 
     async def rescan(self, ring: Any) -> int:
         """The ring changed to `ring`: send again each recorded key whose backup changed since the last scan
