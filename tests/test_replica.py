@@ -16,6 +16,7 @@ from peer.cluster.replicas import MAX_KEYS_PER_MESSAGE, SeenReplicas
 from protocol import BatchAck, SeenReplica
 from ring import Ring, host_position
 from storage import NodeStore, QueuedUrl, queued_url_keys
+from storage._node import FETCHED_FOLD
 
 WEIGHTS = {"A": 150, "B": 80, "C": 200}
 
@@ -294,3 +295,32 @@ async def test_with_queued_url_replicas_a_ring_changes_re_sent_keys_go_the_ackno
     room[0] = False
     assert await replicas.rescan(ring) == 2 * 20  # a first scan: every key to both backups, best effort now
     assert taken == {} and sum(len(k) for k in links.keys_to().values()) == 2 * 20
+
+
+def test_fetched_keys_are_journaled_and_folded_into_the_record_when_read_or_full(tmp_path: Path) -> None:
+    """A tick's keys are one append to the journal; they reach the record (sorted, FETCHED_FOLD at a time) when
+    it is read or when FETCHED_FOLD of them wait, and a store opened again folds what a killed node journaled."""
+    store = NodeStore.open(tmp_path / "j")
+    ring = Ring(WEIGHTS, points_per_weight=50)
+    keys = queued_url_keys(_items(ring, "A", 60))
+    store.mark_fetched(keys[:30])
+    store.mark_fetched(keys[20:] + [b"short"])  # an overlap, and a key of the wrong size (not recorded)
+    assert store.fetched_journaled == 30 + 40
+    assert store.fetched_count() == 60 and store.fetched_journaled == 0
+    assert list(store.fetched_keys()) == sorted(keys)
+    assert store.forget_fetched(keys[:10]) == 10
+    more = [bytes([n % 256, n // 256]) + bytes(14) for n in range(FETCHED_FOLD)]
+    store.mark_fetched(more[:-1])
+    assert store.fetched_journaled == FETCHED_FOLD - 1
+    store.mark_fetched(more[-1:])  # the FETCHED_FOLD-th key folds them all
+    assert store.fetched_journaled == 0
+    store.mark_fetched(keys[:5])
+    store.close()  # as after kill -9: journaled, committed, never folded
+    again = NodeStore.open(tmp_path / "j")
+    try:
+        assert again.fetched_journaled == 1  # something waits
+        assert again.fetched_count() == 50 + FETCHED_FOLD + 5
+        again.mark_fetched(keys[5:10])  # the journal goes on after what was there
+        assert set(again.fetched_keys()) == set(keys) | set(more)
+    finally:
+        again.close()
