@@ -114,8 +114,9 @@ class Ticket:
 
 @dataclass(slots=True)
 class _Backup:
-    # adds, (key, release) and keys of fetched pages (seen marks: a release with no URL of this node's queue)
-    staged: deque[QueuedUrl | tuple[bytes, QueuedUrl] | bytes] = field(default_factory=deque)
+    # adds (key, URL), releases (key, URL, True) and keys of fetched pages (seen marks: a release with no URL of
+    # this node's queue); an add carries its key, computed once for all its backups
+    staged: deque[tuple[bytes, QueuedUrl] | tuple[bytes, QueuedUrl, bool] | bytes] = field(default_factory=deque)
     staged_total: int = 0  # entries ever staged for this backup
     acked_total: int = 0  # entries acknowledged (or dropped): FIFO, so everything up to here arrived
     seq: int = 0
@@ -165,7 +166,7 @@ class QueueReplicas:
         # that sync covers the replicas held here and this side forces none of its own (None: no such sync)
         self.synced_every = synced_every
         self._backups: dict[str, _Backup] = {}
-        self._tickets: list[Ticket] = []
+        self._tickets: list[Ticket] = []  # those with callbacks waiting (`then`)
         # called with each URL whose release is staged: the cluster sends its seen key to the seen-key replicas
         # only then, so no backup holds a page as seen while the links it queued may be lost with this node; with
         # the backups the release went to (they mark the key seen with it)
@@ -212,7 +213,7 @@ class QueueReplicas:
             state = self._backups[peer] = _Backup()
         return state
 
-    def _stage(self, peer: str, entry: QueuedUrl | tuple[bytes, QueuedUrl] | bytes) -> None:
+    def _stage(self, peer: str, entry: tuple[bytes, QueuedUrl] | tuple[bytes, QueuedUrl, bool] | bytes) -> None:
         state = self._backup(peer)
         if not state.staged:
             state.staged_at = trio.current_time()
@@ -261,17 +262,14 @@ class QueueReplicas:
         if ring is None:
             return None
         touched: set[str] = set()
-        for item in items:
+        for key, item in zip(queued_url_keys(items), items):
             for backup in self._backups_of(ring, item.host):
-                self._stage(backup, item)
+                self._stage(backup, (key, item))
                 touched.add(backup)
         if not touched:
             return None
         self._wake_for(touched)
-        ticket = Ticket({b: (self._backups[b], self._backups[b].staged_total) for b in touched})
-        if not self._done(ticket):
-            self._tickets.append(ticket)
-        return ticket
+        return Ticket({b: (self._backups[b], self._backups[b].staged_total) for b in touched})
 
     def released(self, item: QueuedUrl, routed_to: Iterable[str] = (), links: Ticket | None = None) -> None:
         """This node is done with `item` (fetched, refused or given up): its replicas go, once the links its page
@@ -329,7 +327,7 @@ class QueueReplicas:
                 # the arc may have moved since the URL was replicated: the backups it went to are released too
                 backups.update(b for b in self._backups_of(self._synced, item.host) if b in ring.weights)
             for backup in sorted(backups):
-                self._stage(backup, (key, item))
+                self._stage(backup, (key, item, True))
             self._wake_for(backups)
         if self.on_released is not None:
             self.on_released(item, key, frozenset(backups))
@@ -354,8 +352,11 @@ class QueueReplicas:
         one with a message in flight gets the staged entries with its next message, after the ack; fewer wait
         for the loop's next tick, at most INTERVAL away)."""
         states = self._backups
-        if any(b in states and states[b].inflight is None and len(states[b].staged) >= FULL for b in backups):
-            self._wake.set()
+        for b in backups:
+            state = states.get(b)
+            if state is not None and state.inflight is None and len(state.staged) >= FULL:
+                self._wake.set()
+                return
 
     def _due(self, state: _Backup, now: float) -> bool:
         """Whether `state`'s staged entries should go now: FULL of them, or the oldest has waited an interval."""
@@ -366,8 +367,12 @@ class QueueReplicas:
         """Call `callback` once `ticket` is done (now, if it is)."""
         if self._done(ticket):
             callback()
-        else:
-            ticket.callbacks.append(callback)
+            return
+        if not ticket.callbacks:
+            # looked at again at each ack; a ticket nobody waits on by callback (a page's links, asked with
+            # `done` when its release is looked at) is not, so an ack does not go over a page's worth of them
+            self._tickets.append(ticket)
+        ticket.callbacks.append(callback)
 
     def done(self, ticket: Ticket) -> bool:
         return self._done(ticket)
@@ -378,7 +383,10 @@ class QueueReplicas:
     def _reached(self, targets: dict[str, tuple[_Backup, int]]) -> bool:
         """Each backup has acknowledged its count, or left the ring since (its state here is gone or new)."""
         backups = self._backups
-        return all(backups.get(b) is not state or state.acked_total >= n for b, (state, n) in targets.items())
+        for b, (state, n) in targets.items():
+            if state.acked_total < n and backups.get(b) is state:
+                return False
+        return True
 
     def _check_tickets(self) -> None:
         self._releases_due = True  # a held release may wait for a ticket that is done now
@@ -534,13 +542,14 @@ class QueueReplicas:
         while staged and count < max_keys and size < MAX_URL_BYTES:
             entry = staged.popleft()
             count += 1
-            if isinstance(entry, QueuedUrl):
-                final[queued_url_keys((entry,))[0]] = entry
-                size += len(entry.url) + len(entry.found_on or "") + 16
-            elif isinstance(entry, bytes):  # a fetched page's seen mark
-                final[entry] = None
+            if entry.__class__ is bytes:  # a fetched page's seen mark
+                final[entry] = None  # type: ignore[index]
+            elif len(entry) == 2:
+                key, item = entry  # type: ignore[misc]
+                final[key] = item
+                size += len(item.url) + len(item.found_on or "") + 16
             else:
-                key, done = entry
+                key, done, _release = entry  # type: ignore[misc]
                 final[key] = None
                 hosts[done.host] = None
                 released_urls.append(done.url)
@@ -585,7 +594,7 @@ class QueueReplicas:
             n = 0
             for backup in ring.holders_at(position, copies, zones):
                 if backup != me and backup not in had:
-                    self._stage(backup, item)
+                    self._stage(backup, (queued_url_keys((item,))[0], item))
                     n += 1
             return n
 
@@ -677,7 +686,7 @@ class QueueReplicas:
         urls = {item.url for _marks, _links, item in self._releases}
         for state in self._backups.values():
             for entry in state.staged:
-                if isinstance(entry, tuple):
+                if isinstance(entry, tuple) and len(entry) == 3:
                     urls.add(entry[1].url)
             urls.update(state.inflight_released)
         return urls
