@@ -171,7 +171,8 @@ def start_bench_web(
 
     ``server`` is ``"nginx"``, ``"python"`` or ``"auto"`` (nginx when installed). The static site is cached
     in ``directory`` (default: a folder under the temp dir named by the parameters) and reused when the
-    port it was written for is still free.
+    port it was written for is still free; when it is not (another benchmark serving the same site), the default
+    folder is left alone and this web writes its own, removed on exit.
     """
     if server not in ("auto", "nginx", "python"):
         raise ValueError(f"server must be 'auto', 'nginx' or 'python', got {server!r}")
@@ -198,7 +199,15 @@ def start_bench_web(
                    else ""))
             stamp = read_stamp(site)
             old_port = stamp.get("port") if stamp else None
-            port = old_port if isinstance(old_port, int) and _port_free(old_port) else _free_port()
+            if isinstance(old_port, int) and _port_free(old_port):
+                port = old_port
+            else:
+                port = _free_port()
+                if old_port is not None and directory is None:
+                    # Another benchmark may be serving this site now: rewriting its links for our port would send
+                    # that crawl to our server (and ours to nothing once it stops). A site of our own, removed after.
+                    site = site.with_name(f"{site.name}-port{port}")
+                    stack.callback(shutil.rmtree, site, ignore_errors=True)
             write_site(graph, site, port=port)
             prefix = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="peercrawl-nginx-")))
             os.chmod(prefix, 0o755)
