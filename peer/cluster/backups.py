@@ -24,8 +24,10 @@ The owner's side (`QueueReplicas`):
   of the previous scan (re-homing); `restore_seconds` is the time from the ring change until every replica
   staged by that scan is acknowledged: the invariant "every queued URL is on R + 1 live nodes" holds again.
 
-The backup's side: `QueueReplica` is applied in one transaction (releases, then URLs, then host states: the later
-ready time wins) and synced before the ack. Replicas of positions where this node is no longer a backup are
+The backup's side: a `QueueReplica` is journaled in one transaction (one put at the end of a table) and
+acknowledged once committed; the journal is folded into the replica and seen tables as one (messages in the order
+they came; in each, releases, then URLs, then host states: the later ready time wins) every FOLD_ENTRIES entries or
+FOLD_AGE seconds, at a ring change, and before anything reads the replicas (storage/_replicas.py). Replicas of positions where this node is no longer a backup are
 dropped once the ring has been stable for `GC_DELAY` (1 s), and never under a view older than the newest one a
 replica held here was sent under.
 
