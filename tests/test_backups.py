@@ -153,6 +153,29 @@ async def test_a_backup_folds_its_journal_after_fold_entries_or_fold_age(stores,
     assert len(journal) == 40 + len(many)
 
 
+async def test_while_views_change_a_backup_applies_each_message_at_once(stores, autojump_clock) -> None:
+    """A message sent under another view than the backup's, or one that comes within FOLD_AGE of the backup's ring
+    change, is folded at once: the arc it names may be moving to this node, whose crawler reads those seen keys."""
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    view = [1]
+    backup = QueueReplicas("B", stores["B"], Links(), ring_of=lambda: (view[0], ring), copies=1,
+                           wall_clock=lambda: 0.0)
+    journal = stores["B"].replicas
+    keys = queued_url_keys(_items(ring, "A", 3))
+    backup.on_message("A", QueueReplica(seq=1, epoch=1, urls=(), released=keys[:1]))
+    assert journal.journaled == 1 and keys[0] not in stores["B"].dedup  # same view: journaled
+    backup.on_message("A", QueueReplica(seq=2, epoch=2, urls=(), released=keys[1:2]))  # the sender's view is newer
+    assert journal.journaled == 0 and keys[0] in stores["B"].dedup and keys[1] in stores["B"].dedup
+    view[0] = 2
+    backup.ring_changed(ring)
+    await trio.sleep(FOLD_AGE / 2)
+    backup.on_message("A", QueueReplica(seq=3, epoch=2, urls=(), released=keys[2:]))  # soon after our change
+    assert journal.journaled == 0 and keys[2] in stores["B"].dedup
+    await trio.sleep(FOLD_AGE / 2)
+    backup.on_message("A", QueueReplica(seq=4, epoch=2, urls=(), released=keys[:1]))  # settled: journaled again
+    assert journal.journaled == 1
+
+
 def _node(name: str, stores, links: Links, ring: Ring, copies: int = 1) -> QueueReplicas:
     return QueueReplicas(name, stores[name], links, ring_of=lambda: (1, ring), copies=copies, wall_clock=lambda: 0.0)
 

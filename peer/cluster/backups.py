@@ -27,7 +27,10 @@ The owner's side (`QueueReplicas`):
 The backup's side: a `QueueReplica` is journaled in one transaction (one put at the end of a table) and
 acknowledged once committed; the journal is folded into the replica and seen tables as one (messages in the order
 they came; in each, releases, then URLs, then host states: the later ready time wins) every FOLD_ENTRIES entries or
-FOLD_AGE seconds, at a ring change, and before anything reads the replicas (storage/_replicas.py). Replicas of positions where this node is no longer a backup are
+FOLD_AGE seconds, at a ring change, and before anything reads the replicas (storage/_replicas.py); while views change
+(a message sent under another view than ours, or within FOLD_AGE of our last ring change) each message is folded
+at once, as every message was applied before the journal: the arc it names may be moving to this node, whose
+crawler then reads those seen keys. Replicas of positions where this node is no longer a backup are
 dropped once the ring has been stable for `GC_DELAY` (1 s), and never under a view older than the newest one a
 replica held here was sent under.
 
@@ -88,9 +91,10 @@ GC_DELAY = 1.0
 #: Re-homing reads the queue in chunks of this many URLs, yielding to trio between chunks.
 SCAN_CHUNK = 2048
 #: A backup journals each message (one put at the end of a table) and folds the journal into its replica and seen
-#: tables once this many entries wait, or the oldest has waited FOLD_AGE seconds (storage/_replicas.py): most
-#: URLs of a crawl are released seconds after they were added, and a fold applies the pair as nothing; applied
-#: one message at a time, each entry copied a leaf page of its own. A fold of 8,192 entries takes about 10 ms.
+#: tables once this many entries wait, or the oldest has waited FOLD_AGE seconds (storage/_replicas.py): applied
+#: one message at a time, each entry copied a leaf page of its own and each message paid a commit; a fold writes
+#: the keys in order, many to a page, in one commit (and an add released within it is never written). A fold of
+#: 8,192 entries takes about 10-20 ms.
 FOLD_ENTRIES = 8192
 FOLD_AGE = 5.0
 #: A host name is at most 253 bytes (RFC 1035).
@@ -191,6 +195,7 @@ class QueueReplicas:
         self._gc_ring: Any = None  # the ring the last clean-up ran under
         self._held_epoch = 0  # the newest view epoch a replica held here was sent under
         self._journaled_at: float | None = None  # when the oldest message not yet folded was held (None: none)
+        self._ring_at = -math.inf  # when this node last adopted a ring
         self.restore_seconds: list[float] = []  # ring change -> R + 1 copies again, one per change
         self.urls_sent = 0
         self.releases_sent = 0
@@ -437,6 +442,7 @@ class QueueReplicas:
         # the replicas held here reach their tables before ownership moves (promotion and the clean-up fold too)
         self.store.replicas.fold()
         self._journaled_at = None
+        self._ring_at = trio.current_time()
         self._changed_at = trio.current_time()
         self._check_tickets()
         self._wake.set()
@@ -668,7 +674,8 @@ class QueueReplicas:
         if self._journaled_at is None or not self.store.replicas.journaled:  # (a read folds too)
             self._journaled_at = now
         waiting = self.store.replicas.journaled + len(items) + len(released) + len(states)
-        fold = waiting >= FOLD_ENTRIES or now - self._journaled_at >= FOLD_AGE
+        fold = (waiting >= FOLD_ENTRIES or now - self._journaled_at >= FOLD_AGE
+                or message.epoch != self.ring_of()[0] or now - self._ring_at < FOLD_AGE)  # views changing: at once
         self.store.hold_replicas(list(zip(queued_url_keys(items), items)), released, states, fold=fold)
         if fold:
             self._journaled_at = None
