@@ -13,7 +13,7 @@ the ring is one key range, as everywhere in the node store):
 `rstate` is the owner's last known politeness state of the hosts it fetched, so a backup that inherits them
 keeps their timers (one connection per host and Crawl-delay hold through a take-over).
 
-- rjournal: sequence number(8, big-endian)  ->  msgpack [[[key, url, host, depth, hops, found_on], ...],
+- rjournal: sequence number(8, big-endian)  ->  msgpack [[[key, replica value], ...],
                                                          [released key, ...],
                                                          [[host, next_allowed, crawl_delay, failures], ...]]
 
@@ -96,7 +96,7 @@ class Replicas:
                  states: Sequence[HostState], *, fold: bool = False) -> None:
         """The transaction's part of `hold`; the caller calls `_held` once it has committed."""
         record = _packb([
-            [[key, i.url, i.host, i.depth, i.hops, i.found_on] for key, i in items],
+            [[key, _packb([i.url, i.host, i.depth, i.hops, i.found_on])] for key, i in items],
             list(released),
             [[s.host, float(s.next_allowed), float(s.crawl_delay), s.failures] for s in states],
         ])
@@ -123,7 +123,7 @@ class Replicas:
         """The journal's messages in the order they came, applied as one: the last word on each key wins (a
         release deletes and marks seen, an add stores), a host's states merge (the later ready time, the newest
         Crawl-delay and failures); then the journal is emptied. Writes keys in order (neighbours share pages)."""
-        final: dict[bytes, list[Any] | None] = {}
+        final: dict[bytes, bytes | None] = {}  # key -> its `replica` value, or None: released
         marks: list[bytes] = []
         merged: dict[str, tuple[float, float, int]] = {}
         entries = 0
@@ -132,8 +132,8 @@ class Replicas:
             for key in released:
                 final[key] = None
             marks.extend(released)
-            for entry in added:
-                final[entry[0]] = entry
+            for key, value in added:
+                final[key] = value
             for host, ready, delay, failures in states:
                 earlier = merged.get(host)
                 if earlier is not None and earlier[0] > ready:
@@ -144,12 +144,15 @@ class Replicas:
             marks.sort()
             self._mark_seen_in(txn, marks)
         db, put, delete = self._db, txn.put, txn.delete
+        keep = []
         for key in sorted(final):
-            entry = final[key]
-            if entry is None:
+            value = final[key]
+            if value is None:
                 delete(key, db=db)
             else:
-                put(key, _packb(entry[1:]), db=db)
+                keep.append((key, value))
+        if keep:
+            txn.cursor(db).putmulti(keep)
         for prefix, (ready, delay, failures) in sorted((host_prefix(h), s) for h, s in merged.items()):
             raw = txn.get(prefix, db=self._states)
             if raw is not None:
