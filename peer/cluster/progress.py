@@ -237,8 +237,12 @@ class ProgressTree:
 
     async def wave(self, *, finished: bool, second: bool = False) -> Tally:
         """Start a wave of the first tree (the second with `second`) over every member from its root (this
-        node); what it counted."""
+        node); what it counted: nothing if this node is not that tree's root now (it was when it ticked, standing
+        in for a suspect member whose suspicion has been refuted since: the list it would gather now begins with
+        that member, and its own part would be asked of itself)."""
         ring, members = self._tree(second)
+        if members[:1] != (self.node_id,):
+            return Tally(ring, 0, 0, 0, 0, 0)
         self.waves_started += 1
         wait = HOP_WAIT * (depth(len(members)) + 1)
         began = trio.current_time()
