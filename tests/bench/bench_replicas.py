@@ -1,7 +1,7 @@
 """Cost of queued-URL replicas (`--replicas R`, peer/cluster/backups.py), each figure beside its reference measured
 in the same run.
 
-Run: python -m tests.bench.bench_replicas [--runs N] [--hosts H]
+Run: python -m tests.bench.bench_replicas [--runs N] [--hosts H] [--backup-only] [--held N] [--messages N]
 
 1. crawl: a two-node crawl (weights 100 and 100) of a simulated web, the real `Cluster`s and real `Crawler`s over
    the in-memory network under a mock clock (tests/support/clustersim.py), with `--replicas 1` against
@@ -10,6 +10,10 @@ Run: python -m tests.bench.bench_replicas [--runs N] [--hosts H]
    crawl's own waiting free, so the CPU figure is the product's code plus the simulation's (the same in both).
 2. disk: bytes the node store grows by per replicated URL held (LMDB data file, allocated blocks), for 100,000
    URLs of the crawl's shape; reference: the frontier's bytes per queued URL for the same URLs.
+3. backup: CPU per page of a backup holding `QueueReplica` messages shaped like the benchmark crawl's (per 100 ms
+   message: 60 pages' adds, the releases of URLs added 30 messages before, their hosts' states) on a store that
+   already holds `--held` replicas: journaled and folded every FOLD_ENTRIES entries (the node's way), against each
+   message applied in its own transaction (the way before the journal: `hold(..., fold=True)`), alternated.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from pathlib import Path
 
 import trio
 
-from storage import NodeStore, QueuedUrl, queued_url_keys
+from peer.cluster.backups import FOLD_ENTRIES
+from storage import HostState, NodeStore, QueuedUrl, queued_url_keys
 from tests.bench._cluster_helpers import ByteCounter, CountingStream
 from tests.support.clustersim import ClusterSim, make_web, run_simulation
 
@@ -86,7 +91,7 @@ def disk_per_url(count: int = 100_000) -> tuple[float, float]:
         try:
             base_h, base_q = held.disk_bytes(), queued.disk_bytes()
             for i in range(0, count, 2000):
-                held.replicas.hold(list(zip(keys[i:i + 2000], items[i:i + 2000])), [])
+                held.replicas.hold(list(zip(keys[i:i + 2000], items[i:i + 2000])), [], fold=True)
                 queued.frontier.push(items[i:i + 2000])
             held.sync()
             queued.sync()
@@ -96,11 +101,68 @@ def disk_per_url(count: int = 100_000) -> tuple[float, float]:
             queued.close()
 
 
+def _url(i: int) -> QueuedUrl:
+    host = f"h{(i * 7919) % 1000:04d}.web.test"
+    return QueuedUrl(url=f"http://{host}:8080/p/{i}.html", host=host, depth=2, hops=0,
+                     found_on=f"http://{host}:8080/p/{i // 30}.html")
+
+
+def backup_cpu(held: int, messages: int, *, journaled: bool, per_message: int = 60, lag: int = 30) -> float:
+    """µs of CPU per page for a backup holding `messages` messages (see the module docstring, part 3)."""
+    first = held + per_message * lag
+    with tempfile.TemporaryDirectory(prefix="bench-replicas-backup-") as tmp:
+        store = NodeStore.open(Path(tmp) / "b")
+        try:
+            own = [QueuedUrl(url=f"http://own{i % 500}.test/p{i}", host=f"own{i % 500}.test", depth=1, hops=0,
+                             found_on=None) for i in range(held)]
+            store.admit(own)  # the backup's own crawl in its seen table
+            for i in range(0, first, 5000):
+                batch = [_url(n) for n in range(i, min(first, i + 5000))]
+                store.replicas.hold(list(zip(queued_url_keys(batch), batch)), [], fold=True)
+            plan = []
+            for m in range(messages):
+                start = first + m * per_message
+                adds = [_url(n) for n in range(start, start + per_message)]
+                gone = [_url(n) for n in range(start - per_message * lag, start - per_message * (lag - 1))]
+                states = [HostState(host=i.host, next_allowed=1.0e9 + m, crawl_delay=0.0, failures=0)
+                          for i in {i.host: i for i in gone}.values()][: per_message // 2]
+                plan.append((list(zip(queued_url_keys(adds), adds)), queued_url_keys(gone), states))
+            replicas = store.replicas
+            cpu0 = time.process_time()
+            for adds, gone, states in plan:
+                fold = not journaled or replicas.journaled + len(adds) + len(gone) + len(states) >= FOLD_ENTRIES
+                store.hold_replicas(adds, gone, states, fold=fold)
+            replicas.fold()
+            cpu = time.process_time() - cpu0
+            assert len(replicas) == first  # as many added as released
+            return cpu / (messages * per_message) * 1e6
+        finally:
+            store.close()
+
+
+def backup(held: int, messages: int, runs: int) -> None:
+    ratios = []
+    for run in range(runs):
+        order = (False, True) if run % 2 == 0 else (True, False)
+        got = {journaled: backup_cpu(held, messages, journaled=journaled) for journaled in order}
+        ratios.append(got[True] / got[False])
+        print(f"backup, {held} replicas held: journaled {got[True]:.2f} µs CPU per page, each message applied at "
+              f"once {got[False]:.2f} ({ratios[-1]:.3f}x)", flush=True)
+    print(f"backup: journaled / each message at once, per run: {', '.join(f'{r:.3f}' for r in ratios)} "
+          f"(median {statistics.median(ratios):.3f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--hosts", type=int, default=400)
+    parser.add_argument("--backup-only", action="store_true", help="only part 3 (the backup's CPU per page)")
+    parser.add_argument("--held", type=int, default=20_000, help="part 3: replicas the backup holds already")
+    parser.add_argument("--messages", type=int, default=1000, help="part 3: messages held per run")
     args = parser.parse_args()
+    if args.backup_only:
+        backup(args.held, args.messages, args.runs)
+        return
     results: dict[int, list[dict[str, float]]] = {0: [], 1: []}
     for run in range(args.runs):
         for replicas in (0, 1) if run % 2 == 0 else (1, 0):
@@ -120,6 +182,7 @@ def main() -> None:
     held, queued = disk_per_url()
     print(f"disk: {held:.0f} bytes per replicated URL held, {queued:.0f} per URL queued in the frontier "
           f"(ratio {held / queued:.2f})")
+    backup(args.held, args.messages, args.runs)
 
 
 if __name__ == "__main__":
