@@ -79,7 +79,8 @@ class NodeStore(Closing):
     ) -> NodeStore:
         """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
         env = LmdbEnv.open(
-            path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, FETCHED_JOURNAL_DB, REVISIT_DB, REVISIT_DUE_DB, *REPLICA_DBS),
+            path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, FETCHED_JOURNAL_DB, REVISIT_DB, REVISIT_DUE_DB,
+                   *REPLICA_DBS),
             map_size=map_size, max_map_size=max_map_size,
         )
         return cls(env)

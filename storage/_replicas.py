@@ -67,7 +67,8 @@ class Replicas:
     journal (`hold`) and reach the tables when folded (`fold`, or `hold(..., fold=True)`); every read folds
     first."""
 
-    def __init__(self, env: LmdbEnv, mark_seen_in: Callable[[lmdb.Transaction, list[bytes]], Any] | None = None) -> None:
+    def __init__(self, env: LmdbEnv,
+                 mark_seen_in: Callable[[lmdb.Transaction, list[bytes]], Any] | None = None) -> None:
         self._env = env
         self._db = env.db(REPLICA)
         self._states = env.db(RSTATE)
