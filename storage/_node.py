@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 import lmdb
 
@@ -29,6 +30,7 @@ __all__ = ["FETCHED_DB", "MemoryNodeStore", "NodeStore", "queued_url_keys"]
 #: Seen keys of the pages this node fetched itself (not those only queued): the keys it may replicate to a
 #: backup node (peer/cluster/replicas.py), as a URL merely queued must never be marked seen elsewhere.
 FETCHED_DB = b"fetched"
+T = TypeVar("T")
 _EMPTY = b""
 _ALL = [(b"\x00" * 8, b"\xff" * 8)]
 
@@ -69,6 +71,16 @@ class NodeStore(Closing):
         return cls(env)
 
 
+    def _write_outbox(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """A write transaction that puts or re-keys outbox entries: the outbox's memory learns its outcome."""
+        try:
+            result = self._env.write(fn)
+        except BaseException:
+            self.outbox._abandon()
+            raise
+        self.outbox._kept()
+        return result
+
     def _admit_in(self, txn: lmdb.Transaction, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
         fresh = self.dedup._add_new_in(txn, queued_url_keys(items))
         new = [item for item, is_new in zip(items, fresh) if is_new]
@@ -101,7 +113,7 @@ class NodeStore(Closing):
                 self.frontier._put_state_in(txn, state)
             return new
 
-        return self._env.write(run)
+        return self._write_outbox(run)
 
     def accept(self, owned: Sequence[QueuedUrl], forward: Sequence[tuple[str, QueuedUrl]]) -> list[QueuedUrl]:
         """A peer's batch: admit the URLs owned here and put the others in the outbox for their owners, in
@@ -112,7 +124,7 @@ class NodeStore(Closing):
             self.outbox._put_in(txn, forward)
             return new
 
-        return self._env.write(run)
+        return self._write_outbox(run)
 
     def reroute(self, owner_of: Callable[[str], str], local: str) -> tuple[dict[str, int], list[QueuedUrl]]:
         """After a view change: re-key outbox entries whose owner changed, and admit those now owned by
@@ -122,7 +134,7 @@ class NodeStore(Closing):
             moved, mine = self.outbox._reroute_in(txn, owner_of, local)
             return moved, self._admit_in(txn, mine) if mine else []
 
-        return self._env.write(run)
+        return self._write_outbox(run)
 
     def hold_replicas(self, items: Sequence[tuple[bytes, QueuedUrl]], released: Sequence[bytes],
                       states: Sequence[HostState] = ()) -> int:
@@ -183,7 +195,7 @@ class NodeStore(Closing):
                 self.frontier._put_state_in(txn, state)
             return new
 
-        return self._env.write(run)
+        return self._write_outbox(run)
 
     def drop_arcs(self, arcs: Sequence[tuple[int, int]], keep: frozenset[bytes] | set[bytes] = frozenset()) -> int:
         """A completed hand-off: delete what is queued in `arcs`, their hosts' states, their revisit schedules and

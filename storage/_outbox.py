@@ -14,11 +14,24 @@ Layout, one LMDB database `outbox` in the node's environment:
 An owner's entries are one key range in arrival order. Sequence numbers are never reused, and an entry that
 changes owner (a view change) gets a new one, so a sender that remembers "everything up to seq s was put in a
 batch" never misses a re-routed entry. The meta keys begin with NUL, which no node id does.
+
+The entries this process puts are also kept in memory until the sender takes them (`take`), so the sender's
+tick does not read back what the page's commit has just written (a read transaction, a cursor and a decode per
+entry: about 5 µs a page in a cluster node). The store's copy is the one that counts: it survives a crash, the
+sender re-sends from it (`get`), and a restarted process, whose memory is empty, sends what it finds there.
+The memory holds an owner's entries only above a floor (at first the last sequence number handed out when the
+outbox was opened): `take` below the floor reads the store. Memory follows commits only: the writes that put
+or re-key entries (`NodeStore.finish`, `accept`, `reroute`, `finish_revisit`, `put`) tell the outbox whether
+their transaction committed (`_kept`, `_abandon`), and a put whose fate it was not told about drops the memory.
+It holds at most MEMORY_ENTRIES entries (an owner that is not acknowledging, a long partition): past that the
+largest owner's entries are dropped from memory and read from the store again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from itertools import islice
+from typing import TypeVar
 
 import lmdb
 import msgpack
@@ -31,11 +44,16 @@ __all__ = ["OUTBOX_DB", "Outbox", "OutboxEntry"]
 OUTBOX_DB = b"outbox"
 _SEQ_KEY = b"\x00seq"
 _RUN_KEY = b"\x00run"
+_T = TypeVar("_T")
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
 
 OutboxEntry = tuple[int, QueuedUrl]
 """An outbox entry: its sequence number and the URL."""
+
+#: Entries kept in memory for the sender, at most (about 300 bytes each: some 6 MB). A sender takes its owners'
+#: entries every 200 ms, so a node keeps far fewer unless an owner stops acknowledging.
+MEMORY_ENTRIES = 20_000
 
 
 def _owner_prefix(owner: str) -> bytes:
@@ -73,6 +91,77 @@ class Outbox:
         #: Commits of this process that removed entries (acks, re-routes): a reader that waits for entries to go
         #: looks again only when this changed.
         self.removals = 0
+        # The memory of fresh entries (module doc): per owner, seq -> item in seq order, holding every committed
+        # entry of that owner above its floor that no `take` has passed yet.
+        self._fresh: dict[str, dict[int, QueuedUrl]] = {}
+        self._floors: dict[str, int] = {}  # per owner; the others' floor is `_floor`
+        self._floor = self._stored_seq()
+        self._held = 0  # entries in `_fresh`
+        # the puts and deletions of the write transaction under way, applied to memory once it commits
+        self._pending_txn: lmdb.Transaction | None = None
+        self._pending: list[tuple[str, int, QueuedUrl | None]] = []
+        self.memory_drops = 0  # times the memory was dropped (an owner over MEMORY_ENTRIES, an unknown commit)
+
+    def _stored_seq(self) -> int:
+        with self._env.read() as txn:
+            raw = txn.get(_SEQ_KEY, db=self._db)
+        return int.from_bytes(raw, "big") if raw else 0
+
+    # -- the memory of fresh entries ------------------------------------------------------------------------
+
+    def _note(self, txn: lmdb.Transaction, changes: Iterable[tuple[str, int, QueuedUrl | None]]) -> None:
+        """Remember puts (item) and deletions (None) of transaction `txn` until it is known to have committed."""
+        if txn is not self._pending_txn:
+            if self._pending_txn is not None and self._pending:
+                # the last transaction's fate was never told (or this is a retry after a full map: rare), so
+                # memory cannot be trusted
+                self._drop_memory()
+            self._pending_txn, self._pending = txn, []
+        self._pending.extend(changes)
+
+    def _kept(self) -> None:
+        """The write that called `_put_in` / `_reroute_in` committed: apply its changes to memory."""
+        pending, self._pending, self._pending_txn = self._pending, [], None
+        fresh, floors, floor = self._fresh, self._floors, self._floor
+        for owner, seq, item in pending:
+            entries = fresh.get(owner)
+            if item is None:
+                if entries is not None and entries.pop(seq, None) is not None:
+                    self._held -= 1
+            elif seq > floors.get(owner, floor):
+                if entries is None:
+                    entries = fresh[owner] = {}
+                entries[seq] = item
+                self._held += 1
+        while self._held > MEMORY_ENTRIES:
+            owner = max(fresh, key=lambda name: len(fresh[name]))
+            entries = fresh.pop(owner)
+            floors[owner] = max(floors.get(owner, floor), next(reversed(entries)))
+            self._held -= len(entries)
+            self.memory_drops += 1
+
+    def _abandon(self) -> None:
+        """The write that called `_put_in` / `_reroute_in` did not commit: forget its changes."""
+        self._pending, self._pending_txn = [], None
+
+    def _drop_memory(self) -> None:
+        self._fresh, self._floors, self._held = {}, {}, 0
+        self._floor = max(self._floor, self._last or 0, self._stored_seq())
+        self.memory_drops += 1
+
+    def _write(self, fn: Callable[[lmdb.Transaction], _T]) -> _T:
+        """One write transaction of the outbox's own, memory told of its outcome."""
+        try:
+            result = self._env.write(fn)
+        except BaseException:
+            self._abandon()
+            raise
+        self._kept()
+        return result
+
+    def held(self) -> int:
+        """Entries kept in memory (taken from it by the sender instead of read back)."""
+        return self._held
 
     # -- inside a caller's transaction ----------------------------------------------------------------------
 
@@ -95,6 +184,7 @@ class Outbox:
             seq = first + offset
             txn.put(_owner_prefix(owner) + seq.to_bytes(8, "big"), _value(item), db=db)
             seqs.append(seq)
+        self._note(txn, [(owner, seq, item) for seq, (owner, item) in zip(seqs, routed)])
         return seqs
 
     # -- public API -------------------------------------------------------------------------------------------
@@ -103,7 +193,7 @@ class Outbox:
         """Append (owner, url) pairs in one transaction; return their sequence numbers."""
         if not routed:
             return []
-        return self._env.write(lambda txn: self._put_in(txn, routed))
+        return self._write(lambda txn: self._put_in(txn, routed))
 
     def new_run(self) -> int:
         """Count one more start of a sender and return the count (1, 2, ...): batch numbers made from it never
@@ -111,11 +201,29 @@ class Outbox:
         return self._env.write(lambda txn: self._counter_in(txn, _RUN_KEY, 1) + 1)
 
     def take(self, owner: str, limit: int, *, after: int = 0) -> list[OutboxEntry]:
-        """Up to `limit` entries for `owner` with seq > `after`, oldest first. Changes nothing."""
+        """Up to `limit` entries for `owner` with seq > `after`, oldest first. Changes nothing in the store; the
+        caller says it has what is up to `after`, so memory forgets those (a re-send reads them with `get`)."""
         prefix = _owner_prefix(owner)
         out: list[OutboxEntry] = []
         if limit <= 0:
             return out
+        if self._pending_txn is not None:  # a put whose commit was never told: memory cannot be trusted
+            self._abandon()
+            self._drop_memory()
+        floor = self._floors.get(owner, self._floor)
+        if after >= floor:  # memory holds every entry above `after`
+            if after > floor:  # and from now on only above it: an earlier `after` reads the store
+                self._floors[owner] = after
+            entries = self._fresh.get(owner)
+            if not entries:
+                return out
+            while entries:
+                first = next(iter(entries))
+                if first > after:
+                    break
+                del entries[first]
+                self._held -= 1
+            return list(islice(entries.items(), limit))
         with self._env.read() as txn:
             cur = txn.cursor(self._db)
             if not cur.set_range(prefix + (after + 1).to_bytes(8, "big")):
@@ -143,6 +251,7 @@ class Outbox:
         """Delete `owner`'s entries with these sequence numbers (the owner has them); return how many were
         there. Unknown numbers are ignored: a late or repeated ack is harmless."""
         prefix = _owner_prefix(owner)
+        seqs = list(seqs)
         keys = [prefix + seq.to_bytes(8, "big") for seq in seqs]
         if not keys:
             return 0
@@ -150,6 +259,11 @@ class Outbox:
         removed = self._env.write(lambda txn: sum(1 for key in keys if txn.delete(key, db=db)))
         if removed:
             self.removals += 1
+            entries = self._fresh.get(owner)
+            if entries:  # normally taken (sent) before they are acknowledged, so no longer in memory
+                for seq in seqs:
+                    if entries.pop(seq, None) is not None:
+                        self._held -= 1
         return removed
 
     def counts(self) -> dict[str, int]:
@@ -214,6 +328,8 @@ class Outbox:
             txn.delete(key, db=db)
         if mine or moves:
             self.removals += 1
+            gone = [key for key, _ in mine] + [key for key, _, _ in moves]
+            self._note(txn, [(_owner_of_key(key), int.from_bytes(key[-8:], "big"), None) for key in gone])
         self._put_in(txn, [(owner, item) for _, owner, item in moves])
         moved: dict[str, int] = {}
         for _, owner, _ in moves:
