@@ -560,3 +560,26 @@ def test_a_member_that_dies_leaves_every_other_member_in_contact(victim: str) ->
             assert sum(t.routed_around for t in trees.values()) > 0
 
     run(body)
+
+
+def test_a_root_whose_suspect_member_refuted_before_its_wave_counts_nobody_and_sends_itself_nothing() -> None:
+    """The second member is the root while the first is held SUSPECT; the wave was due then, and by the time it
+    starts the first has refuted: the wave counts nobody instead of listing this node as its own child."""
+
+    async def body(nursery: trio.Nursery) -> None:
+        names = ["a", "b"]
+        net = Net(nursery, random.Random(1), names, max_delay=0.01)
+        sent: list[tuple[str, str]] = []
+        send = net.send
+        net.send = lambda sender, peer, message: sent.append((sender, peer)) or send(sender, peer, message)
+        trees = await _start(nursery, net, names, idle=True)
+        net.suspected.add("a")
+        assert trees["b"].is_root()
+        net.suspected.clear()  # "a" refutes before b's wave starts
+        tally = await trees["b"].wave(finished=False)
+        assert (tally.heard, tally.nodes) == (0, 0) and ("b", "b") not in sent
+        # the member first again starts a wave that counts both
+        tally = await trees["a"].wave(finished=False)
+        assert (tally.heard, tally.nodes) == (2, 2) and ("a", "a") not in sent
+
+    run(body)

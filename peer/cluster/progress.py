@@ -239,6 +239,11 @@ class ProgressTree:
         """Start a wave of the first tree (the second with `second`) over every member from its root (this
         node); what it counted."""
         ring, members = self._tree(second)
+        if members[:1] != (self.node_id,):
+            # No longer this tree's root: a member suspect when the wave was due (so this node came first) has
+            # refuted it since. Its wave would list this node as a child of its own (a message to itself); it
+            # counts nobody instead, and the member now first starts the next.
+            return Tally(ring, 0, 0, 0, 0, 0)
         self.waves_started += 1
         wait = HOP_WAIT * (depth(len(members)) + 1)
         began = trio.current_time()
