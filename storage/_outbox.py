@@ -97,9 +97,12 @@ class Outbox:
         self._floors: dict[str, int] = {}  # per owner; the others' floor is `_floor`
         self._floor = self._stored_seq()
         self._held = 0  # entries in `_fresh`
-        # the puts and deletions of the write transaction under way, applied to memory once it commits
+        # the puts (first seq, their (owner, url) pairs) and deletions (owner, seq) of the write transaction under
+        # way, applied to memory once it commits
         self._pending_txn: lmdb.Transaction | None = None
-        self._pending: list[tuple[str, int, QueuedUrl | None]] = []
+        self._pending: list[tuple[int, Sequence[tuple[str, QueuedUrl]]]] = []
+        self._pending_gone: list[tuple[str, int]] = []
+        self._prefixes: dict[str, bytes] = {}  # owner -> its key prefix (checked once)
         self.memory_drops = 0  # times the memory was dropped (an owner over MEMORY_ENTRIES, an unknown commit)
 
     def _stored_seq(self) -> int:
@@ -109,30 +112,34 @@ class Outbox:
 
     # -- the memory of fresh entries ------------------------------------------------------------------------
 
-    def _note(self, txn: lmdb.Transaction, changes: Iterable[tuple[str, int, QueuedUrl | None]]) -> None:
-        """Remember puts (item) and deletions (None) of transaction `txn` until it is known to have committed."""
+    def _note(self, txn: lmdb.Transaction) -> None:
+        """The changes noted next belong to `txn`: kept until it is known to have committed."""
         if txn is not self._pending_txn:
-            if self._pending_txn is not None and self._pending:
+            if self._pending_txn is not None and (self._pending or self._pending_gone):
                 # the last transaction's fate was never told (or this is a retry after a full map: rare), so
                 # memory cannot be trusted
                 self._drop_memory()
-            self._pending_txn, self._pending = txn, []
-        self._pending.extend(changes)
+            self._pending_txn, self._pending, self._pending_gone = txn, [], []
 
     def _kept(self) -> None:
         """The write that called `_put_in` / `_reroute_in` committed: apply its changes to memory."""
-        pending, self._pending, self._pending_txn = self._pending, [], None
+        if self._pending_txn is None:
+            return
+        pending, gone = self._pending, self._pending_gone
+        self._pending_txn, self._pending, self._pending_gone = None, [], []
         fresh, floors, floor = self._fresh, self._floors, self._floor
-        for owner, seq, item in pending:
+        for owner, seq in gone:
             entries = fresh.get(owner)
-            if item is None:
-                if entries is not None and entries.pop(seq, None) is not None:
-                    self._held -= 1
-            elif seq > floors.get(owner, floor):
-                if entries is None:
-                    entries = fresh[owner] = {}
-                entries[seq] = item
-                self._held += 1
+            if entries is not None and entries.pop(seq, None) is not None:
+                self._held -= 1
+        for first, routed in pending:
+            for seq, (owner, item) in enumerate(routed, first):
+                if seq > floors.get(owner, floor):
+                    entries = fresh.get(owner)
+                    if entries is None:
+                        entries = fresh[owner] = {}
+                    entries[seq] = item
+                    self._held += 1
         while self._held > MEMORY_ENTRIES:
             owner = max(fresh, key=lambda name: len(fresh[name]))
             entries = fresh.pop(owner)
@@ -142,7 +149,7 @@ class Outbox:
 
     def _abandon(self) -> None:
         """The write that called `_put_in` / `_reroute_in` did not commit: forget its changes."""
-        self._pending, self._pending_txn = [], None
+        self._pending_txn, self._pending, self._pending_gone = None, [], []
 
     def _drop_memory(self) -> None:
         self._fresh, self._floors, self._held = {}, {}, 0
@@ -178,14 +185,17 @@ class Outbox:
             return []
         first = self._counter_in(txn, _SEQ_KEY, len(routed)) + 1
         self._last = max(self._last or 0, first + len(routed) - 1)
-        db = self._db
-        seqs = []
-        for offset, (owner, item) in enumerate(routed):
-            seq = first + offset
-            txn.put(_owner_prefix(owner) + seq.to_bytes(8, "big"), _value(item), db=db)
-            seqs.append(seq)
-        self._note(txn, [(owner, seq, item) for seq, (owner, item) in zip(seqs, routed)])
-        return seqs
+        prefixes = self._prefixes
+        items = []
+        for seq, (owner, item) in enumerate(routed, first):
+            prefix = prefixes.get(owner)
+            if prefix is None:
+                prefix = prefixes[owner] = _owner_prefix(owner)
+            items.append((prefix + seq.to_bytes(8, "big"), _value(item)))
+        txn.cursor(self._db).putmulti(items)
+        self._note(txn)
+        self._pending.append((first, routed))
+        return list(range(first, first + len(routed)))
 
     # -- public API -------------------------------------------------------------------------------------------
 
@@ -329,7 +339,8 @@ class Outbox:
         if mine or moves:
             self.removals += 1
             gone = [key for key, _ in mine] + [key for key, _, _ in moves]
-            self._note(txn, [(_owner_of_key(key), int.from_bytes(key[-8:], "big"), None) for key in gone])
+            self._note(txn)
+            self._pending_gone.extend((_owner_of_key(key), int.from_bytes(key[-8:], "big")) for key in gone)
         self._put_in(txn, [(owner, item) for _, owner, item in moves])
         moved: dict[str, int] = {}
         for _, owner, _ in moves:
