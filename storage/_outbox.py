@@ -8,7 +8,7 @@ it is never fetched again). So routed URLs are written in the transaction that c
 Layout, one LMDB database `outbox` in the node's environment:
 
 - owner id (UTF-8) + NUL + seq (8, big-endian)  ->  msgpack [url, host, depth, hops, found_on(, lastmod, sitemap)]
-- NUL + b"seq"  ->  the last entry sequence number handed out (8 bytes)
+- NUL + b"seq"  ->  the highest entry sequence number reserved (8 bytes): written once per SEQ_BLOCK entries
 - NUL + b"run"  ->  the number of times the outbox was opened for sending (8 bytes)
 
 An owner's entries are one key range in arrival order. Sequence numbers are never reused, and an entry that
@@ -51,6 +51,11 @@ _unpackb = msgpack.unpackb
 OutboxEntry = tuple[int, QueuedUrl]
 """An outbox entry: its sequence number and the URL."""
 
+#: Sequence numbers reserved in the store at once: the counter is written once per this many entries, not by
+#: every commit that puts some (a read and a write of its own leaf page in every page's commit). A restarted
+#: process starts above the last reservation, so numbers are never reused; the ones left unused are skipped.
+SEQ_BLOCK = 1 << 16
+
 #: Entries kept in memory for the sender, at most (about 300 bytes each: some 6 MB). A sender takes its owners'
 #: entries every 200 ms, so a node keeps far fewer unless an owner stops acknowledging.
 MEMORY_ENTRIES = 20_000
@@ -85,9 +90,11 @@ class Outbox:
     def __init__(self, env: LmdbEnv) -> None:
         self._env = env
         self._db = env.db(OUTBOX_DB)
-        # The last sequence number handed out, as far as this process knows (None: not read yet). It may run
-        # ahead of the stored counter after a caller's transaction was aborted, never behind it.
-        self._last: int | None = None
+        # The last sequence number handed out by this process (at first the stored reservation: every number
+        # above it is unused). An aborted transaction's numbers are skipped, never given again.
+        self._last = self._stored_seq()
+        self._reserved = self._last  # the stored counter: numbers up to it may be in use
+        self._reserving: int | None = None  # the reservation of the write transaction under way
         #: Commits of this process that removed entries (acks, re-routes): a reader that waits for entries to go
         #: looks again only when this changed.
         self.removals = 0
@@ -95,7 +102,7 @@ class Outbox:
         # entry of that owner above its floor that no `take` has passed yet.
         self._fresh: dict[str, dict[int, QueuedUrl]] = {}
         self._floors: dict[str, int] = {}  # per owner; the others' floor is `_floor`
-        self._floor = self._stored_seq()
+        self._floor = self._last
         self._held = 0  # entries in `_fresh`
         # the puts (first seq, their (owner, url) pairs) and deletions (owner, seq) of the write transaction under
         # way, applied to memory once it commits
@@ -119,14 +126,16 @@ class Outbox:
                 # the last transaction's fate was never told (or this is a retry after a full map: rare), so
                 # memory cannot be trusted
                 self._drop_memory()
-            self._pending_txn, self._pending, self._pending_gone = txn, [], []
+            self._pending_txn, self._pending, self._pending_gone, self._reserving = txn, [], [], None
 
     def _kept(self) -> None:
         """The write that called `_put_in` / `_reroute_in` committed: apply its changes to memory."""
         if self._pending_txn is None:
             return
         pending, gone = self._pending, self._pending_gone
-        self._pending_txn, self._pending, self._pending_gone = None, [], []
+        if self._reserving is not None:
+            self._reserved = max(self._reserved, self._reserving)
+        self._pending_txn, self._pending, self._pending_gone, self._reserving = None, [], [], None
         fresh, floors, floor = self._fresh, self._floors, self._floor
         for owner, seq in gone:
             entries = fresh.get(owner)
@@ -149,11 +158,11 @@ class Outbox:
 
     def _abandon(self) -> None:
         """The write that called `_put_in` / `_reroute_in` did not commit: forget its changes."""
-        self._pending_txn, self._pending, self._pending_gone = None, [], []
+        self._pending_txn, self._pending, self._pending_gone, self._reserving = None, [], [], None
 
     def _drop_memory(self) -> None:
         self._fresh, self._floors, self._held = {}, {}, 0
-        self._floor = max(self._floor, self._last or 0, self._stored_seq())
+        self._floor = max(self._floor, self._last)  # every number handed out so far, the untold ones too
         self.memory_drops += 1
 
     def _write(self, fn: Callable[[lmdb.Transaction], _T]) -> _T:
@@ -183,8 +192,14 @@ class Outbox:
         """Append each (owner, url); return the sequence numbers given, in order."""
         if not routed:
             return []
-        first = self._counter_in(txn, _SEQ_KEY, len(routed)) + 1
-        self._last = max(self._last or 0, first + len(routed) - 1)
+        first = self._last + 1
+        self._last = last = first + len(routed) - 1
+        self._note(txn)
+        if last > max(self._reserved, self._reserving or 0):
+            # reserve the next block in this transaction; memory believes it once the transaction has committed
+            # (a reservation lost with an aborted one is made again by the next put)
+            self._reserving = last + SEQ_BLOCK
+            txn.put(_SEQ_KEY, self._reserving.to_bytes(8, "big"), db=self._db)
         prefixes = self._prefixes
         items = []
         for seq, (owner, item) in enumerate(routed, first):
@@ -193,7 +208,6 @@ class Outbox:
                 prefix = prefixes[owner] = _owner_prefix(owner)
             items.append((prefix + seq.to_bytes(8, "big"), _value(item)))
         txn.cursor(self._db).putmulti(items)
-        self._note(txn)
         self._pending.append((first, routed))
         return list(range(first, first + len(routed)))
 
@@ -291,13 +305,9 @@ class Outbox:
         return sum(self.counts().values())
 
     def last_seq(self) -> int:
-        """The sequence number handed out last (0 before the first entry); read from the store once, then kept
-        by this process (an aborted transaction may leave it ahead of the store: a mark taken from it is then
-        higher than needed, which only makes its reader wait for more)."""
-        if self._last is None:
-            with self._env.read() as txn:
-                raw = txn.get(_SEQ_KEY, db=self._db)
-            self._last = max(self._last or 0, int.from_bytes(raw, "big") if raw else 0)
+        """The sequence number handed out last (0 before the first entry; after a restart, the last reservation):
+        every entry put since has a higher one. Kept by this process (an aborted transaction's numbers count too:
+        a mark taken from it is then higher than needed, which only makes its reader wait for more)."""
         return self._last
 
     def oldest_seq(self, owner: str) -> int | None:
