@@ -236,7 +236,7 @@ FIELDS: dict[str, str] = {
     "store": "warc keeps every page as WARC 1.1; none only crawls",
     "store_types": "content types written to the page store",
     "warc_max_bytes": "the usual WARC file rotation size",
-    "sync_interval": "how often stores are forced to disk; kill -9 loses nothing committed anyway",
+    "sync_interval": "how often stores are forced to disk (kill -9 loses nothing committed anyway); a peer's batch is acknowledged after the next sync, one fsync for all",
     "store_resident_mib": "file-backed memory (the store's mapped pages) the node holds before it hands them back to the kernel's page cache, checked 4 times a second: keeps RSS flat over a store of any size (0: never)",
     "revisit": "a crawl is one pass; on, every stored page is fetched again on an adaptive schedule",
     "revisit_min": "an hour (in seconds): the shortest revisit interval, for pages that change at every visit",

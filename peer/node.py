@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager, ExitStack, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
@@ -44,6 +44,7 @@ from peer.crawl.crawler import Crawler
 from peer.crawl.pageworkers import PageWorkers, PageWriter, open_page_workers
 from peer.crawl.settings import CONFIG_VERSION_FOUNDER, CrawlSettings, SettingsError, SettingsFile
 from peer.crawl.seenstores import open_node_store
+from peer.crawl.syncs import StoreSyncs
 from peer.dashboard import STALL_AFTER, NodeWatch, file_rss_bytes, page, peak_rss_bytes, rss_bytes, slow_hosts
 from peer.fetch.dns import CachingResolver
 from peer.fetch.http import Fetcher
@@ -392,6 +393,9 @@ class Node:
             except SettingsError as exc:
                 raise NodeError(str(exc)) from exc
             settings = configured
+            # the one place that forces the store to disk: once per sync_interval, and a peer's batch is
+            # acknowledged after the next one (peer/crawl/syncs.py)
+            syncs = StoreSyncs(store, period=cfg.sync_interval)
             if saved is not None and saved.rank() > configured.rank():
                 settings = saved
                 log.info("crawling by the settings last changed at runtime (DATA_DIR/settings.json), not the "
@@ -401,7 +405,8 @@ class Node:
                     raise NodeError(f"a cluster node needs --dedup lmdb (got {cfg.dedup}): peers' batches and "
                                     "hand-offs are stored in the same transactions as the seen-set")
                 try:
-                    self.cluster = Cluster(cfg, node_id=self.node_id, store=store, secret=secret, stats=self.stats)
+                    self.cluster = Cluster(cfg, node_id=self.node_id, store=store, secret=secret, stats=self.stats,
+                                           syncs=syncs)
                 except TransportError as exc:
                     raise NodeError(str(exc)) from exc
             async with Fetcher(
@@ -441,7 +446,8 @@ class Node:
                         functools.partial(serve_control, chost, cport, self._routes(), token=token)
                     )
                     (self.data_dir / "control.addr").write_text(f"{chost}:{self.control_port}\n")
-                    nursery.start_soon(self._housekeeping, store, pages)
+                    await nursery.start(self._syncs, syncs)
+                    nursery.start_soon(self._housekeeping, pages)
                     nursery.start_soon(self._bound_store_pages, store)
                     nursery.start_soon(self._sample)
                     nursery.start_soon(self._watch_signals)
@@ -555,18 +561,27 @@ class Node:
                 inner.start_soon(on_leave)
         nursery.cancel_scope.cancel()
 
-    async def _housekeeping(self, store, pages) -> None:
-        """Once per sync interval: force the stores to disk and sample the page rate."""
+    async def _syncs(self, syncs: StoreSyncs, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The node's sync service (the node store, once per sync interval); a failed sync stops the node."""
+        try:
+            await syncs.run(task_status=task_status)
+        except StorageError as exc:
+            self._storage_failed(exc)
+
+    async def _housekeeping(self, pages) -> None:
+        """Once per sync interval: force the page store to disk and sample the page rate."""
         while True:
             await trio.sleep(self.cfg.sync_interval)
             self.stats.sample(trio.current_time())
             try:
-                store.sync()
                 pages.sync()
             except StorageError as exc:
-                log.error("storage failed, stopping", extra={"error": str(exc)})
-                self.request_stop()
-                raise NodeError(str(exc)) from exc
+                self._storage_failed(exc)
+
+    def _storage_failed(self, exc: StorageError) -> NoReturn:
+        log.error("storage failed, stopping", extra={"error": str(exc)})
+        self.request_stop()
+        raise NodeError(str(exc)) from exc
 
     async def _bound_store_pages(self, store) -> None:
         """Hand the store's mapped pages back to the kernel (`release_resident`) whenever the process's

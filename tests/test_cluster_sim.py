@@ -34,8 +34,8 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.cluster.dispatch import DispatchConfig
 from peer.cluster.membership import to_wire
+from peer.config import DEFAULTS
 from peer.crawl.settings import CrawlSettings
 from protocol import Gossip, UrlBatch, UrlEntry
 from ring import MemberState
@@ -590,8 +590,8 @@ def test_the_crawl_is_concluded_soon_over_a_slow_network() -> None:
     sim = result["sim"]
     assert sim.ledger.fetched() == web.reachable(web.seeds)
     # two progress rounds, each a second apart plus answers that take up to 1.2 s here, and the last report;
-    # and the last batches' acks, which wait for a sync of their receiver, at most one per sync_gap
-    _check_termination(sim, bound=FINISH_BOUND + 3 * 1.2 + DispatchConfig().sync_gap)
+    # and the last batches' acks, which wait for their receiver's next sync, one per sync_interval
+    _check_termination(sim, bound=FINISH_BOUND + 3 * 1.2 + DEFAULTS["sync_interval"])
 
 
 # -- figures ---------------------------------------------------------------------------------------------------

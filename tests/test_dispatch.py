@@ -14,6 +14,7 @@ import trio.testing
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.peerlinks import PeerLinks
 from peer.cluster.transport import MemoryNetwork
+from peer.crawl.syncs import StoreSyncs
 from protocol import BatchAck, UrlBatch, UrlEntry
 from ring import Ring
 from storage import NodeStore, QueuedUrl
@@ -199,43 +200,60 @@ def _batch(seq: int, host: str) -> UrlBatch:
                                                                    found_on=None, hops=0),))
 
 
-async def test_receiver_syncs_at_most_once_per_sync_gap_and_acks_only_after_a_sync(store, autojump_clock):
+async def test_receiver_acks_after_the_nodes_next_sync_one_fsync_for_all(store, autojump_clock):
+    """A received batch is acknowledged at the node's next sync (its sync service), never before a sync that
+    began after the batch was committed; the batches of one period share that sync."""
     counting = CountingStore(store)
     links = FakeLinks()
-    config = DispatchConfig(ack_delay=0.02, sync_gap=0.5)
-    d = Dispatcher("a", counting, links, ring_of=lambda: (1, RING2), config=config)  # type: ignore[arg-type]
+    syncs = StoreSyncs(counting, period=1.0)
+    d = Dispatcher("a", counting, links, ring_of=lambda: (1, RING2), syncs=syncs)  # type: ignore[arg-type]
     mine = owned_hosts(RING2, "a", 4)
     acks = lambda: [(t, m.seq) for t, _p, m in links.sent if isinstance(m, BatchAck)]  # noqa: E731
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(d._syncer)
-        await trio.sleep(1.0)
-        start = trio.current_time()
-        await d.on_message("b", _batch(1, mine[0]))  # the first: synced and acked after ack_delay
-        await trio.sleep(0.1)
-        await d.on_message("b", _batch(2, mine[1]))  # within sync_gap of that sync: waits for the gap
-        await trio.sleep(0.1)
-        await d.on_message("b", _batch(3, mine[2]))  # rides the same sync
-        await trio.sleep(1.0)
-        assert [t - start for t in counting.synced_at] == pytest.approx([0.02, 0.52])
+        await nursery.start(syncs.run)
+        start = trio.current_time()  # the service syncs at start + 1, + 2, ...
+        await trio.sleep(0.3)
+        await d.on_message("b", _batch(1, mine[0]))
+        await trio.sleep(0.4)
+        await d.on_message("b", _batch(2, mine[1]))
+        await trio.sleep(0.2)
+        await d.on_message("b", _batch(3, mine[2]))
+        assert acks() == [] and counting.synced_at == []  # stored, not yet on disk: no ack
+        await trio.sleep(0.2)  # past start + 1: one fsync, then all three acks
+        assert [t - start for t in counting.synced_at] == pytest.approx([1.0])
         assert [seq for _t, seq in acks()] == [1, 2, 3]
-        assert [t - start for t, _seq in acks()] == pytest.approx([0.02, 0.52, 0.52])
-        # a sync by someone else (the node's periodic one) covers what was committed before it: acked
-        # without an fsync of the receiver's own
-        start = trio.current_time()
+        assert [t - start for t, _seq in acks()] == pytest.approx([1.0, 1.0, 1.0])
+        assert d._unsynced == [] and syncs.waiting() == 0
+        # a sync by someone else (a hand-off's) covers what was committed before it; the service tells its
+        # waiters at its own next sync
         await d.on_message("b", _batch(4, mine[3]))
         counting.sync()
         await trio.sleep(1.0)
-        assert [t - start for t in counting.synced_at[2:]] == pytest.approx([0.0])
-        assert acks()[-1][1] == 4 and acks()[-1][0] == pytest.approx(start + 0.02) and d.syncs == 2
+        assert acks()[-1][1] == 4 and acks()[-1][0] == pytest.approx(start + 2.0)
         # a re-send (the same seq) while the first copy waits for its sync is not acknowledged on its own: the
         # ack would let the sender drop URLs before this node has them on disk (and on its backups)
-        start = trio.current_time()
+        await trio.sleep(0.5)
         await d.on_message("b", _batch(5, mine[0]))
         await d.on_message("b", _batch(5, mine[0]))
         assert acks()[-1][1] == 4 and d.stats.batches_held == 1
         await trio.sleep(1.0)
-        assert [seq for _t, seq in acks()].count(5) == 1 and acks()[-1][0] == pytest.approx(start + 0.02)
+        assert [seq for _t, seq in acks()].count(5) == 1 and acks()[-1][0] == pytest.approx(start + 3.0)
+        # every ack came after a sync that began after its batch's commit
+        received = {1: 0.3, 2: 0.7, 3: 0.9, 4: 1.2, 5: 2.5}
+        for t, seq in acks():
+            assert any(received[seq] <= s - start <= t - start for s in counting.synced_at), seq
         nursery.cancel_scope.cancel()
+
+
+async def test_receiver_without_a_running_sync_service_syncs_each_batch_at_once(store, autojump_clock):
+    counting = CountingStore(store)
+    links = FakeLinks()
+    d = Dispatcher("a", counting, links, ring_of=lambda: (1, RING2))  # type: ignore[arg-type]
+    mine = owned_hosts(RING2, "a", 2)
+    await d.on_message("b", _batch(1, mine[0]))
+    await d.on_message("b", _batch(2, mine[1]))
+    assert len(counting.synced_at) == 2 and d.syncs.syncs == 2
+    assert [m.seq for _t, _p, m in links.sent if isinstance(m, BatchAck)] == [1, 2]
 
 
 async def test_view_change_reroutes_the_outbox(store, autojump_clock):
@@ -547,3 +565,36 @@ async def test_a_partial_batch_waits_one_interval_per_twelve_peers(store, autoju
         assert [len(b.urls) for _, _, b in batches(links)] == [2, 4]  # full: at once
         assert batches(links)[1][0] - start == pytest.approx(0.85)  # the moment the 4th URL was routed
         nursery.cancel_scope.cancel()
+
+
+async def test_a_restart_sends_what_only_memory_had_handed_out(tmp_path, autojump_clock):
+    """The sender takes fresh outbox entries from memory; what it had taken (sent, never acknowledged) and what
+    it had not taken yet are both sent again by the next process, from the store."""
+    hosts = owned_hosts(RING2, "b", 6)
+    path = tmp_path / "a"
+    with NodeStore.open(path, map_size=1 << 24) as store:
+        links = FakeLinks()
+        d = Dispatcher("a", store, links, ring_of=lambda: (1, RING2), config=DispatchConfig(interval=0.2))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(d.run)
+            for host in hosts[:3]:
+                d.route(QueuedUrl(url=f"http://{host}/", host=host, depth=1))
+            store.finish(None, [], routed=d.take_routed())  # as the crawler commits a page
+            await trio.sleep(0.25)
+            [(_t, _p, first)] = batches(links)
+            assert sorted(e.url for e in first.urls) == sorted(f"http://{h}/" for h in hosts[:3])
+            assert store.outbox.held() == 0  # taken from memory; the store keeps them until the ack
+            for host in hosts[3:]:
+                d.route(QueuedUrl(url=f"http://{host}/", host=host, depth=1))
+            store.finish(None, [], routed=d.take_routed())
+            assert store.outbox.held() == 3  # in memory and in the store, not yet taken
+            nursery.cancel_scope.cancel()  # the process dies: no ack came
+    with NodeStore.open(path, map_size=1 << 24) as store:
+        links = FakeLinks()
+        d = Dispatcher("a", store, links, ring_of=lambda: (1, RING2), config=DispatchConfig(interval=0.2))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(d.run)
+            await trio.sleep(0.25)
+            sent = sorted(e.url for _t, _p, m in batches(links) for e in m.urls)
+            assert sent == sorted(f"http://{h}/" for h in hosts)
+            nursery.cancel_scope.cancel()

@@ -41,6 +41,7 @@ from peer.config import Config
 from peer.crawl.crawler import Crawler
 from peer.cluster.backups import QueueReplicas
 from peer.crawl.settings import CrawlSettings, SettingsError
+from peer.crawl.syncs import StoreSyncs
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.fence import TAKEOVER_GRACE, PartitionFence
 from peer.cluster.handoff import ArcSet, Handoff, HandoffConfig, Hold, plan_view
@@ -135,12 +136,17 @@ class Cluster:
         points_per_weight: int = DEFAULT_POINTS_PER_WEIGHT,
         rings: RingCache | None = None,
         members: View | None = None,
+        syncs: StoreSyncs | None = None,
     ) -> None:
         self.cfg = cfg
         self.points_per_weight = points_per_weight  # fewer in simulations: a ring of many points takes a second
         self.node_id = node_id
         self.store = store
         self.stats = stats
+        # the node's one sync service (peer/crawl/syncs.py): the receiver's acks wait for its next sync; run by
+        # whoever made it (the node), or by `run` when the cluster is built alone (simulations)
+        self._own_syncs = syncs is None
+        self.syncs = syncs if syncs is not None else StoreSyncs(store, period=cfg.sync_interval)
         codecs = (cfg.codec, "json" if cfg.codec == "msgpack" else "msgpack")
         compressions = (cfg.compression, *(c for c in ("br", "zlib", "none") if c != cfg.compression))
         self.membership = Membership(
@@ -182,7 +188,7 @@ class Cluster:
         self.dispatcher = Dispatcher(
             node_id, store, self.links, ring_of=self.ring_of,
             config=DispatchConfig(batch_size=cfg.batch_size, interval=cfg.dispatch_interval),
-            on_admitted=self._admitted, backups=self.backups,
+            on_admitted=self._admitted, backups=self.backups, syncs=self.syncs,
         )
         self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
                                      apply_states=self._merge_states, wall_clock=wall_clock,
@@ -398,6 +404,8 @@ class Cluster:
             self.view = self.membership.view
             self.epoch = self.view.epoch
             self._set_ring(await self._ring(self.view))
+            if self._own_syncs:
+                await nursery.start(self.syncs.run)
             await nursery.start(self.dispatcher.run)
             await nursery.start(self.handoff.run)
             await nursery.start(self.replicas.run)

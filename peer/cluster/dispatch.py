@@ -27,6 +27,7 @@ from storage import NodeStore, QueuedUrl, url_fingerprint
 
 from peer.cluster.backups import QueueReplicas, Ticket
 from peer.config import DEFAULTS
+from peer.crawl.syncs import StoreSyncs
 from peer.crawl.urls import host_of_normalized, normalize
 
 __all__ = ["DispatchConfig", "DispatchStats", "Dispatcher", "LinkLayer"]
@@ -53,28 +54,19 @@ class DispatchConfig:
     # per 12 peers (200 ms up to 12 peers, 1.8 s at 100, 16.8 s at 1,000) and batches keep about the same size
     # (docs/cluster.md: frames per URL at 10, 100 and 1,000 nodes within 2x). Full batches never wait.
     peers_per_interval: int = 12
-    # An unacked batch is sent again after 5 s: an ack needs one store commit and an fsync, far less than that.
+    # An unacked batch is sent again after 5 s: an ack needs one store commit and the node's next sync (once per
+    # `sync_interval`, 1 s by default), far less than that.
     resend_after: float = 5.0
     # 100,000 fingerprints (about 10 MB) cover the popular links of a wide crawl (site-wide menus, footers).
     recent_size: int = 100_000
     # Batches in flight per owner: keeps a peer's link queue (256 messages) far from full.
     window: int = 8
-    # A receiver syncs once for the batches of the last 20 ms and then acks them all: one fsync per batch would
-    # cost more than the rest of receiving (measured: 8 of 25 ms per 1,000 URLs).
-    ack_delay: float = 0.02
-    # ... and at most once per 0.5 s: an fsync costs its CPU (about 0.5 ms here, most of it fixed) and makes
-    # the next commits dearer (their pages were clean), so with a batch from each peer every 0.2 s the
-    # receiver's own syncs were a cluster node's largest disk cost (docs/benchmarks.md, cluster overhead).
-    # A sync by anything else in the node (its once-a-second one, a hand-off's) acks what it covered.
-    sync_gap: float = 0.5
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.window < 1 or self.recent_size < 0 or self.peers_per_interval < 1:
             raise ValueError("dispatch batch_size, window and peers_per_interval must be >= 1, recent_size >= 0")
         if self.interval <= 0 or self.resend_after <= 0:
             raise ValueError("dispatch interval and resend_after must be > 0 seconds")
-        if self.ack_delay < 0 or self.sync_gap < 0:
-            raise ValueError("dispatch ack_delay and sync_gap must be >= 0 seconds")
 
 
 @dataclass(slots=True)
@@ -140,6 +132,7 @@ class Dispatcher:
         config: DispatchConfig | None = None,
         on_admitted: Callable[[list[QueuedUrl]], None] | None = None,
         backups: QueueReplicas | None = None,
+        syncs: StoreSyncs | None = None,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -159,13 +152,13 @@ class Dispatcher:
         self._run = 0
         self._batches = 0
         self._wake = trio.Event()
-        # received and stored, not yet synced and acked: (peer, ack, replicas' ticket, store.syncs at the commit)
+        # The node's sync service: a received batch is acknowledged after its next sync (DESIGN decision 5), one
+        # fsync for every batch and every other waiter of that moment. Without one (tests, tools), a batch is
+        # synced on its own at once.
+        self.syncs = syncs if syncs is not None else StoreSyncs(store, period=DEFAULTS["sync_interval"])
+        # received and stored, not yet synced and acked: (peer, ack, replicas' ticket, the sync mark of the commit)
         self._unsynced: list[tuple[str, BatchAck, Ticket | None, int]] = []
         self._unsynced_keys: set[tuple[str, int]] = set()  # (peer, batch seq) of those
-        self._sync_due = trio.Event()
-        self._syncing = False
-        self._synced_at = -math.inf  # when this receiver last forced the store to disk
-        self.syncs = 0  # fsyncs this receiver forced (the others' syncs acked the rest)
 
     # -- the crawler's side -------------------------------------------------------------------------------
 
@@ -256,20 +249,18 @@ class Dispatcher:
         for owner, count in self.store.outbox.counts().items():
             self._owner(owner).pending += count
         self._check_view(force=True)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._syncer)
-            task_status.started()
-            interval = self.config.interval
-            next_tick = trio.current_time() + interval
-            while True:
-                with trio.move_on_at(next_tick):
-                    await self._wake.wait()
-                self._wake = trio.Event()
-                now = trio.current_time()
-                timer = now >= next_tick
-                if timer:
-                    next_tick += interval * max(1, math.ceil((now - next_tick) / interval + 1e-9))
-                self.tick(now, full_only=not timer)
+        task_status.started()
+        interval = self.config.interval
+        next_tick = trio.current_time() + interval
+        while True:
+            with trio.move_on_at(next_tick):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            now = trio.current_time()
+            timer = now >= next_tick
+            if timer:
+                next_tick += interval * max(1, math.ceil((now - next_tick) / interval + 1e-9))
+            self.tick(now, full_only=not timer)
 
     def tick(self, now: float, *, full_only: bool = False) -> None:
         """One flush: store what is staged, re-route on a view change, re-send what is due, send new batches
@@ -411,25 +402,28 @@ class Dispatcher:
         ticket = self._replicate(new)
         self._admitted(new)
         ack = BatchAck(seq=batch.seq, new=len(new), seen=len(owned) - len(new), forwarded=len(forward), epoch=epoch)
-        self._unsynced.append((peer_id, ack, ticket, self.store.syncs))
+        mark = self.syncs.mark()
+        first = not self._unsynced
+        self._unsynced.append((peer_id, ack, ticket, mark))
         self._unsynced_keys.add((peer_id, batch.seq))
-        if self._syncing:
-            self._sync_due.set()  # `run`'s syncer makes it durable (with the others of the moment), then acks
-        else:
-            self.sync_and_ack()
+        if first:  # one waiter for all the batches of the moment: the next sync covers them all
+            self.syncs.after(mark, self._ack_synced)
 
-    def sync_and_ack(self) -> int:
-        """Force received batches to disk, then ack them (DESIGN decision 5: durable before the ack). Batches
-        committed before the store's last sync (the node's periodic one, a hand-off's) are on disk already:
-        no fsync of their own."""
+    def _ack_synced(self) -> int:
+        """Ack the received batches a sync has made durable (DESIGN decision 5: durable before the ack); those
+        committed after that sync began wait for the next one."""
         if not self._unsynced:
             return 0
-        acks, self._unsynced = self._unsynced, []
-        self._unsynced_keys.clear()
-        if any(syncs >= self.store.syncs for _peer, _ack, _ticket, syncs in acks):  # not all covered yet
-            self.store.sync()
-            self.syncs += 1
-        for peer_id, ack, ticket, _syncs in acks:
+        syncs = self.syncs
+        acks = [entry for entry in self._unsynced if syncs.durable(entry[3])]
+        if len(acks) < len(self._unsynced):
+            self._unsynced = [entry for entry in self._unsynced if not syncs.durable(entry[3])]
+            syncs.after(self._unsynced[0][3], self._ack_synced)
+        else:
+            self._unsynced = []
+        for peer_id, ack, _ticket, _mark in acks:
+            self._unsynced_keys.discard((peer_id, ack.seq))
+        for peer_id, ack, ticket, _mark in acks:
             if ticket is None or self.backups is None or self.backups.done(ticket):
                 self.links.send_nowait(peer_id, ack)  # if lost, the sender re-sends and we ack again
                 continue
@@ -444,21 +438,6 @@ class Dispatcher:
         """The replicas of a held batch arrived at every backup (or the backups left the ring): ack it."""
         self._held.pop(key, None)
         self.links.send_nowait(key[0], ack)
-
-    async def _syncer(self) -> None:
-        try:
-            self._syncing = True
-            while True:
-                await self._sync_due.wait()
-                self._sync_due = trio.Event()
-                await trio.sleep_until(max(trio.current_time() + self.config.ack_delay,
-                                           self._synced_at + self.config.sync_gap))
-                forced = self.syncs
-                self.sync_and_ack()
-                if self.syncs != forced:
-                    self._synced_at = trio.current_time()
-        finally:
-            self._syncing = False
 
     def _acked(self, peer_id: str, ack: BatchAck) -> None:
         state = self._owners.get(peer_id)

@@ -50,6 +50,11 @@ class SplitStore:
     def release_resident(self) -> int:
         return self._base.release_resident()
 
+    @property
+    def syncs(self) -> int:
+        """Completed syncs (each syncs both stores), as `NodeStore.syncs`."""
+        return self._base.syncs
+
     def sync(self) -> None:
         self.dedup.sync()
         self._base.sync()
