@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from peer.cluster.backups import FOLD_AGE, FOLD_ENTRIES, FULL, SYNC_INTERVAL, QueueReplicas
+from peer.cluster.backups import FOLD_AGE, FOLD_ENTRIES, FULL, QueueReplicas
 from protocol import QueueReplica, ReplicaAck, UrlEntry
 from protocol import HostState as WireHostState
 from ring import Ring, host_position
@@ -260,7 +260,7 @@ async def test_a_held_release_goes_once_its_links_backup_has_left_and_come_back(
     assert any(key in m.released for m in links.replicas_to("B")) and page.url not in owner.unreleased()
 
 
-async def test_a_backup_acks_once_committed_syncs_later_and_drops_malformed_entries(stores) -> None:
+async def test_a_backup_acks_once_committed_without_a_sync_and_drops_malformed_entries(stores) -> None:
     links = Links()
     backup = QueueReplicas("B", stores["B"], links, ring_of=lambda: (1, None), copies=1, wall_clock=lambda: 100.0)
     message = QueueReplica(
@@ -272,10 +272,10 @@ async def test_a_backup_acks_once_committed_syncs_later_and_drops_malformed_entr
     assert backup.on_message("A", message)
     assert links.sent == [("A", ReplicaAck(seq=7))]
     assert len(stores["B"].replicas) == 1 and backup.refused == 3
-    assert backup.sync() and not backup.sync()  # one fsync for what was committed, then nothing to force
+    syncs = stores["B"].syncs
     assert backup.on_message("A", replace(message, seq=8))
-    stores["B"].sync()  # the store forced to disk by someone else (the node's periodic sync, a receiver's)
-    assert not backup.sync()  # what was held is covered: no fsync of its own
+    assert links.sent[-1] == ("A", ReplicaAck(seq=8))
+    assert stores["B"].syncs == syncs  # acked once committed: the node's sync service forces it later
     _new, states = stores["B"].promote(lambda position: True)
     assert [s.next_allowed for s in states] == [105.0]
 
@@ -447,24 +447,6 @@ async def test_the_send_loop_sends_a_backup_one_message_per_interval_and_full_on
         assert len(links.replicas_to("B")) == 3 and len(links.replicas_to("B")[2].urls) == FULL
         assert trio.current_time() - start == pytest.approx(0.301)  # the next tick is at 0.35
         nursery.cancel_scope.cancel()
-
-
-async def test_a_backup_forces_what_it_holds_to_disk_itself_only_if_the_node_does_not_every_second(
-        stores, autojump_clock) -> None:
-    """Under MockClock: held replicas are forced to disk within SYNC_INTERVAL by the backup's own syncer, unless
-    the node's periodic sync (`synced_every`, its sync_interval) comes at least that often and covers them."""
-    message = QueueReplica(seq=1, epoch=1, released=(), hosts=(),
-                           urls=(UrlEntry(url="http://ok.test/a", depth=1, found_on=None, hops=0),))
-    for every, forced in ((None, 1), (30.0, 1), (1.0, 0)):
-        store = stores["B"]
-        backup = QueueReplicas("B", store, Links(), ring_of=lambda: (1, None), copies=0, synced_every=every)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(backup.run)
-            before = store.syncs
-            assert backup.on_message("A", message)
-            await trio.sleep(SYNC_INTERVAL + 0.01)
-            assert store.syncs - before == forced, every
-            nursery.cancel_scope.cancel()
 
 
 async def test_a_joiner_keeps_the_replicas_sent_under_a_newer_view_than_its_own_until_it_holds_that_view(

@@ -70,11 +70,12 @@ INTERVAL = 0.1
 #: Staged entries that make a message due at once (a hand-off's URLs, a re-homing scan, a backlog after a
 #: slow ack): bulk work goes as fast as the acks come back.
 FULL = 500
-#: A backup acknowledges a replica once it is committed (in the OS page cache: it survives the process's death)
-#: and forces what it holds to disk at most this often. An fsync before each ack would guard only against the
-#: backup's machine crashing together with the owner dying for good, two failures, which R = 1 does not
-#: promise to survive; the owner's own copy is synced before it acknowledges anything (docs/cluster.md).
-SYNC_INTERVAL = 1.0
+# A backup acknowledges a replica once it is committed (in the OS page cache: it survives the process's death);
+# the node's sync service (peer/crawl/syncs.py) forces it to disk with the rest of the store, once per
+# `sync_interval`. An fsync before each ack would guard only against the backup's machine crashing together
+# with the owner dying for good, two failures, which R = 1 does not promise to survive; the owner's own copy is
+# synced before it acknowledges anything (docs/cluster.md).
+
 #: An unacknowledged replica is sent again after this long.
 RESEND_AFTER = 2.0
 #: Entries per message, and URL bytes per message: far inside the 1 MiB frame limit.
@@ -151,7 +152,6 @@ class QueueReplicas:
         max_staged: int = MAX_STAGED,
         limits: Limits | None = None,
         zones_of: Callable[[], Zones] = Zones,
-        synced_every: float | None = None,
         seen_copies: int = 0,
     ) -> None:
         self.node_id = node_id
@@ -168,9 +168,6 @@ class QueueReplicas:
         self.resend_after = resend_after
         self.max_staged = max_staged
         self.limits = limits or Limits()
-        # how often the node forces its whole store to disk anyway (its `sync_interval`); at most SYNC_INTERVAL,
-        # that sync covers the replicas held here and this side forces none of its own (None: no such sync)
-        self.synced_every = synced_every
         self._backups: dict[str, _Backup] = {}
         self._tickets: list[Ticket] = []  # those with callbacks waiting (`then`)
         # called with each URL whose release is staged: the cluster sends its seen key to the seen-key replicas
@@ -188,7 +185,6 @@ class QueueReplicas:
         # host -> (its backups, those of its releases), not this node, under `_cache_ring`
         self._cache: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         self._wake = trio.Event()
-        self._dirty: int | None = None  # store.syncs when replicas were last committed here (None: none since)
         self._synced: Any = None  # the ring of the last complete re-homing scan
         self._changed_at: float | None = None  # when the ring last changed (for restore_seconds)
         self._restore: dict[str, tuple[_Backup, int]] | None = None  # what the last scan staged, per backup
@@ -450,29 +446,9 @@ class QueueReplicas:
     # -- the owner's side: sending -------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._syncer)
-            task_status.started()
-            if self.copies:
-                await self._send_loop()
-
-    async def _syncer(self) -> None:
-        """Force the replicas held here to disk at most once per SYNC_INTERVAL (acks do not wait for it), unless
-        the node's own periodic sync does it at least that often."""
-        if self.synced_every is not None and self.synced_every <= SYNC_INTERVAL:
-            return
-        while True:
-            await trio.sleep(SYNC_INTERVAL)
-            self.sync()
-
-    def sync(self) -> bool:
-        """Force the replicas committed since the last sync to disk; False if there were none, or if a sync of
-        the store since then (the dispatcher's before its acks, the node's periodic one) has covered them."""
-        dirty, self._dirty = self._dirty, None
-        if dirty is None or self.store.syncs > dirty:
-            return False
-        self.store.sync()
-        return True
+        task_status.started()
+        if self.copies:
+            await self._send_loop()
 
     async def _send_loop(self) -> None:
         stable_since = trio.current_time()
@@ -682,8 +658,7 @@ class QueueReplicas:
         self._held_epoch = max(self._held_epoch, message.epoch)
         self.urls_held += len(items)
         self.releases_held += len(released)
-        self._dirty = self.store.syncs
-        # committed: it survives this process's death (SYNC_INTERVAL says why no fsync waits before the ack)
+        # committed: it survives this process's death (the note after FULL says why no fsync waits before the ack)
         self.links.send_nowait(peer_id, ReplicaAck(seq=message.seq))  # if lost, the owner re-sends: ack again
         return True
 

@@ -182,7 +182,6 @@ class Cluster:
         # every queued URL also on the ring backups of its position (--replicas R), promoted when its owner dies
         self.backups = QueueReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
                                      copies=cfg.replicas, wall_clock=wall_clock, zones_of=lambda: self.zones,
-                                     synced_every=cfg.sync_interval,  # the node's housekeeping syncs the store
                                      seen_copies=REPLICA_COPIES)  # a release marks a page seen where its key goes
         self.wall_clock = wall_clock
         self.dispatcher = Dispatcher(

@@ -48,7 +48,6 @@ class StoreSyncs:
             raise ValueError(f"sync period must be > 0 seconds, got {period}")
         self.store = store
         self.period = period
-        self.syncs = 0  # fsyncs this service made (on its timer, or at once when not running)
         self._running = False
         # (mark, callback): told once store.syncs > mark
         self._waiters: list[tuple[int, Callable[[], None]]] = []
@@ -82,7 +81,6 @@ class StoreSyncs:
     def sync(self) -> None:
         """Force the store to disk now, then tell every waiter it covered."""
         self.store.sync()
-        self.syncs += 1
         self._tell()
 
     def _tell(self) -> None:
