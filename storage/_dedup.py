@@ -64,15 +64,16 @@ class DedupStore(Closing):
 
     def insert(self, keys: Iterable[bytes]) -> int:
         """Store keys whether or not they are there (idempotent, for a hand-off); return how many were new."""
-        items = [(key, _EMPTY) for key in keys]
-        if not items:
+        keys = list(keys)
+        if not keys:
             return 0
+        return self._env.write(lambda txn: self._insert_in(txn, keys))
 
-        def put_all(txn: lmdb.Transaction) -> int:
-            _consumed, added = txn.cursor(self._db).putmulti(items, dupdata=False, overwrite=False)
-            return int(added)
-
-        return self._env.write(put_all)
+    def _insert_in(self, txn: lmdb.Transaction, keys: Iterable[bytes]) -> int:
+        """`insert` inside a caller's transaction (sorted keys share leaf pages); how many were new."""
+        _consumed, added = txn.cursor(self._db).putmulti([(key, _EMPTY) for key in keys], dupdata=False,
+                                                         overwrite=False)
+        return int(added)
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, bytes) or not key:

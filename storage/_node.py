@@ -58,7 +58,7 @@ class NodeStore(Closing):
         self.frontier = FrontierStore(env, owns_env=False)
         self.outbox = Outbox(env)
         # a released replica marks its key seen here (its owner is done with it), when the journal is folded
-        self.replicas = Replicas(env, mark_seen_in=self._mark_seen_in)
+        self.replicas = Replicas(env, mark_seen_in=self.dedup._insert_in)
         self.revisits = RevisitSchedule(env)
         self._fetched_next = 0  # the next FETCHED_JOURNAL_DB sequence number
         self.fetched_journaled = 0  # keys journaled since the last fold (1 at open when the journal holds some)
@@ -159,9 +159,6 @@ class NodeStore(Closing):
         seen when the journal is folded (the peer is done with those URLs: if it dies, its heir must not queue
         them again when they are linked), which promotion does first."""
         self.replicas.hold(items, released, states, fold=fold)
-
-    def _mark_seen_in(self, txn: lmdb.Transaction, keys: list[bytes]) -> None:
-        txn.cursor(self.dedup._db).putmulti([(key, _EMPTY) for key in keys], dupdata=False, overwrite=False)
 
     def promote(self, inherited: Callable[[int], bool]) -> tuple[list[QueuedUrl], list[HostState]]:
         """This node inherits arcs from a dead owner (`inherited(position)` says which positions): the replicas

@@ -575,12 +575,12 @@ class QueueReplicas:
             had: tuple[str, ...] = ()
             if old is not None and old.owner_at(position) == me:
                 had = old.holders_at(position, copies, zones)
-            n = 0
-            for backup in ring.holders_at(position, copies, zones):
-                if backup != me and backup not in had:
-                    self._stage(backup, (queued_url_keys((item,))[0], item))
-                    n += 1
-            return n
+            to = [b for b in ring.holders_at(position, copies, zones) if b != me and b not in had]
+            if to:
+                entry = (queued_url_keys((item,))[0], item)  # the key once, for every backup
+                for backup in to:
+                    self._stage(backup, entry)
+            return len(to)
 
         for n, item in enumerate(self.store.frontier.scan_queued(chunk=SCAN_CHUNK), start=1):
             staged += place(item)
