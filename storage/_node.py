@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TypeVar
 
 import lmdb
 
@@ -37,7 +36,6 @@ FETCHED_JOURNAL_DB = b"fetched_journal"
 #: Journaled keys that make `mark_fetched` fold them into FETCHED_DB (16 bytes each; about 20 ms of one
 #: transaction, every half minute of a node fetching 600 pages a second).
 FETCHED_FOLD = 16_384
-T = TypeVar("T")
 _EMPTY = b""
 _KEY_SIZE = 16  # a dedup key: ring position (8) + URL fingerprint (8)
 _ALL = [(b"\x00" * 8, b"\xff" * 8)]
@@ -88,15 +86,6 @@ class NodeStore(Closing):
         return cls(env)
 
 
-    def _write_outbox(self, fn: Callable[[lmdb.Transaction], T]) -> T:
-        """A write transaction that puts or re-keys outbox entries: the outbox's memory learns its outcome."""
-        try:
-            result = self._env.write(fn)
-        except BaseException:
-            self.outbox._abandon()
-            raise
-        self.outbox._kept()
-        return result
 
     def _admit_in(self, txn: lmdb.Transaction, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
         fresh = self.dedup._add_new_in(txn, queued_url_keys(items))
@@ -130,7 +119,7 @@ class NodeStore(Closing):
                 self.frontier._put_state_in(txn, state)
             return new
 
-        return self._write_outbox(run)
+        return self._env.write(run)
 
     def accept(self, owned: Sequence[QueuedUrl], forward: Sequence[tuple[str, QueuedUrl]]) -> list[QueuedUrl]:
         """A peer's batch: admit the URLs owned here and put the others in the outbox for their owners, in
@@ -141,7 +130,7 @@ class NodeStore(Closing):
             self.outbox._put_in(txn, forward)
             return new
 
-        return self._write_outbox(run)
+        return self._env.write(run)
 
     def reroute(self, owner_of: Callable[[str], str], local: str) -> tuple[dict[str, int], list[QueuedUrl]]:
         """After a view change: re-key outbox entries whose owner changed, and admit those now owned by
@@ -151,7 +140,7 @@ class NodeStore(Closing):
             moved, mine = self.outbox._reroute_in(txn, owner_of, local)
             return moved, self._admit_in(txn, mine) if mine else []
 
-        return self._write_outbox(run)
+        return self._env.write(run)
 
     def hold_replicas(self, items: Sequence[tuple[bytes, QueuedUrl]], released: Sequence[bytes],
                       states: Sequence[HostState] = (), *, fold: bool = False) -> None:
@@ -208,7 +197,7 @@ class NodeStore(Closing):
                 self.frontier._put_state_in(txn, state)
             return new
 
-        return self._write_outbox(run)
+        return self._env.write(run)
 
     def drop_arcs(self, arcs: Sequence[tuple[int, int]], keep: frozenset[bytes] | set[bytes] = frozenset()) -> int:
         """A completed hand-off: delete what is queued in `arcs`, their hosts' states, their revisit schedules and

@@ -15,23 +15,11 @@ An owner's entries are one key range in arrival order. Sequence numbers are neve
 changes owner (a view change) gets a new one, so a sender that remembers "everything up to seq s was put in a
 batch" never misses a re-routed entry. The meta keys begin with NUL, which no node id does.
 
-The entries this process puts are also kept in memory until the sender takes them (`take`), so the sender's
-tick does not read back what the page's commit has just written (a read transaction, a cursor and a decode per
-entry: about 5 µs a page in a cluster node). The store's copy is the one that counts: it survives a crash, the
-sender re-sends from it (`get`), and a restarted process, whose memory is empty, sends what it finds there.
-The memory holds an owner's entries only above a floor (at first the last sequence number handed out when the
-outbox was opened): `take` below the floor reads the store. Memory follows commits only: the writes that put
-or re-key entries (`NodeStore.finish`, `accept`, `reroute`, `finish_revisit`, `put`) tell the outbox whether
-their transaction committed (`_kept`, `_abandon`), and a put whose fate it was not told about drops the memory.
-It holds at most MEMORY_ENTRIES entries (an owner that is not acknowledging, a long partition): past that the
-largest owner's entries are dropped from memory and read from the store again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from itertools import islice
-from typing import TypeVar
 
 import lmdb
 import msgpack
@@ -44,7 +32,6 @@ __all__ = ["OUTBOX_DB", "Outbox", "OutboxEntry"]
 OUTBOX_DB = b"outbox"
 _SEQ_KEY = b"\x00seq"
 _RUN_KEY = b"\x00run"
-_T = TypeVar("_T")
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
 
@@ -52,14 +39,10 @@ OutboxEntry = tuple[int, QueuedUrl]
 """An outbox entry: its sequence number and the URL."""
 
 #: Sequence numbers reserved in the store at once: the counter is written once per this many entries, not by
-#: every commit that puts some (a read and a write of its own leaf page in every page's commit). A restarted
-#: process starts above the last reservation, so numbers are never reused; the ones left unused are skipped.
+#: every commit that puts some (a write dirties its leaf page in every page's commit; the read that checks the
+#: reservation does not). A restarted process starts above the last reservation, so numbers are never reused;
+#: the ones left unused are skipped.
 SEQ_BLOCK = 1 << 16
-
-#: Entries kept in memory for the sender, at most (about 300 bytes each: some 6 MB). A sender takes its owners'
-#: entries every 200 ms, so a node keeps far fewer unless an owner stops acknowledging.
-MEMORY_ENTRIES = 20_000
-
 
 def _owner_prefix(owner: str) -> bytes:
     if not owner or owner.startswith("\x00") or "\x00" in owner:
@@ -93,91 +76,15 @@ class Outbox:
         # The last sequence number handed out by this process (at first the stored reservation: every number
         # above it is unused). An aborted transaction's numbers are skipped, never given again.
         self._last = self._stored_seq()
-        self._reserved = self._last  # the stored counter: numbers up to it may be in use
-        self._reserving: int | None = None  # the reservation of the write transaction under way
         #: Commits of this process that removed entries (acks, re-routes): a reader that waits for entries to go
         #: looks again only when this changed.
         self.removals = 0
-        # The memory of fresh entries (module doc): per owner, seq -> item in seq order, holding every committed
-        # entry of that owner above its floor that no `take` has passed yet.
-        self._fresh: dict[str, dict[int, QueuedUrl]] = {}
-        self._floors: dict[str, int] = {}  # per owner; the others' floor is `_floor`
-        self._floor = self._last
-        self._held = 0  # entries in `_fresh`
-        # the puts (first seq, their (owner, url) pairs) and deletions (owner, seq) of the write transaction under
-        # way, applied to memory once it commits
-        self._pending_txn: lmdb.Transaction | None = None
-        self._pending: list[tuple[int, Sequence[tuple[str, QueuedUrl]]]] = []
-        self._pending_gone: list[tuple[str, int]] = []
         self._prefixes: dict[str, bytes] = {}  # owner -> its key prefix (checked once)
-        self.memory_drops = 0  # times the memory was dropped (an owner over MEMORY_ENTRIES, an unknown commit)
 
     def _stored_seq(self) -> int:
         with self._env.read() as txn:
             raw = txn.get(_SEQ_KEY, db=self._db)
         return int.from_bytes(raw, "big") if raw else 0
-
-    # -- the memory of fresh entries ------------------------------------------------------------------------
-
-    def _note(self, txn: lmdb.Transaction) -> None:
-        """The changes noted next belong to `txn`: kept until it is known to have committed."""
-        if txn is not self._pending_txn:
-            if self._pending_txn is not None and (self._pending or self._pending_gone):
-                # the last transaction's fate was never told (or this is a retry after a full map: rare), so
-                # memory cannot be trusted
-                self._drop_memory()
-            self._pending_txn, self._pending, self._pending_gone, self._reserving = txn, [], [], None
-
-    def _kept(self) -> None:
-        """The write that called `_put_in` / `_reroute_in` committed: apply its changes to memory."""
-        if self._pending_txn is None:
-            return
-        pending, gone = self._pending, self._pending_gone
-        if self._reserving is not None:
-            self._reserved = max(self._reserved, self._reserving)
-        self._pending_txn, self._pending, self._pending_gone, self._reserving = None, [], [], None
-        fresh, floors, floor = self._fresh, self._floors, self._floor
-        for owner, seq in gone:
-            entries = fresh.get(owner)
-            if entries is not None and entries.pop(seq, None) is not None:
-                self._held -= 1
-        for first, routed in pending:
-            for seq, (owner, item) in enumerate(routed, first):
-                if seq > floors.get(owner, floor):
-                    entries = fresh.get(owner)
-                    if entries is None:
-                        entries = fresh[owner] = {}
-                    entries[seq] = item
-                    self._held += 1
-        while self._held > MEMORY_ENTRIES:
-            owner = max(fresh, key=lambda name: len(fresh[name]))
-            entries = fresh.pop(owner)
-            floors[owner] = max(floors.get(owner, floor), next(reversed(entries)))
-            self._held -= len(entries)
-            self.memory_drops += 1
-
-    def _abandon(self) -> None:
-        """The write that called `_put_in` / `_reroute_in` did not commit: forget its changes."""
-        self._pending_txn, self._pending, self._pending_gone, self._reserving = None, [], [], None
-
-    def _drop_memory(self) -> None:
-        self._fresh, self._floors, self._held = {}, {}, 0
-        self._floor = max(self._floor, self._last)  # every number handed out so far, the untold ones too
-        self.memory_drops += 1
-
-    def _write(self, fn: Callable[[lmdb.Transaction], _T]) -> _T:
-        """One write transaction of the outbox's own, memory told of its outcome."""
-        try:
-            result = self._env.write(fn)
-        except BaseException:
-            self._abandon()
-            raise
-        self._kept()
-        return result
-
-    def held(self) -> int:
-        """Entries kept in memory (taken from it by the sender instead of read back)."""
-        return self._held
 
     # -- inside a caller's transaction ----------------------------------------------------------------------
 
@@ -194,12 +101,11 @@ class Outbox:
             return []
         first = self._last + 1
         self._last = last = first + len(routed) - 1
-        self._note(txn)
-        if last > max(self._reserved, self._reserving or 0):
-            # reserve the next block in this transaction; memory believes it once the transaction has committed
-            # (a reservation lost with an aborted one is made again by the next put)
-            self._reserving = last + SEQ_BLOCK
-            txn.put(_SEQ_KEY, self._reserving.to_bytes(8, "big"), db=self._db)
+        raw = txn.get(_SEQ_KEY, db=self._db)  # the reservation as committed (read in this transaction)
+        if last > (int.from_bytes(raw, "big") if raw else 0):
+            # reserve the next block here: the counter is written once per SEQ_BLOCK entries, and a reservation
+            # lost with an aborted transaction is made again by the next put, which reads the store's
+            txn.put(_SEQ_KEY, (last + SEQ_BLOCK).to_bytes(8, "big"), db=self._db)
         prefixes = self._prefixes
         items = []
         for seq, (owner, item) in enumerate(routed, first):
@@ -208,7 +114,6 @@ class Outbox:
                 prefix = prefixes[owner] = _owner_prefix(owner)
             items.append((prefix + seq.to_bytes(8, "big"), _value(item)))
         txn.cursor(self._db).putmulti(items)
-        self._pending.append((first, routed))
         return list(range(first, first + len(routed)))
 
     # -- public API -------------------------------------------------------------------------------------------
@@ -217,7 +122,7 @@ class Outbox:
         """Append (owner, url) pairs in one transaction; return their sequence numbers."""
         if not routed:
             return []
-        return self._write(lambda txn: self._put_in(txn, routed))
+        return self._env.write(lambda txn: self._put_in(txn, routed))
 
     def new_run(self) -> int:
         """Count one more start of a sender and return the count (1, 2, ...): batch numbers made from it never
@@ -225,29 +130,11 @@ class Outbox:
         return self._env.write(lambda txn: self._counter_in(txn, _RUN_KEY, 1) + 1)
 
     def take(self, owner: str, limit: int, *, after: int = 0) -> list[OutboxEntry]:
-        """Up to `limit` entries for `owner` with seq > `after`, oldest first. Changes nothing in the store; the
-        caller says it has what is up to `after`, so memory forgets those (a re-send reads them with `get`)."""
+        """Up to `limit` entries for `owner` with seq > `after`, oldest first. Changes nothing."""
         prefix = _owner_prefix(owner)
         out: list[OutboxEntry] = []
         if limit <= 0:
             return out
-        if self._pending_txn is not None:  # a put whose commit was never told: memory cannot be trusted
-            self._abandon()
-            self._drop_memory()
-        floor = self._floors.get(owner, self._floor)
-        if after >= floor:  # memory holds every entry above `after`
-            if after > floor:  # and from now on only above it: an earlier `after` reads the store
-                self._floors[owner] = after
-            entries = self._fresh.get(owner)
-            if not entries:
-                return out
-            while entries:
-                first = next(iter(entries))
-                if first > after:
-                    break
-                del entries[first]
-                self._held -= 1
-            return list(islice(entries.items(), limit))
         with self._env.read() as txn:
             cur = txn.cursor(self._db)
             if not cur.set_range(prefix + (after + 1).to_bytes(8, "big")):
@@ -275,7 +162,6 @@ class Outbox:
         """Delete `owner`'s entries with these sequence numbers (the owner has them); return how many were
         there. Unknown numbers are ignored: a late or repeated ack is harmless."""
         prefix = _owner_prefix(owner)
-        seqs = list(seqs)
         keys = [prefix + seq.to_bytes(8, "big") for seq in seqs]
         if not keys:
             return 0
@@ -283,11 +169,6 @@ class Outbox:
         removed = self._env.write(lambda txn: sum(1 for key in keys if txn.delete(key, db=db)))
         if removed:
             self.removals += 1
-            entries = self._fresh.get(owner)
-            if entries:  # normally taken (sent) before they are acknowledged, so no longer in memory
-                for seq in seqs:
-                    if entries.pop(seq, None) is not None:
-                        self._held -= 1
         return removed
 
     def counts(self) -> dict[str, int]:
@@ -348,9 +229,6 @@ class Outbox:
             txn.delete(key, db=db)
         if mine or moves:
             self.removals += 1
-            gone = [key for key, _ in mine] + [key for key, _, _ in moves]
-            self._note(txn)
-            self._pending_gone.extend((_owner_of_key(key), int.from_bytes(key[-8:], "big")) for key in gone)
         self._put_in(txn, [(owner, item) for _, owner, item in moves])
         moved: dict[str, int] = {}
         for _, owner, _ in moves:

@@ -141,7 +141,7 @@ def test_the_counter_is_written_once_per_block_and_an_aborted_reservation_is_mad
             raise RuntimeError("the caller's transaction aborts")
 
         with pytest.raises(RuntimeError):
-            s._write_outbox(fail)
+            s._env.write(fail)
         assert s.outbox._stored_seq() == 11  # the reservation went with the transaction...
         assert s.outbox.put([("b", q("x.b", 13))]) == [13]
         assert s.outbox._stored_seq() == 23  # ... and the next put made it again
@@ -161,35 +161,7 @@ def test_removals_count_the_commits_that_took_entries_out(store):
     assert store.outbox.removals == 2 and store.outbox.counts() == {"d": 1}
 
 
-# -- the memory of fresh entries: the sender takes what this process put without reading it back --
-
-
-def test_fresh_entries_are_taken_from_memory_and_agree_with_the_store(tmp_path, monkeypatch):
-    path = tmp_path / "node"
-    with NodeStore.open(path, map_size=1 << 24) as store:
-        page = q("mine.example", 0, depth=0)
-        store.admit([page])
-        store.finish(store.frontier.pop("mine.example"), [], routed=[("b", q("x.b", 1)), ("c", q("y.c", 2))])
-        store.outbox.put([("b", q("x.b", 3))])
-        assert store.outbox.held() == 3
-        # read from memory: the store is not read at all
-        reads = []
-        real_read = store.outbox._env.read
-        monkeypatch.setattr(store.outbox._env, "read", lambda: reads.append(1) or real_read())
-        assert store.outbox.take("b", 10) == [(1, q("x.b", 1)), (3, q("x.b", 3))]
-        assert store.outbox.take("b", 10, after=1) == [(3, q("x.b", 3))]
-        assert reads == [] and store.outbox.held() == 2  # what the taker has (up to 1) is forgotten
-        # an earlier cursor than one already given reads the store, which still holds everything until acked
-        assert store.outbox.take("b", 10) == [(1, q("x.b", 1)), (3, q("x.b", 3))] and reads == [1]
-        monkeypatch.undo()
-        assert store.outbox.ack("b", [1, 3]) == 2 and store.outbox.held() == 1
-    with NodeStore.open(path, map_size=1 << 24) as store:  # a restart: memory empty, the store has the rest
-        assert store.outbox.held() == 0
-        assert store.outbox.take("c", 10) == [(2, q("y.c", 2))]
-        assert store.outbox.take("b", 10) == []
-
-
-def test_an_aborted_write_leaves_memory_as_it_was(store):
+def test_an_aborted_write_skips_its_numbers_and_keeps_nothing(store):
     store.outbox.put([("b", q("x.b", 1))])
 
     def fails(txn):
@@ -197,37 +169,16 @@ def test_an_aborted_write_leaves_memory_as_it_was(store):
         raise RuntimeError("the transaction fails after its put")
 
     with pytest.raises(RuntimeError):
-        store._write_outbox(fails)
-    assert store.outbox.take("b", 10) == [(1, q("x.b", 1))] and store.outbox.held() == 1
+        store._env.write(fails)
+    assert store.outbox.take("b", 10) == [(1, q("x.b", 1))]
     assert store.outbox.put([("b", q("x.b", 3))]) == [3]  # the aborted seq is skipped
     assert store.outbox.take("b", 10, after=1) == [(3, q("x.b", 3))]
 
 
-def test_a_put_whose_commit_memory_was_not_told_of_drops_the_memory(store):
-    store.outbox.put([("b", q("x.b", 1))])
-    store._env.write(lambda txn: store.outbox._put_in(txn, [("b", q("x.b", 2))]))  # a write that tells nothing
-    assert store.outbox.take("b", 10) == [(1, q("x.b", 1)), (2, q("x.b", 2))]  # read from the store
-    assert store.outbox.memory_drops == 1 and store.outbox.held() == 0
-    store.outbox.put([("b", q("x.b", 3))])  # memory again from there on
-    assert store.outbox.held() == 1
-    assert store.outbox.take("b", 10, after=2) == [(3, q("x.b", 3))]
-
-
-def test_reroute_takes_moved_entries_out_of_memory(store):
+def test_reroute_gives_moved_entries_new_numbers_under_their_new_owner(store):
     store.outbox.put([("b", q("h1", 1)), ("b", q("h2", 2)), ("b", q("h3", 3))])
     owners = {"h1": "b", "h2": "d", "h3": "me"}
     moved, mine = store.reroute(owners.__getitem__, "me")
     assert moved == {"d": 1} and mine == [q("h3", 3)]
-    assert store.outbox.held() == 2  # h1 for b, and h2 again for d under its new seq
     assert store.outbox.take("b", 10) == [(1, q("h1", 1))]
     assert store.outbox.take("d", 10) == [(4, q("h2", 2))]
-
-
-def test_memory_is_bounded_and_the_store_answers_past_it(store, monkeypatch):
-    monkeypatch.setattr("storage._outbox.MEMORY_ENTRIES", 5)
-    store.outbox.put([("b", q("x.b", n)) for n in range(4)] + [("c", q("y.c", n)) for n in range(3)])
-    assert store.outbox.held() <= 5 and store.outbox.memory_drops == 1  # b's four went (the largest)
-    assert [i for _s, i in store.outbox.take("b", 10)] == [q("x.b", n) for n in range(4)]
-    assert [i for _s, i in store.outbox.take("c", 10)] == [q("y.c", n) for n in range(3)]
-    store.outbox.put([("b", q("x.b", 9))])
-    assert store.outbox.take("b", 10, after=4) == [(8, q("x.b", 9))]
