@@ -64,28 +64,6 @@ def test_surt_is_the_general_key(url: str) -> None:
     assert surt(url) == surt_reference(url)
 
 
-@pytest.mark.parametrize("entry", [
-    CdxjEntry(url="http://a.test/p/1.html", timestamp="20261125230000", filename="peercrawl-1-00001.warc.gz",
-              offset=123, length=4567, status=200, mime="text/html", digest="ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"),
-    CdxjEntry(url="http://a.test/\u00e9?q=\"x\"", timestamp="20261125230000", filename="f.warc.gz", offset=0,
-              length=1, status=404, mime="text/plain", digest="D", truncated=True),
-    CdxjEntry(url="http://a.test/back\\slash", timestamp="20261125230000", filename="f.warc.gz", offset=0,
-              length=1, status=200, mime="unk", digest="D"),
-    CdxjEntry(url="http://a.test/x", timestamp="20261125230000", filename="f\x01.warc.gz", offset=0,
-              length=1, status=200, mime="te\u2028xt", digest="D", truncated=True),
-])
-def test_cdxj_line_is_json_dumps(entry: CdxjEntry) -> None:
-    line = cdxj_line(entry)
-    key, timestamp, blob = line.rstrip("\n").split(" ", 2)
-    fields = {"url": entry.url, "mime": entry.mime, "status": str(entry.status), "digest": entry.digest,
-              "length": str(entry.length), "offset": str(entry.offset), "filename": entry.filename}
-    if entry.truncated:
-        fields["truncated"] = "length"
-    assert blob == json.dumps(fields, ensure_ascii=False)
-    assert key == surt_reference(entry.url) and timestamp == entry.timestamp
-    assert parse_cdxj_line(line) == entry
-
-
 ENTRIES = [
     CdxjEntry(url="http://a.test/p/1.html", timestamp="20261125230000", filename="peercrawl-1-00001.warc.gz",
               offset=123, length=4567, status=200, mime="text/html", digest="ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"),
@@ -97,7 +75,24 @@ ENTRIES = [
               length=1, status=200, mime="text/html", digest="D", truncated=True),
     CdxjEntry(url="http://a.test/x", timestamp="20261125230000", filename="f.warc.gz", offset=9,
               length=1, status=200, mime="te\\xt", digest="D", truncated=False),
+    CdxjEntry(url="http://a.test/back\\slash", timestamp="20261125230000", filename="f.warc.gz", offset=0,
+              length=1, status=200, mime="unk", digest="D"),
+    CdxjEntry(url="http://a.test/x", timestamp="20261125230000", filename="f\x01.warc.gz", offset=0,
+              length=1, status=200, mime="te\u2028xt", digest="D", truncated=True),
 ]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_cdxj_line_is_json_dumps(entry: CdxjEntry) -> None:
+    line = cdxj_line(entry)
+    key, timestamp, blob = line.rstrip("\n").split(" ", 2)
+    fields = {"url": entry.url, "mime": entry.mime, "status": str(entry.status), "digest": entry.digest,
+              "length": str(entry.length), "offset": str(entry.offset), "filename": entry.filename}
+    if entry.truncated:
+        fields["truncated"] = "length"
+    assert blob == json.dumps(fields, ensure_ascii=False)
+    assert key == surt_reference(entry.url) and timestamp == entry.timestamp
+    assert parse_cdxj_line(line) == entry
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
