@@ -18,7 +18,7 @@ import lxml.html
 import pytest
 import trio
 
-from peerlab.localweb.bench import nginx_binary, start_bench_web
+from peerlab.localweb.bench import WIDE_WEB, nginx_binary, start_bench_web
 from peerlab.localweb.features import MIN_FEATURE_HOSTS
 from peerlab.localweb.graph import SiteGraph, loopback_address, page_path
 from peerlab.localweb.model import HostSpec, Link, Resource, idna_host, make_url, norm_path
@@ -548,9 +548,10 @@ def test_bench_web_serves_the_graph(tmp_path: Path, server: str) -> None:
 
 
 def test_a_wide_web_has_the_shape_it_was_asked_for() -> None:
-    graph = SiteGraph.generate(seed=4, hosts=200, pages_per_host=20, links_per_page=30, links_spread=6,
-                               cross_host_fraction=0.2, page_bytes=14_000, page_bytes_sigma=0.604, features=False,
-                               crawl_delay_fraction=0.05)
+    # the benchmarks' wide web (WIDE_WEB), on fewer hosts and pages
+    shape = {k: v for k, v in WIDE_WEB.items() if k not in ("hosts", "pages_per_host", "hosts_per_address")}
+    assert WIDE_WEB["hosts"] == 2000 and WIDE_WEB["pages_per_host"] == 50 and WIDE_WEB["hosts_per_address"] == 31
+    graph = SiteGraph.generate(seed=4, hosts=200, pages_per_host=20, features=False, **shape)
     pages = [graph._page(spec, j) for spec in graph.hosts for j in range(20)]
     counts = [len(p.links) for p in pages]
     assert min(counts) == 24 and max(counts) == 36

@@ -47,7 +47,7 @@ from typing import Any
 
 import psutil
 
-from peerlab.localweb.bench import BenchWeb, start_bench_web
+from peerlab.localweb.bench import WIDE_WEB, BenchWeb, start_bench_web
 
 BENCH_DOMAIN = "web.test"
 TARGET_CPU_RATIO = 10.0
@@ -411,10 +411,12 @@ def main() -> None:
                         "16.8 KB), 24-36 links (80%% on the same host), 31 hosts per address, 5%% Crawl-delay 2")
     args = p.parse_args()
     if args.wide_web:
-        # mean / median = exp(sigma^2 / 2) = 16.8 / 14
-        args.hosts, args.pages_per_host, args.page_bytes, args.page_sigma = 2000, 50, 14_000, 0.604
-        args.links_per_page, args.links_spread, args.cross_host = 30, 6, 0.2
-        args.crawl_delay_fraction, args.hosts_per_address = 0.05, 31
+        w = WIDE_WEB
+        args.hosts, args.pages_per_host, args.page_bytes, args.page_sigma = (
+            w["hosts"], w["pages_per_host"], w["page_bytes"], w["page_bytes_sigma"])
+        args.links_per_page, args.links_spread, args.cross_host = (
+            w["links_per_page"], w["links_spread"], w["cross_host_fraction"])
+        args.crawl_delay_fraction, args.hosts_per_address = w["crawl_delay_fraction"], w["hosts_per_address"]
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     if not stores or any(s not in ("warc", "none") for s in stores):
         p.error(f"--stores takes warc and/or none, got {args.stores!r}")

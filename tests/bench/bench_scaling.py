@@ -30,7 +30,9 @@ the source tree SRC (put first on PYTHONPATH; say an unpacked ``git archive main
 one run.
 
 The web is ``peerlab.localweb.bench`` (nginx, ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with about 30
-links each; its names come from ``peerlab.localweb.dns_server``). First one node crawls it to the end
+links each, 30% to other hosts; its names come from ``peerlab.localweb.dns_server``); ``--wide-web`` crawls
+issue 19's wide web instead (``WIDE_WEB``: 2,000 hosts x 50 pages, log-normal pages of median 14 KB, 24-36
+links with 20% to other hosts, 31 hosts per address, 5% of hosts with Crawl-delay 2). First one node crawls it to the end
 (``--exit-when-done``); then two nodes of equal weight (the second joins the first) crawl a fresh copy of the
 same crawl, each process with its own data dir. Measured from outside: wall time from the first start to the
 last exit, CPU of each node from its rusage, pages from each node's final counters. The figure is the ratio of
@@ -55,13 +57,21 @@ from pathlib import Path
 from typing import Any
 
 from peer.control import auth_headers
-from peerlab.localweb.bench import BenchWeb, start_bench_web
+from peerlab.localweb.bench import WIDE_WEB, BenchWeb, start_bench_web
 
 import psutil
 
 from .bench_crawl import BENCH_DOMAIN, _cpu_seconds, _final_stats, _start_dns, _stop
 
 SECRET = "bench-scaling-cluster-secret"
+
+
+def _bench_web(args: argparse.Namespace) -> contextlib.AbstractContextManager[BenchWeb]:
+    """The benchmark web of --hosts x --pages-per-host pages, or with --wide-web issue 19's wide web."""
+    if args.wide_web:
+        return start_bench_web(**WIDE_WEB)  # type: ignore[arg-type]
+    return start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
+                           links_per_page=args.links_per_page, page_bytes=args.page_bytes)
 
 
 def _node_cmd(name: str, data: Path, seeds: Path, dns_port: int, args: argparse.Namespace,
@@ -364,8 +374,7 @@ def together(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="peercrawl-bench-together-") as tmp:
         workdir = Path(args.keep) if args.keep else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        with start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
-                             links_per_page=args.links_per_page, page_bytes=args.page_bytes) as web:
+        with _bench_web(args) as web:
             dns, dns_port = _start_dns(web.zone, workdir)
             try:
                 print(f"web: {web.kind}, {args.hosts} hosts x {args.pages_per_host} pages, --store {args.store}; "
@@ -424,8 +433,13 @@ def main() -> None:
     p.add_argument("--page-processes", type=int, default=0,
                    help="--mode cores: the free node's --page-processes instead of page threads (0: threads); "
                         "--mode nodes (without --together): every node's --page-processes")
+    p.add_argument("--wide-web", action="store_true",
+                   help="crawl issue 19's wide web instead (2,000 hosts x 50 pages, log-normal pages of median 14 KB, "
+                        "24-36 links with 20%% to other hosts, 31 hosts per address, 5%% Crawl-delay 2)")
     args = p.parse_args()
     args.replicas = None
+    if args.wide_web:
+        args.hosts, args.pages_per_host = WIDE_WEB["hosts"], WIDE_WEB["pages_per_host"]
     if args.mode == "cores":
         return cores(args)
     if args.together:
@@ -438,8 +452,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="peercrawl-bench-scaling-") as tmp:
         workdir = Path(args.keep) if args.keep else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        with start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
-                             links_per_page=args.links_per_page, page_bytes=args.page_bytes) as web:
+        with _bench_web(args) as web:
             dns, dns_port = _start_dns(web.zone, workdir)
             cpus = ""
             if args.pin:
@@ -559,8 +572,7 @@ def cores(args: argparse.Namespace) -> None:
                  for label, cpus, threads, processes in configs[:2]]
     with tempfile.TemporaryDirectory(prefix="peercrawl-bench-cores-") as tmp:
         workdir = Path(tmp)
-        with start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
-                             links_per_page=args.links_per_page, page_bytes=args.page_bytes) as web:
+        with _bench_web(args) as web:
             dns, dns_port = _start_dns(web.zone, workdir)
             try:
                 print(f"web: {web.kind}, {args.hosts} hosts x {args.pages_per_host} pages, --store {args.store}; "
