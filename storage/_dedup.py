@@ -15,7 +15,7 @@ from sortedcontainers import SortedSet
 
 from ._closing import Closing
 from ._keys import arc_ranges
-from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
+from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv, put_keys
 
 __all__ = ["DEDUP_DB", "DedupStore", "MemoryDedupStore"]
 
@@ -71,9 +71,7 @@ class DedupStore(Closing):
 
     def _insert_in(self, txn: lmdb.Transaction, keys: Iterable[bytes]) -> int:
         """`insert` inside a caller's transaction (sorted keys share leaf pages); how many were new."""
-        _consumed, added = txn.cursor(self._db).putmulti([(key, _EMPTY) for key in keys], dupdata=False,
-                                                         overwrite=False)
-        return int(added)
+        return put_keys(txn, self._db, keys)
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, bytes) or not key:

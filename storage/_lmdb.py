@@ -27,7 +27,7 @@ import errno
 import os
 import struct
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -35,7 +35,7 @@ import lmdb
 
 from ._errors import StorageError
 
-__all__ = ["DEFAULT_MAP_SIZE", "MAX_MAP_SIZE", "LmdbEnv", "check_data_file"]
+__all__ = ["DEFAULT_MAP_SIZE", "MAX_MAP_SIZE", "LmdbEnv", "check_data_file", "put_keys"]
 
 T = TypeVar("T")
 
@@ -85,6 +85,13 @@ _META = struct.Struct("<QHHHH II QQ I4x40x I44x QQ")
 _MAGIC = 0xBEEFC0DE
 _DATA_VERSION = 1
 _CORRUPT_ERRORS = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError)
+
+
+def put_keys(txn: lmdb.Transaction, db: object, keys: Iterable[bytes]) -> int:
+    """Store `keys` in `db` with empty values, keeping those already there, in one `putmulti` (sorted keys share
+    leaf pages); return how many were new."""
+    _consumed, added = txn.cursor(db).putmulti([(key, b"") for key in keys], dupdata=False, overwrite=False)
+    return int(added)
 
 
 def _what_to_do(data: str) -> str:

@@ -17,7 +17,7 @@ from ._closing import Closing
 from ._dedup import DEDUP_DB, DedupStore, MemoryDedupStore
 from ._frontier import FRONTIER_DBS, FrontierStore
 from ._keys import arc_ranges, host_position_bytes, url_fingerprint
-from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
+from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv, put_keys
 from ._memfrontier import MemoryFrontierStore
 from ._outbox import OUTBOX_DB, Outbox
 from ._records import HostState, QueuedUrl
@@ -36,7 +36,6 @@ FETCHED_JOURNAL_DB = b"fetched_journal"
 #: Journaled keys that make `mark_fetched` fold them into FETCHED_DB (16 bytes each; about 20 ms of one
 #: transaction, every half minute of a node fetching 600 pages a second).
 FETCHED_FOLD = 16_384
-_EMPTY = b""
 _KEY_SIZE = 16  # a dedup key: ring position (8) + URL fingerprint (8)
 _ALL = [(b"\x00" * 8, b"\xff" * 8)]
 
@@ -84,8 +83,6 @@ class NodeStore(Closing):
             map_size=map_size, max_map_size=max_map_size,
         )
         return cls(env)
-
-
 
     def _admit_in(self, txn: lmdb.Transaction, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
         fresh = self.dedup._add_new_in(txn, queued_url_keys(items))
@@ -243,9 +240,7 @@ class NodeStore(Closing):
         journal = self._env.db(FETCHED_JOURNAL_DB)
         keys = sorted({raw[i:i + _KEY_SIZE] for _seq, raw in txn.cursor(journal)
                        for i in range(0, len(raw), _KEY_SIZE)})
-        if keys:
-            txn.cursor(self._env.db(FETCHED_DB)).putmulti([(key, _EMPTY) for key in keys], dupdata=False,
-                                                          overwrite=False)
+        put_keys(txn, self._env.db(FETCHED_DB), keys)
         txn.drop(journal, delete=False)
 
     def fetched_keys(self) -> Iterator[bytes]:

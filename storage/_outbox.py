@@ -14,7 +14,6 @@ Layout, one LMDB database `outbox` in the node's environment:
 An owner's entries are one key range in arrival order. Sequence numbers are never reused, and an entry that
 changes owner (a view change) gets a new one, so a sender that remembers "everything up to seq s was put in a
 batch" never misses a re-routed entry. The meta keys begin with NUL, which no node id does.
-
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ OutboxEntry = tuple[int, QueuedUrl]
 #: reservation does not). A restarted process starts above the last reservation, so numbers are never reused;
 #: the ones left unused are skipped.
 SEQ_BLOCK = 1 << 16
+
 
 def _owner_prefix(owner: str) -> bytes:
     if not owner or owner.startswith("\x00") or "\x00" in owner:
