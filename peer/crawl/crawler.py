@@ -53,6 +53,8 @@ _RETRY_STATUSES = frozenset((429, 503))
 #: URLs remembered as already answered by the dedup store (about 200 B each: 200,000 is about 40 MiB).
 #: Past it the memory starts over; the dedup store stays the authority, so that only costs look-ups.
 _SEEN_CACHE_SIZE = 200_000
+#: Host turns whose first URLs are taken from the store in one transaction (`Crawler._pop_first`).
+_POP_BATCH = 64
 
 
 #: A page larger than this is parsed in a worker thread even without ``parse_in_thread``: a million links take
@@ -443,10 +445,15 @@ class Crawler:
         owns = self.owns
         if owns is None:
             return 0
+        return self._put_back(lambda host: not owns(host))
+
+    def _put_back(self, which: Callable[[str], bool]) -> int:
+        """URLs parked for the hosts `which` names, but not for a host whose turn is under way, go back to their
+        queues. Returns how many."""
         back = []
         for host in list(self._pending):
             t = self.sched.turns.get(host)
-            if not owns(host) and not (t is not None and t.busy):
+            if which(host) and not (t is not None and t.busy):
                 back.append(self._pending.pop(host))
         return self.frontier.requeue(back)
 
@@ -557,12 +564,15 @@ class Crawler:
 
     async def drain(self, timeout: float) -> bool:
         """Stop starting host turns and wait up to ``timeout`` for the fetches under way to finish, so a
-        clean stop re-fetches nothing after a restart. True if nothing was left in progress."""
+        clean stop re-fetches nothing after a restart. True if nothing was left in progress. URLs parked for a
+        later turn (taken with others for turns not started, or waiting for their host's robots.txt) go back to
+        their queues: in flight at the stop, each would count as a crash against it at the next start."""
         self._draining = True
         self._wakeup.set()
         with trio.move_on_after(timeout):
             while self.active:
                 await trio.sleep(0.01)
+        self._put_back(lambda host: True)
         return self.active == 0
 
     async def _dispatch(self, send: trio.MemorySendChannel[HostTurn]) -> None:
@@ -578,17 +588,14 @@ class Crawler:
             now = trio.current_time()
             if sched.spilled and sched.room() >= self._refill_room:
                 self._refill(now)
-            turn = sched.pop_ready(now)
-            if turn is not None:
-                if turn.next_allowed > now:  # a hand-off moved its timer after it was queued
-                    sched.release(turn, now, more_work=True)
-                elif self.owns is not None and not self.owns(turn.host):
-                    self._let_go(turn)
-                elif self.ownership.blocked(turn.host):
-                    turn.next_allowed = now + _BLOCKED_RECHECK
-                    sched.release(turn, now, more_work=True)
-                else:
-                    await send.send(turn)
+            turns = self._ready_turns(now)
+            if turns:
+                self._pop_first(turns)
+                for turn in turns:
+                    if self._draining:  # not started: its first URL goes back to its queue (drain)
+                        sched.release(turn, trio.current_time(), more_work=True)
+                    else:
+                        await send.send(turn)
                 continue
             if self.is_done():
                 self.done.set()
@@ -603,6 +610,40 @@ class Crawler:
             self._wakeup = trio.Event()
             with trio.move_on_after(wait):
                 await self._wakeup.wait()
+
+    def _ready_turns(self, now: float) -> list[HostTurn]:
+        """The host turns that may start now, as many as there are idle workers (at most _POP_BATCH). A ready
+        host that may not start after all goes back to the scheduler (its timer moved by a hand-off, moved to
+        another node, or its arc's hand-off still awaited)."""
+        sched = self.sched
+        turns: list[HostTurn] = []
+        turn = sched.pop_ready(now)
+        room = min(_POP_BATCH, max(1, self.cfg.concurrency - self.active))
+        while turn is not None:
+            if turn.next_allowed > now:  # a hand-off moved its timer after it was queued
+                sched.release(turn, now, more_work=True)
+            elif self.owns is not None and not self.owns(turn.host):
+                self._let_go(turn)
+            elif self.ownership.blocked(turn.host):
+                turn.next_allowed = now + _BLOCKED_RECHECK
+                sched.release(turn, now, more_work=True)
+            else:
+                turns.append(turn)
+            if len(turns) >= room:
+                break
+            turn = sched.pop_ready(now)
+        return turns
+
+    def _pop_first(self, turns: list[HostTurn]) -> None:
+        """Take the first URL of each of these turns in one store transaction, not one each: the turn finds it
+        parked, as a URL waiting for its robots.txt (a host's pop is a durable write, and its commit cost about
+        as much as the pop itself)."""
+        hosts = [t.host for t in turns if t.host not in self._pending]
+        if len(hosts) < 2:
+            return  # the turn pops its own
+        for host, item in zip(hosts, self.frontier.pop_many(hosts)):
+            if item is not None:
+                self._pending[host] = item
 
     async def _worker(self, recv: trio.MemoryReceiveChannel[HostTurn]) -> None:
         async with recv:
