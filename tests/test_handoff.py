@@ -12,12 +12,13 @@ from collections import Counter
 import pytest
 import trio
 
+from peer.cluster.backups import QueueReplicas
 from peer.cluster.handoff import Alone, Handoff, HandoffConfig, handoff_arcs
 from peer.cluster.peerlinks import PeerLinks
 from peer.cluster.transport import MemoryNetwork
-from protocol import HandoffAck, HandoffAsk, HandoffChunk, Limits, Message, decode_body, encode_body
+from protocol import HandoffAck, HandoffAsk, HandoffChunk, Limits, Message, QueueReplica, decode_body, encode_body
 from ring import RING_SPACE, ArcMove, Ring, diff, host_position
-from storage import HostState, NodeStore, QueuedUrl, in_arc, url_key
+from storage import HostState, NodeStore, QueuedUrl, in_arc, queued_url_keys, url_key
 
 OLD = Ring({"a": 1}, points_per_weight=1)
 NEW = Ring({"a": 1, "b0": 1}, points_per_weight=1)
@@ -546,6 +547,57 @@ async def test_a_transfer_waits_for_the_fetches_in_flight_in_its_arcs(stores, au
         assert a.outstanding() == 0 and not b.blocked(host_position(host_in))
         nursery.cancel_scope.cancel()
     assert store_b.frontier.get_state(host_in).next_allowed >= WALL0 + 50.0
+
+
+async def test_pages_the_new_owner_released_here_stay_seen_after_the_drop(stores, autojump_clock):
+    """The old owner of an arc is often the new owner's backup, and its heir. The new owner fetches URLs it got
+    queued in the transfer and releases them to its backups, which marks them seen here; the drop at the last
+    ack took those marks with the keys of the queued URLs sent, and at the new owner's death the heir fetched
+    the pages again though none was under way (the replica simulation, seeds 4 and 7). Marks that come while
+    the transfer waits to start or waits for its acks stay; the keys of URLs still queued there go."""
+    store_a, store_b = stores
+    items, _ = fill(store_a, hosts=40)
+    moving = [i for i in items if moves(host_position(i.host))]
+    early, late, queued_there = queued_url_keys(moving[:3])
+    fetching = [host_position(moving[0].host)]
+    async with trio.open_nursery() as nursery:
+        net = Net(nursery)
+
+        class Fetching(Alone):
+            def busy_positions(self) -> list[int]:
+                return list(fetching)
+
+        a = net.nodes["a"] = Handoff("a", store_a, net.links("a"), config=CONFIG, wall_clock=wall,
+                                     delegate=Fetching("a"))
+        b = net.nodes["b0"] = Handoff("b0", store_b, net.links("b0"), config=CONFIG, wall_clock=wall)
+        # "a" backs "b0": the releases "b0" sends land in its store (and its replicas' acks go nowhere here)
+        backup = QueueReplicas("a", store_a, net.links("a"), ring_of=lambda: (1, NEW), copies=1, wall_clock=wall)
+        backup.on_marked = a.marked_seen
+
+        def release(seq: int, key: bytes) -> None:
+            assert backup.on_message("b0", QueueReplica(seq=seq, epoch=1, urls=(), released=(key,), hosts=()))
+            store_a.replicas.fold()  # as any read of the replicas does: the key is marked seen now
+            assert key in store_a.dedup
+
+        a.view_changed(1, OLD, NEW)
+        b.view_changed(1, OLD, NEW)
+        net.drop = lambda sender, peer, message: isinstance(message, HandoffAck)
+        await nursery.start(a.run)
+        await trio.sleep(1.0)
+        assert net.log == [] and a.outstanding() == 1  # waiting for the fetch in flight in its arcs
+        release(1, early)
+        fetching.clear()
+        await trio.sleep(1.0)
+        assert b.pending_arcs() == [] and {early, late, queued_there} <= set(store_b.dedup.scan(0, 0))
+        release(2, late)  # chunks applied, their acks not here yet
+        net.drop = lambda sender, peer, message: False
+        await trio.sleep(CONFIG.resend_after + 1.0)
+        assert a.outstanding() == 0 and a.transfers_completed == 1
+        assert queued(store_a) == Counter((i.url, i.host, i.depth, i.hops, i.found_on) for i in items
+                                          if not moves(host_position(i.host)))
+        assert early in store_a.dedup and late in store_a.dedup
+        assert queued_there not in store_a.dedup  # a URL still queued at the new owner: its key left with it
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_transfer_to_a_newer_ring_waits_for_older_transfers_to_any_peer(stores) -> None:

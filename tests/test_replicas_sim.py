@@ -129,7 +129,9 @@ def _restore_figures(sim: ClusterSim) -> dict:
     return {"restore_max_s": max(times, default=0.0), "restore_views": len(times)}
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+# Seeds 4 and 7 repeated pages the victim had fetched 13-17 s before its kill: its backup had been the arc's
+# previous owner, and the drop that ended that hand-off took the marks of the pages released to it meanwhile.
+@pytest.mark.parametrize("seed", [1, 2, 4, 7])
 def test_permanent_kills_one_at_a_time_lose_no_url_with_one_replica(seed: int) -> None:
     web = make_web(seed, hosts=250)
     expected = web.reachable(web.seeds)

@@ -174,6 +174,9 @@ class QueueReplicas:
         # only then, so no backup holds a page as seen while the links it queued may be lost with this node; with
         # the backups the release went to (they mark the key seen with it)
         self.on_released: Callable[[QueuedUrl, bytes, frozenset[str]], None] | None = None
+        # called with the keys a peer's replica marks seen here (its releases and fetched pages' marks): the
+        # hand-off keeps them through the drop of arcs it is handing over (`Handoff.marked_seen`)
+        self.on_marked: Callable[[Sequence[bytes]], None] | None = None
         # releases waiting for their page's links: ({owner: outbox seq at the commit}, the links' ticket, URL)
         self._releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]] = []
         # Whether a held release may have become ready since `_stage_releases` last looked: a release waits for
@@ -656,6 +659,8 @@ class QueueReplicas:
         if fold:
             self._journaled_at = None
         self._held_epoch = max(self._held_epoch, message.epoch)
+        if released and self.on_marked is not None:
+            self.on_marked(released)
         self.urls_held += len(items)
         self.releases_held += len(released)
         # committed: it survives this process's death (the note after FULL says why no fsync waits before the ack)

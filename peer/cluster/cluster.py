@@ -199,6 +199,9 @@ class Cluster:
         # the hand-off asks the cluster (its delegate) what is busy, who owns what, and where keys go
         self.handoff = Handoff(node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait),
                                wall_clock=wall_clock, delegate=self)
+        # seen marks that peers' replicas leave here stay through the drop of an arc being handed over: this node
+        # is often the backup of the arc's new owner, and its heir
+        self.backups.on_marked = self.replicas.on_marked = self.handoff.marked_seen
         # per-address limits held fleet-wide: this node owns the addresses the ring gives it and lends their
         # lanes (peer/cluster/lanes.py); the crawler borrows through it
         self._lanes_file = Path(cfg.data_dir) / LANES_FILE

@@ -2,8 +2,9 @@
 
 DESIGN decision 6: the queued URLs, the seen-URL keys and the hosts' politeness state of an arc go to its new
 owner in `HandoffChunk`s; the old owner keeps all of it until every chunk of the arc is acknowledged, and only
-then deletes it. The receiver applies chunks idempotently and acknowledges only after `sync()`, so a lost
-chunk, a lost ack, a re-send and a receiver restart all end with each URL queued once at the new owner.
+then deletes it (but the seen keys of fetched pages: those it sent, and those marked here meanwhile as the new
+owner's backup, `marked_seen`). The receiver applies chunks idempotently and acknowledges only after `sync()`,
+so a lost chunk, a lost ack, a re-send and a receiver restart all end with each URL queued once at the new owner.
 
 Why the receiver can apply chunks in any order and any number of times: queued URLs go through `store.admit`
 (dedup + frontier in one transaction), and the seen keys sent are those of the arc *minus* the keys of the
@@ -478,6 +479,9 @@ class Handoff:
         self._transfers = 0
         # transfers not started yet: (transfer id, ring id, peer, arcs, the ring it hands off to (None: a sweep))
         self._waiting: list[tuple[int, int, str, _ArcSet, Ring | None]] = []
+        # transfer id -> (its arcs, the keys of pages fetched elsewhere marked seen here since it was queued that
+        # lie in them), for each transfer waiting, under way or being dropped: those keys stay after its drop
+        self._marked: dict[int, tuple[_ArcSet, set[bytes]]] = {}
         self._dropping = 0  # completed transfers whose arcs are being dropped from the store, a slice at a time
         self._hosts_here: np.ndarray | None = None  # positions of the hosts held here, while transfers start
         self._deferred = False  # transfers that may start were left for the next step
@@ -538,7 +542,7 @@ class Handoff:
         self._lost = plan.lost_set
         first = self._transfers + 1
         for peer in sorted(plan.by_peer):
-            self._waiting.append((self._next_transfer_id(), epoch, peer, plan.by_peer[peer], new))
+            self._queue(epoch, peer, plan.by_peer[peer], new)
         self._latest = {self._run << 40 | n for n in range(first, self._transfers + 1)}  # within `_lost`
         # A peer that asked for this ring before we adopted it hears "nothing more from me up to this ring" (an
         # empty transfer, after any earlier one to it) if this change gives it nothing of ours: a receiver that
@@ -573,14 +577,38 @@ class Handoff:
                 continue
             by_peer.setdefault(owner, set()).add(host_position(host))
         for peer, positions in sorted(by_peer.items()):
-            arcs = _ArcSet((position, (position + 1) % RING_SPACE) for position in positions)
-            self._waiting.append((self._next_transfer_id(), epoch, peer, arcs, None))
+            self._queue(epoch, peer, _ArcSet((position, (position + 1) % RING_SPACE) for position in positions), None)
         self._start_quiet()
         return sum(len(positions) for positions in by_peer.values())
 
     def _next_transfer_id(self) -> int:
         self._transfers += 1
         return self._run << 40 | self._transfers
+
+    def _queue(self, epoch: int, peer: str, arcs: _ArcSet, ring: Ring | None) -> None:
+        """A transfer of `arcs` to `peer` waits to start (`_start_quiet`); from now on the seen marks of its arcs
+        are kept for its drop (`marked_seen`)."""
+        transfer_id = self._next_transfer_id()
+        self._waiting.append((transfer_id, epoch, peer, arcs, ring))
+        if len(arcs):
+            self._marked[transfer_id] = (arcs, set())
+
+    def marked_seen(self, keys: Sequence[bytes]) -> None:
+        """Keys of pages fetched elsewhere were just marked seen here: this node is a backup of their owner (a
+        page's release, a seen-key replica). Those in the arcs of a transfer waiting, under way or being dropped
+        stay after its drop, as the keys of fetched pages it sent do.
+
+        Why: the drop takes the arcs' seen keys but those sent as seen, and the keys of the URLs sent queued were
+        not. The new owner fetches such a URL and releases it to its backups, often this node (the arc's owner
+        before it); the release marked it seen here, then the drop took the mark, and at the new owner's death
+        this node, its heir, fetched the page again though it was not under way (`h248.sim/` in the replica
+        simulation, seed 4: released here 40 ms before the end of a hand-off that took 2.4 s)."""
+        if not self._marked or not keys:
+            return
+        positions = np.frombuffer(b"".join(key[:_KEY_POSITION] for key in keys), dtype=">u8").astype(np.uint64)
+        for arcs, kept in self._marked.values():
+            inside = (arcs.locate(positions) >= 0).tolist()
+            kept.update(key for key, hit in zip(keys, inside) if hit)
 
     def _start_quiet(self) -> None:
         """Start the waiting transfers that may go now. A transfer waits while
@@ -828,11 +856,12 @@ class Handoff:
         """`peer_id` left or died: stop the transfers to it. Nothing is dropped: what they carried stays in
         this store, outside our arcs, and `sweep` sends it to the hosts' current owners. Returns how many."""
         gone = [tid for tid, t in self._outgoing.items() if t.peer == peer_id]
+        gone += [w[0] for w in self._waiting if w[2] == peer_id]
         for tid in gone:
-            del self._outgoing[tid]
-        waiting = len(self._waiting)
+            self._outgoing.pop(tid, None)
+            self._marked.pop(tid, None)
         self._waiting = [w for w in self._waiting if w[2] != peer_id]
-        return len(gone) + waiting - len(self._waiting)
+        return len(gone)
 
     def _release(self, peer_id: str, epoch: int) -> None:
         """A transfer from `peer_id` to the ring `epoch` is complete. If that is our current ring, the peer has
@@ -970,11 +999,13 @@ class Handoff:
         # Every chunk is durably at the new owner: only now does the arc's state leave this node, a few dozen
         # arcs per transaction with a checkpoint between, so a leaving node's thousands of arcs do not stall the
         # event loop. The keys of the URLs it queued go (they were not fetched here); the fetched pages' keys it
-        # sent stay.
+        # sent stay, and so do those marked seen here meanwhile as the new owner's backup (`marked_seen`: one
+        # set, which marks that come while the drop goes on join too).
         del self._outgoing[transfer.transfer_id]
         self._dropping += 1
         try:
-            keep = set(transfer.kept)
+            keep = self._marked.get(transfer.transfer_id, (None, set()))[1]
+            keep.update(transfer.kept)
             step = self.config.arcs_per_drop
             for i in range(0, len(transfer.arcs), step):
                 self.store.drop_arcs(transfer.arcs[i:i + step], keep)
@@ -985,6 +1016,7 @@ class Handoff:
             # node's drop of everything took 40-250 ms of the event loop.
         finally:
             self._dropping -= 1
+            self._marked.pop(transfer.transfer_id, None)
         self.transfers_completed += 1
         log.info("hand-off complete", extra={"peer": peer_id, "arcs": len(transfer.arcs), "chunks": transfer.made})
 

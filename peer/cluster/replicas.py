@@ -120,6 +120,9 @@ class SeenReplicas:
         # host -> (crawl delay, ready at (wall clock), failures): states of hosts owned elsewhere, to pass on
         self._states: dict[str, tuple[float, float, int, int, int]] = {}  # delay, ready, failures, pages, bytes
         self.apply_states = apply_states  # merge states of hosts owned here (the cluster: timers and store)
+        # called with the keys a peer's `SeenReplica` marks seen here: the hand-off keeps them through the drop of
+        # arcs it is handing over (`Handoff.marked_seen`)
+        self.on_marked: Callable[[Sequence[bytes]], None] | None = None
         self.wall_clock = wall_clock  # states travel as durations; kept here as wall-clock times
         self.states_passed_on = 0
         self._synced: Any = None  # the ring under which every recorded key was last sent to its backup
@@ -358,6 +361,8 @@ class SeenReplicas:
         if keys:
             self.store.dedup.insert(keys)
             self.keys_received += len(keys)
+            if self.on_marked is not None:
+                self.on_marked(keys)
         return True
 
     def status(self) -> dict[str, Any]:
