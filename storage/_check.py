@@ -155,9 +155,10 @@ def _release(data: str) -> None:
         _MADVISE(start, end - start, _MADV_DONTNEED)
 
 
-def check_store_in_child(path: str | os.PathLike[str], *, timeout: float) -> StoreCheck:
+def check_store_in_child(path: str | os.PathLike[str], *, timeout: float, bound: float | None = None) -> StoreCheck:
     """`check_store(path)` in a child process, at most `timeout` seconds. Raises `StorageError` when the store
-    is damaged (the child found it, or was killed by a signal reading it) or the check did not finish."""
+    is damaged (the child found it, or was killed by a signal reading it), `StoreCheckError` when the check did
+    not finish (the message names `bound`, the caller's whole time limit, if given, else `timeout`)."""
     where = os.fspath(path)
     data = os.path.join(where, "data.mdb")
     root = str(Path(__file__).resolve().parents[1])  # where the `storage` package is, for the child to import
@@ -168,7 +169,7 @@ def check_store_in_child(path: str | os.PathLike[str], *, timeout: float) -> Sto
         done = subprocess.run(command, capture_output=True, env=env, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         raise StoreCheckError(
-            f"the check of store file {data} did not finish within {timeout:g} s ({_progress(exc.stdout)} keys "
+            f"the check of store file {data} did not finish within {bound or timeout:g} s ({_progress(exc.stdout)} keys "
             "read); give it more time (store_check_timeout) or run `peerd check` with --store-check-timeout"
         ) from exc
     out = done.stdout.decode(errors="replace").splitlines()
@@ -291,7 +292,8 @@ def check_data_dir(data_dir: str | os.PathLike[str], *, timeout: float, remember
     results = []
     for store in stores_in(data_dir):
         try:
-            results.append(check_store_in_child(store, timeout=max(0.1, deadline - time.monotonic())))
+            results.append(check_store_in_child(store, timeout=max(0.001, deadline - time.monotonic()),
+                                                bound=timeout))
         except StoreCheckError:
             raise
         except StorageError as exc:
