@@ -18,6 +18,7 @@ import lmdb
 import pytest
 
 import storage._check as check_module
+from peer.node import NodeError, _marked_running
 from storage import (
     RUNNING,
     NodeStore,
@@ -171,3 +172,18 @@ def test_peerd_check_refuses_a_data_dir_in_use(tmp_path: Path) -> None:
     assert done.returncode == 2 and "is in use by a running node; stop it first" in done.stderr
     missing = peerd_check(tmp_path / "nowhere")
     assert missing.returncode == 2 and "no data dir at" in missing.stderr
+
+
+def test_the_node_keeps_the_marker_only_when_it_dies_or_a_store_fault_stopped_it(tmp_path: Path) -> None:
+    with _marked_running(tmp_path):
+        assert running_marker(tmp_path)["pid"] == os.getpid()
+    assert running_marker(tmp_path) is None  # a clean stop
+    with pytest.raises(ValueError), _marked_running(tmp_path):
+        raise ValueError("a bug, not the store's")
+    assert running_marker(tmp_path) is None  # unwound: the stores were closed
+    with pytest.raises(ExceptionGroup), _marked_running(tmp_path):
+        try:
+            raise StorageError("cannot write store at D: I/O error")
+        except StorageError as exc:
+            raise ExceptionGroup("tasks", [NodeError(str(exc))]) from exc
+    assert running_marker(tmp_path) is not None  # a store fault: the next start checks the stores
