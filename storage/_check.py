@@ -8,8 +8,8 @@ node whose store was damaged there would abort at every start. So:
   then every named database with a cursor from its first key to its last, every key and value read, the keys
   required in order and their count equal to the count in the database's header; a search from the root for
   every key it walked (the path a `get` takes, which a cursor walk does not); on a store that is not sound it
-  raises the `StorageError` that opening or reading it would. What it maps is handed back to the kernel as it
-  goes (`madvise`), so memory stays bounded on a store of any size.
+  raises the `StorageError` that opening or reading it would. What it maps is handed back to the kernel whenever
+  its file-backed memory passes 64 MiB (`madvise`), so its memory stays bounded on a store of any size.
 - `check_store_in_child(path, timeout=...)` runs that in a child process: a child killed by a signal (the abort)
   or reporting an lmdb error becomes that same `StorageError` ("store file D/data.mdb is corrupt (...); stop the
   node, move D aside ..."), naming LMDB's own last words; a child still reading at `timeout` is killed and the
@@ -55,8 +55,15 @@ __all__ = [
 
 #: The marker file in a data directory while a process uses its stores.
 RUNNING = "RUNNING"
-#: The child reports its progress and hands its mapped pages back every this many keys.
+#: The child reports its progress every this many keys.
 _PROGRESS_EVERY = 1 << 20
+#: ... and looks at its file-backed memory every this many keys (a read of /proc/self/statm, a few µs): past
+#: _MAPPED_BOUND it hands the store's mapped pages back to the kernel. A page cache with large folios maps a whole
+#: folio on a fault, so a count of keys alone says little about what is mapped (2^16 keys of a node store mapped
+#: about 100 MiB).
+_LOOK_EVERY = 1 << 12
+_MAPPED_BOUND = 64 << 20
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 #: At most this much of the child's stderr is kept (LMDB's assertion is its last line).
 _STDERR_TAIL = 4096
 _CHILD_FAILED = 3  # the child's exit status when it found damage and said so on stdout
@@ -78,6 +85,7 @@ class StoreCheck:
     bytes: int  # key and value bytes read
     file_bytes: int  # size of data.mdb
     seconds: float
+    peak_rss: int = 0  # the checking process's peak resident memory in bytes (0 where /proc does not say)
 
 
 def check_store(path: str | os.PathLike[str]) -> StoreCheck:
@@ -120,8 +128,20 @@ def check_store(path: str | os.PathLike[str]) -> StoreCheck:
         raise _fault("check", where, exc) from exc
     finally:
         env.close()
-    return StoreCheck(path=where, databases=len(names), keys=keys, bytes=size,
-                      file_bytes=os.path.getsize(data), seconds=round(time.monotonic() - started, 3))
+    return StoreCheck(path=where, databases=len(names), keys=keys, bytes=size, file_bytes=os.path.getsize(data),
+                      seconds=round(time.monotonic() - started, 3), peak_rss=_peak_rss())
+
+
+def _peak_rss() -> int:
+    """VmHWM of this process, in bytes (0 where there is no /proc)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+    return 0
 
 
 def _walk(txn: lmdb.Transaction, db: Any, *, dups: bool, data: str, name: bytes, progress: int) -> tuple[int, int]:
@@ -141,10 +161,21 @@ def _walk(txn: lmdb.Transaction, db: Any, *, dups: bool, data: str, name: bytes,
         previous = key
         count += 1
         size += len(key) + len(value)
-        if (progress + count) % _PROGRESS_EVERY == 0:
-            print(f"progress {progress + count}", flush=True)
-            _release(data)
+        if (progress + count) % _LOOK_EVERY == 0:
+            if _mapped() > _MAPPED_BOUND:
+                _release(data)
+            if (progress + count) % _PROGRESS_EVERY == 0:
+                print(f"progress {progress + count}", flush=True)
     return count, size
+
+
+def _mapped() -> int:
+    """File-backed (and shared) resident bytes of this process, from /proc/self/statm (0 where there is none)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[2]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _release(data: str) -> None:

@@ -70,7 +70,8 @@ def main() -> None:
               f"({keys / ref:,.0f} keys/s, {file_bytes / 1e6 / ref:,.1f} MB/s of data.mdb)")
         print(f"check in a child (walk + search of every key): {check.keys:,} keys, {check.bytes / 1e6:,.1f} MB in "
               f"{spent:.2f} s, {check.seconds:.2f} s of it reading ({check.keys / spent:,.0f} keys/s, "
-              f"{file_bytes / 1e6 / spent:,.1f} MB/s of data.mdb; {spent / ref:.2f}x the reference)")
+              f"{file_bytes / 1e6 / spent:,.1f} MB/s of data.mdb; {spent / ref:.2f}x the reference); the child's "
+              f"peak RSS {check.peak_rss / 2**20:,.0f} MiB (VmHWM; mapped pages handed back past 64 MiB)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
