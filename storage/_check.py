@@ -56,7 +56,7 @@ __all__ = [
 #: The marker file in a data directory while a process uses its stores.
 RUNNING = "RUNNING"
 #: The child reports its progress every this many keys.
-_PROGRESS_EVERY = 1 << 20
+_PROGRESS_EVERY = 1 << 16
 #: ... and looks at its file-backed memory every this many keys (a read of /proc/self/statm, a few µs): past
 #: _MAPPED_BOUND it hands the store's mapped pages back to the kernel. A page cache with large folios maps a whole
 #: folio on a fault, so a count of keys alone says little about what is mapped (2^16 keys of a node store mapped
@@ -115,7 +115,7 @@ def check_store(path: str | os.PathLike[str]) -> StoreCheck:
                     continue  # a plain key of the main database, not a named one: read above
                 flags = db.flags(txn)
                 count, read = _walk(txn, db, dups=bool(flags.get("dupsort")), data=data, name=name,
-                                    progress=keys)
+                                    progress=keys, ordered=not (flags.get("reverse_key") or flags.get("integerkey")))
                 keys += count
                 size += read
                 entries = int(txn.stat(db)["entries"])
@@ -144,14 +144,15 @@ def _peak_rss() -> int:
     return 0
 
 
-def _walk(txn: lmdb.Transaction, db: Any, *, dups: bool, data: str, name: bytes, progress: int) -> tuple[int, int]:
+def _walk(txn: lmdb.Transaction, db: Any, *, dups: bool, data: str, name: bytes, progress: int,
+          ordered: bool = True) -> tuple[int, int]:
     """Walk `db` first to last: (keys, bytes read). Every key is also searched for from the root, and must
-    come after the one before it."""
+    come after the one before it (in byte order: `ordered`, a database without LMDB's other key orders)."""
     walk, search = txn.cursor(db), txn.cursor(db)
     count = size = 0
     previous: bytes | None = None
     for key, value in walk.iternext(keys=True, values=True):
-        if previous is not None and (key < previous or (key == previous and not dups)):
+        if ordered and previous is not None and (key < previous or (key == previous and not dups)):
             raise StorageError(f"store file {data} is corrupt (database {name.decode(errors='replace')}: keys out "
                                f"of order after {count} keys); {_what_to_do(data)}")
         found = search.set_key_dup(key, value) if dups else search.set_key(key)
@@ -200,8 +201,8 @@ def check_store_in_child(path: str | os.PathLike[str], *, timeout: float, bound:
         done = subprocess.run(command, capture_output=True, env=env, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         raise StoreCheckError(
-            f"the check of store file {data} did not finish within {bound or timeout:g} s ({_progress(exc.stdout)} keys "
-            "read); give it more time (store_check_timeout) or run `peerd check` with --store-check-timeout"
+            f"the check of store file {data} did not finish within {bound or timeout:g} s ({_progress(exc.stdout):,} "
+            "keys read); give it more time (store_check_timeout) or run `peerd check` with --store-check-timeout"
         ) from exc
     out = done.stdout.decode(errors="replace").splitlines()
     last = out[-1] if out else ""
