@@ -113,6 +113,7 @@ class Config:
     warc_max_bytes: int = 1 << 30
     sync_interval: float = 1.0
     store_resident_mib: int = 256
+    store_check_timeout: float = 600.0
     # revisits
     revisit: bool = False
     revisit_min: float = 3600.0
@@ -237,6 +238,7 @@ FIELDS: dict[str, str] = {
     "store_types": "content types written to the page store",
     "warc_max_bytes": "the usual WARC file rotation size",
     "sync_interval": "how often stores are forced to disk (kill -9 loses nothing committed anyway); a peer's batch is acknowledged after the next sync, one fsync for all",
+    "store_check_timeout": "bound on the full read of the stores a start does after a run that did not stop cleanly (a crash, kill -9, power loss), in a child process, so damage LMDB would abort on is one clear error instead (0: no check)",
     "store_resident_mib": "file-backed memory (the store's mapped pages) the node holds before it hands them back to the kernel's page cache, checked 4 times a second: keeps RSS flat over a store of any size (0: never)",
     "revisit": "a crawl is one pass; on, every stored page is fetched again on an adaptive schedule",
     "revisit_min": "an hour (in seconds): the shortest revisit interval, for pages that change at every visit",
@@ -315,6 +317,9 @@ def _validate(cfg: Config) -> None:
                           f"{cfg.max_active_hosts} and {cfg.host_window_turns}")
     if cfg.delay < 0:
         raise ConfigError(f"delay must be >= 0, got {cfg.delay}")
+    if not (cfg.store_check_timeout >= 0 and math.isfinite(cfg.store_check_timeout)):
+        raise ConfigError(f"store_check_timeout must be a finite number of seconds >= 0 (0: no check), got "
+                          f"{cfg.store_check_timeout}")
     if cfg.max_crashes < 0:
         raise ConfigError(f"max_crashes must be >= 0 (0: never drop), got {cfg.max_crashes}")
     token = cfg.control_token

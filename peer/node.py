@@ -8,6 +8,8 @@ Data directory layout (docs/architecture.md has the full picture)::
     DIR/control.token the control endpoint's bearer token (mode 0600), for peerctl and the dashboard link
     DIR/dropped-urls.jsonl  URLs given up because the node stopped while fetching them max_crashes times in a row
     DIR/peer.addr     HOST:PORT peers dial (cluster nodes only), for --join and peerctl join --seed
+    DIR/RUNNING       written before the stores open, removed after they close: found at a start, the last run did
+                      not stop cleanly and the stores are read through in a child process first (storage/_check.py)
     DIR/settings.json the crawl settings last changed at runtime (scope, budgets, paused), kept over restarts
     DIR/state/        one LMDB environment: seen URLs, queued URLs, in-flight records, per-host politeness
     DIR/warc/         WARC files and their CDXJ indexes
@@ -25,7 +27,7 @@ import resource
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import AbstractAsyncContextManager, ExitStack, nullcontext
+from contextlib import AbstractAsyncContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -33,7 +35,15 @@ import trio
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from storage import PageStore, StorageError, open_page_store
+from storage import (
+    PageStore,
+    StorageError,
+    check_data_dir,
+    mark_running,
+    mark_stopped,
+    open_page_store,
+    running_marker,
+)
 
 from peer.cluster.cluster import Cluster, ClusterError
 from peer.cluster.discovery import DiscoveryError, srv_seeds
@@ -363,6 +373,8 @@ class Node:
         seeds = read_seeds(cfg)
         with ExitStack() as stack:
             _lock_data_dir(self.data_dir, self.node_id, stack)
+            await self._check_stores()
+            stack.enter_context(_marked_running(self.data_dir))  # its exit runs after the stores closed
             try:
                 store = stack.enter_context(open_node_store(
                     self.data_dir, cfg.dedup, expected=cfg.dedup_expected, fp_rate=cfg.dedup_fp_rate,
@@ -471,6 +483,34 @@ class Node:
                                                 "store_releases": self.store_releases,
                                                 "cpu_s": round(usage.ru_utime + usage.ru_stime, 3)})
         return 0
+
+    async def _check_stores(self) -> None:
+        """If the last run did not stop cleanly (DATA_DIR/RUNNING is there), read every store through in a child
+        process before opening one: damage LMDB would abort on (SIGABRT) is then one clear error and exit status
+        2, not a signal at every start. Bounded by `store_check_timeout` (0: no check)."""
+        try:
+            marker = running_marker(self.data_dir)
+        except StorageError as exc:
+            raise NodeError(str(exc)) from exc
+        if marker is None:
+            return
+        timeout = self.cfg.store_check_timeout
+        if not timeout:
+            log.warning("the last run did not stop cleanly; the store check is off (store_check_timeout 0)",
+                        extra={"previous_pid": marker.get("pid")})
+            return
+        log.info("the last run did not stop cleanly: checking the stores before opening them",
+                 extra={"previous_pid": marker.get("pid"), "previous_start": marker.get("started"),
+                        "timeout": timeout})
+        started = time.monotonic()
+        try:
+            checks = await trio.to_thread.run_sync(functools.partial(check_data_dir, self.data_dir, timeout=timeout))
+        except StorageError as exc:
+            raise NodeError(str(exc)) from exc
+        seconds = time.monotonic() - started
+        log.info("stores checked: sound", extra={
+            "seconds": round(seconds, 3), "keys": sum(c.keys for c in checks),
+            "file_bytes": sum(c.file_bytes for c in checks), "stores": [c.path for c in checks]})
 
     def _open_page_workers(self, pages: PageStore) -> AbstractAsyncContextManager[PageWorkers | None]:
         """The page worker processes of --page-processes N (none: a page's work is done inline). With WARC
@@ -610,6 +650,40 @@ class Node:
                 log.info("signal received, stopping", extra={"signal": signal.Signals(signum).name})
                 self.request_stop()
                 return
+
+
+@contextmanager
+def _marked_running(data_dir: Path) -> Iterator[None]:
+    """DATA_DIR/RUNNING while the stores are open. Removed when the node unwinds; kept when the process dies
+    without unwinding (a crash, kill -9, a power cut) and when a store fault stopped it, so that the next start
+    checks the stores first (`Node._check_stores`)."""
+    try:
+        mark_running(data_dir)
+    except StorageError as exc:
+        raise NodeError(str(exc)) from exc
+    try:
+        yield
+    except BaseException as exc:
+        if not _store_fault(exc):
+            mark_stopped(data_dir)
+        raise
+    mark_stopped(data_dir)
+
+
+def _store_fault(exc: BaseException) -> bool:
+    """Whether a StorageError is among `exc`, the exceptions it groups and their causes (a bounded walk)."""
+    todo, seen = [exc], set()
+    while todo and len(seen) < 1000:
+        error = todo.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, StorageError):
+            return True
+        if isinstance(error, BaseExceptionGroup):
+            todo.extend(error.exceptions)
+        todo.extend(e for e in (error.__cause__, error.__context__) if e is not None)
+    return False
 
 
 async def run_node(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> int:

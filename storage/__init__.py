@@ -8,6 +8,18 @@ The on-disk layout and the durability model are in docs/storage.md.
 from ._bloom import BloomDedup
 from ._cache import LruTtlCache
 from ._cdxj import surt
+from ._check import (
+    RUNNING,
+    StoreCheck,
+    StoreCheckError,
+    check_data_dir,
+    check_store,
+    check_store_in_child,
+    mark_running,
+    mark_stopped,
+    running_marker,
+    stores_in,
+)
 from ._dedup import DedupStore, MemoryDedupStore
 from ._dedup_alt import FingerprintSetDedup, UrlSetDedup, md5_key
 from ._digittree import DigitTreeDedup
@@ -36,6 +48,16 @@ from .dedup_kinds import DEDUP_KINDS, DedupUnsupported, LmdbDedup, open_dedup
 
 __all__ = [
     "RING_SIZE",
+    "RUNNING",
+    "StoreCheck",
+    "StoreCheckError",
+    "check_data_dir",
+    "check_store",
+    "check_store_in_child",
+    "mark_running",
+    "mark_stopped",
+    "running_marker",
+    "stores_in",
     "BuiltPage",
     "DedupStore",
     "FrontierStore",

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
+import faulthandler
+import fcntl
 import importlib
 import json
 import os
 import sys
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 
 import trio
@@ -26,7 +30,7 @@ from peer.control import dashboard_address
 from peer.crawl.pageworkers import PageWorkerError, settle_collector
 from peer.log import setup_logging
 from peer.node import NodeError, run_node
-from storage import StorageError
+from storage import RUNNING, StorageError, check_data_dir, mark_stopped, running_marker
 
 __all__ = ["peerd_main", "peerctl_main"]
 
@@ -36,6 +40,7 @@ PEERD_EPILOG = textwrap.dedent(
       peerd start --weight 150 --seed https://example.org/ --data-dir /var/lib/peercrawl \\
                   --contact https://example.org/crawler-info
       peerd start --config peerd.toml --exit-when-done
+      peerd check --data-dir /var/lib/peercrawl       # read the stopped node's stores through: exit 0 when sound
 
     Settings come from built-in defaults < --config TOML < PEERCRAWL_* environment < flags.
     `peerd config` prints the effective settings with the reason for each default.
@@ -73,6 +78,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--listen", help="peer address HOST:PORT")
     g.add_argument("--control", help="control/metrics address HOST:PORT; port 0 picks one")
     g.add_argument("--data-dir", dest="data_dir", help="directory for all durable state")
+    g.add_argument("--store-check-timeout", dest="store_check_timeout", type=float, metavar="SECONDS",
+                   help="bound on the check of the stores at a start after a run that did not stop cleanly "
+                        "(0: no check)")
     k = p.add_argument_group("cluster (a node without a secret runs standalone)")
     g.add_argument("--control-token-file", dest="control_token_file", metavar="FILE",
                    help="file holding the control endpoint's token; without a token set, control stays on loopback")
@@ -193,6 +201,9 @@ def _config_from(args: argparse.Namespace):
 def _peerd_start(args: argparse.Namespace) -> int:
     cfg = _config_from(args)
     setup_logging(cfg.log_level, cfg.log_format)
+    # A fatal signal (an LMDB assertion's SIGABRT, a SIGSEGV in a C library) prints every thread's Python stack
+    # to stderr, the node's log, before the process dies: the reason is in the log, not only an exit status.
+    faulthandler.enable(all_threads=True)
     settle_collector()  # the node's, as each page worker's
     return trio.run(run_node, cfg)
 
@@ -207,6 +218,44 @@ def _peerd_config(args: argparse.Namespace) -> int:
         else:
             shown = json.dumps(value)
         print(f"{f.name} = {shown}    # {FIELDS.get(f.name, '')}")
+    return 0
+
+
+def _peerd_check(args: argparse.Namespace) -> int:
+    """Read every store of a stopped node's data dir through, each in a child process (as a start does after a
+    run that did not stop cleanly); exit 0 when all are sound, 2 with the store's error when one is not."""
+    cfg = _config_from(args)
+    data_dir = Path(cfg.data_dir)
+    if not data_dir.is_dir():
+        raise CliError(f"no data dir at {data_dir}")
+    timeout = cfg.store_check_timeout or DEFAULTS["store_check_timeout"]
+    try:
+        fd = os.open(data_dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise CliError(f"data dir {data_dir}: {exc.strerror or exc}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            raise CliError(f"data dir {data_dir} is in use by a running node; stop it first (the check reads "
+                           "the whole store and must not race its writes)") from exc
+        unclean = running_marker(data_dir) is not None
+        checks = check_data_dir(data_dir, timeout=timeout, remembered=False)
+        for c in checks:
+            rate = c.keys / c.seconds if c.seconds else 0.0
+            mb = c.bytes / 1e6
+            print(f"{c.path}: sound: {c.keys:,} keys in {c.databases} databases, {mb:,.1f} MB of keys and values "
+                  f"read in {c.seconds:.2f} s ({rate:,.0f} keys/s; data.mdb {c.file_bytes / 1e6:,.1f} MB)")
+        if not checks:
+            print(f"{data_dir}: no store yet (nothing to check)")
+        if unclean:
+            mark_stopped(data_dir)
+            print(f"{data_dir / RUNNING} removed: the last run did not stop cleanly, and its stores are sound; "
+                  "the next start opens them without checking again")
+    finally:
+        os.close(fd)
     return 0
 
 
@@ -227,6 +276,19 @@ def peerd_main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("config", help="print the effective settings and why each default is what it is")
     _add_node_flags(p)
     p.set_defaults(func=_peerd_config)
+    p = sub.add_parser(
+        "check", help="read a stopped node's stores through and say whether they are sound (exit 0) or not (2)",
+        description="Read every LMDB store in the data dir through, each in a child process: every database, "
+        "every key and value, each key also searched for from the root. A store LMDB cannot read (it reports "
+        "damage, or aborts on it) is reported in one line naming the file and what to do; the node must be "
+        "stopped. Example: peerd check --data-dir /var/lib/peercrawl")
+    p.add_argument("--config", metavar="FILE", help="TOML file with settings (for data_dir)")
+    p.add_argument("--data-dir", dest="data_dir", help="the node's data directory")
+    p.add_argument("--store-check-timeout", dest="store_check_timeout", type=float, metavar="SECONDS",
+                   help="give up after this long")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    _add_defaults(p)
+    p.set_defaults(func=_peerd_check)
     args = parser.parse_args(argv)
     return _run(args, "peerd")
 

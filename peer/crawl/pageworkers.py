@@ -43,6 +43,7 @@ fields as plain tuples, read in place from the node's buffer.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
 import multiprocessing
@@ -222,6 +223,7 @@ def _serve(sock: socket.socket, work: Callable[[PageJob], Any], slot: int = 0,
     """A worker process's life: answer each job in order until the node closes the socket."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    faulthandler.enable(all_threads=True)  # a fatal signal (lxml, LMDB) prints this worker's Python stack first
     own = None if writer is None else _OwnWarc(writer, slot)  # before the ready word: a failure is a failed start
     settle_collector()
     try:

@@ -23,6 +23,7 @@ args_for() {
         bench_membership_scale) echo "--sizes 10 100 --seconds 10" ;;  # 1,000 nodes: about an hour, by hand
         bench_dispatch_scale) echo "--seconds 30" ;;
         bench_storage) echo "--n 200000" ;;
+        bench_storecheck) echo "--urls 200000" ;;  # docs: the default, 10^6 queued URLs (about 30 s)
         bench_memory) echo "--urls 1000000 --hosts 100000" ;;  # docs: the defaults, 10^7 URLs (about 15 min)
         bench_dedup_study) echo "--n 87000" ;;
         bench_dns_study) echo "--lookups 200000 --names 20000 --blocking-seconds 10 --async-prefix 50000
