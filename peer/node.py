@@ -448,6 +448,8 @@ class Node:
                 except (OSError, ValueError) as exc:
                     raise ConfigError(f"control token: {exc}") from exc
                 async with trio.open_nursery() as nursery:
+                    # SIGTERM and SIGINT stop the node cleanly from before control.addr says it is up
+                    await nursery.start(self._watch_signals)
                     chost, cport = parse_address(cfg.control, "control")
                     if configured is None and not _is_loopback(chost):
                         # A token nobody chose is only in this data dir: then only this machine may ask.
@@ -462,7 +464,6 @@ class Node:
                     nursery.start_soon(self._housekeeping, pages)
                     nursery.start_soon(self._bound_store_pages, store)
                     nursery.start_soon(self._sample)
-                    nursery.start_soon(self._watch_signals)
                     if cluster is not None:
                         await nursery.start(cluster.run)
                         (self.data_dir / "peer.addr").write_text(f"{cluster.address}\n")
@@ -644,8 +645,9 @@ class Node:
             if self.watch is not None:
                 self.watch.sample(trio.current_time())
 
-    async def _watch_signals(self) -> None:
+    async def _watch_signals(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
             async for signum in signals:
                 log.info("signal received, stopping", extra={"signal": signal.Signals(signum).name})
                 self.request_stop()

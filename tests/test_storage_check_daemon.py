@@ -1,6 +1,7 @@
-"""A real `peerd`'s DATA_DIR/RUNNING marker over its lifetime: a clean stop removes it; a SIGKILL or an abort
-(SIGABRT) leaves it, and the next start reads the stores through in a child first, logs what it read, and goes
-on. An abort prints the Python stack to the node's log (faulthandler)."""
+"""A real `peerd`'s DATA_DIR/RUNNING marker over its lifetime: a clean stop (`peerctl stop`, or a SIGTERM even the
+moment control.addr appears) removes it; a SIGKILL or an abort (SIGABRT) leaves it, and the next start reads the
+stores through in a child first, logs what it read, and goes on. An abort prints the Python stack to the node's
+log (faulthandler)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,7 @@ def _records(log: Path) -> list[dict]:
 
 
 async def _stop(proc: trio.Process, sig: int | None, cfg) -> int:
-    """Stop the node: `peerctl stop` (a clean stop; a SIGTERM sent the moment control.addr appears could come
-    before the node watches for it) when `sig` is None, else that signal."""
+    """Stop the node: `peerctl stop` (a clean stop) when `sig` is None, else that signal."""
     if sig is None:
         done = await trio.run_process([sys.executable, "-c", "import sys; from peer.cli.main import peerctl_main; "
                                        "sys.exit(peerctl_main())", "stop", "--data-dir", cfg.data_dir],
@@ -88,6 +88,11 @@ async def test_the_marker_over_clean_stops_kills_and_aborts(tmp_path: Path) -> N
             assert [r["msg"] for r in _records(tmp_path / "4.log")].count("stores checked: sound") == 1
             assert await _stop(proc, None, cfg) == 0
             assert not (data / RUNNING).exists()
+            # 5. a SIGTERM the moment control.addr appears is a clean stop too: the node watches for it first
+            procs.append(proc := await _start(cfg, tmp_path / "5.log"))
+            assert await _stop(proc, signal.SIGTERM, cfg) == 0, (tmp_path / "5.log").read_text()[-2000:]
+            assert not (data / RUNNING).exists()
+            assert any(r["msg"] == "signal received, stopping" for r in _records(tmp_path / "5.log"))
         finally:
             for proc in procs:
                 kill_pid(proc.pid)
