@@ -91,7 +91,9 @@ class NodeError(RuntimeError):
     """The node cannot start or must stop; the message is one line for the operator."""
 
 
-def _lock_data_dir(path: Path, node_id: str, stack: ExitStack) -> None:
+def lock_data_dir(path: Path, stack: ExitStack) -> None:
+    """Hold `path`'s LOCK (flock) until `stack` closes: one process at a time uses a data directory (a node, or
+    `peerd check`). NodeError if another holds it."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
@@ -102,6 +104,10 @@ def _lock_data_dir(path: Path, node_id: str, stack: ExitStack) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as exc:
         raise NodeError(f"data dir {path} is in use by another running node") from exc
+
+
+def _lock_data_dir(path: Path, node_id: str, stack: ExitStack) -> None:
+    lock_data_dir(path, stack)
     id_file = path / "NODE_ID"
     if id_file.exists():
         existing = id_file.read_text().strip()

@@ -520,6 +520,17 @@ async def test_default_chunks_fit_the_frame_limit_in_both_codecs(stores, autojum
             assert decode_body(code, body, codec, limits) == message
 
 
+class Fetching(Alone):
+    """A delegate with fetches in flight at `positions` (the test's list, changed as fetches end)."""
+
+    def __init__(self, node_id: str, positions: list[int]) -> None:
+        super().__init__(node_id)
+        self.positions = positions
+
+    def busy_positions(self) -> list[int]:
+        return list(self.positions)
+
+
 async def test_a_transfer_waits_for_the_fetches_in_flight_in_its_arcs(stores, autojump_clock):
     store_a, store_b = stores
     items, _ = fill(store_a, hosts=30)
@@ -528,12 +539,8 @@ async def test_a_transfer_waits_for_the_fetches_in_flight_in_its_arcs(stores, au
     fetching = [host_position(host_in), host_position(host_out)]
     async with trio.open_nursery() as nursery:
         net = Net(nursery)
-        class Fetching(Alone):
-            def busy_positions(self) -> list[int]:
-                return list(fetching)
-
         a = net.nodes["a"] = Handoff("a", store_a, net.links("a"), config=CONFIG, wall_clock=wall,
-                                     delegate=Fetching("a"))
+                                     delegate=Fetching("a", fetching))
         b = net.nodes["b0"] = Handoff("b0", store_b, net.links("b0"), config=CONFIG, wall_clock=wall)
         a.view_changed(1, OLD, NEW)
         b.view_changed(1, OLD, NEW)
@@ -562,13 +569,8 @@ async def test_pages_the_new_owner_released_here_stay_seen_after_the_drop(stores
     fetching = [host_position(moving[0].host)]
     async with trio.open_nursery() as nursery:
         net = Net(nursery)
-
-        class Fetching(Alone):
-            def busy_positions(self) -> list[int]:
-                return list(fetching)
-
         a = net.nodes["a"] = Handoff("a", store_a, net.links("a"), config=CONFIG, wall_clock=wall,
-                                     delegate=Fetching("a"))
+                                     delegate=Fetching("a", fetching))
         b = net.nodes["b0"] = Handoff("b0", store_b, net.links("b0"), config=CONFIG, wall_clock=wall)
         # "a" backs "b0": the releases "b0" sends land in its store (and its replicas' acks go nowhere here)
         backup = QueueReplicas("a", store_a, net.links("a"), ring_of=lambda: (1, NEW), copies=1, wall_clock=wall)

@@ -169,7 +169,7 @@ def test_peerd_check_refuses_a_data_dir_in_use(tmp_path: Path) -> None:
         done = peerd_check(tmp_path)
     finally:
         os.close(fd)
-    assert done.returncode == 2 and "is in use by a running node; stop it first" in done.stderr
+    assert done.returncode == 2 and "is in use by another running node; stop it first" in done.stderr
     missing = peerd_check(tmp_path / "nowhere")
     assert missing.returncode == 2 and "no data dir at" in missing.stderr
 

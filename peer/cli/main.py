@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import faulthandler
-import fcntl
 import importlib
 import json
 import os
 import sys
 import textwrap
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from types import ModuleType
 
@@ -29,7 +28,7 @@ from peer.config import DEFAULTS, FIELDS, Config, ConfigError, default_text, loa
 from peer.control import dashboard_address
 from peer.crawl.pageworkers import PageWorkerError, settle_collector
 from peer.log import setup_logging
-from peer.node import NodeError, run_node
+from peer.node import NodeError, lock_data_dir, run_node
 from storage import RUNNING, StorageError, check_data_dir, mark_stopped, running_marker
 
 __all__ = ["peerd_main", "peerctl_main"]
@@ -229,18 +228,12 @@ def _peerd_check(args: argparse.Namespace) -> int:
     if not data_dir.is_dir():
         raise CliError(f"no data dir at {data_dir}")
     timeout = cfg.store_check_timeout or DEFAULTS["store_check_timeout"]
-    try:
-        fd = os.open(data_dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise CliError(f"data dir {data_dir}: {exc.strerror or exc}") from exc
-    try:
+    with ExitStack() as stack:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            raise CliError(f"data dir {data_dir} is in use by a running node; stop it first (the check reads "
-                           "the whole store and must not race its writes)") from exc
+            lock_data_dir(data_dir, stack)
+        except NodeError as exc:
+            raise CliError(f"{exc}; stop it first (the check reads the whole store and must not race its "
+                           "writes)") from exc
         unclean = running_marker(data_dir) is not None
         checks = check_data_dir(data_dir, timeout=timeout, remembered=False)
         for c in checks:
@@ -254,8 +247,6 @@ def _peerd_check(args: argparse.Namespace) -> int:
             mark_stopped(data_dir)
             print(f"{data_dir / RUNNING} removed: the last run did not stop cleanly, and its stores are sound; "
                   "the next start opens them without checking again")
-    finally:
-        os.close(fd)
     return 0
 
 
