@@ -476,6 +476,36 @@ async def test_a_joiner_keeps_the_replicas_sent_under_a_newer_view_than_its_own_
         nursery.cancel_scope.cancel()
 
 
+async def test_replicas_no_longer_backed_here_are_passed_on_to_their_owner_before_they_are_dropped(
+        stores, autojump_clock) -> None:
+    """A join makes another node the backup of some of A's positions. C's copies there may be the only second
+    copies until A's re-homing reaches the new backup (a lost frame is re-sent 2 s later), and A may die before:
+    C does not just drop them once the ring is stable, it first hands each to its owner (`pass_on`, the
+    dispatcher's outbox), whose dedup store keeps what it does not know; what C still backs stays."""
+    two = Ring({"A": WEIGHTS["A"], "C": WEIGHTS["C"]}, points_per_weight=20)
+    full = Ring(WEIGHTS, points_per_weight=20)
+    view = [(1, two)]
+    c = QueueReplicas("C", stores["C"], Links(), ring_of=lambda: view[0], copies=1, wall_clock=lambda: 0.0)
+    passed: list[list[QueuedUrl]] = []
+    c.pass_on = passed.append
+    items = [i for i in _items(two, "A", 80) if full.owner(i.host) == "A"]
+    backed = [i for i in items if "C" in full.holders_at(host_position(i.host), 1)]
+    moved = [i for i in items if i not in backed]
+    assert backed and moved
+    entries = tuple(UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops) for i in items)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(c.run)
+        assert c.on_message("A", QueueReplica(seq=1, epoch=1, urls=entries, released=()))
+        await trio.sleep(3.0)
+        assert passed == [] and len(stores["C"].replicas) == len(items)  # C backs them all
+        view[0] = (2, full)
+        await trio.sleep(3.0)
+        assert sorted(i.url for batch in passed for i in batch) == sorted(i.url for i in moved)
+        assert set(stores["C"].replicas.keys()) == set(queued_url_keys(backed))
+        assert c.status()["urls_passed_on"] == len(moved)
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_release_reaches_the_seen_key_backups_too_and_is_sent_again_until_acknowledged(
         stores, autojump_clock) -> None:
     """With one replica a page's queued URL is on one backup, but its seen key on two (the seen-key replicas):

@@ -288,6 +288,40 @@ async def test_view_change_reroutes_the_outbox(store, autojump_clock):
         nursery.cancel_scope.cancel()
 
 
+async def test_passed_on_replicas_go_to_their_owner_and_only_its_dedup_decides(store, autojump_clock):
+    """A backup passes on the replicas it no longer backs (`QueueReplicas.collect`): each goes to its owner's
+    outbox, sent and re-sent as a routed link, and re-routed to its heir if that owner dies before it acks;
+    those this node owns now are admitted here. No recently-sent filter drops them: the owner's dedup decides."""
+    links = FakeLinks()
+    ring3 = Ring({"a": 100, "b": 100, "c": 100})
+    view = [(1, ring3)]
+    admitted: list[QueuedUrl] = []
+    d = Dispatcher("a", store, links, ring_of=lambda: view[0], on_admitted=admitted.extend)
+    to_b, to_c, mine = owned_hosts(ring3, "b", 6), owned_hosts(ring3, "c", 6), owned_hosts(ring3, "a", 4)
+    items = [QueuedUrl(url=f"http://{h}/q", host=h, depth=2, hops=1, found_on="http://x.test/") for h in
+             to_b + to_c + mine]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        d.route(items[0])  # the same URL routed a moment ago as a link: passed on all the same
+        new = d.pass_on(items)
+        assert sorted(i.url for i in new) == sorted(f"http://{h}/q" for h in mine)
+        assert sorted(i.url for i in admitted) == sorted(f"http://{h}/q" for h in mine)
+        assert d.pass_on(items[-len(mine):]) == []  # known here now: the dedup store drops them
+        await trio.sleep(0.3)
+        sent = {p: sorted(e.url for _, q, m in batches(links) if q == p for e in m.urls) for p in ("b", "c")}
+        assert sorted(set(sent["b"])) == sorted(f"http://{h}/q" for h in to_b)
+        assert sent["c"] == sorted(f"http://{h}/q" for h in to_c)
+        assert all(e.depth == 2 and e.hops == 1 and e.found_on == "http://x.test/"
+                   for _, _, m in batches(links) for e in m.urls)
+        view[0] = (2, Ring({"a": 100, "b": 100}))  # c dies before it acknowledged them: they go to its heirs
+        await trio.sleep(0.4)
+        heirs = {h: view[0][1].owner(h) for h in to_c}
+        resent_b = {e.url for _, p, m in batches(links) if p == "b" for e in m.urls}
+        assert all(f"http://{h}/q" in resent_b for h, o in heirs.items() if o == "b")
+        assert {i.url for i in admitted} >= {f"http://{h}/q" for h, o in heirs.items() if o == "a"}
+        nursery.cancel_scope.cancel()
+
+
 async def test_links_staged_before_a_view_change_follow_the_new_view(store, autojump_clock):
     links = FakeLinks()
     ring3 = Ring({"a": 100, "b": 100, "c": 100})

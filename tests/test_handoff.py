@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import trio
@@ -600,6 +601,64 @@ async def test_pages_the_new_owner_released_here_stay_seen_after_the_drop(stores
         assert early in store_a.dedup and late in store_a.dedup
         assert queued_there not in store_a.dedup  # a URL still queued at the new owner: its key left with it
         nursery.cancel_scope.cancel()
+
+
+class Holding(Alone):
+    """A delegate with pages fetched here whose release waits for their links (the test's set)."""
+
+    def __init__(self, node_id: str, held: set[bytes]) -> None:
+        super().__init__(node_id)
+        self.held = held
+
+    def held_keys(self) -> set[bytes]:
+        return set(self.held)
+
+
+def _held_page(store_b: NodeStore) -> tuple[QueuedUrl, bytes]:
+    """A page of a moving host that "a" fetched (a seen key of `fill`), queued at "b0" too, as a third node's
+    link to it would have queued it there after the ring change."""
+    i = next(i for i in range(40) if moves(host_position(f"h{i}.example")))
+    page = QueuedUrl(url=f"http://h{i}.example/done0", host=f"h{i}.example", depth=2, hops=0, found_on=None)
+    assert store_b.admit([page]) == [page]
+    return page, url_key(host_position(page.host), page.url)
+
+
+@pytest.mark.parametrize("released", [True, False])
+async def test_a_page_whose_release_is_held_is_sent_as_seen_only_once_its_links_are_safe(
+        stores, autojump_clock, released: bool) -> None:
+    """The old owner fetched a page of a moving arc just before the transfer; the link it found waits in its
+    outbox (the batch lost, re-sent seconds later), so the page's release is held: if the old owner dies now,
+    only fetching the page again finds the link. Sent as seen, the new owner discarded its own queued copy and
+    the link was lost (the replica simulation, seed 25). Now the transfer's last chunk waits: the key goes, in a
+    chunk of its own, once the release is; past `withhold_limit` the transfer ends without it (a repeat at
+    most)."""
+    store_a, store_b = stores
+    fill(store_a, hosts=40)
+    page, key = _held_page(store_b)
+    held = {key}
+    config = replace(CONFIG, withhold_limit=10.0)
+    async with trio.open_nursery() as nursery:
+        net = Net(nursery)
+        a = net.nodes["a"] = Handoff("a", store_a, net.links("a"), config=config, wall_clock=wall,
+                                     delegate=Holding("a", held))
+        b = net.nodes["b0"] = Handoff("b0", store_b, net.links("b0"), config=config, wall_clock=wall)
+        a.view_changed(1, OLD, NEW)
+        b.view_changed(1, OLD, NEW)
+        await nursery.start(a.run)
+        await trio.sleep(3.0)
+        # everything else has arrived; the last chunk waits, so "b0" still holds the arc's hosts
+        assert net.log and a.outstanding() >= 1 and b.blocked(host_position(page.host))
+        assert page.url in {k[0] for k in queued(store_b)}  # its copy there was not discarded
+        if released:
+            held.clear()  # the link's owner acknowledged it: the page's release is staged
+        await trio.sleep(config.withhold_limit + 2.0)
+        assert a.outstanding() == 0 and a.transfers_completed == 1 and not b.blocked(host_position(page.host))
+        nursery.cancel_scope.cancel()
+    if released:  # sent as seen at last: the new owner's queued copy is discarded, no page fetched twice
+        assert key in set(store_b.dedup.scan(0, 0))
+        assert page.url not in {k[0] for k in queued(store_b)}
+    else:  # never released: not sent as seen; the new owner fetches the page again and finds the link
+        assert page.url in {k[0] for k in queued(store_b)}
 
 
 async def test_a_transfer_to_a_newer_ring_waits_for_older_transfers_to_any_peer(stores) -> None:

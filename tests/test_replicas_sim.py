@@ -131,7 +131,11 @@ def _restore_figures(sim: ClusterSim) -> dict:
 
 # Seeds 4 and 7 repeated pages the victim had fetched 13-17 s before its kill: its backup had been the arc's
 # previous owner, and the drop that ended that hand-off took the marks of the pages released to it meanwhile.
-@pytest.mark.parametrize("seed", [1, 2, 4, 7])
+# Seeds 25 and 32 lost pages when the first victim died under 2 s after a join (2% of the frames lost): in 32 its
+# re-homing message to the joiner (the new backup of h153.sim) was lost and the old backup dropped its copies
+# 1 s after the ring settled, before the re-send (2 s); in 25 the hand-off sent as seen a page whose release
+# waited for its one link (h185.sim/p3, its batch lost), and the new owner discarded its own queued copy.
+@pytest.mark.parametrize("seed", [1, 2, 4, 7, 25, 32])
 def test_permanent_kills_one_at_a_time_lose_no_url_with_one_replica(seed: int) -> None:
     web = make_web(seed, hosts=250)
     expected = web.reachable(web.seeds)

@@ -91,6 +91,8 @@ MAX_STAGED = 200_000
 GC_DELAY = 1.0
 #: Re-homing reads the queue in chunks of this many URLs, yielding to trio between chunks.
 SCAN_CHUNK = 2048
+#: Replicas passed on to their owners (`collect`) are stored in the outbox this many to a transaction.
+PASS_CHUNK = 4096
 #: A backup journals each message (one put at the end of a table) and folds the journal into its replica and seen
 #: tables once this many entries wait, or the oldest has waited FOLD_AGE seconds (storage/_replicas.py): applied
 #: one message at a time, each entry copied a leaf page of its own and each message paid a commit; a fold writes
@@ -177,6 +179,9 @@ class QueueReplicas:
         # called with the keys a peer's replica marks seen here (its releases and fetched pages' marks): the
         # hand-off keeps them through the drop of arcs it is handing over (`Handoff.marked_seen`)
         self.on_marked: Callable[[Sequence[bytes]], None] | None = None
+        # given the URLs of replicas this node no longer backs, before they are dropped (`collect`): the cluster
+        # sends each to its owner (`Dispatcher.pass_on`)
+        self.pass_on: Callable[[list[QueuedUrl]], None] | None = None
         # releases waiting for their page's links: ({owner: outbox seq at the commit}, the links' ticket, URL)
         self._releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]] = []
         # Whether a held release may have become ready since `_stage_releases` last looked: a release waits for
@@ -204,6 +209,7 @@ class QueueReplicas:
         self.urls_held = 0
         self.releases_held = 0
         self.urls_promoted = 0
+        self.urls_passed_on = 0  # replicas of positions no longer backed here, sent to their owners (`collect`)
         self.dropped = 0  # entries dropped for a backup that left the ring, or past max_staged
         self.refused = 0  # malformed entries from a peer
 
@@ -295,6 +301,11 @@ class QueueReplicas:
         self._releases.append(({owner: last for owner in owners}, links, item))
         if len(self._releases) > self.max_staged:  # owners unreachable for long: release the oldest anyway
             self._release(self._releases.pop(0)[2])
+
+    def held_keys(self) -> set[bytes]:
+        """Keys of the pages whose release is held for their links (`released`): a hand-off sends them as seen
+        only once released (`Handoff._fill`)."""
+        return set(queued_url_keys([item for _marks, _links, item in self._releases])) if self._releases else set()
 
     def _stage_releases(self, *, force: bool = False) -> None:
         """Stage the held releases whose page's links are all safe elsewhere. Without `force`, only when an ack
@@ -607,17 +618,30 @@ class QueueReplicas:
         return staged
 
     def collect(self, ring: Any) -> int:
-        """Drop the replicas of positions this node no longer backs under `ring` (nor owns: promotion took
-        those it inherited from a dead owner, a hand-off brings those of a live one)."""
+        """Pass on the replicas of positions this node no longer backs under `ring` (nor owns), then drop them.
+
+        Each URL goes to its owner under the current view through the outbox (`pass_on`: acknowledged once
+        durable there, re-routed if that owner dies), whose dedup store decides (DESIGN decision 4): a URL it has
+        queued or fetched is dropped there, one it never had is queued. Until the owner has made its queue safe
+        under the new ring (its re-homing acknowledged, its hand-off of a moved arc done), this node's copy may be
+        the only second one, and the owner may die before that (a lost frame is re-sent only after
+        RESEND_AFTER): dropped, the URL was lost with it. Passed on, it reaches the owner, or the owner's heir
+        through the outbox's re-routing."""
         me, copies, zones = self.node_id, self.copies, self.zones_of()
 
         def unwanted(position: int) -> bool:
             return me not in ring.holders_at(position, max(1, copies), zones)
 
+        if self.pass_on is not None:
+            held, _states = self.store.replicas.where(unwanted)
+            for start in range(0, len(held), PASS_CHUNK):
+                self.pass_on([item for _key, item in held[start:start + PASS_CHUNK]])
+            self.urls_passed_on += len(held)
         dropped = self.store.replicas.drop_where(unwanted)
         self._gc_ring = ring
         if dropped:
-            log.info("replicas of positions no longer backed here dropped", extra={"urls": dropped})
+            log.info("replicas of positions no longer backed here passed on to their owners and dropped",
+                     extra={"urls": dropped})
         return dropped
 
     # -- the backup's side ----------------------------------------------------------------------------------
@@ -700,6 +724,6 @@ class QueueReplicas:
             "urls_sent": self.urls_sent, "releases_sent": self.releases_sent, "messages_sent": self.messages_sent,
             "messages_resent": self.messages_resent, "urls_rehomed": self.urls_rehomed,
             "urls_held": self.urls_held, "releases_held": self.releases_held,
-            "urls_promoted": self.urls_promoted, "dropped": self.dropped, "refused": self.refused,
+            "urls_promoted": self.urls_promoted, "urls_passed_on": self.urls_passed_on, "dropped": self.dropped, "refused": self.refused,
             "restore_seconds": self.restore_seconds[-1] if self.restore_seconds else None,
         }

@@ -202,6 +202,8 @@ class Cluster:
         # seen marks that peers' replicas leave here stay through the drop of an arc being handed over: this node
         # is often the backup of the arc's new owner, and its heir
         self.backups.on_marked = self.replicas.on_marked = self.handoff.marked_seen
+        # replicas this node no longer backs go to their owners before they are dropped, not only dropped
+        self.backups.pass_on = self.dispatcher.pass_on
         # per-address limits held fleet-wide: this node owns the addresses the ring gives it and lends their
         # lanes (peer/cluster/lanes.py); the crawler borrows through it
         self._lanes_file = Path(cfg.data_dir) / LANES_FILE
@@ -375,6 +377,9 @@ class Cluster:
 
     def busy_positions(self) -> list[int]:
         return [host_position(host) for host in self.crawler.busy_hosts()] if self.crawler else []
+
+    def held_keys(self) -> set[bytes]:
+        return self.backups.held_keys()
 
     def _admitted(self, new: list[QueuedUrl]) -> None:
         if self.crawler is not None:

@@ -215,6 +215,26 @@ class Dispatcher:
             self._admitted(new)
         return len(staged)
 
+    def pass_on(self, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
+        """Queued URLs this node held as a backup and no longer backs (`QueueReplicas.collect`): each goes to
+        its owner under the current view like a routed link (the outbox, acknowledged once durable there), or
+        is admitted here if this node owns it now, in one transaction. The owner's dedup store decides: most
+        are queued or fetched there already. Returns those new here."""
+        ring = self.ring_of()[1]
+        mine: list[QueuedUrl] = []
+        others: list[tuple[str, QueuedUrl]] = []
+        for item in items:
+            owner = ring.owner(item.host)
+            if owner == self.node_id:
+                mine.append(item)
+            else:
+                others.append((owner, item))
+        new = self.store.accept(mine, others)
+        self._stored(others)
+        self._replicate(new)
+        self._admitted(new)
+        return new
+
     def _stored(self, routed: Sequence[tuple[str, QueuedUrl]]) -> None:
         full = False
         now = trio.current_time()

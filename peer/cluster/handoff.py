@@ -74,6 +74,11 @@ class HandoffConfig:
     resend_after: float = 5.0
     # How often `run` looks for chunks to send or re-send.
     interval: float = 0.2
+    # A page fetched here whose release waits for its links (`HandoffDelegate.held_keys`) is sent as seen only
+    # once its links are safe: the transfer's last chunk waits for that at most this long (its links' owners ack
+    # within a round trip, or SWIM declares one dead within about 10 s and the outbox re-routes), then goes
+    # without those keys (the new owner may fetch such a page again: a repeat, never a lost link).
+    withhold_limit: float = 20.0
     # Gained arcs whose transfer has not come after this long make the node ask their previous owner for it
     # (`HandoffAsk`), and again every `resend_after`: a small transfer on a LAN arrives well within it, so the
     # ask is mostly sent to a previous owner that has nothing for us under our ring (it saw other rings).
@@ -132,6 +137,10 @@ class _Outgoing:
     todo: list[tuple[int, int]] = field(default_factory=list)  # arcs holding a host here, in send order
     read: int = 0  # how many of `todo` have been read
     in_flight: set[bytes] = field(default_factory=set)  # keys of URLs in flight at the start: never sent as seen
+    # (arc start, arc end, key) of pages whose release was held when their arc was read: sent as seen in chunks
+    # of their own once released, before the last chunk (`Handoff._fill`)
+    withheld: list[tuple[int, int, bytes]] = field(default_factory=list)
+    withheld_since: float | None = None  # when the transfer first waited for them
     made: int = 0  # chunks made so far (the next chunk's seq)
     # the group of consecutive arcs being gathered into chunks
     group: list[tuple[int, int]] = field(default_factory=list)
@@ -389,6 +398,11 @@ class HandoffDelegate(Protocol):
         """Ring positions of the hosts being fetched here now: a transfer starts once none lies in its arcs, so
         the host states it carries include the last fetch (the politeness rule, docs/cluster.md)."""
 
+    def held_keys(self) -> set[bytes]:
+        """Keys of pages fetched here whose release waits for the links they found (`--replicas`): until those
+        links are safe elsewhere, only fetching the page again brings them back if this node dies, so a transfer
+        must not yet tell the new owner the page was fetched."""
+
     def applied(self, new: list[QueuedUrl], states: list[HostState]) -> Hold | None:
         """An applied chunk queued `new` and set `states`: wake those hosts, take over their timers. A `Hold`
         when the chunk may not be acknowledged yet (its URLs are on their way to this node's ring backups,
@@ -420,6 +434,9 @@ class Alone:
 
     def busy_positions(self) -> Iterable[int]:
         return ()
+
+    def held_keys(self) -> set[bytes]:
+        return set()
 
     def applied(self, new: list[QueuedUrl], states: list[HostState]) -> Hold | None:
         return None
@@ -694,12 +711,18 @@ class Handoff:
                 frontier = self.store.frontier.export_arcs(batch)
                 seen_keys = self.store.dedup.scan_arcs(batch)
                 revisits = self.store.revisits.export_arcs(batch)  # the pages' schedules move too
+                held = self.delegate.held_keys()
             for index, (start, end) in enumerate(batch):
                 items, states = frontier[index]
                 # keys of URLs in flight here are not sent either: a URL is never marked seen at the new owner
                 # unless it is queued there or was fetched here
                 queued = set(queued_url_keys(items)) | transfer.in_flight
                 seen = [key for key in seen_keys[index] if key not in queued]
+                if held:  # fetched, but their links not safe yet: sent once they are (below)
+                    late = [key for key in seen if key in held]
+                    if late:
+                        transfer.withheld.extend((start, end, key) for key in late)
+                        seen = [key for key in seen if key not in held]
                 arc_revisits = revisits[index]
                 if not (items or states or seen or arc_revisits):
                     continue
@@ -718,6 +741,8 @@ class Handoff:
                     self._flush(transfer)
             if transfer.read >= len(transfer.todo):
                 self._flush(transfer)
+                if transfer.withheld and not self._send_withheld(transfer):
+                    return read  # the last chunk waits for them (looked at again at the next `run` round)
                 newest = transfer.chunks.get(transfer.made - 1)
                 if transfer.made == 0 or newest is None or newest.sent_at is not None:
                     # nothing made, or the newest chunk already went out without the mark: an empty final chunk
@@ -726,6 +751,30 @@ class Handoff:
                     transfer.made += 1
                 transfer.last = transfer.made - 1
         return read
+
+    def _send_withheld(self, transfer: _Outgoing) -> bool:
+        """The keys `_fill` withheld, once none of their pages' releases is held any more: each arc's in chunks
+        of their own. False while one still is (at most `withhold_limit`: then the transfer goes without them)."""
+        held = self.delegate.held_keys()
+        if any(key in held for _start, _end, key in transfer.withheld):
+            now = trio.current_time()
+            if transfer.withheld_since is None:
+                transfer.withheld_since = now
+            if now - transfer.withheld_since < self.config.withhold_limit:
+                return False
+            log.warning("pages whose links are not yet safe elsewhere handed off as not fetched",
+                        extra={"peer": transfer.peer, "pages": sum(1 for *_a, k in transfer.withheld if k in held)})
+        by_arc: dict[tuple[int, int], list[bytes]] = {}
+        for start, end, key in transfer.withheld:
+            if key not in held:
+                by_arc.setdefault((start, end), []).append(key)
+        transfer.withheld = []
+        for (start, end), keys in by_arc.items():
+            transfer.group.append((start, end))
+            transfer.g_seen.extend(keys)
+            self.keys_sent += len(keys)
+            self._flush(transfer)
+        return True
 
     def _flush(self, transfer: _Outgoing) -> None:
         """The gathered group's chunks, added to the transfer."""
