@@ -223,6 +223,35 @@ async def test_a_release_waits_for_the_links_its_page_routed(stores) -> None:
     assert any(m.released == tuple(queued_url_keys([page])) for _p, m in links.sent if isinstance(m, QueueReplica))
 
 
+async def test_a_release_waits_for_its_links_after_a_view_change_moved_them_to_another_owner(stores) -> None:
+    """The owner of a page's link dies before acknowledging it: a view change re-keys the outbox entry to the
+    heir, under a new sequence number. The old owner's queue is empty then, and the release counted the link as
+    acknowledged: the page was released while its link lived only in this node's outbox, and a death a second
+    later lost it (the replica simulation, seed 27). Now the release waits for the heir's ack too."""
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    links = Links()
+    store = stores["A"]
+    owner = _node("A", stores, links, ring)
+    without_c = Ring({k: v for k, v in WEIGHTS.items() if k != "C"}, points_per_weight=20)
+    page = _items(ring, "A", 1)[0]
+    routed = next(i for i in _items(ring, "C", 20) if without_c.owner(i.host) == "B")
+    store.outbox.put([("C", routed)])  # the page's link for C, unacknowledged
+    owner.released(page, ["C"])
+    moved, mine = store.reroute(without_c.owner, "A")  # C is dead: its entries go to their new owners
+    assert (moved, mine) == ({"B": 1}, [])
+    heir = "B"
+    owner.rerouted(moved, None)
+    owner.pump(trio.current_time())
+    owner._stage_releases(force=True)
+    released = lambda: any(m.released == tuple(queued_url_keys([page]))  # noqa: E731
+                           for _p, m in links.sent if isinstance(m, QueueReplica))
+    assert owner.unreleased() == {page.url} and not released()
+    seq = store.outbox.take(heir, 10)[0][0]
+    store.outbox.ack(heir, [seq])
+    owner.pump(trio.current_time())
+    assert released()
+
+
 async def test_a_held_release_goes_once_its_links_backup_has_left_and_come_back(stores) -> None:
     # Found by counting replicas in flight as "not idle" in the 5 s partition simulation: a page's release waited
     # for a routed link's owner (on the other side) while the replicas of the links it queued here were already

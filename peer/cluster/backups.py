@@ -30,9 +30,11 @@ they came; in each, releases, then URLs, then host states: the later ready time 
 FOLD_AGE seconds, at a ring change, and before anything reads the replicas (storage/_replicas.py); while views change
 (a message sent under another view than ours, or within FOLD_AGE of our last ring change) each message is folded
 at once, as every message was applied before the journal: the arc it names may be moving to this node, whose
-crawler then reads those seen keys. Replicas of positions where this node is no longer a backup are
-dropped once the ring has been stable for `GC_DELAY` (1 s), and never under a view older than the newest one a
-replica held here was sent under.
+crawler then reads those seen keys. Replicas of positions where this node is no longer a backup are passed
+on to their owners (through the outbox, `Dispatcher.pass_on`: the owner's dedup store keeps only what it does not
+know) and dropped once the ring has been stable for `GC_DELAY` (1 s), and never under a view older than the newest
+one a replica held here was sent under: until the owner's re-homing reaches the new backup (a lost frame waits
+RESEND_AFTER) or its hand-off of a moved arc is done, this copy may be the only second one.
 
 Promotion (`Cluster._view_changed`): when a member is declared dead, each arc this node inherits from it is
 promoted from the replicas into the frontier (`NodeStore.promote`: dedup, frontier and the dead owner's host
@@ -119,6 +121,17 @@ class Ticket:
     def __init__(self, targets: dict[str, tuple[_Backup, int]]) -> None:
         self.targets = targets
         self.callbacks: list[Callable[[], None]] = []
+
+
+def _merged(a: Ticket | None, b: Ticket | None) -> Ticket | None:
+    """A ticket done once both are."""
+    if a is None or b is None:
+        return a or b
+    targets = dict(a.targets)
+    for backup, (state, count) in b.targets.items():
+        mine = targets.get(backup)
+        targets[backup] = (state, max(count, mine[1])) if mine is not None and mine[0] is state else (state, count)
+    return Ticket(targets)
 
 
 @dataclass(slots=True)
@@ -301,6 +314,26 @@ class QueueReplicas:
         self._releases.append(({owner: last for owner in owners}, links, item))
         if len(self._releases) > self.max_staged:  # owners unreachable for long: release the oldest anyway
             self._release(self._releases.pop(0)[2])
+
+    def rerouted(self, owners: Iterable[str], ticket: Ticket | None) -> None:
+        """A view change re-keyed outbox entries to `owners` (new sequence numbers) and admitted some here (their
+        replicas under `ticket`). The links a held release waits for may be among them: counted by sequence
+        number at the page's commit, they would pass for acknowledged once they left their old owner's queue,
+        and the page was released while its links lived only in this node's outbox (the replica simulation,
+        seed 27: two of them lost when the node died a second later). So every release that waits for routed
+        links now also waits for each of `owners` up to the outbox's last entry, and for `ticket`."""
+        owners = tuple(owners)
+        if not self._releases or not (owners or ticket is not None):
+            return
+        last = self.store.outbox.last_seq()
+        still = []
+        for marks, links, item in self._releases:
+            if marks:
+                for owner in owners:
+                    marks[owner] = max(marks.get(owner, 0), last)
+                links = _merged(links, ticket)
+            still.append((marks, links, item))
+        self._releases = still
 
     def held_keys(self) -> set[bytes]:
         """Keys of the pages whose release is held for their links (`released`): a hand-off sends them as seen
@@ -724,6 +757,7 @@ class QueueReplicas:
             "urls_sent": self.urls_sent, "releases_sent": self.releases_sent, "messages_sent": self.messages_sent,
             "messages_resent": self.messages_resent, "urls_rehomed": self.urls_rehomed,
             "urls_held": self.urls_held, "releases_held": self.releases_held,
-            "urls_promoted": self.urls_promoted, "urls_passed_on": self.urls_passed_on, "dropped": self.dropped, "refused": self.refused,
+            "urls_promoted": self.urls_promoted, "urls_passed_on": self.urls_passed_on, "dropped": self.dropped,
+            "refused": self.refused,
             "restore_seconds": self.restore_seconds[-1] if self.restore_seconds else None,
         }

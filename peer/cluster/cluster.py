@@ -839,6 +839,7 @@ class Cluster:
             "handoff": {
                 "outstanding": h.outstanding(), "pending_arcs": h.pending_count(),
                 "urls_sent": h.urls_sent, "urls_received": h.urls_received, "keys_sent": h.keys_sent,
+                "keys_withheld": h.keys_withheld, "withheld_expired": h.withheld_expired,
                 "revisits_sent": h.revisits_sent, "revisits_received": h.revisits_received,
                 "chunks_sent": h.chunks_sent, "chunks_resent": h.chunks_resent, "chunks_applied": h.chunks_applied,
                 "transfers_completed": h.transfers_completed, "transfers_received": h.transfers_received,

@@ -309,7 +309,9 @@ class Dispatcher:
             self._owner(owner).pending += count
             self.stats.urls_rerouted += count
         self.stats.urls_reclaimed += len(mine)
-        self._replicate(mine)
+        ticket = self._replicate(mine)
+        if (moved or mine) and self.backups is not None:
+            self.backups.rerouted(moved, ticket)  # held releases wait for the moved links under their new keys
         self._admitted(mine)
 
     def _send(self, owner: str, seq: int, entries: Sequence[tuple[int, QueuedUrl]]) -> bool:

@@ -75,9 +75,11 @@ class HandoffConfig:
     # How often `run` looks for chunks to send or re-send.
     interval: float = 0.2
     # A page fetched here whose release waits for its links (`HandoffDelegate.held_keys`) is sent as seen only
-    # once its links are safe: the transfer's last chunk waits for that at most this long (its links' owners ack
-    # within a round trip, or SWIM declares one dead within about 10 s and the outbox re-routes), then goes
-    # without those keys (the new owner may fetch such a page again: a repeat, never a lost link).
+    # once its links are safe: the transfer's last chunk waits for that at most this long, and at most two thirds
+    # of `wait` (the receiver holds the arc's hosts meanwhile). Its links' owners ack within a round trip, but
+    # the outbox releases in order: a lost batch holds the releases behind it until its re-send (5 s), and with
+    # 5% of the frames lost that took up to 20 s. Past the limit the keys go as seen all the same: a death just
+    # then could lose those links again, where sending them as not seen would fetch every such page twice.
     withhold_limit: float = 20.0
     # Gained arcs whose transfer has not come after this long make the node ask their previous owner for it
     # (`HandoffAsk`), and again every `resend_after`: a small transfer on a LAN arrives well within it, so the
@@ -523,6 +525,8 @@ class Handoff:
         self.revisits_sent = 0  # revisit schedule entries sent in transfers
         self.revisits_received = 0  # ... and applied here
         self.keys_sent = 0
+        self.keys_withheld = 0  # seen keys sent only once their page's release was no longer held
+        self.withheld_expired = 0  # ... or after `withhold_limit`, still held
 
     # -- view changes --
 
@@ -721,6 +725,7 @@ class Handoff:
                 if held:  # fetched, but their links not safe yet: sent once they are (below)
                     late = [key for key in seen if key in held]
                     if late:
+                        self.keys_withheld += len(late)
                         transfer.withheld.extend((start, end, key) for key in late)
                         seen = [key for key in seen if key not in held]
                 arc_revisits = revisits[index]
@@ -754,20 +759,21 @@ class Handoff:
 
     def _send_withheld(self, transfer: _Outgoing) -> bool:
         """The keys `_fill` withheld, once none of their pages' releases is held any more: each arc's in chunks
-        of their own. False while one still is (at most `withhold_limit`: then the transfer goes without them)."""
+        of their own. False while one still is (at most `withhold_limit`: then they go all the same)."""
         held = self.delegate.held_keys()
-        if any(key in held for _start, _end, key in transfer.withheld):
+        still = sum(1 for _start, _end, key in transfer.withheld if key in held)
+        if still:
             now = trio.current_time()
             if transfer.withheld_since is None:
                 transfer.withheld_since = now
-            if now - transfer.withheld_since < self.config.withhold_limit:
+            if now - transfer.withheld_since < min(self.config.withhold_limit, self.config.wait * 2 / 3):
                 return False
-            log.warning("pages whose links are not yet safe elsewhere handed off as not fetched",
-                        extra={"peer": transfer.peer, "pages": sum(1 for *_a, k in transfer.withheld if k in held)})
+            self.withheld_expired += still
+            log.warning("pages whose links are not yet safe elsewhere handed off as fetched after the wait",
+                        extra={"peer": transfer.peer, "pages": still})
         by_arc: dict[tuple[int, int], list[bytes]] = {}
         for start, end, key in transfer.withheld:
-            if key not in held:
-                by_arc.setdefault((start, end), []).append(key)
+            by_arc.setdefault((start, end), []).append(key)
         transfer.withheld = []
         for (start, end), keys in by_arc.items():
             transfer.group.append((start, end))
