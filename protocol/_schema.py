@@ -233,7 +233,10 @@ class Seconds(Kind):
     def dump(self, value: Any, js: bool, limits: Limits) -> float:
         if type(value) is not float and type(value) is not int:
             raise Invalid(f"expected a number of seconds, got {_name(value)}")
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer past 1.8e308 (JSON numbers have no size): described, not printed
+            raise Invalid(f"an integer of {value.bit_length()} bits is not a finite number of seconds") from None
         if not math.isfinite(seconds) or seconds < 0:
             raise Invalid(f"{seconds} is not a finite, non-negative number of seconds")
         return seconds

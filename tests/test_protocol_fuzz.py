@@ -19,6 +19,7 @@ from protocol import (
     ConnectionClosed,
     Goodbye,
     Limits,
+    ProgressReport,
     Reject,
     RemoteProtocolError,
     Role,
@@ -150,6 +151,17 @@ def test_arbitrary_trees_decode_or_raise_remote_errors(code: int, tree: object) 
             except RemoteProtocolError:
                 continue
             assert TYPE_CODES[type(message)] == code
+
+
+@pytest.mark.parametrize("digits", [309, 400, 4299])  # 4,300 digits: the most int() reads
+def test_a_json_integer_too_large_for_a_float_is_the_peers_error(digits: int) -> None:
+    # JSON integers have no size; one past 1.8e308 in a seconds field made float() raise OverflowError
+    report = {"seq": 1, "ring": 1, "idle": True, "finished": False, "activity": 1, "pages": 1, "queued": 1,
+              "urls_received": 1, "rate": 0}
+    body = json.dumps(report).replace('"rate": 0', '"rate": 1' + "0" * digits).encode()
+    for version in SUPPORTED_VERSIONS:
+        with pytest.raises(RemoteProtocolError, match=r"ProgressReport\.rate: an integer of \d+ bits"):
+            decode_body(TYPE_CODES[ProgressReport], body, "json", LIMITS, version)
 
 
 def test_a_peer_streaming_an_oversized_frame_is_cut_off_at_the_header() -> None:
