@@ -222,6 +222,11 @@ def test_empty_and_binary_bodies_do_not_raise() -> None:
         assert isinstance(extract(blob, URL, None), Page)
 
 
+def test_a_link_with_a_port_of_thousands_of_digits_is_dropped() -> None:
+    body = b'<a href="http://e.com:' + b"1" * 4301 + b'/">x</a><a href="/ok">ok</a>'
+    assert extract(body, "http://b.com/", "text/html").links == ("http://b.com/ok",)
+
+
 def test_bad_page_url_is_the_callers_error() -> None:
     with pytest.raises(ValueError, match="not crawlable"):
         extract(b"<a href='/x'>", "ftp://site.example/", "text/html")

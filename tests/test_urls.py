@@ -96,6 +96,14 @@ def test_normalize_rejects(url: str) -> None:
     assert normalize(url) is None
 
 
+@pytest.mark.parametrize("digits", ["1" * 6, "1" * 4301, "0" * 5000 + "1" * 4301])
+def test_a_port_of_thousands_of_digits_is_refused_not_raised(digits: str) -> None:
+    # int() refuses more than 4,300 digits; a link may hold four times the URL length limit before it is refused
+    assert normalize(f"http://e.com:{digits}/") is None
+    assert normalize(f"//e.com:{digits}/x", "https://b.com/") is None
+    assert normalize_all([f"http://e.com:{digits}/", "/ok"], "http://b.com/") == ["http://b.com/ok"]
+
+
 @pytest.mark.parametrize(
     ("ref", "expected"),
     [

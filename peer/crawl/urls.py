@@ -189,7 +189,8 @@ def _authority(authority: str, scheme: str) -> str | None:
         return None
     if port:
         port = port.lstrip("0") or "0"
-        if int(port) > 65535 or port == "0":
+        # the length first: int() refuses more than 4,300 digits (ValueError), and a link may hold 8,000
+        if len(port) > 5 or int(port) > 65535 or port == "0":
             return None
         if port != _DEFAULT_PORTS[scheme]:
             return host + ":" + port
