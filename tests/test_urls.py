@@ -85,6 +85,9 @@ def test_normalize_absolute(url: str, expected: str) -> None:
         "http://e.com:8o/",
         "http://[::1/",
         "http://[zz::1]/",
+        "http://[fe80::1%25eth0]/",  # a zone names an interface of the client, not a host
+        "http://[fe80::1%25%3F]/",  # ... and may hold "?", which made "http://[fe80::1%?]/"
+        "http://[::1%25%20]:8080/x",
         "http://" + "a" * 64 + ".com/",
         "http://xn--.com/",
         "relative/path",

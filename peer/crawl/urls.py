@@ -141,9 +141,12 @@ def _host(host: str) -> str | None:
         if not host.endswith("]"):
             return None
         try:
-            return "[" + ipaddress.IPv6Address(host[1:-1]).compressed + "]"
+            address = ipaddress.IPv6Address(host[1:-1])
         except ValueError:
             return None
+        # A zone ("fe80::1%eth0", RFC 6874) names an interface of the client, not a host of the web, and may hold
+        # any character but "%" ("?", "/", " "): the URL it made would not read back as itself.
+        return None if address.scope_id is not None else "[" + address.compressed + "]"
     host = host.lower()
     if host.endswith("."):
         host = host[:-1]
