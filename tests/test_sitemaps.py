@@ -19,6 +19,7 @@ import trio
 from peer.config import load
 from peer.crawl.sitemaps import MAX_SITEMAP_BYTES, SitemapReader, may_list, parse_lastmod
 from peer.node import Node
+from protocol import CODECS, Limits, UrlBatch, UrlEntry, decode_body, encode_body
 
 from .support.crawl import child_env
 from .support.sitemap_web import Route, serve_sitemap_web
@@ -82,10 +83,31 @@ def test_reader_reads_an_index() -> None:
         ("2024-13", None),
         ("yesterday", None),
         ("", None),
+        ("1970-01-01T00:00:00Z", 0.0),
+        ("0000", None),
+        ("0000-05", None),
+        ("1969", None),
+        ("1969-12-31", None),
+        ("1970-01-01T00:30:00+01:00", None),
+        ("0001-01-01T00:00:00Z", None),
     ],
 )
 def test_lastmod(text: str, expected: float | None) -> None:
     assert parse_lastmod(text) == expected
+
+
+@pytest.mark.parametrize("lastmod", ["0000", "1969-07-20", "0001-01-01T00:00:00Z"])
+def test_a_lastmod_before_1970_reads_as_none_and_the_entry_can_travel_to_a_peer(lastmod: str) -> None:
+    # Year 0 raised ValueError out of `feed`; a date before 1970 made a negative lastmod, which no peer message
+    # may carry (a batch, hand-off chunk or replica holding it could not be sent).
+    reader = SitemapReader()
+    entries = reader.feed(urlset(("http://a.test/x", lastmod))) + reader.close()
+    assert [(e.loc, e.lastmod) for e in entries] == [("http://a.test/x", None)]
+    entry = UrlEntry(url=entries[0].loc, depth=1, found_on="http://a.test/sitemap.xml", hops=0,
+                     lastmod=entries[0].lastmod)
+    batch = UrlBatch(seq=1, sender="n1", epoch=1, urls=(entry,))
+    for codec in CODECS:
+        assert decode_body(*encode_body(batch, codec, Limits()), codec, Limits()) == batch
 
 
 def test_reader_limits_and_refusals() -> None:

@@ -68,15 +68,17 @@ class SitemapEntry:
 
 
 def parse_lastmod(text: str) -> float | None:
-    """A W3C datetime as epoch seconds (UTC when no zone is given), or None when it does not read."""
+    """A W3C datetime as epoch seconds (UTC when no zone is given), or None when it does not read or falls
+    before 1970: a lastmod travels to peers as a non-negative duration (protocol `Seconds`), and no web page
+    was modified before the epoch."""
     text = text.strip()
     if not text or len(text) > 64:
         return None
     m = _YEAR_MONTH.fullmatch(text)
     if m is not None:
         year, month = int(m.group(1)), int(m.group(2) or 1)
-        if not 1 <= month <= 12:
-            return None
+        if not 1970 <= year or not 1 <= month <= 12:
+            return None  # year 0 is not a date either (timegm raises ValueError on it)
         return float(calendar.timegm((year, month, 1, 0, 0, 0)))
     try:
         when = datetime.fromisoformat(text)
@@ -84,7 +86,8 @@ def parse_lastmod(text: str) -> float | None:
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
-    return when.timestamp()
+    seconds = when.timestamp()
+    return seconds if seconds >= 0 else None
 
 
 def _origin_and_path(url: str) -> tuple[str, str]:
