@@ -65,6 +65,25 @@ def test_reader_reads_urlsets_in_any_pieces(compress: bool) -> None:
     assert reader.kind == "urlset" and reader.stopped is None and reader.inflated == len(doc)
 
 
+@pytest.mark.parametrize("split", [None, 3, 5, 40])
+def test_a_sitemap_with_a_doctype_is_not_read(split: int | None) -> None:
+    """An entity whose text opens an element made lxml's pull parser hand out elements libxml2 had freed (garbage
+    tags, "Tried to unregister unknown proxy"): a DOCTYPE, which no sitemap needs, stops the reader before lxml
+    sees it, in whatever pieces it comes."""
+    body = (b"<?xml version='1.0'?>\n<!DOCTYPE u [<!ENTITY e \"<a:x xmlns:a='y'>\">]>"
+            b"<urlset><url><loc>&e;</loc></url><url><loc>http://a.test/p</loc></url></urlset>")
+    pieces = [body] if split is None else [body[i:i + split] for i in range(0, len(body), split)]
+    for compress in (False, True):
+        reader = SitemapReader()
+        data = gzip.compress(body) if compress else None
+        entries = reader.feed(data) if compress else [e for piece in pieces for e in reader.feed(piece)]
+        entries += reader.close()
+        assert entries == [] and reader.stopped == "doctype"
+    plain = SitemapReader()  # a DOCTYPE-looking text after the root element is only text
+    assert [e.loc for e in plain.feed(b"<urlset><url><loc>http://a.test/&lt;!DOCTYPE</loc></url></urlset>")
+            + plain.close()] == ["http://a.test/<!DOCTYPE"] and plain.stopped is None
+
+
 def test_reader_reads_an_index() -> None:
     entries, reader = read_all(index("http://a.test/s1.xml", "http://a.test/s2.xml.gz"))
     assert reader.kind == "sitemapindex"

@@ -9,7 +9,9 @@ arrives and admits the entries each call returns, so no sitemap is ever held who
   turned into an entry when it ends, and every finished element is cleared with its earlier siblings, so the
   tree never grows. libxml2's own limits (without `huge_tree`) refuse a text node over 10 MB and nesting deeper
   than 256, which ends such a document as "not-xml". Entities
-  are not resolved and nothing is loaded from the network. lxml is already a dependency and its parser is
+  are not resolved and nothing is loaded from the network; a document with a DOCTYPE is not read at all
+  ("doctype"): no sitemap needs one, and an entity whose text opens an element makes lxml's pull parser (lxml
+  6.1, libxml2 2.14) hand out elements libxml2 has freed already (garbage tags, failed assertions). lxml is already a dependency and its parser is
   incremental; the sitemap libraries on PyPI (ultimate-sitemap-parser, advertools) fetch and read a whole
   document at a time, so they cannot keep the memory bound (docs/parsing.md has the reader's figures).
 - Limits (the protocol's): at most `MAX_SITEMAP_URLS` entries and `MAX_SITEMAP_BYTES` uncompressed bytes per
@@ -55,7 +57,8 @@ STEP = 1 << 20  # at most this much inflated output per inflate call
 _GZIP_MAGIC = b"\x1f\x8b"
 _YEAR_MONTH = re.compile(r"(\d{4})(?:-(\d{2}))?")
 
-Stopped = Literal["too-many-urls", "too-large", "not-xml", "not-a-sitemap"]
+Stopped = Literal["too-many-urls", "too-large", "not-xml", "not-a-sitemap", "doctype"]
+_DOCTYPE = re.compile(rb"<!doctype", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,7 @@ class SitemapReader:
         self._started = False
         self._gunzip: zlib._Decompress | None = None
         self._tail = b""  # compressed input not inflated yet
+        self._prolog_end = b""  # the last bytes fed before the root element began (a DOCTYPE split in two)
         self.elements = 0  # XML elements finished so far
         self._parser = etree.XMLPullParser(
             events=("start", "end"), resolve_entities=False, no_network=True, huge_tree=False,
@@ -205,6 +209,12 @@ class SitemapReader:
             data = data[:room]
             self.stopped = "too-large"
         self.inflated += len(data)
+        if self.kind is None:  # a DOCTYPE can only come before the root element: looked for until it begins
+            seen = self._prolog_end + data
+            if _DOCTYPE.search(seen) is not None:
+                self.stopped = "doctype"
+                return
+            self._prolog_end = seen[-8:]
         try:
             self._parser.feed(data)
         except etree.XMLSyntaxError:
