@@ -17,6 +17,8 @@ from peer.crawl.urls import (
     origin_of,
     path_and_query_of,
 )
+from protocol import HostState as WireHostState
+from protocol import Limits, SeenReplica, encode_body
 
 BASE = "http://h.example/a/b/c.html?q=1"
 
@@ -90,6 +92,8 @@ def test_normalize_absolute(url: str, expected: str) -> None:
         "http://[::1%25%20]:8080/x",
         "http://" + "a" * 64 + ".com/",
         "http://xn--.com/",
+        "http://a-.example.com/",  # a label may not end or begin with a hyphen: no peer could be sent its host
+        "http://-a.example.com/",
         "relative/path",
         "/absolute/path",
         "",
@@ -179,7 +183,8 @@ _URL_CHARS = st.sampled_from(
     list("aZ09-._~!$&'()*+,;=:@/?#[]%% \\\t|<>\"{}^`") + ["%41", "%7e", "%2F", "%zz", "..", "./", "ä", "ツ", "\x00"]
 )
 _HOSTS = st.sampled_from(
-    ["example.com", "EXAMPLE.com.", "bücher.de", "[::1]", "127.0.0.1", "a-b_c.example", "%65x.com", "xn--bcher-kva.de"]
+    ["example.com", "EXAMPLE.com.", "bücher.de", "[::1]", "127.0.0.1", "a-b_c.example", "%65x.com", "xn--bcher-kva.de",
+     "a-.example", "-a.example", "x.-.example"]
 )
 
 
@@ -200,6 +205,10 @@ def test_normalize_is_idempotent_on_url_like_input(url: str) -> None:
         assert normalize(once, BASE) == once
         assert once.startswith(("http://", "https://"))
         assert "#" not in once and " " not in once
+        # a queued URL's host must travel: hand-off chunks, replicas and reports carry it
+        host = host_of(once)
+        state = WireHostState(host=host, crawl_delay=0.0, ready_in=0.0, failures=0)
+        assert encode_body(SeenReplica(epoch=1, keys=(), hosts=(state,)), "msgpack", Limits())
 
 
 @settings(max_examples=200, deadline=None)

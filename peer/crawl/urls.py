@@ -160,7 +160,9 @@ def _host(host: str) -> str | None:
     if not host or len(host) > 253 or not _ASCII_HOST.fullmatch(host):
         return None
     for label in host.split("."):
-        if not label or len(label) > 63:
+        # no leading or trailing hyphen (RFC 952/1123): the wire protocol refuses such a host (protocol/_schema.py),
+        # and a URL that is queued must be one its node can hand off, replicate and report
+        if not label or len(label) > 63 or label[0] == "-" or label[-1] == "-":
             return None
     return host
 
