@@ -12,8 +12,9 @@ import trio
 
 from peer.config import load
 from peer.crawl.crawler import Crawler
+from peer.crawl.robots import RobotsTxt
 from storage import NodeStore, NullPageStore
-from tests.test_host_window import _EPOCH, SimWeb
+from tests.test_host_window import _EPOCH, SimWeb, _response
 
 
 def _crawler(tmp_path, store: NodeStore, web: SimWeb, **flags) -> Crawler:
@@ -72,3 +73,54 @@ async def test_a_drain_puts_parked_urls_back_so_a_restart_counts_no_crash(tmp_pa
             await again.run()
     fetched = sorted(f"http://{host}{path}" for _t, host, path in again_web.requests if path != "/robots.txt")
     assert fetched == sorted(again_web.pages()), "after the restart every page is fetched, once"
+
+
+class _Steps(trio.abc.Instrument):
+    """Counts task steps: two calls in the same step had no checkpoint between them."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps += 1
+
+
+class _DisallowingWeb(SimWeb):
+    """h0's robots.txt disallows /x, under thousands of wildcard rules (a robots.txt may make each check slow)."""
+
+    async def fetch(self, url, *, headers=(), sink=None, address=None):
+        if url == "http://h0.test/robots.txt":
+            self.requests.append((trio.current_time(), "h0.test", "/robots.txt"))
+            rules = "".join(f"Disallow: /*q{i}\n" for i in range(2000))
+            return _response(url, 200, "text/plain", f"User-agent: *\n{rules}Disallow: /x\n".encode())
+        return await super().fetch(url, headers=headers, sink=sink, address=address)
+
+
+async def test_a_host_turn_lets_other_tasks_run_between_disallowed_urls(tmp_path, autojump_clock, monkeypatch):
+    """A host turn skips up to 256 URLs that robots.txt forbids before it yields; a robots.txt of many wildcard
+    rules makes each check cost up to 0.1 s on a long path, and the turn held the event loop for half a minute
+    (membership probes, peer links, the control endpoint all waiting). Each skip is now a checkpoint."""
+    steps = _Steps()
+    checks: list[int] = []
+    can_fetch = RobotsTxt.can_fetch
+
+    def counted(self, agent: str, path: str) -> bool:
+        if path.startswith("/x"):
+            checks.append(steps.steps)
+        return can_fetch(self, agent, path)
+
+    monkeypatch.setattr(RobotsTxt, "can_fetch", counted)
+    web = _DisallowingWeb(2, 2, set(), [])
+    trio.lowlevel.add_instrument(steps)
+    try:
+        with NodeStore.open(tmp_path / "store") as store:
+            crawler = _crawler(tmp_path, store, web, delay=1.0, concurrency=4, exit_when_done=True)
+            crawler.seed([f"http://h0.test/x{i}" for i in range(300)] + ["http://h0.test/p0"])
+            with trio.fail_after(10_000):
+                await crawler.run()
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert len(checks) == 300 and crawler.stats.skipped["robots"] == 300
+    assert len(set(checks)) == len(checks), "two disallowed URLs were checked in one step of the event loop"
+    fetched = {f"http://{host}{path}" for _t, host, path in web.requests if path != "/robots.txt"}
+    assert fetched == web.pages()
