@@ -76,11 +76,13 @@ class HandoffConfig:
     interval: float = 0.2
     # A page fetched here whose release waits for its links (`HandoffDelegate.held_keys`) is sent as seen only
     # once its links are safe: the transfer's last chunk waits for that at most this long, and at most two thirds
-    # of `wait` (the receiver holds the arc's hosts meanwhile). Its links' owners ack within a round trip, but
-    # the outbox releases in order: a lost batch holds the releases behind it until its re-send (5 s), and with
-    # 5% of the frames lost that took up to 20 s. Past the limit the keys go as seen all the same: a death just
-    # then could lose those links again, where sending them as not seen would fetch every such page twice.
-    withhold_limit: float = 20.0
+    # of `wait` (the receiver holds the arc's hosts meanwhile). Its links' owners ack within a round trip, and a
+    # lost batch is re-sent after 5 s; but the outbox releases in order, so with 5% of the frames lost a release
+    # waited up to 20 s, and with 20% lost the cluster's joins no longer settled within 40 s. Past the limit the
+    # keys go as seen all the same: the old owner's death within the limit of the transfer's end is covered
+    # (the seconds after a join, when it has mattered), a later one could lose those links again, and sending
+    # them as not seen would fetch every such page twice.
+    withhold_limit: float = 5.0
     # Gained arcs whose transfer has not come after this long make the node ask their previous owner for it
     # (`HandoffAsk`), and again every `resend_after`: a small transfer on a LAN arrives well within it, so the
     # ask is mostly sent to a previous owner that has nothing for us under our ring (it saw other rings).
