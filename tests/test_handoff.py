@@ -522,14 +522,19 @@ async def test_default_chunks_fit_the_frame_limit_in_both_codecs(stores, autojum
 
 
 class Fetching(Alone):
-    """A delegate with fetches in flight at `positions` (the test's list, changed as fetches end)."""
+    """A delegate with fetches in flight at `positions` (the test's list, changed as fetches end), and pages
+    fetched whose release waits for their links, by key (`held`, the test's set)."""
 
-    def __init__(self, node_id: str, positions: list[int]) -> None:
+    def __init__(self, node_id: str, positions: list[int] | None = None, held: set[bytes] | None = None) -> None:
         super().__init__(node_id)
-        self.positions = positions
+        self.positions = positions if positions is not None else []
+        self.held = held if held is not None else set()
 
     def busy_positions(self) -> list[int]:
         return list(self.positions)
+
+    def held_keys(self) -> set[bytes]:
+        return set(self.held)
 
 
 async def test_a_transfer_waits_for_the_fetches_in_flight_in_its_arcs(stores, autojump_clock):
@@ -603,17 +608,6 @@ async def test_pages_the_new_owner_released_here_stay_seen_after_the_drop(stores
         nursery.cancel_scope.cancel()
 
 
-class Holding(Alone):
-    """A delegate with pages fetched here whose release waits for their links (the test's set)."""
-
-    def __init__(self, node_id: str, held: set[bytes]) -> None:
-        super().__init__(node_id)
-        self.held = held
-
-    def held_keys(self) -> set[bytes]:
-        return set(self.held)
-
-
 def _held_page(store_b: NodeStore) -> tuple[QueuedUrl, bytes]:
     """A page of a moving host that "a" fetched (a seen key of `fill`), queued at "b0" too, as a third node's
     link to it would have queued it there after the ring change."""
@@ -640,7 +634,7 @@ async def test_a_page_whose_release_is_held_is_sent_as_seen_only_once_its_links_
     async with trio.open_nursery() as nursery:
         net = Net(nursery)
         a = net.nodes["a"] = Handoff("a", store_a, net.links("a"), config=config, wall_clock=wall,
-                                     delegate=Holding("a", held))
+                                     delegate=Fetching("a", held=held))
         b = net.nodes["b0"] = Handoff("b0", store_b, net.links("b0"), config=config, wall_clock=wall)
         a.view_changed(1, OLD, NEW)
         b.view_changed(1, OLD, NEW)
