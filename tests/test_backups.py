@@ -335,6 +335,31 @@ async def test_rehoming_sends_each_queued_url_to_its_new_backup_and_restores(sto
     assert moved == expect
 
 
+async def test_rehoming_sends_a_page_whose_release_is_held_to_its_new_backup(stores) -> None:
+    """A page fetched here waits for its routed link to be acknowledged; its replica at the backup is what brings
+    the link back if this node dies. The backup dies (and the link's owner with it): the new backup must get the
+    page's replica too, or this node's death before the link is acknowledged loses it (the search: 1 page)."""
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    without_b = Ring({k: v for k, v in WEIGHTS.items() if k != "B"}, points_per_weight=20)
+    links = Links()
+    store = stores["A"]
+    owner = _node("A", stores, links, ring)
+    page = next(i for i in _items(ring, "A", 200)
+                if ring.backups_at(host_position(i.host), 1) == ("B",) and without_b.owner(i.host) == "A")
+    routed = _items(ring, "C", 1)[0]
+    store.outbox.put([("C", routed)])  # the page's link, unacknowledged
+    owner.released(page, ["C"])
+    await owner.rehome(ring)
+    owner.ring_of = lambda: (2, without_b)
+    owner.ring_changed(without_b)
+    links.sent.clear()
+    assert await owner.rehome(without_b) == 1
+    owner.pump(trio.current_time())
+    new_backup = without_b.backups_at(host_position(page.host), 1)[0]
+    assert [u.url for m in links.replicas_to(new_backup) for u in m.urls] == [page.url]
+    assert owner.unreleased() == {page.url}
+
+
 def test_promotion_keeps_the_budget_counts_of_a_host_known_here(stores) -> None:
     """A host's page and byte counts (its budgets) survive the merge of a dead owner's state into ours."""
     ring = Ring(WEIGHTS, points_per_weight=20)

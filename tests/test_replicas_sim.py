@@ -290,6 +290,10 @@ def _permanent_schedule(operations: list[tuple], seed: int) -> None:
 # Later it lost 1 page: the seen-key replica of a fetched page reached the heir before the replica of the
 # link it queued; the heir never fetched the page again. The seen key now goes with the page's release.
 @example(operations=[("kill", 0.25, 0)], seed=65535)
+# Found by the search (2026-11-26): a page waited for the ack of a link routed to its own backup, which had died;
+# the re-homing to the new backup skipped the page (neither queued nor in flight), and the owner's death then lost
+# the link (1 page). A page whose release is held is re-homed like a queued URL.
+@example(operations=[("join", 0.08784353332009495, 0), ("kill", 0.765625, 87), ("kill", 0.765625, 87)], seed=31527)
 def test_any_schedule_of_permanent_kills_loses_no_url_with_one_replica(operations: list[tuple], seed: int) -> None:
     _permanent_schedule(operations, seed)
 

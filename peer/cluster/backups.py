@@ -609,8 +609,9 @@ class QueueReplicas:
     # -- re-homing ------------------------------------------------------------------------------------------
 
     async def rehome(self, ring: Any) -> int:
-        """Send each queued or in-flight URL owned here to each backup it did not have under the ring of the
-        previous scan (every backup after a start); returns how many entries were staged."""
+        """Send each queued or in-flight URL owned here, and each page whose release is held, to each backup it did
+        not have under the ring of the previous scan (every backup after a start); returns how many entries were
+        staged."""
         old = self._synced
         me, copies, zones = self.node_id, self.copies, self.zones_of()
         staged = 0
@@ -640,6 +641,11 @@ class QueueReplicas:
                 if self.ring_of()[1] is not ring:
                     return staged  # the ring changed again: the next scan starts over from `old`
         for item in self.store.frontier.in_flight_items():
+            staged += place(item)
+        # Pages fetched whose release waits for their links: their replica is what brings the links back if this
+        # node dies, so a new backup needs it too (the search found one lost: the backup that held it died, the
+        # page's release waited for a link routed to that same dead node, and the heir had no copy to promote).
+        for _marks, _links, item in self._releases:
             staged += place(item)
         self.urls_rehomed += staged
         self._synced = ring
