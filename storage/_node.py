@@ -118,13 +118,14 @@ class NodeStore(Closing):
 
         return self._env.write(run)
 
-    def accept(self, owned: Sequence[QueuedUrl], forward: Sequence[tuple[str, QueuedUrl]]) -> list[QueuedUrl]:
+    def accept(self, owned: Sequence[QueuedUrl], forward: Sequence[tuple[str, QueuedUrl]], *,
+               aside: bool = False) -> list[QueuedUrl]:
         """A peer's batch: admit the URLs owned here and put the others in the outbox for their owners, in
-        one transaction; return the new ones."""
+        one transaction; return the new ones. `aside`: no page's release waits for the forwarded ones."""
 
         def run(txn: lmdb.Transaction) -> list[QueuedUrl]:
             new = self._admit_in(txn, owned) if owned else []
-            self.outbox._put_in(txn, forward)
+            self.outbox._put_in(txn, forward, aside=aside)
             return new
 
         return self._env.write(run)

@@ -80,6 +80,9 @@ class Outbox:
         #: looks again only when this changed.
         self.removals = 0
         self._prefixes: dict[str, bytes] = {}  # owner -> its key prefix (checked once)
+        # owner -> sequence numbers of entries no page waits for (`_put_in(..., aside=True)`): `oldest_seq` passes
+        # over them. In memory only: what waits for pages' links (held releases) is in memory only too.
+        self._aside: dict[str, set[int]] = {}
 
     def _stored_seq(self) -> int:
         with self._env.read() as txn:
@@ -95,8 +98,10 @@ class Outbox:
         txn.put(key, (before + add).to_bytes(8, "big"), db=self._db)
         return before
 
-    def _put_in(self, txn: lmdb.Transaction, routed: Sequence[tuple[str, QueuedUrl]]) -> list[int]:
-        """Append each (owner, url); return the sequence numbers given, in order."""
+    def _put_in(self, txn: lmdb.Transaction, routed: Sequence[tuple[str, QueuedUrl]], *,
+                aside: bool = False) -> list[int]:
+        """Append each (owner, url); return the sequence numbers given, in order. `aside`: entries no page's
+        release waits for (a backup passing on replicas it no longer backs), which `oldest_seq` passes over."""
         if not routed:
             return []
         first = self._last + 1
@@ -114,6 +119,9 @@ class Outbox:
                 prefix = prefixes[owner] = _owner_prefix(owner)
             items.append((prefix + seq.to_bytes(8, "big"), _value(item)))
         txn.cursor(self._db).putmulti(items)
+        if aside:  # (numbers of an aborted transaction are never given again: harmless here)
+            for seq, (owner, _item) in enumerate(routed, first):
+                self._aside.setdefault(owner, set()).add(seq)
         return list(range(first, first + len(routed)))
 
     # -- public API -------------------------------------------------------------------------------------------
@@ -162,9 +170,15 @@ class Outbox:
         """Delete `owner`'s entries with these sequence numbers (the owner has them); return how many were
         there. Unknown numbers are ignored: a late or repeated ack is harmless."""
         prefix = _owner_prefix(owner)
+        seqs = list(seqs)
         keys = [prefix + seq.to_bytes(8, "big") for seq in seqs]
         if not keys:
             return 0
+        aside = self._aside.get(owner)
+        if aside is not None:
+            aside.difference_update(seqs)
+            if not aside:
+                del self._aside[owner]
         db = self._db
         removed = self._env.write(lambda txn: sum(1 for key in keys if txn.delete(key, db=db)))
         if removed:
@@ -193,16 +207,21 @@ class Outbox:
 
     def oldest_seq(self, owner: str) -> int | None:
         """The lowest sequence number of `owner`'s entries still waiting for its ack, or None when it has none:
-        every entry of `owner` numbered below it has been acknowledged (or re-routed under a new number)."""
+        every entry of `owner` numbered below it has been acknowledged (or re-routed under a new number).
+        Entries put `aside` are passed over: a backup's pass-on of thousands must not hold the pages' releases."""
         prefix = _owner_prefix(owner)
+        aside = self._aside.get(owner, ())
         with self._env.read() as txn:
             cur = txn.cursor(self._db)
             if not cur.set_range(prefix):
                 return None
-            key = cur.key()
-            if not key.startswith(prefix) or len(key) != len(prefix) + 8:
-                return None
-            return int.from_bytes(key[-8:], "big")
+            for key in cur.iternext(keys=True, values=False):
+                if not key.startswith(prefix) or len(key) != len(prefix) + 8:
+                    return None
+                seq = int.from_bytes(key[-8:], "big")
+                if seq not in aside:
+                    return seq
+            return None
 
     def _reroute_in(
         self, txn: lmdb.Transaction, owner_of: Callable[[str], str], local: str
@@ -229,6 +248,12 @@ class Outbox:
             txn.delete(key, db=db)
         if mine or moves:
             self.removals += 1
+            if self._aside:  # re-keyed entries count again (the held releases wait for them: `rerouted`)
+                for key in [key for key, _ in mine] + [key for key, _, _ in moves]:
+                    aside = self._aside.get(_owner_of_key(key))
+                    if aside is not None:
+                        aside.discard(int.from_bytes(key[-8:], "big"))
+                self._aside = {owner: seqs for owner, seqs in self._aside.items() if seqs}
         self._put_in(txn, [(owner, item) for _, owner, item in moves])
         moved: dict[str, int] = {}
         for _, owner, _ in moves:

@@ -182,3 +182,23 @@ def test_reroute_gives_moved_entries_new_numbers_under_their_new_owner(store):
     assert moved == {"d": 1} and mine == [q("h3", 3)]
     assert store.outbox.take("b", 10) == [(1, q("h1", 1))]
     assert store.outbox.take("d", 10) == [(4, q("h2", 2))]
+
+
+def test_entries_put_aside_are_passed_over_by_oldest_seq_until_acked_or_rerouted(store):
+    """A backup passes on replicas it no longer backs through the outbox (`Dispatcher.pass_on`); no page's
+    release waits for them, so `oldest_seq`, which held releases read, passes over them. A re-route gives them
+    new numbers under their new owner, which count again."""
+    page_link = [("b", q("h1.test", 1))]
+    passed = [("b", q("h2.test", i)) for i in range(3)]
+    store.accept([], passed, aside=True)
+    assert store.outbox.oldest_seq("b") is None  # only entries put aside: nothing a release waits for
+    (link_seq,) = store.outbox.put(page_link)
+    assert store.outbox.oldest_seq("b") == link_seq
+    store.outbox.ack("b", [link_seq])
+    assert store.outbox.oldest_seq("b") is None and store.outbox.counts() == {"b": 3}
+    moved, _mine = store.reroute(lambda host: "c", "a")
+    assert moved == {"c": 3}
+    assert store.outbox.oldest_seq("c") is not None  # re-keyed: they count again
+    seqs = [seq for seq, _item in store.outbox.take("c", 10)]
+    store.outbox.ack("c", seqs)
+    assert store.outbox.oldest_seq("c") is None and store.outbox.counts() == {}

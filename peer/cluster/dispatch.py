@@ -229,7 +229,9 @@ class Dispatcher:
                 mine.append(item)
             else:
                 others.append((owner, item))
-        new = self.store.accept(mine, others)
+        # put aside: a held release waits for the outbox's oldest entry of each owner its page's links went to,
+        # and a pass-on of thousands would hold every page's release until it is all acknowledged
+        new = self.store.accept(mine, others, aside=True)
         self._stored(others)
         self._replicate(new)
         self._admitted(new)
