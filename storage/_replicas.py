@@ -199,23 +199,34 @@ class Replicas:
         for key, _value in self._env.scan(REPLICA, _WHOLE_RING):
             yield key
 
-    def drop_where(self, unwanted: Callable[[int], bool], *, chunk: int = 4096) -> int:
+    def drop_where(self, unwanted: Callable[[int], bool], *, chunk: int = 4096,
+                   passing: Callable[[list[QueuedUrl]], object] | None = None) -> int:
         """Forget the URLs and states whose ring position `unwanted(position)` says are not this node's to hold
-        (it is no longer a backup there). Reads in short transactions, deletes `chunk` keys per transaction."""
+        (it is no longer a backup there). Reads in short transactions, deletes `chunk` keys per transaction;
+        `passing` is given each chunk's URLs before they are deleted (a backup passes them on to their owners)."""
         self.fold()
         dropped = {REPLICA: 0, RSTATE: 0}
         for name in (REPLICA, RSTATE):
             db = self._env.db(name)
             batch: list[bytes] = []
-            for key, _value in self._env.scan(name, _WHOLE_RING):
+            items: list[QueuedUrl] = []
+            for key, value in self._env.scan(name, _WHOLE_RING):
                 if unwanted(int.from_bytes(key[:8], "big")):
                     batch.append(key)
+                    if passing is not None and name == REPLICA:
+                        items.append(_item(value))
                 if len(batch) >= chunk:
-                    dropped[name] += self._delete(db, batch)
-                    batch = []
+                    dropped[name] += self._drop(db, batch, items, passing)
+                    batch, items = [], []
             if batch:
-                dropped[name] += self._delete(db, batch)
+                dropped[name] += self._drop(db, batch, items, passing)
         return dropped[REPLICA]
+
+    def _drop(self, db: object, keys: list[bytes], items: list[QueuedUrl],
+              passing: Callable[[list[QueuedUrl]], object] | None) -> int:
+        if items and passing is not None:
+            passing(items)  # committed first: a crash between them passes them on again, never loses them
+        return self._delete(db, keys)
 
     def _delete(self, db: object, keys: list[bytes]) -> int:
         return self._env.write(lambda txn: sum(1 for key in keys if txn.delete(key, db=db)))

@@ -45,6 +45,17 @@ def _items(ring: Ring, owner: str, count: int, start: int = 0) -> list[QueuedUrl
     return items
 
 
+def _backed_by(ring: Ring, node: str, items: list[QueuedUrl]) -> tuple[list[QueuedUrl], list[QueuedUrl]]:
+    """`items` split into those whose position `node` backs under `ring`, and the others."""
+    backed = [i for i in items if node in ring.holders_at(host_position(i.host), 1)]
+    return backed, [i for i in items if i not in backed]
+
+
+def _entries(items: list[QueuedUrl]) -> tuple[UrlEntry, ...]:
+    """`items` as a `QueueReplica` carries them."""
+    return tuple(UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops) for i in items)
+
+
 @pytest.fixture
 def stores(tmp_path: Path):
     opened = {name: NodeStore.open(tmp_path / name) for name in WEIGHTS}
@@ -514,10 +525,9 @@ async def test_a_joiner_keeps_the_replicas_sent_under_a_newer_view_than_its_own_
     view = [(1, alone)]
     joiner = QueueReplicas("C", stores["C"], Links(), ring_of=lambda: view[0], copies=1, wall_clock=lambda: 0.0)
     items = _items(full, "A", 60)
-    backed = [i for i in items if "C" in full.holders_at(host_position(i.host), 1)]
-    elsewhere = [i for i in items if i not in backed]
+    backed, elsewhere = _backed_by(full, "C", items)
     assert backed and elsewhere
-    entries = tuple(UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops) for i in items)
+    entries = _entries(items)
     async with trio.open_nursery() as nursery:
         await nursery.start(joiner.run)
         assert joiner.on_message("A", QueueReplica(seq=1, epoch=5, urls=entries, released=()))
@@ -543,10 +553,9 @@ async def test_replicas_no_longer_backed_here_are_passed_on_to_their_owner_befor
     passed: list[list[QueuedUrl]] = []
     c.pass_on = passed.append
     items = [i for i in _items(two, "A", 80) if full.owner(i.host) == "A"]
-    backed = [i for i in items if "C" in full.holders_at(host_position(i.host), 1)]
-    moved = [i for i in items if i not in backed]
+    backed, moved = _backed_by(full, "C", items)
     assert backed and moved
-    entries = tuple(UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops) for i in items)
+    entries = _entries(items)
     async with trio.open_nursery() as nursery:
         await nursery.start(c.run)
         assert c.on_message("A", QueueReplica(seq=1, epoch=1, urls=entries, released=()))

@@ -93,8 +93,6 @@ MAX_STAGED = 200_000
 GC_DELAY = 1.0
 #: Re-homing reads the queue in chunks of this many URLs, yielding to trio between chunks.
 SCAN_CHUNK = 2048
-#: Replicas passed on to their owners (`collect`) are stored in the outbox this many to a transaction.
-PASS_CHUNK = 4096
 #: A backup journals each message (one put at the end of a table) and folds the journal into its replica and seen
 #: tables once this many entries wait, or the oldest has waited FOLD_AGE seconds (storage/_replicas.py): applied
 #: one message at a time, each entry copied a leaf page of its own and each message paid a commit; a fold writes
@@ -326,14 +324,11 @@ class QueueReplicas:
         if not self._releases or not (owners or ticket is not None):
             return
         last = self.store.outbox.last_seq()
-        still = []
-        for marks, links, item in self._releases:
-            if marks:
+        for index, (marks, links, item) in enumerate(self._releases):
+            if marks:  # (a release that routed nothing waits for no outbox entry)
                 for owner in owners:
                     marks[owner] = max(marks.get(owner, 0), last)
-                links = _merged(links, ticket)
-            still.append((marks, links, item))
-        self._releases = still
+                self._releases[index] = (marks, _merged(links, ticket), item)
 
     def held_keys(self) -> set[bytes]:
         """Keys of the pages whose release is held for their links (`released`): a hand-off sends them as seen
@@ -671,12 +666,9 @@ class QueueReplicas:
         def unwanted(position: int) -> bool:
             return me not in ring.holders_at(position, max(1, copies), zones)
 
+        dropped = self.store.replicas.drop_where(unwanted, passing=self.pass_on)
         if self.pass_on is not None:
-            held, _states = self.store.replicas.where(unwanted)
-            for start in range(0, len(held), PASS_CHUNK):
-                self.pass_on([item for _key, item in held[start:start + PASS_CHUNK]])
-            self.urls_passed_on += len(held)
-        dropped = self.store.replicas.drop_where(unwanted)
+            self.urls_passed_on += dropped
         self._gc_ring = ring
         if dropped:
             log.info("replicas of positions no longer backed here passed on to their owners and dropped",

@@ -205,21 +205,21 @@ class Dispatcher:
         self.store.outbox.put(staged)
         if self._local:
             local, self._local = self._local, []
-            ring = self.ring_of()[1]  # the view may have changed since these were found to be ours
-            mine = [item for item in local if ring.owner(item.host) == self.node_id]
-            others = [(ring.owner(item.host), item) for item in local if ring.owner(item.host) != self.node_id]
-            if others:
-                self._stored(others)
-            new = self.store.accept(mine, others)
-            self._replicate(new)
-            self._admitted(new)
+            self._place(local)  # the view may have changed since these were found to be ours
         return len(staged)
 
     def pass_on(self, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
         """Queued URLs this node held as a backup and no longer backs (`QueueReplicas.collect`): each goes to
         its owner under the current view like a routed link (the outbox, acknowledged once durable there), or
-        is admitted here if this node owns it now, in one transaction. The owner's dedup store decides: most
-        are queued or fetched there already. Returns those new here."""
+        is admitted here if this node owns it now. The owner's dedup store decides: most are queued or fetched
+        there already. Put aside in the outbox: a held release waits for the oldest entry of each owner its
+        page's links went to, and a pass-on of thousands would hold every page's release until it is all
+        acknowledged. Returns those new here."""
+        return self._place(items, aside=True)
+
+    def _place(self, items: Sequence[QueuedUrl], *, aside: bool = False) -> list[QueuedUrl]:
+        """Admit `items` owned here under the current view and put the others in the outbox for their owners, in
+        one transaction; returns those new here (replicated and their hosts woken)."""
         ring = self.ring_of()[1]
         mine: list[QueuedUrl] = []
         others: list[tuple[str, QueuedUrl]] = []
@@ -229,9 +229,7 @@ class Dispatcher:
                 mine.append(item)
             else:
                 others.append((owner, item))
-        # put aside: a held release waits for the outbox's oldest entry of each owner its page's links went to,
-        # and a pass-on of thousands would hold every page's release until it is all acknowledged
-        new = self.store.accept(mine, others, aside=True)
+        new = self.store.accept(mine, others, aside=aside)
         self._stored(others)
         self._replicate(new)
         self._admitted(new)
