@@ -1,4 +1,4 @@
-"""The crawler's memory of URLs it answered for and routed (peer/crawl/crawler.py `_seen`), under an ownership
+"""The crawler's memory of URLs it answered for and routed (peer/crawl/admission.py `_seen`), under an ownership
 that is not the lone node's: a link routed once is dropped on later pages before it is screened or routed
 again; a link queued here is a seen hit without asking `owns`; and after `forget_seen` (what the cluster calls
 at every new ring) both are screened against the new ownership again, so a URL routed to an owner that has
@@ -16,7 +16,8 @@ import random
 from peer.cluster.cluster import Cluster
 from peer.cluster.transport import MemoryNetwork
 from peer.config import load
-from peer.crawl.crawler import Crawler, _Batch
+from peer.crawl.admission import Batch
+from peer.crawl.crawler import Crawler
 from peer.stats import Stats
 from ring import Ring
 from storage import NodeStore, NullPageStore, QueuedUrl
@@ -62,7 +63,7 @@ class NoFetch:
 
 def _page(crawler: Crawler, links: list[str]) -> None:
     """What a fetched page's links go through: screening, then one store transaction."""
-    batch = _Batch()
+    batch = Batch()
     crawler._screen_found(batch, links, 1, "http://here.test/")
     crawler._commit(batch)
 

@@ -114,16 +114,16 @@ async def test_an_unexpected_exception_in_a_host_turn_costs_that_url_only(tmp_pa
     """Any defect a page might reach is contained to its URL: the parser is made to fail on one page (a stand-in
     for a bug nobody knows yet); the node logs it with the URL, counts it, finishes the URL, backs the host off
     and crawls on."""
-    import peer.crawl.crawler as crawler_module
+    import peer.crawl.hostturns as turns_module  # the host turn parses a page inline
 
-    real_extract = crawler_module.extract
+    real_extract = turns_module.extract
 
     def extract(body: bytes, url: str, ctype: str | None):
         if url.endswith("/bad-charset.html"):
             raise RuntimeError("a parser defect reached by this page")
         return real_extract(body, url, ctype)
 
-    monkeypatch.setattr(crawler_module, "extract", extract)
+    monkeypatch.setattr(turns_module, "extract", extract)
     async with trio.open_nursery() as nursery:
         web = await nursery.start(serve_hostile)
         cfg = load(env={}, flags={
@@ -189,28 +189,28 @@ async def test_a_url_in_flight_at_three_kills_in_a_row_is_dropped_and_recorded(t
 )
 def test_retry_after_reads_only_ascii_seconds_or_a_date(value: str, seconds: float | None) -> None:
     """str.isdigit() is true of '١٢' and '²'; int() fails on '²' and reads '١٢' as 12: neither is HTTP."""
-    from peer.crawl.crawler import _retry_after
+    from peer.crawl.responses import retry_after
     from peer.fetch.http import Response
 
     resp = Response(url="http://h/", status=503, reason="", headers=[("retry-after", value)], body=b"", ip="",
                     truncated=False, elapsed=0.0, request_headers=[])
-    assert _retry_after(resp, now=2_000_000_000.0) == seconds
+    assert retry_after(resp, now=2_000_000_000.0) == seconds
 
 
 async def test_a_page_of_a_quarter_million_links_is_parsed_off_the_event_loop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    import peer.crawl.crawler as crawler_module
+    import peer.crawl.hostturns as turns_module  # the host turn parses a page inline
 
-    real_extract = crawler_module.extract
+    real_extract = turns_module.extract
     threads: dict[str, bool] = {}
 
     def extract(body: bytes, url: str, ctype: str | None):
         threads[url.rsplit("/", 1)[1]] = threading.current_thread() is threading.main_thread()
         return real_extract(body, url, ctype)
 
-    monkeypatch.setattr(crawler_module, "extract", extract)
+    monkeypatch.setattr(turns_module, "extract", extract)
     async with trio.open_nursery() as nursery:
         web = await nursery.start(serve_hostile)
         cfg = load(env={}, flags={

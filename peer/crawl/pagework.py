@@ -1,0 +1,86 @@
+"""A fetched page's storing and extraction, the crawler's CPU-heavy work on a page: its WARC records written (if
+its type is stored) and its links extracted, inline, in a page thread (`--page-threads`), or in a page worker
+process (`--page-processes`, `peer/crawl/pageworkers.py`), which makes the same records and links. The host
+turn (`hostturns`) picks the way for each page; everything the page changes in the stores stays there.
+
+A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, set in `Crawler.__init__`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from peer.crawl.links import Page, extract, is_html
+from peer.crawl.pageworkers import PageJob, PageResult, PageWorkerError
+from peer.crawl.responses import as_decoded
+from peer.fetch.http import Response
+
+__all__ = ["THREAD_PARSE_BYTES", "PageWork"]
+
+# the crawler's records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.crawl.crawler")
+
+#: A page larger than this is parsed in a worker thread even without ``parse_in_thread``: a million links take
+#: lxml about 0.7 s, longer than the membership probe timeout, and the event loop must keep answering.
+THREAD_PARSE_BYTES = 512 * 1024
+
+
+class PageWork:
+    """A page's records and links: inline, in a page thread, or by a page worker process."""
+
+    def _store_and_extract(self, resp: Response, url: str, ctype: str | None,
+                           now: float) -> tuple[int | None, Page | None]:
+        """A page's CPU-heavy work, in a page thread: digests, gzip and lxml's parse release the GIL, so
+        threads carry them on other cores; one hand-off per page."""
+        size = self._store(resp, ctype, now)
+        return size, (extract(resp.body, url, ctype) if is_html(ctype) else None)
+
+    async def _work_elsewhere(self, resp: Response, url: str, ctype: str | None,
+                              now: float) -> tuple[int | None, Page | None]:
+        """A page's records and links made by a page worker process, the records appended here: the same
+        records and links as inline (`_store`, `extract`). A page that killed its workers again and again is
+        counted (``errors{kind="page-worker"}``), logged, and finished unstored and without links."""
+        assert self.page_workers is not None
+        mime = (ctype or "").split(";", 1)[0].strip().lower()
+        stored = mime in self.store_types
+        level = getattr(self.pages, "compress_level", None) if stored else None
+        parse = is_html(ctype)
+        if not parse and level is None:
+            return self._store(resp, ctype, now), None
+        job = PageJob(url=resp.url, content_type=ctype, body=resp.body, parse=parse, compress_level=level,
+                      request_headers=resp.request_headers, status=resp.status, reason=resp.reason,
+                      response_headers=as_decoded(resp), ip=resp.ip, fetched_at=now, truncated=resp.truncated)
+        try:
+            result: PageResult = await self.page_workers.process(job)
+        except PageWorkerError as exc:
+            self.stats.errors["page-worker"] += 1
+            log.warning("page given up by the page workers", extra={"url": url, "error": str(exc)})
+            return None, None
+        size: int | None = None
+        if result.written is not None:  # the worker appended the records to its own WARC file
+            size = result.written or 0
+        elif result.built is not None:
+            size = self.pages.store_built(url=resp.url, status=resp.status, fetched_at=now, built=result.built,
+                                          truncated=resp.truncated) or 0
+        elif stored:
+            size = self._store(resp, ctype, now)  # a store that keeps no records (--store none) counts it here
+        return size, result.page
+
+    def _store(self, resp: Response, ctype: str | None, now: float) -> int | None:
+        """Write the page if its type is stored; the bytes written (None when not stored). Safe in a page
+        thread (the store locks)."""
+        mime = (ctype or "").split(";", 1)[0].strip().lower()
+        if mime not in self.store_types:
+            return None
+        written = self.pages.store(
+            url=resp.url,
+            request_headers=resp.request_headers,
+            status=resp.status,
+            reason=resp.reason,
+            response_headers=as_decoded(resp),
+            body=resp.body,
+            ip=resp.ip,
+            fetched_at=now,
+            truncated=resp.truncated,
+        )
+        return written or 0
