@@ -17,7 +17,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.cluster.handoff import Handoff, HandoffConfig, _ArcSet, handoff_arcs, plan_view
+from peer.cluster.handoff import ArcSet, Handoff, HandoffConfig, handoff_arcs, plan_view
 from protocol import HandoffAck, HandoffChunk, Message
 from ring import Ring, diff, diff_moves, host_position, wire_moves
 from storage import HostState, NodeStore, QueuedUrl, in_arc, url_key
@@ -179,14 +179,14 @@ def test_arc_sets_locate_positions_as_in_arc_does(cuts: list[int], wrap: bool, p
     wholes = [(5, 5)]
     probes = np.array(sorted(set(positions) | {0, 2**64 - 1} | {a for arc in arcs for a in arc}), dtype=np.uint64)
     for arc_list in (arcs, wholes):
-        arc_set = _ArcSet(arc_list)
+        arc_set = ArcSet(arc_list)
         expected = [next((i for i, arc in enumerate(arc_set.arcs) if in_arc(p, *arc)), -1) for p in probes.tolist()]
         assert arc_set.locate(probes).tolist() == expected
         assert [arc_set.find(p) for p in probes.tolist()] == [arc_set.arcs[i] if i >= 0 else None for i in expected]
         assert arc_set.occupied(probes).tolist() == sorted({i for i in expected if i >= 0})
         assert arc_set.holds_any(probes) == any(i >= 0 for i in expected)
-        for other in (_ArcSet([(int(p), int(p) + 1) for p in probes[::3].tolist() if p < 2**64 - 1]),
-                      _ArcSet([(cuts[0] + 1, cuts[-1])]) if cuts[-1] > cuts[0] + 1 else _ArcSet()):
+        for other in (ArcSet([(int(p), int(p) + 1) for p in probes[::3].tolist() if p < 2**64 - 1]),
+                      ArcSet([(cuts[0] + 1, cuts[-1])]) if cuts[-1] > cuts[0] + 1 else ArcSet()):
             shared = any(in_arc(p, *b) for a in arc_set.arcs for b in other.arcs for p in (a[0], b[0])
                          if in_arc(p, *a) and in_arc(p, *b))
             assert arc_set.touches(other) == other.touches(arc_set) == shared
@@ -199,21 +199,21 @@ _points = st.integers(0, _SPACE - 1)
 
 
 @st.composite
-def _disjoint_sets(draw) -> _ArcSet:
+def _disjoint_sets(draw) -> ArcSet:
     """Disjoint arcs, at most one wrapping, as a ring's moved arcs are: cut points sorted, every other gap kept."""
     cuts = sorted(set(draw(st.lists(_points, min_size=0, max_size=12))))
     if len(cuts) < 2:
-        return _ArcSet()
+        return ArcSet()
     arcs = [(cuts[i], cuts[i + 1]) for i in range(0, len(cuts) - 1, 2)]
     if draw(st.booleans()) and len(cuts) % 2 == 1 and len(cuts) > 2:
         arcs.append((cuts[-1], cuts[0]))  # one arc across 2**64
-    return _ArcSet(arcs)
+    return ArcSet(arcs)
 
 
 @settings(max_examples=300, deadline=None)
 @given(sets=st.lists(_disjoint_sets(), min_size=1, max_size=3), probes=st.lists(_points, min_size=1, max_size=40))
 def test_merged_arc_sets_hold_exactly_the_positions_of_their_parts(sets, probes) -> None:
-    merged = _ArcSet.merged(sets)
+    merged = ArcSet.merged(sets)
     edges = [p for s in sets for arc in s.arcs for p in (arc[0], (arc[0] - 1) % _SPACE, arc[1], (arc[1] - 1) % _SPACE)]
     for position in [*probes, *edges]:
         assert (position in merged) == any(position in s for s in sets), position
@@ -224,12 +224,12 @@ def test_merged_arc_sets_hold_exactly_the_positions_of_their_parts(sets, probes)
 
 
 def test_merged_arc_sets_join_overlaps_and_the_whole_ring() -> None:
-    a = _ArcSet([(10, 20), (30, 40)])
-    b = _ArcSet([(15, 35), (_SPACE - 5, 3)])
-    assert _ArcSet.merged([a, b]).arcs == [(10, 40), (_SPACE - 5, 3)]
-    assert _ArcSet.merged([_ArcSet([(0, 0)]), a]).arcs == [(0, 0)]
-    assert _ArcSet.merged([_ArcSet([(5, 5)])]).arcs == [(0, 0)]  # equal bounds: the whole ring
-    assert _ArcSet.merged([_ArcSet([(0, _SPACE // 2)]), _ArcSet([(_SPACE // 2, 0)])]).arcs == [(0, 0)]
+    a = ArcSet([(10, 20), (30, 40)])
+    b = ArcSet([(15, 35), (_SPACE - 5, 3)])
+    assert ArcSet.merged([a, b]).arcs == [(10, 40), (_SPACE - 5, 3)]
+    assert ArcSet.merged([ArcSet([(0, 0)]), a]).arcs == [(0, 0)]
+    assert ArcSet.merged([ArcSet([(5, 5)])]).arcs == [(0, 0)]  # equal bounds: the whole ring
+    assert ArcSet.merged([ArcSet([(0, _SPACE // 2)]), ArcSet([(_SPACE // 2, 0)])]).arcs == [(0, 0)]
 
 
 def test_a_fresh_node_also_waits_for_the_owners_of_the_ring_without_it() -> None:
