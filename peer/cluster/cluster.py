@@ -347,7 +347,7 @@ class Cluster:
         owners = self._owners
         return owners is not None and owners.owner(host) == self.node_id
 
-    # -- the hand-off's delegate (peer/cluster/handoff.py: HandoffDelegate) --------------------------------
+    # -- the hand-off's delegate (peer/cluster/handoffconfig.py: HandoffDelegate) --------------------------
 
     def owner_of(self, host: str) -> str:
         assert self._owners is not None

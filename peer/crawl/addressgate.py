@@ -8,7 +8,7 @@ back when it ends; the lane may be taken again `delay` seconds after that end. S
 
 Pure: time is passed in (trio time in the crawler, plain numbers in tests). The crawler asks before a host
 turn's request (`try_acquire`); an address with no free lane answers when one may be free, and the host
-waits in the scheduler until then instead of holding a worker (`peer/crawl/crawler.py`).
+waits in the scheduler until then instead of holding a worker (`peer/crawl/hostturns.py`).
 """
 
 from __future__ import annotations

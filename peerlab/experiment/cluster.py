@@ -8,7 +8,7 @@ simulated is the network, the clock and the web; the crawl engine is replaced by
 ownership, what the crawler does (``_PageSource``): it takes URLs from the node's own frontier, one per host per
 second at most, skips hosts whose hand-off has not arrived and lets go of hosts that moved, "fetches" the page
 from the web model and passes its links through the cluster's ``Ownership`` seam (``owns`` / ``route`` /
-``take_routed`` / ``fetched``) into ``store.finish``, exactly as ``peer/crawl/crawler.py`` commits a page.
+``take_routed`` / ``fetched``) into ``store.finish``, exactly as the crawler commits a page (``peer/crawl/admission.py``).
 
 The web model is the simulation's: ``web.hosts`` hosts named from the seed, ``web.pages_per_host`` pages each,
 ``web.links_per_page`` links per page, a share ``web.internal_links`` of them on the page's own host and the
