@@ -19,6 +19,7 @@ from peer.config import load
 from peer.crawl.admission import Batch
 from peer.crawl.crawler import Crawler
 from peer.stats import Stats
+from protocol import QueueReplica, UrlEntry
 from ring import Ring
 from storage import NodeStore, NullPageStore, QueuedUrl
 
@@ -102,6 +103,40 @@ async def test_a_lone_node_keeps_its_memory_of_answered_urls(tmp_path) -> None:
         assert crawler.stats.urls_new == 3 and crawler.stats.urls_seen == 2 and crawler.stats.routed_repeats == 0
 
 
+async def test_urls_queued_at_their_owner_are_dropped_like_routed_repeats_until_a_new_ring(tmp_path) -> None:
+    cfg = load(env={}, flags={"node_id": "t", "data_dir": str(tmp_path), "allow_private": True})
+    owners = Owners({"here.test"})
+    with NodeStore.open(tmp_path / "store") as store:
+        crawler = Crawler(cfg, fetcher=NoFetch(), store=store, pages=NullPageStore(), ownership=owners)
+        # the owner of there.test queued /b (its replica came here); /c it did not say
+        assert crawler.known_elsewhere(["http://there.test/b"]) == 1
+        assert crawler.known_elsewhere(["http://there.test/b"]) == 0  # already known
+        _page(crawler, ["http://here.test/a", "http://there.test/b", "http://there.test/c"])
+        assert owners.routed == ["http://there.test/c"]
+        assert crawler.stats.routed_repeats == 1 and crawler.stats.urls_new == 1
+        # a URL answered here stays a seen hit: what an owner's replica says does not overwrite it
+        crawler.known_elsewhere(["http://here.test/a"])
+        _page(crawler, ["http://here.test/a"])
+        assert crawler.stats.urls_seen == 1 and crawler.stats.routed_repeats == 1
+        crawler.forget_seen()  # a new ring: the owner of there.test may be another node now
+        _page(crawler, ["http://there.test/b"])
+        assert owners.routed == ["http://there.test/c", "http://there.test/b"]
+
+
+class Links:
+    """The peer links' seam: what is sent is recorded."""
+
+    def __init__(self, sent: list[tuple[str, object]]) -> None:
+        self.sent = sent
+
+    def send_nowait(self, peer_id: str, message: object) -> bool:
+        self.sent.append((peer_id, message))
+        return True
+
+    def get(self, peer_id: str) -> None:
+        return None
+
+
 class Forgetful:
     """A crawler stand-in that counts `forget_seen` calls."""
 
@@ -130,3 +165,41 @@ async def test_the_cluster_clears_the_crawlers_memory_when_its_ring_changes_and_
         assert crawler.forgotten == 1
         cluster._set_ring(Ring({"a": 100, "b": 100, "c": 100}, points_per_weight=20))  # c joined
         assert crawler.forgotten == 2
+
+
+async def test_the_cluster_tells_the_crawler_what_a_peers_replicas_say_it_queued_for_its_own_hosts_only(tmp_path) -> None:
+    """A `QueueReplica` held here names URLs its sender queued. Those of hosts the sender owns under this node's
+    ring, sent under this node's view, are not routed to it again when found; the others (hosts this node owns,
+    a message of another view) change nothing."""
+    cfg = load(env={}, flags={"node_id": "a", "data_dir": str(tmp_path), "allow_private": True, "replicas": 1})
+    with NodeStore.open(tmp_path / "store") as store:
+        net = MemoryNetwork(random.Random(1))
+        cluster = Cluster(cfg, node_id="a", store=store, secret=b"s" * 32, stats=Stats(),
+                          transport=net.transport("10.0.0.1:7000"), points_per_weight=20)
+        crawler = Crawler(cfg, fetcher=NoFetch(), store=store, pages=NullPageStore(), ownership=cluster)
+        cluster.attach(crawler)
+        acks: list[tuple[str, object]] = []
+        cluster.backups.links = Links(acks)  # the network: the acks are recorded, not sent
+        ring = Ring({"a": 100, "b": 100}, points_per_weight=20)
+        cluster._set_ring(ring)
+        hosts = [f"h{i}.test" for i in range(40)]
+        theirs = [h for h in hosts if ring.owner(h) == "b"][:3]
+        mine = [h for h in hosts if ring.owner(h) == "a"][:1]
+        assert len(theirs) == 3 and mine
+
+        def replica(seq: int, epoch: int, urls: list[str]) -> QueueReplica:
+            return QueueReplica(seq=seq, epoch=epoch, released=(), hosts=(),
+                                urls=tuple(UrlEntry(url=u, depth=1, found_on=None, hops=0) for u in urls))
+
+        epoch = cluster.epoch
+        held = [f"http://{theirs[0]}/p", f"http://{mine[0]}/p"]
+        assert cluster.backups.on_message("b", replica(1, epoch, held))
+        assert cluster.backups.on_message("b", replica(2, epoch + 1, [f"http://{theirs[1]}/p"]))  # another view
+        assert [peer for peer, _ack in acks] == ["b", "b"]  # both held and acknowledged
+        assert cluster.urls_known_elsewhere == 1
+        assert cluster.status()["dispatch"]["urls_known_elsewhere"] == 1
+        found = [f"http://{theirs[0]}/p", f"http://{theirs[1]}/p", f"http://{theirs[2]}/p"]
+        _page(crawler, found + [f"http://{mine[0]}/p"])
+        assert crawler.stats.routed_repeats == 1
+        assert cluster.dispatcher.stats.urls_routed == 2  # theirs[1] and theirs[2]: routed as before
+        assert {i.url for i in store.frontier.scan_queued()} == {f"http://{mine[0]}/p"}

@@ -193,6 +193,10 @@ class QueueReplicas:
         # given the URLs of replicas this node no longer backs, before they are dropped (`collect`): the cluster
         # sends each to its owner (`Dispatcher.pass_on`)
         self.pass_on: Callable[[list[QueuedUrl]], None] | None = None
+        # given (the peer, the view epoch its message was sent under, the URLs) of each replica message held
+        # here: URLs their owner has durably queued, which the crawler need not route to it again
+        # (`Cluster._held_from`)
+        self.on_held: Callable[[str, int, list[QueuedUrl]], None] | None = None
         # releases waiting for their page's links: ({owner: outbox seq at the commit}, the links' ticket, URL)
         self._releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]] = []
         # Whether a held release may have become ready since `_stage_releases` last looked: a release waits for
@@ -718,6 +722,8 @@ class QueueReplicas:
             self.on_marked(released)
         self.urls_held += len(items)
         self.releases_held += len(released)
+        if items and self.on_held is not None:
+            self.on_held(peer_id, message.epoch, items)
         # committed: it survives this process's death (the note after FULL says why no fsync waits before the ack)
         self.links.send_nowait(peer_id, ReplicaAck(seq=message.seq))  # if lost, the owner re-sends: ack again
         return True

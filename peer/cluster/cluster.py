@@ -24,7 +24,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +204,8 @@ class Cluster:
         self.backups.on_marked = self.replicas.on_marked = self.handoff.marked_seen
         # replicas this node no longer backs go to their owners before they are dropped, not only dropped
         self.backups.pass_on = self.dispatcher.pass_on
+        # the URLs a peer's queued-URL replicas bring are queued at their owner: the crawler does not route them
+        self.backups.on_held = self._held_from
         # per-address limits held fleet-wide: this node owns the addresses the ring gives it and lends their
         # lanes (peer/cluster/lanes.py); the crawler borrows through it
         self._lanes_file = Path(cfg.data_dir) / LANES_FILE
@@ -215,6 +217,8 @@ class Cluster:
         )
         self._wall_clock = wall_clock
         self.crawler: Crawler | None = None
+        # URLs of peers' replicas the crawler learnt are queued at their owner, so not routed there (`_held_from`)
+        self.urls_known_elsewhere = 0
         self.address: str | None = None
         self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
         self.ready = trio.Event()  # joined (or started a new cluster) and seeded: progress waves may begin
@@ -281,6 +285,20 @@ class Cluster:
             self.backups.released(item, routed_to, links)
         else:
             self.replicas.fetched(item)
+
+    def _held_from(self, peer_id: str, epoch: int, items: Sequence[QueuedUrl]) -> None:
+        """A replica message from `peer_id` was held here: the URLs of hosts it owns under this node's ring, sent
+        under this node's view, are durably queued there (a node replicates what it queued, after its commit;
+        a commit lost in a crash is redone from its source, which is lost with it). The crawler drops links to
+        them like routed repeats (`Crawler.known_elsewhere`) until the ring changes: in a cluster of two, most
+        links to the other node's hosts name pages that node found first on the host itself."""
+        crawler, owners = self.crawler, self._owners
+        if crawler is None or owners is None or epoch != self.epoch:
+            return
+        owner = owners.owner
+        urls = [item.url for item in items if owner(item.host) == peer_id]
+        if urls:
+            self.urls_known_elsewhere += crawler.known_elsewhere(urls)
 
     def ring_of(self) -> tuple[int, Any]:
         """The view epoch and the current ring's owner look-up (what the dispatcher needs of a ring)."""
@@ -832,7 +850,8 @@ class Cluster:
                 "urls_sent": dict(d.urls_sent), "urls_resent": dict(d.urls_resent),
                 "urls_acked": dict(d.urls_acked), "urls_received": dict(d.urls_received),
                 "urls_new": d.urls_new, "urls_seen": d.urls_seen, "urls_forwarded": d.urls_forwarded,
-                "urls_rerouted": d.urls_rerouted, "batches_sent": d.batches_sent,
+                "urls_rerouted": d.urls_rerouted, "urls_known_elsewhere": self.urls_known_elsewhere,
+                "batches_sent": d.batches_sent,
                 "batches_resent": d.batches_resent, "batches_received": d.batches_received,
                 "outstanding": self.dispatcher.outstanding(),
             },

@@ -151,6 +151,19 @@ class Admission:
         self.stats.urls_seen += seen_before
         return len(items), seen_before
 
+    def known_elsewhere(self, urls: Sequence[str]) -> int:
+        """`urls`, of hosts owned elsewhere, are durably queued at their owner (its queued-URL replica reached this
+        node): a link to one is dropped like a routed repeat, before it is screened or routed (DESIGN decision
+        4: the owner has decided, and nothing is asked of it again). Under the current ring only: `forget_seen`
+        drops them with the rest. Returns how many were new to the memory."""
+        seen = self._seen
+        if len(seen) + len(urls) > _SEEN_CACHE_SIZE:
+            seen.clear()
+        before = len(seen)
+        for url in urls:
+            seen.setdefault(url, "")
+        return len(seen) - before
+
     def forget_seen(self) -> None:
         """Drop the in-memory record of URLs the dedup store has answered for and of URLs routed elsewhere.
         Call it whenever the dedup store may forget URLs (a re-crawl policy deleting keys) and whenever the
