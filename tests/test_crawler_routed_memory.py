@@ -19,7 +19,7 @@ from peer.config import load
 from peer.crawl.admission import Batch
 from peer.crawl.crawler import Crawler
 from peer.stats import Stats
-from protocol import QueueReplica, UrlEntry
+from protocol import QueueReplica, UrlBatch, UrlEntry
 from ring import Ring
 from storage import NodeStore, NullPageStore, QueuedUrl
 
@@ -146,6 +146,9 @@ class Forgetful:
     def forget_seen(self) -> None:
         self.forgotten += 1
 
+    def answered(self, url: str) -> bool:
+        return False
+
 
 async def test_the_cluster_clears_the_crawlers_memory_when_its_ring_changes_and_only_then(tmp_path) -> None:
     """`Cluster._set_ring` runs at every view change; the crawler's memory goes only when the owners may have
@@ -203,3 +206,46 @@ async def test_the_cluster_tells_the_crawler_what_a_peers_replicas_say_it_queued
         assert crawler.stats.routed_repeats == 1
         assert cluster.dispatcher.stats.urls_routed == 2  # theirs[1] and theirs[2]: routed as before
         assert {i.url for i in store.frontier.scan_queued()} == {f"http://{mine[0]}/p"}
+
+
+async def test_a_peers_batch_is_seen_without_a_look_up_for_the_urls_the_crawler_answered_for(tmp_path) -> None:
+    """The dispatcher asks the crawler's memory first (`Crawler.answered`): a URL it answered for is counted seen
+    without reaching the store; the rest go through the store as before, and after a new ring (`forget_seen`)
+    everything does."""
+    cfg = load(env={}, flags={"node_id": "a", "data_dir": str(tmp_path), "allow_private": True})
+    with NodeStore.open(tmp_path / "store") as store:
+        net = MemoryNetwork(random.Random(1))
+        cluster = Cluster(cfg, node_id="a", store=store, secret=b"s" * 32, stats=Stats(),
+                          transport=net.transport("10.0.0.1:7000"), points_per_weight=20)
+        crawler = Crawler(cfg, fetcher=NoFetch(), store=store, pages=NullPageStore(), ownership=cluster)
+        cluster.attach(crawler)
+        acks: list[tuple[str, object]] = []
+        cluster.dispatcher.links = Links(acks)
+        ring = Ring({"a": 100, "b": 100}, points_per_weight=20)
+        cluster._set_ring(ring)
+        mine = [h for h in (f"h{i}.test" for i in range(40)) if ring.owner(h) == "a"][:2]
+        known, fresh = f"http://{mine[0]}/known", f"http://{mine[1]}/fresh"
+        _page(crawler, [known])  # found here first: queued, and answered for in the memory
+        assert crawler.answered(known) and not crawler.answered(fresh)
+        looked_up: list[list[str]] = []
+        accept = store.accept
+
+        def recording_accept(owned, forward, **kw):
+            looked_up.append([i.url for i in owned])
+            return accept(owned, forward, **kw)
+
+        store.accept = recording_accept  # type: ignore[method-assign]
+
+        def batch(seq: int) -> UrlBatch:
+            return UrlBatch(seq=seq, sender="b", epoch=cluster.epoch,
+                            urls=tuple(UrlEntry(url=u, depth=2, found_on=None, hops=0) for u in (known, fresh)))
+
+        cluster.dispatcher._receive("b", batch(1))
+        assert looked_up == [[fresh]]
+        stats = cluster.dispatcher.stats
+        assert (stats.urls_new, stats.urls_seen) == (1, 1)
+        assert {i.url for i in store.frontier.scan_queued()} == {known, fresh}
+        crawler.forget_seen()  # a new ring: the memory is not trusted, the store answers for both
+        cluster.dispatcher._receive("b", batch(2))
+        assert looked_up[1] == [known, fresh]
+        assert (stats.urls_new, stats.urls_seen) == (1, 3)

@@ -262,6 +262,7 @@ class Cluster:
     def attach(self, crawler: Crawler) -> None:
         """The crawler this cluster wakes when work arrives (built with `ownership=cluster`)."""
         self.crawler = crawler
+        self.dispatcher.answered = crawler.answered
 
     def route(self, item: QueuedUrl) -> None:
         self.dispatcher.route(item)

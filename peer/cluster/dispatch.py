@@ -159,6 +159,11 @@ class Dispatcher:
         # received and stored, not yet synced and acked: (peer, ack, replicas' ticket, the sync mark of the commit)
         self._unsynced: list[tuple[str, BatchAck, Ticket | None, int]] = []
         self._unsynced_keys: set[tuple[str, int]] = set()  # (peer, batch seq) of those
+        # whether the crawler's memory says a URL is in this node's dedup store, for a host it owns under the
+        # current ring (`Crawler.answered`; set by `Cluster.attach`): a peer's URL it knows is counted as seen
+        # without being normalized, built into a record or looked up again (most URLs a peer sends were found
+        # here first, on their own host)
+        self.answered: Callable[[str], bool] | None = None
 
     # -- the crawler's side -------------------------------------------------------------------------------
 
@@ -395,7 +400,12 @@ class Dispatcher:
         epoch, ring = self.ring_of()
         owned: list[QueuedUrl] = []
         forward: list[tuple[str, QueuedUrl]] = []
+        answered = self.answered
+        known = 0
         for entry in batch.urls:
+            if answered is not None and answered(entry.url):  # (a URL the memory holds is normalized)
+                known += 1
+                continue
             # A peer's URL is held to what a link from the web is: normalized (scheme, IDNA host of at most 253
             # bytes in valid labels, port, path) before it reaches the stores; what does not normalize is dropped.
             url = normalize(entry.url)
@@ -417,13 +427,14 @@ class Dispatcher:
         stats = self.stats
         stats.batches_received += 1
         stats.urls_received[peer_id] += len(batch.urls)
+        seen = known + len(owned) - len(new)
         stats.urls_new += len(new)
-        stats.urls_seen += len(owned) - len(new)
+        stats.urls_seen += seen
         stats.urls_forwarded += len(forward)
         self._stored(forward)
         ticket = self._replicate(new)
         self._admitted(new)
-        ack = BatchAck(seq=batch.seq, new=len(new), seen=len(owned) - len(new), forwarded=len(forward), epoch=epoch)
+        ack = BatchAck(seq=batch.seq, new=len(new), seen=seen, forwarded=len(forward), epoch=epoch)
         mark = self.syncs.mark()
         first = not self._unsynced
         self._unsynced.append((peer_id, ack, ticket, mark))

@@ -151,6 +151,11 @@ class Admission:
         self.stats.urls_seen += seen_before
         return len(items), seen_before
 
+    def answered(self, url: str) -> bool:
+        """Whether the memory holds `url` as answered for by the dedup store, for a host owned here under the
+        current ownership (a peer's batch need not look it up again: `Dispatcher.answered`)."""
+        return bool(self._seen.get(url))
+
     def known_elsewhere(self, urls: Sequence[str]) -> int:
         """`urls`, of hosts owned elsewhere, are durably queued at their owner (its queued-URL replica reached this
         node): a link to one is dropped like a routed repeat, before it is screened or routed (DESIGN decision

@@ -151,6 +151,12 @@ class _PageSource:
     def forget_seen(self) -> None:
         pass  # no memory of answered or routed URLs to forget: every link asks `owns` (the crawler's has one)
 
+    def answered(self, url: str) -> bool:
+        return False  # no memory: a peer's URLs are all looked up in the store
+
+    def known_elsewhere(self, urls: Sequence[str]) -> int:
+        return 0  # no memory: every link to another owner's host is routed, as the design's tables count them
+
     def rewake(self) -> int:
         self._ready.clear()
         self._queued.clear()
