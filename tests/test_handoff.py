@@ -677,3 +677,71 @@ async def test_a_transfer_to_a_newer_ring_waits_for_older_transfers_to_any_peer(
         await a.on_message("x", HandoffAck(transfer_id=chunk.transfer_id, chunk_seq=chunk.chunk_seq))
     a.pump()
     assert to("y") and to("y")[-1].last
+
+
+async def test_a_transfer_remembered_for_a_ring_this_node_left_releases_nothing_when_the_ring_comes_back(
+        stores) -> None:
+    """e held ring z (a and e) and a's transfer to z was complete. A partition longer than the suspicion timeout:
+    e's ring becomes e alone, while a, holding e dead, takes e's arcs and crawls them. At the heal e is back on z,
+    the same ring, and waits for those arcs from a (the cluster reckons them against a's side of the split). What
+    a said under z before the split ("nothing more from me up to z") is stale: only a transfer a makes now says
+    so again, and carries the timers of its last requests there (the partition simulation, seed 42: the heir's
+    old transfer released the arcs at once, and e broke a 2 s Crawl-delay 1.5 s after the heir's request)."""
+    _, store_e = stores
+    links = _Acks()
+    e = Handoff("e", store_e, links)
+    z = Ring({"a": 1, "e": 1}, points_per_weight=8)
+    alone = Ring({"e": 1}, points_per_weight=8)
+    a_side = Ring({"a": 1}, points_per_weight=8)
+    e.view_changed(5, alone, z)
+    await e.on_message("a", HandoffChunk(transfer_id=1, chunk_seq=0, epoch=5, arc_start=0, arc_end=0, urls=(),
+                                         seen_keys=(), hosts=(), last=True))
+    mine = [p for p in range(0, RING_SPACE, RING_SPACE // 256) if z.owner_at(p) == "e"]
+    assert mine and not any(e.blocked(p) for p in mine)
+    e.view_changed(6, z, alone, gone=["a"])  # the split: a is dead here
+    e.view_changed(5, alone, z, gains_from=a_side)  # the heal: e's arcs come from a's side
+    assert all(e.blocked(p) for p in mine)
+    await e.on_message("a", HandoffChunk(transfer_id=2, chunk_seq=0, epoch=5, arc_start=0, arc_end=0, urls=(),
+                                         seen_keys=(), hosts=(), last=True))
+    assert not any(e.blocked(p) for p in mine) and not e.waits_for("a")
+
+
+class Parking(Alone):
+    """A delegate whose crawler holds `parked` URLs taken from the queue (waiting for robots.txt, a retry or a
+    hand-off), not being fetched; `unpark` puts those of the arc back, as the cluster has the crawler do."""
+
+    def __init__(self, node_id: str, store: NodeStore, parked: list[QueuedUrl]) -> None:
+        super().__init__(node_id)
+        self.store = store
+        self.parked = parked
+
+    def unpark(self, start: int, end: int) -> None:
+        back = [item for item in self.parked if in_arc(host_position(item.host), start, end)]
+        self.parked = [item for item in self.parked if item not in back]
+        self.store.frontier.requeue(back)
+
+
+async def test_a_page_parked_here_that_the_previous_owner_fetched_is_discarded(stores) -> None:
+    """A node back from a partition had taken a host's first page from its queue before the split (parked for
+    robots.txt), then held it through the fence and the wait for its arc; meanwhile the other side's heir fetched
+    it. The heir's hand-off brings the page's key as seen: the parked URL must go, as a queued one does, or the
+    node fetches the page a second time (the partition simulation, seed 42: four pages)."""
+    _, store_b = stores
+    host = next(f"h{i}.example" for i in range(1000) if moves(host_position(f"h{i}.example")))
+    page = QueuedUrl(url=f"http://{host}/", host=host, depth=0, hops=0, found_on=None)
+    other = QueuedUrl(url=f"http://{host}/p1", host=host, depth=1, hops=0, found_on=page.url)
+    assert len(store_b.admit([page, other])) == 2
+    (popped,) = store_b.frontier.pop_many([host])
+    assert popped is not None and popped.url == page.url and store_b.frontier.in_flight() == 1
+    delegate = Parking("b0", store_b, [popped])
+    links = _Acks()
+    b = Handoff("b0", store_b, links, delegate=delegate)
+    b.view_changed(1, NEW, OLD)  # (any ring: the chunk is applied whatever b waits for)
+    start, end = moved_arc()
+    key = queued_url_keys([page])[0]
+    await b.on_message("a", HandoffChunk(transfer_id=1, chunk_seq=0, epoch=1, arc_start=start, arc_end=end,
+                                         urls=(), seen_keys=(key,), hosts=(), last=True))
+    assert store_b.frontier.in_flight() == 0 and not delegate.parked
+    left, _ = store_b.frontier.export_arc(0, 0)
+    assert [item.url for item in left] == [other.url]  # the page the heir fetched is gone, the other stays
+    assert b.urls_discarded == 1

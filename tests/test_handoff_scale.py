@@ -249,3 +249,22 @@ def test_a_fresh_node_also_waits_for_the_owners_of_the_ring_without_it() -> None
     for peer, arcs in plain.gained.items():
         for start, _end in arcs.arcs:
             assert start in fresh.gained[peer]
+
+
+def test_a_node_declared_dead_waits_for_the_owners_of_both_rings_it_is_given() -> None:
+    """c and d were cut off together from a and b for longer than the suspicion timeout, and each side held the
+    other dead. At the heal c's own rings give it its arcs all along; a and b crawled them under the ring of
+    their side, where an arc of c's went to a or b, while the ring without c gives some of them to d (which was
+    with c and never had them). c waits for the owners of both rings (a list of extra gains), each arc from its
+    owner in each."""
+    full = Ring({"a": 3, "b": 2, "c": 2, "d": 2}, points_per_weight=20)
+    ours = Ring({"c": 2, "d": 2}, points_per_weight=20)
+    without = Ring({"a": 3, "b": 2, "d": 2}, points_per_weight=20)
+    theirs = Ring({"a": 3, "b": 2}, points_per_weight=20)
+    plan = plan_view("c", ours, full, extra_gains=[diff_moves(without, full), diff_moves(theirs, full)])
+    probes = [p for p in range(0, 1 << 64, (1 << 64) // 4096) if full.owner_at(p) == "c"]
+    assert probes
+    for position in probes:
+        for ring in (without, theirs):
+            assert position in plan.gained[ring.owner_at(position)]
+    assert "d" in plan.gained  # the ring without c gives d some of c's arcs: waited for too, d answers at once

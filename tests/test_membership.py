@@ -6,6 +6,7 @@ Run as a script (`python -m tests.test_membership`) it prints the convergence fi
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 from collections.abc import Callable
@@ -210,6 +211,9 @@ def test_a_partitioned_then_healed_node_refutes_and_returns_alive() -> None:
         assert took <= 40
         after = nodes[0].m.view.member(cut.id)
         assert after is not None and after.incarnation > before.incarnation
+        # it knows it was declared dead (the others took its arcs over meanwhile: the cluster then waits for
+        # their hand-offs)
+        assert cut.m.declared_dead_at > 0
 
     run_sim(7, body)
 
@@ -227,6 +231,7 @@ def test_a_short_partition_is_only_suspected_then_refuted() -> None:
                         limit=15)
         me = nodes[0].m.view.member(cut.id)
         assert me is not None and me.incarnation >= 1  # it refuted: a bumped incarnation
+        assert cut.m.declared_dead_at == -math.inf  # suspected only: nobody took its arcs
         assert not any(m.node_id == cut.id and m.state is MemberState.DEAD for n in nodes for v in n.views
                        for m in v.members)
 

@@ -187,7 +187,10 @@ def test_two_nodes_killed_at_once_lose_no_url_with_two_replicas(seed: int) -> No
     _report(f"R=2 two killed at once seed={seed}", figures | _restore_figures(sim) | out["death"])
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+# Seed 42 broke four hosts' Crawl-delays after the heal: the split outlasts the suspicion timeout, and the node
+# back from it fetched hosts the other side had crawled, before (or without waiting for) their hand-off back; then
+# pages it had parked before the split, which the other side had fetched.
+@pytest.mark.parametrize("seed", [1, 2, 42])
 def test_a_five_second_partition_that_heals_loses_nothing_and_keeps_one_fetcher_per_host(seed: int) -> None:
     web = make_web(seed + 20, hosts=250)
     expected = web.reachable(web.seeds)

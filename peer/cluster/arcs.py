@@ -221,11 +221,12 @@ class ViewPlan:
 def plan_view(node_id: str, old: Ring, new: Ring, *, gone: Iterable[str] = (), gains_from: Ring | None = None,
               arcs: Moves | Sequence[ArcMove] | None = None,
               gain_arcs: Moves | Sequence[ArcMove] | None = None,
-              extra_gains: Moves | Sequence[ArcMove] | None = None) -> ViewPlan:
+              extra_gains: Moves | Sequence[ArcMove] | Sequence[Moves] | None = None) -> ViewPlan:
     """The `ViewPlan` of `node_id` for the change from `old` to `new` (the arguments of `Handoff.view_changed`).
     `extra_gains`: more moved arcs whose gains this node also waits for, from their previous owners there (a
     node fresh from a join or a restart: the arcs it gains against the ring without it, besides those of the
-    diff from its own previous ring, which may have been built from a partial view)."""
+    diff from its own previous ring, which may have been built from a partial view), or a list of such moves
+    (a node declared dead by the other side of a partition: also against the ring of that side)."""
     moves = _as_wire(arcs) if arcs is not None else wire_moves(diff_moves(old, new))
     lost_mask = moves.previous == moves.index_of(node_id)
     lost = moves.where(lost_mask)
@@ -245,8 +246,14 @@ def plan_view(node_id: str, old: Ring, new: Ring, *, gone: Iterable[str] = (), g
             moves.previous, [moves.index_of(node) for node in gone])
         inherited = _by_node(moves, inherited_mask, moves.previous)
     gained = _by_node(gains, gained_mask, gains.previous)
-    if extra_gains is not None:
-        extra = _as_wire(extra_gains)
+    if extra_gains is None:
+        extras: list[Moves] = []
+    elif isinstance(extra_gains, Moves):
+        extras = [extra_gains]
+    else:
+        listed = list(extra_gains)
+        extras = listed if all(isinstance(m, Moves) for m in listed) and listed else [_as_wire(listed)]
+    for extra in map(_as_wire, extras):
         extra_mask = (extra.next == extra.index_of(node_id)) & (extra.previous >= 0)
         if gone:
             extra_mask &= ~np.isin(extra.previous, [extra.index_of(node) for node in gone])

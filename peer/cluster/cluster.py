@@ -35,7 +35,7 @@ from protocol import (
 )
 from ring import (DEFAULT_POINTS_PER_WEIGHT, MemberState, Moves, Ring, View, Zones, diff_moves, host_position,
                   wire_moves)
-from storage import HostState, NodeStore, QueuedUrl
+from storage import HostState, NodeStore, QueuedUrl, in_arc
 
 from peer.config import Config
 from peer.crawl.crawler import Crawler
@@ -375,6 +375,10 @@ class Cluster:
     def keys_arrived(self, keys: list[bytes]) -> None:
         self.replicas.adopt(keys)
 
+    def unpark(self, start: int, end: int) -> None:
+        if self.crawler is not None:
+            self.crawler.unpark(lambda host: in_arc(host_position(host), start, end))
+
     def discarded(self, items: list[QueuedUrl]) -> None:
         for item in items:
             self.backups.released(item)
@@ -544,6 +548,12 @@ class Cluster:
             return True
         return trio.current_time() - self._ready_at < FRESH_WINDOW * self.cfg.suspicion_timeout
 
+    def _taken_over(self) -> bool:
+        """This node refuted a record of itself DEAD less than FRESH_WINDOW suspicion timeouts ago: members that
+        held it dead (the other side of a partition longer than the suspicion timeout) took its arcs over and
+        crawled them, and hand them back as their views take it in again."""
+        return trio.current_time() - self.membership.declared_dead_at < FRESH_WINDOW * self.cfg.suspicion_timeout
+
     async def _note_ready(self) -> None:
         await self.ready.wait()
         self._ready_at = trio.current_time()
@@ -556,14 +566,15 @@ class Cluster:
             m.state in _OWNING for m in old_view.members if m.node_id != self.node_id
         )
         gain_arcs: Moves | None = None
-        extra_gains: Moves | None = None
+        extra_gains: list[Moves] = []
         if new_ring == old_ring:
             arcs = Moves.empty(wire=True)
         else:
             # the moved arcs as arrays (a join at 1,000 points per weight moves one arc per point of the joiner)
             arcs = await self._moves(old_ring, new_ring)
             replace = alone_before or not self.ready.is_set()
-            if (replace or self._fresh()) and new_ring.nodes != (self.node_id,):
+            taken_over = self._taken_over()
+            if (replace or self._fresh() or taken_over) and new_ring.nodes != (self.node_id,):
                 # Our own previous ring had only us, or we are still joining (a partial view merged first): the
                 # arcs we gain come from the owners in the cluster's ring without us. Joined (or back from a
                 # restart) only a moment ago, we wait for those owners too, besides the previous owners in our own
@@ -581,14 +592,29 @@ class Cluster:
                 if replace:
                     gain_arcs = moved
                 else:
-                    extra_gains = moved
+                    extra_gains.append(moved)
+            if taken_over and not replace and self.node_id in new_ring.weights and new_ring.nodes != (self.node_id,):
+                # Declared dead a moment ago (a partition longer than the suspicion timeout): our own rings may
+                # show our arcs as ours all along, while the other side crawled them under a ring of its own,
+                # without us and without whoever was on our side. Its members come back to our view as they
+                # refute our record of them: our arcs came from the owners in the ring of the members that
+                # were not ours before this change, as well as from those of the ring without us (above). We
+                # wait for their hand-offs, which carry the timers of their last requests (the partition
+                # simulation, seed 42: the hold after the heal ran out 1.5 s after the heir's last request to
+                # a host with a 2 s Crawl-delay, and this node fetched it).
+                before_members = {m.node_id for m in old_view.members if m.state in _OWNING}
+                back = {n: w for n, w in new_ring.weights.items() if n not in before_members and n != self.node_id}
+                if back:
+                    extra_gains.append(await self._moves(await self._ring_of(back, new_ring), new_ring))
         gone = {m.node_id for m in view.members if m.state is MemberState.DEAD}
         plan = None
+        extra_gains = [moves for moves in extra_gains if moves]
         if arcs or gain_arcs or extra_gains:
             # who gets which arcs, worked out in the worker thread too (a joiner loses millions of arcs at once)
             node_id = self.node_id
             plan = await trio.to_thread.run_sync(lambda: plan_view(node_id, old_ring, new_ring, gone=gone, arcs=arcs,
-                                                                   gain_arcs=gain_arcs, extra_gains=extra_gains))
+                                                                   gain_arcs=gain_arcs,
+                                                                   extra_gains=extra_gains or None))
         # No await from here on: the ring, the hand-off and the crawler change together.
         self.view, self.epoch = view, view.epoch
         self._set_ring(new_ring)

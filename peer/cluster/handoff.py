@@ -152,6 +152,14 @@ class Handoff(Sending, Receiving):
         if plan is None:
             plan = plan_view(self.node_id, old, new, gone=gone, gains_from=gains_from, arcs=arcs,
                              gain_arcs=gain_arcs)
+        if self._ring_id is not None and self._ring_id != epoch:
+            # A completed transfer to the ring we leave said "nothing more from me up to this ring" then. Should
+            # we come back to that ring (a partition that heals, a member that dies and comes back), the peer
+            # may have held our arcs in between: only a transfer made since then says so again (the partition
+            # simulation, seed 42: the heir's transfer labelled with the ring of before the split was
+            # remembered from then, and released at once the arcs the heir was still handing back).
+            for rings in self._completed.values():
+                rings.discard(self._ring_id)
         self._ring_id = epoch
         self._ring = new
         self._lost = plan.lost_set

@@ -99,6 +99,11 @@ class HandoffDelegate(Protocol):
         """The seen keys of an applied chunk (a sender sends only keys of pages it fetched), to replicate, or to
         pass on to an owner elsewhere."""
 
+    def unpark(self, start: int, end: int) -> None:
+        """URLs of hosts in the arc [start, end) that the crawler took from the queue and holds parked (for
+        robots.txt, a retry, a hand-off still awaited), not being fetched, go back to the queue: an applied chunk
+        whose keys say its sender fetched them then discards them there."""
+
     def discarded(self, items: list[QueuedUrl]) -> None:
         """URLs queued here that an applied chunk says its sender already fetched: dropped from the frontier
         (their replicas at the backups go too)."""
@@ -127,6 +132,9 @@ class Alone:
         return self.node_id
 
     def keys_arrived(self, keys: list[bytes]) -> None:
+        pass
+
+    def unpark(self, start: int, end: int) -> None:
         pass
 
     def discarded(self, items: list[QueuedUrl]) -> None:

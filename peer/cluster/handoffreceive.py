@@ -114,7 +114,11 @@ class Receiving:
             log.warning("hand-off keys outside their arc; dropped", extra={"peer": peer_id})
         if keys:
             # A key sent as seen was fetched (or given up) by the previous owner: if a peer's batch queued that
-            # URL here before this chunk came, it must not be fetched again.
+            # URL here before this chunk came, it must not be fetched again. Nor if the crawler took it from the
+            # queue and holds it parked: a node back from a partition had popped a host's first page before the
+            # split and waited for robots.txt, the fence and the hand-off, and then fetched the page the heir had
+            # fetched during the split (the partition simulation, seed 42: four pages).
+            self.delegate.unpark(start, end)
             wanted = set(keys)
             queued_here, _ = self.store.frontier.export_arc(start, end)
             stale = [i for i, k in zip(queued_here, queued_url_keys(queued_here)) if k in wanted]

@@ -184,6 +184,9 @@ class Membership:
         self._on_other = on_message
         # peer -> when any message from it last arrived (trio time): the cluster's partition fence reads it
         self.last_heard: dict[str, float] = {}
+        # when this node last refuted a record of itself DEAD (trio time): members that held it dead took its arcs
+        # over meanwhile (a partition longer than the suspicion timeout), and hand them back now
+        self.declared_dead_at = -math.inf
         self._subscribers: list[Callable[[View], None]] = [on_view] if on_view is not None else []
         self._view_event = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -297,6 +300,8 @@ class Membership:
             assert me is not None
             new = new.join(self.node_id, self.address, self.weight, self.zone)
             log.info("%s refutes %s at incarnation %d", self.node_id, me.state.value, me.incarnation)
+            if me.state is MemberState.DEAD:
+                self.declared_dead_at = trio.current_time()
         if new.epoch == old.epoch and new.members == old.members:
             return False
         self.view = new

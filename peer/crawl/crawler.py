@@ -278,6 +278,12 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
             return 0
         return self._put_back(lambda host: not owns(host))
 
+    def unpark(self, which: Callable[[str], bool]) -> int:
+        """URLs parked for the hosts `which` names (not for a host whose turn is under way) go back to their
+        queues: a hand-off that brings their keys as seen (fetched by the host's previous owner) then discards
+        them there. Returns how many."""
+        return self._put_back(which)
+
     def _put_back(self, which: Callable[[str], bool]) -> int:
         """URLs parked for the hosts `which` names, but not for a host whose turn is under way, go back to their
         queues. Returns how many."""

@@ -151,6 +151,9 @@ class _PageSource:
     def forget_seen(self) -> None:
         pass  # no memory of answered or routed URLs to forget: every link asks `owns` (the crawler's has one)
 
+    def unpark(self, which: Callable[[str], bool]) -> int:
+        return 0  # nothing is parked (`release_moved`)
+
     def answered(self, url: str) -> bool:
         return False  # no memory: a peer's URLs are all looked up in the store
 
