@@ -170,21 +170,28 @@ async def test_the_cluster_clears_the_crawlers_memory_when_its_ring_changes_and_
         assert crawler.forgotten == 2
 
 
+def _node_a_of_two(tmp_path, store: NodeStore) -> tuple[Cluster, Crawler, Ring, list[tuple[str, object]]]:
+    """Node a of a ring {a, b} (one replica) with its real crawler; what its dispatcher and replicas send is
+    recorded (the network's seam), not sent."""
+    cfg = load(env={}, flags={"node_id": "a", "data_dir": str(tmp_path), "allow_private": True, "replicas": 1})
+    net = MemoryNetwork(random.Random(1))
+    cluster = Cluster(cfg, node_id="a", store=store, secret=b"s" * 32, stats=Stats(),
+                      transport=net.transport("10.0.0.1:7000"), points_per_weight=20)
+    crawler = Crawler(cfg, fetcher=NoFetch(), store=store, pages=NullPageStore(), ownership=cluster)
+    cluster.attach(crawler)
+    sent: list[tuple[str, object]] = []
+    cluster.backups.links = cluster.dispatcher.links = Links(sent)
+    ring = Ring({"a": 100, "b": 100}, points_per_weight=20)
+    cluster._set_ring(ring)
+    return cluster, crawler, ring, sent
+
+
 async def test_the_cluster_tells_the_crawler_what_a_peers_replicas_say_it_queued_for_its_own_hosts_only(tmp_path) -> None:
     """A `QueueReplica` held here names URLs its sender queued. Those of hosts the sender owns under this node's
     ring, sent under this node's view, are not routed to it again when found; the others (hosts this node owns,
     a message of another view) change nothing."""
-    cfg = load(env={}, flags={"node_id": "a", "data_dir": str(tmp_path), "allow_private": True, "replicas": 1})
     with NodeStore.open(tmp_path / "store") as store:
-        net = MemoryNetwork(random.Random(1))
-        cluster = Cluster(cfg, node_id="a", store=store, secret=b"s" * 32, stats=Stats(),
-                          transport=net.transport("10.0.0.1:7000"), points_per_weight=20)
-        crawler = Crawler(cfg, fetcher=NoFetch(), store=store, pages=NullPageStore(), ownership=cluster)
-        cluster.attach(crawler)
-        acks: list[tuple[str, object]] = []
-        cluster.backups.links = Links(acks)  # the network: the acks are recorded, not sent
-        ring = Ring({"a": 100, "b": 100}, points_per_weight=20)
-        cluster._set_ring(ring)
+        cluster, crawler, ring, acks = _node_a_of_two(tmp_path, store)
         hosts = [f"h{i}.test" for i in range(40)]
         theirs = [h for h in hosts if ring.owner(h) == "b"][:3]
         mine = [h for h in hosts if ring.owner(h) == "a"][:1]
@@ -212,17 +219,8 @@ async def test_a_peers_batch_is_seen_without_a_look_up_for_the_urls_the_crawler_
     """The dispatcher asks the crawler's memory first (`Crawler.answered`): a URL it answered for is counted seen
     without reaching the store; the rest go through the store as before, and after a new ring (`forget_seen`)
     everything does."""
-    cfg = load(env={}, flags={"node_id": "a", "data_dir": str(tmp_path), "allow_private": True})
     with NodeStore.open(tmp_path / "store") as store:
-        net = MemoryNetwork(random.Random(1))
-        cluster = Cluster(cfg, node_id="a", store=store, secret=b"s" * 32, stats=Stats(),
-                          transport=net.transport("10.0.0.1:7000"), points_per_weight=20)
-        crawler = Crawler(cfg, fetcher=NoFetch(), store=store, pages=NullPageStore(), ownership=cluster)
-        cluster.attach(crawler)
-        acks: list[tuple[str, object]] = []
-        cluster.dispatcher.links = Links(acks)
-        ring = Ring({"a": 100, "b": 100}, points_per_weight=20)
-        cluster._set_ring(ring)
+        cluster, crawler, ring, _acks = _node_a_of_two(tmp_path, store)
         mine = [h for h in (f"h{i}.test" for i in range(40)) if ring.owner(h) == "a"][:2]
         known, fresh = f"http://{mine[0]}/known", f"http://{mine[1]}/fresh"
         _page(crawler, [known])  # found here first: queued, and answered for in the memory
