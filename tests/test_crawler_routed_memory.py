@@ -4,8 +4,10 @@ again; a link queued here is a seen hit without asking `owns`; and after `forget
 at every new ring) both are screened against the new ownership again, so a URL routed to an owner that has
 since gone goes to the new one.
 
-The real `Crawler` and on-disk LMDB `NodeStore`; the ownership is a recording stand-in, and the last test checks
-that the real `Cluster` calls `forget_seen` when, and only when, its ring changes (tests/test_cluster_sim.py and
+The real `Crawler` and on-disk LMDB `NodeStore`; the ownership is a recording stand-in in the first tests. The
+last three use the real `Cluster`: it calls `forget_seen` when, and only when, its ring changes; it gives the
+crawler the URLs a peer's queued-URL replicas say that peer queued; and its dispatcher counts a peer's URL the
+crawler answered for as seen without a look-up (tests/test_cluster_sim.py and
 the daemon tests crawl through the whole of it).
 """
 

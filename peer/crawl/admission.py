@@ -109,10 +109,7 @@ class Admission:
         item = QueuedUrl(url=url, host=host, depth=depth, hops=hops, found_on=found_on, lastmod=lastmod, sitemap=sitemap)
         if self.owns is not None and not self.owns(host):
             self.ownership.route(item)
-            seen = self._seen
-            if len(seen) >= _SEEN_CACHE_SIZE:
-                seen.clear()
-            seen[url] = ""  # routed: a repeat on a later page is dropped before it is screened again
+            self._room(1)[url] = ""  # routed: a repeat on a later page is dropped before it is screened again
             return
         batch.cands.append(item)
 
@@ -134,9 +131,7 @@ class Admission:
         else:
             items = self.store.admit(cands) if cands else []
         if cands:
-            seen = self._seen
-            if len(seen) + len(cands) > _SEEN_CACHE_SIZE:
-                seen.clear()
+            seen = self._room(len(cands))
             for c in cands:
                 seen[c.url] = c.host
         seen_before = batch.seen + len(cands) - len(items)
@@ -161,13 +156,18 @@ class Admission:
         node): a link to one is dropped like a routed repeat, before it is screened or routed (DESIGN decision
         4: the owner has decided, and nothing is asked of it again). Under the current ring only: `forget_seen`
         drops them with the rest. Returns how many were new to the memory."""
-        seen = self._seen
-        if len(seen) + len(urls) > _SEEN_CACHE_SIZE:
-            seen.clear()
+        seen = self._room(len(urls))
         before = len(seen)
         for url in urls:
             seen.setdefault(url, "")
         return len(seen) - before
+
+    def _room(self, count: int) -> dict[str, str]:
+        """The memory, with room for `count` more URLs: past `_SEEN_CACHE_SIZE` it starts over."""
+        seen = self._seen
+        if len(seen) + count > _SEEN_CACHE_SIZE:
+            seen.clear()
+        return seen
 
     def forget_seen(self) -> None:
         """Drop the in-memory record of URLs the dedup store has answered for and of URLs routed elsewhere.
