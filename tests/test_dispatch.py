@@ -13,7 +13,7 @@ import trio.testing
 
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.peerlinks import PeerLinks
-from peer.cluster.transport import MemoryNetwork
+from peer.cluster.memtransport import MemoryNetwork
 from peer.crawl.syncs import StoreSyncs
 from protocol import BatchAck, UrlBatch, UrlEntry
 from ring import Ring

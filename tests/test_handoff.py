@@ -16,7 +16,7 @@ import trio
 from peer.cluster.backups import QueueReplicas
 from peer.cluster.handoff import Alone, Handoff, HandoffConfig, handoff_arcs
 from peer.cluster.peerlinks import PeerLinks
-from peer.cluster.transport import MemoryNetwork
+from peer.cluster.memtransport import MemoryNetwork
 from protocol import HandoffAck, HandoffAsk, HandoffChunk, Limits, Message, QueueReplica, decode_body, encode_body
 from ring import RING_SPACE, ArcMove, Ring, diff, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc, queued_url_keys, url_key

@@ -81,6 +81,7 @@ FLOORS: list[set[str]] = [
     {"peer.__main__"},
     {"peer.cli"},
     {"peer.node"},
+    {"peer.noderoutes"},
     {"peer.cluster"},
     {"peer.crawl"},
     {"peer.fetch"},

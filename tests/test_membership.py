@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from peer.cluster.membership import Membership, MembershipConfig
 from peer.cluster.peerlinks import LinkError
-from peer.cluster.transport import MemoryNetwork, TcpTransport
+from peer.cluster.memtransport import MemoryNetwork
+from peer.cluster.transport import TcpTransport
 from ring import MemberState, View
 
 SECRET = b"membership test secret, 32 byte"

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from peer.cluster.membership import Membership, MembershipConfig
 from peer.cluster.peerlinks import LinkConfig, PeerLinks
-from peer.cluster.transport import DatagramTransport, MemoryNetwork, TcpTransport, split_address
+from peer.cluster.memtransport import MemoryNetwork
+from peer.cluster.transport import DatagramTransport, TcpTransport, split_address
 from protocol import (
     MAX_DATAGRAM,
     BatchAck,

@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from peer.cluster.peerlinks import LinkConfig, PeerLinks
-from peer.cluster.transport import MemoryNetwork
+from peer.cluster.memtransport import MemoryNetwork
 from protocol import Message, Ping
 
 SECRET = b"peer link bound test secret, 32b"

@@ -9,8 +9,8 @@ import trio
 import trio.testing
 
 from peer.cluster.peerlinks import LinkConfig, LinkError, PeerLinks
+from peer.cluster.memtransport import MemoryNetwork
 from peer.cluster.transport import (
-    MemoryNetwork,
     TcpTransport,
     Transport,
     TransportError,

@@ -14,7 +14,8 @@ from peer.cluster.peerlinks import LinkConfig, LinkError, PeerLinks
 from peer.cluster.progress import ProgressTree
 from peer.cluster.replicas import SeenReplicas
 from peer.cluster.rings import RingCache
-from peer.cluster.transport import MemoryNetwork, TcpTransport, TlsFiles, Transport, TransportError
+from peer.cluster.memtransport import MemoryNetwork
+from peer.cluster.transport import TcpTransport, TlsFiles, Transport, TransportError
 
 __all__ = [
     "Cluster", "ClusterError", "DiscoveryError", "DispatchConfig", "DispatchStats", "Dispatcher", "Handoff",

@@ -46,109 +46,27 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
-from protocol import HostState as WireHostState
-from protocol import Limits, Message, QueueReplica, ReplicaAck, UrlEntry
+from protocol import Limits
 from ring import Zones, host_position
-from storage import HostState, NodeStore, QueuedUrl, queued_url_keys
+from storage import NodeStore, QueuedUrl, queued_url_keys
 
-from peer.crawl.urls import host_of_normalized, normalize
+from peer.cluster.backupconfig import (
+    BACKUPS_CACHE, FOLD_AGE, FOLD_ENTRIES, FULL, GC_DELAY, INTERVAL, MAX_STAGED, RESEND_AFTER, Backup, Ticket, merged,
+)
+from peer.cluster.backupholding import ReplicaHolding
+from peer.cluster.backupsending import ReplicaSending
 
-__all__ = ["GC_DELAY", "QueueReplicas", "Ticket"]
+__all__ = ["FOLD_AGE", "FOLD_ENTRIES", "FULL", "GC_DELAY", "QueueReplicas", "Ticket"]
 
 log = logging.getLogger(__name__)
 
-#: A backup's next message leaves at most this long after the first entry was staged for it, and no sooner
-#: unless FULL entries wait: one message per backup per interval carries the pages of the last 100 ms (about
-#: 60 entries on 2 cores) instead of one message per page (each costs its frame, HMAC, compression, decoding,
-#: the backup's transaction and the ack: docs/benchmarks.md, cluster overhead).
-INTERVAL = 0.1
-#: Staged entries that make a message due at once (a hand-off's URLs, a re-homing scan, a backlog after a
-#: slow ack): bulk work goes as fast as the acks come back.
-FULL = 500
-# A backup acknowledges a replica once it is committed (in the OS page cache: it survives the process's death);
-# the node's sync service (peer/crawl/syncs.py) forces it to disk with the rest of the store, once per
-# `sync_interval`. An fsync before each ack would guard only against the backup's machine crashing together
-# with the owner dying for good, two failures, which R = 1 does not promise to survive; the owner's own copy is
-# synced before it acknowledges anything (docs/cluster.md).
 
-#: An unacknowledged replica is sent again after this long.
-RESEND_AFTER = 2.0
-#: Entries per message, and URL bytes per message: far inside the 1 MiB frame limit.
-MAX_ENTRIES = 2000
-MAX_URL_BYTES = 512 * 1024
-#: Entries waiting for one backup, at most (about 300 bytes each); past it the waiting adds are dropped and a
-#: full re-homing scan rebuilds them from the frontier on disk. A backup gets there only if it stays
-#: unreachable long after SWIM would have declared it dead.
-MAX_STAGED = 200_000
-#: A backup drops replicas of positions it no longer backs once the ring has been stable this long: long enough
-#: for a view to settle, short enough that a replica whose release went to the backup of a ring in between is
-#: not still here when rings change again (it would be promoted at a death and repeat a page).
-GC_DELAY = 1.0
-#: Re-homing reads the queue in chunks of this many URLs, yielding to trio between chunks.
-SCAN_CHUNK = 2048
-#: A backup journals each message (one put at the end of a table) and folds the journal into its replica and seen
-#: tables once this many entries wait, or the oldest has waited FOLD_AGE seconds (storage/_replicas.py): applied
-#: one message at a time, each entry copied a leaf page of its own and each message paid a commit; a fold writes
-#: the keys in order, many to a page, in one commit (and an add released within it is never written). A fold of
-#: 8,192 entries takes about 10-20 ms.
-FOLD_ENTRIES = 8192
-FOLD_AGE = 5.0
-#: A host name is at most 253 bytes (RFC 1035).
-MAX_HOST = 253
-#: Hosts whose backups are remembered under the current ring (about 150 bytes each); past it the memory starts
-#: over. Every queued URL and every release asks for its host's backups, and a crawl names the same hosts over
-#: and over: a hash, a bisection and a walk of the ring each time cost more than the rest of staging.
-BACKUPS_CACHE = 200_000
-
-
-class Ticket:
-    """What a received batch waits for before it is acknowledged: for each backup, its state here and the count
-    of entries staged for it up to this batch's URLs. Done once each backup has acknowledged that far (or left
-    the ring). A backup that left the ring and came back has a new state whose counts start again from 0: the
-    old state is how a ticket tells it left (its entries were dropped, and counted as acknowledged, when it did)."""
-
-    __slots__ = ("targets", "callbacks")
-
-    def __init__(self, targets: dict[str, tuple[_Backup, int]]) -> None:
-        self.targets = targets
-        self.callbacks: list[Callable[[], None]] = []
-
-
-def _merged(a: Ticket | None, b: Ticket | None) -> Ticket | None:
-    """A ticket done once both are."""
-    if a is None or b is None:
-        return a or b
-    targets = dict(a.targets)
-    for backup, (state, count) in b.targets.items():
-        mine = targets.get(backup)
-        targets[backup] = (state, max(count, mine[1])) if mine is not None and mine[0] is state else (state, count)
-    return Ticket(targets)
-
-
-@dataclass(slots=True)
-class _Backup:
-    # adds (key, URL), releases (key, URL, True) and keys of fetched pages (seen marks: a release with no URL of
-    # this node's queue); an add carries its key, computed once for all its backups
-    staged: deque[tuple[bytes, QueuedUrl] | tuple[bytes, QueuedUrl, bool] | bytes] = field(default_factory=deque)
-    staged_total: int = 0  # entries ever staged for this backup
-    acked_total: int = 0  # entries acknowledged (or dropped): FIFO, so everything up to here arrived
-    seq: int = 0
-    inflight: QueueReplica | None = None
-    inflight_count: int = 0
-    inflight_released: list[str] = field(default_factory=list)  # the URLs the message in flight releases
-    sent_at: float = 0.0
-    connection: int = 0
-    staged_at: float | None = None  # when the oldest entry not yet sent was staged (None: nothing staged)
-
-
-class QueueReplicas:
+class QueueReplicas(ReplicaSending, ReplicaHolding):
     """Both sides of the queued-URL replicas for one node (see the module docstring)."""
 
     def __init__(
@@ -181,7 +99,7 @@ class QueueReplicas:
         self.resend_after = resend_after
         self.max_staged = max_staged
         self.limits = limits or Limits()
-        self._backups: dict[str, _Backup] = {}
+        self._backups: dict[str, Backup] = {}
         self._tickets: list[Ticket] = []  # those with callbacks waiting (`then`)
         # called with each URL whose release is staged: the cluster sends its seen key to the seen-key replicas
         # only then, so no backup holds a page as seen while the links it queued may be lost with this node; with
@@ -210,7 +128,7 @@ class QueueReplicas:
         self._wake = trio.Event()
         self._synced: Any = None  # the ring of the last complete re-homing scan
         self._changed_at: float | None = None  # when the ring last changed (for restore_seconds)
-        self._restore: dict[str, tuple[_Backup, int]] | None = None  # what the last scan staged, per backup
+        self._restore: dict[str, tuple[Backup, int]] | None = None  # what the last scan staged, per backup
         self._gc_ring: Any = None  # the ring the last clean-up ran under
         self._held_epoch = 0  # the newest view epoch a replica held here was sent under
         self._journaled_at: float | None = None  # when the oldest message not yet folded was held (None: none)
@@ -234,10 +152,10 @@ class QueueReplicas:
 
     # -- the owner's side: staging -------------------------------------------------------------------------
 
-    def _backup(self, peer: str) -> _Backup:
+    def _backup(self, peer: str) -> Backup:
         state = self._backups.get(peer)
         if state is None:
-            state = self._backups[peer] = _Backup()
+            state = self._backups[peer] = Backup()
         return state
 
     def _stage(self, peer: str, entry: tuple[bytes, QueuedUrl] | tuple[bytes, QueuedUrl, bool] | bytes) -> None:
@@ -332,7 +250,7 @@ class QueueReplicas:
             if marks:  # (a release that routed nothing waits for no outbox entry)
                 for owner in owners:
                     marks[owner] = max(marks.get(owner, 0), last)
-                self._releases[index] = (marks, _merged(links, ticket), item)
+                self._releases[index] = (marks, merged(links, ticket), item)
 
     def held_keys(self) -> set[bytes]:
         """Keys of the pages whose release is held for their links (`released`): a hand-off sends them as seen
@@ -407,7 +325,7 @@ class QueueReplicas:
                 self._wake.set()
                 return
 
-    def _due(self, state: _Backup, now: float) -> bool:
+    def _due(self, state: Backup, now: float) -> bool:
         """Whether `state`'s staged entries should go now: FULL of them, or the oldest has waited an interval."""
         return bool(state.staged) and (len(state.staged) >= FULL or state.staged_at is None
                                        or now - state.staged_at >= self.interval - 1e-9)
@@ -429,7 +347,7 @@ class QueueReplicas:
     def _done(self, ticket: Ticket) -> bool:
         return self._reached(ticket.targets)
 
-    def _reached(self, targets: dict[str, tuple[_Backup, int]]) -> bool:
+    def _reached(self, targets: dict[str, tuple[Backup, int]]) -> bool:
         """Each backup has acknowledged its count, or left the ring since (its state here is gone or new)."""
         backups = self._backups
         for b, (state, n) in targets.items():
@@ -458,7 +376,7 @@ class QueueReplicas:
             del self.restore_seconds[:-100]
             self._changed_at = None
 
-    def _drop_staged(self, peer: str, state: _Backup, *, rescan: bool) -> None:
+    def _drop_staged(self, peer: str, state: Backup, *, rescan: bool) -> None:
         """Give up what waits for `peer` (it left the ring, or too much waits): counted as acknowledged so no
         batch waits for it; with `rescan`, a full re-homing scan sends the adds again."""
         dropped = len(state.staged) + state.inflight_count
@@ -488,245 +406,6 @@ class QueueReplicas:
         self._changed_at = trio.current_time()
         self._check_tickets()
         self._wake.set()
-
-    # -- the owner's side: sending -------------------------------------------------------------------------
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        if self.copies:
-            await self._send_loop()
-
-    async def _send_loop(self) -> None:
-        stable_since = trio.current_time()
-        seen_ring = None
-        next_tick = trio.current_time() + self.interval
-        while True:
-            with trio.move_on_at(next_tick):
-                await self._wake.wait()
-            self._wake = trio.Event()
-            now = trio.current_time()
-            tick = now >= next_tick
-            if tick:  # every interval: whatever is staged goes (one message per backup), held releases looked at
-                next_tick = now + self.interval
-                self._releases_due = True
-            self.pump(now, due_only=not tick)
-            _epoch, ring = self.ring_of()
-            if ring is None:
-                continue
-            if ring is not seen_ring:
-                seen_ring, stable_since = ring, trio.current_time()
-            if ring is not self._synced:
-                await self.rehome(ring)
-            elif (ring is not self._gc_ring and trio.current_time() - stable_since >= GC_DELAY
-                  and _epoch >= self._held_epoch):
-                # never under a view older than one a replica held here was sent under: its sender's ring may
-                # make this node a backup where ours does not yet (a joiner, before its first ring, dropped what
-                # the whole cluster had just re-homed to it, and a machine's death then lost those URLs)
-                self.collect(ring)
-
-    def _connection(self, peer: str) -> int:
-        link = self.links.get(peer) if hasattr(self.links, "get") else None
-        connects = int(getattr(link, "connects", 0))
-        return connects if getattr(link, "connected", False) else connects + 1
-
-    def pump(self, now: float, *, due_only: bool = False) -> None:
-        """Send each backup its next message, or re-send the one it has not acknowledged. With `due_only` (the
-        send loop), a backup's staged entries go only once due (`_due`): FULL of them or an interval old."""
-        self._stage_releases()
-        _epoch, ring = self.ring_of()
-        epoch = _epoch or 0
-        for peer, state in self._backups.items():
-            if state.inflight is not None:
-                if now - state.sent_at >= self.resend_after or self._connection(peer) > state.connection:
-                    if self.links.send_nowait(peer, state.inflight):
-                        self.messages_resent += 1
-                        state.sent_at = now
-                        state.connection = self._connection(peer)
-                continue
-            if not state.staged or (due_only and not self._due(state, now)):
-                continue
-            message, count, state.inflight_released = self._message(state, epoch)
-            # what a capped message left behind is a backlog: due at once, after the ack
-            state.staged_at = None if not state.staged else -math.inf
-            state.seq += 1
-            message = QueueReplica(seq=state.seq, epoch=message.epoch, urls=message.urls,
-                                   released=message.released, hosts=message.hosts)
-            state.inflight, state.inflight_count = message, count
-            state.sent_at, state.connection = now, self._connection(peer)
-            if self.links.send_nowait(peer, message):
-                self.messages_sent += 1
-                self.urls_sent += len(message.urls)
-                self.releases_sent += len(message.released)
-            else:
-                state.sent_at = now - self.resend_after + self.interval  # the queue is full: again soon
-
-    def _message(self, state: _Backup, epoch: int) -> tuple[QueueReplica, int, list[str]]:
-        """The next message from the front of `state.staged`: the last word on each key wins (an add followed
-        by its release in the same message cancels out), so the receiver may apply releases before adds."""
-        final: dict[bytes, QueuedUrl | None] = {}
-        hosts: dict[str, None] = {}
-        released_urls: list[str] = []
-        count = size = 0
-        staged = state.staged
-        max_keys = min(MAX_ENTRIES, self.limits.max_keys_per_chunk, self.limits.max_urls_per_batch)
-        while staged and count < max_keys and size < MAX_URL_BYTES:
-            entry = staged.popleft()
-            count += 1
-            if entry.__class__ is bytes:  # a fetched page's seen mark
-                final[entry] = None  # type: ignore[index]
-            elif len(entry) == 2:
-                key, item = entry  # type: ignore[misc]
-                final[key] = item
-                size += len(item.url) + len(item.found_on or "") + 16
-            else:
-                key, done, _release = entry  # type: ignore[misc]
-                final[key] = None
-                hosts[done.host] = None
-                released_urls.append(done.url)
-        urls = tuple(UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops)
-                     for i in final.values() if i is not None)
-        released = tuple(key for key, i in final.items() if i is None)
-        wall = self.wall_clock()
-        states = []
-        for host, st in self.store.frontier.get_states(hosts).items():  # one read transaction for them all
-            if len(host.encode()) <= MAX_HOST:
-                states.append(WireHostState(host=host, crawl_delay=max(0.0, st.crawl_delay),
-                                            ready_in=max(0.0, st.next_allowed - wall), failures=st.failures))
-        message = QueueReplica(seq=0, epoch=epoch, urls=urls, released=released, hosts=tuple(states))
-        return message, count, released_urls
-
-    def _acked(self, peer: str, ack: ReplicaAck) -> None:
-        state = self._backups.get(peer)
-        if state is None or state.inflight is None or state.inflight.seq != ack.seq:
-            return  # a late or repeated ack
-        state.acked_total += state.inflight_count
-        state.inflight, state.inflight_count, state.inflight_released = None, 0, []
-        self._check_tickets()
-        if self._due(state, trio.current_time()):
-            self._wake.set()  # a backlog, or entries that waited an interval behind this message: at once
-
-    # -- re-homing ------------------------------------------------------------------------------------------
-
-    async def rehome(self, ring: Any) -> int:
-        """Send each queued or in-flight URL owned here, and each page whose release is held, to each backup it did
-        not have under the ring of the previous scan (every backup after a start); returns how many entries were
-        staged."""
-        old = self._synced
-        me, copies, zones = self.node_id, self.copies, self.zones_of()
-        staged = 0
-
-        def place(item: QueuedUrl) -> int:
-            position = host_position(item.host)
-            if ring.owner_at(position) != me:
-                return 0  # handed off with its arc
-            had: tuple[str, ...] = ()
-            if old is not None and old.owner_at(position) == me:
-                had = old.holders_at(position, copies, zones)
-            to = [b for b in ring.holders_at(position, copies, zones) if b != me and b not in had]
-            if to:
-                entry = (queued_url_keys((item,))[0], item)  # the key once, for every backup
-                for backup in to:
-                    self._stage(backup, entry)
-            return len(to)
-
-        for n, item in enumerate(self.store.frontier.scan_queued(chunk=SCAN_CHUNK), start=1):
-            staged += place(item)
-            if n % SCAN_CHUNK == 0:  # the scan reads exactly SCAN_CHUNK URLs per transaction
-                self.pump(trio.current_time())
-                await trio.sleep(0)
-                while any(len(s.staged) > self.max_staged // 2 for s in self._backups.values()):
-                    await trio.sleep(self.interval)
-                    self.pump(trio.current_time())
-                if self.ring_of()[1] is not ring:
-                    return staged  # the ring changed again: the next scan starts over from `old`
-        for item in self.store.frontier.in_flight_items():
-            staged += place(item)
-        # Pages fetched whose release waits for their links: their replica is what brings the links back if this
-        # node dies, so a new backup needs it too (the search found one lost: the backup that held it died, the
-        # page's release waited for a link routed to that same dead node, and the heir had no copy to promote).
-        for _marks, _links, item in self._releases:
-            staged += place(item)
-        self.urls_rehomed += staged
-        self._synced = ring
-        self._restore = {peer: (s, s.staged_total) for peer, s in self._backups.items()}
-        self._wake.set()
-        self._check_tickets()
-        if staged:
-            log.info("queued URLs re-homed to their backups", extra={"entries": staged})
-        return staged
-
-    def collect(self, ring: Any) -> int:
-        """Pass on the replicas of positions this node no longer backs under `ring` (nor owns), then drop them.
-
-        Each URL goes to its owner under the current view through the outbox (`pass_on`: acknowledged once
-        durable there, re-routed if that owner dies), whose dedup store decides (DESIGN decision 4): a URL it has
-        queued or fetched is dropped there, one it never had is queued. Until the owner has made its queue safe
-        under the new ring (its re-homing acknowledged, its hand-off of a moved arc done), this node's copy may be
-        the only second one, and the owner may die before that (a lost frame is re-sent only after
-        RESEND_AFTER): dropped, the URL was lost with it. Passed on, it reaches the owner, or the owner's heir
-        through the outbox's re-routing."""
-        me, copies, zones = self.node_id, self.copies, self.zones_of()
-
-        def unwanted(position: int) -> bool:
-            return me not in ring.holders_at(position, max(1, copies), zones)
-
-        dropped = self.store.replicas.drop_where(unwanted, passing=self.pass_on)
-        if self.pass_on is not None:
-            self.urls_passed_on += dropped
-        self._gc_ring = ring
-        if dropped:
-            log.info("replicas of positions no longer backed here passed on to their owners and dropped",
-                     extra={"urls": dropped})
-        return dropped
-
-    # -- the backup's side ----------------------------------------------------------------------------------
-
-    def on_message(self, peer_id: str, message: Message) -> bool:
-        """Hold a peer's `QueueReplica` (durably, then ack) or take a `ReplicaAck`; False for anything else."""
-        if isinstance(message, ReplicaAck):
-            self._acked(peer_id, message)
-            return True
-        if not isinstance(message, QueueReplica):
-            return False
-        items: list[QueuedUrl] = []
-        for entry in message.urls:
-            # held to what a link from the web is (normalized, an IDNA host of at most 253 bytes), as a peer's
-            # batch is, before it reaches the store
-            url = normalize(entry.url)
-            host = host_of_normalized(url) if url is not None else ""
-            if not host or len(host.encode()) > MAX_HOST or len(url) > self.limits.max_url_length:
-                continue
-            items.append(QueuedUrl(url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on))
-        released = [key for key in message.released if len(key) == 16]
-        wall = self.wall_clock()
-        states = [
-            HostState(host=s.host, next_allowed=wall + s.ready_in, crawl_delay=s.crawl_delay, failures=s.failures)
-            for s in message.hosts if s.host and len(s.host.encode()) <= MAX_HOST
-        ]
-        bad = (len(message.urls) - len(items)) + (len(message.released) - len(released))
-        bad += len(message.hosts) - len(states)
-        if bad:
-            self.refused += bad
-            log.warning("malformed replica entries from a peer dropped", extra={"peer": peer_id, "entries": bad})
-        now = trio.current_time()
-        if self._journaled_at is None or not self.store.replicas.journaled:  # (a read folds too)
-            self._journaled_at = now
-        waiting = self.store.replicas.journaled + len(items) + len(released) + len(states)
-        fold = (waiting >= FOLD_ENTRIES or now - self._journaled_at >= FOLD_AGE
-                or message.epoch != self.ring_of()[0] or now - self._ring_at < FOLD_AGE)  # views changing: at once
-        self.store.hold_replicas(list(zip(queued_url_keys(items), items)), released, states, fold=fold)
-        if fold:
-            self._journaled_at = None
-        self._held_epoch = max(self._held_epoch, message.epoch)
-        if released and self.on_marked is not None:
-            self.on_marked(released)
-        self.urls_held += len(items)
-        self.releases_held += len(released)
-        if items and self.on_held is not None:
-            self.on_held(peer_id, message.epoch, items)
-        # committed: it survives this process's death (the note after FULL says why no fsync waits before the ack)
-        self.links.send_nowait(peer_id, ReplicaAck(seq=message.seq))  # if lost, the owner re-sends: ack again
-        return True
 
     # -- status ---------------------------------------------------------------------------------------------
 

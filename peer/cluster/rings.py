@@ -10,14 +10,22 @@ arrays of a cached `Moves` are made read-only, so a user that wrote into one wou
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping
 
 from ring import Moves, Ring
 
-__all__ = ["RingCache"]
+__all__ = ["RingCache", "ring_id"]
 
 RingKey = tuple[frozenset[tuple[str, int]], int]
+
+
+def ring_id(ring: Ring) -> int:
+    """A 63-bit name of a ring, the same on every node that built it: hand-off transfers are labelled with it."""
+    text = ",".join(f"{node}={weight}" for node, weight in sorted(ring.weights.items()))
+    text += f"/{ring.points_per_weight}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
 
 
 def ring_key(weights: Mapping[str, int], points_per_weight: int) -> RingKey:

@@ -45,7 +45,7 @@ import trio.testing
 
 from peer.cluster.cluster import Cluster
 from peer.cluster.rings import RingCache
-from peer.cluster.transport import MemoryNetwork
+from peer.cluster.memtransport import MemoryNetwork
 from peer.config import load
 from peer.crawl.settings import CrawlSettings
 from peer.stats import Stats

@@ -40,8 +40,8 @@ import trio.testing
 from peer.cluster.membership import Membership, MembershipConfig
 from peer.cluster.peerlinks import LinkConfig
 from peer.config import DEFAULTS
-from peer.cluster import transport as _transport
-from peer.cluster.transport import MemoryNetwork
+from peer.cluster import memtransport as _transport
+from peer.cluster.memtransport import MemoryNetwork
 from protocol import TYPE_CODES
 from ring import MemberState, View, merge
 

@@ -43,7 +43,7 @@ from peer.config import Config, load
 from peer.crawl.crawler import Crawler
 from peer.fetch.http import Response
 from peer.stats import Stats
-from peer.cluster.transport import MemoryNetwork
+from peer.cluster.memtransport import MemoryNetwork
 from peer.crawl.urls import host_of_normalized
 from peerlab.experiment.cluster import inline_threads  # the lab's simulated cluster runs the same way
 from ring import MemberState

@@ -1,0 +1,103 @@
+"""The backup's side of the queued-URL replicas: a peer's `QueueReplica` journaled in one transaction and
+acknowledged once committed (the journal folded into the replica and seen tables every FOLD_ENTRIES entries or
+FOLD_AGE seconds, at once while views change); replicas of positions this node no longer backs passed on to
+their owners, then dropped (`collect`).
+
+A mixin of `peer.cluster.backups.QueueReplicas`: it works on its attributes, set in `QueueReplicas.__init__`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from protocol import Message, QueueReplica, ReplicaAck
+from storage import HostState, QueuedUrl, queued_url_keys
+
+from peer.cluster.backupconfig import FOLD_AGE, FOLD_ENTRIES, MAX_HOST
+from peer.crawl.urls import host_of_normalized, normalize
+
+__all__ = ["ReplicaHolding"]
+
+# the replicas' records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.backups")
+
+
+class ReplicaHolding:
+    """Holding peers' replicas, and letting go of those this node no longer backs."""
+
+    def collect(self, ring: Any) -> int:
+        """Pass on the replicas of positions this node no longer backs under `ring` (nor owns), then drop them.
+
+        Each URL goes to its owner under the current view through the outbox (`pass_on`: acknowledged once
+        durable there, re-routed if that owner dies), whose dedup store decides (DESIGN decision 4): a URL it has
+        queued or fetched is dropped there, one it never had is queued. Until the owner has made its queue safe
+        under the new ring (its re-homing acknowledged, its hand-off of a moved arc done), this node's copy may be
+        the only second one, and the owner may die before that (a lost frame is re-sent only after
+        RESEND_AFTER): dropped, the URL was lost with it. Passed on, it reaches the owner, or the owner's heir
+        through the outbox's re-routing."""
+        me, copies, zones = self.node_id, self.copies, self.zones_of()
+
+        def unwanted(position: int) -> bool:
+            return me not in ring.holders_at(position, max(1, copies), zones)
+
+        dropped = self.store.replicas.drop_where(unwanted, passing=self.pass_on)
+        if self.pass_on is not None:
+            self.urls_passed_on += dropped
+        self._gc_ring = ring
+        if dropped:
+            log.info("replicas of positions no longer backed here passed on to their owners and dropped",
+                     extra={"urls": dropped})
+        return dropped
+
+    # -- the backup's side ----------------------------------------------------------------------------------
+
+    def on_message(self, peer_id: str, message: Message) -> bool:
+        """Hold a peer's `QueueReplica` (durably, then ack) or take a `ReplicaAck`; False for anything else."""
+        if isinstance(message, ReplicaAck):
+            self._acked(peer_id, message)
+            return True
+        if not isinstance(message, QueueReplica):
+            return False
+        items: list[QueuedUrl] = []
+        for entry in message.urls:
+            # held to what a link from the web is (normalized, an IDNA host of at most 253 bytes), as a peer's
+            # batch is, before it reaches the store
+            url = normalize(entry.url)
+            host = host_of_normalized(url) if url is not None else ""
+            if not host or len(host.encode()) > MAX_HOST or len(url) > self.limits.max_url_length:
+                continue
+            items.append(QueuedUrl(url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on))
+        released = [key for key in message.released if len(key) == 16]
+        wall = self.wall_clock()
+        states = [
+            HostState(host=s.host, next_allowed=wall + s.ready_in, crawl_delay=s.crawl_delay, failures=s.failures)
+            for s in message.hosts if s.host and len(s.host.encode()) <= MAX_HOST
+        ]
+        bad = (len(message.urls) - len(items)) + (len(message.released) - len(released))
+        bad += len(message.hosts) - len(states)
+        if bad:
+            self.refused += bad
+            log.warning("malformed replica entries from a peer dropped", extra={"peer": peer_id, "entries": bad})
+        now = trio.current_time()
+        if self._journaled_at is None or not self.store.replicas.journaled:  # (a read folds too)
+            self._journaled_at = now
+        waiting = self.store.replicas.journaled + len(items) + len(released) + len(states)
+        fold = (waiting >= FOLD_ENTRIES or now - self._journaled_at >= FOLD_AGE
+                or message.epoch != self.ring_of()[0] or now - self._ring_at < FOLD_AGE)  # views changing: at once
+        self.store.hold_replicas(list(zip(queued_url_keys(items), items)), released, states, fold=fold)
+        if fold:
+            self._journaled_at = None
+        self._held_epoch = max(self._held_epoch, message.epoch)
+        if released and self.on_marked is not None:
+            self.on_marked(released)
+        self.urls_held += len(items)
+        self.releases_held += len(released)
+        if items and self.on_held is not None:
+            self.on_held(peer_id, message.epoch, items)
+        # committed: it survives this process's death (backupconfig.py, the note after FULL, says why no fsync
+        # waits before the ack)
+        self.links.send_nowait(peer_id, ReplicaAck(seq=message.seq))  # if lost, the owner re-sends: ack again
+        return True

@@ -1,0 +1,168 @@
+"""What one node's cluster side shows: its status (`/status`'s "cluster"), and the dashboard's picture of every
+member (`/cluster`): views, ring shares, the peers' latest progress and detailed status, asked for only while
+someone looks, and the ring folded into slices.
+
+A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from protocol import ProgressQuery, StatusQuery
+from ring import MemberState
+
+from peer.cluster.report import ring_pending, ring_slices
+
+__all__ = ["ClusterStatus", "DETAIL_MAX_AGE", "RING_SLICES", "STATUS_INTERVAL"]
+
+#: A look at the cluster asks the peers for their detailed status (the dashboard's) at most this often.
+STATUS_INTERVAL = 0.5
+#: A peer's detailed status older than this is not shown.
+DETAIL_MAX_AGE = 10.0
+#: The dashboard's picture folds the ring into this many slices.
+RING_SLICES = 360
+
+
+class ClusterStatus:
+    """The node's cluster status and the dashboard's view of the cluster."""
+
+    # -- status -------------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        d, h = self.dispatcher.stats, self.handoff
+        me = self.local_progress()
+        return {
+            "enabled": True,
+            "address": self.address,
+            "epoch": self.epoch,
+            "members": [
+                {"node_id": m.node_id, "address": m.address, "weight": m.weight, "state": m.state.value,
+                 "incarnation": m.incarnation, "zone": m.zone}
+                for m in self.view.members
+            ],
+            "peers_connected": self.links.connected_peers(),
+            "dispatch": {
+                "urls_routed": d.urls_routed, "urls_recent": d.urls_recent,
+                "urls_sent": dict(d.urls_sent), "urls_resent": dict(d.urls_resent),
+                "urls_acked": dict(d.urls_acked), "urls_received": dict(d.urls_received),
+                "urls_new": d.urls_new, "urls_seen": d.urls_seen, "urls_forwarded": d.urls_forwarded,
+                "urls_rerouted": d.urls_rerouted, "urls_known_elsewhere": self.urls_known_elsewhere,
+                "batches_sent": d.batches_sent,
+                "batches_resent": d.batches_resent, "batches_received": d.batches_received,
+                "outstanding": self.dispatcher.outstanding(),
+            },
+            "handoff": {
+                "outstanding": h.outstanding(), "pending_arcs": h.pending_count(),
+                "urls_sent": h.urls_sent, "urls_received": h.urls_received, "keys_sent": h.keys_sent,
+                "keys_withheld": h.keys_withheld, "withheld_expired": h.withheld_expired,
+                "revisits_sent": h.revisits_sent, "revisits_received": h.revisits_received,
+                "chunks_sent": h.chunks_sent, "chunks_resent": h.chunks_resent, "chunks_applied": h.chunks_applied,
+                "transfers_completed": h.transfers_completed, "transfers_received": h.transfers_received,
+                "waits_expired": h.waits_expired, "hosts_swept": self.hosts_swept,
+            },
+            "replica": self.replicas.status(),
+            "backups": self.backups.status(),
+            "fence": {"fenced": self.fence.fenced(), "fences": self.fence.fences},
+            # inbound connections refused before or in the handshake, by reason (each logged at debug only),
+            # connections closed because handling a peer's message raised, and the link bound at work: links
+            # open now, closed for idleness, closed as the least recently used past max_links; and membership's
+            # datagrams (probes and gossip without a link): whether on, sent, received, refused (not ours, forged)
+            "links": {"refused_inbound": dict(self.links.refused), "handshake_failures": self.links.handshake_failures,
+                      "handler_errors": self.links.handler_errors, "live": self.links.live,
+                      "idle_closes": self.links.idle_closes, "evictions": self.links.evictions,
+                      "datagrams": self.links.datagrams, "datagrams_sent": self.links.datagrams_sent,
+                      "datagrams_received": self.links.datagrams_received,
+                      "datagrams_refused": self.links.datagrams_refused},
+            "lanes": self.lanes.status() if self.lanes is not None else None,
+            "settings": {"sent": self.settings_sent, "adopted": self.settings_adopted,
+                         "refused": self.settings_refused},
+            "view_changes": self.view_changes,
+            "leaving": self.leaving,
+            "done": me.idle,
+            # concluded, and still true: work that arrives later (a joiner's seeds) makes it false again
+            "cluster_done": self.finished.is_set() and me.idle,
+        }
+
+    # -- the dashboard ------------------------------------------------------------------------------------
+
+    def watched(self) -> None:
+        """Someone looks at the cluster (the dashboard polls once a second): ask every live peer for its progress
+        and its detailed status, at most every `STATUS_INTERVAL`; the answers show from the next look on. Nobody
+        looking, nothing is sent."""
+        now = trio.current_time()
+        if now - self._asked_at < STATUS_INTERVAL:
+            return
+        self._asked_at = now
+        for peer in self._live_peers():
+            self._seq += 1
+            member = self.view.member(peer)
+            address = member.address if member else None
+            self.links.send_nowait(peer, ProgressQuery(seq=self._seq), address=address)
+            self.links.send_nowait(peer, StatusQuery(seq=self._seq), address=address)
+
+    def transfers(self) -> list[dict[str, Any]]:
+        """Hand-offs under way here: the key share still awaited from each peer, the chunks each has not acked."""
+        return [{"peer": peer, "incoming": incoming, "share": round(share, 6), "chunks": chunks}
+                for peer, incoming, share, chunks in self.handoff.progress()]
+
+    def shares(self) -> dict[str, tuple[float, float]]:
+        """Each member's (key share, weight share) on the current ring."""
+        ring = self.ring
+        if ring is None:
+            return {}
+        keys, weights = ring.shares(), ring.weight_shares()
+        return {node: (keys.get(node, 0.0), weights.get(node, 0.0)) for node in ring.nodes}
+
+    def ring_map(self) -> dict[str, Any]:
+        """The ring in `RING_SLICES` slices (each node's fraction of each, sampled: `ring_slices`), and the fraction
+        of each slice whose hand-off this node still awaits (`ring_pending`)."""
+        ring = self.ring
+        if ring is None:
+            return {"slices": [], "pending": []}
+        if self._slices is None or self._slices[0] != self._ring_id:
+            self._slices = (self._ring_id, ring_slices(ring, RING_SLICES))
+        pending = ring_pending(self.handoff.blocked, RING_SLICES) if self.handoff.waiting() else [0.0] * RING_SLICES
+        return {"slices": self._slices[1], "pending": pending}
+
+    def cluster_status(self, *, detail: bool = False) -> dict[str, Any]:
+        """Every member as this node knows it: its view, ring shares, and the latest progress reports; with
+        `detail`, each member's detailed status (the dashboard's) and the ring folded into slices."""
+        ring = self.ring
+        shares = ring.shares() if ring is not None else {}
+        weight_shares = ring.weight_shares() if ring is not None else {}
+        me = self.local_progress()
+        nodes = []
+        for m in self.view.members:
+            report = me if m.node_id == self.node_id else self.peers.get(m.node_id)
+            live = m.state.owns_arcs
+            nodes.append({
+                "node_id": m.node_id, "address": m.address, "weight": m.weight, "state": m.state.value,
+                "zone": m.zone, "key_share": shares.get(m.node_id, 0.0), "weight_share": weight_shares.get(m.node_id, 0.0),
+                "pages": report.pages if report else None, "rate": report.rate if report else None,
+                "queue": report.queued if report else None,
+                "urls_received": report.urls_received if report else None,
+                "idle": report.idle if report and live else None,
+                "ring": report.ring if report else None,
+                "connected": m.node_id == self.node_id or m.node_id in self.links.connected_peers(),
+            })
+            if detail:
+                nodes[-1]["detail"] = self._detail_of(m.node_id, m.state)
+        done = self.finished.is_set() and me.idle
+        out = {"node_id": self.node_id, "epoch": self.epoch, "done": done, "nodes": nodes}
+        if detail:
+            out["ring_map"] = self.ring_map()
+        return out
+
+    def _detail_of(self, node: str, state: MemberState) -> dict[str, Any] | None:
+        if node == self.node_id:
+            return self.summary() if self.summary is not None else None
+        if not state.owns_arcs and state is not MemberState.LEAVING:
+            return None
+        got = self.details.get(node)
+        if got is None:
+            return None
+        age = trio.current_time() - got[0]
+        return None if age > DETAIL_MAX_AGE else {**got[1], "age": round(age, 1)}

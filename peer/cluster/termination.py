@@ -1,0 +1,117 @@
+"""Progress and cluster-wide termination: this node's progress report, its part of the progress waves over the
+tree of the ring's members (peer/cluster/progress.py), concluding when two waves find every member idle, and
+releasing the wait for arcs of members that left.
+
+A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from protocol import Message, ProgressReport
+from ring import MemberState
+
+from peer.cluster.progress import Local
+
+__all__ = ["LEFT_GRACE", "LINGER_TIMEOUT", "PROGRESS_INTERVAL", "Termination"]
+
+# the cluster's records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.cluster")
+
+#: Progress waves: the ring's first member starts one this often (peer/cluster/progress.py).
+PROGRESS_INTERVAL = 1.0
+#: A node seen LEAVING this long and no longer connected has left: its arcs are not waited for any more. Its
+#: links stay up while it hands off, so this only needs to cover a link that is not up yet.
+LEFT_GRACE = 2.0
+#: After concluding the crawl is finished, a node keeps answering until the members it answers for (its range of
+#: the progress tree) have concluded too.
+LINGER_TIMEOUT = 5.0
+
+
+class Termination:
+    """Progress reports and waves, and concluding that the whole cluster's crawl is finished."""
+
+    # -- progress and termination -------------------------------------------------------------------------
+
+    def local_progress(self, seq: int = 0) -> ProgressReport:
+        """This node's progress as the report it sends (``seq`` answers a query; 0 when unasked or kept here)."""
+        crawler = self.crawler
+        d, h = self.dispatcher.stats, self.handoff
+        idle = (
+            crawler is not None
+            and crawler.is_done()
+            and self.dispatcher.outstanding() == 0
+            and h.outstanding() == 0
+            and not h.waiting()
+        )
+        activity = self.stats.pages + self.stats.urls_new + d.urls_new + d.batches_received + h.chunks_applied
+        return ProgressReport(
+            seq=seq, ring=self._ring_id, idle=idle, finished=self.finished.is_set(),
+            activity=activity, pages=self.stats.pages, queued=len(self.store.frontier),
+            urls_received=sum(d.urls_received.values()) + h.urls_received, rate=max(0.0, self.stats.rate()),
+        )
+
+    def _live_peers(self) -> list[str]:
+        return [m.node_id for m in self.view.members if m.node_id != self.node_id and m.state.owns_arcs]
+
+    def _send_to(self, peer: str, message: Message) -> bool:
+        member = self.view.member(peer)
+        return self.links.send_nowait(peer, message, address=member.address if member else None)
+
+    async def _progress_loop(self) -> None:
+        await self.ready.wait()  # a node that is still joining must not conclude anything from its lone view
+        second = True
+        while True:
+            # the two trees' waves half an interval apart: each root starts one every interval
+            await trio.sleep(PROGRESS_INTERVAL / 2)
+            self.release_departed()
+            second = not second
+            if self.progress.is_root(second):
+                self.progress.tick(second)
+
+    def release_departed(self) -> list[str]:
+        """Stop waiting for arcs from nodes that left: LEAVING for LEFT_GRACE and no longer connected (a leaving
+        node keeps its links until it has handed everything off, then exits). It handed off under its own last
+        ring; what we wait for under a ring it never adopted will not come, and without this the wait runs out
+        only after `handoff_wait` (30 s), the arcs' hosts unfetched meanwhile. Returns the peers released."""
+        now = trio.current_time()
+        connected = set(self.links.connected_peers())
+        released = []
+        for member in self.view.members:
+            peer = member.node_id
+            if member.state is not MemberState.LEAVING or peer == self.node_id:
+                self._leaving_since.pop(peer, None)
+                continue
+            since = self._leaving_since.setdefault(peer, now)
+            if now - since >= LEFT_GRACE and peer not in connected and self.handoff.waits_for(peer):
+                self.handoff.abandon(peer)
+                released.append(peer)
+                log.info("a node that left hands nothing more: its arcs are no longer waited for",
+                         extra={"peer": peer})
+        return released
+
+    def _suspect(self, peer: str) -> bool:
+        """Whether this node's view holds `peer` SUSPECT (the progress waves go around it)."""
+        member = self.view.member(peer)
+        return member is not None and member.state is MemberState.SUSPECT
+
+    def _wave_local(self, finished: bool) -> Local:
+        """This node's part of a wave's tally; a wave from a root that concluded makes an idle node conclude."""
+        me = self.local_progress()
+        if finished and me.idle and not self.finished.is_set():
+            self._conclude("the ring's first member concluded it")
+        return Local(idle=me.idle, activity=me.activity, finished=self.finished.is_set())
+
+    def _conclude(self, why: str) -> None:
+        log.info("crawl finished across the cluster", extra={"reason": why, "members": len(self._order)})
+        self.finished.set()
+
+    async def linger(self, timeout: float = LINGER_TIMEOUT) -> None:
+        """After concluding, keep answering until every member this node answers for in the progress tree has
+        concluded too (bounded): they learn it from the waves that pass through this node."""
+        with trio.move_on_after(timeout):
+            while not self.progress.range_concluded:
+                await trio.sleep(0.2)
