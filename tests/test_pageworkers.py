@@ -17,7 +17,7 @@ from warcio.archiveiterator import ArchiveIterator
 
 from peer.cli.format import format_status
 from peer.config import ConfigError, load
-from peer.crawl import pageworkers
+from peer.crawl import pagejobs, pageworkers
 from peer.crawl.links import Page
 from peer.crawl.pageworkers import PageJob, PageWorkerError, PageWriter, open_page_workers, process_page
 from storage import StorageError, WarcPageStore
@@ -265,26 +265,26 @@ async def test_a_crawl_with_page_processes_stores_and_finds_what_inline_does(tmp
 def test_the_wire_tuples_name_every_field_in_order():
     # jobs and pages cross the socket as tuples: a job is its own tuple (the body sent beside it, not pickled);
     # a field added to a page must be added to its wire tuple too
-    assert pageworkers._PAGE_FIELDS == tuple(f.name for f in dataclasses.fields(Page))
+    assert pagejobs._PAGE_FIELDS == tuple(f.name for f in dataclasses.fields(Page))
     job = _job("http://h.test/x")
-    head, meta, body = pageworkers._job_frame(job)
-    assert pageworkers._job_of(meta, body) == job and body is job.body and job.body not in meta
+    head, meta, body = pagejobs.job_frame(job)
+    assert pagejobs._job_of(meta, body) == job and body is job.body and job.body not in meta
     page = process_page(job).page
-    assert Page(**dict(zip(pageworkers._PAGE_FIELDS, pageworkers._page_tuple(page)))) == page
-    assert pageworkers._page_of(pageworkers._page_tuple(page)) == page
+    assert Page(**dict(zip(pagejobs._PAGE_FIELDS, pagejobs._page_tuple(page)))) == page
+    assert pagejobs.page_of(pagejobs._page_tuple(page)) == page
 
 
 def test_a_job_frame_carries_the_body_as_it_came_and_reads_back_whole():
     """The body is a part of the frame, not copied into a pickle: the node writes the fetch's own bytes."""
     job = _job("http://h.test/x", body=BODY * 50)
-    frame = pageworkers._job_frame(job)
+    frame = pagejobs.job_frame(job)
     assert frame[2] is job.body
     whole = bytearray(b"junk" + b"".join(frame) + b"next")
-    assert pageworkers._job_size(whole, 4) == len(whole) - 8
+    assert pagejobs._job_size(whole, 4) == len(whole) - 8
     meta_size = int.from_bytes(frame[0][:4], "big")
-    assert pageworkers._job_of(whole[12:12 + meta_size], bytes(whole[12 + meta_size:-4])) == job
+    assert pagejobs._job_of(whole[12:12 + meta_size], bytes(whole[12 + meta_size:-4])) == job
     with pytest.raises(ValueError, match="fields"):  # a frame of another shape is refused, not guessed at
-        pageworkers._job_of(pickle.dumps(("http://h.test/x", None)), b"")
+        pagejobs._job_of(pickle.dumps(("http://h.test/x", None)), b"")
 
 
 async def test_parts_are_written_whole_and_in_order_through_partial_sends():
@@ -336,7 +336,7 @@ async def test_a_worker_collects_as_the_node_does():
     that does the work (its answer says so)."""
     async with open_page_workers(1, work=collector) as pool:
         threshold, frozen = await pool.process(_job("http://h.test/x"))
-    assert threshold == pageworkers._GC_YOUNG and frozen > 1000
+    assert threshold == pagejobs._GC_YOUNG and frozen > 1000
 
 
 def _indexed(warc_dir: Path) -> dict[str, list[str]]:
@@ -379,7 +379,7 @@ async def test_workers_write_their_own_warc_and_a_killed_workers_open_file_is_fi
 
 
 def test_a_workers_failed_sync_refuses_its_later_pages(tmp_path, monkeypatch):
-    own = pageworkers._OwnWarc(PageWriter(str(tmp_path), "peercrawl", 1 << 30, 1, 0.0), 3)
+    own = pagejobs._OwnWarc(PageWriter(str(tmp_path), "peercrawl", 1 << 30, 1, 0.0), 3)
     job = _job("http://h.test/x")
     assert own.append(job, process_page(job).built) > 0 and own.dirty and own.due_in() <= 0
     own.sync()

@@ -42,27 +42,19 @@ import trio
 
 from protocol import (
     CODECS,
-    DATAGRAM_VERSION,
     MIN_SECRET_SIZE,
-    NEED_DATA,
-    Connection,
-    ConnectionClosed,
-    Established,
-    Event,
-    Goodbye,
     Limits,
     LocalProtocolError,
     Message,
-    Reject,
     RemoteProtocolError,
     SUPPORTED_VERSIONS,
     Role,
-    State,
     datagram_key,
     decode_datagram,
     encode_datagram,
 )
 
+from peer.cluster.linksessions import LinkError, Session, Sessions
 from peer.cluster.transport import DatagramTransport, Transport, TransportError
 from peer.config import DEFAULTS
 
@@ -72,11 +64,8 @@ log = logging.getLogger(__name__)
 
 MessageHandler = Callable[[str, Message], Awaitable[None]]
 
-_IO_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
-class LinkError(Exception):
-    """A link to a peer could not be established: unreachable, refused, or it failed the handshake."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,38 +107,6 @@ class LinkConfig:
                 raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}")
 
 
-class _Session:
-    """One established connection."""
-
-    def __init__(self, conn: Connection, stream: trio.abc.Stream, peer_id: str, dialer: str) -> None:
-        self.conn = conn
-        self.stream = stream
-        self.peer_id = peer_id
-        self.dialer = dialer
-        self.scope = trio.CancelScope()
-        self.lock = trio.Lock()
-        self.established_at = trio.current_time()
-        self.superseded = False
-        self.evict = False  # asked to close as the least recently used idle link (PeerLinks.max_links)
-        self.wait_scope: trio.CancelScope | None = None  # the writer's wait for the next message, while it waits
-        self.idle_checked = -math.inf  # when the writer last found the link idle but busy
-
-    async def write(self, data: bytes) -> None:
-        if data:
-            async with self.lock:
-                await self.stream.send_all(data)
-
-    async def goodbye(self, reason: str, timeout: float) -> None:
-        """Send Goodbye if the connection can still take it; never raises, never waits longer than `timeout`."""
-        with trio.move_on_after(timeout) as scope:
-            scope.shield = True
-            try:
-                if not self.conn.sent_close and self.conn.state is State.ESTABLISHED:
-                    await self.write(self.conn.send(Goodbye(reason=reason)))
-            except (*_IO_ERRORS, LocalProtocolError):
-                pass
-
-
 class PeerLink:
     """The link to one peer: its outgoing queue and its current connection, if any."""
 
@@ -158,7 +115,7 @@ class PeerLink:
         self.address = address
         self._owner = owner
         self._send_q, self._recv_q = trio.open_memory_channel[Message](owner.config.queue_size)
-        self._current: _Session | None = None
+        self._current: Session | None = None
         self._changed = trio.Event()
         self._closing = False
         self._goodbye_reason = "closing"
@@ -224,7 +181,7 @@ class PeerLink:
         self._changed.set()
         self._changed = trio.Event()
 
-    def _adopt(self, new: _Session, settle: float) -> bool:
+    def _adopt(self, new: Session, settle: float) -> bool:
         """Whether `new` becomes the current connection (see the module docstring for the rule)."""
         current = self._current
         if current is not None:
@@ -245,7 +202,7 @@ class PeerLink:
         self._owner._enforce_cap()
         return True
 
-    def _release(self, session: _Session) -> None:
+    def _release(self, session: Session) -> None:
         if self._current is session:
             self._current = None
             self._owner._live -= 1
@@ -268,7 +225,7 @@ class PeerLink:
         return self.pending or not self._dormant
 
 
-class PeerLinks:
+class PeerLinks(Sessions):
     """Every link of one node: serves inbound connections, dials outbound ones, delivers what arrives.
 
     Run it with `await nursery.start(links.run)` (reports the bound address); messages from peers go to
@@ -527,7 +484,7 @@ class PeerLinks:
                 return
             address = link.address
             assert address is not None
-            session: _Session | None = None
+            session: Session | None = None
             link._dial_scope = trio.CancelScope()
             with link._dial_scope:
                 try:
@@ -580,11 +537,11 @@ class PeerLinks:
             session.evict = True
             session.wait_scope.cancel()
 
-    def _idle_deadline(self, link: PeerLink, session: _Session) -> float:
+    def _idle_deadline(self, link: PeerLink, session: Session) -> float:
         idle = self.config.idle_timeout
         return max(link.last_active, session.idle_checked) + idle if idle else math.inf
 
-    def _close_idle(self, link: PeerLink, session: _Session) -> bool:
+    def _close_idle(self, link: PeerLink, session: Session) -> bool:
         """Whether the writer, having waited in vain for a message, should close the connection now."""
         if link.pending or link._closing:
             return False
@@ -604,221 +561,6 @@ class PeerLinks:
         link._dormant = True
         return True
 
-    async def _accept(self, stream: trio.abc.Stream) -> None:
-        """Transport handler: handshake as responder, then run the connection as the link to that peer.
-
-        Connections still in their handshake are capped in all and per source address; past a cap one is
-        closed at once, unread. Refusals are counted in `refused` and logged at debug level."""
-        source = _source_of(stream)
-        config = self.config
-        if self._unauthenticated >= config.max_unauthenticated:
-            reason = "capacity"
-        elif self._unauthenticated_by_source[source] >= config.max_unauthenticated_per_source:
-            reason = "per-source"
-        else:
-            reason = ""
-        if reason:
-            self.refused[reason] += 1
-            log.debug("inbound connection from %s refused: too many handshakes under way (%s)", source, reason)
-            await trio.aclose_forcefully(stream)
-            return
-        self._unauthenticated += 1
-        self._unauthenticated_by_source[source] += 1
-        try:
-            with trio.fail_after(config.handshake_timeout):
-                session = await self._handshake(stream, Role.RESPONDER, expected=None)
-        except (LinkError, trio.TooSlowError) as exc:
-            self.refused["handshake"] += 1
-            log.debug("inbound connection from %s to %s refused: %s", source, self.node_id, exc)
-            await trio.aclose_forcefully(stream)
-            return
-        finally:
-            self._unauthenticated -= 1
-            self._unauthenticated_by_source[source] -= 1
-            if self._unauthenticated_by_source[source] <= 0:
-                del self._unauthenticated_by_source[source]
-        existing = self._links.get(session.peer_id)
-        link = existing if existing is not None else self.link(session.peer_id)
-        await self._run_session(link, session)
-
-    async def _handshake(self, stream: trio.abc.Stream, role: Role, *, expected: str | None) -> _Session:
-        conn = Connection(
-            role,
-            node_id=self.node_id,
-            secret=self._secret,
-            nonce=self._nonce,
-            limits=self._limits,
-            versions=self._versions,
-            codecs=self._codecs,
-            compressions=self._compressions,
-        )
-        try:
-            if role is Role.INITIATOR:
-                await stream.send_all(conn.initiate())
-            event = await _next_event(conn, stream)
-            if isinstance(event, Reject):
-                raise LinkError(f"peer refused the connection: {event.reason}")
-            if not isinstance(event, Established):
-                raise LinkError(f"peer closed the connection during the handshake ({type(event).__name__})")
-            peer_id = event.node_id
-            problem = None
-            if peer_id == self.node_id:
-                problem = f"peer claims our own node id {peer_id!r}"
-            elif expected is not None and peer_id != expected:
-                problem = f"expected node {expected!r} at this address, reached {peer_id!r}"
-            if problem is not None:
-                await stream.send_all(conn.send(Reject(reason=problem)))
-                raise LinkError(problem)
-        except RemoteProtocolError as exc:
-            self.handshake_failures += 1
-            await trio.aclose_forcefully(stream)
-            raise LinkError(f"handshake failed: {exc}") from exc
-        except (LinkError, *_IO_ERRORS) as exc:
-            if isinstance(exc, LinkError):
-                self.handshake_failures += 1
-            await trio.aclose_forcefully(stream)
-            if isinstance(exc, LinkError):
-                raise
-            raise LinkError(f"connection lost during the handshake: {exc}") from exc
-        except BaseException:
-            await trio.aclose_forcefully(stream)
-            raise
-        dialer = self.node_id if role is Role.INITIATOR else peer_id
-        if event.version < DATAGRAM_VERSION:
-            self.datagram_peers[peer_id] = False  # an older version: it takes no datagrams, probe it over links
-        return _Session(conn, stream, peer_id, dialer)
-
-    async def _run_session(self, link: PeerLink, session: _Session, adopted: bool | None = None) -> None:
-        """Run one established connection as `link`'s current one until it ends or is superseded."""
-        timeout = self.config.goodbye_timeout
-        try:
-            if adopted is None:
-                adopted = link._adopt(session, settle=self.config.handshake_timeout)
-            if adopted:
-                with session.scope:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(self._writer, link, session)
-                        await self._reader(link, session)
-                        nursery.cancel_scope.cancel()
-            if not adopted or session.superseded:
-                # The duplicate of a connection we keep: tell the peer, and still deliver what it wrote on this
-                # one before it heard, so the rule costs no messages.
-                await session.goodbye("duplicate link", timeout)
-                with trio.move_on_after(timeout):
-                    await self._reader(link, session)
-        finally:
-            link._release(session)
-            await trio.aclose_forcefully(session.stream)
-
-    async def _writer(self, link: PeerLink, session: _Session) -> None:
-        while True:
-            if link._carry:
-                batch, link._carry = link._carry, []
-            else:
-                got: list[Message] = []
-                with trio.move_on_at(self._idle_deadline(link, session)) as session.wait_scope:
-                    try:
-                        got.append(await link._recv_q.receive())
-                    except (trio.EndOfChannel, trio.ClosedResourceError):
-                        # The link was forgotten and its queue is drained: say goodbye, give the peer a moment to
-                        # answer.
-                        await session.goodbye(link._goodbye_reason, self.config.goodbye_timeout)
-                        session.scope.deadline = min(session.scope.deadline,
-                                                     trio.current_time() + self.config.goodbye_timeout)
-                        return
-                    finally:
-                        session.wait_scope = None
-                if not got:
-                    if self._close_idle(link, session):
-                        # Idle (or the least recently used past the cap): say so; the peer answers and neither
-                        # side dials again until it has something to send. What the peer wrote meanwhile is
-                        # still read until its answer or the goodbye timeout.
-                        await session.goodbye("idle", self.config.goodbye_timeout)
-                        session.scope.deadline = min(session.scope.deadline,
-                                                     trio.current_time() + self.config.goodbye_timeout)
-                        return
-                    continue
-                batch = got
-            while len(batch) < 64:
-                try:
-                    batch.append(link._recv_q.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                    break
-            if session.conn.sent_close or session.superseded:
-                # This connection is ending (it said Goodbye, or a duplicate replaced it): keep the batch for the
-                # next one instead of failing it here.
-                link._carry = batch + link._carry
-                return
-            frames = []
-            for message in batch:
-                try:
-                    frames.append(session.conn.send(message))
-                except LocalProtocolError as exc:
-                    link.dropped += 1
-                    log.error("message to %s dropped, it is invalid: %s", link.peer_id, exc)
-            try:
-                await session.write(b"".join(frames))
-            except _IO_ERRORS:
-                link._carry = batch + link._carry  # maybe partly delivered: a duplicate is harmless, a loss not
-                session.scope.cancel()
-                return
-            except trio.Cancelled:
-                link._carry = batch + link._carry
-                raise
-            link.sent += len(frames)
-
-    async def _reader(self, link: PeerLink, session: _Session) -> None:
-        conn, stream = session.conn, session.stream
-        while True:
-            try:
-                event = await _next_event(conn, stream, session)
-            except RemoteProtocolError as exc:
-                log.warning("peer %s broke the protocol, connection closed: %s", link.peer_id, exc)
-                return
-            except _IO_ERRORS:
-                return
-            if isinstance(event, ConnectionClosed):
-                return
-            if isinstance(event, Reject):
-                log.warning("peer %s rejected the connection: %s", link.peer_id, event.reason)
-                return
-            if isinstance(event, Goodbye):
-                if event.reason == "idle":
-                    link._dormant = True  # the peer found the link idle: dial again only to send
-                await session.goodbye("goodbye", self.config.goodbye_timeout)
-                return
-            if isinstance(event, Established):
-                continue
-            link.received += 1
-            self.received_kinds[type(event).__name__] += 1
-            link.last_active = trio.current_time()
-            try:
-                await self._on_message(link.peer_id, event)
-            except Exception as exc:  # noqa: BLE001 - one peer's message must not end the node
-                self.handler_errors += 1
-                log.error("handling %s from peer %s failed; connection closed", type(event).__name__,
-                          link.peer_id, exc_info=exc)
-                return
-
-
-async def _next_event(conn: Connection, stream: trio.abc.Stream, session: _Session | None = None) -> Event:
-    """docs/protocol.md section 7: flush what the connection made after every step; read only on NEED_DATA."""
-    while True:
-        try:
-            event = conn.next_event()
-        finally:
-            if out := conn.data_to_send():
-                if session is not None:
-                    await session.write(out)
-                else:
-                    await stream.send_all(out)
-        if event is not NEED_DATA:
-            return event
-        # Before the handshake completes, read no more than a handshake frame at a time: a stranger's
-        # connection then costs a few KiB, however much it sends.
-        data = await stream.receive_some(65536 if conn.state is State.ESTABLISHED else _HANDSHAKE_READ)
-        conn.receive_data(data if isinstance(data, bytes) else bytes(data))
-
 
 def _never(peer_id: str) -> bool:
     return False
@@ -826,20 +568,3 @@ def _never(peer_id: str) -> bool:
 
 def _nowhere(peer_id: str) -> str | None:
     return None
-
-
-#: Bytes read at a time during the handshake.
-_HANDSHAKE_READ = 4096
-
-
-def _source_of(stream: trio.abc.Stream) -> str:
-    """The peer's address without its port (the unit of the per-source cap); "?" when the stream has none."""
-    inner = getattr(stream, "transport_stream", stream)  # under TLS, the TCP stream
-    sock = getattr(inner, "socket", None)
-    if sock is None:
-        return "?"
-    try:
-        peer = sock.getpeername()
-    except OSError:
-        return "?"
-    return str(peer[0]) if isinstance(peer, tuple) else str(peer)
