@@ -1,7 +1,7 @@
 """View changes of one node's cluster side: the ring of each view (built in a worker thread, cached), the moved
 arcs and who hands which to whom (`plan_view`), the crawler and the hand-off told in one step; the queued URLs of
 arcs inherited from dead members promoted from their replicas; queued hosts this node does not own swept to their
-owners (docs/cluster.md, "View changes" and "A node that dies for good").
+owners (docs/cluster.md, "In the node" and "Queued-URL replicas").
 
 A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
 """
