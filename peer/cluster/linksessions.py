@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 import trio
 
@@ -29,9 +29,6 @@ from protocol import (
     Role,
     State,
 )
-
-if TYPE_CHECKING:
-    from peer.cluster.peerlinks import PeerLink
 
 __all__ = ["IO_ERRORS", "LinkError", "Session", "Sessions"]
 
@@ -78,7 +75,8 @@ class Session:
 
 
 class Sessions:
-    """The connections of the peer links: accepted, handshaken, run."""
+    """The connections of the peer links: accepted, handshaken, run. A `link` is a `PeerLink`
+    (peer/cluster/peerlinks.py), which holds the peer's queue and its current `Session`."""
 
     async def _accept(self, stream: trio.abc.Stream) -> None:
         """Transport handler: handshake as responder, then run the connection as the link to that peer.
@@ -164,7 +162,7 @@ class Sessions:
             self.datagram_peers[peer_id] = False  # an older version: it takes no datagrams, probe it over links
         return Session(conn, stream, peer_id, dialer)
 
-    async def _run_session(self, link: PeerLink, session: Session, adopted: bool | None = None) -> None:
+    async def _run_session(self, link: Any, session: Session, adopted: bool | None = None) -> None:
         """Run one established connection as `link`'s current one until it ends or is superseded."""
         timeout = self.config.goodbye_timeout
         try:
@@ -186,7 +184,7 @@ class Sessions:
             link._release(session)
             await trio.aclose_forcefully(session.stream)
 
-    async def _writer(self, link: PeerLink, session: Session) -> None:
+    async def _writer(self, link: Any, session: Session) -> None:
         while True:
             if link._carry:
                 batch, link._carry = link._carry, []
@@ -243,7 +241,7 @@ class Sessions:
                 raise
             link.sent += len(frames)
 
-    async def _reader(self, link: PeerLink, session: Session) -> None:
+    async def _reader(self, link: Any, session: Session) -> None:
         conn, stream = session.conn, session.stream
         while True:
             try:
