@@ -4,7 +4,7 @@ another node, or else deduplicated and queued, in one store transaction with the
 
 Speed: most links of a wide crawl were seen before, so the crawler remembers which URLs the dedup store has
 already answered for (URL -> host, bounded) and counts those as seen without parsing, scope-checking or
-looking them up again; the dedup store stays the authority (docs/benchmarks.md has the profile).
+looking them up again; the dedup store stays the authority (docs/architecture.md, "Seen-URL memory").
 
 A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, set in `Crawler.__init__`.
 """

@@ -7,7 +7,7 @@ next allowed time. One worker per host at a time is what makes "one connection p
 
 Speed: most links of a wide crawl were seen before, so the engine remembers which URLs the dedup store has
 already answered for (URL -> host, bounded) and counts those as seen without parsing, scope-checking or
-looking them up again; the dedup store stays the authority (docs/benchmarks.md has the profile).
+looking them up again; the dedup store stays the authority (docs/architecture.md, "Seen-URL memory").
 
 Seams (``peer/crawl/seams.py``): pages come through a ``PageFetcher`` (``peer.fetch.Fetcher`` in a node); who
 owns a host, and where links for hosts owned elsewhere go, is the ``Ownership`` it is given (``Solo`` for a node
