@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "deploy" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "deploy" / "README.md",
+         *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def slug(title: str) -> str:
