@@ -8,6 +8,8 @@ A mixin of `peer.cluster.backups.QueueReplicas`: it works on its attributes, set
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import math
 from typing import Any
@@ -21,6 +23,13 @@ from storage import QueuedUrl, queued_url_keys
 
 from peer.cluster.backupconfig import GC_DELAY, MAX_ENTRIES, MAX_HOST, MAX_URL_BYTES, SCAN_CHUNK, Backup
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from peer.cluster.backupconfig import Ticket
+    from protocol import Limits
+    from ring import Zones
+    from storage import NodeStore
+
 __all__ = ["ReplicaSending"]
 
 # the replicas' records keep the logger name they have always had (operators filter on it)
@@ -29,6 +38,34 @@ log = logging.getLogger("peer.cluster.backups")
 
 class ReplicaSending:
     """Messages to the backups, their acks, and re-homing after a ring change."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the QueueReplicas it is mixed into: attributes and its other parts' methods.
+        _backups: dict[str, Backup]
+        _gc_ring: Any
+        _held_epoch: Any
+        _releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]]
+        copies: int
+        interval: float
+        limits: Limits
+        links: Any
+        max_staged: int
+        messages_resent: int
+        messages_sent: int
+        node_id: str
+        releases_sent: int
+        resend_after: float
+        ring_of: Callable[[], tuple[int, Any]]
+        store: NodeStore
+        urls_rehomed: int
+        urls_sent: int
+        wall_clock: Callable[[], float]
+        zones_of: Callable[[], Zones]
+        def _check_tickets(self) -> None: ...
+        def _due(self, state: Backup, now: float) -> bool: ...
+        def _stage(self, peer: str, entry: tuple[bytes, QueuedUrl] | tuple[bytes, QueuedUrl, bool] | bytes) -> None: ...
+        def _stage_releases(self, *, force: bool = False) -> None: ...
+        def collect(self, ring: Any) -> int: ...
 
     # -- the owner's side: sending -------------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ A mixin of `peer.cluster.handoff.Handoff`: it works on the hand-off's attributes
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 from dataclasses import dataclass, field
 
@@ -18,6 +20,11 @@ from storage import HostState, QueuedUrl, RevisitRecord, in_arc, queued_url_keys
 
 from peer.cluster.arcs import KEY_POSITION
 from peer.crawl.urls import host_of_normalized, normalize
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from peer.cluster.handoffconfig import HandoffDelegate, HandoffLinks
+    from storage import NodeStore
 
 __all__ = ["Incoming", "Receiving"]
 
@@ -34,6 +41,24 @@ class Incoming:
 
 class Receiving:
     """Incoming chunks: apply, sync, acknowledge (or hold the ack for this node's backups)."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Handoff it is mixed into: attributes and its other parts' methods.
+        _held: dict[tuple[str, int, int], None]
+        _incoming: dict[tuple[str, int], Incoming]
+        acks_held: int
+        chunks_applied: int
+        delegate: HandoffDelegate
+        links: HandoffLinks
+        node_id: str
+        revisits_received: int
+        store: NodeStore
+        transfers_received: int
+        urls_discarded: int
+        urls_forwarded: int
+        urls_received: int
+        wall_clock: Callable[[], float]
+        def _release(self, peer_id: str, epoch: int) -> None: ...
 
     def _receive(self, peer_id: str, chunk: HandoffChunk) -> None:
         held = (peer_id, chunk.transfer_id, chunk.chunk_seq)

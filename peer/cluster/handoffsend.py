@@ -8,6 +8,8 @@ A mixin of `peer.cluster.handoff.Handoff`: it works on the hand-off's attributes
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +23,12 @@ from ring import ArcMove
 from storage import HostState, QueuedUrl, RevisitRecord, queued_url_keys
 
 from peer.cluster.arcs import ArcSet
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from peer.cluster import HandoffConfig
+    from peer.cluster.handoffconfig import HandoffDelegate, HandoffLinks
+    from storage import NodeStore
 
 __all__ = ["Chunk", "Outgoing", "Sending"]
 
@@ -78,6 +86,29 @@ class Outgoing:
 
 class Sending:
     """Outgoing transfers: make the chunks, send and re-send them, drop the arcs once all are acknowledged."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Handoff it is mixed into: attributes and its other parts' methods.
+        _deferred: bool
+        _dropping: int
+        _marked: dict[int, tuple[ArcSet, set[bytes]]]
+        _outgoing: dict[int, Outgoing]
+        chunks_resent: int
+        chunks_sent: int
+        config: HandoffConfig
+        delegate: HandoffDelegate
+        keys_sent: int
+        keys_withheld: int
+        links: HandoffLinks
+        node_id: str
+        revisits_sent: int
+        store: NodeStore
+        transfers_completed: int
+        urls_sent: int
+        wall_clock: Callable[[], float]
+        withheld_expired: int
+        def _expire(self, now: float) -> None: ...
+        def _start_quiet(self) -> None: ...
 
     def _start_transfer(self, transfer_id: int, epoch: int, peer: str, arcs: ArcSet) -> None:
         """Start a transfer: find the arcs holding anything here (one pass over the hosts, located on the ring

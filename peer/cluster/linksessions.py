@@ -8,6 +8,8 @@ A mixin of `peer.cluster.peerlinks.PeerLinks`: it works on its attributes, set i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import math
 from typing import Any
@@ -29,6 +31,13 @@ from protocol import (
     Role,
     State,
 )
+
+if TYPE_CHECKING:
+    from collections import Counter
+    from collections.abc import Awaitable, Callable
+    from peer.cluster import LinkConfig
+    from peer.cluster.peerlinks import PeerLink
+    from protocol import BatchAck, Challenge, Gossip, HandoffAck, HandoffAsk, HandoffChunk, Hello, LaneAsk, LaneGrant, LaneHandover, LaneHandoverAsk, LaneReturn, Limits, Ping, Pong, ProbeReply, ProbeRequest, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, QueueReplica, ReplicaAck, SeenReplica, Settings, StatusQuery, StatusReport, UrlBatch, Welcome
 
 __all__ = ["IO_ERRORS", "LinkError", "Session", "Sessions"]
 
@@ -77,6 +86,29 @@ class Session:
 class Sessions:
     """The connections of the peer links: accepted, handshaken, run. A `link` is a `PeerLink`
     (peer/cluster/peerlinks.py), which holds the peer's queue and its current `Session`."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the PeerLinks it is mixed into: attributes and its other parts' methods.
+        _codecs: tuple[str, ...]
+        _compressions: tuple[str, ...]
+        _limits: Limits
+        _links: dict[str, PeerLink]
+        _nonce: Callable[[int], bytes]
+        _on_message: Callable[[str, Hello | Challenge | Welcome | Reject | UrlBatch | BatchAck | Gossip | Ping | Pong | ProbeRequest | ProbeReply | ProgressQuery | ProgressReport | ProgressWave | ProgressTally | StatusQuery | StatusReport | HandoffChunk | HandoffAck | HandoffAsk | SeenReplica | LaneAsk | LaneGrant | LaneReturn | LaneHandover | LaneHandoverAsk | Settings | QueueReplica | ReplicaAck | Goodbye], Awaitable[None]]
+        _secret: bytes
+        _unauthenticated: int
+        _unauthenticated_by_source: Counter[str]
+        _versions: tuple[int, ...]
+        config: LinkConfig
+        datagram_peers: dict[str, bool]
+        handler_errors: int
+        handshake_failures: int
+        node_id: str
+        received_kinds: Counter[str]
+        refused: Counter[str]
+        def _close_idle(self, link: PeerLink, session: Session) -> bool: ...
+        def _idle_deadline(self, link: PeerLink, session: Session) -> float: ...
+        def link(self, peer_id: str, address: str | None = None) -> PeerLink: ...
 
     async def _accept(self, stream: trio.abc.Stream) -> None:
         """Transport handler: handshake as responder, then run the connection as the link to that peer.

@@ -7,6 +7,8 @@ A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes,
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 from collections.abc import Iterable
 
@@ -15,6 +17,12 @@ import trio
 from protocol import Settings
 
 from peer.crawl.settings import CrawlSettings, SettingsError
+
+if TYPE_CHECKING:
+    from peer.cluster import PeerLinks
+    from peer.crawl.crawler import Crawler
+    from random import Random
+    from ring import View
 
 __all__ = ["SETTINGS_FANOUT", "SETTINGS_INTERVAL", "SettingsGossip"]
 
@@ -31,6 +39,17 @@ SETTINGS_FANOUT = 3
 
 class SettingsGossip:
     """Sharing the crawl settings with the peers."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
+        _gossip_rng: Random
+        crawler: Crawler | None
+        links: PeerLinks
+        settings_adopted: int
+        settings_refused: int
+        settings_sent: int
+        view: View
+        def _live_peers(self) -> list[str]: ...
 
     # -- crawl settings -----------------------------------------------------------------------------------
 

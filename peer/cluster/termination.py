@@ -7,6 +7,8 @@ A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes,
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 
 import trio
@@ -15,6 +17,13 @@ from protocol import Message, ProgressReport
 from ring import MemberState
 
 from peer.cluster.progress import Local
+
+if TYPE_CHECKING:
+    from peer.cluster import Dispatcher, Handoff, PeerLinks, ProgressTree
+    from peer.crawl.crawler import Crawler
+    from ring import View
+    from storage import NodeStore
+    from typing import Any
 
 __all__ = ["LEFT_GRACE", "LINGER_TIMEOUT", "PROGRESS_INTERVAL", "Termination"]
 
@@ -33,6 +42,23 @@ LINGER_TIMEOUT = 5.0
 
 class Termination:
     """Progress reports and waves, and concluding that the whole cluster's crawl is finished."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
+        _leaving_since: dict[str, float]
+        _order: tuple[str, ...]
+        _ring_id: int
+        crawler: Crawler | None
+        dispatcher: Dispatcher
+        finished: trio.Event
+        handoff: Handoff
+        links: PeerLinks
+        node_id: str
+        progress: ProgressTree
+        ready: trio.Event
+        stats: Any
+        store: NodeStore
+        view: View
 
     # -- progress and termination -------------------------------------------------------------------------
 

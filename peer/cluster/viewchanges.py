@@ -8,6 +8,8 @@ A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes,
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dataclasses
 import logging
 import math
@@ -20,6 +22,16 @@ from storage import HostState
 from peer.cluster.arcs import ArcSet, plan_view
 from peer.cluster.fence import TAKEOVER_GRACE
 from peer.cluster.rings import ring_id
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from peer.cluster import Dispatcher, Handoff, Membership, RingCache, SeenReplicas
+    from peer.cluster.backups import QueueReplicas
+    from peer.cluster.cluster import _Owners
+    from peer.cluster.fence import PartitionFence
+    from peer.config import Config
+    from peer.crawl.crawler import Crawler
+    from storage import NodeStore
 
 __all__ = ["FRESH_WINDOW", "SWEEP_INTERVAL", "ViewChanges"]
 
@@ -35,6 +47,31 @@ FRESH_WINDOW = 2.0
 
 class ViewChanges:
     """Following the views: rings, moved arcs, promotion of a dead member's queues, stray hosts."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
+        _owners: _Owners | None
+        _rings: RingCache
+        backups: QueueReplicas
+        cfg: Config
+        crawler: Crawler | None
+        dispatcher: Dispatcher
+        fence: PartitionFence
+        handoff: Handoff
+        hosts_swept: int
+        membership: Membership
+        node_id: str
+        points_per_weight: int
+        promotions: list[tuple[float, str, int]]
+        ready: trio.Event
+        replicas: SeenReplicas
+        ring: Ring | None
+        store: NodeStore
+        view_changes: int
+        wall_clock: Callable[[], float]
+        def _live_peers(self) -> list[str]: ...
+        def _set_ring(self, ring: Ring) -> None: ...
+        def share_settings(self, peers: Iterable[str] | None = None) -> int: ...
 
     # -- views --------------------------------------------------------------------------------------------
 

@@ -11,6 +11,8 @@ A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, s
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -21,6 +23,15 @@ from storage import QueuedUrl, RevisitRecord
 
 from peer.crawl.scheduler import HostTurn
 from peer.crawl.urls import host_of_normalized, normalize
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from peer.crawl.scheduler import HostScheduler
+    from peer.crawl.seams import Ownership
+    from peer.crawl.settings import CrawlSettings
+    from peer.crawl.urls import Scope
+    from peer.stats import Stats
+    from storage import HostState, NodeStore
 
 __all__ = ["Admission", "Batch", "SeedReport"]
 
@@ -59,6 +70,19 @@ class Batch:
 
 class Admission:
     """Admitting URLs: seeds, links, redirect targets, sitemap entries."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Crawler it is mixed into: attributes and its other parts' methods.
+        _seen: dict[str, str]
+        _wakeup: trio.Event
+        ownership: Ownership
+        owns: Callable[[str], bool] | None
+        sched: HostScheduler
+        scope: Scope
+        settings: CrawlSettings
+        stats: Stats
+        store: NodeStore
+        def _state_of(self, turn: HostTurn) -> HostState: ...
 
     def admit(self, items: Iterable[QueuedUrl]) -> tuple[int, int]:
         """Scope-check, route, dedup and queue normalized URLs (their host is taken from the URL). Returns
