@@ -7,12 +7,10 @@ A mixin of `peer.node.Node`: it works on the node's attributes, set in `Node.__i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import json
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest

@@ -8,10 +8,8 @@ A mixin of `peer.cluster.backups.QueueReplicas`: it works on its attributes, set
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 

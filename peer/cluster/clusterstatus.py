@@ -7,9 +7,7 @@ A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 

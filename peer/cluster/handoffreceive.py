@@ -8,10 +8,9 @@ A mixin of `peer.cluster.handoff.Handoff`: it works on the hand-off's attributes
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from protocol import HandoffAck, HandoffChunk
 from protocol import HostState as WireHostState

@@ -8,11 +8,10 @@ A mixin of `peer.cluster.handoff.Handoff`: it works on the hand-off's attributes
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import trio

@@ -8,11 +8,9 @@ A mixin of `peer.cluster.peerlinks.PeerLinks`: it works on its attributes, set i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 

@@ -7,10 +7,9 @@ A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import trio
 

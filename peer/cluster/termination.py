@@ -7,9 +7,8 @@ A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
+from typing import TYPE_CHECKING
 
 import trio
 

@@ -8,11 +8,10 @@ A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import dataclasses
 import logging
 import math
+from typing import TYPE_CHECKING
 
 import trio
 

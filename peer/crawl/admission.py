@@ -11,11 +11,10 @@ A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 

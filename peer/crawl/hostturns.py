@@ -10,9 +10,8 @@ A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import math
+from typing import TYPE_CHECKING
 
 import trio
 

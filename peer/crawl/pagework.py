@@ -8,9 +8,8 @@ A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
+from typing import TYPE_CHECKING
 
 from peer.crawl.links import Page, extract, is_html
 from peer.crawl.pageworkers import PageJob, PageResult, PageWorkerError

@@ -8,9 +8,8 @@ A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import trio
+from typing import TYPE_CHECKING
 
 from storage import QueuedUrl, RevisitRecord
 
