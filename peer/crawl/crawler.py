@@ -451,7 +451,7 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
             self._retries.pop(item.url, None)
             self.frontier.done(item)
             before = self.schedule.get(turn.host, item.url) if self.schedule is not None else None
-            if before is not None and before.queued:  # a revisit: due again after its interval, not forgotten
+            if before is not None and before.queued and self.schedule is not None:  # a revisit: due again later
                 due = self.wallclock() + before.interval
                 self.schedule.put(RevisitRecord(**{**record_fields(before), "due": due, "queued": False}))
         turn.failures += 1

@@ -158,7 +158,7 @@ class HostTurns:
             if refused is not None:
                 self.stats.skipped[refused] += 1
                 self.frontier.done(item)
-                if before is not None:
+                if before is not None and self.schedule is not None:
                     self.schedule.forget(host, item.url)  # out of scope now: off the schedule
                 self.ownership.fetched(item)
                 await trio.sleep(0)
@@ -174,7 +174,7 @@ class HostTurns:
             if not decision.robots.can_fetch(self.robots_agent, path):
                 self.stats.skipped["robots" if decision.kind == "parsed" else "robots-unavailable"] += 1
                 self.frontier.done(item)
-                if before is not None:
+                if before is not None and self.schedule is not None:
                     self.schedule.forget(host, item.url)  # robots.txt as it is now forbids it
                 self.ownership.fetched(item)
                 await trio.sleep(0)
@@ -276,7 +276,7 @@ class HostTurns:
             if isinstance(exc, TRANSIENT) and self._retry(turn, item):
                 return
             self.frontier.done(item)
-            if before is not None:  # given up this time: due again after the same interval, not forgotten
+            if before is not None and self.schedule is not None:  # given up: due again after the same interval
                 due = self.wallclock() + before.interval
                 self.schedule.put(RevisitRecord(**{**record_fields(before), "due": due, "queued": False}))
             self.ownership.fetched(item)
@@ -310,7 +310,7 @@ class HostTurns:
         elif before is not None and not 200 <= status < 300:
             if status >= 500:
                 revisit = self._next_visit(item, before, resp, changed=None, now=now)
-            else:
+            elif self.schedule is not None:
                 self.schedule.forget(item.host, item.url)  # gone or moved: its new place is a link like any
         if status in REDIRECTS:
             location = header(resp, "location")
