@@ -36,6 +36,8 @@ class ReplicaHolding:
 
     if TYPE_CHECKING:
         # What this part uses of the QueueReplicas it is mixed into: attributes and its other parts' methods.
+        _journaled_at: float | None
+        _held_epoch: int
         _ring_at: float
         copies: int
         limits: Limits
@@ -43,7 +45,7 @@ class ReplicaHolding:
         node_id: str
         on_held: Callable[[str, int, list[QueuedUrl]], None] | None
         on_marked: Callable[[Sequence[bytes]], None] | None
-        pass_on: Callable[[list[QueuedUrl]], None] | None
+        pass_on: Callable[[list[QueuedUrl]], object] | None
         refused: int
         releases_held: int
         ring_of: Callable[[], tuple[int, Any]]
@@ -93,7 +95,7 @@ class ReplicaHolding:
             # batch is, before it reaches the store
             url = normalize(entry.url)
             host = host_of_normalized(url) if url is not None else ""
-            if not host or len(host.encode()) > MAX_HOST or len(url) > self.limits.max_url_length:
+            if url is None or not host or len(host.encode()) > MAX_HOST or len(url) > self.limits.max_url_length:
                 continue
             items.append(QueuedUrl(url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on))
         released = [key for key in message.released if len(key) == 16]

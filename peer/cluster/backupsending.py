@@ -39,6 +39,9 @@ class ReplicaSending:
 
     if TYPE_CHECKING:
         # What this part uses of the QueueReplicas it is mixed into: attributes and its other parts' methods.
+        _wake: trio.Event
+        _synced: Any
+        _restore: dict[str, tuple[Backup, int]] | None
         _backups: dict[str, Backup]
         _gc_ring: Any
         _held_epoch: Any
@@ -148,14 +151,14 @@ class ReplicaSending:
         while staged and count < max_keys and size < MAX_URL_BYTES:
             entry = staged.popleft()
             count += 1
-            if entry.__class__ is bytes:  # a fetched page's seen mark
-                final[entry] = None  # type: ignore[index]
+            if isinstance(entry, bytes):  # a fetched page's seen mark
+                final[entry] = None
             elif len(entry) == 2:
-                key, item = entry  # type: ignore[misc]
+                key, item = entry
                 final[key] = item
                 size += len(item.url) + len(item.found_on or "") + 16
             else:
-                key, done, _release = entry  # type: ignore[misc]
+                key, done, _release = entry
                 final[key] = None
                 hosts[done.host] = None
                 released_urls.append(done.url)

@@ -40,6 +40,8 @@ class ClusterStatus:
 
     if TYPE_CHECKING:
         # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
+        _asked_at: float
+        _slices: tuple[int, list[dict[str, float]]] | None
         _ring_id: int
         _seq: int
         address: str | None

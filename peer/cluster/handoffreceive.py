@@ -100,7 +100,7 @@ class Receiving:
         for entry in chunk.urls:
             url = normalize(entry.url)  # held to what a link from the web is, before it reaches the stores
             host = host_of_normalized(url) if url is not None else ""
-            if not host or not in_arc(host_position(host), start, end):
+            if url is None or not host or not in_arc(host_position(host), start, end):
                 log.warning("hand-off URL unusable or outside its arc; dropped", extra={"peer": peer_id})
                 continue
             items.append(
@@ -166,7 +166,7 @@ class Receiving:
         for entry in chunk.revisits:
             url = normalize(entry.url)  # held to what a link from the web is, as the arc's queued URLs are
             host = host_of_normalized(url) if url is not None else ""
-            if not host or not in_arc(host_position(host), chunk.arc_start, chunk.arc_end):
+            if url is None or not host or not in_arc(host_position(host), chunk.arc_start, chunk.arc_end):
                 log.warning("hand-off revisit schedule unusable or outside its arc; dropped", extra={"peer": peer_id})
                 continue
             records.append(RevisitRecord(

@@ -88,6 +88,8 @@ class Sending:
 
     if TYPE_CHECKING:
         # What this part uses of the Handoff it is mixed into: attributes and its other parts' methods.
+        _wake: trio.Event | None
+        _hosts_here: np.ndarray | None
         _deferred: bool
         _dropping: int
         _marked: dict[int, tuple[ArcSet, set[bytes]]]

@@ -49,6 +49,9 @@ class ViewChanges:
 
     if TYPE_CHECKING:
         # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
+        _ready_at: float | None
+        epoch: int
+        view: View
         _owners: _Owners | None
         _rings: RingCache
         backups: QueueReplicas
@@ -209,8 +212,8 @@ class ViewChanges:
             self.crawler.rewake()
         self.dispatcher.wake()
         # a member that joined gets the crawl settings at once (the others have them: they are not sent again)
-        before = {m.node_id for m in old_view.members if m.state.owns_arcs}
-        joined = [peer for peer in self._live_peers() if peer not in before]
+        owned_before = {m.node_id for m in old_view.members if m.state.owns_arcs}
+        joined = [peer for peer in self._live_peers() if peer not in owned_before]
         if joined:
             self.share_settings(joined)
 
