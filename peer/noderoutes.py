@@ -52,10 +52,10 @@ class ControlRoutes:
 
     if TYPE_CHECKING:
         # What this part uses of the Node it is mixed into: attributes and its other parts' methods.
-        _leave: trio.Event
         cfg: Config
         cluster: Cluster | None
         crawler: Crawler | None
+        _leave: trio.Event
         node_id: str
         page_workers: PageWorkers | None
         resolver: CachingResolver | None
@@ -63,6 +63,7 @@ class ControlRoutes:
         stats: Stats
         store_releases: int
         watch: NodeWatch | None
+
         def request_stop(self) -> None: ...
 
     # -------------------------------------------------------------- control routes

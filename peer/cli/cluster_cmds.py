@@ -27,7 +27,8 @@ def format_cluster(cs: dict[str, Any]) -> str:
     nodes = cs["nodes"]
     head = f"cluster seen from {cs['node_id']}: epoch {cs['epoch']}, {len(nodes)} members, " + (
         "crawl FINISHED" if cs["done"] else "crawling")
-    rows: list[tuple[str, ...]] = [("node", "state", "zone", "weight", "pages", "rate/s", "queue", "received", "idle", "link")]
+    rows: list[tuple[str, ...]] = [
+        ("node", "state", "zone", "weight", "pages", "rate/s", "queue", "received", "idle", "link")]
     for n in nodes:
         rows.append((
             n["node_id"], n["state"], n.get("zone") or "-", str(n["weight"]), _num(n["pages"]), _num(n["rate"], ".1f"),

@@ -21,6 +21,7 @@ from peer.crawl.urls import host_of_normalized, normalize
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+
     from protocol import Limits
     from ring import Zones
     from storage import NodeStore
@@ -36,10 +37,9 @@ class ReplicaHolding:
 
     if TYPE_CHECKING:
         # What this part uses of the QueueReplicas it is mixed into: attributes and its other parts' methods.
-        _journaled_at: float | None
-        _held_epoch: int
-        _ring_at: float
         copies: int
+        _held_epoch: int
+        _journaled_at: float | None
         limits: Limits
         links: Any
         node_id: str
@@ -48,12 +48,14 @@ class ReplicaHolding:
         pass_on: Callable[[list[QueuedUrl]], object] | None
         refused: int
         releases_held: int
+        _ring_at: float
         ring_of: Callable[[], tuple[int, Any]]
         store: NodeStore
         urls_held: int
         urls_passed_on: int
         wall_clock: Callable[[], float]
         zones_of: Callable[[], Zones]
+
         def _acked(self, peer: str, ack: ReplicaAck) -> None: ...
 
     def collect(self, ring: Any) -> int:

@@ -23,10 +23,12 @@ from peer.cluster.backupconfig import GC_DELAY, MAX_ENTRIES, MAX_HOST, MAX_URL_B
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from peer.cluster.backupconfig import Ticket
+
     from protocol import Limits
     from ring import Zones
     from storage import NodeStore
+
+    from peer.cluster.backupconfig import Ticket
 
 __all__ = ["ReplicaSending"]
 
@@ -39,14 +41,10 @@ class ReplicaSending:
 
     if TYPE_CHECKING:
         # What this part uses of the QueueReplicas it is mixed into: attributes and its other parts' methods.
-        _wake: trio.Event
-        _synced: Any
-        _restore: dict[str, tuple[Backup, int]] | None
         _backups: dict[str, Backup]
+        copies: int
         _gc_ring: Any
         _held_epoch: Any
-        _releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]]
-        copies: int
         interval: float
         limits: Limits
         links: Any
@@ -54,14 +52,19 @@ class ReplicaSending:
         messages_resent: int
         messages_sent: int
         node_id: str
+        _releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]]
         releases_sent: int
         resend_after: float
+        _restore: dict[str, tuple[Backup, int]] | None
         ring_of: Callable[[], tuple[int, Any]]
         store: NodeStore
+        _synced: Any
         urls_rehomed: int
         urls_sent: int
+        _wake: trio.Event
         wall_clock: Callable[[], float]
         zones_of: Callable[[], Zones]
+
         def _check_tickets(self) -> None: ...
         def _due(self, state: Backup, now: float) -> bool: ...
         def _stage(self, peer: str, entry: tuple[bytes, QueuedUrl] | tuple[bytes, QueuedUrl, bool] | bytes) -> None: ...

@@ -18,12 +18,14 @@ from peer.cluster.report import ring_pending, ring_slices
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from protocol import ProgressReport
+    from ring import Ring, View
+
     from peer.cluster import Dispatcher, Handoff, PeerLinks, SeenReplicas
     from peer.cluster.backups import QueueReplicas
     from peer.cluster.fence import PartitionFence
     from peer.cluster.lanes import FleetLanes
-    from protocol import ProgressReport
-    from ring import Ring, View
 
 __all__ = ["ClusterStatus", "DETAIL_MAX_AGE", "RING_SLICES", "STATUS_INTERVAL"]
 
@@ -40,11 +42,8 @@ class ClusterStatus:
 
     if TYPE_CHECKING:
         # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
-        _asked_at: float
-        _slices: tuple[int, list[dict[str, float]]] | None
-        _ring_id: int
-        _seq: int
         address: str | None
+        _asked_at: float
         backups: QueueReplicas
         details: dict[str, tuple[float, dict[str, Any]]]
         dispatcher: Dispatcher
@@ -60,13 +59,17 @@ class ClusterStatus:
         peers: dict[str, ProgressReport]
         replicas: SeenReplicas
         ring: Ring | None
+        _ring_id: int
+        _seq: int
         settings_adopted: int
         settings_refused: int
         settings_sent: int
+        _slices: tuple[int, list[dict[str, float]]] | None
         summary: Callable[[], dict[str, Any]] | None
         urls_known_elsewhere: int
         view: View
         view_changes: int
+
         def _live_peers(self) -> list[str]: ...
         def local_progress(self, seq: int = 0) -> ProgressReport: ...
 

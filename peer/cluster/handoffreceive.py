@@ -22,8 +22,10 @@ from peer.crawl.urls import host_of_normalized, normalize
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from peer.cluster.handoffconfig import HandoffDelegate, HandoffLinks
+
     from storage import NodeStore
+
+    from peer.cluster.handoffconfig import HandoffDelegate, HandoffLinks
 
 __all__ = ["Incoming", "Receiving"]
 
@@ -43,11 +45,11 @@ class Receiving:
 
     if TYPE_CHECKING:
         # What this part uses of the Handoff it is mixed into: attributes and its other parts' methods.
-        _held: dict[tuple[str, int, int], None]
-        _incoming: dict[tuple[str, int], Incoming]
         acks_held: int
         chunks_applied: int
         delegate: HandoffDelegate
+        _held: dict[tuple[str, int, int], None]
+        _incoming: dict[tuple[str, int], Incoming]
         links: HandoffLinks
         node_id: str
         revisits_received: int
@@ -57,6 +59,7 @@ class Receiving:
         urls_forwarded: int
         urls_received: int
         wall_clock: Callable[[], float]
+
         def _release(self, peer_id: str, epoch: int) -> None: ...
 
     def _receive(self, peer_id: str, chunk: HandoffChunk) -> None:

@@ -25,9 +25,11 @@ from peer.cluster.arcs import ArcSet
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from storage import NodeStore
+
     from peer.cluster import HandoffConfig
     from peer.cluster.handoffconfig import HandoffDelegate, HandoffLinks
-    from storage import NodeStore
 
 __all__ = ["Chunk", "Outgoing", "Sending"]
 
@@ -88,26 +90,27 @@ class Sending:
 
     if TYPE_CHECKING:
         # What this part uses of the Handoff it is mixed into: attributes and its other parts' methods.
-        _wake: trio.Event | None
-        _hosts_here: np.ndarray | None
-        _deferred: bool
-        _dropping: int
-        _marked: dict[int, tuple[ArcSet, set[bytes]]]
-        _outgoing: dict[int, Outgoing]
         chunks_resent: int
         chunks_sent: int
         config: HandoffConfig
+        _deferred: bool
         delegate: HandoffDelegate
+        _dropping: int
+        _hosts_here: np.ndarray | None
         keys_sent: int
         keys_withheld: int
         links: HandoffLinks
+        _marked: dict[int, tuple[ArcSet, set[bytes]]]
         node_id: str
+        _outgoing: dict[int, Outgoing]
         revisits_sent: int
         store: NodeStore
         transfers_completed: int
         urls_sent: int
+        _wake: trio.Event | None
         wall_clock: Callable[[], float]
         withheld_expired: int
+
         def _expire(self, now: float) -> None: ...
         def _start_quiet(self) -> None: ...
 

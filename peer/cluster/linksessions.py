@@ -33,9 +33,11 @@ from protocol import (
 if TYPE_CHECKING:
     from collections import Counter
     from collections.abc import Awaitable, Callable
+
+    from protocol import Limits
+
     from peer.cluster import LinkConfig
     from peer.cluster.peerlinks import PeerLink
-    from protocol import BatchAck, Challenge, Gossip, HandoffAck, HandoffAsk, HandoffChunk, Hello, LaneAsk, LaneGrant, LaneHandover, LaneHandoverAsk, LaneReturn, Limits, Ping, Pong, ProbeReply, ProbeRequest, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, QueueReplica, ReplicaAck, SeenReplica, Settings, StatusQuery, StatusReport, UrlBatch, Welcome
 
 __all__ = ["IO_ERRORS", "LinkError", "Session", "Sessions"]
 
@@ -89,21 +91,22 @@ class Sessions:
         # What this part uses of the PeerLinks it is mixed into: attributes and its other parts' methods.
         _codecs: tuple[str, ...]
         _compressions: tuple[str, ...]
-        _limits: Limits
-        _links: dict[str, PeerLink]
-        _nonce: Callable[[int], bytes]
-        _on_message: Callable[[str, Hello | Challenge | Welcome | Reject | UrlBatch | BatchAck | Gossip | Ping | Pong | ProbeRequest | ProbeReply | ProgressQuery | ProgressReport | ProgressWave | ProgressTally | StatusQuery | StatusReport | HandoffChunk | HandoffAck | HandoffAsk | SeenReplica | LaneAsk | LaneGrant | LaneReturn | LaneHandover | LaneHandoverAsk | Settings | QueueReplica | ReplicaAck | Goodbye], Awaitable[None]]
-        _secret: bytes
-        _unauthenticated: int
-        _unauthenticated_by_source: Counter[str]
-        _versions: tuple[int, ...]
         config: LinkConfig
         datagram_peers: dict[str, bool]
         handler_errors: int
         handshake_failures: int
+        _limits: Limits
+        _links: dict[str, PeerLink]
         node_id: str
+        _nonce: Callable[[int], bytes]
+        _on_message: Callable[[str, Message], Awaitable[None]]
         received_kinds: Counter[str]
         refused: Counter[str]
+        _secret: bytes
+        _unauthenticated: int
+        _unauthenticated_by_source: Counter[str]
+        _versions: tuple[int, ...]
+
         def _close_idle(self, link: PeerLink, session: Session) -> bool: ...
         def _idle_deadline(self, link: PeerLink, session: Session) -> float: ...
         def link(self, peer_id: str, address: str | None = None) -> PeerLink: ...

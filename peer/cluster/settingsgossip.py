@@ -18,10 +18,12 @@ from protocol import Settings
 from peer.crawl.settings import CrawlSettings, SettingsError
 
 if TYPE_CHECKING:
+    from random import Random
+
+    from ring import View
+
     from peer.cluster import PeerLinks
     from peer.crawl.crawler import Crawler
-    from random import Random
-    from ring import View
 
 __all__ = ["SETTINGS_FANOUT", "SETTINGS_INTERVAL", "SettingsGossip"]
 
@@ -41,13 +43,14 @@ class SettingsGossip:
 
     if TYPE_CHECKING:
         # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
-        _gossip_rng: Random
         crawler: Crawler | None
+        _gossip_rng: Random
         links: PeerLinks
         settings_adopted: int
         settings_refused: int
         settings_sent: int
         view: View
+
         def _live_peers(self) -> list[str]: ...
 
     # -- crawl settings -----------------------------------------------------------------------------------

@@ -18,11 +18,13 @@ from ring import MemberState
 from peer.cluster.progress import Local
 
 if TYPE_CHECKING:
-    from peer.cluster import Dispatcher, Handoff, PeerLinks, ProgressTree
-    from peer.crawl.crawler import Crawler
+    from typing import Any
+
     from ring import View
     from storage import NodeStore
-    from typing import Any
+
+    from peer.cluster import Dispatcher, Handoff, PeerLinks, ProgressTree
+    from peer.crawl.crawler import Crawler
 
 __all__ = ["LEFT_GRACE", "LINGER_TIMEOUT", "PROGRESS_INTERVAL", "Termination"]
 
@@ -44,17 +46,17 @@ class Termination:
 
     if TYPE_CHECKING:
         # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
-        _leaving_since: dict[str, float]
-        _order: tuple[str, ...]
-        _ring_id: int
         crawler: Crawler | None
         dispatcher: Dispatcher
         finished: trio.Event
         handoff: Handoff
+        _leaving_since: dict[str, float]
         links: PeerLinks
         node_id: str
+        _order: tuple[str, ...]
         progress: ProgressTree
         ready: trio.Event
+        _ring_id: int
         stats: Any
         store: NodeStore
         view: View

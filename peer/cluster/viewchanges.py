@@ -24,13 +24,15 @@ from peer.cluster.rings import ring_id
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
+
+    from storage import NodeStore
+
     from peer.cluster import Dispatcher, Handoff, Membership, RingCache, SeenReplicas
     from peer.cluster.backups import QueueReplicas
     from peer.cluster.cluster import _Owners
     from peer.cluster.fence import PartitionFence
     from peer.config import Config
     from peer.crawl.crawler import Crawler
-    from storage import NodeStore
 
 __all__ = ["FRESH_WINDOW", "SWEEP_INTERVAL", "ViewChanges"]
 
@@ -49,28 +51,29 @@ class ViewChanges:
 
     if TYPE_CHECKING:
         # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
-        _ready_at: float | None
-        epoch: int
-        view: View
-        _owners: _Owners | None
-        _rings: RingCache
         backups: QueueReplicas
         cfg: Config
         crawler: Crawler | None
         dispatcher: Dispatcher
+        epoch: int
         fence: PartitionFence
         handoff: Handoff
         hosts_swept: int
         membership: Membership
         node_id: str
+        _owners: _Owners | None
         points_per_weight: int
         promotions: list[tuple[float, str, int]]
         ready: trio.Event
+        _ready_at: float | None
         replicas: SeenReplicas
         ring: Ring | None
+        _rings: RingCache
         store: NodeStore
+        view: View
         view_changes: int
         wall_clock: Callable[[], float]
+
         def _live_peers(self) -> list[str]: ...
         def _set_ring(self, ring: Ring) -> None: ...
         def share_settings(self, peers: Iterable[str] | None = None) -> int: ...

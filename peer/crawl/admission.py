@@ -25,12 +25,14 @@ from peer.crawl.urls import host_of_normalized, normalize
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from storage import HostState, NodeStore
+
     from peer.crawl.scheduler import HostScheduler
     from peer.crawl.seams import Ownership
     from peer.crawl.settings import CrawlSettings
     from peer.crawl.urls import Scope
     from peer.stats import Stats
-    from storage import HostState, NodeStore
 
 __all__ = ["Admission", "Batch", "SeedReport"]
 
@@ -72,15 +74,16 @@ class Admission:
 
     if TYPE_CHECKING:
         # What this part uses of the Crawler it is mixed into: attributes and its other parts' methods.
-        _seen: dict[str, str]
-        _wakeup: trio.Event
         ownership: Ownership
         owns: Callable[[str], bool] | None
         sched: HostScheduler
         scope: Scope
+        _seen: dict[str, str]
         settings: CrawlSettings
         stats: Stats
         store: NodeStore
+        _wakeup: trio.Event
+
         def _state_of(self, turn: HostTurn) -> HostState: ...
 
     def admit(self, items: Iterable[QueuedUrl]) -> tuple[int, int]:

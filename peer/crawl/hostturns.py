@@ -31,6 +31,9 @@ from peer.fetch.http import Response
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+
+    from storage import FrontierStore, LruTtlCache, RevisitSchedule
+
     from peer.config import Config
     from peer.crawl.pageworkers import PageWorkers
     from peer.crawl.robots import RobotsDecision
@@ -39,7 +42,6 @@ if TYPE_CHECKING:
     from peer.crawl.settings import CrawlSettings
     from peer.crawl.urls import Scope
     from peer.stats import Stats
-    from storage import FrontierStore, LruTtlCache, RevisitSchedule
 
 __all__ = ["HostTurns"]
 
@@ -55,40 +57,46 @@ class HostTurns:
     if TYPE_CHECKING:
         # What this part uses of the Crawler it is mixed into: attributes and its other parts' methods.
         _address_waiters: dict[str, set[str]]
+        cfg: Config
         _current: dict[str, QueuedUrl]
+        fetcher: PageFetcher
+        frontier: FrontierStore
+        gate: AddressLimits
         _large_parses: trio.CapacityLimiter
+        ownership: Ownership
         _page_threads: trio.CapacityLimiter | None
+        page_workers: PageWorkers | None
         _pending: dict[str, QueuedUrl]
         _pinned: dict[str, str]
         _requests: dict[str, int]
         _retries: dict[str, int]
-        _robots_failures: dict[str, int]
-        _wakeup: trio.Event
-        cfg: Config
-        fetcher: PageFetcher
-        frontier: FrontierStore
-        gate: AddressLimits
-        ownership: Ownership
-        page_workers: PageWorkers | None
         robots: LruTtlCache[str, RobotsDecision]
         robots_agent: str
+        _robots_failures: dict[str, int]
         sched: HostScheduler
         schedule: RevisitSchedule | None
         scope: Scope
         settings: CrawlSettings
         stats: Stats
         user_agent: str
+        _wakeup: trio.Event
         wallclock: Callable[[], float]
+
         def _admit_sitemaps(self, origin: str, decision: RobotsDecision) -> None: ...
-        def _commit(self, batch: Batch, done: QueuedUrl | None = None, revisit: RevisitRecord | None = None, turn: HostTurn | None = None) -> tuple[int, int]: ...
+        def _commit(self, batch: Batch, done: QueuedUrl | None = None, revisit: RevisitRecord | None = None,
+                    turn: HostTurn | None = None) -> tuple[int, int]: ...
         async def _fetch_sitemap(self, turn: HostTurn, item: QueuedUrl) -> None: ...
-        def _next_visit(self, item: QueuedUrl, before: RevisitRecord | None, resp: Response, *, changed: bool | None, now: float, digest: str | None = None, size: int | None = None) -> RevisitRecord: ...
-        def _screen(self, batch: Batch, url: str, depth: int, hops: int, found_on: str | None, lastmod: float | None = None, sitemap: bool = False) -> None: ...
+        def _next_visit(self, item: QueuedUrl, before: RevisitRecord | None, resp: Response, *, changed: bool | None,
+                        now: float, digest: str | None = None, size: int | None = None) -> RevisitRecord: ...
+        def _screen(self, batch: Batch, url: str, depth: int, hops: int, found_on: str | None,
+                    lastmod: float | None = None, sitemap: bool = False) -> None: ...
         def _screen_found(self, batch: Batch, urls: Sequence[str], depth: int, found_on: str) -> None: ...
         def _store(self, resp: Response, ctype: str | None, now: float) -> int | None: ...
-        def _store_and_extract(self, resp: Response, url: str, ctype: str | None, now: float) -> tuple[int | None, Page | None]: ...
+        def _store_and_extract(self, resp: Response, url: str, ctype: str | None,
+                               now: float) -> tuple[int | None, Page | None]: ...
         def _store_revisit(self, resp: Response, before: RevisitRecord, profile: str, now: float) -> None: ...
-        async def _work_elsewhere(self, resp: Response, url: str, ctype: str | None, now: float) -> tuple[int | None, Page | None]: ...
+        async def _work_elsewhere(self, resp: Response, url: str, ctype: str | None,
+                                  now: float) -> tuple[int | None, Page | None]: ...
 
     # ------------------------------------------------------------------ the address lane and the request
 

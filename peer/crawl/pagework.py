@@ -17,9 +17,10 @@ from peer.crawl.responses import as_decoded
 from peer.fetch.http import Response
 
 if TYPE_CHECKING:
+    from storage import PageStore
+
     from peer.crawl.pageworkers import PageWorkers
     from peer.stats import Stats
-    from storage import PageStore
 
 __all__ = ["THREAD_PARSE_BYTES", "PageWork"]
 

@@ -107,7 +107,9 @@ class _Worker:
         self.process = process
         self.stream = stream
         self.pending: deque[_Task] = deque()
-        self.outbox: list[bytes | memoryview] = []  # the parts of the frames of `pending` not yet written, in the same order
+        # the parts of the frames of `pending` not yet written, in the same order (a part cut by a short write
+        # is a memoryview of what is left)
+        self.outbox: list[bytes | memoryview] = []
         self.queued = 0  # bytes of the frames of `pending`
         self.wake = trio.Event()
         self.ready = False

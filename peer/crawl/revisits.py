@@ -18,11 +18,13 @@ from peer.fetch.http import Response
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
+
+    from storage import NodeStore, PageStore, RevisitSchedule
+
     from peer.config import Config
     from peer.crawl.seams import Ownership
     from peer.crawl.settings import CrawlSettings
     from peer.stats import Stats
-    from storage import NodeStore, PageStore, RevisitSchedule
 
 __all__ = ["Revisits", "record_fields"]
 
@@ -39,8 +41,8 @@ class Revisits:
 
     if TYPE_CHECKING:
         # What this part uses of the Crawler it is mixed into: attributes and its other parts' methods.
-        _draining: bool
         cfg: Config
+        _draining: bool
         ownership: Ownership
         owns: Callable[[str], bool] | None
         pages: PageStore
@@ -49,6 +51,7 @@ class Revisits:
         stats: Stats
         store: NodeStore
         wallclock: Callable[[], float]
+
         def wake_hosts(self, items: Iterable[QueuedUrl]) -> None: ...
 
     async def _revisit_loop(self) -> None:

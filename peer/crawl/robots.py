@@ -26,9 +26,10 @@ Matching (RFC 9309 section 2.2):
   other; other escapes stay as they are ("%2F" is not "/"). In a pattern, "%2A" and "%24" are a literal "*"
   and "$", neither a wildcard nor an end anchor (RFC 9309 2.2.3). Otherwise the path is matched as given: the
   crawler's URLs are already in normal form (`peer.crawl.urls`).
-- The longest matching pattern (in octets of what is matched, "*" and "$" counted) wins and Allow wins a tie; an empty pattern
-  never decides. "*" matches any run of characters, "$" at the end anchors. An Allow pattern whose last
-  segment starts with "index.htm" also allows its directory exactly ("Allow: /a/index.html" allows "/a/").
+- The longest matching pattern (in octets of what is matched, "*" and "$" counted) wins and Allow wins a
+  tie; an empty pattern never decides. "*" matches any run of characters, "$" at the end anchors. An Allow
+  pattern whose last segment starts with "index.htm" also allows its directory exactly ("Allow:
+  /a/index.html" allows "/a/").
 - /robots.txt itself is always allowed.
 
 Patterns are matched with a linear left-to-right scan of their literal pieces, never with a regex, so a

@@ -25,12 +25,14 @@ from peer.fetch.errors import TRANSIENT, DnsError, FetchError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from storage import FrontierStore, RevisitRecord
+
     from peer.config import Config
     from peer.crawl.seams import Ownership
     from peer.crawl.settings import CrawlSettings
     from peer.fetch.http import Response
     from peer.stats import Stats
-    from storage import FrontierStore, RevisitRecord
 
 __all__ = ["SitemapTurns"]
 
@@ -45,20 +47,23 @@ class SitemapTurns:
 
     if TYPE_CHECKING:
         # What this part uses of the Crawler it is mixed into: attributes and its other parts' methods.
-        _retries: dict[str, int]
         cfg: Config
         frontier: FrontierStore
         ownership: Ownership
+        _retries: dict[str, int]
         settings: CrawlSettings
         stats: Stats
         user_agent: str
         wallclock: Callable[[], float]
-        def _commit(self, batch: Batch, done: QueuedUrl | None = None, revisit: RevisitRecord | None = None, turn: HostTurn | None = None) -> tuple[int, int]: ...
+
+        def _commit(self, batch: Batch, done: QueuedUrl | None = None, revisit: RevisitRecord | None = None,
+                    turn: HostTurn | None = None) -> tuple[int, int]: ...
         async def _fetch(self, host: str, url: str, **kw) -> Response: ...
         def _retry(self, turn: HostTurn, item: QueuedUrl, *, retry_after: float | None = None) -> bool: ...
         def _save_state(self, turn: HostTurn) -> None: ...
         def _schedule_after_request(self, turn: HostTurn, *, extra: float = 0.0) -> None: ...
-        def _screen(self, batch: Batch, url: str, depth: int, hops: int, found_on: str | None, lastmod: float | None = None, sitemap: bool = False) -> None: ...
+        def _screen(self, batch: Batch, url: str, depth: int, hops: int, found_on: str | None,
+                    lastmod: float | None = None, sitemap: bool = False) -> None: ...
 
     def _admit_sitemaps(self, origin: str, decision: RobotsDecision) -> None:
         """Queue the sitemaps a robots.txt names (and, with ``sitemap_xml``, /sitemap.xml when it names none)
