@@ -5,4 +5,8 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
+# TYPECHECK=1 (.ci/run sets it): the type checker first, in the same virtualenv; an error stops the run.
+if [ "${TYPECHECK:-}" = 1 ]; then
+    bash deploy/typecheck.sh
+fi
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -245,6 +245,7 @@ async def _serve_one(stream: trio.SocketStream, routes: dict[tuple[str, str], Ha
                     reply = json_reply({"error": f"{'method not allowed' if known else 'not found'}: {path}"},
                                        405 if known else 404)
                 elif reply is None:
+                    assert handler is not None  # the branch above took a missing one
                     try:
                         reply = await handler(bytes(body))
                     except Exception as exc:  # a handler bug must not take the node down

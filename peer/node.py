@@ -206,16 +206,16 @@ class Node(ControlRoutes):
                 recovered = crawler.restore()
                 self.watch = NodeWatch(lambda: self.stats.pages, self._sent, trio.current_time())
                 self._record_dropped(crawler.dropped_urls)
-                configured = read_control_token(cfg)
+                configured_token = read_control_token(cfg)
                 try:
-                    token = load_or_create_token(self.data_dir, configured)
+                    token = load_or_create_token(self.data_dir, configured_token)
                 except (OSError, ValueError) as exc:
                     raise ConfigError(f"control token: {exc}") from exc
                 async with trio.open_nursery() as nursery:
                     # SIGTERM and SIGINT stop the node cleanly from before control.addr says it is up
                     await nursery.start(self._watch_signals)
                     chost, cport = parse_address(cfg.control, "control")
-                    if configured is None and not _is_loopback(chost):
+                    if configured_token is None and not _is_loopback(chost):
                         # A token nobody chose is only in this data dir: then only this machine may ask.
                         log.warning("control endpoint kept on loopback: set control_token or control_token_file "
                                     "to listen on %s", chost, extra={"control": cfg.control})
@@ -328,6 +328,7 @@ class Node(ControlRoutes):
 
     async def _wait_done_or_stop(self, nursery: trio.Nursery) -> None:
         assert self.crawler is not None
+        crawler = self.crawler
         async with trio.open_nursery() as inner:
             async def on_done() -> None:
                 if not self.cfg.exit_when_done:
@@ -336,7 +337,7 @@ class Node(ControlRoutes):
                     await self.cluster.finished.wait()
                     await self.cluster.linger()
                 else:
-                    await self.crawler.done.wait()
+                    await crawler.done.wait()
                 log.info("crawl done: frontier empty and nothing in flight")
                 inner.cancel_scope.cancel()
 
@@ -351,9 +352,9 @@ class Node(ControlRoutes):
             async def on_stop() -> None:
                 await self._stop.wait()
                 log.info("stop requested: finishing the fetches under way")
-                if not await self.crawler.drain(DRAIN_TIMEOUT):
+                if not await crawler.drain(DRAIN_TIMEOUT):
                     log.warning("fetches still under way at stop; they are fetched again after a restart",
-                                extra={"in_progress": self.crawler.active})
+                                extra={"in_progress": crawler.active})
                 if self.cluster is not None:
                     self.cluster.dispatcher.flush_staged()  # routed links of the last pages wait in the outbox
                     if not self._leave.is_set():
@@ -438,7 +439,8 @@ def _marked_running(data_dir: Path) -> Iterator[None]:
 
 def _store_fault(exc: BaseException) -> bool:
     """Whether a StorageError is among `exc`, the exceptions it groups and their causes (a bounded walk)."""
-    todo, seen = [exc], set()
+    todo: list[BaseException] = [exc]
+    seen: set[int] = set()
     while todo and len(seen) < 1000:
         error = todo.pop()
         if id(error) in seen:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
@@ -22,6 +22,15 @@ from peer.control import Reply, json_reply
 from peer.crawl.settings import CONFIG_VERSION_FOUNDER, SettingsError
 from peer.dashboard import STALL_AFTER, file_rss_bytes, page, rss_bytes, slow_hosts
 from peer.stats import StatsCollector
+
+if TYPE_CHECKING:
+    from peer.cluster import Cluster
+    from peer.config import Config
+    from peer.crawl.crawler import Crawler
+    from peer.crawl.pageworkers import PageWorkers
+    from peer.dashboard import NodeWatch
+    from peer.fetch.dns import CachingResolver
+    from peer.stats import Stats
 
 __all__ = ["MAX_SEEDS_PER_REQUEST", "ControlRoutes"]
 
@@ -40,6 +49,22 @@ _PAGE_HEADERS = (
 
 class ControlRoutes:
     """The control endpoint's routes, and what they show of the node."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Node it is mixed into: attributes and its other parts' methods.
+        cfg: Config
+        cluster: Cluster | None
+        crawler: Crawler | None
+        _leave: trio.Event
+        node_id: str
+        page_workers: PageWorkers | None
+        resolver: CachingResolver | None
+        started_wall: float
+        stats: Stats
+        store_releases: int
+        watch: NodeWatch | None
+
+        def request_stop(self) -> None: ...
 
     # -------------------------------------------------------------- control routes
 

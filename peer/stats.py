@@ -133,7 +133,7 @@ class StatsCollector(Collector):
             for key, value in sorted(counter.items()):
                 fam.add_metric([key], value)
             yield fam
-        for name, value in self._gauges().items():
-            yield GaugeMetricFamily(f"peercrawl_{name}", name.replace("_", " "), value=value)
+        for name, gauge in self._gauges().items():
+            yield GaugeMetricFamily(f"peercrawl_{name}", name.replace("_", " "), value=gauge)
         if self._families is not None:
             yield from self._families()

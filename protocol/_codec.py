@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import msgpack  # type: ignore[import-untyped]
+import msgpack
 
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._limits import Limits

@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-import brotli  # type: ignore[import-untyped]
+import brotli
 
 from ._errors import RemoteProtocolError
 

@@ -236,7 +236,7 @@ class Seconds(Kind):
         try:
             seconds = float(value)
         except OverflowError:  # an integer past 1.8e308 (JSON numbers have no size): described, not printed
-            raise Invalid(f"an integer of {value.bit_length()} bits is not a finite number of seconds") from None
+            raise Invalid(f"an integer of {int(value).bit_length()} bits is not a finite number of seconds") from None
         if not math.isfinite(seconds) or seconds < 0:
             raise Invalid(f"{seconds} is not a finite, non-negative number of seconds")
         return seconds

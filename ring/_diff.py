@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._hash import RING_SPACE
-from ._ring import Ring, _positions
+from ._ring import _FREE, Ring, _positions
 
 __all__ = ["ArcMove", "Moves", "diff", "diff_moves", "moved_fraction"]
 
@@ -52,8 +52,9 @@ def _owner_ids(ring: Ring, at: np.ndarray, ids: dict[str, int]) -> np.ndarray:
     """The owner of each position in ``at`` as an index into ``names`` (-1 for an empty ring)."""
     if not ring.point_count:
         return np.full(len(at), -1, dtype=np.int64)
-    table = np.array([ids[node] if node is not None else -2 for node in ring._slots], dtype=np.int64)
-    return table[ring._after[ring._search(at)]]
+    table = np.array([ids[node] if node != _FREE else -2 for node in ring._slots], dtype=np.int64)
+    owners: np.ndarray = table[ring._after[ring._search(at)]]
+    return owners
 
 
 def _changed_boundaries(old: Ring, new: Ring, changed: list[str]) -> np.ndarray:
@@ -132,8 +133,8 @@ class Moves:
     def from_arcs(cls, arcs: Iterable[ArcMove], *, wire: bool) -> Moves:
         """The arrays of a list of ``ArcMove`` (of ``diff`` if not ``wire``, of ``handoff_arcs`` if ``wire``)."""
         arcs = list(arcs)
-        names = tuple(sorted(({a.previous for a in arcs} | {a.next for a in arcs}) - {None}))
-        ids = {name: index for index, name in enumerate(names)}
+        names = tuple(sorted({node for a in arcs for node in (a.previous, a.next) if node is not None}))
+        ids: dict[str | None, int] = {name: index for index, name in enumerate(names)}
         ids[None] = -1
         return cls(starts=np.array([a.start for a in arcs], dtype=np.uint64),
                    ends=np.array([a.end % RING_SPACE for a in arcs], dtype=np.uint64),
@@ -151,7 +152,7 @@ def _against_one_node(ring: Ring, node: str, names: list[str], *, was_alone: boo
     view). Read off the ring's arcs, O(points) in numpy."""
     starts, slots = ring._run_arrays()
     ids = {name: index for index, name in enumerate(names)}
-    label = np.array([ids[n] if n is not None else -1 for n in ring._slots], dtype=np.int32)
+    label = np.array([ids[n] if n != _FREE else -1 for n in ring._slots], dtype=np.int32)
     owners = label[slots.astype(np.intp)]
     ends = np.empty(len(starts), dtype=np.uint64)
     ends[:-1] = starts[1:]
@@ -169,7 +170,7 @@ def _one_node_moves(ring: Ring, node: str, names: list[str], *, joined: bool) ->
     the node's, so what moves is exactly the node's arcs in ``ring``, between the node and the owner of the
     point before each run of its points. No search: one pass over the owner array and work per node point."""
     ids = {name: index for index, name in enumerate(names)}
-    label = np.array([ids[n] if n is not None else -1 for n in ring._slots], dtype=np.int32)
+    label = np.array([ids[n] if n != _FREE else -1 for n in ring._slots], dtype=np.int32)
     slot = ring._slot_of[node]
     count, pos, after = ring._count, ring._pos, ring._after
     owners = after[1:]  # owners[k] owns point k

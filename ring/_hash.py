@@ -35,7 +35,7 @@ def host_position(host: str) -> int:
     return int.from_bytes(host_position_bytes(host), "big")
 
 
-def node_points(node_id: str, count: int) -> array:
+def node_points(node_id: str, count: int) -> array[int]:
     """The first ``count`` ring positions of ``node_id``, unsorted, as an ``array('Q')``."""
     if count < 0:
         raise ValueError(f"point count must be >= 0, got {count}")

@@ -56,7 +56,7 @@ def random_hosts(rng: RandomSource, count: int, *, chunk: int = 65536) -> Iterat
     remaining = count
     while remaining:
         size = min(chunk, remaining)
-        names = []
+        names: list[str] = []
         append = names.append
         for _ in range(size):
             r = getrandbits(64)

@@ -66,6 +66,10 @@ class Arc:
     owner: str
 
 
+#: A slot of the slot table freed by a node that left (node ids are non-empty), which no point names.
+_FREE = ""
+
+
 class _NoOwner:
     """Stands in for the slot table of an empty ring, so lookups need no emptiness test."""
 
@@ -73,6 +77,12 @@ class _NoOwner:
 
     def __getitem__(self, index: int) -> str:
         raise EmptyRingError("the ring has no nodes: no member is alive or suspect in this view")
+
+    def __len__(self) -> int:
+        return 0
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
 
 
 def _positions(node: str, count: int) -> np.ndarray:
@@ -117,6 +127,11 @@ class Ring:
     __slots__ = ("_weights", "_nodes", "_ppw", "_pos", "_after", "_slots", "_slot_of", "_count", "_buckets",
                  "_shift", "_points", "_after_view", "_bucket_view")
 
+    #: Each slot's node id (`_FREE` for a freed slot); the owner arrays hold slot numbers.
+    _slots: list[str] | _NoOwner
+    _shift: int
+    _buckets: np.ndarray  # point counts per bucket, accumulated: bucket b's points are [_buckets[b], _buckets[b + 1])
+
     def __init__(self, weights: Mapping[str, int], *, points_per_weight: int = DEFAULT_POINTS_PER_WEIGHT) -> None:
         _check(weights, points_per_weight)
         self._nodes: tuple[str, ...] = tuple(sorted(weights))
@@ -146,13 +161,13 @@ class Ring:
                 slot[start:end] = np.sort(slot[start:end])
         self._install(pos, slot, list(nodes))
 
-    def _install(self, pos: np.ndarray, slot: np.ndarray, slots: list[str | None]) -> None:
+    def _install(self, pos: np.ndarray, slot: np.ndarray, slots: list[str]) -> None:
         """Adopt sorted positions and their owners' slots (a fresh build)."""
         after = np.empty(len(pos) + 1, dtype=np.uint16)
         after[1:] = slot
         self._adopt(pos, after, slots, None)
 
-    def _adopt(self, pos: np.ndarray, after: np.ndarray, slots: list[str | None],
+    def _adopt(self, pos: np.ndarray, after: np.ndarray, slots: list[str],
                buckets: tuple[int, np.ndarray] | None) -> None:
         """Adopt sorted positions and the owner array shifted by one (``after[0]`` is set here); ``buckets`` is a
         bucket table already made for these points, with its shift, or None to count them."""
@@ -161,7 +176,7 @@ class Ring:
         self._pos = pos
         self._after = after
         self._slots = slots if count else _NoOwner()
-        self._slot_of = {node: index for index, node in enumerate(slots) if node is not None}
+        self._slot_of = {node: index for index, node in enumerate(slots) if node != _FREE}
         self._count = count
         if buckets is None or buckets[0] != _bucket_shift(count):
             shift = _bucket_shift(count)
@@ -170,9 +185,10 @@ class Ring:
             np.cumsum(per_bucket, out=table[1:])
             buckets = (shift, table)
         self._shift, self._buckets = buckets
-        self._points = memoryview(pos)
-        self._after_view = memoryview(after)
-        self._bucket_view = memoryview(self._buckets)
+        # the arrays' buffers as memoryviews (`.data`: the same view `memoryview(array)` gives)
+        self._points = pos.data
+        self._after_view = after.data
+        self._bucket_view = self._buckets.data
 
     def with_weights(self, weights: Mapping[str, int]) -> Ring:
         """The ring of ``weights`` (same points per weight), derived from this one: only the points of nodes that
@@ -204,10 +220,10 @@ class Ring:
             trimmed[1:] = owners[keep]
             after = trimmed
             for index in gone:
-                slots[index] = None
+                slots[index] = _FREE
         arriving = [node for node in changed if node in weights]
         if arriving:
-            free = [index for index, node in enumerate(slots) if node is None]
+            free = [index for index, node in enumerate(slots) if node == _FREE]
             new_pos, new_slot = [], []
             for node in arriving:
                 index = free.pop() if free else len(slots)

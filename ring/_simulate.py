@@ -200,21 +200,21 @@ def simulate(
         change_figures = None
         if index:
             change = changes[index - 1]
-            moves = diff(rings[index - 1], ring)
+            arc_moves = diff(rings[index - 1], ring)
             if isinstance(change, AddNode):
                 kind, weight = "add", change.weight
                 ideal = weight / sum(weights[index].values())
-                needless_arcs = [move for move in moves if move.next != change.node_id]
+                needless_arcs = [move for move in arc_moves if move.next != change.node_id]
             else:
                 kind, weight = "remove", weights[index - 1][change.node_id]
                 ideal = weight / sum(weights[index - 1].values())
-                needless_arcs = [move for move in moves if move.previous != change.node_id]
+                needless_arcs = [move for move in arc_moves if move.previous != change.node_id]
             change_figures = ChangeFigures(
                 kind=kind,
                 node_id=change.node_id,
                 weight=weight,
                 ideal=ideal,
-                moved_keyspace=sum(move.end - move.start for move in moves) / RING_SPACE,
+                moved_keyspace=sum(move.end - move.start for move in arc_moves) / RING_SPACE,
                 moved_hosts=moved[index],
                 moved_host_share=moved[index] / hosts if hosts else 0.0,
                 unnecessary_keyspace=sum(move.end - move.start for move in needless_arcs) / RING_SPACE,

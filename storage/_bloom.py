@@ -49,7 +49,7 @@ class BloomDedup(UrlKeyedMixin, _MemoryBase):
         self._count = 0
 
     @classmethod
-    def open(cls, path: object = None, *, expected: int, fp_rate: float) -> Self:
+    def open(cls, path: object = None, *, expected: int = 10_000_000, fp_rate: float = 0.001) -> Self:
         return cls(expected=expected, fp_rate=fp_rate)
 
     @property

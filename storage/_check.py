@@ -33,12 +33,15 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lmdb
 
 from ._errors import StorageError
 from ._lmdb import _MADV_DONTNEED, _MADVISE, _MAX_DBS, _fault, _what_to_do, check_data_file, mapped_ranges
+
+if TYPE_CHECKING:
+    from ._lmdb import Txn
 
 __all__ = [
     "RUNNING",
@@ -113,7 +116,7 @@ def check_store(path: str | os.PathLike[str]) -> StoreCheck:
                     db = env.open_db(name, txn=txn, create=False)
                 except lmdb.IncompatibleError:
                     continue  # a plain key of the main database, not a named one: read above
-                flags = db.flags(txn)
+                flags = db.flags(txn)  # type: ignore[call-arg]  # lmdb's stub lacks its txn argument
                 count, read = _walk(txn, db, dups=bool(flags.get("dupsort")), data=data, name=name,
                                     progress=keys, ordered=not (flags.get("reverse_key") or flags.get("integerkey")))
                 keys += count
@@ -144,7 +147,7 @@ def _peak_rss() -> int:
     return 0
 
 
-def _walk(txn: lmdb.Transaction, db: Any, *, dups: bool, data: str, name: bytes, progress: int,
+def _walk(txn: Txn, db: Any, *, dups: bool, data: str, name: bytes, progress: int,
           ordered: bool = True) -> tuple[int, int]:
     """Walk `db` first to last: (keys, bytes read). Every key is also searched for from the root, and must
     come after the one before it (in byte order: `ordered`, a database without LMDB's other key orders)."""

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING
 
-import lmdb
 from sortedcontainers import SortedSet
 
 from ._closing import Closing
 from ._keys import arc_ranges
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv, put_keys
+
+if TYPE_CHECKING:
+    from ._lmdb import Txn
 
 __all__ = ["DEDUP_DB", "DedupStore", "MemoryDedupStore"]
 
@@ -46,7 +50,7 @@ class DedupStore(Closing):
 
     # -- transaction-level parts, shared with NodeStore so several stores commit together --
 
-    def _add_new_in(self, txn: lmdb.Transaction, keys: Sequence[bytes]) -> list[bool]:
+    def _add_new_in(self, txn: Txn, keys: Sequence[bytes]) -> list[bool]:
         put = txn.put
         db = self._db
         return [put(key, _EMPTY, overwrite=False, db=db) for key in keys]
@@ -69,7 +73,7 @@ class DedupStore(Closing):
             return 0
         return self._env.write(lambda txn: self._insert_in(txn, keys))
 
-    def _insert_in(self, txn: lmdb.Transaction, keys: Iterable[bytes]) -> int:
+    def _insert_in(self, txn: Txn, keys: Iterable[bytes]) -> int:
         """`insert` inside a caller's transaction (sorted keys share leaf pages); how many were new."""
         return put_keys(txn, self._db, keys)
 
@@ -97,7 +101,7 @@ class DedupStore(Closing):
         found = iter(self._env.scan_each(DEDUP_DB, [r for rs in ranges for r in rs]))
         return [[key for _ in rs for key, _value in next(found)] for rs in ranges]
 
-    def _delete_in(self, txn: lmdb.Transaction, ranges: Sequence[tuple[bytes, bytes]], keep: set[bytes]) -> int:
+    def _delete_in(self, txn: Txn, ranges: Sequence[tuple[bytes, bytes]], keep: AbstractSet[bytes]) -> int:
         """Delete the keys in `ranges` except those in `keep`, within `txn`; return how many were deleted."""
         cur = txn.cursor(self._db)
         n = 0
@@ -132,7 +136,7 @@ class MemoryDedupStore(Closing):
     """The same API in memory (a sorted set): for unit tests and small runs; nothing survives the process."""
 
     def __init__(self) -> None:
-        self._keys: SortedSet = SortedSet()
+        self._keys: SortedSet[bytes] = SortedSet()
 
     @classmethod
     def open(cls, path: str | os.PathLike[str] | None = None, **_options: object) -> MemoryDedupStore:
@@ -159,7 +163,7 @@ class MemoryDedupStore(Closing):
         return len(self._keys) - before
 
     def __contains__(self, key: object) -> bool:
-        return key in self._keys
+        return isinstance(key, bytes) and key in self._keys
 
     def __len__(self) -> int:
         return len(self._keys)

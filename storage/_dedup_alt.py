@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from ._closing import Closing
 from ._errors import StorageError
@@ -54,6 +54,12 @@ class UrlKeyedMixin:
     The class it is mixed into provides `add_new(keys)` and `__contains__(key)`.
     """
 
+    if TYPE_CHECKING:
+        # What the class it is mixed into provides.
+        def add_new(self, keys: Sequence[bytes]) -> list[bool]: ...
+
+        def __contains__(self, key: object) -> bool: ...
+
     def add_new_urls(self, items: Sequence[tuple[int, str]]) -> list[bool]:
         """Check-and-insert `(host position, normalized URL)` pairs: True where the URL was new."""
         return self.add_new([url_key(position, url) for position, url in items])
@@ -66,8 +72,9 @@ class _MemoryBase(Closing):
     """Context-manager and lifecycle parts shared by the in-memory backends (nothing survives the process)."""
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str] | None = None, **options: object) -> Self:
-        return cls(**options)  # type: ignore[arg-type]
+    def open(cls, path: str | os.PathLike[str] | None = None) -> Self:
+        """The same as `cls()`: the `open(path)` every store has (nothing is read from `path`)."""
+        return cls()
 
 
     def sync(self) -> None:

@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
-import lmdb
 import msgpack
 
 from ._closing import Closing
 from ._keys import arc_ranges, host_prefix, url_fingerprint
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
 from ._records import HostState, QueuedUrl
+
+if TYPE_CHECKING:
+    from ._lmdb import Txn
 
 __all__ = ["FRONTIER_DBS", "FrontierStore"]
 
@@ -46,7 +49,7 @@ def _host_of(prefix: bytes) -> str:
     return prefix[8:-1].decode("utf-8")
 
 
-def _record(item: QueuedUrl, crashes: int = 0) -> list:
+def _record(item: QueuedUrl, crashes: int = 0) -> list[object]:
     """The queue record of `item`: [url, hops, found_on], then the times in a row the process stopped with it
     in flight, then a sitemap's lastmod and the sitemap flag; trailing fields only when set."""
     record = [item.url, item.hops, item.found_on]
@@ -59,7 +62,7 @@ def _item_of(key: bytes, value: bytes) -> QueuedUrl:
     return _item_from(key, _unpackb(value))
 
 
-def _item_from(key: bytes, record: list) -> QueuedUrl:
+def _item_from(key: bytes, record: list[Any]) -> QueuedUrl:
     url, hops, found_on = record[:3]
     lastmod, sitemap = record[4:6] if len(record) >= 6 else (None, False)
     return QueuedUrl(
@@ -116,7 +119,7 @@ class FrontierStore(Closing):
 
     # -- transaction-level parts, shared with NodeStore --
 
-    def _count_add(self, txn: lmdb.Transaction, prefix: bytes, delta: int) -> None:
+    def _count_add(self, txn: Txn, prefix: bytes, delta: int) -> None:
         old = txn.get(prefix, db=self._hosts)
         n = (int.from_bytes(old, "big") if old else 0) + delta
         if n > 0:
@@ -124,7 +127,7 @@ class FrontierStore(Closing):
         elif old is not None:
             txn.delete(prefix, db=self._hosts)
 
-    def _push_in(self, txn: lmdb.Transaction, items: Sequence[QueuedUrl]) -> None:
+    def _push_in(self, txn: Txn, items: Sequence[QueuedUrl]) -> None:
         if not items:
             return
         raw = txn.get(_SEQ, db=self._meta)
@@ -148,7 +151,7 @@ class FrontierStore(Closing):
             self._count_add(txn, prefix, n)
         put(_SEQ, _u64(seq), db=self._meta)
 
-    def _pop_in(self, txn: lmdb.Transaction, host: str) -> QueuedUrl | None:
+    def _pop_in(self, txn: Txn, host: str) -> QueuedUrl | None:
         prefix = host_prefix(host)
         cur = txn.cursor(self._queue)
         if not cur.set_range(prefix):
@@ -169,7 +172,7 @@ class FrontierStore(Closing):
         txn.put(fkey, _packb([count, key, *_record(item, crashes)]), db=self._flight)
         return item
 
-    def _done_in(self, txn: lmdb.Transaction, item: QueuedUrl) -> bool:
+    def _done_in(self, txn: Txn, item: QueuedUrl) -> bool:
         fkey = host_prefix(item.host) + url_fingerprint(item.url)
         old = txn.get(fkey, db=self._flight)
         if old is None:
@@ -219,7 +222,7 @@ class FrontierStore(Closing):
         went back and the dropped URLs, for the caller to record.
         """
 
-        def put_back(txn: lmdb.Transaction) -> tuple[int, list[QueuedUrl]]:
+        def put_back(txn: Txn) -> tuple[int, list[QueuedUrl]]:
             cur = txn.cursor(self._flight)
             n = 0
             dropped: list[QueuedUrl] = []
@@ -249,7 +252,7 @@ class FrontierStore(Closing):
         for item in items:
             by_host.setdefault(item.host, set()).add(item.url)
 
-        def remove(txn: lmdb.Transaction) -> int:
+        def remove(txn: Txn) -> int:
             n = 0
             for host, urls in by_host.items():
                 prefix = host_prefix(host)
@@ -275,7 +278,7 @@ class FrontierStore(Closing):
         """Put in-flight URLs back at their place in their queues (a fetch that will not happen here, e.g. the
         host moved to another node); unknown items are ignored. Returns how many went back."""
 
-        def put_back(txn: lmdb.Transaction) -> int:
+        def put_back(txn: Txn) -> int:
             n = 0
             for item in items:
                 prefix = host_prefix(item.host)
@@ -362,13 +365,13 @@ class FrontierStore(Closing):
         if not states:
             return
 
-        def put_all(txn: lmdb.Transaction) -> None:
+        def put_all(txn: Txn) -> None:
             for state in states:
                 self._put_state_in(txn, state)
 
         self._env.write(put_all)
 
-    def _merge_states_in(self, txn: lmdb.Transaction, states: Sequence[HostState]) -> list[HostState]:
+    def _merge_states_in(self, txn: Txn, states: Sequence[HostState]) -> list[HostState]:
         """Merge states into those here, keeping the later `next_allowed` and the longer Crawl-delay; return
         the merged states."""
         merged = []
@@ -392,7 +395,7 @@ class FrontierStore(Closing):
         for key, value in self._env.scan(QUEUE, _WHOLE_RING, chunk=chunk):
             yield _item_of(key, value)
 
-    def _put_state_in(self, txn: lmdb.Transaction, state: HostState) -> None:
+    def _put_state_in(self, txn: Txn, state: HostState) -> None:
         txn.put(host_prefix(state.host), _state_value(state), db=self._state)
 
     def states(self) -> Iterator[HostState]:
@@ -434,7 +437,7 @@ class FrontierStore(Closing):
         then of every host with a politeness state: what a hand-off must look at, read without decoding a key."""
         return self._env.key_prefixes(HOSTS) + self._env.key_prefixes(STATE)
 
-    def _drop_arc_in(self, txn: lmdb.Transaction, ranges: Sequence[tuple[bytes, bytes]]) -> int:
+    def _drop_arc_in(self, txn: Txn, ranges: Sequence[tuple[bytes, bytes]]) -> int:
         """Delete the queues, counts and states of the hosts in `ranges` within `txn`; return URLs dropped."""
         hosts_cur = txn.cursor(self._hosts)
         queue_cur = txn.cursor(self._queue)
@@ -459,7 +462,7 @@ class FrontierStore(Closing):
     def put_arc(self, items: Sequence[QueuedUrl], states: Sequence[HostState]) -> None:
         """Take in an arc handed over by its previous owner, in one transaction (queue order is kept)."""
 
-        def put_all(txn: lmdb.Transaction) -> None:
+        def put_all(txn: Txn) -> None:
             self._push_in(txn, items)
             for state in states:
                 txn.put(host_prefix(state.host), _state_value(state), db=self._state)
@@ -476,7 +479,7 @@ class FrontierStore(Closing):
         dropped = 0
         for first, last in ranges:
 
-            def drop_some(txn: lmdb.Transaction, first: bytes = first, last: bytes = last) -> tuple[int, int]:
+            def drop_some(txn: Txn, first: bytes = first, last: bytes = last) -> tuple[int, int]:
                 hosts_cur = txn.cursor(self._hosts)
                 queue_cur = txn.cursor(self._queue)
                 n_hosts = n_items = 0

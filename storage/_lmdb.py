@@ -29,15 +29,21 @@ import struct
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 import lmdb
 
 from ._errors import StorageError
 
-__all__ = ["DEFAULT_MAP_SIZE", "MAX_MAP_SIZE", "LmdbEnv", "check_data_file", "put_keys"]
+__all__ = ["DEFAULT_MAP_SIZE", "MAX_MAP_SIZE", "Db", "LmdbEnv", "Txn", "check_data_file", "put_keys"]
 
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    #: A transaction as the stores open them (never `buffers=True`): what it reads is bytes.
+    Txn: TypeAlias = lmdb.Transaction[bytes]
+    #: The handle of one named database of the environment.
+    Db: TypeAlias = lmdb._Database
 
 DEFAULT_MAP_SIZE = 1 << 30  # the file grows only as pages are used; the map doubles when it fills
 MAX_MAP_SIZE = 1 << 40  # 1 TiB: past this a full map is reported, not grown
@@ -46,7 +52,7 @@ _LOW_SPACE = 64 << 20  # below this much free space a failed write is reported a
 _MADV_DONTNEED = 4  # <sys/mman.h> on Linux
 
 
-def _madvise():
+def _madvise() -> Callable[..., int] | None:
     """libc's madvise(addr, length, advice), or None where there is none to call (not Linux)."""
     if not sys.platform.startswith("linux"):
         return None
@@ -87,7 +93,7 @@ _DATA_VERSION = 1
 _CORRUPT_ERRORS = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError)
 
 
-def put_keys(txn: lmdb.Transaction, db: object, keys: Iterable[bytes]) -> int:
+def put_keys(txn: Txn, db: Db, keys: Iterable[bytes]) -> int:
     """Store `keys` in `db` with empty values, keeping those already there, in one `putmulti` (sorted keys share
     leaf pages); return how many were new."""
     _consumed, added = txn.cursor(db).putmulti([(key, b"") for key in keys], dupdata=False, overwrite=False)
@@ -173,7 +179,7 @@ def _reason(exc: BaseException) -> str:
 class LmdbEnv:
     """An open LMDB environment with named databases. Not thread-safe: use it from one thread at a time."""
 
-    def __init__(self, env: lmdb.Environment, path: str, dbs: dict[bytes, object], max_map_size: int) -> None:
+    def __init__(self, env: lmdb.Environment, path: str, dbs: dict[bytes, Db], max_map_size: int) -> None:
         self._env = env
         self.path = path
         self._dbs = dbs
@@ -218,7 +224,7 @@ class LmdbEnv:
             raise _fault("open", where, exc) from exc
         return cls(env, where, dbs, max_map_size)
 
-    def db(self, name: bytes) -> object:
+    def db(self, name: bytes) -> Db:
         return self._dbs[name]
 
     @property
@@ -237,7 +243,7 @@ class LmdbEnv:
             )
         self._env.set_mapsize(min(current * 2, self._max_map_size))
 
-    def write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+    def write(self, fn: Callable[[Txn], T]) -> T:
         """Run `fn` in one write transaction and commit it; return what `fn` returned.
 
         If the map is full the transaction is aborted, the map doubled and `fn` run again from the start, so
@@ -282,7 +288,7 @@ class LmdbEnv:
         return reason
 
     @contextmanager
-    def read(self) -> Iterator[lmdb.Transaction]:
+    def read(self) -> Iterator[Txn]:
         """A read-only transaction (a consistent snapshot); keep it short."""
         self._check_open()
         try:
@@ -357,7 +363,7 @@ class LmdbEnv:
         total = 0
         for first, last in ranges:
 
-            def delete_some(txn: lmdb.Transaction, first: bytes = first, last: bytes = last) -> int:
+            def delete_some(txn: Txn, first: bytes = first, last: bytes = last) -> int:
                 cur = txn.cursor(db)
                 if not cur.set_range(first):
                     return 0

@@ -156,7 +156,7 @@ class MemoryFrontierStore(Closing):
         return iter([self._states[host] for host in sorted(self._states, key=_ring_order)])
 
     def export_arc(self, start: int, end: int) -> tuple[list[QueuedUrl], list[HostState]]:
-        items = []
+        items: list[QueuedUrl] = []
         for host in sorted(self._queues, key=_ring_order):
             if in_arc(host_position(host), start, end):
                 items.extend(item for _depth, _seq, item in sorted(self._queues[host]))

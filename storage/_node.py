@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
-import lmdb
 
 from ._closing import Closing
 from ._dedup import DEDUP_DB, DedupStore, MemoryDedupStore
@@ -23,6 +23,9 @@ from ._outbox import OUTBOX_DB, Outbox
 from ._records import HostState, QueuedUrl
 from ._replicas import REPLICA_DBS, Replicas
 from ._revisits import REVISIT_DB, REVISIT_DUE_DB, RevisitRecord, RevisitSchedule, queued
+
+if TYPE_CHECKING:
+    from ._lmdb import Txn
 
 __all__ = ["FETCHED_DB", "MemoryNodeStore", "NodeStore", "queued_url_keys"]
 
@@ -84,7 +87,7 @@ class NodeStore(Closing):
         )
         return cls(env)
 
-    def _admit_in(self, txn: lmdb.Transaction, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
+    def _admit_in(self, txn: Txn, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
         fresh = self.dedup._add_new_in(txn, queued_url_keys(items))
         new = [item for item, is_new in zip(items, fresh) if is_new]
         self.frontier._push_in(txn, new)
@@ -107,7 +110,7 @@ class NodeStore(Closing):
         """Admit a fetched page's local links, put its `routed` (owner, url) links in the outbox, clear the
         page from in-flight and save its host's politeness `state`, in one transaction."""
 
-        def run(txn: lmdb.Transaction) -> list[QueuedUrl]:
+        def run(txn: Txn) -> list[QueuedUrl]:
             new = self._admit_in(txn, links)
             self.outbox._put_in(txn, routed)
             if item is not None:
@@ -123,7 +126,7 @@ class NodeStore(Closing):
         """A peer's batch: admit the URLs owned here and put the others in the outbox for their owners, in
         one transaction; return the new ones. `aside`: no page's release waits for the forwarded ones."""
 
-        def run(txn: lmdb.Transaction) -> list[QueuedUrl]:
+        def run(txn: Txn) -> list[QueuedUrl]:
             new = self._admit_in(txn, owned) if owned else []
             self.outbox._put_in(txn, forward, aside=aside)
             return new
@@ -134,7 +137,7 @@ class NodeStore(Closing):
         """After a view change: re-key outbox entries whose owner changed, and admit those now owned by
         `local`, in one transaction. Returns (entries moved per new owner, the new local URLs)."""
 
-        def run(txn: lmdb.Transaction) -> tuple[dict[str, int], list[QueuedUrl]]:
+        def run(txn: Txn) -> tuple[dict[str, int], list[QueuedUrl]]:
             moved, mine = self.outbox._reroute_in(txn, owner_of, local)
             return moved, self._admit_in(txn, mine) if mine else []
 
@@ -155,7 +158,7 @@ class NodeStore(Closing):
         held, states = self.replicas.where(inherited)
         items = [item for _key, item in held]
 
-        def run(txn: lmdb.Transaction) -> list[HostState]:
+        def run(txn: Txn) -> list[HostState]:
             # Queued even if seen here: a page whose seen key arrived but whose replica was not released yet was
             # fetched, but the links it routed to other owners were not acknowledged when its owner died; only
             # fetching it again brings them back.
@@ -172,7 +175,7 @@ class NodeStore(Closing):
         """Queue the pages whose revisit is due at `now` (wall clock) on hosts that `may` be fetched here, at
         most `limit`, in one transaction with taking them off the time index; return what was queued."""
 
-        def run(txn: lmdb.Transaction) -> list[QueuedUrl]:
+        def run(txn: Txn) -> list[QueuedUrl]:
             items = [queued(record) for record in self.revisits._take_due_in(txn, now, limit, may)]
             self.frontier._push_in(txn, items)
             return items
@@ -185,7 +188,7 @@ class NodeStore(Closing):
         """`finish` for a page on the revisit schedule: its next visit (`record`, or off the schedule when None)
         is written in the same transaction that clears it from in-flight."""
 
-        def run(txn: lmdb.Transaction) -> list[QueuedUrl]:
+        def run(txn: Txn) -> list[QueuedUrl]:
             new = self._admit_in(txn, links)
             self.outbox._put_in(txn, routed)
             self.frontier._done_in(txn, item)
@@ -203,7 +206,7 @@ class NodeStore(Closing):
         transaction; return the URLs dropped. The caller bounds how many arcs it drops at once."""
         ranges = [r for start, end in arcs for r in arc_ranges(start, end)]
 
-        def run(txn: lmdb.Transaction) -> int:
+        def run(txn: Txn) -> int:
             dropped = self.frontier._drop_arc_in(txn, ranges)
             self.revisits._drop_in(txn, ranges)
             self.dedup._delete_in(txn, ranges, keep)
@@ -223,7 +226,7 @@ class NodeStore(Closing):
         journal, seq = self._env.db(FETCHED_JOURNAL_DB), self._fetched_next.to_bytes(8, "big")
         fold = self.fetched_journaled + len(keys) >= FETCHED_FOLD
 
-        def run(txn: lmdb.Transaction) -> None:
+        def run(txn: Txn) -> None:
             txn.put(seq, b"".join(keys), db=journal, append=True)
             if fold:
                 self._fold_fetched_in(txn)
@@ -237,7 +240,7 @@ class NodeStore(Closing):
             self._env.write(self._fold_fetched_in)
             self.fetched_journaled = 0
 
-    def _fold_fetched_in(self, txn: lmdb.Transaction) -> None:
+    def _fold_fetched_in(self, txn: Txn) -> None:
         journal = self._env.db(FETCHED_JOURNAL_DB)
         keys = sorted({raw[i:i + _KEY_SIZE] for _seq, raw in txn.cursor(journal)
                        for i in range(0, len(raw), _KEY_SIZE)})

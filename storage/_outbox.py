@@ -19,12 +19,15 @@ batch" never misses a re-routed entry. The meta keys begin with NUL, which no no
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
-import lmdb
 import msgpack
 
 from ._lmdb import LmdbEnv
 from ._records import QueuedUrl
+
+if TYPE_CHECKING:
+    from ._lmdb import Txn
 
 __all__ = ["OUTBOX_DB", "Outbox", "OutboxEntry"]
 
@@ -91,14 +94,14 @@ class Outbox:
 
     # -- inside a caller's transaction ----------------------------------------------------------------------
 
-    def _counter_in(self, txn: lmdb.Transaction, key: bytes, add: int) -> int:
+    def _counter_in(self, txn: Txn, key: bytes, add: int) -> int:
         """Advance the counter at `key` by `add`; return its value before."""
         raw = txn.get(key, db=self._db)
         before = int.from_bytes(raw, "big") if raw else 0
         txn.put(key, (before + add).to_bytes(8, "big"), db=self._db)
         return before
 
-    def _put_in(self, txn: lmdb.Transaction, routed: Sequence[tuple[str, QueuedUrl]], *,
+    def _put_in(self, txn: Txn, routed: Sequence[tuple[str, QueuedUrl]], *,
                 aside: bool = False) -> list[int]:
         """Append each (owner, url); return the sequence numbers given, in order. `aside`: entries no page's
         release waits for (a backup passing on replicas it no longer backs), which `oldest_seq` passes over."""
@@ -224,7 +227,7 @@ class Outbox:
             return None
 
     def _reroute_in(
-        self, txn: lmdb.Transaction, owner_of: Callable[[str], str], local: str
+        self, txn: Txn, owner_of: Callable[[str], str], local: str
     ) -> tuple[dict[str, int], list[QueuedUrl]]:
         """Re-key every entry whose owner changed under `owner_of(host)`; entries now owned by `local` are
         removed and returned (the caller admits them in the same transaction). Returns (moved per new owner,

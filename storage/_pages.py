@@ -42,7 +42,7 @@ class BuiltPage(NamedTuple):
     mime: str  # the CDXJ `mime`
     #: the index line without its place (`cdxj_parts`), made with the records so the writer only joins it;
     #: None: the writer makes the line (`cdxj_line`)
-    index: tuple[str, str] | None = None
+    cdxj: tuple[str, str] | None = None
 
 
 def build_page_records(*, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
@@ -58,7 +58,7 @@ def build_page_records(*, url: str, request_headers: list[tuple[str, str]], stat
     index = cdxj_parts(url=url, timestamp=warc_timestamp(fetched_at), length=len(response), status=status,
                        mime=mime, digest=records.payload_digest, truncated=truncated)
     return BuiltPage(response=response, request=gzip_member((records.request,), compress_level),
-                     digest=records.payload_digest, mime=mime, index=index)
+                     digest=records.payload_digest, mime=mime, cdxj=index)
 
 
 class PageStore(Closing, ABC):
@@ -190,6 +190,8 @@ def _end_of_members(path: Path, start: int, *, limit: int) -> int:
 class WarcPageStore(PageStore):
     """WARC 1.1 files `<prefix>-<UTC time>-<serial>.warc.gz` in `directory`, each with a `.cdxj` index."""
 
+    compress_level: int  # this store keeps records: always a level
+
     def __init__(
         self,
         directory: str | os.PathLike[str],
@@ -282,7 +284,7 @@ class WarcPageStore(PageStore):
             raise ValueError(f"page store at {self.directory} is closed")
         with self._lock:
             return self._append(url, status, fetched_at, built.mime, built.digest, built.response, built.request,
-                                truncated, index=built.index)
+                                truncated, index=built.cdxj)
 
     def _append(self, url: str, status: int, fetched_at: float, mime: str, digest: str, resp: bytes,
                 req: bytes, truncated: bool, revisit: bool = False,

@@ -87,7 +87,8 @@ class RedisDedup(UrlKeyedMixin, Closing):
         for lo in range(0, len(keys), _PIPELINE):
 
             def run(chunk: Sequence[bytes] = keys[lo : lo + _PIPELINE]) -> list[int]:
-                return self._sadd_each(keys=[self._bucket(key) for key in chunk], args=list(chunk))
+                added: list[int] = self._sadd_each(keys=[self._bucket(key) for key in chunk], args=list(chunk))
+                return added
 
             out.extend(added == 1 for added in self._call(run))
         return out
@@ -124,7 +125,8 @@ class RedisDedup(UrlKeyedMixin, Closing):
                 pipe = self._client.pipeline(transaction=False)
                 for name in names:
                     pipe.smembers(name)
-                return pipe.execute()
+                members: list[set[bytes]] = pipe.execute()
+                return members
 
             for name, members in zip(names, self._call(read)):
                 inside = [k for k in members if any(first <= k[:8] <= last for first, last in ranges)]

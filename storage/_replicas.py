@@ -33,14 +33,16 @@ store opened again folds what its journal holds first.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lmdb
 import msgpack
 
 from ._keys import arc_ranges, host_prefix
 from ._lmdb import LmdbEnv
 from ._records import HostState, QueuedUrl
+
+if TYPE_CHECKING:
+    from ._lmdb import Db, Txn
 
 __all__ = ["REPLICA_DBS", "Replicas"]
 
@@ -68,7 +70,7 @@ class Replicas:
     first."""
 
     def __init__(self, env: LmdbEnv,
-                 mark_seen_in: Callable[[lmdb.Transaction, list[bytes]], Any] | None = None) -> None:
+                 mark_seen_in: Callable[[Txn, list[bytes]], Any] | None = None) -> None:
         self._env = env
         self._db = env.db(REPLICA)
         self._states = env.db(RSTATE)
@@ -93,7 +95,7 @@ class Replicas:
         self._env.write(lambda txn: self._hold_in(txn, items, released, states, fold=fold))
         self._held(len(items) + len(released) + len(states), folded=fold)
 
-    def _hold_in(self, txn: lmdb.Transaction, items: Sequence[tuple[bytes, QueuedUrl]], released: Sequence[bytes],
+    def _hold_in(self, txn: Txn, items: Sequence[tuple[bytes, QueuedUrl]], released: Sequence[bytes],
                  states: Sequence[HostState], *, fold: bool = False) -> None:
         """The transaction's part of `hold`; the caller calls `_held` once it has committed."""
         record = _packb([
@@ -120,7 +122,7 @@ class Replicas:
         self.folds += 1
         return entries
 
-    def _fold_in(self, txn: lmdb.Transaction) -> int:
+    def _fold_in(self, txn: Txn) -> int:
         """The journal's messages in the order they came, applied as one: the last word on each key wins (a
         release deletes and marks seen, an add stores), a host's states merge (the later ready time, the newest
         Crawl-delay and failures); then the journal is emptied. Writes keys in order (neighbours share pages)."""
@@ -147,17 +149,17 @@ class Replicas:
         db, put, delete = self._db, txn.put, txn.delete
         keep = []
         for key in sorted(final):
-            value = final[key]
-            if value is None:
+            kept = final[key]
+            if kept is None:
                 delete(key, db=db)
             else:
-                keep.append((key, value))
+                keep.append((key, kept))
         if keep:
             txn.cursor(db).putmulti(keep)
         for prefix, (ready, delay, failures) in sorted((host_prefix(h), s) for h, s in merged.items()):
-            raw = txn.get(prefix, db=self._states)
-            if raw is not None:
-                ready = max(ready, _unpackb(raw)[0])
+            stored = txn.get(prefix, db=self._states)
+            if stored is not None:
+                ready = max(ready, _unpackb(stored)[0])
             put(prefix, _packb([float(ready), float(delay), failures]), db=self._states)
         txn.drop(self._journal, delete=False)
         return entries
@@ -180,7 +182,7 @@ class Replicas:
                   if wanted(int.from_bytes(key[:8], "big"))]
         return items, states
 
-    def _forget_in(self, txn: lmdb.Transaction, keys: Sequence[bytes], hosts: Sequence[str]) -> None:
+    def _forget_in(self, txn: Txn, keys: Sequence[bytes], hosts: Sequence[str]) -> None:
         for key in keys:
             txn.delete(key, db=self._db)
         for host in hosts:
@@ -222,13 +224,13 @@ class Replicas:
                 dropped[name] += self._drop(db, batch, items, passing)
         return dropped[REPLICA]
 
-    def _drop(self, db: object, keys: list[bytes], items: list[QueuedUrl],
+    def _drop(self, db: Db, keys: list[bytes], items: list[QueuedUrl],
               passing: Callable[[list[QueuedUrl]], object] | None) -> int:
         if items and passing is not None:
             passing(items)  # committed first: a crash between them passes them on again, never loses them
         return self._delete(db, keys)
 
-    def _delete(self, db: object, keys: list[bytes]) -> int:
+    def _delete(self, db: Db, keys: list[bytes]) -> int:
         return self._env.write(lambda txn: sum(1 for key in keys if txn.delete(key, db=db)))
 
     def __len__(self) -> int:

@@ -15,14 +15,17 @@ is due: nothing is ever held in memory whole.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-import lmdb
 import msgpack
 
 from ._keys import arc_ranges, host_prefix, url_fingerprint
 from ._lmdb import LmdbEnv
 from ._records import QueuedUrl
+
+if TYPE_CHECKING:
+    from ._lmdb import Txn
 
 __all__ = ["REVISIT_DB", "REVISIT_DUE_DB", "RevisitRecord", "RevisitSchedule"]
 
@@ -87,7 +90,7 @@ class RevisitSchedule:
 
     # -- inside other transactions (NodeStore composes them) --
 
-    def _put_in(self, txn: lmdb.Transaction, record: RevisitRecord) -> None:
+    def _put_in(self, txn: Txn, record: RevisitRecord) -> None:
         key = record.key()
         old = txn.get(key, db=self._db)
         if old is not None:
@@ -98,7 +101,7 @@ class RevisitSchedule:
         if not record.queued:
             txn.put(_due_key(record.due, key), _EMPTY, db=self._due)
 
-    def _take_due_in(self, txn: lmdb.Transaction, now: float, limit: int,
+    def _take_due_in(self, txn: Txn, now: float, limit: int,
                      may: Callable[[str], bool]) -> list[RevisitRecord]:
         """Records due at `now` whose host `may` be fetched here, at most `limit`, marked queued."""
         cur = txn.cursor(self._due)
@@ -122,7 +125,7 @@ class RevisitSchedule:
                     break
                 continue
             cur.delete()  # moves to the next entry
-            queued = RevisitRecord(**{**_fields(record), "queued": True})
+            queued = replace(record, queued=True)
             txn.put(dkey[8:], _value(queued), db=self._db)
             out.append(queued)
         return out
@@ -141,7 +144,7 @@ class RevisitSchedule:
         """Take a page off the schedule (it is gone, or out of scope)."""
         key = host_prefix(host) + url_fingerprint(url)
 
-        def run(txn: lmdb.Transaction) -> bool:
+        def run(txn: Txn) -> bool:
             old = txn.get(key, db=self._db)
             if old is None:
                 return False
@@ -182,7 +185,7 @@ class RevisitSchedule:
         found = iter(self._env.scan_each(REVISIT_DB, [r for rs in ranges for r in rs]))
         return [[_record(value) for _ in rs for _key, value in next(found)] for rs in ranges]
 
-    def _drop_in(self, txn: lmdb.Transaction, ranges: Sequence[tuple[bytes, bytes]]) -> int:
+    def _drop_in(self, txn: Txn, ranges: Sequence[tuple[bytes, bytes]]) -> int:
         """Delete the records in `ranges` and their index entries within `txn`; return how many."""
         cur = txn.cursor(self._db)
         n = 0
@@ -206,13 +209,13 @@ class RevisitSchedule:
         """Take in records handed over: a record already here whose revisit is queued stays so, and of two waiting
         records the later due time wins (never revisit early)."""
 
-        def run(txn: lmdb.Transaction) -> None:
+        def run(txn: Txn) -> None:
             for record in records:
                 old = txn.get(record.key(), db=self._db)
                 if old is not None:
                     here = _record(old)
                     if here.queued or here.due > record.due:
-                        record = RevisitRecord(**{**_fields(record), "due": here.due, "queued": here.queued})
+                        record = replace(record, due=here.due, queued=here.queued)
                 self._put_in(txn, record)
 
         if records:
@@ -223,7 +226,7 @@ class RevisitSchedule:
         dropped = 0
         batch: list[RevisitRecord] = []
 
-        def delete(txn: lmdb.Transaction) -> int:
+        def delete(txn: Txn) -> int:
             n = 0
             for record in batch:
                 key = record.key()
@@ -240,10 +243,6 @@ class RevisitSchedule:
         if batch:
             dropped += self._env.write(delete)
         return dropped
-
-
-def _fields(record: RevisitRecord) -> dict:
-    return {name: getattr(record, name) for name in RevisitRecord.__slots__}
 
 
 def queued(record: RevisitRecord) -> QueuedUrl:

@@ -15,7 +15,7 @@ import os
 import re
 import time
 import zlib
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 from isal import isal_zlib
@@ -214,8 +214,17 @@ def warcinfo_record(filename: str, created_at: float, fields: dict[str, str]) ->
 _ISAL_LEVELS = range(0, 4)
 
 
+class _Compressor(Protocol):
+    """What zlib's and ISA-L's compress objects both offer."""
+
+    def compress(self, data: bytes, /) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
 def gzip_member(parts: tuple[bytes, ...] | list[bytes], level: int) -> bytes:
     """`parts` joined and compressed as one complete gzip member."""
+    comp: _Compressor
     if level in _ISAL_LEVELS:
         comp = isal_zlib.compressobj(level, isal_zlib.DEFLATED, isal_zlib.MAX_WBITS + 16)
     else:

@@ -209,9 +209,13 @@ def test_comments_are_stripped() -> None:
 @pytest.mark.parametrize(
     ("rule", "path", "expected"),
     [
-        # Rules get the reference's normal form (non-ASCII escaped, hex upper-cased); nothing is decoded.
-        ("disallow: /%7Efoo", "/~foo/x", True),
-        ("disallow: /~foo", "/%7Efoo/x", True),
+        # Rules get the reference's normal form (non-ASCII escaped, hex upper-cased); escaped unreserved
+        # characters are decoded on both sides (RFC 9309 2.2.2), no other escape is.
+        ("disallow: /%7Efoo", "/~foo/x", False),
+        ("disallow: /~foo", "/%7Efoo/x", False),
+        ("disallow: /%41%2D%5f", "/A-_", False),
+        ("disallow: /%2A", "/x", True),  # an escaped "*" is no wildcard
+        ("disallow: /a%24", "/a$b", False),  # an escaped "$" is no end anchor
         ("disallow: /%7efoo", "/%7Efoo", False),
         ("disallow: /%2Fx", "//x", True),  # an escaped "/" is not a "/"
         ("disallow: /%2fx", "/%2Fx", False),

@@ -408,7 +408,7 @@ def test_pages_stored_from_several_threads_are_whole_and_indexed(tmp_path):
 
 
 def test_records_built_elsewhere_index_as_records_built_here(tmp_path):
-    """A page worker makes the index line without its place (`BuiltPage.index`); the writer's join gives the
+    """A page worker makes the index line without its place (`BuiltPage.cdxj`); the writer's join gives the
     line `cdxj_line` gives at that place, so the index is the same whichever side made the line."""
     pages = [page(n, size=400 + 97 * n, url=f"http://h{n % 3}.test/p/{n}?b=2&a=1", truncated=n % 5 == 0)
              for n in range(12)]
@@ -416,9 +416,9 @@ def test_records_built_elsewhere_index_as_records_built_here(tmp_path):
     with WarcPageStore(tmp_path, max_file_bytes=6_000) as store:
         for n, p in enumerate(pages):
             built = records[p["url"]]
-            assert built.index is not None
+            assert built.cdxj is not None
             if n % 2:
-                built = built._replace(index=None)  # the writer makes the whole line
+                built = built._replace(cdxj=None)  # the writer makes the whole line
             store.store_built(url=p["url"], status=p["status"], fetched_at=p["fetched_at"], built=built,
                               truncated=p["truncated"])
     lines = [line + "\n" for f in sorted(tmp_path.glob("*.cdxj")) for line in f.read_text().splitlines()]

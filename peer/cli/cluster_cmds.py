@@ -27,7 +27,8 @@ def format_cluster(cs: dict[str, Any]) -> str:
     nodes = cs["nodes"]
     head = f"cluster seen from {cs['node_id']}: epoch {cs['epoch']}, {len(nodes)} members, " + (
         "crawl FINISHED" if cs["done"] else "crawling")
-    rows = [("node", "state", "zone", "weight", "pages", "rate/s", "queue", "received", "idle", "link")]
+    rows: list[tuple[str, ...]] = [
+        ("node", "state", "zone", "weight", "pages", "rate/s", "queue", "received", "idle", "link")]
     for n in nodes:
         rows.append((
             n["node_id"], n["state"], n.get("zone") or "-", str(n["weight"]), _num(n["pages"]), _num(n["rate"], ".1f"),
@@ -40,7 +41,7 @@ def format_cluster(cs: dict[str, Any]) -> str:
 
 def format_ring(cs: dict[str, Any]) -> str:
     """The live ring: each member's weight share beside its key-space share, and the URLs it received."""
-    rows = [("node", "state", "weight", "weight share", "key share", "error", "urls received")]
+    rows: list[tuple[str, ...]] = [("node", "state", "weight", "weight share", "key share", "error", "urls received")]
     for n in cs["nodes"]:
         ws, ks = n["weight_share"], n["key_share"]
         err = f"{(ks - ws) / ws * 100:+.2f}%" if ws else "-"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,8 +98,8 @@ class ArcSet:
 
     def _adopt(self, starts: np.ndarray, ends: np.ndarray) -> None:
         self.starts, self.ends = starts, ends
-        self._starts_view = memoryview(starts)
-        self._ends_view = memoryview(ends)
+        self._starts_view = starts.data  # the buffer's memoryview, as memoryview(starts) gives
+        self._ends_view = ends.data
         self._arcs: list[tuple[int, int]] | None = None
         self._length: int | None = None
 
@@ -251,7 +252,7 @@ def plan_view(node_id: str, old: Ring, new: Ring, *, gone: Iterable[str] = (), g
     elif isinstance(extra_gains, Moves):
         extras = [extra_gains]
     else:
-        listed = list(extra_gains)
+        listed: list[Any] = list(extra_gains)  # Moves, or ArcMoves (the wire's)
         extras = listed if all(isinstance(m, Moves) for m in listed) and listed else [_as_wire(listed)]
     for extra in map(_as_wire, extras):
         extra_mask = (extra.next == extra.index_of(node_id)) & (extra.previous >= 0)

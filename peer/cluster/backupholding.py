@@ -9,7 +9,7 @@ A mixin of `peer.cluster.backups.QueueReplicas`: it works on its attributes, set
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -19,6 +19,13 @@ from storage import HostState, QueuedUrl, queued_url_keys
 from peer.cluster.backupconfig import FOLD_AGE, FOLD_ENTRIES, MAX_HOST
 from peer.crawl.urls import host_of_normalized, normalize
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from protocol import Limits
+    from ring import Zones
+    from storage import NodeStore
+
 __all__ = ["ReplicaHolding"]
 
 # the replicas' records keep the logger name they have always had (operators filter on it)
@@ -27,6 +34,29 @@ log = logging.getLogger("peer.cluster.backups")
 
 class ReplicaHolding:
     """Holding peers' replicas, and letting go of those this node no longer backs."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the QueueReplicas it is mixed into: attributes and its other parts' methods.
+        copies: int
+        _held_epoch: int
+        _journaled_at: float | None
+        limits: Limits
+        links: Any
+        node_id: str
+        on_held: Callable[[str, int, list[QueuedUrl]], None] | None
+        on_marked: Callable[[Sequence[bytes]], None] | None
+        pass_on: Callable[[list[QueuedUrl]], object] | None
+        refused: int
+        releases_held: int
+        _ring_at: float
+        ring_of: Callable[[], tuple[int, Any]]
+        store: NodeStore
+        urls_held: int
+        urls_passed_on: int
+        wall_clock: Callable[[], float]
+        zones_of: Callable[[], Zones]
+
+        def _acked(self, peer: str, ack: ReplicaAck) -> None: ...
 
     def collect(self, ring: Any) -> int:
         """Pass on the replicas of positions this node no longer backs under `ring` (nor owns), then drop them.
@@ -67,7 +97,7 @@ class ReplicaHolding:
             # batch is, before it reaches the store
             url = normalize(entry.url)
             host = host_of_normalized(url) if url is not None else ""
-            if not host or len(host.encode()) > MAX_HOST or len(url) > self.limits.max_url_length:
+            if url is None or not host or len(host.encode()) > MAX_HOST or len(url) > self.limits.max_url_length:
                 continue
             items.append(QueuedUrl(url=url, host=host, depth=entry.depth, hops=entry.hops, found_on=entry.found_on))
         released = [key for key in message.released if len(key) == 16]

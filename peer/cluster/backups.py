@@ -110,7 +110,7 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
         self.on_marked: Callable[[Sequence[bytes]], None] | None = None
         # given the URLs of replicas this node no longer backs, before they are dropped (`collect`): the cluster
         # sends each to its owner (`Dispatcher.pass_on`)
-        self.pass_on: Callable[[list[QueuedUrl]], None] | None = None
+        self.pass_on: Callable[[list[QueuedUrl]], object] | None = None
         # given (the peer, the view epoch its message was sent under, the URLs) of each replica message held
         # here: URLs their owner has durably queued, which the crawler need not route to it again
         # (`Cluster._held_from`)
@@ -268,7 +268,7 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
         self._releases_due, self._outbox_removals = False, removals
         oldest: dict[str, int | None] = {}
         outbox = self.store.outbox
-        still = []
+        still: list[tuple[dict[str, int], Ticket | None, QueuedUrl]] = []
         for marks, links, item in self._releases:
             if links is not None and not self._done(links):
                 still.append((marks, links, item))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -21,6 +21,15 @@ from storage import QueuedUrl, queued_url_keys
 
 from peer.cluster.backupconfig import GC_DELAY, MAX_ENTRIES, MAX_HOST, MAX_URL_BYTES, SCAN_CHUNK, Backup
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from protocol import Limits
+    from ring import Zones
+    from storage import NodeStore
+
+    from peer.cluster.backupconfig import Ticket
+
 __all__ = ["ReplicaSending"]
 
 # the replicas' records keep the logger name they have always had (operators filter on it)
@@ -29,6 +38,38 @@ log = logging.getLogger("peer.cluster.backups")
 
 class ReplicaSending:
     """Messages to the backups, their acks, and re-homing after a ring change."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the QueueReplicas it is mixed into: attributes and its other parts' methods.
+        _backups: dict[str, Backup]
+        copies: int
+        _gc_ring: Any
+        _held_epoch: Any
+        interval: float
+        limits: Limits
+        links: Any
+        max_staged: int
+        messages_resent: int
+        messages_sent: int
+        node_id: str
+        _releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]]
+        releases_sent: int
+        resend_after: float
+        _restore: dict[str, tuple[Backup, int]] | None
+        ring_of: Callable[[], tuple[int, Any]]
+        store: NodeStore
+        _synced: Any
+        urls_rehomed: int
+        urls_sent: int
+        _wake: trio.Event
+        wall_clock: Callable[[], float]
+        zones_of: Callable[[], Zones]
+
+        def _check_tickets(self) -> None: ...
+        def _due(self, state: Backup, now: float) -> bool: ...
+        def _stage(self, peer: str, entry: tuple[bytes, QueuedUrl] | tuple[bytes, QueuedUrl, bool] | bytes) -> None: ...
+        def _stage_releases(self, *, force: bool = False) -> None: ...
+        def collect(self, ring: Any) -> int: ...
 
     # -- the owner's side: sending -------------------------------------------------------------------------
 
@@ -113,14 +154,14 @@ class ReplicaSending:
         while staged and count < max_keys and size < MAX_URL_BYTES:
             entry = staged.popleft()
             count += 1
-            if entry.__class__ is bytes:  # a fetched page's seen mark
-                final[entry] = None  # type: ignore[index]
+            if isinstance(entry, bytes):  # a fetched page's seen mark
+                final[entry] = None
             elif len(entry) == 2:
-                key, item = entry  # type: ignore[misc]
+                key, item = entry
                 final[key] = item
                 size += len(item.url) + len(item.found_on or "") + 16
             else:
-                key, done, _release = entry  # type: ignore[misc]
+                key, done, _release = entry
                 final[key] = None
                 hosts[done.host] = None
                 released_urls.append(done.url)

@@ -37,6 +37,7 @@ from storage import HostState, NodeStore, QueuedUrl, in_arc
 from peer.config import Config
 from peer.crawl.crawler import Crawler
 from peer.crawl.syncs import StoreSyncs
+from peer.cluster.backupconfig import Ticket
 from peer.cluster.backups import QueueReplicas
 from peer.cluster.clusterstatus import ClusterStatus
 from peer.cluster.dispatch import DispatchConfig, Dispatcher
@@ -208,7 +209,7 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         # (when, dead node, URLs promoted): each arc inherited from a dead node, promoted from its replicas
         self.promotions: list[tuple[float, str, int]] = []
         self._routed_to: set[str] = set()  # owners of the links routed by the page being committed
-        self._queued_ticket = None  # the replicas of the links it queued here
+        self._queued_ticket: Ticket | None = None  # the replicas of the links it queued here
         self.fence = PartitionFence(node_id, view=lambda: self.view, last_heard=self.membership.last_heard,
                                     suspicion_timeout=cfg.suspicion_timeout, probe_interval=cfg.probe_interval,
                                     majority_heard=lambda: self.progress.contact_at)

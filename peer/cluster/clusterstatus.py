@@ -7,7 +7,7 @@ A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -15,6 +15,17 @@ from protocol import ProgressQuery, StatusQuery
 from ring import MemberState
 
 from peer.cluster.report import ring_pending, ring_slices
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from protocol import ProgressReport
+    from ring import Ring, View
+
+    from peer.cluster import Dispatcher, Handoff, PeerLinks, SeenReplicas
+    from peer.cluster.backups import QueueReplicas
+    from peer.cluster.fence import PartitionFence
+    from peer.cluster.lanes import FleetLanes
 
 __all__ = ["ClusterStatus", "DETAIL_MAX_AGE", "RING_SLICES", "STATUS_INTERVAL"]
 
@@ -28,6 +39,39 @@ RING_SLICES = 360
 
 class ClusterStatus:
     """The node's cluster status and the dashboard's view of the cluster."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
+        address: str | None
+        _asked_at: float
+        backups: QueueReplicas
+        details: dict[str, tuple[float, dict[str, Any]]]
+        dispatcher: Dispatcher
+        epoch: int
+        fence: PartitionFence
+        finished: trio.Event
+        handoff: Handoff
+        hosts_swept: int
+        lanes: FleetLanes | None
+        leaving: bool
+        links: PeerLinks
+        node_id: str
+        peers: dict[str, ProgressReport]
+        replicas: SeenReplicas
+        ring: Ring | None
+        _ring_id: int
+        _seq: int
+        settings_adopted: int
+        settings_refused: int
+        settings_sent: int
+        _slices: tuple[int, list[dict[str, float]]] | None
+        summary: Callable[[], dict[str, Any]] | None
+        urls_known_elsewhere: int
+        view: View
+        view_changes: int
+
+        def _live_peers(self) -> list[str]: ...
+        def local_progress(self, seq: int = 0) -> ProgressReport: ...
 
     # -- status -------------------------------------------------------------------------------------------
 

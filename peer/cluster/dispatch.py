@@ -12,6 +12,7 @@ are re-keyed to their new owner when the view changes. Duplicates are harmless: 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections import Counter
@@ -410,7 +411,7 @@ class Dispatcher:
             # bytes in valid labels, port, path) before it reaches the stores; what does not normalize is dropped.
             url = normalize(entry.url)
             host = host_of_normalized(url) if url is not None else ""
-            if not host:
+            if url is None or not host:
                 self.stats.urls_rejected += 1
                 log.warning("peer sent a URL with no usable host; dropped", extra={"peer": peer_id})
                 continue
@@ -464,7 +465,7 @@ class Dispatcher:
             key = (peer_id, ack.seq)
             self._held[key] = ticket
             self.stats.acks_waiting += 1
-            self.backups.then(ticket, lambda key=key, ack=ack: self._release_ack(key, ack))
+            self.backups.then(ticket, functools.partial(self._release_ack, key, ack))
         return len(acks)
 
     def _release_ack(self, key: tuple[str, int], ack: BatchAck) -> None:

@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import trio
 
 from ring import MemberState, View
+
+if TYPE_CHECKING:
+    from peer.cluster.arcs import ArcSet
 
 __all__ = ["CONTACT_TICK", "CONTACT_WINDOW", "TAKEOVER_GRACE", "PartitionFence"]
 
@@ -70,7 +74,7 @@ class PartitionFence:
         self._fence = False
         self._until = -math.inf  # the hold after a heal or a freeze
         self._last_tick = math.inf  # set when the contact loop starts
-        self._holds: list[tuple[Container[int], float]] = []  # arcs inherited from dead members, until when
+        self._holds: list[tuple[ArcSet, float]] = []  # arcs inherited from dead members, until when
 
     @property
     def hold_seconds(self) -> float:
@@ -97,7 +101,7 @@ class PartitionFence:
         self._holds = [(arcs, until) for arcs, until in self._holds if until > now]
         return any(position in arcs for arcs, _until in self._holds)
 
-    def inherit(self, dead: str, arcs: Container[int]) -> float:
+    def inherit(self, dead: str, arcs: ArcSet) -> float:
         """This node inherits `arcs` from `dead`. Returns the fence's end for them, in trio time: CONTACT_WINDOW +
         TAKEOVER_GRACE after `dead` was last heard from (were it alive behind a partition, its last request has
         ended by then); a host's Crawl-delay runs from there. The arcs are held TAKEOVER_GRACE longer: a host

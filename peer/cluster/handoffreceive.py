@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from protocol import HandoffAck, HandoffChunk
 from protocol import HostState as WireHostState
@@ -18,6 +19,13 @@ from storage import HostState, QueuedUrl, RevisitRecord, in_arc, queued_url_keys
 
 from peer.cluster.arcs import KEY_POSITION
 from peer.crawl.urls import host_of_normalized, normalize
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from storage import NodeStore
+
+    from peer.cluster.handoffconfig import HandoffDelegate, HandoffLinks
 
 __all__ = ["Incoming", "Receiving"]
 
@@ -34,6 +42,25 @@ class Incoming:
 
 class Receiving:
     """Incoming chunks: apply, sync, acknowledge (or hold the ack for this node's backups)."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Handoff it is mixed into: attributes and its other parts' methods.
+        acks_held: int
+        chunks_applied: int
+        delegate: HandoffDelegate
+        _held: dict[tuple[str, int, int], None]
+        _incoming: dict[tuple[str, int], Incoming]
+        links: HandoffLinks
+        node_id: str
+        revisits_received: int
+        store: NodeStore
+        transfers_received: int
+        urls_discarded: int
+        urls_forwarded: int
+        urls_received: int
+        wall_clock: Callable[[], float]
+
+        def _release(self, peer_id: str, epoch: int) -> None: ...
 
     def _receive(self, peer_id: str, chunk: HandoffChunk) -> None:
         held = (peer_id, chunk.transfer_id, chunk.chunk_seq)
@@ -76,7 +103,7 @@ class Receiving:
         for entry in chunk.urls:
             url = normalize(entry.url)  # held to what a link from the web is, before it reaches the stores
             host = host_of_normalized(url) if url is not None else ""
-            if not host or not in_arc(host_position(host), start, end):
+            if url is None or not host or not in_arc(host_position(host), start, end):
                 log.warning("hand-off URL unusable or outside its arc; dropped", extra={"peer": peer_id})
                 continue
             items.append(
@@ -142,7 +169,7 @@ class Receiving:
         for entry in chunk.revisits:
             url = normalize(entry.url)  # held to what a link from the web is, as the arc's queued URLs are
             host = host_of_normalized(url) if url is not None else ""
-            if not host or not in_arc(host_position(host), chunk.arc_start, chunk.arc_end):
+            if url is None or not host or not in_arc(host_position(host), chunk.arc_start, chunk.arc_end):
                 log.warning("hand-off revisit schedule unusable or outside its arc; dropped", extra={"peer": peer_id})
                 continue
             records.append(RevisitRecord(

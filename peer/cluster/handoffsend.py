@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import trio
@@ -21,6 +22,14 @@ from ring import ArcMove
 from storage import HostState, QueuedUrl, RevisitRecord, queued_url_keys
 
 from peer.cluster.arcs import ArcSet
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from storage import NodeStore
+
+    from peer.cluster import HandoffConfig
+    from peer.cluster.handoffconfig import HandoffDelegate, HandoffLinks
 
 __all__ = ["Chunk", "Outgoing", "Sending"]
 
@@ -78,6 +87,32 @@ class Outgoing:
 
 class Sending:
     """Outgoing transfers: make the chunks, send and re-send them, drop the arcs once all are acknowledged."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Handoff it is mixed into: attributes and its other parts' methods.
+        chunks_resent: int
+        chunks_sent: int
+        config: HandoffConfig
+        _deferred: bool
+        delegate: HandoffDelegate
+        _dropping: int
+        _hosts_here: np.ndarray | None
+        keys_sent: int
+        keys_withheld: int
+        links: HandoffLinks
+        _marked: dict[int, tuple[ArcSet, set[bytes]]]
+        node_id: str
+        _outgoing: dict[int, Outgoing]
+        revisits_sent: int
+        store: NodeStore
+        transfers_completed: int
+        urls_sent: int
+        _wake: trio.Event | None
+        wall_clock: Callable[[], float]
+        withheld_expired: int
+
+        def _expire(self, now: float) -> None: ...
+        def _start_quiet(self) -> None: ...
 
     def _start_transfer(self, transfer_id: int, epoch: int, peer: str, arcs: ArcSet) -> None:
         """Start a transfer: find the arcs holding anything here (one pass over the hosts, located on the ring

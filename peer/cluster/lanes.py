@@ -468,7 +468,8 @@ class FleetLanes:
             # lanes are shared among the nodes waiting, so each gets some at once rather than all to the first
             share = max(1, len(free) // len(entry.asks))
             peer_id, seq, want, _asked = entry.asks.popleft()
-            given, ready = [], []
+            given: list[int] = []
+            ready: list[float] = []
             while free and len(given) < min(want, share):
                 index = free.pop(0)
                 lane = entry.lanes[index]

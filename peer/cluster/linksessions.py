@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -29,6 +29,15 @@ from protocol import (
     Role,
     State,
 )
+
+if TYPE_CHECKING:
+    from collections import Counter
+    from collections.abc import Awaitable, Callable
+
+    from protocol import Limits
+
+    from peer.cluster import LinkConfig
+    from peer.cluster.peerlinks import PeerLink
 
 __all__ = ["IO_ERRORS", "LinkError", "Session", "Sessions"]
 
@@ -77,6 +86,30 @@ class Session:
 class Sessions:
     """The connections of the peer links: accepted, handshaken, run. A `link` is a `PeerLink`
     (peer/cluster/peerlinks.py), which holds the peer's queue and its current `Session`."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the PeerLinks it is mixed into: attributes and its other parts' methods.
+        _codecs: tuple[str, ...]
+        _compressions: tuple[str, ...]
+        config: LinkConfig
+        datagram_peers: dict[str, bool]
+        handler_errors: int
+        handshake_failures: int
+        _limits: Limits
+        _links: dict[str, PeerLink]
+        node_id: str
+        _nonce: Callable[[int], bytes]
+        _on_message: Callable[[str, Message], Awaitable[None]]
+        received_kinds: Counter[str]
+        refused: Counter[str]
+        _secret: bytes
+        _unauthenticated: int
+        _unauthenticated_by_source: Counter[str]
+        _versions: tuple[int, ...]
+
+        def _close_idle(self, link: PeerLink, session: Session) -> bool: ...
+        def _idle_deadline(self, link: PeerLink, session: Session) -> float: ...
+        def link(self, peer_id: str, address: str | None = None) -> PeerLink: ...
 
     async def _accept(self, stream: trio.abc.Stream) -> None:
         """Transport handler: handshake as responder, then run the connection as the link to that peer.

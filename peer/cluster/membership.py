@@ -32,6 +32,7 @@ import os
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import trio
 
@@ -165,6 +166,11 @@ class Membership:
         self.config = config or MembershipConfig()
         self.address: str | None = None
         self.view = View()
+        link_options: dict[str, Any] = {}  # what is not given keeps PeerLinks' default
+        if codecs:
+            link_options["codecs"] = tuple(codecs)
+        if compressions:
+            link_options["compressions"] = tuple(compressions)
         self.links = PeerLinks(
             node_id=node_id,
             secret=secret,
@@ -177,8 +183,7 @@ class Membership:
             busy=link_busy,
             address_of=self._address_of,
             on_datagram=self._on_datagram,
-            **({"codecs": tuple(codecs)} if codecs else {}),
-            **({"compressions": tuple(compressions)} if compressions else {}),
+            **link_options,
         )
         self._rng = rng
         self._on_other = on_message

@@ -141,8 +141,9 @@ class _Pipe:
                 return None
             link.nonces[0 if code == _HELLO else 1] = nonce
             link.keys = None
-        if link.keys is None and all(link.nonces):
-            link.keys = frame_keys(secret, initiator_nonce=link.nonces[0], responder_nonce=link.nonces[1])
+        initiator, responder = link.nonces
+        if link.keys is None and initiator and responder:
+            link.keys = frame_keys(secret, initiator_nonce=initiator, responder_nonce=responder)
         return link.keys
 
     def write_eof(self) -> None:

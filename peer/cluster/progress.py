@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 import trio
 
-from protocol import ProgressTally, ProgressWave
+from protocol import Message, ProgressTally, ProgressWave
 
 from peer.cluster.fence import CONTACT_WINDOW
 
@@ -156,7 +156,7 @@ class ProgressTree:
     member SUSPECT (waves go around it, and it is not the root while it is)."""
 
     def __init__(self, node_id: str, *, members: Callable[[], tuple[int, tuple[str, ...]]],
-                 local: Callable[[bool], Local], send: Callable[[str, object], bool],
+                 local: Callable[[bool], Local], send: Callable[[str, Message], bool],
                  concluded: Callable[[str], None] = lambda why: None,
                  suspect: Callable[[str], bool] = _never) -> None:
         self.node_id = node_id

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import trio
 
 from protocol import Settings
 
 from peer.crawl.settings import CrawlSettings, SettingsError
+
+if TYPE_CHECKING:
+    from random import Random
+
+    from ring import View
+
+    from peer.cluster import PeerLinks
+    from peer.crawl.crawler import Crawler
 
 __all__ = ["SETTINGS_FANOUT", "SETTINGS_INTERVAL", "SettingsGossip"]
 
@@ -31,6 +40,18 @@ SETTINGS_FANOUT = 3
 
 class SettingsGossip:
     """Sharing the crawl settings with the peers."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
+        crawler: Crawler | None
+        _gossip_rng: Random
+        links: PeerLinks
+        settings_adopted: int
+        settings_refused: int
+        settings_sent: int
+        view: View
+
+        def _live_peers(self) -> list[str]: ...
 
     # -- crawl settings -----------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes,
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -15,6 +16,15 @@ from protocol import Message, ProgressReport
 from ring import MemberState
 
 from peer.cluster.progress import Local
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from ring import View
+    from storage import NodeStore
+
+    from peer.cluster import Dispatcher, Handoff, PeerLinks, ProgressTree
+    from peer.crawl.crawler import Crawler
 
 __all__ = ["LEFT_GRACE", "LINGER_TIMEOUT", "PROGRESS_INTERVAL", "Termination"]
 
@@ -33,6 +43,23 @@ LINGER_TIMEOUT = 5.0
 
 class Termination:
     """Progress reports and waves, and concluding that the whole cluster's crawl is finished."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
+        crawler: Crawler | None
+        dispatcher: Dispatcher
+        finished: trio.Event
+        handoff: Handoff
+        _leaving_since: dict[str, float]
+        links: PeerLinks
+        node_id: str
+        _order: tuple[str, ...]
+        progress: ProgressTree
+        ready: trio.Event
+        _ring_id: int
+        stats: Any
+        store: NodeStore
+        view: View
 
     # -- progress and termination -------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import trio
 
@@ -166,10 +166,11 @@ class TcpTransport:
         if self.advertise is not None:
             host, port = split_address(self.advertise)
             address = _join_address(host, port or sockname[1])
+        served: list[trio.abc.Listener[trio.abc.Stream]] = list(listeners)
         if self._server_ctx is not None:
-            listeners = [trio.SSLListener(listener, self._server_ctx, https_compatible=False) for listener in listeners]
+            served = [trio.SSLListener(listener, self._server_ctx, https_compatible=False) for listener in listeners]
             handler = self._tls_handler(handler)
-        await trio.serve_listeners(handler, listeners, task_status=_Reporter(task_status, address))
+        await trio.serve_listeners(handler, served, task_status=_Reporter(task_status, address))
 
     def send_datagram(self, address: str, data: bytes) -> bool:
         if self._udp_send is None:
@@ -221,7 +222,7 @@ class TcpTransport:
     async def _send_datagrams(sock: trio.socket.SocketType, queue: trio.MemoryReceiveChannel[tuple[bytes, str]]) -> None:
         # Peer addresses may be names (a pod's DNS name): each is resolved once per _RESOLVED_FOR seconds, not for
         # every datagram. At most _RESOLVED_MAX are kept (the oldest goes first).
-        resolved: dict[str, tuple[object, float]] = {}
+        resolved: dict[str, tuple[Any, float]] = {}  # address -> (a socket address, until when)
         flags = trio.socket.AI_V4MAPPED if sock.family == trio.socket.AF_INET6 else 0
         async for data, address in queue:
             try:

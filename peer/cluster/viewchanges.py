@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -20,6 +21,18 @@ from storage import HostState
 from peer.cluster.arcs import ArcSet, plan_view
 from peer.cluster.fence import TAKEOVER_GRACE
 from peer.cluster.rings import ring_id
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from storage import NodeStore
+
+    from peer.cluster import Dispatcher, Handoff, Membership, RingCache, SeenReplicas
+    from peer.cluster.backups import QueueReplicas
+    from peer.cluster.cluster import _Owners
+    from peer.cluster.fence import PartitionFence
+    from peer.config import Config
+    from peer.crawl.crawler import Crawler
 
 __all__ = ["FRESH_WINDOW", "SWEEP_INTERVAL", "ViewChanges"]
 
@@ -35,6 +48,35 @@ FRESH_WINDOW = 2.0
 
 class ViewChanges:
     """Following the views: rings, moved arcs, promotion of a dead member's queues, stray hosts."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
+        backups: QueueReplicas
+        cfg: Config
+        crawler: Crawler | None
+        dispatcher: Dispatcher
+        epoch: int
+        fence: PartitionFence
+        handoff: Handoff
+        hosts_swept: int
+        membership: Membership
+        node_id: str
+        _owners: _Owners | None
+        points_per_weight: int
+        promotions: list[tuple[float, str, int]]
+        ready: trio.Event
+        _ready_at: float | None
+        replicas: SeenReplicas
+        ring: Ring | None
+        _rings: RingCache
+        store: NodeStore
+        view: View
+        view_changes: int
+        wall_clock: Callable[[], float]
+
+        def _live_peers(self) -> list[str]: ...
+        def _set_ring(self, ring: Ring) -> None: ...
+        def share_settings(self, peers: Iterable[str] | None = None) -> int: ...
 
     # -- views --------------------------------------------------------------------------------------------
 
@@ -173,8 +215,8 @@ class ViewChanges:
             self.crawler.rewake()
         self.dispatcher.wake()
         # a member that joined gets the crawl settings at once (the others have them: they are not sent again)
-        before = {m.node_id for m in old_view.members if m.state.owns_arcs}
-        joined = [peer for peer in self._live_peers() if peer not in before]
+        owned_before = {m.node_id for m in old_view.members if m.state.owns_arcs}
+        joined = [peer for peer in self._live_peers() if peer not in owned_before]
         if joined:
             self.share_settings(joined)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -21,6 +22,17 @@ from storage import QueuedUrl, RevisitRecord
 
 from peer.crawl.scheduler import HostTurn
 from peer.crawl.urls import host_of_normalized, normalize
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from storage import HostState, NodeStore
+
+    from peer.crawl.scheduler import HostScheduler
+    from peer.crawl.seams import Ownership
+    from peer.crawl.settings import CrawlSettings
+    from peer.crawl.urls import Scope
+    from peer.stats import Stats
 
 __all__ = ["Admission", "Batch", "SeedReport"]
 
@@ -59,6 +71,20 @@ class Batch:
 
 class Admission:
     """Admitting URLs: seeds, links, redirect targets, sitemap entries."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Crawler it is mixed into: attributes and its other parts' methods.
+        ownership: Ownership
+        owns: Callable[[str], bool] | None
+        sched: HostScheduler
+        scope: Scope
+        _seen: dict[str, str]
+        settings: CrawlSettings
+        stats: Stats
+        store: NodeStore
+        _wakeup: trio.Event
+
+        def _state_of(self, turn: HostTurn) -> HostState: ...
 
     def admit(self, items: Iterable[QueuedUrl]) -> tuple[int, int]:
         """Scope-check, route, dedup and queue normalized URLs (their host is taken from the URL). Returns

@@ -146,6 +146,7 @@ def _detect(body: bytes) -> str:
 def decode_to_utf8(body: bytes, content_type: str | None) -> tuple[bytes, str]:
     """The page's bytes re-encoded as UTF-8 (bad bytes replaced), and the codec that was used."""
     bom = _bom(body)
+    codec: str | None
     if bom is not None:
         codec, skip = bom
         body = body[skip:]

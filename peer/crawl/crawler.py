@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import trio
 
-from storage import HostState, LruTtlCache, QueuedUrl, RevisitRecord, StorageError
+from storage import HostState, LruTtlCache, NodeStore, PageStore, QueuedUrl, RevisitRecord, StorageError
 
 from peer.config import Config
 from peer.crawl.addressgate import AddressGate
@@ -73,8 +73,8 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
         cfg: Config,
         *,
         fetcher: PageFetcher,
-        store,
-        pages,
+        store: NodeStore,
+        pages: PageStore,
         stats: Stats | None = None,
         ownership: Ownership | None = None,
         limits: AddressLimits | None = None,
@@ -85,7 +85,7 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
     ) -> None:
         self.cfg = cfg
         self.fetcher = fetcher
-        self.store = store  # storage.NodeStore: seen-set and frontier changed together, atomically
+        self.store = store  # seen-set and frontier changed together, atomically
         self.frontier = store.frontier
         self.dedup = store.dedup
         self.pages = pages
@@ -451,7 +451,7 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
             self._retries.pop(item.url, None)
             self.frontier.done(item)
             before = self.schedule.get(turn.host, item.url) if self.schedule is not None else None
-            if before is not None and before.queued:  # a revisit: due again after its interval, not forgotten
+            if before is not None and before.queued and self.schedule is not None:  # a revisit: due again later
                 due = self.wallclock() + before.interval
                 self.schedule.put(RevisitRecord(**{**record_fields(before), "due": due, "queued": False}))
         turn.failures += 1

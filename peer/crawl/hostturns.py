@@ -11,6 +11,7 @@ A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, s
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -28,6 +29,20 @@ from peer.crawl.urls import host_of_normalized, normalize, origin_of_normalized
 from peer.fetch.errors import TRANSIENT, DnsError, FetchError
 from peer.fetch.http import Response
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from storage import FrontierStore, LruTtlCache, RevisitSchedule
+
+    from peer.config import Config
+    from peer.crawl.pageworkers import PageWorkers
+    from peer.crawl.robots import RobotsDecision
+    from peer.crawl.scheduler import HostScheduler
+    from peer.crawl.seams import AddressLimits, Ownership, PageFetcher
+    from peer.crawl.settings import CrawlSettings
+    from peer.crawl.urls import Scope
+    from peer.stats import Stats
+
 __all__ = ["HostTurns"]
 
 #: How many refused (robots/limits) URLs one host turn may skip before it gives up its worker, so a host with
@@ -38,6 +53,50 @@ _SKIP_BUDGET = 256
 
 class HostTurns:
     """A host turn: its address lane, its URL, its robots.txt, its one request and what the answer means."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Crawler it is mixed into: attributes and its other parts' methods.
+        _address_waiters: dict[str, set[str]]
+        cfg: Config
+        _current: dict[str, QueuedUrl]
+        fetcher: PageFetcher
+        frontier: FrontierStore
+        gate: AddressLimits
+        _large_parses: trio.CapacityLimiter
+        ownership: Ownership
+        _page_threads: trio.CapacityLimiter | None
+        page_workers: PageWorkers | None
+        _pending: dict[str, QueuedUrl]
+        _pinned: dict[str, str]
+        _requests: dict[str, int]
+        _retries: dict[str, int]
+        robots: LruTtlCache[str, RobotsDecision]
+        robots_agent: str
+        _robots_failures: dict[str, int]
+        sched: HostScheduler
+        schedule: RevisitSchedule | None
+        scope: Scope
+        settings: CrawlSettings
+        stats: Stats
+        user_agent: str
+        _wakeup: trio.Event
+        wallclock: Callable[[], float]
+
+        def _admit_sitemaps(self, origin: str, decision: RobotsDecision) -> None: ...
+        def _commit(self, batch: Batch, done: QueuedUrl | None = None, revisit: RevisitRecord | None = None,
+                    turn: HostTurn | None = None) -> tuple[int, int]: ...
+        async def _fetch_sitemap(self, turn: HostTurn, item: QueuedUrl) -> None: ...
+        def _next_visit(self, item: QueuedUrl, before: RevisitRecord | None, resp: Response, *, changed: bool | None,
+                        now: float, digest: str | None = None, size: int | None = None) -> RevisitRecord: ...
+        def _screen(self, batch: Batch, url: str, depth: int, hops: int, found_on: str | None,
+                    lastmod: float | None = None, sitemap: bool = False) -> None: ...
+        def _screen_found(self, batch: Batch, urls: Sequence[str], depth: int, found_on: str) -> None: ...
+        def _store(self, resp: Response, ctype: str | None, now: float) -> int | None: ...
+        def _store_and_extract(self, resp: Response, url: str, ctype: str | None,
+                               now: float) -> tuple[int | None, Page | None]: ...
+        def _store_revisit(self, resp: Response, before: RevisitRecord, profile: str, now: float) -> None: ...
+        async def _work_elsewhere(self, resp: Response, url: str, ctype: str | None,
+                                  now: float) -> tuple[int | None, Page | None]: ...
 
     # ------------------------------------------------------------------ the address lane and the request
 
@@ -107,7 +166,7 @@ class HostTurns:
             if refused is not None:
                 self.stats.skipped[refused] += 1
                 self.frontier.done(item)
-                if before is not None:
+                if before is not None and self.schedule is not None:
                     self.schedule.forget(host, item.url)  # out of scope now: off the schedule
                 self.ownership.fetched(item)
                 await trio.sleep(0)
@@ -123,7 +182,7 @@ class HostTurns:
             if not decision.robots.can_fetch(self.robots_agent, path):
                 self.stats.skipped["robots" if decision.kind == "parsed" else "robots-unavailable"] += 1
                 self.frontier.done(item)
-                if before is not None:
+                if before is not None and self.schedule is not None:
                     self.schedule.forget(host, item.url)  # robots.txt as it is now forbids it
                 self.ownership.fetched(item)
                 await trio.sleep(0)
@@ -225,7 +284,7 @@ class HostTurns:
             if isinstance(exc, TRANSIENT) and self._retry(turn, item):
                 return
             self.frontier.done(item)
-            if before is not None:  # given up this time: due again after the same interval, not forgotten
+            if before is not None and self.schedule is not None:  # given up: due again after the same interval
                 due = self.wallclock() + before.interval
                 self.schedule.put(RevisitRecord(**{**record_fields(before), "due": due, "queued": False}))
             self.ownership.fetched(item)
@@ -259,7 +318,7 @@ class HostTurns:
         elif before is not None and not 200 <= status < 300:
             if status >= 500:
                 revisit = self._next_visit(item, before, resp, changed=None, now=now)
-            else:
+            elif self.schedule is not None:
                 self.schedule.forget(item.host, item.url)  # gone or moved: its new place is a link like any
         if status in REDIRECTS:
             location = header(resp, "location")

@@ -124,7 +124,7 @@ def extract(
             if base_href is None:
                 base_href = el.get("href")
         elif title is None:  # title
-            text = " ".join("".join(el.itertext()).split())
+            text = " ".join("".join(el.itertext()).split())  # type: ignore[arg-type]  # an HTML tree's text is str
             title = text[:MAX_TITLE_CHARS] or None
 
     base = page_url

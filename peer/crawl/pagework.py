@@ -9,11 +9,18 @@ A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, s
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from peer.crawl.links import Page, extract, is_html
 from peer.crawl.pageworkers import PageJob, PageResult, PageWorkerError
 from peer.crawl.responses import as_decoded
 from peer.fetch.http import Response
+
+if TYPE_CHECKING:
+    from storage import PageStore
+
+    from peer.crawl.pageworkers import PageWorkers
+    from peer.stats import Stats
 
 __all__ = ["THREAD_PARSE_BYTES", "PageWork"]
 
@@ -27,6 +34,13 @@ THREAD_PARSE_BYTES = 512 * 1024
 
 class PageWork:
     """A page's records and links: inline, in a page thread, or by a page worker process."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Crawler it is mixed into: attributes and its other parts' methods.
+        page_workers: PageWorkers | None
+        pages: PageStore
+        stats: Stats
+        store_types: tuple[str, ...]
 
     def _store_and_extract(self, resp: Response, url: str, ctype: str | None,
                            now: float) -> tuple[int | None, Page | None]:

@@ -107,7 +107,9 @@ class _Worker:
         self.process = process
         self.stream = stream
         self.pending: deque[_Task] = deque()
-        self.outbox: list[bytes] = []  # the parts of the frames of `pending` not yet written, in the same order
+        # the parts of the frames of `pending` not yet written, in the same order (a part cut by a short write
+        # is a memoryview of what is left)
+        self.outbox: list[bytes | memoryview] = []
         self.queued = 0  # bytes of the frames of `pending`
         self.wake = trio.Event()
         self.ready = False
@@ -225,9 +227,10 @@ class PageWorkers:
     async def _start(self, slot: int) -> _Worker:
         parent, child = socket.socketpair()
         try:
-            process = self._ctx.Process(target=serve_worker, args=(child, self._work, slot, self._writer),
-                                        name=f"peercrawl-page-{slot}",
-                                        daemon=True)
+            # typeshed's BaseContext has no Process; every context get_context returns has one
+            process = self._ctx.Process(  # type: ignore[attr-defined]
+                target=serve_worker, args=(child, self._work, slot, self._writer), name=f"peercrawl-page-{slot}",
+                daemon=True)
             await trio.to_thread.run_sync(process.start)
         finally:
             child.close()
@@ -409,7 +412,7 @@ class PageWorkers:
             await self._reap(worker)
 
 
-async def _send_parts(sock: trio.socket.SocketType, parts: list[bytes]) -> None:
+async def _send_parts(sock: trio.socket.SocketType, parts: list[bytes | memoryview]) -> None:
     """Write every byte of `parts`, in order, with as few ``sendmsg`` calls as the socket takes (at most
     _IOV_MAX parts a call)."""
     i = 0

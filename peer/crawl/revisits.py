@@ -9,11 +9,22 @@ A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, s
 from __future__ import annotations
 
 import trio
+from typing import TYPE_CHECKING
 
 from storage import QueuedUrl, RevisitRecord
 
 from peer.crawl.responses import as_decoded, header
 from peer.fetch.http import Response
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from storage import NodeStore, PageStore, RevisitSchedule
+
+    from peer.config import Config
+    from peer.crawl.seams import Ownership
+    from peer.crawl.settings import CrawlSettings
+    from peer.stats import Stats
 
 __all__ = ["Revisits", "record_fields"]
 
@@ -27,6 +38,21 @@ _REVISIT_READS = 10
 
 class Revisits:
     """The crawler's revisit schedule: queue what is due, and plan each page's next visit."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Crawler it is mixed into: attributes and its other parts' methods.
+        cfg: Config
+        _draining: bool
+        ownership: Ownership
+        owns: Callable[[str], bool] | None
+        pages: PageStore
+        schedule: RevisitSchedule | None
+        settings: CrawlSettings
+        stats: Stats
+        store: NodeStore
+        wallclock: Callable[[], float]
+
+        def wake_hosts(self, items: Iterable[QueuedUrl]) -> None: ...
 
     async def _revisit_loop(self) -> None:
         """Queue due revisits when the soonest one is due, looking at least once a tick (a hand-off or a fetch

@@ -21,12 +21,15 @@ Matching (RFC 9309 section 2.2):
   the file names; every group naming it is merged; the "*" group applies only when none names it. The
   crawler passes `product_token(its User-Agent)`.
 - Patterns are put in the reference's normal form: bytes outside US-ASCII are percent-encoded and the hex
-  digits of existing escapes are upper-cased; nothing is decoded, so "/%7Efoo" does not match "/~foo" and
-  "%2F" is not "/". The path is matched as given: the crawler's URLs are already in normal form
-  (`peer.crawl.urls`), which is the reference's contract for the caller.
-- The longest matching pattern (in octets, "*" and "$" counted) wins and Allow wins a tie; an empty pattern
-  never decides. "*" matches any run of characters, "$" at the end anchors. An Allow pattern whose last
-  segment starts with "index.htm" also allows its directory exactly ("Allow: /a/index.html" allows "/a/").
+  digits of existing escapes are upper-cased. Then, on both sides (RFC 9309 2.2.2), an escaped unreserved
+  character (letters, digits, "-", ".", "_", "~") is the character itself, so "/%7Efoo" and "/~foo" match each
+  other; other escapes stay as they are ("%2F" is not "/"). In a pattern, "%2A" and "%24" are a literal "*"
+  and "$", neither a wildcard nor an end anchor (RFC 9309 2.2.3). Otherwise the path is matched as given: the
+  crawler's URLs are already in normal form (`peer.crawl.urls`).
+- The longest matching pattern (in octets of what is matched, "*" and "$" counted) wins and Allow wins a
+  tie; an empty pattern never decides. "*" matches any run of characters, "$" at the end anchors. An Allow
+  pattern whose last segment starts with "index.htm" also allows its directory exactly ("Allow:
+  /a/index.html" allows "/a/").
 - /robots.txt itself is always allowed.
 
 Patterns are matched with a linear left-to-right scan of their literal pieces, never with a regex, so a
@@ -50,6 +53,7 @@ __all__ = [
     "RobotsTxt",
     "can_fetch",
     "decide",
+    "decode_unreserved",
     "escape_pattern",
     "parse",
     "path_params_query",
@@ -73,6 +77,8 @@ _AGENT_TOKEN = re.compile(rb"[A-Za-z_\-]*")
 _DELAY = re.compile(rb"\d+(?:\.\d*)?|\.\d+")
 _ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}|[\x80-\xff]")
 _ASCII_SPACE = b" \t\n\r\x0b\x0c"
+#: An escape of an unreserved character (RFC 3986 2.3: ALPHA, DIGIT, "-", ".", "_", "~"), either hex case.
+_UNRESERVED_ESCAPE = re.compile(r"%(?:3[0-9]|[46][1-9A-Fa-f]|[57][0-9Aa]|2[DEde]|5[Ff]|7[Ee])")
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -94,6 +100,15 @@ def escape_pattern(pattern: bytes | str) -> str:
     """
     raw = pattern.encode("utf-8", "surrogateescape") if isinstance(pattern, str) else pattern
     return _ESCAPE.sub(_escape_one, raw).decode("ascii")
+
+
+def _decode_one(m: re.Match[str]) -> str:
+    return chr(int(m.group(0)[1:], 16))
+
+
+def decode_unreserved(text: str) -> str:
+    """`text` with its escapes of unreserved characters decoded ("/%7Efoo" -> "/~foo"), once; other escapes kept."""
+    return _UNRESERVED_ESCAPE.sub(_decode_one, text) if "%" in text else text
 
 
 def path_params_query(url: str) -> str:
@@ -128,10 +143,14 @@ class _Rule:
 
     def __init__(self, pattern: str, allow: bool) -> None:
         self.allow = allow
-        self.length = len(pattern)  # "most octets" (RFC 9309 2.2.2) of the normal form, as the reference counts
+        pattern = decode_unreserved(pattern)
+        # "most octets" (RFC 9309 2.2.2) of what is matched: an escaped "*" or "$" is one
+        self.length = len(pattern) - 2 * (pattern.count("%2A") + pattern.count("%24"))
         self.anchored = pattern.endswith("$")
         body = pattern[:-1] if self.anchored else pattern
-        self.pieces = body.split("*")
+        # "*" splits the pieces and "$" anchors; "%2A" and "%24" are the literal characters within a piece
+        self.pieces = [piece.replace("%2A", "*").replace("%24", "$") if "%" in piece else piece
+                       for piece in body.split("*")]
 
     def matches(self, path: str) -> bool:
         pieces = self.pieces
@@ -206,7 +225,7 @@ class RobotsTxt:
     def can_fetch(self, agent: str, path_and_query: str) -> bool:
         """True if the product token `agent` may fetch `path_and_query` (the "/path?query" of a URL in normal
         form; see the module notes)."""
-        target = path_and_query or "/"
+        target = decode_unreserved(path_and_query) if path_and_query else "/"
         if target == "/robots.txt" or target.startswith("/robots.txt?"):
             return True
         if self._disallow_all:

@@ -45,7 +45,8 @@ class AddressLimits(Protocol):
     waits until the crawler's `address_ready(address)` is called, or a lane of the address is given back here);
     `release` gives the lane back when the request ended (or, `used=False`, was not made)."""
 
-    active: bool
+    @property
+    def active(self) -> bool: ...
 
     def try_acquire(self, address: str, now: float) -> Lane | float: ...
 

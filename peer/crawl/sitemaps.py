@@ -224,6 +224,8 @@ class SitemapReader:
     def _events(self, out: list[SitemapEntry]) -> None:
         try:
             for event, elem in self._parser.read_events():
+                if not isinstance(elem, etree._Element):
+                    continue  # only start and end events are asked for: always elements
                 name = _local(elem.tag)
                 if event == "start":
                     if self.kind is None:

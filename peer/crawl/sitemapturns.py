@@ -9,6 +9,7 @@ A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -22,6 +23,17 @@ from peer.crawl.sitemaps import MAX_SITEMAP_BYTES, SitemapEntry, SitemapReader, 
 from peer.crawl.urls import normalize
 from peer.fetch.errors import TRANSIENT, DnsError, FetchError
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from storage import FrontierStore, RevisitRecord
+
+    from peer.config import Config
+    from peer.crawl.seams import Ownership
+    from peer.crawl.settings import CrawlSettings
+    from peer.fetch.http import Response
+    from peer.stats import Stats
+
 __all__ = ["SitemapTurns"]
 
 #: Sitemap entries admitted in one store transaction while a sitemap streams in.
@@ -32,6 +44,26 @@ _MAX_NAMED_SITEMAPS = 64
 
 class SitemapTurns:
     """Queueing the sitemaps a robots.txt names, and reading one in its host's turn."""
+
+    if TYPE_CHECKING:
+        # What this part uses of the Crawler it is mixed into: attributes and its other parts' methods.
+        cfg: Config
+        frontier: FrontierStore
+        ownership: Ownership
+        _retries: dict[str, int]
+        settings: CrawlSettings
+        stats: Stats
+        user_agent: str
+        wallclock: Callable[[], float]
+
+        def _commit(self, batch: Batch, done: QueuedUrl | None = None, revisit: RevisitRecord | None = None,
+                    turn: HostTurn | None = None) -> tuple[int, int]: ...
+        async def _fetch(self, host: str, url: str, **kw) -> Response: ...
+        def _retry(self, turn: HostTurn, item: QueuedUrl, *, retry_after: float | None = None) -> bool: ...
+        def _save_state(self, turn: HostTurn) -> None: ...
+        def _schedule_after_request(self, turn: HostTurn, *, extra: float = 0.0) -> None: ...
+        def _screen(self, batch: Batch, url: str, depth: int, hops: int, found_on: str | None,
+                    lastmod: float | None = None, sitemap: bool = False) -> None: ...
 
     def _admit_sitemaps(self, origin: str, decision: RobotsDecision) -> None:
         """Queue the sitemaps a robots.txt names (and, with ``sitemap_xml``, /sitemap.xml when it names none)

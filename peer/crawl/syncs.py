@@ -50,7 +50,7 @@ class StoreSyncs:
         self.period = period
         self._running = False
         # (mark, callback): told once store.syncs > mark
-        self._waiters: list[tuple[int, Callable[[], None]]] = []
+        self._waiters: list[tuple[int, Callable[[], object]]] = []
 
     @property
     def running(self) -> bool:
@@ -64,7 +64,7 @@ class StoreSyncs:
     def durable(self, mark: int) -> bool:
         return self.store.syncs > mark
 
-    def after(self, mark: int, callback: Callable[[], None]) -> None:
+    def after(self, mark: int, callback: Callable[[], object]) -> None:
         """Call `callback()` once the commits before `mark` are on disk: at once if a sync has covered them, at
         the service's next sync if it runs, else after a sync made now."""
         if self.durable(mark):

@@ -365,9 +365,10 @@ def normalize_all(
             if len(url) > max_length:
                 continue
         else:
-            url = _resolve(href, parsed_base, max_length)
-            if url is None:
+            resolved = _resolve(href, parsed_base, max_length)
+            if resolved is None:
                 continue
+            url = resolved
         seen[url] = None
     return list(seen)
 

@@ -12,6 +12,7 @@ that ends early keeps what decoded (browsers are lenient there too); bytes that 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 
 import brotli
 
@@ -170,7 +171,7 @@ class BodyDecoder:
         return out[0] if len(out) == 1 else b"".join(out)
 
 
-_STAGES = {
+_STAGES: dict[str, Callable[[], _Stage]] = {
     "gzip": lambda: _Zlib(47),  # 32 + 15: gzip or zlib header, detected
     "x-gzip": lambda: _Zlib(47),
     "deflate": lambda: _Zlib(None),

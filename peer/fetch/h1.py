@@ -142,7 +142,7 @@ class ResponseReader:
     def __init__(self, method: str, *, max_head: int) -> None:
         self._head_req = method == "HEAD"
         self._max_head = max_head
-        self._buf = b""
+        self._buf: bytes | bytearray = b""
         self._eof = False
         self._state = _HEAD
         self._framing = _NONE
@@ -161,7 +161,7 @@ class ResponseReader:
     def reusable(self) -> bool:
         return self._state == _DONE and self._keep_alive and not self._buf and not self._eof
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray) -> None:
         if data:
             if self._eof:
                 raise RemoteProtocolError("data after the end of the stream")

@@ -340,8 +340,7 @@ class Fetcher:
                         raise HttpProtocolError(f"{url}: the server closed the connection without a response")
                     h.receive_data(chunk)
                     continue
-                kind = type(event)
-                if kind is bytes:
+                if type(event) is bytes:
                     piece = event
                     raw_size += len(piece)
                     if decoder is not None:
@@ -362,7 +361,7 @@ class Fetcher:
                     elif not await sink.write(piece):
                         truncated = True
                         break
-                elif kind is h1.Head:
+                elif type(event) is h1.Head:
                     head = event
                     if sink is not None and not sink.head(event.status, list(event.headers)):
                         truncated = True  # the sink wants no body: stop reading, drop the connection

@@ -67,7 +67,7 @@ class Connection:
         if sent < len(data):
             await self.stream.send_all(memoryview(data)[sent:])
 
-    async def receive_some(self, max_bytes: int) -> bytes:
+    async def receive_some(self, max_bytes: int) -> bytes | bytearray:
         """Up to ``max_bytes`` (b"" at end of stream); always a checkpoint; raises trio.BrokenResourceError."""
         if self.tls:
             return await self.stream.receive_some(max_bytes)

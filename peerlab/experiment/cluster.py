@@ -538,7 +538,7 @@ def inline_threads() -> Iterator[None]:
     ring is built (tests/support/clustersim.py measured 74 virtual seconds for one build). Restored on exit."""
     real = trio.to_thread.run_sync
 
-    async def run_sync(fn, *args, **_options):  # type: ignore[no-untyped-def]
+    async def run_sync(fn, *args, **_options):
         await trio.lowlevel.checkpoint()
         return fn(*args)
 
@@ -546,7 +546,7 @@ def inline_threads() -> Iterator[None]:
     try:
         yield
     finally:
-        trio.to_thread.run_sync = real  # type: ignore[assignment]
+        trio.to_thread.run_sync = real
 
 
 def run_cluster(plan: Plan, *, progress: Callable[[str], None] | None = None,

@@ -135,26 +135,26 @@ def _matrix_table(phase: PhaseResult, only: Sequence[str] | None = None) -> list
         sub = [node for node in nodes if node in wanted]
         index = [nodes.index(node) for node in sub]
         rest = [k for k, node in enumerate(nodes) if node not in wanted]
-        sent_map = {(sub[a], sub[b]): phase.sent[i * n + j]
-                    for a, i in enumerate(index) for b, j in enumerate(index) if a != b}
+        sent_map = {(sub[a], sub[b]): phase.sent[row_at * n + col_at]
+                    for a, row_at in enumerate(index) for b, col_at in enumerate(index) if a != b}
         shown = list(sub)
         new_weights = {node: phase.weights[node] for node in sub}
         key_shares = {node: phase.key_shares[node] for node in sub}
         host_shares = {node: phase.host_shares[node] for node in sub}
         pop = None if phase.popularity_shares is None else {node: phase.popularity_shares[node] for node in sub}
         if rest:
-            others = _others_label(nodes)
-            shown.append(others)
+            others_label = _others_label(nodes)
+            shown.append(others_label)
             named = set(index)
-            for a, i in enumerate(index):
-                row = phase.sent[i * n:(i + 1) * n]
-                sent_map[(sub[a], others)] = sum(row) - sum(row[j] for j in index)
-                sent_map[(others, sub[a])] = sum(phase.sent[k * n + i] for k in range(n) if k not in named)
-            new_weights[others] = sum(phase.weights[nodes[k]] for k in rest)
-            key_shares[others] = sum(phase.key_shares.get(nodes[k], 0.0) for k in rest)
-            host_shares[others] = sum(phase.host_shares.get(nodes[k], 0.0) for k in rest)
+            for a, row_at in enumerate(index):
+                sent_row = phase.sent[row_at * n:(row_at + 1) * n]
+                sent_map[(sub[a], others_label)] = sum(sent_row) - sum(sent_row[col_at] for col_at in index)
+                sent_map[(others_label, sub[a])] = sum(phase.sent[k * n + row_at] for k in range(n) if k not in named)
+            new_weights[others_label] = sum(phase.weights[nodes[k]] for k in rest)
+            key_shares[others_label] = sum(phase.key_shares.get(nodes[k], 0.0) for k in rest)
+            host_shares[others_label] = sum(phase.host_shares.get(nodes[k], 0.0) for k in rest)
             if pop is not None and phase.popularity_shares is not None:
-                pop[others] = sum(phase.popularity_shares.get(nodes[k], 0.0) for k in rest)
+                pop[others_label] = sum(phase.popularity_shares.get(nodes[k], 0.0) for k in rest)
         phase = PhaseResult(index=phase.index, name=phase.name, start=phase.start, end=phase.end,
                             pages=phase.pages, weights=new_weights, key_shares=key_shares, host_shares=host_shares,
                             popularity_shares=pop, sent=PhaseResult.matrix(shown, sent_map))

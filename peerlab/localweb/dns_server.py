@@ -178,7 +178,7 @@ async def _bind_pair(host: str, port: int) -> tuple[trio.socket.SocketType, trio
     raise OSError(errno.EADDRINUSE, f"no port free for both UDP and TCP on {host} after {_PORT_ATTEMPTS} tries")
 
 
-async def _answer_udp(server: DnsServer, sock: trio.socket.SocketType, data: bytes, peer: object) -> None:
+async def _answer_udp(server: DnsServer, sock: trio.socket.SocketType, data: bytes, peer: tuple[object, ...]) -> None:
     try:
         query = dns.message.from_wire(data)
     except dns.exception.DNSException:

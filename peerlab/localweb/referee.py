@@ -120,7 +120,7 @@ def address_gaps(log: Iterable[RequestRecord]) -> dict[str, float]:
     by_address: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in log:
         by_address[r.address].append(r)
-    result = {}
+    result: dict[str, float] = {}
     for address, records in by_address.items():
         records.sort(key=lambda r: r.start)
         last_end = records[0].end

@@ -125,9 +125,22 @@ add(_cases("encoding-utf8-rule", ENC_UTF8, "FooBot",
 ENC_ESCAPED = "User-agent: FooBot\nDisallow: /\nAllow: /foo/bar/%E3%83%84\n"
 add(_cases("encoding-escaped-rule", ENC_ESCAPED, "FooBot",
            [(B + "/foo/bar/%E3%83%84", True), (B + "/foo/bar/\u30c4", False)]))
+# RFC 9309 2.2.2: an escaped unreserved character (RFC 3986 2.3) is the character itself, in a rule or a URL
 ENC_UNRESERVED = "User-agent: FooBot\nDisallow: /\nAllow: /foo/bar/%62%61%7A\n"
-add(_cases("encoding-unreserved-not-decoded", ENC_UNRESERVED, "FooBot",
-           [(B + "/foo/bar/baz", False), (B + "/foo/bar/%62%61%7A", True)]))
+add(_cases("encoding-unreserved-decoded", ENC_UNRESERVED, "FooBot",
+           [(B + "/foo/bar/baz", True), (B + "/foo/bar/%62%61%7A", True), (B + "/foo/bar/ba%7a", True),
+            (B + "/foo/bar/bat", False)]))
+add(_cases("encoding-unreserved-rule-side", "User-agent: FooBot\nDisallow: /%7Efoo\n", "FooBot",
+           [(B + "/~foo", False), (B + "/~foo/bar", False), (B + "/%7Efoo", False), (B + "/~bar", True)]))
+add(_cases("encoding-unreserved-url-side", "User-agent: FooBot\nDisallow: /~foo\n", "FooBot",
+           [(B + "/%7Efoo", False), (B + "/%7efoo/x", False), (B + "/%7Ebar", True)]))
+add(_cases("encoding-reserved-not-decoded", "User-agent: FooBot\nDisallow: /a%3Fb\n", "FooBot",
+           [(B + "/a%3Fb", False), (B + "/a?b", True)]))
+# RFC 9309 2.2.3: "%2A" and "%24" in a rule are a literal "*" and "$", not a wildcard and an end anchor
+add(_cases("encoding-escaped-star", "User-agent: FooBot\nDisallow: /path/file-with-a-%2A.html\n", "FooBot",
+           [(B + "/path/file-with-a-*.html", False), (B + "/path/file-with-a-x.html", True)]))
+add(_cases("encoding-escaped-dollar", "User-agent: FooBot\nDisallow: /path/foo-%24\n", "FooBot",
+           [(B + "/path/foo-$", False), (B + "/path/foo-$/more", False), (B + "/path/foo-", True)]))
 add(_cases("encoding-lower-hex-rule", "User-agent: FooBot\nDisallow: /\nAllow: /a%2fb\n", "FooBot",
            [(B + "/a%2Fb", True), (B + "/a/b", False)]))
 add(_cases("encoding-latin1-rule", b"User-agent: FooBot\nDisallow: /\nAllow: /caf\xe9\n", "FooBot",
