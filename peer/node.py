@@ -43,9 +43,9 @@ from storage import (
     running_marker,
 )
 
-from peer.cluster.cluster import Cluster, ClusterError
-from peer.cluster.discovery import DiscoveryError, srv_seeds
-from peer.cluster.transport import TransportError
+from peer.cluster.core.cluster import Cluster, ClusterError
+from peer.cluster.net.discovery import DiscoveryError, srv_seeds
+from peer.cluster.net.transport import TransportError
 from peer.config import Config, ConfigError, parse_address, read_control_token, read_secret, read_seeds
 from peer.control import load_or_create_token, serve_control
 from peer.crawl.crawler import Crawler

@@ -16,7 +16,7 @@ import trio
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from peer.cluster.cluster import ClusterError
+from peer.cluster.core.cluster import ClusterError
 from peer.config import ConfigError, parse_address
 from peer.control import Reply, json_reply
 from peer.crawl.settings import CONFIG_VERSION_FOUNDER, SettingsError
@@ -117,7 +117,7 @@ class ControlRoutes:
         return dict(self.cluster.dispatcher.stats.urls_sent) if self.cluster is not None else {}
 
     def summary(self) -> dict[str, Any]:
-        """This node as the dashboard shows it (peers send theirs as a StatusReport: peer/cluster.py)."""
+        """This node as the dashboard shows it (peers send theirs as a StatusReport: peer/cluster/core/report.py)."""
         c = self.crawler
         assert c is not None
         now = trio.current_time()

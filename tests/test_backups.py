@@ -1,4 +1,4 @@
-"""Queued-URL replicas (peer/cluster/backups.py, storage/_replicas.py): what the owner sends its backups and when a
+"""Queued-URL replicas (peer/cluster/replicas/queuereplicas.py, storage/_replicas.py): what the owner sends its backups and when a
 batch may be acknowledged; what a backup holds, releases and promotes.
 
 Real LMDB stores, a recording stand-in for the peer links, rings of the design's weights, under MockClock. The
@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from peer.cluster.backups import FOLD_AGE, FOLD_ENTRIES, FULL, QueueReplicas
+from peer.cluster.replicas.queuereplicas import FOLD_AGE, FOLD_ENTRIES, FULL, QueueReplicas
 from protocol import QueueReplica, ReplicaAck, UrlEntry
 from protocol import HostState as WireHostState
 from ring import Ring, host_position

@@ -13,10 +13,10 @@ from dataclasses import replace
 import pytest
 import trio
 
-from peer.cluster.backups import QueueReplicas
-from peer.cluster.handoff import Alone, Handoff, HandoffConfig, handoff_arcs
-from peer.cluster.peerlinks import PeerLinks
-from peer.cluster.memtransport import MemoryNetwork
+from peer.cluster.replicas.queuereplicas import QueueReplicas
+from peer.cluster.handoff.handoff import Alone, Handoff, HandoffConfig, handoff_arcs
+from peer.cluster.net.peerlinks import PeerLinks
+from peer.cluster.net.memtransport import MemoryNetwork
 from protocol import HandoffAck, HandoffAsk, HandoffChunk, Limits, Message, QueueReplica, decode_body, encode_body
 from ring import RING_SPACE, ArcMove, Ring, diff, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc, queued_url_keys, url_key

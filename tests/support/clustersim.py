@@ -38,12 +38,12 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from peer.cluster.cluster import Cluster, ring_id
+from peer.cluster.core.cluster import Cluster, ring_id
 from peer.config import Config, load
 from peer.crawl.crawler import Crawler
 from peer.fetch.http import Response
 from peer.stats import Stats
-from peer.cluster.memtransport import MemoryNetwork
+from peer.cluster.net.memtransport import MemoryNetwork
 from peer.crawl.urls import host_of_normalized
 from peerlab.experiment.cluster import inline_threads  # the lab's simulated cluster runs the same way
 from ring import MemberState

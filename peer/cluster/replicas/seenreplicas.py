@@ -56,9 +56,10 @@ from protocol import Limits, Message, SeenReplica
 from ring import Zones
 from storage import NodeStore, QueuedUrl, queued_url_keys
 
-__all__ = ["REPLICA_INTERVAL", "SeenReplicas"]
+__all__ = ["REPLICA_COPIES", "REPLICA_INTERVAL", "SeenReplicas"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.replicas")
 
 #: Keys leave 10 times a second: a kill loses the replicas of at most 0.1 s of pages, at one small message per
 #: backup per tick.

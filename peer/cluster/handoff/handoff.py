@@ -31,15 +31,16 @@ from protocol import HandoffAck, HandoffAsk, HandoffChunk, Message
 from ring import RING_SPACE, ArcMove, Moves, Ring, host_position
 from storage import NodeStore
 
-from peer.cluster.arcs import KEY_POSITION, ArcSet, ViewPlan, handoff_arcs, plan_view
-from peer.cluster.handoffconfig import Alone, HandoffConfig, HandoffDelegate, HandoffLinks, Hold
-from peer.cluster.handoffreceive import Incoming, Receiving
-from peer.cluster.handoffsend import Outgoing, Sending
+from peer.cluster.handoff.arcs import KEY_POSITION, ArcSet, ViewPlan, handoff_arcs, plan_view
+from peer.cluster.handoff.config import Alone, HandoffConfig, HandoffDelegate, HandoffLinks, Hold
+from peer.cluster.handoff.receive import Incoming, Receiving
+from peer.cluster.handoff.send import Outgoing, Sending
 
 __all__ = ["Alone", "ArcSet", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "Hold", "ViewPlan",
            "handoff_arcs", "plan_view"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.handoff")
 
 #: Transfers started in one step of the event loop (each reads the flight records and locates the hosts); the
 #: rest start at the next pump, which `run` makes at once when some were left.

@@ -3,7 +3,7 @@ acknowledged once committed (the journal folded into the replica and seen tables
 FOLD_AGE seconds, at once while views change); replicas of positions this node no longer backs passed on to
 their owners, then dropped (`collect`).
 
-A mixin of `peer.cluster.backups.QueueReplicas`: it works on its attributes, set in `QueueReplicas.__init__`.
+A mixin of `peer.cluster.replicas.queuereplicas.QueueReplicas`: it works on its attributes, set in `QueueReplicas.__init__`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import trio
 from protocol import Message, QueueReplica, ReplicaAck
 from storage import HostState, QueuedUrl, queued_url_keys
 
-from peer.cluster.backupconfig import FOLD_AGE, FOLD_ENTRIES, MAX_HOST
+from peer.cluster.replicas.queueconfig import FOLD_AGE, FOLD_ENTRIES, MAX_HOST
 from peer.crawl.urls import host_of_normalized, normalize
 
 __all__ = ["ReplicaHolding"]

@@ -3,7 +3,7 @@ with the caps on handshakes under way), then a writer that batches the link's qu
 reader that hands every message to the node, until the connection ends, says goodbye or is superseded by the
 pair's other connection (docs/cluster.md, "Peer links").
 
-A mixin of `peer.cluster.peerlinks.PeerLinks`: it works on its attributes, set in `PeerLinks.__init__`.
+A mixin of `peer.cluster.net.peerlinks.PeerLinks`: it works on its attributes, set in `PeerLinks.__init__`.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Session:
 
 class Sessions:
     """The connections of the peer links: accepted, handshaken, run. A `link` is a `PeerLink`
-    (peer/cluster/peerlinks.py), which holds the peer's queue and its current `Session`."""
+    (peer/cluster/net/peerlinks.py), which holds the peer's queue and its current `Session`."""
 
     async def _accept(self, stream: trio.abc.Stream) -> None:
         """Transport handler: handshake as responder, then run the connection as the link to that peer.

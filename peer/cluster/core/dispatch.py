@@ -25,14 +25,15 @@ from protocol import BatchAck, Message, UrlBatch, UrlEntry
 from ring import Ring
 from storage import NodeStore, QueuedUrl, url_fingerprint
 
-from peer.cluster.backups import QueueReplicas, Ticket
+from peer.cluster.replicas.queuereplicas import QueueReplicas, Ticket
 from peer.config import DEFAULTS
 from peer.crawl.syncs import StoreSyncs
 from peer.crawl.urls import host_of_normalized, normalize
 
 __all__ = ["DispatchConfig", "DispatchStats", "Dispatcher", "LinkLayer"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.dispatch")
 
 
 class LinkLayer(Protocol):

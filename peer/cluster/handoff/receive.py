@@ -16,7 +16,7 @@ from protocol import HostState as WireHostState
 from ring import host_position
 from storage import HostState, QueuedUrl, RevisitRecord, in_arc, queued_url_keys
 
-from peer.cluster.arcs import KEY_POSITION
+from peer.cluster.handoff.arcs import KEY_POSITION
 from peer.crawl.urls import host_of_normalized, normalize
 
 __all__ = ["Incoming", "Receiving"]

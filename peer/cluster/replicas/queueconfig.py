@@ -1,6 +1,6 @@
 """The queued-URL replicas' limits and timings, and the owner's state per backup: what is staged for it, sent,
 acknowledged (`Backup`), and what a received batch waits for before it is acknowledged (`Ticket`). The rest is
-in peer/cluster/backups.py (`QueueReplicas`), whose docstring tells the whole design.
+in peer/cluster/replicas/queuereplicas.py (`QueueReplicas`), whose docstring tells the whole design.
 """
 
 from __future__ import annotations

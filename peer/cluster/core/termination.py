@@ -1,8 +1,8 @@
 """Progress and cluster-wide termination: this node's progress report, its part of the progress waves over the
-tree of the ring's members (peer/cluster/progress.py), concluding when two waves find every member idle, and
+tree of the ring's members (peer/cluster/core/progress.py), concluding when two waves find every member idle, and
 releasing the wait for arcs of members that left.
 
-A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
+A mixin of `peer.cluster.core.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import trio
 from protocol import Message, ProgressReport
 from ring import MemberState
 
-from peer.cluster.progress import Local
+from peer.cluster.core.progress import Local
 
 __all__ = ["LEFT_GRACE", "LINGER_TIMEOUT", "PROGRESS_INTERVAL", "Termination"]
 
 # the cluster's records keep the logger name they have always had (operators filter on it)
 log = logging.getLogger("peer.cluster.cluster")
 
-#: Progress waves: the ring's first member starts one this often (peer/cluster/progress.py).
+#: Progress waves: the ring's first member starts one this often (peer/cluster/core/progress.py).
 PROGRESS_INTERVAL = 1.0
 #: A node seen LEAVING this long and no longer connected has left: its arcs are not waited for any more. Its
 #: links stay up while it hands off, so this only needs to cover a link that is not up yet.

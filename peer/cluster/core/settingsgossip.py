@@ -2,7 +2,7 @@
 every live peer at each change and to a member that joins, repeated as gossip to a few peers at random, and a
 record from a peer adopted when it ranks above the one in force (docs/operations.md, "Steering a running crawl").
 
-A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
+A mixin of `peer.cluster.core.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ arcs and who hands which to whom (`plan_view`), the crawler and the hand-off tol
 arcs inherited from dead members promoted from their replicas; queued hosts this node does not own swept to their
 owners (docs/cluster.md, "In the node" and "Queued-URL replicas").
 
-A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
+A mixin of `peer.cluster.core.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import trio
 from ring import MemberState, Moves, Ring, View, diff_moves, host_position, wire_moves
 from storage import HostState
 
-from peer.cluster.arcs import ArcSet, plan_view
-from peer.cluster.fence import TAKEOVER_GRACE
-from peer.cluster.rings import ring_id
+from peer.cluster.handoff.arcs import ArcSet, plan_view
+from peer.cluster.core.fence import TAKEOVER_GRACE
+from peer.cluster.core.rings import ring_id
 
 __all__ = ["FRESH_WINDOW", "SWEEP_INTERVAL", "ViewChanges"]
 

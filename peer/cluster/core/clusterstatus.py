@@ -2,7 +2,7 @@
 member (`/cluster`): views, ring shares, the peers' latest progress and detailed status, asked for only while
 someone looks, and the ring folded into slices.
 
-A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
+A mixin of `peer.cluster.core.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import trio
 from protocol import ProgressQuery, StatusQuery
 from ring import MemberState
 
-from peer.cluster.report import ring_pending, ring_slices
+from peer.cluster.core.report import ring_pending, ring_slices
 
 __all__ = ["ClusterStatus", "DETAIL_MAX_AGE", "RING_SLICES", "STATUS_INTERVAL"]
 

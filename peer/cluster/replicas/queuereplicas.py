@@ -55,15 +55,16 @@ from protocol import Limits
 from ring import Zones, host_position
 from storage import NodeStore, QueuedUrl, queued_url_keys
 
-from peer.cluster.backupconfig import (
+from peer.cluster.replicas.queueconfig import (
     BACKUPS_CACHE, FOLD_AGE, FOLD_ENTRIES, FULL, GC_DELAY, INTERVAL, MAX_STAGED, RESEND_AFTER, Backup, Ticket, merged,
 )
-from peer.cluster.backupholding import ReplicaHolding
-from peer.cluster.backupsending import ReplicaSending
+from peer.cluster.replicas.queueholding import ReplicaHolding
+from peer.cluster.replicas.queuesending import ReplicaSending
 
 __all__ = ["FOLD_AGE", "FOLD_ENTRIES", "FULL", "GC_DELAY", "QueueReplicas", "Ticket"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.backups")
 
 
 class QueueReplicas(ReplicaSending, ReplicaHolding):

@@ -20,7 +20,7 @@ from protocol import HostState as WireHostState
 from ring import ArcMove
 from storage import HostState, QueuedUrl, RevisitRecord, queued_url_keys
 
-from peer.cluster.arcs import ArcSet
+from peer.cluster.handoff.arcs import ArcSet
 
 __all__ = ["Chunk", "Outgoing", "Sending"]
 

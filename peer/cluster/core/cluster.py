@@ -8,9 +8,9 @@ cluster-wide termination, and graceful leave.
 - links to hosts owned elsewhere go to `dispatcher.route`, and the crawler stores them with the page that found
   them (`take_routed`);
 - a view change starts the hand-off of the arcs this node lost and notes those it gained;
-- the seen keys of the pages it fetches go to each arc's backup (`peer/cluster/replicas.py`), so a death repeats little;
+- the seen keys of the pages it fetches go to each arc's backup (`peer/cluster/replicas/seenreplicas.py`), so a death repeats little;
 - every second the ring's first member (by node id) gathers every member's progress over a tree of the ring's
-  members (`peer/cluster/progress.py`: a bounded number of messages per node, whatever the cluster's size); two
+  members (`peer/cluster/core/progress.py`: a bounded number of messages per node, whatever the cluster's size); two
   waves in which every member is idle with unchanged activity on the same ring mean the crawl is finished
   everywhere (the four-counter method: an idle node has nothing queued, nothing being fetched, and every batch
   and chunk it sent acknowledged), and the next wave tells every member so.
@@ -37,26 +37,27 @@ from storage import HostState, NodeStore, QueuedUrl, in_arc
 from peer.config import Config
 from peer.crawl.crawler import Crawler
 from peer.crawl.syncs import StoreSyncs
-from peer.cluster.backups import QueueReplicas
-from peer.cluster.clusterstatus import ClusterStatus
-from peer.cluster.dispatch import DispatchConfig, Dispatcher
-from peer.cluster.fence import PartitionFence
-from peer.cluster.handoff import Handoff, HandoffConfig, Hold
-from peer.cluster.lanes import LEASE, FleetLanes
-from peer.cluster.membership import Membership, MembershipConfig
-from peer.cluster.peerlinks import LinkConfig
-from peer.cluster.progress import ProgressTree
-from peer.cluster.replicas import REPLICA_COPIES, SeenReplicas
-from peer.cluster.report import status_dict, status_report
-from peer.cluster.rings import RingCache, ring_id
-from peer.cluster.settingsgossip import SettingsGossip
-from peer.cluster.termination import Termination
-from peer.cluster.transport import TcpTransport, TlsFiles, Transport
-from peer.cluster.viewchanges import ViewChanges
+from peer.cluster.replicas.queuereplicas import QueueReplicas
+from peer.cluster.core.clusterstatus import ClusterStatus
+from peer.cluster.core.dispatch import DispatchConfig, Dispatcher
+from peer.cluster.core.fence import PartitionFence
+from peer.cluster.handoff.handoff import Handoff, HandoffConfig, Hold
+from peer.cluster.core.lanes import LEASE, FleetLanes
+from peer.cluster.membership.membership import Membership, MembershipConfig
+from peer.cluster.net.peerlinks import LinkConfig
+from peer.cluster.core.progress import ProgressTree
+from peer.cluster.replicas.seenreplicas import REPLICA_COPIES, SeenReplicas
+from peer.cluster.core.report import status_dict, status_report
+from peer.cluster.core.rings import RingCache, ring_id
+from peer.cluster.core.settingsgossip import SettingsGossip
+from peer.cluster.core.termination import Termination
+from peer.cluster.net.transport import TcpTransport, TlsFiles, Transport
+from peer.cluster.core.viewchanges import ViewChanges
 
 __all__ = ["Cluster", "ClusterError", "ring_id"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.cluster")
 
 #: After a join, how long to wait for the ring of the joined view (a build takes about 0.1 s per million points;
 #: a view change derives the next ring from the current one in a few tens of milliseconds).
@@ -180,7 +181,7 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         # the URLs a peer's queued-URL replicas bring are queued at their owner: the crawler does not route them
         self.backups.on_held = self._held_from
         # per-address limits held fleet-wide: this node owns the addresses the ring gives it and lends their
-        # lanes (peer/cluster/lanes.py); the crawler borrows through it
+        # lanes (peer/cluster/core/lanes.py); the crawler borrows through it
         self._lanes_file = Path(cfg.data_dir) / LANES_FILE
         self._lanes_written = -math.inf
         self.lanes = (
@@ -298,7 +299,7 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         if self.lanes is not None:
             self.lanes.ring_changed(self._owners.owner, self.epoch)
 
-    # -- the lanes' delegate (peer/cluster/lanes.py: LanesDelegate) ----------------------------------------
+    # -- the lanes' delegate (peer/cluster/core/lanes.py: LanesDelegate) ----------------------------------------
 
     def send_lanes(self, peer_id: str, message: Message) -> bool:
         return self.links.send_nowait(peer_id, message)
@@ -339,7 +340,7 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         owners = self._owners
         return owners is not None and owners.owner(host) == self.node_id
 
-    # -- the hand-off's delegate (peer/cluster/handoffconfig.py: HandoffDelegate) --------------------------
+    # -- the hand-off's delegate (peer/cluster/handoff/config.py: HandoffDelegate) --------------------------
 
     def owner_of(self, host: str) -> str:
         assert self._owners is not None
