@@ -182,7 +182,7 @@ class Node(ControlRoutes):
                                     "hand-offs are stored in the same transactions as the seen-set")
                 try:
                     self.cluster = Cluster(cfg, node_id=self.node_id, store=store, secret=secret, stats=self.stats,
-                                           syncs=syncs)
+                                           syncs=syncs, summary=self.summary)
                 except TransportError as exc:
                     raise NodeError(str(exc)) from exc
             async with Fetcher(
@@ -202,7 +202,6 @@ class Node(ControlRoutes):
                 )
                 if cluster is not None:
                     cluster.attach(crawler)
-                    cluster.summary = self.summary
                 recovered = crawler.restore()
                 self.watch = NodeWatch(lambda: self.stats.pages, self._sent, trio.current_time())
                 self._record_dropped(crawler.dropped_urls)

@@ -22,14 +22,16 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from protocol import (
-    Message, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, Settings, StatusQuery, StatusReport,
+    BatchAck, HandoffAck, HandoffAsk, HandoffChunk, LaneAsk, LaneGrant, LaneHandover, LaneHandoverAsk, LaneReturn,
+    Message, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, QueueReplica, ReplicaAck, SeenReplica,
+    Settings, StatusQuery, StatusReport, UrlBatch,
 )
 from ring import DEFAULT_POINTS_PER_WEIGHT, Ring, View, Zones, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc
@@ -58,6 +60,10 @@ __all__ = ["Cluster", "ClusterError", "ring_id"]
 
 # its records keep the logger name they have always had (operators filter on it)
 log = logging.getLogger("peer.cluster.cluster")
+
+#: A part's handler of a peer's message: called with the peer and the message; what it returns is awaited if it
+#: is awaitable (the dispatcher's and the hand-off's are coroutines), else ignored.
+Handler = Callable[[str, Any], object]
 
 #: After a join, how long to wait for the ring of the joined view (a build takes about 0.1 s per million points;
 #: a view change derives the next ring from the current one in a few tens of milliseconds).
@@ -111,6 +117,7 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         rings: RingCache | None = None,
         members: View | None = None,
         syncs: StoreSyncs | None = None,
+        summary: Callable[[], dict[str, Any] | None] = lambda: None,
     ) -> None:
         self.cfg = cfg
         self.points_per_weight = points_per_weight  # fewer in simulations: a ring of many points takes a second
@@ -153,33 +160,28 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         self._rings = rings if rings is not None else RingCache()
         # the failure zones of the ring's nodes: replicas keep a copy outside the owner's zone (ring/_zones.py)
         self.zones = Zones()
-        # every queued URL also on the ring backups of its position (--replicas R), promoted when its owner dies
+        self.wall_clock = wall_clock  # the one wall clock of every part (states and leases travel as durations)
+        # every queued URL also on the ring backups of its position (--replicas R), promoted when its owner dies;
+        # the cluster is its delegate (`QueueDelegate`: releases staged, seen marks held, replicas passed on)
         self.backups = QueueReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
                                      copies=cfg.replicas, wall_clock=wall_clock, zones_of=lambda: self.zones,
-                                     seen_copies=REPLICA_COPIES)  # a release marks a page seen where its key goes
-        self.wall_clock = wall_clock
+                                     seen_copies=REPLICA_COPIES,  # a release marks a page seen where its key goes
+                                     delegate=self)
         self.dispatcher = Dispatcher(
             node_id, store, self.links, ring_of=self.ring_of,
             config=DispatchConfig(batch_size=cfg.batch_size, interval=cfg.dispatch_interval),
             on_admitted=self._admitted, backups=self.backups, syncs=self.syncs,
         )
-        self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
-                                     apply_states=self._merge_states, wall_clock=wall_clock,
-                                     zones_of=lambda: self.zones,
-                                     reliable=self.backups.mark_seen if cfg.replicas else None)
-        # a released page's seen key: its release marks it seen at the backups it went to, so the seen-key
-        # replicas send it only to the others
-        self.backups.on_released = lambda item, key, done: self.replicas.fetched(item, key, released=done)
         # the hand-off asks the cluster (its delegate) what is busy, who owns what, and where keys go
         self.handoff = Handoff(node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait),
                                wall_clock=wall_clock, delegate=self)
         # seen marks that peers' replicas leave here stay through the drop of an arc being handed over: this node
         # is often the backup of the arc's new owner, and its heir
-        self.backups.on_marked = self.replicas.on_marked = self.handoff.marked_seen
-        # replicas this node no longer backs go to their owners before they are dropped, not only dropped
-        self.backups.pass_on = self.dispatcher.pass_on
-        # the URLs a peer's queued-URL replicas bring are queued at their owner: the crawler does not route them
-        self.backups.on_held = self._held_from
+        self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
+                                     apply_states=self._merge_states, wall_clock=wall_clock,
+                                     zones_of=lambda: self.zones,
+                                     reliable=self.backups.mark_seen if cfg.replicas else None,
+                                     on_marked=self.handoff.marked_seen)
         # per-address limits held fleet-wide: this node owns the addresses the ring gives it and lends their
         # lanes (peer/cluster/core/lanes.py); the crawler borrows through it
         self._lanes_file = Path(cfg.data_dir) / LANES_FILE
@@ -189,9 +191,8 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
                        delegate=self, start_wait=_lent_until(self._lanes_file, wall_clock()))
             if cfg.ip_connections > 0 else None
         )
-        self._wall_clock = wall_clock
         self.crawler: Crawler | None = None
-        # URLs of peers' replicas the crawler learnt are queued at their owner, so not routed there (`_held_from`)
+        # URLs of peers' replicas the crawler learnt are queued at their owner, so not routed there (`held_from`)
         self.urls_known_elsewhere = 0
         self.address: str | None = None
         self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
@@ -213,8 +214,9 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         self.fence = PartitionFence(node_id, view=lambda: self.view, last_heard=self.membership.last_heard,
                                     suspicion_timeout=cfg.suspicion_timeout, probe_interval=cfg.probe_interval,
                                     majority_heard=lambda: self.progress.contact_at)
-        # The dashboard: this node's detailed status (set by the node), its peers' latest, and until when to ask.
-        self.summary: Callable[[], dict[str, Any]] | None = None
+        # The dashboard: this node's detailed status (the node's; none when the cluster is built alone), its peers'
+        # latest, and until when to ask.
+        self.summary = summary
         self.details: dict[str, tuple[float, dict[str, Any]]] = {}  # peer -> (trio time received, status)
         self._asked_at = float("-inf")  # when peers were last asked for their detailed status
         self._slices: tuple[int, list[dict[str, float]]] | None = None  # (ring id, the ring folded)
@@ -222,6 +224,8 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         self.settings_adopted = 0
         self.settings_refused = 0
         self._gossip_rng = random.Random(f"{node_id}:settings")  # whom the settings are repeated to
+        self.messages_unknown = 0  # peers' messages of a type no part handles
+        self._handlers = self._message_table()
 
     def link_busy(self, peer_id: str) -> bool:
         """Whether the link to `peer_id` must not be closed for idleness: URL batches to it wait for their ack,
@@ -255,13 +259,27 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         routed_to, self._routed_to = self._routed_to, set()
         links, self._queued_ticket = self._queued_ticket, None
         if self.backups.copies:
-            # its seen key goes to the seen-key replicas with its release (`backups.on_released`): once the links
+            # its seen key goes to the seen-key replicas with its release (`release_staged`): once the links
             # its page found are safe elsewhere, as a backup that held the page seen would never fetch it again
             self.backups.released(item, routed_to, links)
         else:
             self.replicas.fetched(item)
 
-    def _held_from(self, peer_id: str, epoch: int, items: Sequence[QueuedUrl]) -> None:
+    # -- the queued-URL replicas' delegate (peer/cluster/replicas/queueconfig.py: QueueDelegate) -------------
+
+    def release_staged(self, item: QueuedUrl, key: bytes, backups: frozenset[str]) -> None:
+        """A released page's seen key: its release marks it seen at the backups it went to, so the seen-key
+        replicas send it only to the others."""
+        self.replicas.fetched(item, key, released=backups)
+
+    def marked_seen(self, keys: Sequence[bytes]) -> None:
+        self.handoff.marked_seen(keys)
+
+    def pass_on(self, items: list[QueuedUrl]) -> None:
+        """Replicas this node no longer backs go to their owners before they are dropped, not only dropped."""
+        self.dispatcher.pass_on(items)
+
+    def held_from(self, peer_id: str, epoch: int, items: Sequence[QueuedUrl]) -> None:
         """A replica message from `peer_id` was held here: the URLs of hosts it owns under this node's ring, sent
         under this node's view, are durably queued there (a node replicates what it queued, after its commit;
         a commit lost in a crash is redone from its source, which is lost with it). The crawler drops links to
@@ -327,7 +345,7 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
             # out only what this run lent: written when it moves on by a second or more.
             until = self.lanes.lent_until
             if until > self._lanes_written + 1.0:
-                wall = self._wall_clock() + (until - trio.current_time())
+                wall = self.wall_clock() + (until - trio.current_time())
                 try:
                     self._lanes_file.write_text(f"{wall:.3f}\n")
                     self._lanes_written = until
@@ -480,29 +498,57 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
             and (crawler is None or crawler.active == 0)
         )
 
+    def _message_table(self) -> dict[type, Handler]:
+        """Each message type a peer may send the cluster (membership's own are taken before), and its one handler."""
+        lanes = self.lanes.on_message if self.lanes is not None else self._no_lanes
+        table: dict[type, Handler] = {
+            ProgressWave: self.progress.on_wave,
+            ProgressTally: self.progress.on_tally,
+            ProgressQuery: lambda peer_id, m: self.links.send_nowait(peer_id, self.local_progress(m.seq)),
+            ProgressReport: self._progress_arrived,
+            StatusQuery: self._status_asked,
+            StatusReport: self._status_arrived,
+            Settings: self._settings_arrived,
+            UrlBatch: self.dispatcher.on_message,
+            BatchAck: self.dispatcher.on_message,
+            HandoffChunk: self.handoff.on_message,
+            HandoffAck: self.handoff.on_message,
+            HandoffAsk: self.handoff.on_message,
+            SeenReplica: self.replicas.on_message,
+            QueueReplica: self.backups.on_message,
+            ReplicaAck: self.backups.on_message,
+        }
+        for lane_message in (LaneAsk, LaneGrant, LaneReturn, LaneHandover, LaneHandoverAsk):
+            table[lane_message] = lanes
+        return table
+
     async def _on_message(self, peer_id: str, message: Message) -> None:
-        if isinstance(message, ProgressWave):
-            self.progress.on_wave(peer_id, message)
-        elif isinstance(message, ProgressTally):
-            self.progress.on_tally(peer_id, message)
-        elif isinstance(message, ProgressQuery):
-            self.links.send_nowait(peer_id, self.local_progress(message.seq))
-        elif isinstance(message, Settings):
-            self._settings_arrived(peer_id, message)
-        elif isinstance(message, ProgressReport):
-            self.peers[peer_id] = message
-        elif isinstance(message, StatusQuery):
-            if self.summary is not None:
-                self.links.send_nowait(peer_id, status_report(message.seq, self.summary()))
-        elif isinstance(message, StatusReport):
-            self.details[peer_id] = (trio.current_time(), status_dict(message))
-        elif self.lanes is not None and self.lanes.on_message(peer_id, message):
+        """A peer's message, to the one part that handles its type. A type no part handles (a peer of another
+        version, or one that misbehaves) is counted and logged, and the link goes on."""
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            self.messages_unknown += 1
+            log.warning("a peer sent a message no part of the cluster handles; ignored",
+                        extra={"peer": peer_id, "type": type(message).__name__})
             return
-        elif self.backups.on_message(peer_id, message):
-            return
-        elif not self.replicas.on_message(peer_id, message):
-            await self.dispatcher.on_message(peer_id, message)
-            await self.handoff.on_message(peer_id, message)
+        result = handler(peer_id, message)
+        if isinstance(result, Awaitable):
+            await result
+
+    def _progress_arrived(self, peer_id: str, message: ProgressReport) -> None:
+        self.peers[peer_id] = message
+
+    def _status_asked(self, peer_id: str, message: StatusQuery) -> None:
+        detail = self.summary()
+        if detail is not None:
+            self.links.send_nowait(peer_id, status_report(message.seq, detail))
+
+    def _status_arrived(self, peer_id: str, message: StatusReport) -> None:
+        self.details[peer_id] = (trio.current_time(), status_dict(message))
+
+    def _no_lanes(self, peer_id: str, message: Message) -> None:
+        """A lane message to a node that holds no per-address limits (`ip_connections` 0): nothing to lend."""
+        log.debug("a lane message to a node without lanes; ignored", extra={"peer": peer_id})
 
 
 #: In the data dir: the wall time until which lanes this node lent to others may still be in use.

@@ -75,7 +75,8 @@ class ClusterStatus:
                       "idle_closes": self.links.idle_closes, "evictions": self.links.evictions,
                       "datagrams": self.links.datagrams, "datagrams_sent": self.links.datagrams_sent,
                       "datagrams_received": self.links.datagrams_received,
-                      "datagrams_refused": self.links.datagrams_refused},
+                      "datagrams_refused": self.links.datagrams_refused,
+                      "messages_unknown": self.messages_unknown},
             "lanes": self.lanes.status() if self.lanes is not None else None,
             "settings": {"sent": self.settings_sent, "adopted": self.settings_adopted,
                          "refused": self.settings_refused},
@@ -158,7 +159,7 @@ class ClusterStatus:
 
     def _detail_of(self, node: str, state: MemberState) -> dict[str, Any] | None:
         if node == self.node_id:
-            return self.summary() if self.summary is not None else None
+            return self.summary()
         if not state.owns_arcs and state is not MemberState.LEAVING:
             return None
         got = self.details.get(node)

@@ -43,9 +43,8 @@ class ReplicaHolding:
         def unwanted(position: int) -> bool:
             return me not in ring.holders_at(position, max(1, copies), zones)
 
-        dropped = self.store.replicas.drop_where(unwanted, passing=self.pass_on)
-        if self.pass_on is not None:
-            self.urls_passed_on += dropped
+        dropped = self.store.replicas.drop_where(unwanted, passing=self.delegate.pass_on)
+        self.urls_passed_on += dropped
         self._gc_ring = ring
         if dropped:
             log.info("replicas of positions no longer backed here passed on to their owners and dropped",
@@ -91,12 +90,12 @@ class ReplicaHolding:
         if fold:
             self._journaled_at = None
         self._held_epoch = max(self._held_epoch, message.epoch)
-        if released and self.on_marked is not None:
-            self.on_marked(released)
+        if released:
+            self.delegate.marked_seen(released)
         self.urls_held += len(items)
         self.releases_held += len(released)
-        if items and self.on_held is not None:
-            self.on_held(peer_id, message.epoch, items)
+        if items:
+            self.delegate.held_from(peer_id, message.epoch, items)
         # committed: it survives this process's death (backupconfig.py, the note after FULL, says why no fsync
         # waits before the ack)
         self.links.send_nowait(peer_id, ReplicaAck(seq=message.seq))  # if lost, the owner re-sends: ack again

@@ -56,12 +56,13 @@ from ring import Zones, host_position
 from storage import NodeStore, QueuedUrl, queued_url_keys
 
 from peer.cluster.replicas.queueconfig import (
-    BACKUPS_CACHE, FOLD_AGE, FOLD_ENTRIES, FULL, GC_DELAY, INTERVAL, MAX_STAGED, RESEND_AFTER, Backup, Ticket, merged,
+    BACKUPS_CACHE, FOLD_AGE, FOLD_ENTRIES, FULL, GC_DELAY, INTERVAL, MAX_STAGED, RESEND_AFTER, Backup, QueueAlone, QueueDelegate,
+    Ticket, merged,
 )
 from peer.cluster.replicas.queueholding import ReplicaHolding
 from peer.cluster.replicas.queuesending import ReplicaSending
 
-__all__ = ["FOLD_AGE", "FOLD_ENTRIES", "FULL", "GC_DELAY", "QueueReplicas", "Ticket"]
+__all__ = ["FOLD_AGE", "FOLD_ENTRIES", "FULL", "GC_DELAY", "QueueAlone", "QueueDelegate", "QueueReplicas", "Ticket"]
 
 # its records keep the logger name they have always had (operators filter on it)
 log = logging.getLogger("peer.cluster.backups")
@@ -85,6 +86,7 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
         limits: Limits | None = None,
         zones_of: Callable[[], Zones] = Zones,
         seen_copies: int = 0,
+        delegate: QueueDelegate | None = None,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -102,20 +104,8 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
         self.limits = limits or Limits()
         self._backups: dict[str, Backup] = {}
         self._tickets: list[Ticket] = []  # those with callbacks waiting (`then`)
-        # called with each URL whose release is staged: the cluster sends its seen key to the seen-key replicas
-        # only then, so no backup holds a page as seen while the links it queued may be lost with this node; with
-        # the backups the release went to (they mark the key seen with it)
-        self.on_released: Callable[[QueuedUrl, bytes, frozenset[str]], None] | None = None
-        # called with the keys a peer's replica marks seen here (its releases and fetched pages' marks): the
-        # hand-off keeps them through the drop of arcs it is handing over (`Handoff.marked_seen`)
-        self.on_marked: Callable[[Sequence[bytes]], None] | None = None
-        # given the URLs of replicas this node no longer backs, before they are dropped (`collect`): the cluster
-        # sends each to its owner (`Dispatcher.pass_on`)
-        self.pass_on: Callable[[list[QueuedUrl]], None] | None = None
-        # given (the peer, the view epoch its message was sent under, the URLs) of each replica message held
-        # here: URLs their owner has durably queued, which the crawler need not route to it again
-        # (`Cluster._held_from`)
-        self.on_held: Callable[[str, int, list[QueuedUrl]], None] | None = None
+        # what the replicas tell the cluster: a release staged, seen marks held, replicas passed on, URLs held
+        self.delegate: QueueDelegate = delegate if delegate is not None else QueueAlone()
         # releases waiting for their page's links: ({owner: outbox seq at the commit}, the links' ticket, URL)
         self._releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]] = []
         # Whether a held release may have become ready since `_stage_releases` last looked: a release waits for
@@ -297,8 +287,7 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
             for backup in sorted(backups):
                 self._stage(backup, (key, item, True))
             self._wake_for(backups)
-        if self.on_released is not None:
-            self.on_released(item, key, frozenset(backups))
+        self.delegate.release_staged(item, key, frozenset(backups))
 
     def mark_seen(self, backup: str, keys: Sequence[bytes]) -> bool:
         """`backup` is to hold `keys` (of pages fetched here) as seen: sent like a release, in its FIFO,
