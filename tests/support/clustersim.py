@@ -381,7 +381,7 @@ class SimNode:
             rng=random.Random(sim.seed * 1000 + self.index * 10 + self.starts),
             wall_clock=self.wallclock, points_per_weight=sim.points_per_weight,
         )
-        cluster.finished = _WatchedEvent(lambda: sim.on_finished(self))  # type: ignore[assignment]
+        cluster.termination.finished = _WatchedEvent(lambda: sim.on_finished(self))  # type: ignore[assignment]
         if not sim.replicate:
             cluster.replicas.copies = 0  # no seen-key replicas either (the slow-network run)
         crawler = Crawler(cfg, fetcher=SimFetcher(self.node_id, sim.web, sim.ledger), store=self.store,

@@ -47,12 +47,10 @@ from peer.cluster.handoff.handoff import Handoff, HandoffConfig, Hold
 from peer.cluster.core.lanes import LEASE, FleetLanes
 from peer.cluster.membership.membership import Membership, MembershipConfig
 from peer.cluster.net.peerlinks import LinkConfig
-from peer.cluster.core.progress import ProgressTree
 from peer.cluster.replicas.seenreplicas import REPLICA_COPIES, SeenReplicas
-from peer.cluster.core.report import status_dict, status_report
 from peer.cluster.core.rings import RingCache, ring_id
 from peer.cluster.core.settingsgossip import SettingsGossip
-from peer.cluster.core.termination import Termination
+from peer.cluster.core.termination import LINGER_TIMEOUT, Termination
 from peer.cluster.net.transport import TcpTransport, TlsFiles, Transport
 from peer.cluster.core.viewchanges import ViewChanges
 
@@ -99,7 +97,7 @@ class _Owners:
             return owner
 
 
-class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
+class Cluster(ViewChanges):
     """One node's membership in the cluster. Build it, `attach` the crawler, then `await nursery.start(run)`."""
 
     def __init__(
@@ -195,18 +193,17 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         # URLs of peers' replicas the crawler learnt are queued at their owner, so not routed there (`held_from`)
         self.urls_known_elsewhere = 0
         self.address: str | None = None
-        self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
         self.ready = trio.Event()  # joined (or started a new cluster) and seeded: progress waves may begin
         self._ready_at: float | None = None  # when `ready` was set (see `_fresh`)
         self.leaving = False
         self.view_changes = 0
         self.hosts_swept = 0
-        self.peers: dict[str, ProgressReport] = {}  # the latest report of each peer (asked while someone looks)
-        self._seq = 0
-        self.progress = ProgressTree(node_id, members=lambda: (self._ring_id, self._order),
-                                     local=self._wave_local, send=self._send_to, concluded=self._conclude,
-                                     suspect=self._suspect)
-        self._leaving_since: dict[str, float] = {}  # peer -> when this node first saw it LEAVING
+        # progress reports, the waves over the tree of the ring's members, and concluding the crawl is finished
+        self.termination = Termination(
+            node_id, view=lambda: self.view, members=lambda: (self._ring_id, self._order), links=self.links,
+            dispatcher=self.dispatcher, handoff=self.handoff, crawler=lambda: self.crawler, stats=stats,
+            queued=lambda: len(store.frontier), ready=self.ready)
+        self.progress = self.termination.progress
         # (when, dead node, URLs promoted): each arc inherited from a dead node, promoted from its replicas
         self.promotions: list[tuple[float, str, int]] = []
         self._routed_to: set[str] = set()  # owners of the links routed by the page being committed
@@ -214,18 +211,62 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         self.fence = PartitionFence(node_id, view=lambda: self.view, last_heard=self.membership.last_heard,
                                     suspicion_timeout=cfg.suspicion_timeout, probe_interval=cfg.probe_interval,
                                     majority_heard=lambda: self.progress.contact_at)
-        # The dashboard: this node's detailed status (the node's; none when the cluster is built alone), its peers'
-        # latest, and until when to ask.
-        self.summary = summary
-        self.details: dict[str, tuple[float, dict[str, Any]]] = {}  # peer -> (trio time received, status)
-        self._asked_at = float("-inf")  # when peers were last asked for their detailed status
-        self._slices: tuple[int, list[dict[str, float]]] | None = None  # (ring id, the ring folded)
-        self.settings_sent = 0
-        self.settings_adopted = 0
-        self.settings_refused = 0
-        self._gossip_rng = random.Random(f"{node_id}:settings")  # whom the settings are repeated to
+        # the crawl settings sent to the peers at each change and repeated as gossip
+        self.gossip = SettingsGossip(node_id, links=self.links, view=lambda: self.view, live_peers=self.live_peers,
+                                     crawler=lambda: self.crawler)
         self.messages_unknown = 0  # peers' messages of a type no part handles
+        # `/status`'s cluster part and the dashboard's `/cluster`, with what the peers tell of themselves; the
+        # node's summary is its detailed status (none when the cluster is built alone)
+        self.statuses = ClusterStatus(
+            node_id, facts=self, links=self.links, dispatcher=self.dispatcher, handoff=self.handoff,
+            replicas=self.replicas, backups=self.backups, fence=self.fence, lanes=self.lanes, gossip=self.gossip,
+            termination=self.termination, live_peers=self.live_peers, summary=summary)
         self._handlers = self._message_table()
+
+    # -- the parts' faces: what the node and the control routes ask of the cluster ----------------------------
+
+    def status(self) -> dict[str, Any]:
+        """`/status`'s cluster part (`ClusterStatus.status`)."""
+        return self.statuses.status()
+
+    def cluster_status(self, *, detail: bool = False) -> dict[str, Any]:
+        """Every member as this node knows it (`ClusterStatus.cluster_status`)."""
+        return self.statuses.cluster_status(detail=detail)
+
+    def watched(self) -> None:
+        """Someone looks at the cluster: the peers are asked for their detailed status (`ClusterStatus.watched`)."""
+        self.statuses.watched()
+
+    def transfers(self) -> list[dict[str, Any]]:
+        return self.statuses.transfers()
+
+    def shares(self) -> dict[str, tuple[float, float]]:
+        return self.statuses.shares()
+
+    def share_settings(self, peers: Iterable[str] | None = None) -> int:
+        """Send the crawl settings in force to `peers`, every live peer by default (`SettingsGossip.share`)."""
+        return self.gossip.share(peers)
+
+    def local_progress(self, seq: int = 0) -> ProgressReport:
+        return self.termination.local_progress(seq)
+
+    async def linger(self, timeout: float = LINGER_TIMEOUT) -> None:
+        """After concluding, keep answering the progress tree a while (`Termination.linger`)."""
+        await self.termination.linger(timeout)
+
+    @property
+    def finished(self) -> trio.Event:
+        """Set once the whole cluster's crawl is finished (`Termination.finished`)."""
+        return self.termination.finished
+
+    @property
+    def current_ring_id(self) -> int:
+        """The current ring's id (`ring_id`): the progress waves and the dashboard's ring picture follow it."""
+        return self._ring_id
+
+    def live_peers(self) -> list[str]:
+        """The other members of this node's view that own arcs."""
+        return [m.node_id for m in self.view.members if m.node_id != self.node_id and m.state.owns_arcs]
 
     def link_busy(self, peer_id: str) -> bool:
         """Whether the link to `peer_id` must not be closed for idleness: URL batches to it wait for their ack,
@@ -435,12 +476,12 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
             await nursery.start(self.progress.serve)
             nursery.start_soon(self._note_ready)
             nursery.start_soon(self._follow_views, watch)
-            nursery.start_soon(self._progress_loop)
+            nursery.start_soon(self.termination.run)
             nursery.start_soon(self._sweep_loop)
             nursery.start_soon(self.fence.contact_loop)
             if self.lanes is not None:
                 nursery.start_soon(self._lanes_loop)
-            nursery.start_soon(self._settings_loop)
+            nursery.start_soon(self.gossip.run)
             log.info("cluster member listening", extra={"node_id": self.node_id, "address": self.address})
             task_status.started(self.address)
 
@@ -504,11 +545,11 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         table: dict[type, Handler] = {
             ProgressWave: self.progress.on_wave,
             ProgressTally: self.progress.on_tally,
-            ProgressQuery: lambda peer_id, m: self.links.send_nowait(peer_id, self.local_progress(m.seq)),
-            ProgressReport: self._progress_arrived,
-            StatusQuery: self._status_asked,
-            StatusReport: self._status_arrived,
-            Settings: self._settings_arrived,
+            ProgressQuery: self.termination.asked,
+            ProgressReport: self.statuses.progress_arrived,
+            StatusQuery: self.statuses.asked,
+            StatusReport: self.statuses.arrived,
+            Settings: self.gossip.arrived,
             UrlBatch: self.dispatcher.on_message,
             BatchAck: self.dispatcher.on_message,
             HandoffChunk: self.handoff.on_message,
@@ -534,17 +575,6 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         result = handler(peer_id, message)
         if isinstance(result, Awaitable):
             await result
-
-    def _progress_arrived(self, peer_id: str, message: ProgressReport) -> None:
-        self.peers[peer_id] = message
-
-    def _status_asked(self, peer_id: str, message: StatusQuery) -> None:
-        detail = self.summary()
-        if detail is not None:
-            self.links.send_nowait(peer_id, status_report(message.seq, detail))
-
-    def _status_arrived(self, peer_id: str, message: StatusReport) -> None:
-        self.details[peer_id] = (trio.current_time(), status_dict(message))
 
     def _no_lanes(self, peer_id: str, message: Message) -> None:
         """A lane message to a node that holds no per-address limits (`ip_connections` 0): nothing to lend."""

@@ -2,21 +2,25 @@
 every live peer at each change and to a member that joins, repeated as gossip to a few peers at random, and a
 record from a peer adopted when it ranks above the one in force (docs/operations.md, "Steering a running crawl").
 
-A mixin of `peer.cluster.core.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
+`SettingsGossip` is a part of `peer.cluster.core.cluster.Cluster`, built with what it uses: the links, the view
+(for the peers' addresses), the live peers, and the crawler that holds the settings in force (`SettingsHolder`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import random
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import trio
 
-from protocol import Settings
+from protocol import Message, Settings
+from ring import View
 
 from peer.crawl.settings import CrawlSettings, SettingsError
 
-__all__ = ["SETTINGS_FANOUT", "SETTINGS_INTERVAL", "SettingsGossip"]
+__all__ = ["SETTINGS_FANOUT", "SETTINGS_INTERVAL", "GossipLinks", "SettingsGossip", "SettingsHolder"]
 
 # the cluster's records keep the logger name they have always had (operators filter on it)
 log = logging.getLogger("peer.cluster.cluster")
@@ -29,41 +33,76 @@ SETTINGS_INTERVAL = 5.0
 SETTINGS_FANOUT = 3
 
 
+class GossipLinks(Protocol):
+    """What the settings' gossip needs of `PeerLinks`."""
+
+    def send_nowait(self, peer_id: str, message: Message, *, address: str | None = None) -> bool: ...
+
+
+class SettingsHolder(Protocol):
+    """What the settings' gossip needs of the crawler: the settings in force, and adopting a peer's."""
+
+    settings: CrawlSettings
+
+    def adopt(self, settings: CrawlSettings) -> bool: ...
+
+
 class SettingsGossip:
     """Sharing the crawl settings with the peers."""
 
-    # -- crawl settings -----------------------------------------------------------------------------------
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        links: GossipLinks,
+        view: Callable[[], View],
+        live_peers: Callable[[], list[str]],
+        crawler: Callable[[], SettingsHolder | None],
+    ) -> None:
+        self.links = links
+        self._view = view  # () -> this node's current view (a peer's address)
+        self._live_peers = live_peers  # () -> the other members that own arcs
+        self._crawler = crawler  # () -> the crawler once attached, or None (nothing to share yet)
+        self._rng = random.Random(f"{node_id}:settings")  # whom the settings are repeated to
+        self.sent = 0
+        self.adopted = 0
+        self.refused = 0
 
-    def share_settings(self, peers: Iterable[str] | None = None) -> int:
+    def share(self, peers: Iterable[str] | None = None) -> int:
         """Send the crawl settings in force to `peers` (every live peer by default); the number sent."""
-        if self.crawler is None:
+        crawler = self._crawler()
+        if crawler is None:
             return 0
-        current = self.crawler.settings
+        current = crawler.settings
         message = Settings(version=current.version, origin=current.origin, body=current.body())
+        view = self._view()
         sent = 0
         for peer in (self._live_peers() if peers is None else peers):
-            member = self.view.member(peer)
+            member = view.member(peer)
             sent += bool(self.links.send_nowait(peer, message, address=member.address if member else None))
-        self.settings_sent += sent
+        self.sent += sent
         return sent
 
-    async def _settings_loop(self) -> None:
+    async def run(self) -> None:
+        """Repeat the settings to a few live peers at random every `SETTINGS_INTERVAL`, until cancelled."""
         while True:
             await trio.sleep(SETTINGS_INTERVAL)
             peers = self._live_peers()
-            self.share_settings(self._gossip_rng.sample(peers, min(SETTINGS_FANOUT, len(peers))))
+            self.share(self._rng.sample(peers, min(SETTINGS_FANOUT, len(peers))))
 
-    def _settings_arrived(self, peer_id: str, message: Settings) -> None:
-        if self.crawler is None:
+    def arrived(self, peer_id: str, message: Settings) -> None:
+        """A peer's settings: adopted if they rank above those in force; a peer behind gets ours at once."""
+        crawler = self._crawler()
+        if crawler is None:
             return
         try:
             settings = CrawlSettings.from_record(message.version, message.origin, message.body)
         except SettingsError as exc:
-            self.settings_refused += 1
+            self.refused += 1
             log.warning("a peer sent crawl settings this node cannot use; ignored",
                         extra={"peer": peer_id, "error": str(exc)})
             return
-        if self.crawler.adopt(settings):
-            self.settings_adopted += 1
-        elif settings.rank() < self.crawler.settings.rank():
-            self.share_settings([peer_id])  # the sender is behind: it gets ours now, not at the next round
+        if crawler.adopt(settings):
+            self.adopted += 1
+        elif settings.rank() < crawler.settings.rank():
+            self.share([peer_id])  # the sender is behind: it gets ours now, not at the next round

@@ -174,9 +174,9 @@ class ViewChanges:
         self.dispatcher.wake()
         # a member that joined gets the crawl settings at once (the others have them: they are not sent again)
         before = {m.node_id for m in old_view.members if m.state.owns_arcs}
-        joined = [peer for peer in self._live_peers() if peer not in before]
+        joined = [peer for peer in self.live_peers() if peer not in before]
         if joined:
-            self.share_settings(joined)
+            self.gossip.share(joined)
 
     def _promote(self, inherited: dict[str, ArcSet]) -> int:
         """Arcs this node inherits from dead members (per dead node, from `plan_view`): their queued URLs come out
