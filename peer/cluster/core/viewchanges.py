@@ -129,9 +129,9 @@ class ViewChanges:
                 # without us and without whoever was on our side. Its members come back to our view as they
                 # refute our record of them: our arcs came from the owners in the ring of the members that
                 # were not ours before this change, as well as from those of the ring without us (above). We
-                # wait for their hand-offs, which carry the timers of their last requests (the partition
-                # simulation, seed 42: the hold after the heal ran out 1.5 s after the heir's last request to
-                # a host with a 2 s Crawl-delay, and this node fetched it).
+                # wait for their hand-offs, which carry the timers of their last requests: the hold after the
+                # heal may run out sooner after the heir's last request to a host than the host's Crawl-delay,
+                # and without those timers this node would fetch it too early.
                 before_members = {m.node_id for m in old_view.members if m.state.owns_arcs}
                 back = {n: w for n, w in new_ring.weights.items() if n not in before_members and n != self.node_id}
                 if back:

@@ -115,9 +115,9 @@ class Receiving:
         if keys:
             # A key sent as seen was fetched (or given up) by the previous owner: if a peer's batch queued that
             # URL here before this chunk came, it must not be fetched again. Nor if the crawler took it from the
-            # queue and holds it parked: a node back from a partition had popped a host's first page before the
-            # split and waited for robots.txt, the fence and the hand-off, and then fetched the page the heir had
-            # fetched during the split (the partition simulation, seed 42: four pages).
+            # queue and holds it parked: a node back from a partition may have popped a host's first page before
+            # the split and waited since for robots.txt, the fence and the hand-off, while the heir fetched that
+            # page during the split. Unparking the arc makes the crawler look at the dedup store again.
             self.delegate.unpark(start, end)
             wanted = set(keys)
             queued_here, _ = self.store.frontier.export_arc(start, end)

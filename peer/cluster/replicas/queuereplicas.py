@@ -230,9 +230,9 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
         """A view change re-keyed outbox entries to `owners` (new sequence numbers) and admitted some here (their
         replicas under `ticket`). The links a held release waits for may be among them: counted by sequence
         number at the page's commit, they would pass for acknowledged once they left their old owner's queue,
-        and the page was released while its links lived only in this node's outbox (the replica simulation,
-        seed 27: two of them lost when the node died a second later). So every release that waits for routed
-        links now also waits for each of `owners` up to the outbox's last entry, and for `ticket`."""
+        and the page would be released while its links live only in this node's outbox: lost if the node dies
+        before they are acknowledged. So every release that waits for routed links also waits for each of
+        `owners` up to the outbox's last entry, and for `ticket`."""
         owners = tuple(owners)
         if not self._releases or not (owners or ticket is not None):
             return
