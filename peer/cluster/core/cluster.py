@@ -169,6 +169,7 @@ class Cluster(ViewChanges):
             node_id, store, self.links, ring_of=self.ring_of,
             config=DispatchConfig(batch_size=cfg.batch_size, interval=cfg.dispatch_interval),
             on_admitted=self._admitted, backups=self.backups, syncs=self.syncs,
+            answered_by=lambda: self.crawler.answered if self.crawler is not None else None,
         )
         # the hand-off asks the cluster (its delegate) what is busy, who owns what, and where keys go
         self.handoff = Handoff(node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait),
@@ -281,7 +282,6 @@ class Cluster(ViewChanges):
     def attach(self, crawler: Crawler) -> None:
         """The crawler this cluster wakes when work arrives (built with `ownership=cluster`)."""
         self.crawler = crawler
-        self.dispatcher.answered = crawler.answered
 
     def route(self, item: QueuedUrl) -> None:
         self.dispatcher.route(item)
