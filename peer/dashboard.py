@@ -4,7 +4,7 @@ The dashboard is one static HTML file (`dashboard.html`, package data: no build 
 outside) that the control endpoint serves at ``GET /``. It polls ``GET /cluster`` (``GET /status`` on a
 standalone node) with the control token, and any node answers for the whole cluster: each node describes itself
 with `NodeWatch.summary`, and a node that is watched asks its peers for theirs (``StatusQuery`` /
-``StatusReport``, peer/cluster.py).
+``StatusReport``, peer/cluster/core/report.py).
 
 `NodeWatch` samples once a second what a summary needs over time: the pages fetched in each of the last
 `HISTORY_SECONDS` seconds (the pages/s chart), the URLs sent to each peer (the flows of the last `FLOW_WINDOW`

@@ -43,9 +43,9 @@ from storage import (
     running_marker,
 )
 
-from peer.cluster.cluster import Cluster, ClusterError
-from peer.cluster.discovery import DiscoveryError, srv_seeds
-from peer.cluster.transport import TransportError
+from peer.cluster.core.cluster import Cluster, ClusterError
+from peer.cluster.net.discovery import DiscoveryError, srv_seeds
+from peer.cluster.net.transport import TransportError
 from peer.config import Config, ConfigError, parse_address, read_control_token, read_secret, read_seeds
 from peer.control import load_or_create_token, serve_control
 from peer.crawl.crawler import Crawler
@@ -107,7 +107,7 @@ def _lock_data_dir(path: Path, node_id: str, stack: ExitStack) -> None:
         id_file.write_text(node_id + "\n")
 
 
-class Node(ControlRoutes):
+class Node:
     """The composition of one node's parts; ``run()`` is its lifetime."""
 
     def __init__(self, cfg: Config) -> None:
@@ -126,9 +126,21 @@ class Node(ControlRoutes):
         self.store_releases = 0  # times the store's mapped pages were handed back (store_resident_mib)
         self._stop = trio.Event()
         self._leave = trio.Event()
+        self.control = ControlRoutes(self)  # the control endpoint's routes and what they show of this node
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    def request_leave(self) -> None:
+        self._leave.set()
+
+    def status(self) -> dict[str, Any]:
+        """What `/status` shows (`ControlRoutes.status`)."""
+        return self.control.status()
+
+    def summary(self) -> dict[str, Any]:
+        """This node as the dashboard shows it (`ControlRoutes.summary`)."""
+        return self.control.summary()
 
     # -------------------------------------------------------------- lifetime
 
@@ -182,7 +194,7 @@ class Node(ControlRoutes):
                                     "hand-offs are stored in the same transactions as the seen-set")
                 try:
                     self.cluster = Cluster(cfg, node_id=self.node_id, store=store, secret=secret, stats=self.stats,
-                                           syncs=syncs)
+                                           syncs=syncs, summary=self.summary)
                 except TransportError as exc:
                     raise NodeError(str(exc)) from exc
             async with Fetcher(
@@ -202,9 +214,8 @@ class Node(ControlRoutes):
                 )
                 if cluster is not None:
                     cluster.attach(crawler)
-                    cluster.summary = self.summary
                 recovered = crawler.restore()
-                self.watch = NodeWatch(lambda: self.stats.pages, self._sent, trio.current_time())
+                self.watch = NodeWatch(lambda: self.stats.pages, self.control.sent, trio.current_time())
                 self._record_dropped(crawler.dropped_urls)
                 configured_token = read_control_token(cfg)
                 try:
@@ -221,7 +232,7 @@ class Node(ControlRoutes):
                                     "to listen on %s", chost, extra={"control": cfg.control})
                         chost = "127.0.0.1"
                     self.control_port = await nursery.start(
-                        functools.partial(serve_control, chost, cport, self._routes(), token=token)
+                        functools.partial(serve_control, chost, cport, self.control.routes(), token=token)
                     )
                     (self.data_dir / "control.addr").write_text(f"{chost}:{self.control_port}\n")
                     await nursery.start(self._syncs, syncs)

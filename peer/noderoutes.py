@@ -2,7 +2,8 @@
 health, stop, join and leave, and steering: settings, scope, pause, resume, seeds), what `/status` and the
 dashboard show of this node (`status`, `summary`), and its metrics (docs/operations.md has every route).
 
-A mixin of `peer.node.Node`: it works on the node's attributes, set in `Node.__init__` and `Node.run`.
+`ControlRoutes` is a part of `peer.node.Node`, built with the node (`RoutedNode`: what the routes read of it, as
+the parts are made in `Node.run`, and the two requests they make of it, stop and leave).
 """
 
 from __future__ import annotations
@@ -10,29 +11,23 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from peer.cluster.cluster import ClusterError
-from peer.config import ConfigError, parse_address
+from peer.cluster.core.cluster import Cluster, ClusterError
+from peer.config import Config, ConfigError, parse_address
 from peer.control import Reply, json_reply
+from peer.crawl.crawler import Crawler
+from peer.crawl.pageworkers import PageWorkers
 from peer.crawl.settings import CONFIG_VERSION_FOUNDER, SettingsError
-from peer.dashboard import STALL_AFTER, file_rss_bytes, page, rss_bytes, slow_hosts
-from peer.stats import StatsCollector
+from peer.dashboard import STALL_AFTER, NodeWatch, file_rss_bytes, page, rss_bytes, slow_hosts
+from peer.fetch.dns import CachingResolver
+from peer.stats import Stats, StatsCollector
 
-if TYPE_CHECKING:
-    from peer.cluster import Cluster
-    from peer.config import Config
-    from peer.crawl.crawler import Crawler
-    from peer.crawl.pageworkers import PageWorkers
-    from peer.dashboard import NodeWatch
-    from peer.fetch.dns import CachingResolver
-    from peer.stats import Stats
-
-__all__ = ["MAX_SEEDS_PER_REQUEST", "ControlRoutes"]
+__all__ = ["MAX_SEEDS_PER_REQUEST", "ControlRoutes", "RoutedNode"]
 
 #: Seeds per POST /seed (the body is at most 1 MiB; `peerctl seed --file` sends a long list in parts).
 MAX_SEEDS_PER_REQUEST = 5_000
@@ -47,34 +42,39 @@ _PAGE_HEADERS = (
 )
 
 
+class RoutedNode(Protocol):
+    """What the control routes read of the node (`peer.node.Node` has each): its settings and counters, and its
+    parts once `Node.run` has made them (None before, and for a standalone node's cluster)."""
+
+    cfg: Config
+    node_id: str
+    started_wall: float  # when the node started (wall clock)
+    store_releases: int  # times the store's mapped pages were handed back
+    stats: Stats
+    crawler: Crawler | None
+    cluster: Cluster | None
+    resolver: CachingResolver | None
+    page_workers: PageWorkers | None
+    watch: NodeWatch | None
+
+    def request_stop(self) -> None: ...
+
+    def request_leave(self) -> None: ...
+
+
 class ControlRoutes:
     """The control endpoint's routes, and what they show of the node."""
 
-    if TYPE_CHECKING:
-        # What this part uses of the Node it is mixed into: attributes and its other parts' methods.
-        cfg: Config
-        cluster: Cluster | None
-        crawler: Crawler | None
-        _leave: trio.Event
-        node_id: str
-        page_workers: PageWorkers | None
-        resolver: CachingResolver | None
-        started_wall: float
-        stats: Stats
-        store_releases: int
-        watch: NodeWatch | None
-
-        def request_stop(self) -> None: ...
-
-    # -------------------------------------------------------------- control routes
+    def __init__(self, node: RoutedNode) -> None:
+        self.node = node
 
     def status(self) -> dict[str, Any]:
-        c = self.crawler
+        c = self.node.crawler
         assert c is not None
         out: dict[str, Any] = {
-            "node_id": self.node_id,
-            "weight": self.cfg.weight,
-            "uptime": round(time.time() - self.started_wall, 1),
+            "node_id": self.node.node_id,
+            "weight": self.node.cfg.weight,
+            "uptime": round(time.time() - self.node.started_wall, 1),
             "done": c.is_done(),
             "queue": {"urls": len(c.frontier), "in_flight": c.frontier.in_flight(),
                       "hosts_waiting": len(c.sched), "hosts_known": len(c.sched.turns),
@@ -82,16 +82,16 @@ class ControlRoutes:
             "seen_urls": len(c.dedup),
             "settings": {"version": c.settings.version, "paused": c.settings.paused},
             "revisit": c.revisit_status(),
-            "store_resident": {"file_rss": file_rss_bytes(), "limit": self.cfg.store_resident_mib << 20,
-                               "released": self.store_releases},
+            "store_resident": {"file_rss": file_rss_bytes(), "limit": self.node.cfg.store_resident_mib << 20,
+                               "released": self.node.store_releases},
         }
-        out.update(self.stats.as_dict())
-        workers = self.page_workers
+        out.update(self.node.stats.as_dict())
+        workers = self.node.page_workers
         out["page_workers"] = workers.status() if workers is not None else {"processes": 0}
-        if self.resolver is not None:
-            out["dns"] = self.resolver.stats.as_dict()
-        out["cluster"] = self.cluster.status() if self.cluster is not None else {"enabled": False}
-        if self.cluster is not None:
+        if self.node.resolver is not None:
+            out["dns"] = self.node.resolver.stats.as_dict()
+        out["cluster"] = self.node.cluster.status() if self.node.cluster is not None else {"enabled": False}
+        if self.node.cluster is not None:
             out["done"] = out["cluster"]["done"]
         out["detail"] = self.summary()
         out["stall_after"] = STALL_AFTER
@@ -99,24 +99,24 @@ class ControlRoutes:
 
     def _metric_families(self) -> Iterator[Any]:
         """The dashboard's figures as Prometheus metrics (deploy/grafana/ draws them)."""
-        c = self.crawler
+        c = self.node.crawler
         if c is None:
             return
         for name, doc, hits, misses in (
-            ("dns_cache", "DNS cache", self.resolver.stats.hits if self.resolver else 0,
-             self.resolver.stats.misses if self.resolver else 0),
+            ("dns_cache", "DNS cache", self.node.resolver.stats.hits if self.node.resolver else 0,
+             self.node.resolver.stats.misses if self.node.resolver else 0),
             ("robots_cache", "robots.txt cache", c.robots.hits, c.robots.misses),
         ):
             yield CounterMetricFamily(f"peercrawl_{name}_hits", f"{doc} look-ups answered from the cache", value=hits)
             yield CounterMetricFamily(f"peercrawl_{name}_misses", f"{doc} look-ups not in the cache", value=misses)
-        if self.watch is not None:
+        if self.node.watch is not None:
             yield GaugeMetricFamily("peercrawl_seconds_since_last_page", "Seconds since a page last came in",
-                                    value=self.watch.idle_for(trio.current_time()))
-        cluster = self.cluster
+                                    value=self.node.watch.idle_for(trio.current_time()))
+        cluster = self.node.cluster
         if cluster is None:
             return
         sent = CounterMetricFamily("peercrawl_urls_sent", "URLs sent to each peer (their owner)", labels=["peer"])
-        for peer, n in sorted(self._sent().items()):
+        for peer, n in sorted(self.sent().items()):
             sent.add_metric([peer], n)
         yield sent
         yield GaugeMetricFamily("peercrawl_handoff_outstanding", "Hand-off chunks not yet acknowledged",
@@ -138,41 +138,41 @@ class ControlRoutes:
         yield weight
         yield member
 
-    def _sent(self) -> dict[str, int]:
-        return dict(self.cluster.dispatcher.stats.urls_sent) if self.cluster is not None else {}
+    def sent(self) -> dict[str, int]:
+        return dict(self.node.cluster.dispatcher.stats.urls_sent) if self.node.cluster is not None else {}
 
     def summary(self) -> dict[str, Any]:
-        """This node as the dashboard shows it (peers send theirs as a StatusReport: peer/cluster.py)."""
-        c = self.crawler
+        """This node as the dashboard shows it (peers send theirs as a StatusReport: peer/cluster/core/report.py)."""
+        c = self.node.crawler
         assert c is not None
         now = trio.current_time()
-        watch = self.watch
+        watch = self.node.watch
         window, recent = watch.sent_recent(now) if watch is not None else (0.0, {})
         turns = c.sched.turns
-        dns = self.resolver.stats if self.resolver is not None else None
+        dns = self.node.resolver.stats if self.node.resolver is not None else None
         return {
-            "pages": self.stats.pages,
-            "bytes": self.stats.bytes,
+            "pages": self.node.stats.pages,
+            "bytes": self.node.stats.bytes,
             "queued": len(c.frontier),
             "in_flight": c.frontier.in_flight(),
             "hosts_queued": sum(1 for t in turns.values() if t.waiting or t.busy),
             "hosts_known": len(turns),
             "rss": rss_bytes(),
             "idle_for": round(watch.idle_for(now), 1) if watch is not None else 0.0,
-            "errors": dict(self.stats.errors),
+            "errors": dict(self.node.stats.errors),
             "dns": {"hits": dns.hits if dns else 0, "misses": dns.misses if dns else 0},
             "robots": {"hits": c.robots.hits, "misses": c.robots.misses},
             "history": watch.history() if watch is not None else [],
             "window": round(window, 2),
-            "sent": self._sent(),
+            "sent": self.sent(),
             "sent_recent": recent,
-            "slow_hosts": slow_hosts(turns, c.frontier.queued, self.cfg.delay),
-            "transfers": self.cluster.transfers() if self.cluster is not None else [],
+            "slow_hosts": slow_hosts(turns, c.frontier.queued, self.node.cfg.delay),
+            "transfers": self.node.cluster.transfers() if self.node.cluster is not None else [],
         }
 
-    def _routes(self):
+    def routes(self) -> dict[tuple[str, str], Any]:
         registry = CollectorRegistry(auto_describe=True)
-        registry.register(StatsCollector(self.stats, lambda: self.crawler.gauges() if self.crawler else {},
+        registry.register(StatsCollector(self.node.stats, lambda: self.node.crawler.gauges() if self.node.crawler else {},
                                          self._metric_families))
         ProcessCollector(registry=registry)  # process_resident_memory_bytes, CPU seconds, open files
 
@@ -186,25 +186,25 @@ class ControlRoutes:
             return Reply(content_type="text/plain; version=0.0.4; charset=utf-8", body=generate_latest(registry))
 
         async def health(_body: bytes) -> Reply:
-            return json_reply({"ok": True, "node_id": self.node_id})
+            return json_reply({"ok": True, "node_id": self.node.node_id})
 
         async def stop(_body: bytes) -> Reply:
-            self.request_stop()
+            self.node.request_stop()
             return json_reply({"stopping": True})
 
         def no_cluster() -> Reply:
             return json_reply({"error": "this node runs standalone (no cluster secret)"}, status=409)
 
         async def cluster(_body: bytes) -> Reply:
-            if self.cluster is None:
+            if self.node.cluster is None:
                 return no_cluster()
-            self.cluster.watched()  # peers send their detailed status while someone looks
-            out = self.cluster.cluster_status(detail=True)
+            self.node.cluster.watched()  # peers send their detailed status while someone looks
+            out = self.node.cluster.cluster_status(detail=True)
             out["stall_after"] = STALL_AFTER
             return json_reply(out)
 
         async def join(body: bytes) -> Reply:
-            if self.cluster is None:
+            if self.node.cluster is None:
                 return no_cluster()
             try:
                 seed = str(json.loads(body or b"{}")["seed"])
@@ -212,11 +212,11 @@ class ControlRoutes:
             except (ValueError, KeyError, TypeError, ConfigError) as exc:
                 return json_reply({"error": f"expected a JSON body {{\"seed\": \"HOST:PORT\"}} ({exc})"}, status=400)
             try:
-                await self.cluster.join([seed])
+                await self.node.cluster.join([seed])
             except ClusterError as exc:
                 return json_reply({"error": str(exc)}, status=502)
-            return json_reply({"joined": seed, "members": len(self.cluster.view.members),
-                               "epoch": self.cluster.epoch})
+            return json_reply({"joined": seed, "members": len(self.node.cluster.view.members),
+                               "epoch": self.node.cluster.epoch})
 
         def json_body(body: bytes) -> Any:
             try:
@@ -225,22 +225,22 @@ class ControlRoutes:
                 raise SettingsError(f"the request body is not JSON: {exc}") from exc
 
         def change(changes: Any) -> Reply:
-            crawler = self.crawler
+            crawler = self.node.crawler
             assert crawler is not None
             try:
                 current = crawler.settings
                 new = current.changed(changes, version=max(current.version, CONFIG_VERSION_FOUNDER) + 1,
-                                      origin=self.node_id)
+                                      origin=self.node.node_id)
             except SettingsError as exc:
                 return json_reply({"error": str(exc)}, status=400)
             if new.body() != current.body():  # the same rules again change nothing (and no version)
                 crawler.adopt(new)
-            shared = self.cluster.share_settings() if self.cluster is not None else 0
+            shared = self.node.cluster.share_settings() if self.node.cluster is not None else 0
             return json_reply({"settings": crawler.settings.as_dict(), "peers_told": shared})
 
         async def settings(_body: bytes) -> Reply:
-            assert self.crawler is not None
-            return json_reply({"settings": self.crawler.settings.as_dict()})
+            assert self.node.crawler is not None
+            return json_reply({"settings": self.node.crawler.settings.as_dict()})
 
         async def scope(body: bytes) -> Reply:
             try:
@@ -258,7 +258,7 @@ class ControlRoutes:
             return change({"paused": False})
 
         async def seed(body: bytes) -> Reply:
-            assert self.crawler is not None
+            assert self.node.crawler is not None
             try:
                 urls = json_body(body).get("urls")
                 if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
@@ -269,14 +269,13 @@ class ControlRoutes:
             if len(urls) > MAX_SEEDS_PER_REQUEST:
                 return json_reply({"error": f"at most {MAX_SEEDS_PER_REQUEST} URLs per request, got {len(urls)}"},
                                   status=413)
-            report = self.crawler.add_seeds(urls)
+            report = self.node.crawler.add_seeds(urls)
             return json_reply(report.as_dict())
 
         async def leave(_body: bytes) -> Reply:
-            if self.cluster is None:
+            if self.node.cluster is None:
                 return no_cluster()
-            if not self._leave.is_set():
-                self._leave.set()
+            self.node.request_leave()
             return json_reply({"leaving": True})
 
         return {

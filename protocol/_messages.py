@@ -276,7 +276,7 @@ class ProgressReport:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProgressWave:
     """Asks `members[0]` for the progress of `members`, a contiguous range of `ring`'s members (sorted by node id),
-    answered with one ProgressTally of the same `seq` within `wait` seconds (peer/cluster/progress.py). The range
+    answered with one ProgressTally of the same `seq` within `wait` seconds (peer/cluster/core/progress.py). The range
     travels with the wave, so a receiver that holds another ring (a view change under way) still passes the wave
     on to the same members. `finished`: the root has concluded the crawl finished (an idle receiver on `ring`
     concludes it too). `proof`: how many seconds ago the sender last had proof of contact with a strict majority
@@ -710,11 +710,11 @@ for _code, _field in ((0x10, "urls"), (0x30, "urls")):
 # Version 4: a member carries its failure zone (ring/_zones.py).
 RECORDS_V4: dict[int, Record] = dict(RECORDS_V3)
 RECORDS_V4[0x20] = _record(Gossip, epoch=UInt(), full=Flag(), members=Many(_MEMBER_V4))
-# ... and a lane hand-over the view epoch it was sent from (peer/cluster/lanes.py)
+# ... and a lane hand-over the view epoch it was sent from (peer/cluster/core/lanes.py)
 RECORDS_V4[0x53] = _record(LaneHandover, address=Text("max_address"), ready_in=Many(Seconds(), "max_lanes"),
                            epoch=UInt())
 RECORDS_V4[0x54] = _record(LaneHandoverAsk, address=Text("max_address"), epoch=UInt())
-# ... and the messages that came with it: progress waves (peer/cluster/progress.py), a hand-off ask
+# ... and the messages that came with it: progress waves (peer/cluster/core/progress.py), a hand-off ask
 RECORDS_V4[0x2A] = _record(ProgressWave, seq=UInt(), ring=UInt(), members=Many(Text()), wait=Seconds(),
                            finished=Flag(), proof=Maybe(Seconds()))
 RECORDS_V4[0x2B] = _record(ProgressTally, seq=UInt(), ring=UInt(), heard=_U32, nodes=_U32, idle=_U32,

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["FETCHED_DB", "MemoryNodeStore", "NodeStore", "queued_url_keys"]
 
 #: Seen keys of the pages this node fetched itself (not those only queued): the keys it may replicate to a
-#: backup node (peer/cluster/replicas.py), as a URL merely queued must never be marked seen elsewhere.
+#: backup node (peer/cluster/replicas/seenreplicas.py), as a URL merely queued must never be marked seen elsewhere.
 FETCHED_DB = b"fetched"
 #: Keys to be recorded in FETCHED_DB, appended in the order they came (8-byte sequence number -> the keys
 #: concatenated): a tick's keys are one put at the end of a table instead of a leaf page each (random ring

@@ -23,7 +23,7 @@ fetched. Applied at once, every entry touched a leaf page of its own in `replica
 and most URLs of a crawl are released a few seconds after they were added. So a message is appended to the
 journal (one put at the end of a table: its commit writes a page or two) and the journal is folded into
 `replica`, `rstate` and the seen table (`mark_seen_in`) in one transaction when the caller says so (the node
-folds every `FOLD_ENTRIES` entries or `FOLD_AGE` seconds, peer/cluster/backups.py), and before anything reads
+folds every `FOLD_ENTRIES` entries or `FOLD_AGE` seconds, peer/cluster/replicas/queuereplicas.py), and before anything reads
 the replicas (promotion, the clean-up, an arc, the count). The fold applies the messages in the order they
 came, as one: a URL added and released within it never reaches `replica`; a host's states collapse into
 one write. A journaled message is committed like any other write: it survives the process's death, and a

@@ -1,4 +1,4 @@
-"""Queued-URL replicas (peer/cluster/backups.py, storage/_replicas.py): what the owner sends its backups and when a
+"""Queued-URL replicas (peer/cluster/replicas/queuereplicas.py, storage/_replicas.py): what the owner sends its backups and when a
 batch may be acknowledged; what a backup holds, releases and promotes.
 
 Real LMDB stores, a recording stand-in for the peer links, rings of the design's weights, under MockClock. The
@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from peer.cluster.backups import FOLD_AGE, FOLD_ENTRIES, FULL, QueueReplicas
+from peer.cluster.replicas.queuereplicas import FOLD_AGE, FOLD_ENTRIES, FULL, QueueAlone, QueueReplicas
 from protocol import QueueReplica, ReplicaAck, UrlEntry
 from protocol import HostState as WireHostState
 from ring import Ring, host_position
@@ -549,9 +549,14 @@ async def test_replicas_no_longer_backed_here_are_passed_on_to_their_owner_befor
     two = Ring({"A": WEIGHTS["A"], "C": WEIGHTS["C"]}, points_per_weight=20)
     full = Ring(WEIGHTS, points_per_weight=20)
     view = [(1, two)]
-    c = QueueReplicas("C", stores["C"], Links(), ring_of=lambda: view[0], copies=1, wall_clock=lambda: 0.0)
     passed: list[list[QueuedUrl]] = []
-    c.pass_on = passed.append
+
+    class Passing(QueueAlone):  # the cluster's part of the delegate that this test looks at
+        def pass_on(self, items: list[QueuedUrl]) -> None:
+            passed.append(items)
+
+    c = QueueReplicas("C", stores["C"], Links(), ring_of=lambda: view[0], copies=1, wall_clock=lambda: 0.0,
+                      delegate=Passing())
     items = [i for i in _items(two, "A", 80) if full.owner(i.host) == "A"]
     backed, moved = _backed_by(full, "C", items)
     assert backed and moved

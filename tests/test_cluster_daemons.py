@@ -189,7 +189,7 @@ async def test_four_nodes_join_leave_and_kill_lose_nothing(tmp_path):
     in_flight_at_kill = sum(1 for r in web.log if r.wall_start <= kill_at and r.wall_end >= kill_at - 0.5
                             and not r.path.endswith("robots.txt"))
     # What died with B: its seen-set and its queue. B's seen keys of fetched pages were replicated to the node
-    # that owns each of its arcs once it is gone (peer/cluster/replicas.py), so while B is dead its hosts' new owners
+    # that owns each of its arcs once it is gone (peer/cluster/replicas/seenreplicas.py), so while B is dead its hosts' new owners
     # fetch again only what was under way at the kill, or fetched in the moment before it, whose replica had
     # not left yet (every 0.1 s), or done with by B and not yet released to its backups (`unreleased`: its
     # heirs promote those from the replicas). The joins and the leave move seen-sets with their arcs.

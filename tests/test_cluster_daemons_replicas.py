@@ -1,4 +1,4 @@
-"""Real peerd daemons with queued-URL replicas (`--replicas R`, peer/cluster/backups.py): nodes that die for
+"""Real peerd daemons with queued-URL replicas (`--replicas R`, peer/cluster/replicas/queuereplicas.py): nodes that die for
 good lose no URL, and a partition that heals keeps one connection per host.
 
 - A=150, B=80, C=200, D=40 crawl a generated web of 200 hosts with `--replicas 1`; E=300 joins, C leaves

@@ -34,7 +34,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.cluster.membership import to_wire
+from peer.cluster.membership.membership import to_wire
 from peer.config import DEFAULTS
 from peer.crawl.settings import CrawlSettings
 from protocol import Gossip, UrlBatch, UrlEntry
@@ -341,7 +341,7 @@ def test_search_fault_schedules(operations: list[tuple], seed: int) -> None:
     (7705, [("leave", 0.783, 80), ("split", 0.217, 83), ("join", 0.346, 73), ("kill", 0.545, 54)]),
 ])
 def test_a_transfer_releases_no_host_its_sender_is_fetching(seed: int, operations: list[tuple]) -> None:
-    """Schedules that found a defect (fixed in peer/cluster/handoff.py): a node that restarts and another that leaves at
+    """Schedules that found a defect (fixed in peer/cluster/handoff/handoff.py): a node that restarts and another that leaves at
     once. The leaver, fetching a host whose arc the restarted node waited for from it, sent its content to a
     third node (its view did not hold the restarted node yet), then an empty transfer labelled with the new ring
     to the restarted node, which released every arc it waited for from the leaver, and fetched that host while
@@ -505,7 +505,7 @@ def test_a_join_and_a_leave_at_once_keep_crawl_delays_and_stall_no_host(gap: flo
         # With seen-key replicas on (their traffic shifts every later random draw of the network) this run found
         # a Crawl-delay broken at gap 0.1: the leaver's politeness states reached a node that no longer owned
         # the hosts and were dropped there, and the leaver's "nothing more" released the joiner before they
-        # could arrive. Both fixed (peer/cluster/replicas.py passes states on; peer/cluster/handoff.py orders transfers by ring).
+        # could arrive. Both fixed (peer/cluster/replicas/seenreplicas.py passes states on; peer/cluster/handoff/handoff.py orders transfers by ring).
         sim = ClusterSim(nursery, tmp, web, seed=seed)
         nodes = await _start_settled(sim, web, 4)
         await sim.at_pages(0.2, len(expected))

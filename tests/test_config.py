@@ -4,9 +4,9 @@ import inspect
 import pytest
 
 from peer.cli.main import _add_node_flags
-from peer.cluster.dispatch import DispatchConfig
-from peer.cluster.handoff import HandoffConfig
-from peer.cluster.membership import MembershipConfig
+from peer.cluster.core.dispatch import DispatchConfig
+from peer.cluster.handoff.handoff import HandoffConfig
+from peer.cluster.membership.membership import MembershipConfig
 from peer.config import DEFAULTS, FIELDS, Config, ConfigError, default_text, load, parse_address, read_seeds
 from peer.crawl.urls import DEFAULT_MAX_URL_LENGTH
 from peer.fetch import CachingResolver, Fetcher

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import random
 
-from peer.cluster.cluster import Cluster
-from peer.cluster.memtransport import MemoryNetwork
+from peer.cluster.core.cluster import Cluster
+from peer.cluster.net.memtransport import MemoryNetwork
 from peer.config import load
 from peer.crawl.admission import Batch
 from peer.crawl.crawler import Crawler

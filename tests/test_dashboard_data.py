@@ -3,7 +3,7 @@ node's summary through the StatusReport a peer receives (both codecs)."""
 
 from __future__ import annotations
 
-from peer.cluster.report import status_dict, status_report
+from peer.cluster.core.report import status_dict, status_report
 from peer.crawl.scheduler import HostTurn
 from peer.dashboard import FLOW_WINDOW, HISTORY_SECONDS, NodeWatch, page, rss_bytes, slow_hosts
 from protocol import Limits, decode_body, encode_body

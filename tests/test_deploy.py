@@ -393,7 +393,7 @@ def test_image_build_installs_from_what_it_copies(tmp_path: Path) -> None:
         pytest.skip(f"pip cannot reach a package index for the build backend: {out.stderr.strip()[-200:]}")
     assert out.returncode == 0, out.stderr
     assert {"peerd", "peerctl"} <= {p.name for p in (tmp_path / "site" / "bin").iterdir()}
-    modules = ["ring", "protocol", "storage", "peer.cli.main", "peer.node", "peer.cluster.discovery", "peerlab.localweb.server",
+    modules = ["ring", "protocol", "storage", "peer.cli.main", "peer.node", "peer.cluster.net.discovery", "peerlab.localweb.server",
                "peerlab.localweb.dns_server"]
     code = "import importlib, sys; print(*[importlib.import_module(m).__file__ for m in sys.argv[1:]])"
     found = subprocess.run([sys.executable, "-c", code, *modules], cwd=tmp_path, capture_output=True, text=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from peer.cluster.discovery import DiscoveryError, srv_seeds
+from peer.cluster.net.discovery import DiscoveryError, srv_seeds
 from peerlab.localweb.dns_server import DnsServer, Srv, serve_dns
 
 NAME = "_peer._tcp.peerd.crawl.svc.cluster.local"

@@ -11,9 +11,9 @@ import pytest
 import trio
 import trio.testing
 
-from peer.cluster.dispatch import DispatchConfig, Dispatcher
-from peer.cluster.peerlinks import PeerLinks
-from peer.cluster.memtransport import MemoryNetwork
+from peer.cluster.core.dispatch import DispatchConfig, Dispatcher
+from peer.cluster.net.peerlinks import PeerLinks
+from peer.cluster.net.memtransport import MemoryNetwork
 from peer.crawl.syncs import StoreSyncs
 from protocol import BatchAck, UrlBatch, UrlEntry
 from ring import Ring

@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent(
     import os, resource, socket, sys
     import trio
     from peer.fetch import CachingResolver, DnsError, FetchError, Fetcher
-    from peer.cluster.transport import TcpTransport
+    from peer.cluster.net.transport import TcpTransport
 
     async def main():
         accepted = []

@@ -1,4 +1,4 @@
-"""The partition fence (peer/cluster/fence.py) under trio's MockClock: who was heard from, and when, decides
+"""The partition fence (peer/cluster/core/fence.py) under trio's MockClock: who was heard from, and when, decides
 whether a node may start a fetch and whether an inherited arc is still held."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from peer.cluster.fence import CONTACT_TICK, CONTACT_WINDOW, TAKEOVER_GRACE, PartitionFence
+from peer.cluster.core.fence import CONTACT_TICK, CONTACT_WINDOW, TAKEOVER_GRACE, PartitionFence
 from ring import Member, MemberState, View
 
 SUSPICION = 5.0

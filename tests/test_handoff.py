@@ -13,10 +13,10 @@ from dataclasses import replace
 import pytest
 import trio
 
-from peer.cluster.backups import QueueReplicas
-from peer.cluster.handoff import Alone, Handoff, HandoffConfig, handoff_arcs
-from peer.cluster.peerlinks import PeerLinks
-from peer.cluster.memtransport import MemoryNetwork
+from peer.cluster.replicas.queuereplicas import QueueAlone, QueueReplicas
+from peer.cluster.handoff.handoff import Alone, Handoff, HandoffConfig, handoff_arcs
+from peer.cluster.net.peerlinks import PeerLinks
+from peer.cluster.net.memtransport import MemoryNetwork
 from protocol import HandoffAck, HandoffAsk, HandoffChunk, Limits, Message, QueueReplica, decode_body, encode_body
 from ring import RING_SPACE, ArcMove, Ring, diff, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc, queued_url_keys, url_key
@@ -579,8 +579,12 @@ async def test_pages_the_new_owner_released_here_stay_seen_after_the_drop(stores
                                      delegate=Fetching("a", fetching))
         b = net.nodes["b0"] = Handoff("b0", store_b, net.links("b0"), config=CONFIG, wall_clock=wall)
         # "a" backs "b0": the releases "b0" sends land in its store (and its replicas' acks go nowhere here)
-        backup = QueueReplicas("a", store_a, net.links("a"), ring_of=lambda: (1, NEW), copies=1, wall_clock=wall)
-        backup.on_marked = a.marked_seen
+        class Marks(QueueAlone):  # the cluster's part of the replicas' delegate: their seen marks to the hand-off
+            def marked_seen(self, keys) -> None:
+                a.marked_seen(keys)
+
+        backup = QueueReplicas("a", store_a, net.links("a"), ring_of=lambda: (1, NEW), copies=1, wall_clock=wall,
+                               delegate=Marks())
 
         def release(seq: int, key: bytes) -> None:
             assert backup.on_message("b0", QueueReplica(seq=seq, epoch=1, urls=(), released=(key,), hosts=()))

@@ -17,7 +17,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.cluster.handoff import ArcSet, Handoff, HandoffConfig, handoff_arcs, plan_view
+from peer.cluster.handoff.handoff import ArcSet, Handoff, HandoffConfig, handoff_arcs, plan_view
 from protocol import HandoffAck, HandoffChunk, Message
 from ring import Ring, diff, diff_moves, host_position, wire_moves
 from storage import HostState, NodeStore, QueuedUrl, in_arc, url_key

@@ -165,3 +165,68 @@ def test_the_floor_check_catches_an_upward_import(tmp_path: Path) -> None:
         "peer/config.py (peer.config) imports peer.fetch (peer.fetch)",
         "peer/fetch/http.py (peer.fetch) imports peer.crawl.urls (peer.crawl)",
     ]
+
+
+# The rooms of the cluster (peer/cluster/), from the top floor down, as FLOORS above: the core composes the hand-off,
+# the replicas and membership, which use the network; none of them imports the core or a room beside it.
+CLUSTER_FLOORS: list[set[str]] = [
+    {"peer.cluster.core"},
+    {"peer.cluster.handoff", "peer.cluster.replicas"},
+    {"peer.cluster.membership"},
+    {"peer.cluster.net"},
+]
+
+
+def cluster_room_of(module: str) -> str | None:
+    """The room of peer/cluster/ a dotted module belongs to (``peer.cluster.net.transport`` -> ``peer.cluster.net``);
+    None outside them, and for the package's face (``peer.cluster``)."""
+    parts = module.split(".")
+    if parts[:2] != ["peer", "cluster"] or len(parts) < 3:
+        return None
+    return ".".join(parts[:3])
+
+
+def upward_cluster_imports(root: Path = ROOT) -> list[str]:
+    floors = {room: number for number, rooms in enumerate(CLUSTER_FLOORS) for room in rooms}
+    bad = []
+    for path in sorted((root / "peer" / "cluster").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        here = cluster_room_of(".".join(parts if parts[-1] != "__init__" else parts[:-1]))
+        if here is None:  # peer/cluster/__init__.py: the face of every room
+            continue
+        for module in imported_modules(path, root, "peer"):
+            if module == "peer.cluster":
+                bad.append(f"{path.relative_to(root).as_posix()} ({here}) imports the package's face {module}")
+                continue
+            there = cluster_room_of(module)
+            if there is None or there == here:
+                continue
+            if floors[there] <= floors[here]:
+                bad.append(f"{path.relative_to(root).as_posix()} ({here}) imports {module} ({there})")
+    return bad
+
+
+def test_every_room_of_the_cluster_is_on_a_floor() -> None:
+    rooms = {f"peer.cluster.{p.name}" for p in (ROOT / "peer" / "cluster").iterdir() if (p / "__init__.py").exists()}
+    assert rooms == set().union(*CLUSTER_FLOORS)
+    assert [p.name for p in (ROOT / "peer" / "cluster").glob("*.py")] == ["__init__.py"]
+
+
+def test_the_cluster_rooms_import_only_downward() -> None:
+    assert upward_cluster_imports() == []
+
+
+def test_the_cluster_floor_check_catches_an_upward_import(tmp_path: Path) -> None:
+    for room in ("core", "net", "handoff", "replicas", "membership"):
+        (tmp_path / "peer" / "cluster" / room).mkdir(parents=True)
+        (tmp_path / "peer" / "cluster" / room / "__init__.py").write_text("")
+    (tmp_path / "peer" / "cluster" / "net" / "transport.py").write_text("from peer.cluster.core.cluster import Cluster\n")
+    (tmp_path / "peer" / "cluster" / "handoff" / "send.py").write_text(
+        "from peer.cluster.replicas.seenreplicas import SeenReplicas\nfrom peer.cluster.net.transport import Handler\n")
+    (tmp_path / "peer" / "cluster" / "replicas" / "x.py").write_text("from peer.cluster import Handoff\n")
+    assert upward_cluster_imports(tmp_path) == [
+        "peer/cluster/handoff/send.py (peer.cluster.handoff) imports peer.cluster.replicas.seenreplicas "
+        "(peer.cluster.replicas)",
+        "peer/cluster/net/transport.py (peer.cluster.net) imports peer.cluster.core.cluster (peer.cluster.core)",
+        "peer/cluster/replicas/x.py (peer.cluster.replicas) imports the package's face peer.cluster",
+    ]

@@ -1,4 +1,4 @@
-"""The fleet's per-address lanes (peer/cluster/lanes.py) between simulated nodes: messages go through an
+"""The fleet's per-address lanes (peer/cluster/core/lanes.py) between simulated nodes: messages go through an
 in-memory bus with delays and a shared simulated clock; the code under test is the real FleetLanes. Every
 request's [start, end] is recorded per address, and the rule is checked: never more than N in service at once,
 and with one lane never a gap shorter than S, through ownership moves, deaths and lost messages."""
@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from peer.cluster.cluster import LANES_FILE, _lent_until
-from peer.cluster.lanes import LEASE, FleetLanes
+from peer.cluster.core.cluster import LANES_FILE, _lent_until
+from peer.cluster.core.lanes import LEASE, FleetLanes
 from peer.crawl.addressgate import Lane
 from protocol import LaneAsk, LaneHandover, Message
 

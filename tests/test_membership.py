@@ -17,10 +17,10 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from peer.cluster.membership import Membership, MembershipConfig
-from peer.cluster.peerlinks import LinkError
-from peer.cluster.memtransport import MemoryNetwork
-from peer.cluster.transport import TcpTransport
+from peer.cluster.membership.membership import Membership, MembershipConfig
+from peer.cluster.net.peerlinks import LinkError
+from peer.cluster.net.memtransport import MemoryNetwork
+from peer.cluster.net.transport import TcpTransport
 from ring import MemberState, View
 
 SECRET = b"membership test secret, 32 byte"

@@ -13,10 +13,10 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from peer.cluster.membership import Membership, MembershipConfig
-from peer.cluster.peerlinks import LinkConfig, PeerLinks
-from peer.cluster.memtransport import MemoryNetwork
-from peer.cluster.transport import DatagramTransport, TcpTransport, split_address
+from peer.cluster.membership.membership import Membership, MembershipConfig
+from peer.cluster.net.peerlinks import LinkConfig, PeerLinks
+from peer.cluster.net.memtransport import MemoryNetwork
+from peer.cluster.net.transport import DatagramTransport, TcpTransport, split_address
 from protocol import (
     MAX_DATAGRAM,
     BatchAck,

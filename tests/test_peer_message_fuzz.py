@@ -14,7 +14,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import BatchAck, HandoffAck, HandoffChunk, HostState, SeenReplica, UrlBatch, UrlEntry
+from protocol import BatchAck, Goodbye, HandoffAck, HandoffChunk, HostState, SeenReplica, UrlBatch, UrlEntry
 from tests.support.clustersim import ClusterSim, make_web, run_simulation
 from tests.test_protocol_codec import APP_MESSAGES, U32, U64, host_names, seconds
 
@@ -68,3 +68,31 @@ def test_any_schema_valid_message_leaves_the_node_working(messages: list[object]
 
     run_simulation(body, seed=7)
     assert failures == []
+
+
+def test_a_message_of_a_type_no_part_handles_is_counted_and_the_node_goes_on() -> None:
+    """Each type a peer sends the cluster has one handler (the table in `Cluster._message_table`); a type none
+    handles (here a session's `Goodbye`, which the links take before the cluster sees it) reaches no part, is
+    counted in the status, and the node goes on working."""
+    web = make_web(7, hosts=40, max_pages=3)
+    found: dict[str, object] = {}
+
+    async def body(nursery) -> None:  # type: ignore[no-untyped-def]
+        with tempfile.TemporaryDirectory(prefix="unknown-") as tmp:
+            sim = ClusterSim(nursery, Path(tmp), web, seed=7, delay=0.001)
+            a = await sim.start(0, 100, seeds=web.seeds)
+            await sim.until(sim.settled, limit=40.0)
+            cluster = a.cluster
+            assert cluster is not None
+            before = cluster.status()
+            await cluster._on_message("n1", Goodbye(reason="not the cluster's"))
+            await cluster._on_message("n1", Goodbye(reason="again"))
+            after = cluster.status()
+            found.update(before=before["links"]["messages_unknown"], after=after["links"]["messages_unknown"],
+                         dispatch=(before["dispatch"], after["dispatch"]), handoff=(before["handoff"], after["handoff"]))
+            await sim.stop_all()
+
+    run_simulation(body, seed=7)
+    assert (found["before"], found["after"]) == (0, 2)
+    dispatch, handoff = found["dispatch"], found["handoff"]
+    assert dispatch[0] == dispatch[1] and handoff[0] == handoff[1]  # type: ignore[index]

@@ -18,8 +18,8 @@ import tracemalloc
 import pytest
 import trio
 
-from peer.cluster.peerlinks import LinkConfig, PeerLinks
-from peer.cluster.transport import TcpTransport
+from peer.cluster.net.peerlinks import LinkConfig, PeerLinks
+from peer.cluster.net.transport import TcpTransport
 from protocol import Message, Ping
 
 SECRET = b"flood test secret, 32 bytes long"

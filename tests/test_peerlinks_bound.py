@@ -9,8 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from peer.cluster.peerlinks import LinkConfig, PeerLinks
-from peer.cluster.memtransport import MemoryNetwork
+from peer.cluster.net.peerlinks import LinkConfig, PeerLinks
+from peer.cluster.net.memtransport import MemoryNetwork
 from protocol import Message, Ping
 
 SECRET = b"peer link bound test secret, 32b"

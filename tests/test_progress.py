@@ -1,4 +1,4 @@
-"""The progress tree (peer/cluster/progress.py): bounded messages per node per wave, ranges that cover every
+"""The progress tree (peer/cluster/core/progress.py): bounded messages per node per wave, ranges that cover every
 member once, and termination that is never declared while work is queued, under way or in flight."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol import ProgressTally, ProgressWave
-from peer.cluster.fence import CONTACT_TICK, CONTACT_WINDOW, PartitionFence
-from peer.cluster.progress import FANOUT, HOP_WAIT, MAX_WAVES, Local, ProgressTree, children, depth
+from peer.cluster.core.fence import CONTACT_TICK, CONTACT_WINDOW, PartitionFence
+from peer.cluster.core.progress import FANOUT, HOP_WAIT, MAX_WAVES, Local, ProgressTree, children, depth
 
 RING = 12345
 
@@ -346,7 +346,7 @@ def test_waves_carry_the_roots_reach_as_a_proof_of_contact_and_keep_coming_while
     run(body)
 
 
-# -- the proof of contact through a ring change and a partition (the partition fence, peer/cluster/fence.py) ----
+# -- the proof of contact through a ring change and a partition (the partition fence, peer/cluster/core/fence.py) ----
 
 def _members_view(names: list[str], leaving: str | None = None) -> View:
     return View(epoch=1, members=tuple(

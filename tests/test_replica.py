@@ -1,4 +1,4 @@
-"""Seen-key replicas (peer/cluster/replicas.py): which keys go to which backup, when, and what a receiver does with them.
+"""Seen-key replicas (peer/cluster/replicas/seenreplicas.py): which keys go to which backup, when, and what a receiver does with them.
 
 Real LMDB stores, a recording stand-in for the peer links, rings of the design's weights; the run loop under
 MockClock. The whole-cluster effect (a death repeats only what was under way) is checked by the real-daemon
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from peer.cluster.replicas import MAX_KEYS_PER_MESSAGE, SeenReplicas
+from peer.cluster.replicas.seenreplicas import MAX_KEYS_PER_MESSAGE, SeenReplicas
 from protocol import BatchAck, SeenReplica
 from ring import Ring, host_position
 from storage import NodeStore, QueuedUrl, queued_url_keys

@@ -1,6 +1,6 @@
 """Nodes that die for good lose no URL: whole-cluster simulations (tests/support/clustersim.py: real `Cluster`s
 and real `Crawler`s over the in-memory network, in virtual time) with queued-URL replicas (`--replicas R`,
-peer/cluster/backups.py).
+peer/cluster/replicas/queuereplicas.py).
 
 - R = 1, permanent kills one at a time (each once the survivors declared it dead and re-homed their replicas):
   every reachable page is fetched, and only pages under way at a kill (or finished just before it, their

@@ -444,7 +444,7 @@ def test_diff_equals_its_definition(old: dict, new: dict, ppw: int) -> None:
 
 def check_moves(old: Ring, new: Ring) -> None:
     """`diff_moves` is the definition as arrays, and `wire_moves` is `handoff_arcs` of it."""
-    from peer.cluster.handoff import handoff_arcs
+    from peer.cluster.handoff.handoff import handoff_arcs
 
     expected = reference_diff(old, new)
     moves = ring.diff_moves(old, new)

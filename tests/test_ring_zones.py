@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from protocol import TYPE_CODES, Gossip, Limits, Member as WireMember, decode_body, encode_body
 from ring import Member, MemberState, Ring, View, Zones, check_zone, host_position
-from peer.cluster.membership import from_wire, to_wire
+from peer.cluster.membership.membership import from_wire, to_wire
 
 LIMITS = Limits()
 POSITIONS = [host_position(f"host-{i}.test") for i in range(400)]

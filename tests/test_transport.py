@@ -8,9 +8,9 @@ import pytest
 import trio
 import trio.testing
 
-from peer.cluster.peerlinks import LinkConfig, LinkError, PeerLinks
-from peer.cluster.memtransport import MemoryNetwork
-from peer.cluster.transport import (
+from peer.cluster.net.peerlinks import LinkConfig, LinkError, PeerLinks
+from peer.cluster.net.memtransport import MemoryNetwork
+from peer.cluster.net.transport import (
     TcpTransport,
     Transport,
     TransportError,

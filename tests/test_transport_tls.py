@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from peer.cluster.transport import TcpTransport, TlsFiles, TransportError
+from peer.cluster.net.transport import TcpTransport, TlsFiles, TransportError
 
 
 def _name(common: str) -> x509.Name:

@@ -1,25 +1,27 @@
-"""The cluster: what makes one crawler node a member of a fleet. The transport (TCP, TLS, in-memory), links to
-peers, membership (SWIM-style probes, suspicion, views), discovery (DNS SRV), dispatch of links to their
-owners, hand-off of moved arcs, seen-key replicas, queued-URL replicas (`backups`), the partition fence, the
-per-address lanes, the status the dashboard and the peers read (`report`), the progress tree that finds the end
-of the crawl (`progress`), the cache of rings (`rings`), and the `Cluster` that composes them beside a crawler.
+"""The cluster: what makes one crawler node a member of a fleet, in five rooms whose imports point one way:
+
+- `core`: the `Cluster` beside a crawler, the rings of the views and their changes, URL dispatch, the per-address
+  lanes, the partition fence, the progress tree and termination, settings gossip, the status forms;
+- `handoff`: the hand-off of moved arcs; `replicas`: seen-key replicas (`SeenReplicas`) and queued-URL replicas
+  (`QueueReplicas`);
+- `membership`: SWIM-style probes, suspicion and views;
+- `net`: the transport (TCP, TLS, in-memory), the links between peers, discovery (DNS SRV).
 """
 
-from peer.cluster.cluster import Cluster, ClusterError
-from peer.cluster.discovery import DiscoveryError, srv_seeds
-from peer.cluster.dispatch import DispatchConfig, DispatchStats, Dispatcher
+from peer.cluster.core import (
+    Cluster, ClusterError, DispatchConfig, DispatchStats, Dispatcher, ProgressTree, RingCache,
+)
 from peer.cluster.handoff import Handoff, HandoffConfig, handoff_arcs
 from peer.cluster.membership import Membership, MembershipConfig
-from peer.cluster.peerlinks import LinkConfig, LinkError, PeerLinks
-from peer.cluster.progress import ProgressTree
-from peer.cluster.replicas import SeenReplicas
-from peer.cluster.rings import RingCache
-from peer.cluster.memtransport import MemoryNetwork
-from peer.cluster.transport import TcpTransport, TlsFiles, Transport, TransportError
+from peer.cluster.net import (
+    DiscoveryError, LinkConfig, LinkError, MemoryNetwork, PeerLinks, TcpTransport, TlsFiles, Transport,
+    TransportError, srv_seeds,
+)
+from peer.cluster.replicas import QueueReplicas, SeenReplicas
 
 __all__ = [
     "Cluster", "ClusterError", "DiscoveryError", "DispatchConfig", "DispatchStats", "Dispatcher", "Handoff",
     "HandoffConfig", "LinkConfig", "LinkError", "MemoryNetwork", "Membership", "MembershipConfig",
-    "PeerLinks", "ProgressTree", "RingCache", "SeenReplicas", "TcpTransport", "TlsFiles", "Transport", "TransportError",
-    "handoff_arcs", "srv_seeds",
+    "PeerLinks", "ProgressTree", "QueueReplicas", "RingCache", "SeenReplicas", "TcpTransport", "TlsFiles",
+    "Transport", "TransportError", "handoff_arcs", "srv_seeds",
 ]

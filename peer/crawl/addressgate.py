@@ -30,7 +30,7 @@ class Lane:
     address: str
     index: int
     before: float
-    lender: str = ""  # in a fleet, the node that lent it (peer/cluster/lanes.py)
+    lender: str = ""  # in a fleet, the node that lent it (peer/cluster/core/lanes.py)
 
 
 class AddressGate:

@@ -174,7 +174,7 @@ class Admission:
 
     def answered(self, url: str) -> bool:
         """Whether the memory holds `url` as answered for by the dedup store, for a host owned here under the
-        current ownership (a peer's batch need not look it up again: `Dispatcher.answered`)."""
+        current ownership (a peer's batch need not look it up again: `Dispatcher.answered_by`)."""
         return bool(self._seen.get(url))
 
     def known_elsewhere(self, urls: Sequence[str]) -> int:

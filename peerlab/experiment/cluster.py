@@ -43,9 +43,9 @@ from typing import Any
 import trio
 import trio.testing
 
-from peer.cluster.cluster import Cluster
-from peer.cluster.rings import RingCache
-from peer.cluster.memtransport import MemoryNetwork
+from peer.cluster.core.cluster import Cluster
+from peer.cluster.core.rings import RingCache
+from peer.cluster.net.memtransport import MemoryNetwork
 from peer.config import load
 from peer.crawl.settings import CrawlSettings
 from peer.stats import Stats
@@ -291,7 +291,7 @@ class _Run:
         self.say = say
         self.web = _WebModel(plan)
         self.net = MemoryNetwork(random.Random(f"{plan.seed}:net"), delay=0.001, jitter=0.001)
-        # one copy of each ring and of each view change's moved arcs for every node (peer/cluster/rings.py)
+        # one copy of each ring and of each view change's moved arcs for every node (peer/cluster/core/rings.py)
         self.rings = RingCache(size=8)
         self.nodes: dict[str, _Node] = {}
         self.index = 0

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import trio
 
-from peer.cluster.transport import Handler, TcpTransport
+from peer.cluster.net.transport import Handler, TcpTransport
 from peer.crawl.urls import host_of, normalize
 from ring import Ring
 from storage import QueuedUrl

@@ -27,11 +27,11 @@ from pathlib import Path
 import lmdb
 import trio
 
-from peer.cluster.dispatch import DispatchConfig, Dispatcher
-from peer.cluster.handoff import Handoff, HandoffConfig
-from peer.cluster.membership import Membership
-from peer.cluster.peerlinks import PeerLinks
-from peer.cluster.transport import TcpTransport
+from peer.cluster.core.dispatch import DispatchConfig, Dispatcher
+from peer.cluster.handoff.handoff import Handoff, HandoffConfig
+from peer.cluster.membership.membership import Membership
+from peer.cluster.net.peerlinks import PeerLinks
+from peer.cluster.net.transport import TcpTransport
 from protocol import Message, Ping, Pong
 from ring import MemberState, Ring, View
 from storage import HostState, NodeStore, QueuedUrl, queued_url_keys

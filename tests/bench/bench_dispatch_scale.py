@@ -19,7 +19,7 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from peer.cluster.dispatch import DispatchConfig, Dispatcher
+from peer.cluster.core.dispatch import DispatchConfig, Dispatcher
 from protocol import HEADER_SIZE, BatchAck, Limits, UrlBatch
 from protocol._codec import encode_body
 from ring import Ring

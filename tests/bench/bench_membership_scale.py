@@ -37,11 +37,11 @@ import time
 import trio
 import trio.testing
 
-from peer.cluster.membership import Membership, MembershipConfig
-from peer.cluster.peerlinks import LinkConfig
+from peer.cluster.membership.membership import Membership, MembershipConfig
+from peer.cluster.net.peerlinks import LinkConfig
 from peer.config import DEFAULTS
-from peer.cluster import memtransport as _transport
-from peer.cluster.memtransport import MemoryNetwork
+from peer.cluster.net import memtransport as _transport
+from peer.cluster.net.memtransport import MemoryNetwork
 from protocol import TYPE_CODES
 from ring import MemberState, View, merge
 

@@ -1,4 +1,4 @@
-"""Cost of queued-URL replicas (`--replicas R`, peer/cluster/backups.py), each figure beside its reference measured
+"""Cost of queued-URL replicas (`--replicas R`, peer/cluster/replicas/queuereplicas.py), each figure beside its reference measured
 in the same run.
 
 Run: python -m tests.bench.bench_replicas [--runs N] [--hosts H] [--backup-only] [--held N] [--messages N]
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import trio
 
-from peer.cluster.backups import FOLD_ENTRIES
+from peer.cluster.replicas.queuereplicas import FOLD_ENTRIES
 from storage import HostState, NodeStore, QueuedUrl, queued_url_keys
 from tests.bench._cluster_helpers import ByteCounter, CountingStream
 from tests.support.clustersim import ClusterSim, make_web, run_simulation

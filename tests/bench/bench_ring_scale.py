@@ -131,7 +131,7 @@ and the moved arcs; ``bench_view_change`` adds the hand-off and a real store).""
           f"points_per_weight {ppw}); full build {build_wall:.2f} s")
     for label, after in (("join of weight 150", {**weights, "joiner": 150}),
                          ("leave of weight 150+", {k: v for k, v in weights.items() if k != "n0002"})):
-        def change():  # what a node computes for a view change (peer/cluster/viewchanges.py)
+        def change():  # what a node computes for a view change (peer/cluster/core/viewchanges.py)
             new = ring.with_weights(after)
             return new, wire_moves(diff_moves(ring, new))  # the arcs as arrays, as the cluster computes them
         (new, moves), wall, cpu = best_of(change, 3)

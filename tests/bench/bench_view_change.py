@@ -37,19 +37,19 @@ from pathlib import Path
 
 import trio
 
-from peer.cluster.handoff import Handoff
+from peer.cluster.handoff.handoff import Handoff
 from protocol import HandoffAck, HandoffChunk
 from ring import Ring, host_position
 from storage import HostState, NodeStore, QueuedUrl, url_key
 
 try:  # the arrays form of the moved arcs and the plan in the worker thread; older trees have the list form
-    from peer.cluster.handoff import plan_view
+    from peer.cluster.handoff.handoff import plan_view
     from ring import diff_moves, wire_moves
 
     def moved_arcs(old: Ring, new: Ring):
         return wire_moves(diff_moves(old, new))
 except ImportError:  # pragma: no cover - measuring an older tree for the "before" figures
-    from peer.cluster.handoff import handoff_arcs
+    from peer.cluster.handoff.handoff import handoff_arcs
     from ring import diff
 
     plan_view = None

@@ -38,12 +38,12 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from peer.cluster.cluster import Cluster, ring_id
+from peer.cluster.core.cluster import Cluster, ring_id
 from peer.config import Config, load
 from peer.crawl.crawler import Crawler
 from peer.fetch.http import Response
 from peer.stats import Stats
-from peer.cluster.memtransport import MemoryNetwork
+from peer.cluster.net.memtransport import MemoryNetwork
 from peer.crawl.urls import host_of_normalized
 from peerlab.experiment.cluster import inline_threads  # the lab's simulated cluster runs the same way
 from ring import MemberState
@@ -381,7 +381,7 @@ class SimNode:
             rng=random.Random(sim.seed * 1000 + self.index * 10 + self.starts),
             wall_clock=self.wallclock, points_per_weight=sim.points_per_weight,
         )
-        cluster.finished = _WatchedEvent(lambda: sim.on_finished(self))  # type: ignore[assignment]
+        cluster.termination.finished = _WatchedEvent(lambda: sim.on_finished(self))  # type: ignore[assignment]
         if not sim.replicate:
             cluster.replicas.copies = 0  # no seen-key replicas either (the slow-network run)
         crawler = Crawler(cfg, fetcher=SimFetcher(self.node_id, sim.web, sim.ledger), store=self.store,

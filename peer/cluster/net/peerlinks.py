@@ -54,13 +54,14 @@ from protocol import (
     encode_datagram,
 )
 
-from peer.cluster.linksessions import LinkError, Session, Sessions
-from peer.cluster.transport import DatagramTransport, Transport, TransportError
+from peer.cluster.net.linksessions import LinkError, Session, Sessions
+from peer.cluster.net.transport import DatagramTransport, Transport, TransportError
 from peer.config import DEFAULTS
 
 __all__ = ["LinkConfig", "LinkError", "MessageHandler", "PeerLink", "PeerLinks"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.peerlinks")
 
 MessageHandler = Callable[[str, Message], Awaitable[None]]
 

@@ -29,7 +29,8 @@ from peer.fetch.dns import parse_nameserver
 
 __all__ = ["DiscoveryError", "srv_seeds"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.discovery")
 
 _PER_SERVER_TIMEOUT = 2.0  # dnspython's own default wait for one server before it asks the next
 

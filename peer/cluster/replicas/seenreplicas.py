@@ -56,9 +56,10 @@ from protocol import Limits, Message, SeenReplica
 from ring import Zones
 from storage import NodeStore, QueuedUrl, queued_url_keys
 
-__all__ = ["REPLICA_INTERVAL", "SeenReplicas"]
+__all__ = ["REPLICA_COPIES", "REPLICA_INTERVAL", "SeenReplicas"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.replicas")
 
 #: Keys leave 10 times a second: a kill loses the replicas of at most 0.1 s of pages, at one small message per
 #: backup per tick.
@@ -80,6 +81,10 @@ KEY_SIZE = 16
 HOLDERS_CACHE = 200_000
 
 
+def _ignore(_items: Sequence[object]) -> None:
+    """What a part built alone does with what it would tell the cluster: nothing."""
+
+
 class SeenReplicas:
     """Sends the seen keys of fetched pages to their backups and stores the keys peers send here."""
 
@@ -93,10 +98,11 @@ class SeenReplicas:
         interval: float = REPLICA_INTERVAL,
         max_pending: int = MAX_PENDING,
         copies: int = REPLICA_COPIES,
-        apply_states: Callable[[Sequence[WireHostState]], None] | None = None,
+        apply_states: Callable[[Sequence[WireHostState]], None] = _ignore,
         wall_clock: Callable[[], float] = time.time,
         zones_of: Callable[[], Zones] = Zones,
         reliable: Callable[[str, Sequence[bytes]], bool] | None = None,
+        on_marked: Callable[[Sequence[bytes]], None] = _ignore,
     ) -> None:
         self.node_id = node_id
         # (backup, keys) -> the keys go to the backup acknowledged and re-sent (the queued-URL replicas' FIFO,
@@ -122,7 +128,7 @@ class SeenReplicas:
         self.apply_states = apply_states  # merge states of hosts owned here (the cluster: timers and store)
         # called with the keys a peer's `SeenReplica` marks seen here: the hand-off keeps them through the drop of
         # arcs it is handing over (`Handoff.marked_seen`)
-        self.on_marked: Callable[[Sequence[bytes]], None] | None = None
+        self.on_marked = on_marked
         self.wall_clock = wall_clock  # states travel as durations; kept here as wall-clock times
         self.states_passed_on = 0
         self._synced: Any = None  # the ring under which every recorded key was last sent to its backup
@@ -222,7 +228,7 @@ class SeenReplicas:
                 mine.append(wire)
             else:
                 by_owner[owner].append(wire)
-        if mine and self.apply_states is not None:
+        if mine:
             self.apply_states(mine)
         for owner, states in by_owner.items():
             if self.links.send_nowait(owner, SeenReplica(epoch=epoch, keys=(), hosts=tuple(states))):
@@ -351,7 +357,7 @@ class SeenReplicas:
             _epoch, ring = self.ring_of()
             if ring is not None:
                 mine = [state for state in message.hosts if ring.owner(state.host) == self.node_id]
-                if mine and self.apply_states is not None:
+                if mine:
                     self.apply_states(mine)
                 self._keep_states([state for state in message.hosts if ring.owner(state.host) != self.node_id])
         keys = [key for key in message.keys if len(key) == KEY_SIZE]
@@ -361,8 +367,7 @@ class SeenReplicas:
         if keys:
             self.store.dedup.insert(keys)
             self.keys_received += len(keys)
-            if self.on_marked is not None:
-                self.on_marked(keys)
+            self.on_marked(keys)
         return True
 
     def status(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from protocol import HostState as WireHostState
 from ring import host_position
 from storage import HostState, QueuedUrl, RevisitRecord, in_arc, queued_url_keys
 
-from peer.cluster.arcs import KEY_POSITION
+from peer.cluster.handoff.arcs import KEY_POSITION
 from peer.crawl.urls import host_of_normalized, normalize
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from storage import NodeStore
 
-    from peer.cluster.handoffconfig import HandoffDelegate, HandoffLinks
+    from peer.cluster.handoff.config import HandoffDelegate, HandoffLinks
 
 __all__ = ["Incoming", "Receiving"]
 
@@ -142,9 +142,9 @@ class Receiving:
         if keys:
             # A key sent as seen was fetched (or given up) by the previous owner: if a peer's batch queued that
             # URL here before this chunk came, it must not be fetched again. Nor if the crawler took it from the
-            # queue and holds it parked: a node back from a partition had popped a host's first page before the
-            # split and waited for robots.txt, the fence and the hand-off, and then fetched the page the heir had
-            # fetched during the split (the partition simulation, seed 42: four pages).
+            # queue and holds it parked: a node back from a partition may have popped a host's first page before
+            # the split and waited since for robots.txt, the fence and the hand-off, while the heir fetched that
+            # page during the split. Unparking the arc makes the crawler look at the dedup store again.
             self.delegate.unpark(start, end)
             wanted = set(keys)
             queued_here, _ = self.store.frontier.export_arc(start, end)

@@ -31,15 +31,16 @@ from protocol import HandoffAck, HandoffAsk, HandoffChunk, Message
 from ring import RING_SPACE, ArcMove, Moves, Ring, host_position
 from storage import NodeStore
 
-from peer.cluster.arcs import KEY_POSITION, ArcSet, ViewPlan, handoff_arcs, plan_view
-from peer.cluster.handoffconfig import Alone, HandoffConfig, HandoffDelegate, HandoffLinks, Hold
-from peer.cluster.handoffreceive import Incoming, Receiving
-from peer.cluster.handoffsend import Outgoing, Sending
+from peer.cluster.handoff.arcs import KEY_POSITION, ArcSet, ViewPlan, handoff_arcs, plan_view
+from peer.cluster.handoff.config import Alone, HandoffConfig, HandoffDelegate, HandoffLinks, Hold
+from peer.cluster.handoff.receive import Incoming, Receiving
+from peer.cluster.handoff.send import Outgoing, Sending
 
 __all__ = ["Alone", "ArcSet", "Handoff", "HandoffConfig", "HandoffDelegate", "HandoffLinks", "Hold", "ViewPlan",
            "handoff_arcs", "plan_view"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.handoff")
 
 #: Transfers started in one step of the event loop (each reads the flight records and locates the hosts); the
 #: rest start at the next pump, which `run` makes at once when some were left.
@@ -155,9 +156,9 @@ class Handoff(Sending, Receiving):
         if self._ring_id is not None and self._ring_id != epoch:
             # A completed transfer to the ring we leave said "nothing more from me up to this ring" then. Should
             # we come back to that ring (a partition that heals, a member that dies and comes back), the peer
-            # may have held our arcs in between: only a transfer made since then says so again (the partition
-            # simulation, seed 42: the heir's transfer labelled with the ring of before the split was
-            # remembered from then, and released at once the arcs the heir was still handing back).
+            # may have held our arcs in between: only a transfer made since then says so again. Remembered from
+            # before, a transfer labelled with that ring would release at once the arcs the peer is still
+            # handing back.
             for rings in self._completed.values():
                 rings.discard(self._ring_id)
         self._ring_id = epoch
@@ -221,11 +222,11 @@ class Handoff(Sending, Receiving):
         page's release, a seen-key replica). Those in the arcs of a transfer waiting, under way or being dropped
         stay after its drop, as the keys of fetched pages it sent do.
 
-        Why: the drop takes the arcs' seen keys but those sent as seen, and the keys of the URLs sent queued were
-        not. The new owner fetches such a URL and releases it to its backups, often this node (the arc's owner
-        before it); the release marked it seen here, then the drop took the mark, and at the new owner's death
-        this node, its heir, fetched the page again though it was not under way (`h248.sim/` in the replica
-        simulation, seed 4: released here 40 ms before the end of a hand-off that took 2.4 s)."""
+        Why: the drop takes the arcs' seen keys but those sent as seen, and the keys of the URLs sent queued are
+        not among those. The new owner fetches such a URL and releases it to its backups, often this node (the
+        arc's owner before it); the release marks it seen here, and were the drop to take the mark, at the new
+        owner's death this node, its heir, would fetch the page again though it was not under way. A release
+        that lands here in the last moments of a long hand-off is the usual case."""
         if not self._marked or not keys:
             return
         positions = np.frombuffer(b"".join(key[:KEY_POSITION] for key in keys), dtype=">u8").astype(np.uint64)

@@ -3,7 +3,7 @@ acknowledged once committed (the journal folded into the replica and seen tables
 FOLD_AGE seconds, at once while views change); replicas of positions this node no longer backs passed on to
 their owners, then dropped (`collect`).
 
-A mixin of `peer.cluster.backups.QueueReplicas`: it works on its attributes, set in `QueueReplicas.__init__`.
+A mixin of `peer.cluster.replicas.queuereplicas.QueueReplicas`: it works on its attributes, set in `QueueReplicas.__init__`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import trio
 from protocol import Message, QueueReplica, ReplicaAck
 from storage import HostState, QueuedUrl, queued_url_keys
 
-from peer.cluster.backupconfig import FOLD_AGE, FOLD_ENTRIES, MAX_HOST
+from peer.cluster.replicas.queueconfig import FOLD_AGE, FOLD_ENTRIES, MAX_HOST
 from peer.crawl.urls import host_of_normalized, normalize
 
 if TYPE_CHECKING:
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from protocol import Limits
     from ring import Zones
     from storage import NodeStore
+
+    from peer.cluster.replicas.queueconfig import QueueDelegate
 
 __all__ = ["ReplicaHolding"]
 
@@ -43,9 +45,7 @@ class ReplicaHolding:
         limits: Limits
         links: Any
         node_id: str
-        on_held: Callable[[str, int, list[QueuedUrl]], None] | None
-        on_marked: Callable[[Sequence[bytes]], None] | None
-        pass_on: Callable[[list[QueuedUrl]], object] | None
+        delegate: QueueDelegate
         refused: int
         releases_held: int
         _ring_at: float
@@ -73,9 +73,8 @@ class ReplicaHolding:
         def unwanted(position: int) -> bool:
             return me not in ring.holders_at(position, max(1, copies), zones)
 
-        dropped = self.store.replicas.drop_where(unwanted, passing=self.pass_on)
-        if self.pass_on is not None:
-            self.urls_passed_on += dropped
+        dropped = self.store.replicas.drop_where(unwanted, passing=self.delegate.pass_on)
+        self.urls_passed_on += dropped
         self._gc_ring = ring
         if dropped:
             log.info("replicas of positions no longer backed here passed on to their owners and dropped",
@@ -121,12 +120,12 @@ class ReplicaHolding:
         if fold:
             self._journaled_at = None
         self._held_epoch = max(self._held_epoch, message.epoch)
-        if released and self.on_marked is not None:
-            self.on_marked(released)
+        if released:
+            self.delegate.marked_seen(released)
         self.urls_held += len(items)
         self.releases_held += len(released)
-        if items and self.on_held is not None:
-            self.on_held(peer_id, message.epoch, items)
+        if items:
+            self.delegate.held_from(peer_id, message.epoch, items)
         # committed: it survives this process's death (backupconfig.py, the note after FULL, says why no fsync
         # waits before the ack)
         self.links.send_nowait(peer_id, ReplicaAck(seq=message.seq))  # if lost, the owner re-sends: ack again

@@ -3,7 +3,7 @@ arcs and who hands which to whom (`plan_view`), the crawler and the hand-off tol
 arcs inherited from dead members promoted from their replicas; queued hosts this node does not own swept to their
 owners (docs/cluster.md, "In the node" and "Queued-URL replicas").
 
-A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
+A mixin of `peer.cluster.core.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import trio
 from ring import MemberState, Moves, Ring, View, diff_moves, host_position, wire_moves
 from storage import HostState
 
-from peer.cluster.arcs import ArcSet, plan_view
-from peer.cluster.fence import TAKEOVER_GRACE
-from peer.cluster.rings import ring_id
+from peer.cluster.handoff.arcs import ArcSet, plan_view
+from peer.cluster.core.fence import TAKEOVER_GRACE
+from peer.cluster.core.rings import ring_id
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -28,9 +28,10 @@ if TYPE_CHECKING:
     from storage import NodeStore
 
     from peer.cluster import Dispatcher, Handoff, Membership, RingCache, SeenReplicas
-    from peer.cluster.backups import QueueReplicas
-    from peer.cluster.cluster import _Owners
-    from peer.cluster.fence import PartitionFence
+    from peer.cluster.replicas.queuereplicas import QueueReplicas
+    from peer.cluster.core.cluster import _Owners
+    from peer.cluster.core.fence import PartitionFence
+    from peer.cluster.core.settingsgossip import SettingsGossip
     from peer.config import Config
     from peer.crawl.crawler import Crawler
 
@@ -74,9 +75,10 @@ class ViewChanges:
         view_changes: int
         wall_clock: Callable[[], float]
 
-        def _live_peers(self) -> list[str]: ...
+        gossip: SettingsGossip
+
+        def live_peers(self) -> list[str]: ...
         def _set_ring(self, ring: Ring) -> None: ...
-        def share_settings(self, peers: Iterable[str] | None = None) -> int: ...
 
     # -- views --------------------------------------------------------------------------------------------
 
@@ -171,9 +173,9 @@ class ViewChanges:
                 # without us and without whoever was on our side. Its members come back to our view as they
                 # refute our record of them: our arcs came from the owners in the ring of the members that
                 # were not ours before this change, as well as from those of the ring without us (above). We
-                # wait for their hand-offs, which carry the timers of their last requests (the partition
-                # simulation, seed 42: the hold after the heal ran out 1.5 s after the heir's last request to
-                # a host with a 2 s Crawl-delay, and this node fetched it).
+                # wait for their hand-offs, which carry the timers of their last requests: the hold after the
+                # heal may run out sooner after the heir's last request to a host than the host's Crawl-delay,
+                # and without those timers this node would fetch it too early.
                 before_members = {m.node_id for m in old_view.members if m.state.owns_arcs}
                 back = {n: w for n, w in new_ring.weights.items() if n not in before_members and n != self.node_id}
                 if back:
@@ -216,9 +218,9 @@ class ViewChanges:
         self.dispatcher.wake()
         # a member that joined gets the crawl settings at once (the others have them: they are not sent again)
         owned_before = {m.node_id for m in old_view.members if m.state.owns_arcs}
-        joined = [peer for peer in self._live_peers() if peer not in owned_before]
+        joined = [peer for peer in self.live_peers() if peer not in owned_before]
         if joined:
-            self.share_settings(joined)
+            self.gossip.share(joined)
 
     def _promote(self, inherited: dict[str, ArcSet]) -> int:
         """Arcs this node inherits from dead members (per dead node, from `plan_view`): their queued URLs come out

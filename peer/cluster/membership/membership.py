@@ -41,12 +41,13 @@ from protocol import Gossip, Limits, Message, Ping, Pong, ProbeReply, ProbeReque
 from ring import Member, MemberState, View, check_zone, merge
 
 from peer.config import DEFAULTS
-from peer.cluster.peerlinks import LinkConfig, LinkError, MessageHandler, PeerLinks
-from peer.cluster.transport import Transport
+from peer.cluster.net.peerlinks import LinkConfig, LinkError, MessageHandler, PeerLinks
+from peer.cluster.net.transport import Transport
 
 __all__ = ["Membership", "MembershipConfig", "ViewWatch", "from_wire", "to_wire"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.membership")
 
 _LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
 _MAX_INDIRECT_TASKS = 64

@@ -2,7 +2,7 @@
 
 Everything above this module (peer links, membership, dispatch) sees only `Transport`: `connect(address)` gives
 a byte stream, `serve(handler)` runs a listener and reports the address it bound. `TcpTransport` is the real
-thing; `peer/cluster/memtransport.py`'s `MemoryNetwork` runs many nodes in one `trio.run`, so a cluster can be
+thing; `peer/cluster/net/memtransport.py`'s `MemoryNetwork` runs many nodes in one `trio.run`, so a cluster can be
 simulated under `MockClock`.
 
 A transport may also carry datagrams (`DatagramTransport`: `send_datagram(address, data)`, best effort, and
@@ -32,7 +32,8 @@ __all__ = [
     "split_address",
 ]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.transport")
 
 Handler = Callable[[trio.abc.Stream], Awaitable[None]]
 

@@ -1,20 +1,22 @@
 """The queued-URL replicas' limits and timings, and the owner's state per backup: what is staged for it, sent,
 acknowledged (`Backup`), and what a received batch waits for before it is acknowledged (`Ticket`). The rest is
-in peer/cluster/backups.py (`QueueReplicas`), whose docstring tells the whole design.
+in peer/cluster/replicas/queuereplicas.py (`QueueReplicas`), whose docstring tells the whole design.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from protocol import QueueReplica
 from storage import QueuedUrl
 
 __all__ = [
     "BACKUPS_CACHE", "FOLD_AGE", "FOLD_ENTRIES", "FULL", "GC_DELAY", "INTERVAL", "MAX_ENTRIES", "MAX_HOST",
-    "MAX_STAGED", "MAX_URL_BYTES", "RESEND_AFTER", "SCAN_CHUNK", "Backup", "Ticket", "merged",
+    "MAX_STAGED", "MAX_URL_BYTES", "RESEND_AFTER", "SCAN_CHUNK", "Backup", "QueueAlone", "QueueDelegate",
+    "Ticket", "merged",
 ]
 
 #: A backup's next message leaves at most this long after the first entry was staged for it, and no sooner
@@ -99,3 +101,40 @@ class Backup:
     sent_at: float = 0.0
     connection: int = 0
     staged_at: float | None = None  # when the oldest entry not yet sent was staged (None: nothing staged)
+
+
+class QueueDelegate(Protocol):
+    """What the queued-URL replicas tell the node they are part of (the cluster), as memberlist's delegates do.
+    Given at construction; `QueueAlone`, the default, tells nobody."""
+
+    def release_staged(self, item: QueuedUrl, key: bytes, backups: frozenset[str]) -> None:
+        """The release of `item` (its seen `key`) is staged for `backups`: the seen-key replicas send the key now,
+        to the other backups only (they mark it seen with the release), so no backup holds a page as seen while
+        the links it queued may be lost with this node."""
+
+    def marked_seen(self, keys: Sequence[bytes]) -> None:
+        """A peer's replica marked `keys` seen here (its releases): the hand-off keeps them through the drop of an
+        arc it is handing over."""
+
+    def pass_on(self, items: list[QueuedUrl]) -> None:
+        """The URLs of replicas this node no longer backs, before they are dropped: sent to their owners."""
+
+    def held_from(self, peer_id: str, epoch: int, items: list[QueuedUrl]) -> None:
+        """A replica message from `peer_id`, sent under view `epoch`, was held here: its URLs are durably queued
+        at their owner, and the crawler need not route them there again."""
+
+
+class QueueAlone:
+    """The delegate of queued-URL replicas that belong to no cluster (tests, a node's parts built alone)."""
+
+    def release_staged(self, item: QueuedUrl, key: bytes, backups: frozenset[str]) -> None:
+        pass
+
+    def marked_seen(self, keys: Sequence[bytes]) -> None:
+        pass
+
+    def pass_on(self, items: list[QueuedUrl]) -> None:
+        pass
+
+    def held_from(self, peer_id: str, epoch: int, items: list[QueuedUrl]) -> None:
+        pass

@@ -3,7 +3,7 @@ with the caps on handshakes under way), then a writer that batches the link's qu
 reader that hands every message to the node, until the connection ends, says goodbye or is superseded by the
 pair's other connection (docs/cluster.md, "Peer links").
 
-A mixin of `peer.cluster.peerlinks.PeerLinks`: it works on its attributes, set in `PeerLinks.__init__`.
+A mixin of `peer.cluster.net.peerlinks.PeerLinks`: it works on its attributes, set in `PeerLinks.__init__`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from protocol import Limits
 
     from peer.cluster import LinkConfig
-    from peer.cluster.peerlinks import PeerLink
+    from peer.cluster.net.peerlinks import PeerLink
 
 __all__ = ["IO_ERRORS", "LinkError", "Session", "Sessions"]
 
@@ -85,7 +85,7 @@ class Session:
 
 class Sessions:
     """The connections of the peer links: accepted, handshaken, run. A `link` is a `PeerLink`
-    (peer/cluster/peerlinks.py), which holds the peer's queue and its current `Session`."""
+    (peer/cluster/net/peerlinks.py), which holds the peer's queue and its current `Session`."""
 
     if TYPE_CHECKING:
         # What this part uses of the PeerLinks it is mixed into: attributes and its other parts' methods.

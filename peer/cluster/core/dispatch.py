@@ -26,14 +26,15 @@ from protocol import BatchAck, Message, UrlBatch, UrlEntry
 from ring import Ring
 from storage import NodeStore, QueuedUrl, url_fingerprint
 
-from peer.cluster.backups import QueueReplicas, Ticket
+from peer.cluster.replicas.queuereplicas import QueueReplicas, Ticket
 from peer.config import DEFAULTS
 from peer.crawl.syncs import StoreSyncs
 from peer.crawl.urls import host_of_normalized, normalize
 
 __all__ = ["DispatchConfig", "DispatchStats", "Dispatcher", "LinkLayer"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.dispatch")
 
 
 class LinkLayer(Protocol):
@@ -134,6 +135,7 @@ class Dispatcher:
         on_admitted: Callable[[list[QueuedUrl]], None] | None = None,
         backups: QueueReplicas | None = None,
         syncs: StoreSyncs | None = None,
+        answered_by: Callable[[], Callable[[str], bool] | None] = lambda: None,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -160,11 +162,11 @@ class Dispatcher:
         # received and stored, not yet synced and acked: (peer, ack, replicas' ticket, the sync mark of the commit)
         self._unsynced: list[tuple[str, BatchAck, Ticket | None, int]] = []
         self._unsynced_keys: set[tuple[str, int]] = set()  # (peer, batch seq) of those
-        # whether the crawler's memory says a URL is in this node's dedup store, for a host it owns under the
-        # current ring (`Crawler.answered`; set by `Cluster.attach`): a peer's URL it knows is counted as seen
-        # without being normalized, built into a record or looked up again (most URLs a peer sends were found
-        # here first, on their own host)
-        self.answered: Callable[[str], bool] | None = None
+        # () -> whether the crawler's memory says a URL is in this node's dedup store, for a host it owns under
+        # the current ring (`Crawler.answered`, once the crawler is attached; None before): a peer's URL it knows
+        # is counted as seen without being normalized, built into a record or looked up again (most URLs a peer
+        # sends were found here first, on their own host). Asked once per batch, not per URL.
+        self.answered_by = answered_by
 
     # -- the crawler's side -------------------------------------------------------------------------------
 
@@ -401,7 +403,7 @@ class Dispatcher:
         epoch, ring = self.ring_of()
         owned: list[QueuedUrl] = []
         forward: list[tuple[str, QueuedUrl]] = []
-        answered = self.answered
+        answered = self.answered_by()
         known = 0
         for entry in batch.urls:
             if answered is not None and answered(entry.url):  # (a URL the memory holds is normalized)

@@ -55,15 +55,17 @@ from protocol import Limits
 from ring import Zones, host_position
 from storage import NodeStore, QueuedUrl, queued_url_keys
 
-from peer.cluster.backupconfig import (
-    BACKUPS_CACHE, FOLD_AGE, FOLD_ENTRIES, FULL, GC_DELAY, INTERVAL, MAX_STAGED, RESEND_AFTER, Backup, Ticket, merged,
+from peer.cluster.replicas.queueconfig import (
+    BACKUPS_CACHE, FOLD_AGE, FOLD_ENTRIES, FULL, GC_DELAY, INTERVAL, MAX_STAGED, RESEND_AFTER, Backup, QueueAlone, QueueDelegate,
+    Ticket, merged,
 )
-from peer.cluster.backupholding import ReplicaHolding
-from peer.cluster.backupsending import ReplicaSending
+from peer.cluster.replicas.queueholding import ReplicaHolding
+from peer.cluster.replicas.queuesending import ReplicaSending
 
-__all__ = ["FOLD_AGE", "FOLD_ENTRIES", "FULL", "GC_DELAY", "QueueReplicas", "Ticket"]
+__all__ = ["FOLD_AGE", "FOLD_ENTRIES", "FULL", "GC_DELAY", "QueueAlone", "QueueDelegate", "QueueReplicas", "Ticket"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.backups")
 
 
 class QueueReplicas(ReplicaSending, ReplicaHolding):
@@ -84,6 +86,7 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
         limits: Limits | None = None,
         zones_of: Callable[[], Zones] = Zones,
         seen_copies: int = 0,
+        delegate: QueueDelegate | None = None,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -101,20 +104,8 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
         self.limits = limits or Limits()
         self._backups: dict[str, Backup] = {}
         self._tickets: list[Ticket] = []  # those with callbacks waiting (`then`)
-        # called with each URL whose release is staged: the cluster sends its seen key to the seen-key replicas
-        # only then, so no backup holds a page as seen while the links it queued may be lost with this node; with
-        # the backups the release went to (they mark the key seen with it)
-        self.on_released: Callable[[QueuedUrl, bytes, frozenset[str]], None] | None = None
-        # called with the keys a peer's replica marks seen here (its releases and fetched pages' marks): the
-        # hand-off keeps them through the drop of arcs it is handing over (`Handoff.marked_seen`)
-        self.on_marked: Callable[[Sequence[bytes]], None] | None = None
-        # given the URLs of replicas this node no longer backs, before they are dropped (`collect`): the cluster
-        # sends each to its owner (`Dispatcher.pass_on`)
-        self.pass_on: Callable[[list[QueuedUrl]], object] | None = None
-        # given (the peer, the view epoch its message was sent under, the URLs) of each replica message held
-        # here: URLs their owner has durably queued, which the crawler need not route to it again
-        # (`Cluster._held_from`)
-        self.on_held: Callable[[str, int, list[QueuedUrl]], None] | None = None
+        # what the replicas tell the cluster: a release staged, seen marks held, replicas passed on, URLs held
+        self.delegate: QueueDelegate = delegate if delegate is not None else QueueAlone()
         # releases waiting for their page's links: ({owner: outbox seq at the commit}, the links' ticket, URL)
         self._releases: list[tuple[dict[str, int], Ticket | None, QueuedUrl]] = []
         # Whether a held release may have become ready since `_stage_releases` last looked: a release waits for
@@ -239,9 +230,9 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
         """A view change re-keyed outbox entries to `owners` (new sequence numbers) and admitted some here (their
         replicas under `ticket`). The links a held release waits for may be among them: counted by sequence
         number at the page's commit, they would pass for acknowledged once they left their old owner's queue,
-        and the page was released while its links lived only in this node's outbox (the replica simulation,
-        seed 27: two of them lost when the node died a second later). So every release that waits for routed
-        links now also waits for each of `owners` up to the outbox's last entry, and for `ticket`."""
+        and the page would be released while its links live only in this node's outbox: lost if the node dies
+        before they are acknowledged. So every release that waits for routed links also waits for each of
+        `owners` up to the outbox's last entry, and for `ticket`."""
         owners = tuple(owners)
         if not self._releases or not (owners or ticket is not None):
             return
@@ -296,8 +287,7 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
             for backup in sorted(backups):
                 self._stage(backup, (key, item, True))
             self._wake_for(backups)
-        if self.on_released is not None:
-            self.on_released(item, key, frozenset(backups))
+        self.delegate.release_staged(item, key, frozenset(backups))
 
     def mark_seen(self, backup: str, keys: Sequence[bytes]) -> bool:
         """`backup` is to hold `keys` (of pages fetched here) as seen: sent like a release, in its FIFO,

@@ -27,7 +27,7 @@ node that heard from a node that heard from a majority has heard from a majority
 never refreshed by passing it on, so on the minority side of a partition every proof runs out within
 `CONTACT_WINDOW` of the last majority count made before the split. Every member on the root's list gets a wave
 a second, leaves included, whatever ring it holds; a root that took over (its ring changed) carries the proof it
-received from the root before. The partition fence (`peer/cluster/fence.py`) counts `contact_at` as contact
+received from the root before. The partition fence (`peer/cluster/core/fence.py`) counts `contact_at` as contact
 with the majority. This is what lets a node talk to a bounded number of peers and still know it is not on the
 minority side of a partition.
 
@@ -67,11 +67,12 @@ import trio
 
 from protocol import Message, ProgressTally, ProgressWave
 
-from peer.cluster.fence import CONTACT_WINDOW
+from peer.cluster.core.fence import CONTACT_WINDOW
 
 __all__ = ["FANOUT", "HOP_WAIT", "MAX_GATHERS", "MAX_WAVES", "Local", "ProgressTree", "Tally", "children", "depth"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.progress")
 
 #: Children per node in the tree: 1,000 members are 4 levels deep.
 FANOUT = 8

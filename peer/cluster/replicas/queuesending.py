@@ -3,7 +3,7 @@ re-sent until its `ReplicaAck`), made from what is staged for it; and re-homing,
 every ring change that stages each queued URL for the backups it did not have (docs/cluster.md, "Queued-URL
 replicas").
 
-A mixin of `peer.cluster.backups.QueueReplicas`: it works on its attributes, set in `QueueReplicas.__init__`.
+A mixin of `peer.cluster.replicas.queuereplicas.QueueReplicas`: it works on its attributes, set in `QueueReplicas.__init__`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from protocol import QueueReplica, ReplicaAck, UrlEntry
 from ring import host_position
 from storage import QueuedUrl, queued_url_keys
 
-from peer.cluster.backupconfig import GC_DELAY, MAX_ENTRIES, MAX_HOST, MAX_URL_BYTES, SCAN_CHUNK, Backup
+from peer.cluster.replicas.queueconfig import GC_DELAY, MAX_ENTRIES, MAX_HOST, MAX_URL_BYTES, SCAN_CHUNK, Backup
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ring import Zones
     from storage import NodeStore
 
-    from peer.cluster.backupconfig import Ticket
+    from peer.cluster.replicas.queueconfig import Ticket
 
 __all__ = ["ReplicaSending"]
 

@@ -39,7 +39,8 @@ from peer.crawl.addressgate import Lane
 
 __all__ = ["LEASE", "FleetLanes", "LanesDelegate"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.lanes")
 
 #: An ask not answered in this long may be sent again (to the owner of the current view).
 ASK_TIMEOUT = 2.0

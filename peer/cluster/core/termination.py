@@ -1,37 +1,32 @@
 """Progress and cluster-wide termination: this node's progress report, its part of the progress waves over the
-tree of the ring's members (peer/cluster/progress.py), concluding when two waves find every member idle, and
+tree of the ring's members (peer/cluster/core/progress.py), concluding when two waves find every member idle, and
 releasing the wait for arcs of members that left.
 
-A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
+`Termination` is a part of `peer.cluster.core.cluster.Cluster`, built with what it reads (the Protocols below): the
+view and the ring's members, the links, the dispatcher's and the hand-off's outstanding work, the crawler, the
+node's counters. It owns the progress tree and the `finished` event.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import trio
 
-from protocol import Message, ProgressReport
-from ring import MemberState
+from protocol import Message, ProgressQuery, ProgressReport
+from ring import MemberState, View
 
-from peer.cluster.progress import Local
+from peer.cluster.core.progress import Local, ProgressTree
 
-if TYPE_CHECKING:
-    from typing import Any
-
-    from ring import View
-    from storage import NodeStore
-
-    from peer.cluster import Dispatcher, Handoff, PeerLinks, ProgressTree
-    from peer.crawl.crawler import Crawler
-
-__all__ = ["LEFT_GRACE", "LINGER_TIMEOUT", "PROGRESS_INTERVAL", "Termination"]
+__all__ = ["LEFT_GRACE", "LINGER_TIMEOUT", "PROGRESS_INTERVAL", "Termination", "TerminationHandoff", "TerminationLinks",
+           "TerminationWork"]
 
 # the cluster's records keep the logger name they have always had (operators filter on it)
 log = logging.getLogger("peer.cluster.cluster")
 
-#: Progress waves: the ring's first member starts one this often (peer/cluster/progress.py).
+#: Progress waves: the ring's first member starts one this often (peer/cluster/core/progress.py).
 PROGRESS_INTERVAL = 1.0
 #: A node seen LEAVING this long and no longer connected has left: its arcs are not waited for any more. Its
 #: links stay up while it hands off, so this only needs to cover a link that is not up yet.
@@ -41,31 +36,72 @@ LEFT_GRACE = 2.0
 LINGER_TIMEOUT = 5.0
 
 
+class TerminationLinks(Protocol):
+    """What termination needs of `PeerLinks`."""
+
+    def send_nowait(self, peer_id: str, message: Message, *, address: str | None = None) -> bool: ...
+
+    def connected_peers(self) -> list[str]: ...
+
+
+class TerminationWork(Protocol):
+    """What termination reads of the dispatcher: its counters and the batches not yet acknowledged."""
+
+    stats: Any  # DispatchStats: urls_new, batches_received, urls_received
+
+    def outstanding(self) -> int: ...
+
+
+class TerminationHandoff(Protocol):
+    """What termination reads and asks of the hand-off."""
+
+    chunks_applied: int
+    urls_received: int
+
+    def outstanding(self) -> int: ...
+
+    def waiting(self) -> bool: ...
+
+    def waits_for(self, peer_id: str) -> bool: ...
+
+    def abandon(self, peer_id: str) -> None: ...
+
+
 class Termination:
     """Progress reports and waves, and concluding that the whole cluster's crawl is finished."""
 
-    if TYPE_CHECKING:
-        # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
-        crawler: Crawler | None
-        dispatcher: Dispatcher
-        finished: trio.Event
-        handoff: Handoff
-        _leaving_since: dict[str, float]
-        links: PeerLinks
-        node_id: str
-        _order: tuple[str, ...]
-        progress: ProgressTree
-        ready: trio.Event
-        _ring_id: int
-        stats: Any
-        store: NodeStore
-        view: View
-
-    # -- progress and termination -------------------------------------------------------------------------
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        view: Callable[[], View],
+        members: Callable[[], tuple[int, tuple[str, ...]]],
+        links: TerminationLinks,
+        dispatcher: TerminationWork,
+        handoff: TerminationHandoff,
+        crawler: Callable[[], Any],
+        stats: Any,
+        queued: Callable[[], int],
+        ready: trio.Event,
+    ) -> None:
+        self.node_id = node_id
+        self._view = view  # () -> this node's current view
+        self._members = members  # () -> (the ring's id, its members sorted by node id)
+        self.links = links
+        self.dispatcher = dispatcher
+        self.handoff = handoff
+        self._crawler = crawler  # () -> the crawler once attached (`is_done`), or None
+        self.stats = stats  # the node's counters: pages, urls_new, rate()
+        self._queued = queued  # () -> URLs queued in this node's frontier
+        self.ready = ready  # joined (or started a new cluster) and seeded: progress waves may begin
+        self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
+        self._leaving_since: dict[str, float] = {}  # peer -> when this node first saw it LEAVING
+        self.progress = ProgressTree(node_id, members=members, local=self._wave_local, send=self._send_to,
+                                     concluded=self._conclude, suspect=self._suspect)
 
     def local_progress(self, seq: int = 0) -> ProgressReport:
         """This node's progress as the report it sends (``seq`` answers a query; 0 when unasked or kept here)."""
-        crawler = self.crawler
+        crawler = self._crawler()
         d, h = self.dispatcher.stats, self.handoff
         idle = (
             crawler is not None
@@ -76,19 +112,22 @@ class Termination:
         )
         activity = self.stats.pages + self.stats.urls_new + d.urls_new + d.batches_received + h.chunks_applied
         return ProgressReport(
-            seq=seq, ring=self._ring_id, idle=idle, finished=self.finished.is_set(),
-            activity=activity, pages=self.stats.pages, queued=len(self.store.frontier),
+            seq=seq, ring=self._members()[0], idle=idle, finished=self.finished.is_set(),
+            activity=activity, pages=self.stats.pages, queued=self._queued(),
             urls_received=sum(d.urls_received.values()) + h.urls_received, rate=max(0.0, self.stats.rate()),
         )
 
-    def _live_peers(self) -> list[str]:
-        return [m.node_id for m in self.view.members if m.node_id != self.node_id and m.state.owns_arcs]
+    def asked(self, peer_id: str, message: ProgressQuery) -> None:
+        """A peer asks for this node's progress (someone looks at its dashboard)."""
+        self.links.send_nowait(peer_id, self.local_progress(message.seq))
 
     def _send_to(self, peer: str, message: Message) -> bool:
-        member = self.view.member(peer)
+        member = self._view().member(peer)
         return self.links.send_nowait(peer, message, address=member.address if member else None)
 
-    async def _progress_loop(self) -> None:
+    async def run(self) -> None:
+        """Once ready, take part in the progress waves (started here when this node is a tree's root) and stop
+        waiting for departed members' arcs, until cancelled."""
         await self.ready.wait()  # a node that is still joining must not conclude anything from its lone view
         second = True
         while True:
@@ -107,7 +146,7 @@ class Termination:
         now = trio.current_time()
         connected = set(self.links.connected_peers())
         released = []
-        for member in self.view.members:
+        for member in self._view().members:
             peer = member.node_id
             if member.state is not MemberState.LEAVING or peer == self.node_id:
                 self._leaving_since.pop(peer, None)
@@ -122,7 +161,7 @@ class Termination:
 
     def _suspect(self, peer: str) -> bool:
         """Whether this node's view holds `peer` SUSPECT (the progress waves go around it)."""
-        member = self.view.member(peer)
+        member = self._view().member(peer)
         return member is not None and member.state is MemberState.SUSPECT
 
     def _wave_local(self, finished: bool) -> Local:
@@ -133,7 +172,7 @@ class Termination:
         return Local(idle=me.idle, activity=me.activity, finished=self.finished.is_set())
 
     def _conclude(self, why: str) -> None:
-        log.info("crawl finished across the cluster", extra={"reason": why, "members": len(self._order)})
+        log.info("crawl finished across the cluster", extra={"reason": why, "members": len(self._members()[1])})
         self.finished.set()
 
     async def linger(self, timeout: float = LINGER_TIMEOUT) -> None:

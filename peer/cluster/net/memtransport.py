@@ -1,6 +1,6 @@
 """The in-memory network: many nodes in one `trio.run`, so a cluster can be simulated under `MockClock`
 (`MemoryNetwork`, its `MemoryTransport` per node, `MemoryStream` per connection), behind the same `Transport`
-seam as TCP (peer/cluster/transport.py). Datagrams arrive after the network's delay, are lost at its loss
+seam as TCP (peer/cluster/net/transport.py). Datagrams arrive after the network's delay, are lost at its loss
 probability and never cross a partition.
 
 The in-memory network models faults where a real network shows them to a TCP user: at the connection (a
@@ -46,7 +46,7 @@ from protocol import (
     frame_tag,
 )
 
-from peer.cluster.transport import (
+from peer.cluster.net.transport import (
     DATAGRAM_QUEUE, DatagramHandler, Handler, TransportError, split_address,
 )
 

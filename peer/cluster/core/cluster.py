@@ -8,9 +8,9 @@ cluster-wide termination, and graceful leave.
 - links to hosts owned elsewhere go to `dispatcher.route`, and the crawler stores them with the page that found
   them (`take_routed`);
 - a view change starts the hand-off of the arcs this node lost and notes those it gained;
-- the seen keys of the pages it fetches go to each arc's backup (`peer/cluster/replicas.py`), so a death repeats little;
+- the seen keys of the pages it fetches go to each arc's backup (`peer/cluster/replicas/seenreplicas.py`), so a death repeats little;
 - every second the ring's first member (by node id) gathers every member's progress over a tree of the ring's
-  members (`peer/cluster/progress.py`: a bounded number of messages per node, whatever the cluster's size); two
+  members (`peer/cluster/core/progress.py`: a bounded number of messages per node, whatever the cluster's size); two
   waves in which every member is idle with unchanged activity on the same ring mean the crawl is finished
   everywhere (the four-counter method: an idle node has nothing queued, nothing being fetched, and every batch
   and chunk it sent acknowledged), and the next wave tells every member so.
@@ -22,14 +22,16 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from protocol import (
-    Message, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, Settings, StatusQuery, StatusReport,
+    BatchAck, HandoffAck, HandoffAsk, HandoffChunk, LaneAsk, LaneGrant, LaneHandover, LaneHandoverAsk, LaneReturn,
+    Message, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, QueueReplica, ReplicaAck, SeenReplica,
+    Settings, StatusQuery, StatusReport, UrlBatch,
 )
 from ring import DEFAULT_POINTS_PER_WEIGHT, Ring, View, Zones, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc
@@ -37,27 +39,30 @@ from storage import HostState, NodeStore, QueuedUrl, in_arc
 from peer.config import Config
 from peer.crawl.crawler import Crawler
 from peer.crawl.syncs import StoreSyncs
-from peer.cluster.backupconfig import Ticket
-from peer.cluster.backups import QueueReplicas
-from peer.cluster.clusterstatus import ClusterStatus
-from peer.cluster.dispatch import DispatchConfig, Dispatcher
-from peer.cluster.fence import PartitionFence
-from peer.cluster.handoff import Handoff, HandoffConfig, Hold
-from peer.cluster.lanes import LEASE, FleetLanes
-from peer.cluster.membership import Membership, MembershipConfig
-from peer.cluster.peerlinks import LinkConfig
-from peer.cluster.progress import ProgressTree
-from peer.cluster.replicas import REPLICA_COPIES, SeenReplicas
-from peer.cluster.report import status_dict, status_report
-from peer.cluster.rings import RingCache, ring_id
-from peer.cluster.settingsgossip import SettingsGossip
-from peer.cluster.termination import Termination
-from peer.cluster.transport import TcpTransport, TlsFiles, Transport
-from peer.cluster.viewchanges import ViewChanges
+from peer.cluster.replicas.queueconfig import Ticket
+from peer.cluster.replicas.queuereplicas import QueueReplicas
+from peer.cluster.core.clusterstatus import ClusterStatus
+from peer.cluster.core.dispatch import DispatchConfig, Dispatcher
+from peer.cluster.core.fence import PartitionFence
+from peer.cluster.handoff.handoff import Handoff, HandoffConfig, Hold
+from peer.cluster.core.lanes import LEASE, FleetLanes
+from peer.cluster.membership.membership import Membership, MembershipConfig
+from peer.cluster.net.peerlinks import LinkConfig
+from peer.cluster.replicas.seenreplicas import REPLICA_COPIES, SeenReplicas
+from peer.cluster.core.rings import RingCache, ring_id
+from peer.cluster.core.settingsgossip import SettingsGossip
+from peer.cluster.core.termination import LINGER_TIMEOUT, Termination
+from peer.cluster.net.transport import TcpTransport, TlsFiles, Transport
+from peer.cluster.core.viewchanges import ViewChanges
 
 __all__ = ["Cluster", "ClusterError", "ring_id"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.cluster")
+
+#: A part's handler of a peer's message: called with the peer and the message; what it returns is awaited if it
+#: is awaitable (the dispatcher's and the hand-off's are coroutines), else ignored.
+Handler = Callable[[str, Any], object]
 
 #: After a join, how long to wait for the ring of the joined view (a build takes about 0.1 s per million points;
 #: a view change derives the next ring from the current one in a few tens of milliseconds).
@@ -93,7 +98,7 @@ class _Owners:
             return owner
 
 
-class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
+class Cluster(ViewChanges):
     """One node's membership in the cluster. Build it, `attach` the crawler, then `await nursery.start(run)`."""
 
     def __init__(
@@ -111,6 +116,7 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         rings: RingCache | None = None,
         members: View | None = None,
         syncs: StoreSyncs | None = None,
+        summary: Callable[[], dict[str, Any] | None] = lambda: None,
     ) -> None:
         self.cfg = cfg
         self.points_per_weight = points_per_weight  # fewer in simulations: a ring of many points takes a second
@@ -153,35 +159,31 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         self._rings = rings if rings is not None else RingCache()
         # the failure zones of the ring's nodes: replicas keep a copy outside the owner's zone (ring/_zones.py)
         self.zones = Zones()
-        # every queued URL also on the ring backups of its position (--replicas R), promoted when its owner dies
+        self.wall_clock = wall_clock  # the one wall clock of every part (states and leases travel as durations)
+        # every queued URL also on the ring backups of its position (--replicas R), promoted when its owner dies;
+        # the cluster is its delegate (`QueueDelegate`: releases staged, seen marks held, replicas passed on)
         self.backups = QueueReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
                                      copies=cfg.replicas, wall_clock=wall_clock, zones_of=lambda: self.zones,
-                                     seen_copies=REPLICA_COPIES)  # a release marks a page seen where its key goes
-        self.wall_clock = wall_clock
+                                     seen_copies=REPLICA_COPIES,  # a release marks a page seen where its key goes
+                                     delegate=self)
         self.dispatcher = Dispatcher(
             node_id, store, self.links, ring_of=self.ring_of,
             config=DispatchConfig(batch_size=cfg.batch_size, interval=cfg.dispatch_interval),
             on_admitted=self._admitted, backups=self.backups, syncs=self.syncs,
+            answered_by=lambda: self.crawler.answered if self.crawler is not None else None,
         )
-        self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
-                                     apply_states=self._merge_states, wall_clock=wall_clock,
-                                     zones_of=lambda: self.zones,
-                                     reliable=self.backups.mark_seen if cfg.replicas else None)
-        # a released page's seen key: its release marks it seen at the backups it went to, so the seen-key
-        # replicas send it only to the others
-        self.backups.on_released = lambda item, key, done: self.replicas.fetched(item, key, released=done)
         # the hand-off asks the cluster (its delegate) what is busy, who owns what, and where keys go
         self.handoff = Handoff(node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait),
                                wall_clock=wall_clock, delegate=self)
         # seen marks that peers' replicas leave here stay through the drop of an arc being handed over: this node
         # is often the backup of the arc's new owner, and its heir
-        self.backups.on_marked = self.replicas.on_marked = self.handoff.marked_seen
-        # replicas this node no longer backs go to their owners before they are dropped, not only dropped
-        self.backups.pass_on = self.dispatcher.pass_on
-        # the URLs a peer's queued-URL replicas bring are queued at their owner: the crawler does not route them
-        self.backups.on_held = self._held_from
+        self.replicas = SeenReplicas(node_id, store, self.links, ring_of=lambda: (self.epoch, self.ring),
+                                     apply_states=self._merge_states, wall_clock=wall_clock,
+                                     zones_of=lambda: self.zones,
+                                     reliable=self.backups.mark_seen if cfg.replicas else None,
+                                     on_marked=self.handoff.marked_seen)
         # per-address limits held fleet-wide: this node owns the addresses the ring gives it and lends their
-        # lanes (peer/cluster/lanes.py); the crawler borrows through it
+        # lanes (peer/cluster/core/lanes.py); the crawler borrows through it
         self._lanes_file = Path(cfg.data_dir) / LANES_FILE
         self._lanes_written = -math.inf
         self.lanes = (
@@ -189,23 +191,21 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
                        delegate=self, start_wait=_lent_until(self._lanes_file, wall_clock()))
             if cfg.ip_connections > 0 else None
         )
-        self._wall_clock = wall_clock
         self.crawler: Crawler | None = None
-        # URLs of peers' replicas the crawler learnt are queued at their owner, so not routed there (`_held_from`)
+        # URLs of peers' replicas the crawler learnt are queued at their owner, so not routed there (`held_from`)
         self.urls_known_elsewhere = 0
         self.address: str | None = None
-        self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
         self.ready = trio.Event()  # joined (or started a new cluster) and seeded: progress waves may begin
         self._ready_at: float | None = None  # when `ready` was set (see `_fresh`)
         self.leaving = False
         self.view_changes = 0
         self.hosts_swept = 0
-        self.peers: dict[str, ProgressReport] = {}  # the latest report of each peer (asked while someone looks)
-        self._seq = 0
-        self.progress = ProgressTree(node_id, members=lambda: (self._ring_id, self._order),
-                                     local=self._wave_local, send=self._send_to, concluded=self._conclude,
-                                     suspect=self._suspect)
-        self._leaving_since: dict[str, float] = {}  # peer -> when this node first saw it LEAVING
+        # progress reports, the waves over the tree of the ring's members, and concluding the crawl is finished
+        self.termination = Termination(
+            node_id, view=lambda: self.view, members=lambda: (self._ring_id, self._order), links=self.links,
+            dispatcher=self.dispatcher, handoff=self.handoff, crawler=lambda: self.crawler, stats=stats,
+            queued=lambda: len(store.frontier), ready=self.ready)
+        self.progress = self.termination.progress
         # (when, dead node, URLs promoted): each arc inherited from a dead node, promoted from its replicas
         self.promotions: list[tuple[float, str, int]] = []
         self._routed_to: set[str] = set()  # owners of the links routed by the page being committed
@@ -213,15 +213,62 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         self.fence = PartitionFence(node_id, view=lambda: self.view, last_heard=self.membership.last_heard,
                                     suspicion_timeout=cfg.suspicion_timeout, probe_interval=cfg.probe_interval,
                                     majority_heard=lambda: self.progress.contact_at)
-        # The dashboard: this node's detailed status (set by the node), its peers' latest, and until when to ask.
-        self.summary: Callable[[], dict[str, Any]] | None = None
-        self.details: dict[str, tuple[float, dict[str, Any]]] = {}  # peer -> (trio time received, status)
-        self._asked_at = float("-inf")  # when peers were last asked for their detailed status
-        self._slices: tuple[int, list[dict[str, float]]] | None = None  # (ring id, the ring folded)
-        self.settings_sent = 0
-        self.settings_adopted = 0
-        self.settings_refused = 0
-        self._gossip_rng = random.Random(f"{node_id}:settings")  # whom the settings are repeated to
+        # the crawl settings sent to the peers at each change and repeated as gossip
+        self.gossip = SettingsGossip(node_id, links=self.links, view=lambda: self.view, live_peers=self.live_peers,
+                                     crawler=lambda: self.crawler)
+        self.messages_unknown = 0  # peers' messages of a type no part handles
+        # `/status`'s cluster part and the dashboard's `/cluster`, with what the peers tell of themselves; the
+        # node's summary is its detailed status (none when the cluster is built alone)
+        self.statuses = ClusterStatus(
+            node_id, facts=self, links=self.links, dispatcher=self.dispatcher, handoff=self.handoff,
+            replicas=self.replicas, backups=self.backups, fence=self.fence, lanes=self.lanes, gossip=self.gossip,
+            termination=self.termination, live_peers=self.live_peers, summary=summary)
+        self._handlers = self._message_table()
+
+    # -- the parts' faces: what the node and the control routes ask of the cluster ----------------------------
+
+    def status(self) -> dict[str, Any]:
+        """`/status`'s cluster part (`ClusterStatus.status`)."""
+        return self.statuses.status()
+
+    def cluster_status(self, *, detail: bool = False) -> dict[str, Any]:
+        """Every member as this node knows it (`ClusterStatus.cluster_status`)."""
+        return self.statuses.cluster_status(detail=detail)
+
+    def watched(self) -> None:
+        """Someone looks at the cluster: the peers are asked for their detailed status (`ClusterStatus.watched`)."""
+        self.statuses.watched()
+
+    def transfers(self) -> list[dict[str, Any]]:
+        return self.statuses.transfers()
+
+    def shares(self) -> dict[str, tuple[float, float]]:
+        return self.statuses.shares()
+
+    def share_settings(self, peers: Iterable[str] | None = None) -> int:
+        """Send the crawl settings in force to `peers`, every live peer by default (`SettingsGossip.share`)."""
+        return self.gossip.share(peers)
+
+    def local_progress(self, seq: int = 0) -> ProgressReport:
+        return self.termination.local_progress(seq)
+
+    async def linger(self, timeout: float = LINGER_TIMEOUT) -> None:
+        """After concluding, keep answering the progress tree a while (`Termination.linger`)."""
+        await self.termination.linger(timeout)
+
+    @property
+    def finished(self) -> trio.Event:
+        """Set once the whole cluster's crawl is finished (`Termination.finished`)."""
+        return self.termination.finished
+
+    @property
+    def current_ring_id(self) -> int:
+        """The current ring's id (`ring_id`): the progress waves and the dashboard's ring picture follow it."""
+        return self._ring_id
+
+    def live_peers(self) -> list[str]:
+        """The other members of this node's view that own arcs."""
+        return [m.node_id for m in self.view.members if m.node_id != self.node_id and m.state.owns_arcs]
 
     def link_busy(self, peer_id: str) -> bool:
         """Whether the link to `peer_id` must not be closed for idleness: URL batches to it wait for their ack,
@@ -236,7 +283,6 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
     def attach(self, crawler: Crawler) -> None:
         """The crawler this cluster wakes when work arrives (built with `ownership=cluster`)."""
         self.crawler = crawler
-        self.dispatcher.answered = crawler.answered
 
     def route(self, item: QueuedUrl) -> None:
         self.dispatcher.route(item)
@@ -255,13 +301,27 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         routed_to, self._routed_to = self._routed_to, set()
         links, self._queued_ticket = self._queued_ticket, None
         if self.backups.copies:
-            # its seen key goes to the seen-key replicas with its release (`backups.on_released`): once the links
+            # its seen key goes to the seen-key replicas with its release (`release_staged`): once the links
             # its page found are safe elsewhere, as a backup that held the page seen would never fetch it again
             self.backups.released(item, routed_to, links)
         else:
             self.replicas.fetched(item)
 
-    def _held_from(self, peer_id: str, epoch: int, items: Sequence[QueuedUrl]) -> None:
+    # -- the queued-URL replicas' delegate (peer/cluster/replicas/queueconfig.py: QueueDelegate) -------------
+
+    def release_staged(self, item: QueuedUrl, key: bytes, backups: frozenset[str]) -> None:
+        """A released page's seen key: its release marks it seen at the backups it went to, so the seen-key
+        replicas send it only to the others."""
+        self.replicas.fetched(item, key, released=backups)
+
+    def marked_seen(self, keys: Sequence[bytes]) -> None:
+        self.handoff.marked_seen(keys)
+
+    def pass_on(self, items: list[QueuedUrl]) -> None:
+        """Replicas this node no longer backs go to their owners before they are dropped, not only dropped."""
+        self.dispatcher.pass_on(items)
+
+    def held_from(self, peer_id: str, epoch: int, items: Sequence[QueuedUrl]) -> None:
         """A replica message from `peer_id` was held here: the URLs of hosts it owns under this node's ring, sent
         under this node's view, are durably queued there (a node replicates what it queued, after its commit;
         a commit lost in a crash is redone from its source, which is lost with it). The crawler drops links to
@@ -299,7 +359,7 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         if self.lanes is not None:
             self.lanes.ring_changed(self._owners.owner, self.epoch)
 
-    # -- the lanes' delegate (peer/cluster/lanes.py: LanesDelegate) ----------------------------------------
+    # -- the lanes' delegate (peer/cluster/core/lanes.py: LanesDelegate) ----------------------------------------
 
     def send_lanes(self, peer_id: str, message: Message) -> bool:
         return self.links.send_nowait(peer_id, message)
@@ -327,7 +387,7 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
             # out only what this run lent: written when it moves on by a second or more.
             until = self.lanes.lent_until
             if until > self._lanes_written + 1.0:
-                wall = self._wall_clock() + (until - trio.current_time())
+                wall = self.wall_clock() + (until - trio.current_time())
                 try:
                     self._lanes_file.write_text(f"{wall:.3f}\n")
                     self._lanes_written = until
@@ -340,7 +400,7 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         owners = self._owners
         return owners is not None and owners.owner(host) == self.node_id
 
-    # -- the hand-off's delegate (peer/cluster/handoffconfig.py: HandoffDelegate) --------------------------
+    # -- the hand-off's delegate (peer/cluster/handoff/config.py: HandoffDelegate) --------------------------
 
     def owner_of(self, host: str) -> str:
         assert self._owners is not None
@@ -417,12 +477,12 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
             await nursery.start(self.progress.serve)
             nursery.start_soon(self._note_ready)
             nursery.start_soon(self._follow_views, watch)
-            nursery.start_soon(self._progress_loop)
+            nursery.start_soon(self.termination.run)
             nursery.start_soon(self._sweep_loop)
             nursery.start_soon(self.fence.contact_loop)
             if self.lanes is not None:
                 nursery.start_soon(self._lanes_loop)
-            nursery.start_soon(self._settings_loop)
+            nursery.start_soon(self.gossip.run)
             log.info("cluster member listening", extra={"node_id": self.node_id, "address": self.address})
             task_status.started(self.address)
 
@@ -480,29 +540,46 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
             and (crawler is None or crawler.active == 0)
         )
 
+    def _message_table(self) -> dict[type, Handler]:
+        """Each message type a peer may send the cluster (membership's own are taken before), and its one handler."""
+        lanes = self.lanes.on_message if self.lanes is not None else self._no_lanes
+        table: dict[type, Handler] = {
+            ProgressWave: self.progress.on_wave,
+            ProgressTally: self.progress.on_tally,
+            ProgressQuery: self.termination.asked,
+            ProgressReport: self.statuses.progress_arrived,
+            StatusQuery: self.statuses.asked,
+            StatusReport: self.statuses.arrived,
+            Settings: self.gossip.arrived,
+            UrlBatch: self.dispatcher.on_message,
+            BatchAck: self.dispatcher.on_message,
+            HandoffChunk: self.handoff.on_message,
+            HandoffAck: self.handoff.on_message,
+            HandoffAsk: self.handoff.on_message,
+            SeenReplica: self.replicas.on_message,
+            QueueReplica: self.backups.on_message,
+            ReplicaAck: self.backups.on_message,
+        }
+        for lane_message in (LaneAsk, LaneGrant, LaneReturn, LaneHandover, LaneHandoverAsk):
+            table[lane_message] = lanes
+        return table
+
     async def _on_message(self, peer_id: str, message: Message) -> None:
-        if isinstance(message, ProgressWave):
-            self.progress.on_wave(peer_id, message)
-        elif isinstance(message, ProgressTally):
-            self.progress.on_tally(peer_id, message)
-        elif isinstance(message, ProgressQuery):
-            self.links.send_nowait(peer_id, self.local_progress(message.seq))
-        elif isinstance(message, Settings):
-            self._settings_arrived(peer_id, message)
-        elif isinstance(message, ProgressReport):
-            self.peers[peer_id] = message
-        elif isinstance(message, StatusQuery):
-            if self.summary is not None:
-                self.links.send_nowait(peer_id, status_report(message.seq, self.summary()))
-        elif isinstance(message, StatusReport):
-            self.details[peer_id] = (trio.current_time(), status_dict(message))
-        elif self.lanes is not None and self.lanes.on_message(peer_id, message):
+        """A peer's message, to the one part that handles its type. A type no part handles (a peer of another
+        version, or one that misbehaves) is counted and logged, and the link goes on."""
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            self.messages_unknown += 1
+            log.warning("a peer sent a message no part of the cluster handles; ignored",
+                        extra={"peer": peer_id, "type": type(message).__name__})
             return
-        elif self.backups.on_message(peer_id, message):
-            return
-        elif not self.replicas.on_message(peer_id, message):
-            await self.dispatcher.on_message(peer_id, message)
-            await self.handoff.on_message(peer_id, message)
+        result = handler(peer_id, message)
+        if isinstance(result, Awaitable):
+            await result
+
+    def _no_lanes(self, peer_id: str, message: Message) -> None:
+        """A lane message to a node that holds no per-address limits (`ip_connections` 0): nothing to lend."""
+        log.debug("a lane message to a node without lanes; ignored", extra={"peer": peer_id})
 
 
 #: In the data dir: the wall time until which lanes this node lent to others may still be in use.

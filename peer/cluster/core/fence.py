@@ -7,7 +7,7 @@ declares dead while that node, alive behind the partition, may still fetch them.
 - a node that has heard from no strict majority of the members owning arcs (itself counted) within
   `CONTACT_WINDOW` of its own running time is *fenced*; a stall of its own is not counted as the peers' silence.
   Hearing from a majority may be direct (any message from a peer counts, whatever ring or epoch it holds), or a
-  proof of contact that the progress waves (peer/cluster/progress.py) carry down the tree, dated by the root's
+  proof of contact that the progress waves (peer/cluster/core/progress.py) carry down the tree, dated by the root's
   count of a majority it comes from (`majority_heard`): in a cluster of hundreds a node talks to a few dozen
   peers at a time;
 - once in contact again, and after any freeze long enough for the others to have declared it dead, it holds for
@@ -33,11 +33,12 @@ import trio
 from ring import MemberState, View
 
 if TYPE_CHECKING:
-    from peer.cluster.arcs import ArcSet
+    from peer.cluster.handoff.arcs import ArcSet
 
 __all__ = ["CONTACT_TICK", "CONTACT_WINDOW", "TAKEOVER_GRACE", "PartitionFence"]
 
-log = logging.getLogger(__name__)
+# its records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.fence")
 
 #: Heard from within this much of this node's running time counts as contact: directly, or through a proof of
 #: contact carried by a progress wave (one a second), dated by the root's count of a majority; SWIM probes and

@@ -2,32 +2,26 @@
 member (`/cluster`): views, ring shares, the peers' latest progress and detailed status, asked for only while
 someone looks, and the ring folded into slices.
 
-A mixin of `peer.cluster.cluster.Cluster`: it works on the cluster's attributes, set in `Cluster.__init__`.
+`ClusterStatus` is a part of `peer.cluster.core.cluster.Cluster`, built with the parts whose figures it shows and
+the cluster's own facts (`ClusterFacts`: its address, epoch, view and ring, and a few counters). It keeps what
+the peers tell about themselves (their progress reports and detailed status) and answers their status queries.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import trio
 
-from protocol import ProgressQuery, StatusQuery
-from ring import MemberState
+from protocol import ProgressQuery, ProgressReport, StatusQuery, StatusReport
+from ring import MemberState, Ring, View
 
-from peer.cluster.report import ring_pending, ring_slices
+from peer.cluster.core.report import ring_pending, ring_slices, status_dict, status_report
+from peer.cluster.core.settingsgossip import SettingsGossip
+from peer.cluster.core.termination import Termination
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from protocol import ProgressReport
-    from ring import Ring, View
-
-    from peer.cluster import Dispatcher, Handoff, PeerLinks, SeenReplicas
-    from peer.cluster.backups import QueueReplicas
-    from peer.cluster.fence import PartitionFence
-    from peer.cluster.lanes import FleetLanes
-
-__all__ = ["ClusterStatus", "DETAIL_MAX_AGE", "RING_SLICES", "STATUS_INTERVAL"]
+__all__ = ["ClusterFacts", "ClusterStatus", "DETAIL_MAX_AGE", "RING_SLICES", "STATUS_INTERVAL"]
 
 #: A look at the cluster asks the peers for their detailed status (the dashboard's) at most this often.
 STATUS_INTERVAL = 0.5
@@ -37,55 +31,91 @@ DETAIL_MAX_AGE = 10.0
 RING_SLICES = 360
 
 
+class ClusterFacts(Protocol):
+    """What the status reads of the cluster itself (`Cluster` has each)."""
+
+    address: str | None
+    epoch: int
+    view: View
+    ring: Ring | None
+    leaving: bool
+    view_changes: int
+    hosts_swept: int
+    urls_known_elsewhere: int
+    messages_unknown: int
+
+    @property
+    def current_ring_id(self) -> int: ...
+
+
 class ClusterStatus:
     """The node's cluster status and the dashboard's view of the cluster."""
 
-    if TYPE_CHECKING:
-        # What this part uses of the Cluster it is mixed into: attributes and its other parts' methods.
-        address: str | None
-        _asked_at: float
-        backups: QueueReplicas
-        details: dict[str, tuple[float, dict[str, Any]]]
-        dispatcher: Dispatcher
-        epoch: int
-        fence: PartitionFence
-        finished: trio.Event
-        handoff: Handoff
-        hosts_swept: int
-        lanes: FleetLanes | None
-        leaving: bool
-        links: PeerLinks
-        node_id: str
-        peers: dict[str, ProgressReport]
-        replicas: SeenReplicas
-        ring: Ring | None
-        _ring_id: int
-        _seq: int
-        settings_adopted: int
-        settings_refused: int
-        settings_sent: int
-        _slices: tuple[int, list[dict[str, float]]] | None
-        summary: Callable[[], dict[str, Any]] | None
-        urls_known_elsewhere: int
-        view: View
-        view_changes: int
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        facts: ClusterFacts,
+        links: Any,
+        dispatcher: Any,
+        handoff: Any,
+        replicas: Any,
+        backups: Any,
+        fence: Any,
+        lanes: Any,
+        gossip: SettingsGossip,
+        termination: Termination,
+        live_peers: Callable[[], list[str]],
+        summary: Callable[[], dict[str, Any] | None],
+    ) -> None:
+        self.node_id = node_id
+        self.facts = facts
+        # the parts whose figures `status` shows (PeerLinks, Dispatcher, Handoff, SeenReplicas, QueueReplicas,
+        # PartitionFence, FleetLanes or None), each read through its public counters and `status()`
+        self.links = links
+        self.dispatcher = dispatcher
+        self.handoff = handoff
+        self.replicas = replicas
+        self.backups = backups
+        self.fence = fence
+        self.lanes = lanes
+        self.gossip = gossip
+        self.termination = termination
+        self._live_peers = live_peers
+        self.summary = summary  # () -> this node's detailed status (the node's), or None when built alone
+        self.peers: dict[str, ProgressReport] = {}  # the latest report of each peer (asked while someone looks)
+        self.details: dict[str, tuple[float, dict[str, Any]]] = {}  # peer -> (trio time received, status)
+        self._asked_at = float("-inf")  # when peers were last asked for their detailed status
+        self._slices: tuple[int, list[dict[str, float]]] | None = None  # (ring id, the ring folded)
+        self._seq = 0
 
-        def _live_peers(self) -> list[str]: ...
-        def local_progress(self, seq: int = 0) -> ProgressReport: ...
+    # -- what the peers say -------------------------------------------------------------------------------
+
+    def progress_arrived(self, peer_id: str, message: ProgressReport) -> None:
+        self.peers[peer_id] = message
+
+    def asked(self, peer_id: str, message: StatusQuery) -> None:
+        """A peer's dashboard asks for this node's detailed status."""
+        detail = self.summary()
+        if detail is not None:
+            self.links.send_nowait(peer_id, status_report(message.seq, detail))
+
+    def arrived(self, peer_id: str, message: StatusReport) -> None:
+        self.details[peer_id] = (trio.current_time(), status_dict(message))
 
     # -- status -------------------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        d, h = self.dispatcher.stats, self.handoff
-        me = self.local_progress()
+        d, h, facts, gossip = self.dispatcher.stats, self.handoff, self.facts, self.gossip
+        me = self.termination.local_progress()
         return {
             "enabled": True,
-            "address": self.address,
-            "epoch": self.epoch,
+            "address": facts.address,
+            "epoch": facts.epoch,
             "members": [
                 {"node_id": m.node_id, "address": m.address, "weight": m.weight, "state": m.state.value,
                  "incarnation": m.incarnation, "zone": m.zone}
-                for m in self.view.members
+                for m in facts.view.members
             ],
             "peers_connected": self.links.connected_peers(),
             "dispatch": {
@@ -93,7 +123,7 @@ class ClusterStatus:
                 "urls_sent": dict(d.urls_sent), "urls_resent": dict(d.urls_resent),
                 "urls_acked": dict(d.urls_acked), "urls_received": dict(d.urls_received),
                 "urls_new": d.urls_new, "urls_seen": d.urls_seen, "urls_forwarded": d.urls_forwarded,
-                "urls_rerouted": d.urls_rerouted, "urls_known_elsewhere": self.urls_known_elsewhere,
+                "urls_rerouted": d.urls_rerouted, "urls_known_elsewhere": facts.urls_known_elsewhere,
                 "batches_sent": d.batches_sent,
                 "batches_resent": d.batches_resent, "batches_received": d.batches_received,
                 "outstanding": self.dispatcher.outstanding(),
@@ -105,7 +135,7 @@ class ClusterStatus:
                 "revisits_sent": h.revisits_sent, "revisits_received": h.revisits_received,
                 "chunks_sent": h.chunks_sent, "chunks_resent": h.chunks_resent, "chunks_applied": h.chunks_applied,
                 "transfers_completed": h.transfers_completed, "transfers_received": h.transfers_received,
-                "waits_expired": h.waits_expired, "hosts_swept": self.hosts_swept,
+                "waits_expired": h.waits_expired, "hosts_swept": facts.hosts_swept,
             },
             "replica": self.replicas.status(),
             "backups": self.backups.status(),
@@ -119,15 +149,15 @@ class ClusterStatus:
                       "idle_closes": self.links.idle_closes, "evictions": self.links.evictions,
                       "datagrams": self.links.datagrams, "datagrams_sent": self.links.datagrams_sent,
                       "datagrams_received": self.links.datagrams_received,
-                      "datagrams_refused": self.links.datagrams_refused},
+                      "datagrams_refused": self.links.datagrams_refused,
+                      "messages_unknown": facts.messages_unknown},
             "lanes": self.lanes.status() if self.lanes is not None else None,
-            "settings": {"sent": self.settings_sent, "adopted": self.settings_adopted,
-                         "refused": self.settings_refused},
-            "view_changes": self.view_changes,
-            "leaving": self.leaving,
+            "settings": {"sent": gossip.sent, "adopted": gossip.adopted, "refused": gossip.refused},
+            "view_changes": facts.view_changes,
+            "leaving": facts.leaving,
             "done": me.idle,
             # concluded, and still true: work that arrives later (a joiner's seeds) makes it false again
-            "cluster_done": self.finished.is_set() and me.idle,
+            "cluster_done": self.termination.finished.is_set() and me.idle,
         }
 
     # -- the dashboard ------------------------------------------------------------------------------------
@@ -142,7 +172,7 @@ class ClusterStatus:
         self._asked_at = now
         for peer in self._live_peers():
             self._seq += 1
-            member = self.view.member(peer)
+            member = self.facts.view.member(peer)
             address = member.address if member else None
             self.links.send_nowait(peer, ProgressQuery(seq=self._seq), address=address)
             self.links.send_nowait(peer, StatusQuery(seq=self._seq), address=address)
@@ -154,7 +184,7 @@ class ClusterStatus:
 
     def shares(self) -> dict[str, tuple[float, float]]:
         """Each member's (key share, weight share) on the current ring."""
-        ring = self.ring
+        ring = self.facts.ring
         if ring is None:
             return {}
         keys, weights = ring.shares(), ring.weight_shares()
@@ -163,23 +193,24 @@ class ClusterStatus:
     def ring_map(self) -> dict[str, Any]:
         """The ring in `RING_SLICES` slices (each node's fraction of each, sampled: `ring_slices`), and the fraction
         of each slice whose hand-off this node still awaits (`ring_pending`)."""
-        ring = self.ring
+        ring, ring_id = self.facts.ring, self.facts.current_ring_id
         if ring is None:
             return {"slices": [], "pending": []}
-        if self._slices is None or self._slices[0] != self._ring_id:
-            self._slices = (self._ring_id, ring_slices(ring, RING_SLICES))
+        if self._slices is None or self._slices[0] != ring_id:
+            self._slices = (ring_id, ring_slices(ring, RING_SLICES))
         pending = ring_pending(self.handoff.blocked, RING_SLICES) if self.handoff.waiting() else [0.0] * RING_SLICES
         return {"slices": self._slices[1], "pending": pending}
 
     def cluster_status(self, *, detail: bool = False) -> dict[str, Any]:
         """Every member as this node knows it: its view, ring shares, and the latest progress reports; with
         `detail`, each member's detailed status (the dashboard's) and the ring folded into slices."""
-        ring = self.ring
+        facts = self.facts
+        ring = facts.ring
         shares = ring.shares() if ring is not None else {}
         weight_shares = ring.weight_shares() if ring is not None else {}
-        me = self.local_progress()
+        me = self.termination.local_progress()
         nodes = []
-        for m in self.view.members:
+        for m in facts.view.members:
             report = me if m.node_id == self.node_id else self.peers.get(m.node_id)
             live = m.state.owns_arcs
             nodes.append({
@@ -194,15 +225,15 @@ class ClusterStatus:
             })
             if detail:
                 nodes[-1]["detail"] = self._detail_of(m.node_id, m.state)
-        done = self.finished.is_set() and me.idle
-        out = {"node_id": self.node_id, "epoch": self.epoch, "done": done, "nodes": nodes}
+        done = self.termination.finished.is_set() and me.idle
+        out = {"node_id": self.node_id, "epoch": facts.epoch, "done": done, "nodes": nodes}
         if detail:
             out["ring_map"] = self.ring_map()
         return out
 
     def _detail_of(self, node: str, state: MemberState) -> dict[str, Any] | None:
         if node == self.node_id:
-            return self.summary() if self.summary is not None else None
+            return self.summary()
         if not state.owns_arcs and state is not MemberState.LEAVING:
             return None
         got = self.details.get(node)

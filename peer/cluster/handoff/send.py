@@ -21,7 +21,7 @@ from protocol import HostState as WireHostState
 from ring import ArcMove
 from storage import HostState, QueuedUrl, RevisitRecord, queued_url_keys
 
-from peer.cluster.arcs import ArcSet
+from peer.cluster.handoff.arcs import ArcSet
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from storage import NodeStore
 
     from peer.cluster import HandoffConfig
-    from peer.cluster.handoffconfig import HandoffDelegate, HandoffLinks
+    from peer.cluster.handoff.config import HandoffDelegate, HandoffLinks
 
 __all__ = ["Chunk", "Outgoing", "Sending"]
 

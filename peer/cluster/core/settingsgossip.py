@@ -1,0 +1,108 @@
+"""The crawl settings (scope, budgets, the paused flag: peer/crawl/settings.py) shared across the cluster: sent to
+every live peer at each change and to a member that joins, repeated as gossip to a few peers at random, and a
+record from a peer adopted when it ranks above the one in force (docs/operations.md, "Steering a running crawl").
+
+`SettingsGossip` is a part of `peer.cluster.core.cluster.Cluster`, built with what it uses: the links, the view
+(for the peers' addresses), the live peers, and the crawler that holds the settings in force (`SettingsHolder`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+import trio
+
+from protocol import Message, Settings
+from ring import View
+
+from peer.crawl.settings import CrawlSettings, SettingsError
+
+__all__ = ["SETTINGS_FANOUT", "SETTINGS_INTERVAL", "GossipLinks", "SettingsGossip", "SettingsHolder"]
+
+# the cluster's records keep the logger name they have always had (operators filter on it)
+log = logging.getLogger("peer.cluster.cluster")
+
+#: The crawl settings go to every live peer at each change, to a member that joins, and again this often to
+#: `SETTINGS_FANOUT` live peers picked at random (links deliver at most once per connection: the repeat is what
+#: makes a lost record harmless). As gossip, a record reaches every member in about log4(n) intervals, and a
+#: node sends three small messages per interval whatever the cluster's size.
+SETTINGS_INTERVAL = 5.0
+SETTINGS_FANOUT = 3
+
+
+class GossipLinks(Protocol):
+    """What the settings' gossip needs of `PeerLinks`."""
+
+    def send_nowait(self, peer_id: str, message: Message, *, address: str | None = None) -> bool: ...
+
+
+class SettingsHolder(Protocol):
+    """What the settings' gossip needs of the crawler: the settings in force, and adopting a peer's."""
+
+    settings: CrawlSettings
+
+    def adopt(self, settings: CrawlSettings) -> bool: ...
+
+
+class SettingsGossip:
+    """Sharing the crawl settings with the peers."""
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        links: GossipLinks,
+        view: Callable[[], View],
+        live_peers: Callable[[], list[str]],
+        crawler: Callable[[], SettingsHolder | None],
+    ) -> None:
+        self.links = links
+        self._view = view  # () -> this node's current view (a peer's address)
+        self._live_peers = live_peers  # () -> the other members that own arcs
+        self._crawler = crawler  # () -> the crawler once attached, or None (nothing to share yet)
+        self._rng = random.Random(f"{node_id}:settings")  # whom the settings are repeated to
+        self.sent = 0
+        self.adopted = 0
+        self.refused = 0
+
+    def share(self, peers: Iterable[str] | None = None) -> int:
+        """Send the crawl settings in force to `peers` (every live peer by default); the number sent."""
+        crawler = self._crawler()
+        if crawler is None:
+            return 0
+        current = crawler.settings
+        message = Settings(version=current.version, origin=current.origin, body=current.body())
+        view = self._view()
+        sent = 0
+        for peer in (self._live_peers() if peers is None else peers):
+            member = view.member(peer)
+            sent += bool(self.links.send_nowait(peer, message, address=member.address if member else None))
+        self.sent += sent
+        return sent
+
+    async def run(self) -> None:
+        """Repeat the settings to a few live peers at random every `SETTINGS_INTERVAL`, until cancelled."""
+        while True:
+            await trio.sleep(SETTINGS_INTERVAL)
+            peers = self._live_peers()
+            self.share(self._rng.sample(peers, min(SETTINGS_FANOUT, len(peers))))
+
+    def arrived(self, peer_id: str, message: Settings) -> None:
+        """A peer's settings: adopted if they rank above those in force; a peer behind gets ours at once."""
+        crawler = self._crawler()
+        if crawler is None:
+            return
+        try:
+            settings = CrawlSettings.from_record(message.version, message.origin, message.body)
+        except SettingsError as exc:
+            self.refused += 1
+            log.warning("a peer sent crawl settings this node cannot use; ignored",
+                        extra={"peer": peer_id, "error": str(exc)})
+            return
+        if crawler.adopt(settings):
+            self.adopted += 1
+        elif settings.rank() < crawler.settings.rank():
+            self.share([peer_id])  # the sender is behind: it gets ours now, not at the next round
