@@ -27,7 +27,11 @@ if TYPE_CHECKING:
 
     from storage import NodeStore
 
-    from peer.cluster import Dispatcher, Handoff, Membership, RingCache, SeenReplicas
+    from peer.cluster.core.dispatch import Dispatcher
+    from peer.cluster.core.rings import RingCache
+    from peer.cluster.handoff.handoff import Handoff
+    from peer.cluster.membership.membership import Membership
+    from peer.cluster.replicas.seenreplicas import SeenReplicas
     from peer.cluster.replicas.queuereplicas import QueueReplicas
     from peer.cluster.core.cluster import _Owners
     from peer.cluster.core.fence import PartitionFence

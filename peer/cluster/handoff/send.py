@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from storage import NodeStore
 
-    from peer.cluster import HandoffConfig
+    from peer.cluster.handoff.config import HandoffConfig
     from peer.cluster.handoff.config import HandoffDelegate, HandoffLinks
 
 __all__ = ["Chunk", "Outgoing", "Sending"]

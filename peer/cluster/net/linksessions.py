@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from protocol import Limits
 
-    from peer.cluster import LinkConfig
+    from peer.cluster.net.peerlinks import LinkConfig
     from peer.cluster.net.peerlinks import PeerLink
 
 __all__ = ["IO_ERRORS", "LinkError", "Session", "Sessions"]
