@@ -56,6 +56,7 @@ from peer.crawl.syncs import StoreSyncs
 from peer.dashboard import NodeWatch, file_rss_bytes, peak_rss_bytes
 from peer.fetch.dns import CachingResolver
 from peer.fetch.http import Fetcher
+from peer.fetch.policy import HostPolicies
 from peer.noderoutes import ControlRoutes
 from peer.stats import Stats
 
@@ -185,8 +186,16 @@ class Node(ControlRoutes):
                                            syncs=syncs)
                 except TransportError as exc:
                     raise NodeError(str(exc)) from exc
+            try:
+                policies = HostPolicies.build(
+                    http2=cfg.http2, proxy=cfg.proxy, tls={}, hosts=[(p, dict(r)) for p, r in cfg.hosts],
+                    credentials=(cfg.proxy_user, cfg.proxy_password) if cfg.proxy_user else None,
+                    proxy_retry=cfg.proxy_retry)
+            except ValueError as exc:
+                raise NodeError(str(exc)) from exc
             async with Fetcher(
                 self.resolver,
+                policies=policies,
                 user_agent=cfg.full_user_agent(),
                 connect_timeout=cfg.connect_timeout,
                 read_timeout=cfg.read_timeout,
