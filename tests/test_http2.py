@@ -144,3 +144,42 @@ def test_tls_policy_builds_contexts_once_per_distinct_policy(tmp_path: Path, ca:
     with pytest.raises(ValueError, match="unknown setting"):
         HostPolicies.build(http2=True, proxy=(), tls={}, hosts=[("a.test", {"delay": 3})])
     assert TlsPolicy().verify is True and HostPolicy().http2 is True
+
+
+async def test_http2_exchange_recorded_in_http11_form_with_warc_protocol(
+        nursery: trio.Nursery, ca: CertAuthority, tmp_path: Path) -> None:
+    """An HTTP/2 exchange is written as HTTP/1.1 request and response records that say `WARC-Protocol: h2`;
+    warcio (the reference reader) reads them back whole. An HTTP/1.1 exchange has no such header."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    from peer.crawl.responses import as_decoded
+    from storage import open_page_store
+
+    web = await start(nursery, ca)
+    rules = [("one.test", {"http2": False})]
+    async with Fetcher(LoopbackResolver(), user_agent=UA, policies=policies(ca, rules=rules)) as fetcher:
+        h2_page = await fetcher.fetch(f"https://h2.test:{web.port}/page?enc=gzip")
+        h1_page = await fetcher.fetch(f"https://one.test:{web.port}/page")
+    assert (h2_page.protocol, h1_page.protocol) == ("h2", "http/1.1")
+    store = open_page_store("warc", tmp_path / "warc")
+    for resp in (h2_page, h1_page):
+        store.store(url=resp.url, request_headers=resp.request_headers, status=resp.status, reason=resp.reason,
+                    response_headers=as_decoded(resp), body=resp.body, ip=resp.ip, fetched_at=1_700_000_000.0,
+                    truncated=resp.truncated, protocol=resp.protocol)
+    store.close()
+    records = []
+    for path in sorted((tmp_path / "warc").glob("*.warc.gz")):
+        with open(path, "rb") as f:
+            for record in ArchiveIterator(f):
+                if record.rec_type in ("response", "request"):
+                    records.append((record.rec_type, record.rec_headers.get_header("WARC-Target-URI"),
+                                    record.rec_headers.get_header("WARC-Protocol"), record.http_headers,
+                                    record.content_stream().read()))
+    by_key = {(kind, uri): (proto, http, body) for kind, uri, proto, http, body in records}
+    proto, http, body = by_key[("response", h2_page.url)]
+    assert proto == "h2" and http.protocol == "HTTP/1.1" and http.get_statuscode() == "200" and body == PAGE
+    assert http.get_header("content-encoding") is None  # the body is stored decoded
+    proto, http, _ = by_key[("request", h2_page.url)]
+    assert proto == "h2" and http.protocol == "GET" and http.get_header("host") == f"h2.test:{web.port}"
+    proto, http, body = by_key[("response", h1_page.url)]
+    assert proto is None and body == PAGE
