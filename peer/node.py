@@ -121,6 +121,7 @@ class Node(ControlRoutes):
         self.page_workers: PageWorkers | None = None
         self.cluster: Cluster | None = None
         self.resolver: CachingResolver | None = None
+        self.fetch_policies: HostPolicies | None = None  # per-host HTTP/2, proxies, TLS (status shows proxies)
         self.control_port: int | None = None
         self.final_status: dict[str, Any] | None = None  # the last status, taken before the stores close
         self.watch: NodeWatch | None = None  # figures over time for the dashboard (pages/s, flows, last page)
@@ -193,6 +194,7 @@ class Node(ControlRoutes):
                     proxy_retry=cfg.proxy_retry)
             except ValueError as exc:
                 raise NodeError(str(exc)) from exc
+            self.fetch_policies = policies
             async with Fetcher(
                 self.resolver,
                 policies=policies,

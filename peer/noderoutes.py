@@ -65,6 +65,9 @@ class ControlRoutes:
         out["page_workers"] = workers.status() if workers is not None else {"processes": 0}
         if self.resolver is not None:
             out["dns"] = self.resolver.stats.as_dict()
+        if self.fetch_policies is not None and self.fetch_policies.proxy_pools():
+            now = trio.current_time()
+            out["proxies"] = [p for pool in self.fetch_policies.proxy_pools() for p in pool.status(now)]
         out["cluster"] = self.cluster.status() if self.cluster is not None else {"enabled": False}
         if self.cluster is not None:
             out["done"] = out["cluster"]["done"]

@@ -273,38 +273,46 @@ class Fetcher:
         return out
 
     async def _connect(self, key: OriginKey, ip: str, host: str, url: str) -> Connection:
+        """A new connection to ``ip`` for ``host``, with the host's TLS settings and through its proxies: a
+        proxy that fails is rested and the next one tried, each at most once, within ``connect_timeout``."""
         policy = self._policies.for_host(host)
         tls = None
         if key[0] == "https":
             tls = self._ssl_context if self._ssl_context is not None else policy.ssl_context()
         proxies = policy.proxies
-        proxy = None if proxies is None else proxies.choose(trio.current_time())
-        where = f"{ip}:{key[2]}" if proxy is None else f"{ip}:{key[2]} through {proxy.url}"
+        tries = 1 if proxies is None else len(proxies.proxies)
+        where = f"{ip}:{key[2]}"
+        proxy: Proxy | None = None
         with trio.move_on_after(self._connect_timeout):
-            try:
-                conn = await open_connection(key, ip, host, tls, _MAX_HEAD, proxy)
-            except ProxyError as exc:
-                assert proxies is not None and proxy is not None
-                proxies.failed(proxy, trio.current_time())
-                raise ProxyFailed(f"{url}: {exc}") from exc
-            except ProxyRefused as exc:
-                raise ConnectFailed(f"{url}: {exc} (to {where})") from exc
-            except ssl.SSLError as exc:
-                raise _tls_error(exc)(f"{url}: TLS handshake with {where} failed: {_tls_reason(exc)}") from exc
-            except trio.BrokenResourceError as exc:
-                cause = exc.__cause__
-                if isinstance(cause, ssl.SSLError):
-                    raise _tls_error(cause)(
-                        f"{url}: TLS handshake with {where} failed: {_tls_reason(cause)}") from exc
-                raise TlsFailed(f"{url}: {where} closed the connection during the TLS handshake") from exc
-            except OSError as exc:
-                raise ConnectFailed(f"{url}: cannot connect to {where}: {exc.strerror or exc}") from exc
-            if proxy is not None:
-                assert proxies is not None
-                proxies.worked(proxy)
-            return conn
-        if proxy is not None:
-            assert proxies is not None
+            for attempt in range(tries):
+                proxy = None if proxies is None else proxies.choose(trio.current_time())
+                if proxy is not None:
+                    where = f"{ip}:{key[2]} through {proxy.url}"
+                try:
+                    conn = await open_connection(key, ip, host, tls, _MAX_HEAD, proxy)
+                except ProxyError as exc:
+                    assert proxies is not None and proxy is not None
+                    proxies.failed(proxy, trio.current_time())
+                    if attempt + 1 < tries and proxies.any_healthy(trio.current_time()):
+                        continue
+                    raise ProxyFailed(f"{url}: {exc}") from exc
+                except ProxyRefused as exc:
+                    raise ConnectFailed(f"{url}: {exc} (to {where})") from exc
+                except ssl.SSLError as exc:
+                    raise _tls_error(exc)(f"{url}: TLS handshake with {where} failed: {_tls_reason(exc)}") from exc
+                except trio.BrokenResourceError as exc:
+                    cause = exc.__cause__
+                    if isinstance(cause, ssl.SSLError):
+                        raise _tls_error(cause)(
+                            f"{url}: TLS handshake with {where} failed: {_tls_reason(cause)}") from exc
+                    raise TlsFailed(f"{url}: {where} closed the connection during the TLS handshake") from exc
+                except OSError as exc:
+                    raise ConnectFailed(f"{url}: cannot connect to {where}: {exc.strerror or exc}") from exc
+                if proxy is not None:
+                    assert proxies is not None
+                    proxies.worked(proxy)
+                return conn
+        if proxies is not None and proxy is not None:
             proxies.failed(proxy, trio.current_time())
         raise ConnectTimeout(f"{url}: connecting to {where} took over {self._connect_timeout:g} s")
 

@@ -111,6 +111,9 @@ class ProxyPool:
         proxy.uses += 1
         return proxy
 
+    def any_healthy(self, now: float) -> bool:
+        return any(p.rest_until <= now for p in self.proxies)
+
     def failed(self, proxy: Proxy, now: float) -> None:
         proxy.failures += 1
         proxy.rest_until = now + self._retry_after
