@@ -2,7 +2,8 @@
 
 A `HostPolicy` is the node-wide default; `HostPolicies` adds rules by host pattern (``example.com`` is that host
 and its subdomains, ``*.example.com`` the subdomains only, ``*`` every host), tried in the order given; the first
-rule that matches decides every setting it names, and the default decides the rest. The answer for a host is
+rule that matches decides every setting it names, and the default decides the rest. A ``*`` rule sets the
+default itself, wherever it stands. The answer for a host is
 remembered (a crawl asks once per connection, for the same few thousand hosts).
 
 Each distinct TLS policy gets one `ssl.SSLContext`, built on first use and kept: contexts are expensive to build
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -126,25 +127,35 @@ class HostPolicies:
             return pools[key]
 
         default = HostPolicy(http2=http2, proxies=pool(proxy), tls=base_tls)
+        # `*` sets every host's defaults (beneath the other patterns, wherever it stands); the others override
+        for pattern, settings in hosts:
+            if pattern.strip() == "*":
+                default = cls._apply(default, "*", settings, pool)
         rules = []
         for pattern, settings in hosts:
-            unknown = set(settings) - POLICY_KEYS
-            if unknown:
-                raise ValueError(f"hosts {pattern!r}: unknown setting {sorted(unknown)[0]!r}")
-            if not pattern or (pattern != "*" and not pattern.lstrip("*.")):
-                raise ValueError(f"hosts: empty host pattern {pattern!r}")
-            policy = default
-            if "http2" in settings:
-                policy = dataclasses.replace(policy, http2=_bool(settings["http2"], f"hosts {pattern!r}: http2"))
-            if "proxy" in settings:
-                urls = settings["proxy"]
-                urls = [urls] if isinstance(urls, str) else list(urls)
-                policy = dataclasses.replace(policy, proxies=pool([u for u in urls if u and u != "direct"]))
-            policy = dataclasses.replace(policy, tls=_tls(policy.tls, settings, pattern))
-            policy.ssl_context()  # a certificate that does not load is an error at start, not at the first fetch
-            rules.append((pattern.lower(), policy))
+            if pattern.strip() == "*":
+                continue
+            rules.append((pattern.lower(), cls._apply(default, pattern, settings, pool)))
         default.ssl_context()
         return cls(default, rules)
+
+    @staticmethod
+    def _apply(policy: HostPolicy, pattern: str, settings: Mapping[str, Any],
+               pool: Callable[[Sequence[str]], ProxyPool | None]) -> HostPolicy:
+        unknown = set(settings) - POLICY_KEYS
+        if unknown:
+            raise ValueError(f"hosts {pattern!r}: unknown setting {sorted(unknown)[0]!r}")
+        if not pattern or (pattern != "*" and not pattern.lstrip("*.")):
+            raise ValueError(f"hosts: empty host pattern {pattern!r}")
+        if "http2" in settings:
+            policy = dataclasses.replace(policy, http2=_bool(settings["http2"], f"hosts {pattern!r}: http2"))
+        if "proxy" in settings:
+            urls = settings["proxy"]
+            urls = [urls] if isinstance(urls, str) else list(urls)
+            policy = dataclasses.replace(policy, proxies=pool([u for u in urls if u and u != "direct"]))
+        policy = dataclasses.replace(policy, tls=_tls(policy.tls, settings, pattern))
+        policy.ssl_context()  # a certificate that does not load is an error at start, not at the first fetch
+        return policy
 
     def for_host(self, host: str) -> HostPolicy:
         policy = self._cache.get(host)

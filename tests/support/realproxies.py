@@ -83,8 +83,8 @@ def tinyproxy(directory: Path, *, user: str = "", password: str = "") -> Iterato
 
 
 @contextlib.contextmanager
-def dante(directory: Path) -> Iterator[RunningProxy]:
-    """danted on 127.0.0.1: SOCKS5 without authentication, to loopback only."""
+def dante(directory: Path, *, external: str = "127.0.0.1") -> Iterator[RunningProxy]:
+    """danted on 127.0.0.1: SOCKS5 without authentication, to loopback only, connecting from ``external``."""
     program = _program("danted")
     port = _free_port()
     log = directory / f"danted-{port}.log"
@@ -93,7 +93,7 @@ def dante(directory: Path) -> Iterator[RunningProxy]:
     conf.write_text(f"""\
 logoutput: {log}
 internal: 127.0.0.1 port = {port}
-external: 127.0.0.1
+external: {external}
 clientmethod: none
 socksmethod: none
 user.privileged: {user}
