@@ -1,7 +1,8 @@
 """A small HTTP/2 web over TLS on loopback, written with the `h2` library over trio: well-behaved by default,
 hostile on request. Each path is a behaviour:
 
-- any path: 200 with ``PAGE`` (gzip if ``?enc=gzip``), ``/big``: ``BIG`` bytes in many DATA frames;
+- ``/``: an index linking every path below and ``/ok`` (a small page without links);
+- any other path: 200 with ``PAGE`` (gzip if ``?enc=gzip``), ``/big``: ``BIG`` bytes in many DATA frames;
 - ``/settings-flood``, ``/ping-flood``: a million SETTINGS (or PING) frames before an answer that never comes;
 - ``/huge-header``: a response header block of 1 MiB (one header, split over CONTINUATION frames);
 - ``/endless-continuation``: HEADERS without END_HEADERS, then CONTINUATION frames until the client leaves;
@@ -27,10 +28,15 @@ import h2.events
 import hpack
 import trio
 
-__all__ = ["BIG", "PAGE", "H2Web", "serve_h2web"]
+__all__ = ["BIG", "HOSTILE_PATHS", "OK_PAGE", "PAGE", "H2Web", "serve_h2web"]
 
 PAGE = b"<html><body>" + b"".join(b"<a href='/p%d'>link %d</a>\n" % (i, i) for i in range(600)) + b"</body></html>"
 BIG = 3 * 2**20
+HOSTILE_PATHS = ("/settings-flood", "/ping-flood", "/huge-header", "/endless-continuation", "/reset", "/refuse",
+                 "/goaway")
+OK_PAGE = b"<html><body><p>fine</p></body></html>"
+INDEX = (b"<html><body>" + b"".join(b"<a href='%s'>%s</a>\n" % (p.encode(), p.encode()) for p in HOSTILE_PATHS)
+         + b"<a href='/ok'>ok</a></body></html>")
 
 
 def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
@@ -144,7 +150,8 @@ class H2Web:
             conn.close_connection(h2.errors.ErrorCodes.NO_ERROR, last_stream_id=0)
             await stream.send_all(conn.data_to_send())
             return False
-        body = BIG * b"x" if name == "/big" else PAGE
+        body = {"/big": BIG * b"x", "/": INDEX, "/ok": OK_PAGE, "/robots.txt": b"User-agent: *\nAllow: /\n"}.get(
+            name, PAGE)
         headers = [(b":status", b"200"), (b"content-type", b"text/html")]
         if path.endswith("enc=gzip"):
             body = gzip.compress(body)

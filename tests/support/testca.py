@@ -4,6 +4,7 @@ client certificate; written as PEM files under a directory so servers (nginx) an
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,13 @@ class CertAuthority:
         return ssl.create_default_context(cafile=str(self.ca_file))
 
 
+def _name(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
 def make_ca(directory: Path, hosts: list[str]) -> CertAuthority:
     now = datetime.datetime.now(datetime.UTC)
     validity = (now - datetime.timedelta(days=1), now + datetime.timedelta(days=1))
@@ -53,8 +61,7 @@ def make_ca(directory: Path, hosts: list[str]) -> CertAuthority:
             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
         )
         if names:
-            builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
-                                            critical=False)
+            builder = builder.add_extension(x509.SubjectAlternativeName([_name(n) for n in names]), critical=False)
         return builder.sign(issuer_key, hashes.SHA256())
 
     def write(name: str, cert, key) -> tuple[Path, Path]:  # type: ignore[no-untyped-def]
