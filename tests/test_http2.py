@@ -183,3 +183,14 @@ async def test_http2_exchange_recorded_in_http11_form_with_warc_protocol(
     assert proto == "h2" and http.protocol == "GET" and http.get_header("host") == f"h2.test:{web.port}"
     proto, http, body = by_key[("response", h1_page.url)]
     assert proto is None and body == PAGE
+
+
+async def test_a_request_http_cannot_carry_is_refused_before_sending(nursery: trio.Nursery,
+                                                                     ca: CertAuthority) -> None:
+    web = await start(nursery, ca, h2_only=True)
+    async with Fetcher(LoopbackResolver(), user_agent=UA, policies=policies(ca)) as fetcher:
+        for bad in ([("x-a", "line\r\nbreak")], [("bad name", "v")]):
+            with pytest.raises(HttpProtocolError, match="cannot send"):
+                await fetcher.fetch(f"https://h2.test:{web.port}/x", headers=bad)
+        ok = await fetcher.fetch(f"https://h2.test:{web.port}/x", headers=[("X-Mixed-Case", "v")])
+    assert ok.protocol == "h2" and [p for _, p, _ in web.log] == ["/x"]

@@ -42,8 +42,12 @@ _CONTROL_EVENTS = (h2.events.RemoteSettingsChanged, h2.events.SettingsAcknowledg
                    h2.events.PingAckReceived, h2.events.WindowUpdated, h2.events.PriorityUpdated,
                    h2.events.UnknownFrameReceived, h2.events.AlternativeServiceAvailable)
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
+# Outbound headers are checked by `h1.request_bytes` (the HTTP/1.1 grammar, and its check remembered per header
+# list), names lower-cased and hop-by-hop fields left out here: h2's own pass over them would repeat that work
+# on every request. What the server sends is checked by h2.
 _CONFIG = h2.config.H2Configuration(client_side=True, header_encoding=None, validate_inbound_headers=True,
-                                    normalize_inbound_headers=True, validate_outbound_headers=True)
+                                    normalize_inbound_headers=True, validate_outbound_headers=False,
+                                    normalize_outbound_headers=False)
 
 
 class StreamRefused(h1.RemoteProtocolError):
@@ -94,6 +98,7 @@ class H2Session:
         left out. Raises h1.LocalProtocolError for a request HTTP/2 cannot carry."""
         if not self._ended:
             raise h1.LocalProtocolError("the previous response on this connection is not over")
+        h1.request_bytes(method, target, headers)  # the grammar's checks (remembered per header list)
         authority = ""
         fields: list[tuple[bytes, bytes]] = []
         for name, value in headers:

@@ -58,7 +58,7 @@ class TlsWeb:
 
 
 def _config(prefix: Path, site: Path, port: int, ca: CertAuthority, h2_only: Sequence[str],
-            proxy_only: Sequence[str], workers: int) -> str:
+            proxy_only: Sequence[str], workers: int, max_connections: int) -> str:
     user = f"user {pwd.getpwuid(os.getuid()).pw_name};" if os.geteuid() == 0 else ""
     h2_map = "\n".join(f"        {h} 1;" for h in h2_only)
     proxy_map = "\n".join(f"        {h} 1;" for h in proxy_only)
@@ -68,7 +68,8 @@ def _config(prefix: Path, site: Path, port: int, ca: CertAuthority, h2_only: Seq
 worker_processes {workers};
 pid {prefix}/nginx.pid;
 error_log {prefix}/error.log warn;
-events {{ worker_connections 16384; }}
+worker_rlimit_nofile {max_connections + 64};
+events {{ worker_connections {max_connections}; }}
 http {{
     log_format crawl '$msec $host $server_protocol $status $request_uri $remote_addr';
     access_log {prefix}/access.log crawl;
@@ -111,7 +112,10 @@ http {{
 @contextlib.contextmanager
 def start_tls_web(directory: Path, *, seed: int = 1, hosts: int = 8, pages_per_host: int = 6,
                   links_per_page: int = 8, page_bytes: int = 15_000, h2_only_fraction: float = 0.5,
-                  proxy_only_fraction: float = 0.25, workers: int = 1) -> Iterator[TlsWeb]:
+                  proxy_only_fraction: float = 0.25, workers: int = 1, extra_names: Sequence[str] = (),
+                  max_connections: int = 4096) -> Iterator[TlsWeb]:
+    """Serve the site; ``extra_names`` are more names the certificate covers (a host there that is not in the
+    site answers 404: enough to open and hold a connection), ``max_connections`` nginx's connection bound."""
     nginx = nginx_binary()
     if nginx is None:
         pytest.skip("nginx is not installed")
@@ -126,7 +130,7 @@ def start_tls_web(directory: Path, *, seed: int = 1, hosts: int = 8, pages_per_h
     for path in site.rglob("*"):
         if path.is_file() and path.suffix in (".html", ".txt"):
             path.write_bytes(path.read_bytes().replace(b"http://", b"https://"))
-    ca = make_ca(directory / "ca", names)
+    ca = make_ca(directory / "ca", [*names, *extra_names])
     prefix = directory / "nginx"
     for sub in ("tmp",):
         (prefix / sub).mkdir(parents=True, exist_ok=True)
@@ -134,7 +138,7 @@ def start_tls_web(directory: Path, *, seed: int = 1, hosts: int = 8, pages_per_h
         os.chmod(dirpath, 0o755)
     os.chmod(ca.key_file, 0o644)
     conf = prefix / "nginx.conf"
-    conf.write_text(_config(prefix, site, port, ca, h2_only, proxy_only, workers))
+    conf.write_text(_config(prefix, site, port, ca, h2_only, proxy_only, workers, max_connections))
     proc = subprocess.Popen([nginx, "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
