@@ -77,8 +77,9 @@ async def crawl(urls_by_host: Sequence[list[str]], policies: HostPolicies, concu
         return pages, time.perf_counter() - wall, time.process_time() - cpu, protocols
 
 
-async def idle_memory(port: int, ca_file: Path, count: int, http2: bool) -> tuple[float, float, int]:
-    """(RSS KiB per idle connection, Python heap bytes per idle connection, connections held)."""
+async def idle_memory(port: int, ca_file: Path, count: int, http2: bool, heap: bool) -> tuple[float, int]:
+    """RSS KiB per idle connection (or with ``heap``, Python heap KiB per idle connection, traced by
+    tracemalloc, whose own bookkeeping would swell RSS), and the connections held."""
     policies = HostPolicies.build(http2=http2, proxy=(), tls={"tls_ca_file": str(ca_file)}, hosts=[])
     async with Fetcher(LoopbackResolver(), user_agent=UA, policies=policies, max_idle_total=count + 8,
                        idle_timeout=3600) as fetcher:
@@ -86,7 +87,8 @@ async def idle_memory(port: int, ca_file: Path, count: int, http2: bool) -> tupl
         await fetcher.fetch(f"https://warm.idle.test:{port}/")
         gc.collect()
         rss0 = _rss_kib()
-        tracemalloc.start()
+        if heap:
+            tracemalloc.start()
         heap0 = tracemalloc.get_traced_memory()[0]
         sem = trio.Semaphore(64)
 
@@ -100,10 +102,9 @@ async def idle_memory(port: int, ca_file: Path, count: int, http2: bool) -> tupl
                 nursery.start_soon(one, i)
         gc.collect()
         held = fetcher.pool.idle_count - 1
-        heap = tracemalloc.get_traced_memory()[0] - heap0
+        grown = (tracemalloc.get_traced_memory()[0] - heap0) / 1024 if heap else _rss_kib() - rss0
         tracemalloc.stop()
-        rss = _rss_kib() - rss0
-    return rss / held, heap / held, held
+    return grown / held, held
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -114,13 +115,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--idle", type=int, default=10_000, help="idle connections to hold")
     parser.add_argument("--idle-child", choices=["h2", "http/1.1"], help=argparse.SUPPRESS)
+    parser.add_argument("--heap", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--ca", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.idle_child:  # one idle measurement in a fresh process: no memory left over from another mode
         resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
-        rss, heap, held = trio.run(idle_memory, args.port, Path(args.ca), args.idle, args.idle_child == "h2")
-        print(f"{rss} {heap} {held}")
+        per, held = trio.run(idle_memory, args.port, Path(args.ca), args.idle, args.idle_child == "h2", args.heap)
+        print(f"{per} {held}")
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -151,18 +153,22 @@ def main(argv: Sequence[str] | None = None) -> None:
                       f"pages/s ({per / h1:.2f}x HTTP/1.1's CPU)")
 
             print(f"== idle connections ({idle:,} each, one page fetched on each first)")
-            figures = {}
+            figures: dict[tuple[bool, bool], tuple[float, int]] = {}
+            for heap in (False, True):
+                for http2 in (False, True):
+                    out = subprocess.run(
+                        [sys.executable, "-m", "tests.bench.bench_http2", "--idle-child", "h2" if http2 else "http/1.1",
+                         "--port", str(web.port), "--ca", ca, "--idle", str(min(idle, 1000) if heap else idle),
+                         *(["--heap"] if heap else [])], check=True, capture_output=True, text=True).stdout
+                    per, held = out.split()
+                    figures[(http2, heap)] = (float(per), int(held))
             for http2 in (False, True):
-                out = subprocess.run([sys.executable, "-m", "tests.bench.bench_http2", "--idle-child",
-                                      "h2" if http2 else "http/1.1", "--port", str(web.port), "--ca", ca,
-                                      "--idle", str(idle)], check=True, capture_output=True, text=True).stdout
-                rss, heap, held = out.split()
-                figures[http2] = (float(rss), float(heap), int(held))
-            for http2, (rss, heap, held) in figures.items():
-                print(f"{'HTTP/2' if http2 else 'HTTP/1.1':>9}: {rss:5.1f} KiB RSS and {heap / 1024:5.1f} KiB of "
-                      f"Python heap per idle connection ({held:,} held)")
-            print(f"   HTTP/2's own state: {figures[True][0] - figures[False][0]:+.1f} KiB RSS per connection "
-                  "beyond an HTTP/1.1 TLS connection")
+                (rss, held), (heap, heap_held) = figures[(http2, False)], figures[(http2, True)]
+                print(f"{'HTTP/2' if http2 else 'HTTP/1.1':>9}: {rss:5.1f} KiB RSS per idle connection ({held:,} "
+                      f"held); {heap:5.1f} KiB of it Python heap ({heap_held:,} traced)")
+            print(f"   HTTP/2's own state: {figures[(True, False)][0] - figures[(False, False)][0]:+.1f} KiB RSS, "
+                  f"{figures[(True, True)][0] - figures[(False, True)][0]:+.1f} KiB heap per connection beyond an "
+                  "HTTP/1.1 TLS connection")
 
             print(f"== a crawl through proxies ({args.hosts} hosts x {args.pages} pages, HTTP/2 inside the tunnel)")
             with tinyproxy(root) as http_proxy, dante(root) as socks:
