@@ -27,8 +27,8 @@ from typing import Any
 
 from ring import MAX_ZONE, check_zone
 
-__all__ = ["DEFAULTS", "Config", "ConfigError", "load", "FIELDS", "default_text", "parse_address", "read_seeds",
-           "read_secret"]
+__all__ = ["DEFAULTS", "HOST_KEYS", "TOML_ONLY", "Config", "ConfigError", "load", "FIELDS", "default_text",
+           "parse_address", "read_seeds", "read_secret"]
 
 DEFAULT_UA = "peercrawl/0.1"
 
@@ -274,7 +274,8 @@ FIELDS: dict[str, str] = {
 }
 
 _TUPLES = {f.name for f in dataclasses.fields(Config) if f.type == "tuple[str, ...]"}
-_TOML_ONLY = {"hosts"}
+#: Settings read from the TOML file only (tables, which the environment and flags cannot spell).
+TOML_ONLY = frozenset({"hosts"})
 _TYPES = {f.name: f.type for f in dataclasses.fields(Config)}
 
 
@@ -304,7 +305,7 @@ def _host_rules(value: Any, source: str) -> HostRules:
 
 def _coerce(name: str, value: Any, source: str) -> Any:
     kind = _TYPES[name]
-    if name in _TOML_ONLY:
+    if name in TOML_ONLY:
         return _host_rules(value, source)
     try:
         if name in _TUPLES:
@@ -471,7 +472,7 @@ def load(
         name = key[len("PEERCRAWL_"):].lower()
         if name not in _TYPES:
             raise ConfigError(f"environment {key}: unknown setting")
-        if name in _TOML_ONLY:
+        if name in TOML_ONLY:
             raise ConfigError(f"environment {key}: {name} is set in the TOML file only")
         values[name] = _coerce(name, value, f"environment {key}")
     for name, value in (flags or {}).items():
