@@ -66,6 +66,16 @@ async def test_body_and_decompression_limits_hold_over_http2(nursery: trio.Nurse
     assert after.body == PAGE and after.protocol == "h2"
 
 
+async def test_a_decompression_bomb_over_http2_is_cut_at_max_body(nursery: trio.Nursery, ca: CertAuthority) -> None:
+    web = await start(nursery, ca, h2_only=True)
+    before = _rss_kib()
+    async with Fetcher(LoopbackResolver(), user_agent=UA, policies=policies(ca)) as fetcher:
+        bomb = await fetcher.fetch(f"https://h2.test:{web.port}/bomb")
+        after = await fetcher.fetch(f"https://h2.test:{web.port}/p")
+    assert bomb.truncated and len(bomb.body) == 10 * 2**20 and after.body == PAGE
+    assert _rss_kib() - before < 64 * 1024  # a 256 MiB bomb: the 10 MiB body and bounded buffers
+
+
 async def test_http2_off_falls_back_to_http11_globally_and_per_host(nursery: trio.Nursery, ca: CertAuthority) -> None:
     web = await start(nursery, ca)
     async with Fetcher(LoopbackResolver(), user_agent=UA, policies=policies(ca, http2=False)) as fetcher:

@@ -14,7 +14,7 @@ FetchError                      a fetch failed                                  
 ├── FetchTimeout                no complete response within the total timeout    timeout
 │   ├── ConnectTimeout          the TCP and TLS handshakes took too long         timeout
 │   └── ReadTimeout             no data for the read timeout                     timeout
-└── HttpProtocolError           the server broke HTTP/1.1                        protocol
+└── HttpProtocolError           the server broke HTTP (/1.1 or /2)               protocol
     ├── CorruptBody             a Content-Encoding that does not decode          protocol
     └── ResponseTooLarge        a response head over 64 KiB                      too-large
 
@@ -112,7 +112,8 @@ class ReadTimeout(FetchTimeout):
 
 
 class HttpProtocolError(FetchError):
-    """The server broke HTTP/1.1: a malformed response, a connection closed or broken mid-response."""
+    """The server broke HTTP (/1.1 or /2): a malformed response or frame, a reset stream, a connection closed or
+    broken mid-response."""
 
     label = "protocol"
 

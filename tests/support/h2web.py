@@ -2,7 +2,8 @@
 hostile on request. Each path is a behaviour:
 
 - ``/``: an index linking every path below and ``/ok`` (a small page without links);
-- any other path: 200 with ``PAGE`` (gzip if ``?enc=gzip``), ``/big``: ``BIG`` bytes in many DATA frames;
+- any other path: 200 with ``PAGE`` (gzip if ``?enc=gzip``), ``/big``: ``BIG`` bytes in many DATA frames,
+  ``/bomb``: a gzip body that inflates to 256 MiB;
 - ``/settings-flood``, ``/ping-flood``: a million SETTINGS (or PING) frames before an answer that never comes;
 - ``/huge-header``: a response header block of 1 MiB (one header, split over CONTINUATION frames);
 - ``/endless-continuation``: HEADERS without END_HEADERS, then CONTINUATION frames until the client leaves;
@@ -16,6 +17,7 @@ The server offers ALPN ``h2`` and ``http/1.1``; an HTTP/1.1 client gets a minima
 
 from __future__ import annotations
 
+import functools
 import gzip
 import ssl
 import struct
@@ -41,6 +43,13 @@ INDEX = (b"<html><body>" + b"".join(b"<a href='%s'>%s</a>\n" % (p.encode(), p.en
 
 def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
     return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+@functools.cache
+def _bomb() -> bytes:
+    from tests.support.hostile import BOMB_SIZE, _gzip_layers
+
+    return _gzip_layers(BOMB_SIZE, 1)
 
 
 @dataclass
@@ -150,6 +159,11 @@ class H2Web:
             conn.close_connection(h2.errors.ErrorCodes.NO_ERROR, last_stream_id=0)
             await stream.send_all(conn.data_to_send())
             return False
+        if name == "/bomb":
+            conn.send_headers(sid, [(b":status", b"200"), (b"content-type", b"text/html"),
+                                    (b"content-encoding", b"gzip")])
+            await self._send_body(conn, stream, sid, _bomb())
+            return None
         body = {"/big": BIG * b"x", "/": INDEX, "/ok": OK_PAGE, "/robots.txt": b"User-agent: *\nAllow: /\n"}.get(
             name, PAGE)
         headers = [(b":status", b"200"), (b"content-type", b"text/html")]
