@@ -15,6 +15,8 @@ Politeness is the pool's: an origin's connection carries one request in flight, 
 - frames that carry no response (SETTINGS, PING, PRIORITY, WINDOW_UPDATE, unknown types) by
   ``max_control_frames`` per response: a server that floods them is cut off (a protocol error) instead of
   being answered forever;
+- a frame by the advertised ``SETTINGS_MAX_FRAME_SIZE`` (16 KiB), checked as its bytes arrive (h2 would
+  buffer a frame whole, up to 16 MiB, before checking its length);
 - a connection's life by ``max_requests`` (h2 remembers every closed stream; a fresh connection forgets).
 
 A GOAWAY that leaves the request unprocessed, or a stream refused (``REFUSED_STREAM``) before any answer,
@@ -175,6 +177,12 @@ class H2Session:
             if "header list" in str(exc).lower() or "too large" in str(exc).lower():
                 raise h1.HeadTooLarge(f"HTTP/2 header list exceeds {self.max_head} bytes") from exc
             raise h1.RemoteProtocolError(f"HTTP/2: {exc}") from exc
+        # h2 checks a frame's length only once the whole frame is in: a header claiming 16 MiB would be buffered
+        # whole first. What is left after the complete frames is one partial frame: its header says its length.
+        pending = self._conn.incoming_buffer._data
+        if len(pending) >= 3 and int.from_bytes(pending[:3], "big") > self._conn.max_inbound_frame_size:
+            raise h1.RemoteProtocolError(f"HTTP/2 frame larger than the {self._conn.max_inbound_frame_size} bytes "
+                                         "allowed")
         self._events.extend(events)
 
     def next_event(self) -> h1.Head | bytes | object:
