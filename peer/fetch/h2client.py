@@ -77,7 +77,7 @@ def _compact(conn: h2.connection.H2Connection) -> None:
                 table[key] = _SmallQueue(values)
     for header_table in (conn.encoder.header_table, conn.decoder.header_table):
         if type(header_table.dynamic_entries) is not _SmallQueue:
-            header_table.dynamic_entries = _SmallQueue(header_table.dynamic_entries)
+            header_table.dynamic_entries = _SmallQueue(header_table.dynamic_entries)  # type: ignore[assignment]
 
 
 class StreamRefused(h1.RemoteProtocolError):
@@ -185,7 +185,7 @@ class H2Session:
                                          "allowed")
         self._events.extend(events)
 
-    def next_event(self) -> h1.Head | bytes | object:
+    def next_event(self) -> h1.Head | bytes | h1._Sentinel:
         events = self._events
         while events:
             event = events.pop(0)

@@ -234,7 +234,7 @@ async def socks5_connect(stream: trio.abc.Stream, proxy: Proxy, host: str, port:
         raise ProxyError("the SOCKS5 proxy sent bytes after its reply, before the tunnel was used")
 
 
-async def proxy_address(proxy: Proxy) -> tuple[int, str]:
+async def proxy_address(proxy: Proxy) -> tuple[socket.AddressFamily, str]:
     """(family, address) of the proxy itself: the operator's setting, resolved by the system (a proxy may well
     sit on a private address; that is the operator's choice, not a link's)."""
     try:
