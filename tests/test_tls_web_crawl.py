@@ -41,6 +41,9 @@ async def test_crawl_of_a_tls_web_half_http2_only_a_quarter_behind_a_proxy(tmp_p
             with trio.fail_after(180):
                 await node.run()
             nursery.cancel_scope.cancel()
+        assert node.fetch_policies is not None  # what GET /status shows under "proxies"
+        proxies = [p for pool in node.fetch_policies.proxy_pools() for p in pool.status(0.0)]
+        errors = dict(node.stats.errors)
         requests = web.requests()
     expected = {u.replace("http://", "https://", 1) for u in web.graph.expected(port=web.port).fetched}
     assert expected
@@ -68,3 +71,8 @@ async def test_crawl_of_a_tls_web_half_http2_only_a_quarter_behind_a_proxy(tmp_p
     assert protocols[h1_host] == {None}
     assert all(p == {"h2"} for host, p in protocols.items() if host != h1_host)
     assert web.h2_only & set(protocols) and web.proxy_only & set(protocols)
+    # /status lists the proxy: healthy, used for each proxy-only host's connection, never failed
+    (proxy,) = proxies
+    assert proxy["proxy"] == f"socks5://127.0.0.1:{socks.port}" and proxy["healthy"] and proxy["failures"] == 0
+    assert proxy["uses"] >= len(web.proxy_only)
+    assert not any(kind.startswith("tls") or kind == "proxy" for kind in errors), errors
