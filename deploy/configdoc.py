@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from peer.cli.main import _add_node_flags
-from peer.config import FIELDS, Config
+from peer.config import FIELDS, TOML_ONLY, Config
 
 DOC = ROOT / "docs" / "configuration.md"
 #: Flags of ``peerd start`` that are not settings of the node.
@@ -138,8 +138,8 @@ def rows() -> list[tuple[str, list[Row]]]:
         row = Row(
             name=f.name,
             flag=", ".join(flags.get(f.name, [])) or "-",
-            env="PEERCRAWL_" + f.name.upper(),
-            kind=_kind(f.type),
+            env="-" if f.name in TOML_ONLY else "PEERCRAWL_" + f.name.upper(),
+            kind="tables" if f.name in TOML_ONLY else _kind(f.type),
             default=_toml(default),
             reason=FIELDS.get(f.name, ""),
         )

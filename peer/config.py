@@ -27,10 +27,16 @@ from typing import Any
 
 from ring import MAX_ZONE, check_zone
 
-__all__ = ["DEFAULTS", "Config", "ConfigError", "load", "FIELDS", "default_text", "parse_address", "read_seeds",
-           "read_secret"]
+__all__ = ["DEFAULTS", "HOST_KEYS", "TOML_ONLY", "Config", "ConfigError", "load", "FIELDS", "default_text",
+           "parse_address", "read_seeds", "read_secret"]
 
 DEFAULT_UA = "peercrawl/0.1"
+
+#: Per-host-pattern fetch settings (TOML ``[hosts."PATTERN"]`` tables, in file order): (pattern, settings).
+HostRules = tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
+#: What a ``[hosts."PATTERN"]`` table may set (peer.fetch.policy checks the values when the node starts).
+HOST_KEYS = frozenset({"http2", "proxy", "tls_min_version", "tls_max_version", "tls_ciphers", "tls_verify",
+                       "tls_ca_file", "tls_client_cert", "tls_client_key", "tls_legacy_renegotiation"})
 
 
 class ConfigError(ValueError):
@@ -95,6 +101,12 @@ class Config:
     read_timeout: float = 30.0
     total_timeout: float = 60.0
     max_body: int = 10 * 2**20
+    http2: bool = True
+    proxy: tuple[str, ...] = ()
+    proxy_user: str = ""
+    proxy_password: str = ""
+    proxy_retry: float = 30.0
+    hosts: HostRules = ()
     dns_cache_size: int = 50_000
     dns_min_ttl: float = 60.0
     dns_max_ttl: float = 1800.0
@@ -222,6 +234,12 @@ FIELDS: dict[str, str] = {
     "read_timeout": "longest wait for the next bytes: stalled servers are cut off",
     "total_timeout": "bound on a whole response: the time any one URL can hold a worker",
     "max_body": "larger bodies are cut there and marked truncated: far above a normal HTML page",
+    "http2": "offer HTTP/2 by ALPN on HTTPS (HTTP/1.1 when the server does not choose it): some servers speak nothing else, and one request is still in flight per host",
+    "proxy": "proxy URLs (http://, socks5://, socks5h://; user:password@ allowed) every fetch goes through, taken in turn; empty: direct",
+    "proxy_user": "user for proxies whose URL names none (keep credentials in the TOML file or environment, not on the command line)",
+    "proxy_password": "password that goes with proxy_user",
+    "proxy_retry": "seconds a proxy that failed (unreachable, a broken handshake) rests while the others take its turns",
+    "hosts": "TOML only: [hosts.\"PATTERN\"] tables that set http2, proxy and tls_* (min/max version, ciphers, verify, CA file, client certificate, legacy renegotiation) for hosts matching PATTERN (example.com: it and its subdomains; *.example.com: subdomains; *: every host); the first match wins",
     "dns_cache_size": "names cached, as in the resolver study the design draws on",
     "dns_min_ttl": "floor on TTLs: very short TTLs would make the cache useless",
     "dns_max_ttl": "ceiling on TTLs: the refresh period of the resolver study",
@@ -256,6 +274,8 @@ FIELDS: dict[str, str] = {
 }
 
 _TUPLES = {f.name for f in dataclasses.fields(Config) if f.type == "tuple[str, ...]"}
+#: Settings read from the TOML file only (tables, which the environment and flags cannot spell).
+TOML_ONLY = frozenset({"hosts"})
 _TYPES = {f.name: f.type for f in dataclasses.fields(Config)}
 
 
@@ -267,8 +287,26 @@ def parse_address(text: str, name: str = "address") -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _host_rules(value: Any, source: str) -> HostRules:
+    if not isinstance(value, dict):
+        raise ConfigError(f"hosts (from {source}): expected [hosts.\"PATTERN\"] tables")
+    rules = []
+    for pattern, settings in value.items():
+        if not isinstance(settings, dict):
+            raise ConfigError(f"hosts (from {source}): {pattern!r} must be a table of settings")
+        unknown = sorted(set(k.replace("-", "_") for k in settings) - HOST_KEYS)
+        if unknown:
+            raise ConfigError(f"hosts (from {source}): {pattern!r}: unknown setting {unknown[0]!r} (known: "
+                              f"{', '.join(sorted(HOST_KEYS))})")
+        items = tuple((k.replace("-", "_"), tuple(v) if isinstance(v, list) else v) for k, v in settings.items())
+        rules.append((str(pattern).strip().lower(), items))
+    return tuple(rules)
+
+
 def _coerce(name: str, value: Any, source: str) -> Any:
     kind = _TYPES[name]
+    if name in TOML_ONLY:
+        return _host_rules(value, source)
     try:
         if name in _TUPLES:
             if isinstance(value, str):
@@ -291,6 +329,8 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             return int(value)
         if kind == "float":
             return float(value)
+        if not isinstance(value, (str, int, float)):
+            raise TypeError(f"expected a {kind}")
         return str(value)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{name} (from {source}): {exc}") from exc
@@ -352,6 +392,12 @@ def _validate(cfg: Config) -> None:
                           f"({cfg.revisit_max} s)")
     if cfg.revisit and cfg.dedup != "lmdb":
         raise ConfigError(f"revisit needs dedup lmdb (got {cfg.dedup}): the schedule lives in the node's LMDB store")
+    for url in cfg.proxy:
+        if not re.match(r"(http|socks5h?)://[^/?#]+/?$", url):
+            raise ConfigError(f"proxy: expected http://, socks5:// or socks5h://[USER:PASSWORD@]HOST[:PORT], got "
+                              f"{url.split('://')[0]}://…")
+    if cfg.proxy_retry <= 0:
+        raise ConfigError(f"proxy_retry must be > 0 seconds, got {cfg.proxy_retry}")
     if cfg.store not in ("warc", "none"):
         raise ConfigError(f"store must be 'warc' or 'none', got {cfg.store!r}")
     if cfg.log_format not in ("auto", "json", "text"):
@@ -426,6 +472,8 @@ def load(
         name = key[len("PEERCRAWL_"):].lower()
         if name not in _TYPES:
             raise ConfigError(f"environment {key}: unknown setting")
+        if name in TOML_ONLY:
+            raise ConfigError(f"environment {key}: {name} is set in the TOML file only")
         values[name] = _coerce(name, value, f"environment {key}")
     for name, value in (flags or {}).items():
         if value is None:

@@ -56,6 +56,7 @@ from peer.crawl.syncs import StoreSyncs
 from peer.dashboard import NodeWatch, file_rss_bytes, peak_rss_bytes
 from peer.fetch.dns import CachingResolver
 from peer.fetch.http import Fetcher
+from peer.fetch.policy import HostPolicies
 from peer.noderoutes import ControlRoutes
 from peer.stats import Stats
 
@@ -120,6 +121,7 @@ class Node:
         self.page_workers: PageWorkers | None = None
         self.cluster: Cluster | None = None
         self.resolver: CachingResolver | None = None
+        self.fetch_policies: HostPolicies | None = None  # per-host HTTP/2, proxies, TLS (status shows proxies)
         self.control_port: int | None = None
         self.final_status: dict[str, Any] | None = None  # the last status, taken before the stores close
         self.watch: NodeWatch | None = None  # figures over time for the dashboard (pages/s, flows, last page)
@@ -197,8 +199,17 @@ class Node:
                                            syncs=syncs, summary=self.summary)
                 except TransportError as exc:
                     raise NodeError(str(exc)) from exc
+            try:
+                policies = HostPolicies.build(
+                    http2=cfg.http2, proxy=cfg.proxy, tls={}, hosts=[(p, dict(r)) for p, r in cfg.hosts],
+                    credentials=(cfg.proxy_user, cfg.proxy_password) if cfg.proxy_user else None,
+                    proxy_retry=cfg.proxy_retry)
+            except ValueError as exc:
+                raise NodeError(str(exc)) from exc
+            self.fetch_policies = policies
             async with Fetcher(
                 self.resolver,
+                policies=policies,
                 user_agent=cfg.full_user_agent(),
                 connect_timeout=cfg.connect_timeout,
                 read_timeout=cfg.read_timeout,

@@ -25,6 +25,7 @@ from peer.crawl.pageworkers import PageWorkers
 from peer.crawl.settings import CONFIG_VERSION_FOUNDER, SettingsError
 from peer.dashboard import STALL_AFTER, NodeWatch, file_rss_bytes, page, rss_bytes, slow_hosts
 from peer.fetch.dns import CachingResolver
+from peer.fetch.policy import HostPolicies
 from peer.stats import Stats, StatsCollector
 
 __all__ = ["MAX_SEEDS_PER_REQUEST", "ControlRoutes", "RoutedNode"]
@@ -54,6 +55,7 @@ class RoutedNode(Protocol):
     crawler: Crawler | None
     cluster: Cluster | None
     resolver: CachingResolver | None
+    fetch_policies: HostPolicies | None  # per-host HTTP/2, proxies, TLS
     page_workers: PageWorkers | None
     watch: NodeWatch | None
 
@@ -90,6 +92,10 @@ class ControlRoutes:
         out["page_workers"] = workers.status() if workers is not None else {"processes": 0}
         if self.node.resolver is not None:
             out["dns"] = self.node.resolver.stats.as_dict()
+        policies = self.node.fetch_policies
+        if policies is not None and policies.proxy_pools():
+            now = trio.current_time()
+            out["proxies"] = [p for pool in policies.proxy_pools() for p in pool.status(now)]
         out["cluster"] = self.node.cluster.status() if self.node.cluster is not None else {"enabled": False}
         if self.node.cluster is not None:
             out["done"] = out["cluster"]["done"]

@@ -47,12 +47,12 @@ class BuiltPage(NamedTuple):
 
 def build_page_records(*, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
                        response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float,
-                       truncated: bool = False, compress_level: int = 1) -> BuiltPage:
+                       truncated: bool = False, compress_level: int = 1, protocol: str = "http/1.1") -> BuiltPage:
     """The stateless, CPU-heavy half of storing a page: its WARC records (two SHA-1 digests) gzip-compressed.
     Pure: touches no file, so it may run in any thread or process."""
     records = exchange_records(url=url, request_headers=request_headers, status=status, reason=reason,
                                response_headers=response_headers, body=body, ip=ip, fetched_at=fetched_at,
-                               truncated=truncated)
+                               truncated=truncated, protocol=protocol)
     response = gzip_member(records.response, compress_level)
     mime = _mime(response_headers)
     index = cdxj_parts(url=url, timestamp=warc_timestamp(fetched_at), length=len(response), status=status,
@@ -83,9 +83,10 @@ class PageStore(Closing, ABC):
         ip: str | None,
         fetched_at: float,
         truncated: bool = False,
+        protocol: str = "http/1.1",
     ) -> int:
         """Keep one fetched page; returns the bytes written. `body` is the payload as received (Content-Encoding
-        not undone); `truncated` says it was cut at the size limit."""
+        not undone); `truncated` says it was cut at the size limit; `protocol` is what carried it (ALPN name)."""
 
     def store_built(self, *, url: str, status: int, fetched_at: float, built: BuiltPage,
                     truncated: bool = False) -> int:
@@ -107,6 +108,7 @@ class PageStore(Closing, ABC):
         payload_digest: str,
         refers_to_uri: str,
         refers_to_date: float,
+        protocol: str = "http/1.1",
     ) -> int:
         """Keep a revisit of a page stored before (WARC `revisit` record); returns the bytes written."""
         return 0
@@ -132,7 +134,7 @@ class NullPageStore(PageStore):
 
     def store(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
               response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float,
-              truncated: bool = False) -> int:
+              truncated: bool = False, protocol: str = "http/1.1") -> int:
         self.pages += 1
         self.body_bytes += len(body)
         return 0
@@ -268,12 +270,12 @@ class WarcPageStore(PageStore):
 
     def store(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
               response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float,
-              truncated: bool = False) -> int:
+              truncated: bool = False, protocol: str = "http/1.1") -> int:
         if self._closed:
             raise ValueError(f"page store at {self.directory} is closed")
         built = build_page_records(url=url, request_headers=request_headers, status=status, reason=reason,
                                    response_headers=response_headers, body=body, ip=ip, fetched_at=fetched_at,
-                                   truncated=truncated, compress_level=self.compress_level)
+                                   truncated=truncated, compress_level=self.compress_level, protocol=protocol)
         return self.store_built(url=url, status=status, fetched_at=fetched_at, built=built, truncated=truncated)
 
     def store_built(self, *, url: str, status: int, fetched_at: float, built: BuiltPage,
@@ -321,13 +323,14 @@ class WarcPageStore(PageStore):
 
     def store_revisit(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
                       response_headers: list[tuple[str, str]], ip: str | None, fetched_at: float, profile: str,
-                      payload_digest: str, refers_to_uri: str, refers_to_date: float) -> int:
+                      payload_digest: str, refers_to_uri: str, refers_to_date: float,
+                      protocol: str = "http/1.1") -> int:
         if self._closed:
             raise ValueError(f"page store at {self.directory} is closed")
         records = revisit_records(url=url, request_headers=request_headers, status=status, reason=reason,
                                   response_headers=response_headers, ip=ip, fetched_at=fetched_at,
                                   profile=profile, payload_digest=payload_digest, refers_to_uri=refers_to_uri,
-                                  refers_to_date=refers_to_date)
+                                  refers_to_date=refers_to_date, protocol=protocol)
         resp = gzip_member(records.response, self.compress_level)
         req = gzip_member((records.request,), self.compress_level)
         with self._lock:

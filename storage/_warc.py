@@ -118,16 +118,19 @@ class Exchange(NamedTuple):
 
 def exchange_records(*, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
                      response_headers: list[tuple[str, str]], body: bytes, ip: str | None,
-                     fetched_at: float, truncated: bool = False) -> Exchange:
+                     fetched_at: float, truncated: bool = False, protocol: str = "http/1.1") -> Exchange:
     """The response and request records of one fetch. A `Transfer-Encoding` header is left out: the body is
     stored de-chunked, and the header would make readers chunk-decode it again. A body cut at the size limit
     (`truncated`) is marked `WARC-Truncated: length` (WARC/1.1 section 5.13), so no reader takes it for the
-    whole page."""
+    whole page. An exchange over another protocol than HTTP/1.1 (`protocol`, its ALPN name: ``h2``) is written
+    in the HTTP/1.1 form readers expect, and named in `WARC-Protocol`."""
     target_uri = _one_line(url, "URL").encode("utf-8")
     date = warc_date(fetched_at).encode("ascii")
     common = [(b"WARC-Date", date), (b"WARC-Target-URI", target_uri)]
     if ip:
         common.append((b"WARC-IP-Address", _one_line(ip, "IP address").encode("ascii")))
+    if protocol != "http/1.1":
+        common.append((b"WARC-Protocol", _one_line(protocol, "protocol").encode("ascii")))
 
     headers = [(k, v) for k, v in response_headers if k.lower() != "transfer-encoding"]
     http = _http_head(f"HTTP/1.1 {status} {reason}".rstrip(), headers, "response")
@@ -157,7 +160,8 @@ def exchange_records(*, url: str, request_headers: list[tuple[str, str]], status
 
 def revisit_records(*, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
                     response_headers: list[tuple[str, str]], ip: str | None, fetched_at: float, profile: str,
-                    payload_digest: str, refers_to_uri: str, refers_to_date: float) -> Exchange:
+                    payload_digest: str, refers_to_uri: str, refers_to_date: float,
+                    protocol: str = "http/1.1") -> Exchange:
     """A `revisit` record (its block is the HTTP response head only) and its request record. `payload_digest`
     is the base32 SHA-1 of the payload the record stands for (the original's); `refers_to_*` name the original
     response record, as pywb-style replay looks it up."""
@@ -168,6 +172,8 @@ def revisit_records(*, url: str, request_headers: list[tuple[str, str]], status:
     common = [(b"WARC-Date", date), (b"WARC-Target-URI", target_uri)]
     if ip:
         common.append((b"WARC-IP-Address", _one_line(ip, "IP address").encode("ascii")))
+    if protocol != "http/1.1":
+        common.append((b"WARC-Protocol", _one_line(protocol, "protocol").encode("ascii")))
     headers = [(k, v) for k, v in response_headers if k.lower() != "transfer-encoding"]
     http = _http_head(f"HTTP/1.1 {status} {reason}".rstrip(), headers, "response")
     record_id = _record_id()

@@ -1,5 +1,6 @@
 import argparse
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +145,22 @@ def test_compression_and_page_threads_load_from_each_source(tmp_path):
     cfg = load(env={"PEERCRAWL_COMPRESSION": "zlib", "PEERCRAWL_PAGE_THREADS": "2"})
     assert (cfg.compression, cfg.page_threads) == ("zlib", 2)
     assert load(env={"PEERCRAWL_COMPRESSION": "zlib"}, flags={"compression": "none"}).compression == "none"
+
+
+def test_http2_proxies_and_host_tables(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text('http2 = false\nproxy = ["socks5h://127.0.0.1:1080"]\nproxy_user = "bob"\n'
+                    '[hosts."*.legacy.example"]\ntls_min_version = "TLSv1"\nhttp2 = true\n'
+                    '[hosts."example.org"]\nproxy = "http://127.0.0.1:3128"\ntls-verify = false\n')
+    cfg = load(toml=path, env={"PEERCRAWL_PROXY_PASSWORD": "hunter2"}, flags={"http2": "on"})
+    assert cfg.http2 is True and cfg.proxy == ("socks5h://127.0.0.1:1080",)
+    assert (cfg.proxy_user, cfg.proxy_password) == ("bob", "hunter2")
+    assert cfg.hosts == (("*.legacy.example", (("tls_min_version", "TLSv1"), ("http2", True))),
+                         ("example.org", (("proxy", "http://127.0.0.1:3128"), ("tls_verify", False))))
+    path.write_text('[hosts."a.example"]\ndelay = 3\n')
+    with pytest.raises(ConfigError, match="unknown setting 'delay'"):
+        load(toml=path)
+    with pytest.raises(ConfigError, match="TOML file only"):
+        load(env={"PEERCRAWL_HOSTS": "x"})
+    with pytest.raises(ConfigError, match="proxy: expected"):
+        load(flags={"proxy": ["ftp://127.0.0.1:21"]})

@@ -224,3 +224,48 @@ async def test_a_page_of_a_quarter_million_links_is_parsed_off_the_event_loop(
         nursery.cancel_scope.cancel()
     # The 8 MB page went to a worker thread; a small one stayed on the event loop (parse_in_thread is off).
     assert threads == {"links.html": False, "bad-charset.html": True}
+
+
+#: The stated bound for a node crawling the hostile HTTP/2 server (floods of SETTINGS and PING, a 1 MiB header
+#: block, CONTINUATION frames without end, reset and refused streams, GOAWAY).
+H2_RSS_BOUND_MIB = 200
+
+
+@pytest.mark.slow
+async def test_a_node_crawls_a_hostile_http2_server_within_its_memory_bound(tmp_path: Path) -> None:
+    import functools
+
+    from tests.support.h2web import HOSTILE_PATHS, OK_PAGE, serve_h2web
+    from tests.support.testca import make_ca
+
+    ca = make_ca(tmp_path / "ca", ["127.0.0.1"])
+    toml = tmp_path / "node.toml"
+    toml.write_text(f'[hosts."*"]\ntls_ca_file = "{ca.ca_file}"\n')
+    data = tmp_path / "node"
+    async with trio.open_nursery() as nursery:
+        web = await nursery.start(functools.partial(serve_h2web, ca.server_context(), h2_only=True))
+        root = f"https://127.0.0.1:{web.port}"
+        log = tmp_path / "node.log"
+        with open(log, "wb") as err:
+            proc = subprocess.Popen([*peerd(data, [root + "/"], "--exit-when-done"), "--config", str(toml)],
+                                    env=env(), stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            with trio.fail_after(180):
+                _, status, _ = await trio.to_thread.run_sync(os.wait4, proc.pid, 0)
+        finally:
+            kill_pid(proc.pid)
+        nursery.cancel_scope.cancel()
+    records = log_records(log)
+    assert os.waitstatus_to_exitcode(status) == 0, "\n".join(map(str, records[-10:]))
+    stopped = [r for r in records if r.get("msg") == "node stopped"]
+    assert stopped, "the node did not stop cleanly"
+    peak_mib = stopped[-1]["peak_rss"] / 2**20
+    print(f"hostile HTTP/2 server: peak RSS {peak_mib:.0f} MiB (bound {H2_RSS_BOUND_MIB} MiB)")
+    assert 0 < peak_mib < H2_RSS_BOUND_MIB
+    errors = stopped[-1].get("errors", {})
+    assert errors.get("internal", 0) == 0, errors
+    assert errors.get("protocol", 0) >= 5 and errors.get("too-large", 0) >= 2, errors
+    assert {path for _, path, _ in web.log} >= {*HOSTILE_PATHS, "/", "/ok"}
+    assert all(alpn == "h2" for _, _, alpn in web.log)
+    stored = responses(data / "warc")
+    assert stored[root + "/ok"] == (None, len(OK_PAGE))

@@ -10,6 +10,7 @@ import dataclasses
 import faulthandler
 import importlib
 import json
+import re
 import os
 import sys
 import textwrap
@@ -176,6 +177,12 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
                    help="DNS server to use (repeatable; default: /etc/resolv.conf)")
     n.add_argument("--allow-private", dest="allow_private", action="store_const", const=True,
                    help="allow private, loopback and link-local addresses (tests, local demos)")
+    n.add_argument("--http2", dest="http2", choices=["on", "off"],
+                   help="offer HTTP/2 by ALPN on HTTPS (per host: [hosts.\"PATTERN\"] http2 in the TOML file)")
+    n.add_argument("--proxy", dest="proxy", action="append", metavar="URL",
+                   help="go through this proxy: http://HOST:PORT, socks5://HOST:PORT or socks5h://HOST:PORT "
+                        "(repeatable: taken in turn; credentials: proxy_user/proxy_password in the TOML file or "
+                        "environment)")
     o = p.add_argument_group("output")
     o.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
     o.add_argument("--log-format", dest="log_format", choices=["auto", "json", "text"])
@@ -214,6 +221,8 @@ def _peerd_config(args: argparse.Namespace) -> int:
         if f.name in SECRET_SETTINGS and value:
             # The output is pasted into tickets and chats: a secret is shown only as set, never its value.
             shown = json.dumps(f"<set: {len(value.encode())} bytes, not shown>")
+        elif f.name in ("proxy", "hosts"):
+            shown = _PROXY_PASSWORD.sub(r"://\1:<not shown>@", json.dumps(value))  # a proxy URL's password
         else:
             shown = json.dumps(value)
         print(f"{f.name} = {shown}    # {FIELDS.get(f.name, '')}")
@@ -250,8 +259,9 @@ def _peerd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+_PROXY_PASSWORD = re.compile(r"://([^:@/\"]*):[^@/\"]*@")
 #: Settings `peerd config` never prints.
-SECRET_SETTINGS = frozenset({"cluster_secret", "control_token"})
+SECRET_SETTINGS = frozenset({"cluster_secret", "control_token", "proxy_password"})
 
 
 def peerd_main(argv: Sequence[str] | None = None) -> int:

@@ -76,6 +76,7 @@ class PageJob(NamedTuple):
     ip: str | None
     fetched_at: float
     truncated: bool
+    protocol: str = "http/1.1"  # what carried the exchange (ALPN name), for WARC-Protocol
 
 
 class PageResult(NamedTuple):
@@ -144,7 +145,7 @@ def process_page(job: PageJob) -> PageResult:
         built = build_page_records(url=job.url, request_headers=job.request_headers, status=job.status,
                                    reason=job.reason, response_headers=job.response_headers, body=job.body,
                                    ip=job.ip, fetched_at=job.fetched_at, truncated=job.truncated,
-                                   compress_level=job.compress_level)
+                                   compress_level=job.compress_level, protocol=job.protocol)
     page = extract(job.body, job.url, job.content_type) if job.parse else None
     return PageResult(built=built, page=page)
 

@@ -63,7 +63,8 @@ class PageWork:
             return self._store(resp, ctype, now), None
         job = PageJob(url=resp.url, content_type=ctype, body=resp.body, parse=parse, compress_level=level,
                       request_headers=resp.request_headers, status=resp.status, reason=resp.reason,
-                      response_headers=as_decoded(resp), ip=resp.ip, fetched_at=now, truncated=resp.truncated)
+                      response_headers=as_decoded(resp), ip=resp.ip, fetched_at=now, truncated=resp.truncated,
+                      protocol=resp.protocol)
         try:
             result: PageResult = await self.page_workers.process(job)
         except PageWorkerError as exc:
@@ -96,5 +97,6 @@ class PageWork:
             ip=resp.ip,
             fetched_at=now,
             truncated=resp.truncated,
+            protocol=resp.protocol,
         )
         return written or 0

@@ -110,7 +110,8 @@ class Revisits:
         written = self.pages.store_revisit(
             url=resp.url, request_headers=resp.request_headers, status=resp.status, reason=resp.reason,
             response_headers=as_decoded(resp), ip=resp.ip, fetched_at=now, profile=profile,
-            payload_digest=before.digest, refers_to_uri=before.url, refers_to_date=before.stored_at)
+            payload_digest=before.digest, refers_to_uri=before.url, refers_to_date=before.stored_at,
+            protocol=resp.protocol)
         self.stats.revisit_bytes += written
         self.stats.revisit_bytes_saved += max(0, before.size - written)
 

@@ -1,5 +1,5 @@
-"""Fetching: getting bytes from the web safely. The HTTP client (h11 over trio, a per-origin connection pool,
-bounded body decoding), the node's caching DNS resolver, and the address policy that refuses private,
+"""Fetching: getting bytes from the web safely. The HTTP client (HTTP/1.1 or HTTP/2 by ALPN over trio, a
+per-origin connection pool, bounded body decoding, proxies and TLS settings per host pattern), the node's caching DNS resolver, and the address policy that refuses private,
 loopback and link-local addresses unless the operator allows them. Failures are a tree of types
 (`peer.fetch.errors`) whose labels are the metric labels. Knows nothing of crawling or the cluster.
 """
@@ -21,20 +21,26 @@ from peer.fetch.errors import (
     InvalidUrl,
     NoAddress,
     NxDomain,
+    ProxyFailed,
     ReadTimeout,
     RefusedAddress,
     ResolveFailed,
     ResponseTooLarge,
     ServFail,
     SocketsExhausted,
+    TlsCertificateFailed,
     TlsFailed,
+    TlsVersionFailed,
 )
 from peer.fetch.http import BodySink, Fetcher, HttpxTransport, Response
+from peer.fetch.policy import HostPolicies, HostPolicy, TlsPolicy
+from peer.fetch.proxies import Proxy, ProxyPool, parse_proxy
 
 __all__ = [
     "TRANSIENT", "AddressRefused", "ConnectFailed", "ConnectTimeout", "CorruptBody", "DnsTimeout", "FetchTimeout",
-    "HttpProtocolError", "InvalidUrl", "NoAddress", "NxDomain", "ReadTimeout", "RefusedAddress", "ResolveFailed",
-    "ResponseTooLarge", "ServFail", "SocketsExhausted", "TlsFailed",
+    "HttpProtocolError", "InvalidUrl", "NoAddress", "NxDomain", "ProxyFailed", "ReadTimeout", "RefusedAddress",
+    "ResolveFailed", "ResponseTooLarge", "ServFail", "SocketsExhausted", "TlsCertificateFailed", "TlsFailed",
+    "TlsVersionFailed", "HostPolicies", "HostPolicy", "Proxy", "ProxyPool", "TlsPolicy", "parse_proxy",
     "BodyDecoder", "BodySink", "CachingResolver", "DecodeError", "DnsError", "DnsStats", "FetchError", "Fetcher",
     "HttpxTransport", "Resolver", "Response", "ip_literal", "is_public_address", "make_decoder",
     "parse_nameserver", "refusal_reason", "system_nameservers",

@@ -7,11 +7,14 @@ FetchError                      a fetch failed                                  
 ├── ResolveFailed               the host name did not resolve (DnsError below)   dns
 ├── AddressRefused              it resolved to an address the policy refuses     refused-address
 ├── ConnectFailed               TCP connect refused, unreachable, reset          connect
-├── TlsFailed                   TLS handshake failed (certificate, name, reset)  tls
+│   └── ProxyFailed             the proxy is unreachable or broke its handshake  proxy
+├── TlsFailed                   TLS handshake failed (reset, no shared cipher)   tls
+│   ├── TlsCertificateFailed    untrusted, expired or wrong-name certificate     tls-certificate
+│   └── TlsVersionFailed        no TLS version both sides allow                  tls-version
 ├── FetchTimeout                no complete response within the total timeout    timeout
 │   ├── ConnectTimeout          the TCP and TLS handshakes took too long         timeout
 │   └── ReadTimeout             no data for the read timeout                     timeout
-└── HttpProtocolError           the server broke HTTP/1.1                        protocol
+└── HttpProtocolError           the server broke HTTP (/1.1 or /2)               protocol
     ├── CorruptBody             a Content-Encoding that does not decode          protocol
     └── ResponseTooLarge        a response head over 64 KiB                      too-large
 
@@ -35,7 +38,8 @@ from typing import ClassVar
 __all__ = [
     "TRANSIENT", "AddressRefused", "ConnectFailed", "ConnectTimeout", "CorruptBody", "DnsError", "DnsTimeout",
     "FetchError", "FetchTimeout", "HttpProtocolError", "InvalidUrl", "NoAddress", "NxDomain", "ReadTimeout",
-    "RefusedAddress", "ResolveFailed", "ResponseTooLarge", "ServFail", "SocketsExhausted", "TlsFailed",
+    "ProxyFailed", "RefusedAddress", "ResolveFailed", "ResponseTooLarge", "ServFail", "SocketsExhausted",
+    "TlsCertificateFailed", "TlsFailed", "TlsVersionFailed",
 ]
 
 
@@ -75,6 +79,24 @@ class TlsFailed(FetchError):
     label = "tls"
 
 
+class ProxyFailed(ConnectFailed):
+    """The proxy could not be reached, or broke or garbled its handshake (it then rests: `ProxyPool`)."""
+
+    label = "proxy"
+
+
+class TlsCertificateFailed(TlsFailed):
+    """The server's certificate is not trusted, has expired, or does not name the host."""
+
+    label = "tls-certificate"
+
+
+class TlsVersionFailed(TlsFailed):
+    """The server and the host's TLS policy share no protocol version."""
+
+    label = "tls-version"
+
+
 class FetchTimeout(FetchError):
     """No complete response within the whole-fetch timeout (DNS, the origin's slot, connect and read)."""
 
@@ -90,7 +112,8 @@ class ReadTimeout(FetchTimeout):
 
 
 class HttpProtocolError(FetchError):
-    """The server broke HTTP/1.1: a malformed response, a connection closed or broken mid-response."""
+    """The server broke HTTP (/1.1 or /2): a malformed response or frame, a reset stream, a connection closed or
+    broken mid-response."""
 
     label = "protocol"
 

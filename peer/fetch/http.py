@@ -1,4 +1,6 @@
-"""The node's HTTP fetcher: HTTP/1.1 (`peer.fetch.h1`) over trio streams, a per-origin keep-alive pool, the node's DNS.
+"""The node's HTTP fetcher: HTTP/1.1 (`peer.fetch.h1`) or HTTP/2 by ALPN (`peer.fetch.h2client`) over trio
+streams, a per-origin keep-alive pool, the node's DNS, per-host policies (HTTP/2, proxies, TLS:
+`peer.fetch.policy`).
 
 Measured on this machine (``tests/bench/bench_http.py``), httpx's own pool collapses over many hosts, and its
 client layer alone costs about as much CPU per request as this whole fetch path; so the crawl engine calls
@@ -24,6 +26,9 @@ import trio
 
 from peer.config import DEFAULTS
 from peer.fetch import h1
+from peer.fetch.h2client import StreamRefused
+from peer.fetch.policy import HostPolicies, HostPolicy
+from peer.fetch.proxies import Proxy, ProxyError, ProxyRefused
 from peer.fetch.decoding import BodyDecoder, DecodeError, make_decoder
 from peer.fetch.pool import (
     Connection,
@@ -43,11 +48,14 @@ from peer.fetch.errors import (
     FetchTimeout,
     HttpProtocolError,
     InvalidUrl,
+    ProxyFailed,
     ReadTimeout,
     RefusedAddress,
     ResolveFailed,
     ResponseTooLarge,
+    TlsCertificateFailed,
     TlsFailed,
+    TlsVersionFailed,
 )
 
 __all__ = ["BodySink", "FetchError", "Fetcher", "HttpxTransport", "Response"]
@@ -73,6 +81,7 @@ class Response:
     truncated: bool
     elapsed: float
     request_headers: list[tuple[str, str]]
+    protocol: str = "http/1.1"  # ALPN name of what carried the exchange: "h2" or "http/1.1"
 
 
 class BodySink(Protocol):
@@ -104,6 +113,9 @@ class Fetcher:
 
     ``connect_timeout`` bounds the TCP and TLS handshakes, ``read_timeout`` each wait for data,
     ``total_timeout`` the whole fetch including DNS and waiting for the origin's connection slot.
+    ``policies`` say per host whether to offer HTTP/2, which proxies to go through and which TLS settings to
+    use (default: HTTP/2 offered, direct, the system's CAs); an ``ssl_context`` given replaces every host's
+    TLS settings (its ALPN is set to offer HTTP/2 if the default policy does).
     """
 
     def __init__(
@@ -120,6 +132,7 @@ class Fetcher:
         idle_timeout: float = 30.0,
         max_idle_total: int | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        policies: HostPolicies | None = None,
     ) -> None:
         if not user_agent:
             raise ValueError("user_agent must name the crawler (and ideally a contact URL)")
@@ -137,12 +150,19 @@ class Fetcher:
             max_idle_total=default_max_idle_total() if max_idle_total is None else max_idle_total,
             idle_timeout=idle_timeout,
         )
+        self._policies = policies if policies is not None else HostPolicies(HostPolicy())
+        if ssl_context is not None:
+            ssl_context.set_alpn_protocols(list(self._policies.default.alpn()))
         self._ssl_context = ssl_context
         self._defaults = [("user-agent", user_agent), ("accept-encoding", "gzip, deflate, br"), ("accept", "*/*")]
 
     @property
     def pool(self) -> ConnectionPool:
         return self._pool
+
+    @property
+    def policies(self) -> HostPolicies:
+        return self._policies
 
     async def __aenter__(self) -> Self:
         return self
@@ -229,6 +249,7 @@ class Fetcher:
                         truncated=truncated,
                         elapsed=trio.current_time() - start,
                         request_headers=request_headers,
+                        protocol=conn.protocol,
                     )
                 raise HttpProtocolError(f"{url}: the server closed two connections without answering")
             finally:
@@ -252,30 +273,48 @@ class Fetcher:
         return out
 
     async def _connect(self, key: OriginKey, ip: str, host: str, url: str) -> Connection:
-        tls = self._tls_context() if key[0] == "https" else None
+        """A new connection to ``ip`` for ``host``, with the host's TLS settings and through its proxies: a
+        proxy that fails is rested and the next one tried, each at most once, within ``connect_timeout``."""
+        policy = self._policies.for_host(host)
+        tls = None
+        if key[0] == "https":
+            tls = self._ssl_context if self._ssl_context is not None else policy.ssl_context()
+        proxies = policy.proxies
+        tries = 1 if proxies is None else len(proxies.proxies)
         where = f"{ip}:{key[2]}"
+        proxy: Proxy | None = None
         with trio.move_on_after(self._connect_timeout):
-            try:
-                return await open_connection(key, ip, host, tls, _MAX_HEAD)
-            except ssl.SSLError as exc:
-                raise TlsFailed(f"{url}: TLS handshake with {where} failed: {_tls_reason(exc)}") from exc
-            except trio.BrokenResourceError as exc:
-                cause = exc.__cause__
-                if isinstance(cause, ssl.SSLError):
-                    message = f"{url}: TLS handshake with {where} failed: {_tls_reason(cause)}"
-                else:
-                    message = f"{url}: {where} closed the connection during the TLS handshake"
-                raise TlsFailed(message) from exc
-            except OSError as exc:
-                raise ConnectFailed(f"{url}: cannot connect to {where}: {exc.strerror or exc}") from exc
+            for attempt in range(tries):
+                proxy = None if proxies is None else proxies.choose(trio.current_time())
+                if proxy is not None:
+                    where = f"{ip}:{key[2]} through {proxy.url}"
+                try:
+                    conn = await open_connection(key, ip, host, tls, _MAX_HEAD, proxy)
+                except ProxyError as exc:
+                    assert proxies is not None and proxy is not None
+                    proxies.failed(proxy, trio.current_time())
+                    if attempt + 1 < tries and proxies.any_healthy(trio.current_time()):
+                        continue
+                    raise ProxyFailed(f"{url}: {exc}") from exc
+                except ProxyRefused as exc:
+                    raise ConnectFailed(f"{url}: {exc} (to {where})") from exc
+                except ssl.SSLError as exc:
+                    raise _tls_error(exc)(f"{url}: TLS handshake with {where} failed: {_tls_reason(exc)}") from exc
+                except trio.BrokenResourceError as exc:
+                    cause = exc.__cause__
+                    if isinstance(cause, ssl.SSLError):
+                        raise _tls_error(cause)(
+                            f"{url}: TLS handshake with {where} failed: {_tls_reason(cause)}") from exc
+                    raise TlsFailed(f"{url}: {where} closed the connection during the TLS handshake") from exc
+                except OSError as exc:
+                    raise ConnectFailed(f"{url}: cannot connect to {where}: {exc.strerror or exc}") from exc
+                if proxy is not None:
+                    assert proxies is not None
+                    proxies.worked(proxy)
+                return conn
+        if proxies is not None and proxy is not None:
+            proxies.failed(proxy, trio.current_time())
         raise ConnectTimeout(f"{url}: connecting to {where} took over {self._connect_timeout:g} s")
-
-    def _tls_context(self) -> ssl.SSLContext:
-        if self._ssl_context is None:
-            context = ssl.create_default_context()
-            context.set_alpn_protocols(["http/1.1"])
-            self._ssl_context = context
-        return self._ssl_context
 
     async def _exchange(
         self,
@@ -293,8 +332,14 @@ class Fetcher:
         """Send the request and read the response: (head, decoded body, truncated, whether the connection may
         carry another request). With ``sink``, the decoded body goes to it piece by piece and the body returned
         is empty."""
+        session = conn.h2
         try:
-            data = h1.request_bytes(method, target, headers, content)
+            if session is not None:
+                data = session.request(method, conn.key[0], target, headers, content)
+            elif conn.absolute_form:
+                data = h1.request_bytes(method, _absolute(conn.key, target), headers + conn.proxy_headers, content)
+            else:
+                data = h1.request_bytes(method, target, headers, content)
         except h1.LocalProtocolError as exc:
             raise HttpProtocolError(f"{url}: cannot send this request: {exc}") from exc
         try:
@@ -307,7 +352,7 @@ class Fetcher:
         max_body = self._max_body if sink is None else sink.max_bytes
         step = max_body if sink is None else _SINK_STEP
         read_timeout = self._read_timeout
-        h = h1.ResponseReader(method, max_head=conn.max_head)
+        h = h1.ResponseReader(method, max_head=conn.max_head) if session is None else session
         head: h1.Head | None = None
         decoder: BodyDecoder | None = None
         chunks: list[bytes] = []
@@ -339,6 +384,13 @@ class Fetcher:
                             raise _StaleConnection
                         raise HttpProtocolError(f"{url}: the server closed the connection without a response")
                     h.receive_data(chunk)
+                    if session is not None:
+                        owed = session.outgoing()  # settings and ping acks, window updates
+                        if owed:
+                            try:
+                                await conn.send_all(owed)
+                            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                                raise HttpProtocolError(f"{url}: the connection broke mid-response") from exc
                     continue
                 if type(event) is bytes:
                     piece = event
@@ -380,6 +432,10 @@ class Fetcher:
                         elif tail:
                             await sink.write(tail)
                     break
+        except StreamRefused as exc:
+            if not received or head is None:
+                raise _StaleConnection from exc
+            raise HttpProtocolError(f"{url}: {exc}") from exc
         except h1.HeadTooLarge as exc:
             raise ResponseTooLarge(f"{url}: {exc}") from exc
         except h1.RemoteProtocolError as exc:
@@ -388,6 +444,25 @@ class Fetcher:
             raise CorruptBody(f"{url}: {exc}") from exc
         assert head is not None
         return head, b"".join(chunks), truncated, h.reusable
+
+
+def _absolute(key: OriginKey, target: str) -> str:
+    """The absolute-form target of a request to an HTTP proxy."""
+    scheme, host, port = key
+    authority = f"[{host}]" if ":" in host else host
+    if port != _DEFAULT_PORTS[scheme]:
+        authority += f":{port}"
+    return f"{scheme}://{authority}{target}"
+
+
+def _tls_error(exc: ssl.SSLError) -> type[TlsFailed]:
+    """The kind of a TLS failure, as the metrics count it."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return TlsCertificateFailed
+    reason = (exc.reason or "").upper()
+    if "VERSION" in reason or reason == "UNSUPPORTED_PROTOCOL" or "NO_PROTOCOLS_AVAILABLE" in reason:
+        return TlsVersionFailed
+    return TlsFailed
 
 
 def _tls_reason(exc: ssl.SSLError) -> str:
@@ -508,7 +583,7 @@ class HttpxTransport(httpx.AsyncBaseTransport):
             headers=response_headers,
             content=result.body,
             extensions={
-                "http_version": b"HTTP/1.1",
+                "http_version": b"HTTP/2" if result.protocol == "h2" else b"HTTP/1.1",
                 "reason_phrase": result.reason.encode("latin-1"),
                 "peercrawl.truncated": result.truncated,
                 "peercrawl.ip": result.ip,

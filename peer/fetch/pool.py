@@ -18,6 +18,9 @@ import ssl
 
 import trio
 
+from peer.fetch.h2client import H2Session
+from peer.fetch.proxies import Proxy, ProxyError, http_connect, proxy_address, socks5_connect
+
 __all__ = ["Connection", "ConnectionPool", "Origin", "OriginKey", "default_max_idle_total", "open_connection"]
 
 OriginKey = tuple[str, str, int]  # (scheme, host, port)
@@ -26,7 +29,8 @@ OriginKey = tuple[str, str, int]  # (scheme, host, port)
 class Connection:
     """One TCP (or TLS) connection; `max_head` bounds each response head read on it (`peer.fetch.h1`)."""
 
-    __slots__ = ("idle_since", "ip", "key", "max_head", "raw", "requests", "sock", "stream", "tls")
+    __slots__ = ("absolute_form", "h2", "idle_since", "ip", "key", "max_head", "proxy", "proxy_headers", "raw",
+                 "requests", "sock", "stream", "tls")
 
     def __init__(
         self,
@@ -47,6 +51,15 @@ class Connection:
         self.tls = tls
         self.idle_since = 0.0
         self.requests = 0  # completed exchanges on this connection
+        self.h2: H2Session | None = None  # HTTP/2 when the server chose it by ALPN
+        self.proxy: Proxy | None = None
+        self.absolute_form = False  # plain HTTP through an HTTP proxy: absolute-form targets
+        self.proxy_headers: list[tuple[str, str]] = []  # sent to that proxy with each request, never recorded
+
+    @property
+    def protocol(self) -> str:
+        """The ALPN name of what the connection speaks: ``h2`` or ``http/1.1``."""
+        return "http/1.1" if self.h2 is None else "h2"
 
     def close(self) -> None:
         """Close at once (no TLS close_notify: the peer learns from the FIN)."""
@@ -100,19 +113,45 @@ class Connection:
 
 
 async def open_connection(
-    key: OriginKey, ip: str, host: str, ssl_context: ssl.SSLContext | None, max_head: int
+    key: OriginKey, ip: str, host: str, ssl_context: ssl.SSLContext | None, max_head: int,
+    proxy: Proxy | None = None,
 ) -> Connection:
-    """Connect to ``ip`` (already resolved: no second look-up), with TLS and SNI for ``host`` if given a context.
+    """Connect to ``ip`` (already resolved and checked: no second look-up), with TLS and SNI for ``host`` if given
+    a context; HTTP/2 when the context offers it by ALPN and the server chooses it. Through ``proxy`` when given:
+    a tunnel to ``ip`` (or, for ``socks5h``, to ``host``), or for plain HTTP through an HTTP proxy, a connection
+    to the proxy that carries absolute-form requests.
 
-    Raises OSError (connect) or ssl.SSLError / trio.BrokenResourceError (TLS handshake).
+    Raises OSError (connect), ssl.SSLError / trio.BrokenResourceError (TLS handshake), ProxyError (the proxy
+    failed) or ProxyRefused (the proxy would not open the tunnel).
     """
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    if proxy is None:
+        family, where = (socket.AF_INET6 if ":" in ip else socket.AF_INET), (ip, key[2])
+    else:
+        family, proxy_ip = await proxy_address(proxy)
+        where = (proxy_ip, proxy.port)
     raw = socket.socket(family, socket.SOCK_STREAM)
     raw.setblocking(False)
     sock = trio.socket.from_stdlib_socket(raw)
+    absolute_form = False
     try:
-        await sock.connect((ip, key[2]))
+        try:
+            await sock.connect(where)
+        except OSError as exc:
+            if proxy is None:
+                raise
+            raise ProxyError(f"cannot connect to proxy {proxy.url}: {exc.strerror or exc}") from exc
         stream: trio.abc.Stream = trio.SocketStream(sock)  # sets TCP_NODELAY
+        if proxy is not None:
+            try:
+                if proxy.scheme == "http":
+                    if ssl_context is None:
+                        absolute_form = True
+                    else:
+                        await http_connect(stream, proxy, ip, key[2])
+                else:
+                    await socks5_connect(stream, proxy, host if proxy.remote_dns else ip, key[2])
+            except (trio.BrokenResourceError, OSError) as exc:
+                raise ProxyError(f"proxy {proxy.url} broke the connection during its handshake") from exc
         if ssl_context is not None:
             tls_stream = trio.SSLStream(stream, ssl_context, server_hostname=host, https_compatible=True)
             await tls_stream.do_handshake()
@@ -120,7 +159,15 @@ async def open_connection(
     except BaseException:
         sock.close()
         raise
-    return Connection(key, raw, sock, stream, ip, ssl_context is not None, max_head)
+    conn = Connection(key, raw, sock, stream, ip, ssl_context is not None, max_head)
+    if ssl_context is not None and stream.selected_alpn_protocol() == "h2":  # type: ignore[attr-defined]
+        conn.h2 = H2Session(max_head=max_head)
+    if proxy is not None:
+        conn.proxy = proxy
+        conn.absolute_form = absolute_form
+        if absolute_form and proxy.username:
+            conn.proxy_headers = [("proxy-authorization", proxy.authorization())]
+    return conn
 
 
 class Origin:
