@@ -57,6 +57,7 @@ from peer.dashboard import NodeWatch, file_rss_bytes, peak_rss_bytes
 from peer.fetch.dns import CachingResolver
 from peer.fetch.http import Fetcher
 from peer.noderoutes import ControlRoutes
+from peer.plugins import ItemExporter, JsonLinesSink, PluginError, Plugins, PluginSpec
 from peer.stats import Stats
 
 __all__ = ["Node", "run_node", "NodeError"]
@@ -93,6 +94,11 @@ def lock_data_dir(path: Path, stack: ExitStack) -> None:
         raise NodeError(f"data dir {path} is in use by another running node") from exc
 
 
+def plugin_specs(cfg: Config) -> list[PluginSpec]:
+    """The configuration's [[plugins]] entries as specs, in chain order."""
+    return [PluginSpec(use, json.loads(settings)) for use, settings in cfg.plugins]
+
+
 def _lock_data_dir(path: Path, node_id: str, stack: ExitStack) -> None:
     lock_data_dir(path, stack)
     id_file = path / "NODE_ID"
@@ -122,6 +128,8 @@ class Node(ControlRoutes):
         self.resolver: CachingResolver | None = None
         self.control_port: int | None = None
         self.final_status: dict[str, Any] | None = None  # the last status, taken before the stores close
+        self.plugins: Plugins | None = None  # the plug-in chain (peer/plugins), loaded at start
+        self.exporter: ItemExporter | None = None  # moves spooled items to DATA_DIR/items/ and the chain's sinks
         self.watch: NodeWatch | None = None  # figures over time for the dashboard (pages/s, flows, last page)
         self.store_releases = 0  # times the store's mapped pages were handed back (store_resident_mib)
         self._stop = trio.Event()
@@ -135,6 +143,10 @@ class Node(ControlRoutes):
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> int:
         cfg = self.cfg
         seeds = read_seeds(cfg)
+        try:  # an import error or a bad setting stops the start, naming the plug-in
+            plugins = self.plugins = Plugins(plugin_specs(cfg), timeout=cfg.plugin_timeout)
+        except PluginError as exc:
+            raise NodeError(str(exc)) from exc
         with ExitStack() as stack:
             _lock_data_dir(self.data_dir, self.node_id, stack)
             await self._check_stores()
@@ -147,6 +159,13 @@ class Node(ControlRoutes):
                 stack.callback(pages.close)
             except StorageError as exc:
                 raise NodeError(str(exc)) from exc
+            spool = getattr(store, "items", None)
+            if plugins.active and spool is None:
+                raise NodeError(f"plug-ins need --dedup lmdb (got {cfg.dedup}): a page's items are stored in "
+                                "the page's own transaction")
+            if spool is not None:
+                self.exporter = ItemExporter(spool, [JsonLinesSink(self.data_dir / "items"), *plugins.chain.sinks],
+                                             interval=cfg.sync_interval)
             try:
                 self.resolver = CachingResolver(
                     cfg.nameservers,
@@ -198,7 +217,7 @@ class Node(ControlRoutes):
                 crawler = self.crawler = Crawler(
                     cfg, fetcher=fetcher, store=store, pages=pages, stats=self.stats, ownership=cluster,
                     limits=cluster.lanes if cluster is not None else None,
-                    settings=settings, settings_file=settings_file, page_workers=workers,
+                    settings=settings, settings_file=settings_file, page_workers=workers, plugins=plugins,
                 )
                 if cluster is not None:
                     cluster.attach(crawler)
@@ -228,6 +247,8 @@ class Node(ControlRoutes):
                     nursery.start_soon(self._housekeeping, pages)
                     nursery.start_soon(self._bound_store_pages, store)
                     nursery.start_soon(self._sample)
+                    if self.exporter is not None:
+                        await nursery.start(self.exporter.serve)
                     if cluster is not None:
                         await nursery.start(cluster.run)
                         (self.data_dir / "peer.addr").write_text(f"{cluster.address}\n")
@@ -241,6 +262,7 @@ class Node(ControlRoutes):
                     task_status.started(self)
                     nursery.start_soon(self._wait_done_or_stop, nursery)
                 store.sync()
+                self._export_rest()
                 self.final_status = self.status()
                 usage = resource.getrusage(resource.RUSAGE_SELF)
                 log.info("node stopped", extra={"node_id": self.node_id, **self.stats.as_dict(),
@@ -248,6 +270,16 @@ class Node(ControlRoutes):
                                                 "store_releases": self.store_releases,
                                                 "cpu_s": round(usage.ru_utime + usage.ru_stime, 3)})
         return 0
+
+    def _export_rest(self) -> None:
+        """At a clean stop: what is spooled goes to the sinks now (else at the next start)."""
+        if self.exporter is None:
+            return
+        try:
+            while self.exporter.export_once():
+                pass
+        except Exception as exc:  # noqa: BLE001 - the items stay spooled for the next start
+            log.warning("items not exported at stop; they stay spooled", extra={"error": str(exc)})
 
     async def _check_stores(self) -> None:
         """If the last run did not stop cleanly (DATA_DIR/RUNNING is there), read every store through in a child

@@ -7,6 +7,7 @@ A mixin of `peer.node.Node`: it works on the node's attributes, set in `Node.__i
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from peer.config import ConfigError, parse_address
 from peer.control import Reply, json_reply
 from peer.crawl.settings import CONFIG_VERSION_FOUNDER, SettingsError
 from peer.dashboard import STALL_AFTER, file_rss_bytes, page, rss_bytes, slow_hosts
+from peer.plugins import PluginError, PluginSpec, read_items
 from peer.stats import StatsCollector
 
 __all__ = ["MAX_SEEDS_PER_REQUEST", "ControlRoutes"]
@@ -68,8 +70,17 @@ class ControlRoutes:
         out["cluster"] = self.cluster.status() if self.cluster is not None else {"enabled": False}
         if self.cluster is not None:
             out["done"] = out["cluster"]["done"]
+        out["plugins"] = self.plugins_status()
         out["detail"] = self.summary()
         out["stall_after"] = STALL_AFTER
+        return out
+
+    def plugins_status(self) -> dict[str, Any]:
+        """The plug-in chain this node runs, its counts per plug-in, and the items' export."""
+        out: dict[str, Any] = {"node_id": self.node_id}
+        if self.plugins is not None:
+            out.update(self.plugins.status())
+        out["items"] = self.exporter.status() if self.exporter is not None else None
         return out
 
     def _metric_families(self) -> Iterator[Any]:
@@ -254,7 +265,40 @@ class ControlRoutes:
                 self._leave.set()
             return json_reply({"leaving": True})
 
+        async def plugins(_body: bytes) -> Reply:
+            return json_reply(self.plugins_status())
+
+        async def plugins_reload(body: bytes) -> Reply:
+            try:
+                entries = json_body(body).get("plugins")
+                specs = [PluginSpec(str(use), json.loads(settings)) for use, settings in entries]
+            except (SettingsError, AttributeError, TypeError, ValueError) as exc:
+                return json_reply({"error": f"expected a JSON body {{\"plugins\": [[use, settings JSON], ...]}} "
+                                            f"({exc})"}, status=400)
+            assert self.plugins is not None
+            try:
+                self.plugins.reload(specs)
+            except PluginError as exc:
+                return json_reply({"error": str(exc)}, status=400)
+            if self.exporter is not None:
+                self.exporter.sinks = self.exporter.sinks[:1] + self.plugins.chain.sinks
+            return json_reply(self.plugins_status())
+
+        async def items(body: bytes) -> Reply:
+            try:
+                ask = json_body(body)
+                offset, limit = int(ask.get("offset", 0)), min(int(ask.get("limit", 1000)), 10_000)
+            except (SettingsError, AttributeError, TypeError, ValueError) as exc:
+                return json_reply({"error": f"expected a JSON body {{\"offset\": N, \"limit\": N}} ({exc})"},
+                                  status=400)
+            found = await trio.to_thread.run_sync(
+                functools.partial(read_items, self.data_dir / "items", offset=offset, limit=limit))
+            return json_reply({"node_id": self.node_id, "offset": offset, "items": found})
+
         return {
+            ("GET", "/plugins"): plugins,
+            ("POST", "/plugins/reload"): plugins_reload,
+            ("POST", "/items"): items,
             ("GET", "/"): dashboard,
             ("GET", "/cluster"): cluster,
             ("POST", "/join"): join,

@@ -19,7 +19,7 @@ from storage import HostState, QueuedUrl, RevisitRecord, payload_digest
 from peer.crawl.addressgate import Lane
 from peer.crawl.admission import Batch
 from peer.crawl.links import Page, extract, is_html
-from peer.crawl.pagework import THREAD_PARSE_BYTES
+from peer.crawl.pagework import THREAD_PARSE_BYTES, Plugged
 from peer.crawl.responses import REDIRECTS, RETRY_STATUSES, header, retry_after
 from peer.crawl.revisits import record_fields
 from peer.crawl.robots import decide
@@ -250,6 +250,8 @@ class HostTurns:
         turn.backoff = 0.0
         batch = Batch()
         revisit: RevisitRecord | None = None
+        plugged: Plugged | None = None
+        extracted: list[dict] = []
         now = self.wallclock()  # the time of the records written for this fetch, and of its schedule
         if status == 304 and before is not None:
             self._store_revisit(resp, before, "server-not-modified", now)
@@ -279,7 +281,10 @@ class HostTurns:
                 stats.revisits_unchanged += 1
                 revisit = self._next_visit(item, before, resp, changed=False, now=now)
             else:
-                if self.page_workers is not None:
+                if self.plugins is not None and self.plugins.active:
+                    plugged = await self._plugged_work(resp, item.url, ctype, now)
+                    size, page = (None, None) if plugged is None else (plugged.size, plugged.page)
+                elif self.page_workers is not None:
                     size, page = await self._work_elsewhere(resp, item.url, ctype, now)
                 elif self._page_threads is not None:
                     size, page = await trio.to_thread.run_sync(
@@ -306,12 +311,33 @@ class HostTurns:
                                                    now=now, digest=digest, size=size)
             if page is not None:
                 stats.links_found += len(page.links)
-                if not page.nofollow:
-                    self._screen_found(batch, page.links, item.depth + 1, item.url)
+                links, follow = page.links, not page.nofollow
+                if plugged is not None:  # the plug-ins' page filters and URL filters
+                    follow = follow and plugged.outcome.follow
+                    if plugged.outcome.links is not None:
+                        links = plugged.outcome.links
+                if follow:
+                    self._screen_found(batch, links, item.depth + 1, item.url)
+            if plugged is not None:
+                extracted = self._plugged_items(plugged, item.url, now)
         self._schedule_after_request(turn)
-        self._commit(batch, done=item, revisit=revisit, turn=turn)  # the host's state in the same transaction
+        # the host's state and the page's items in the same transaction
+        self._commit(batch, done=item, revisit=revisit, turn=turn, extracted=extracted)
         self.ownership.fetched(item)
         self._retries.pop(item.url, None)
+
+    def _plugged_items(self, plugged: Plugged, url: str, now: float) -> list[dict]:
+        """Count the chain's outcome on a page, and its items with their page: URL, fetch time, WARC record."""
+        plugins = self.plugins
+        outcome = plugged.outcome
+        plugins.record(outcome, url, plugged.generation)
+        if not outcome.items:
+            return []
+        names = plugins.chain.names if plugged.generation == plugins.generation else None
+        warc = None if plugged.location is None else {"file": plugged.location[0], "offset": plugged.location[1]}
+        self.stats.items += len(outcome.items)
+        return [{**item, "_page": url, "_fetched_at": now, "_warc": warc,
+                 "_plugin": names[index] if names is not None else index} for index, item in outcome.items]
 
     def _retry(self, turn: HostTurn, item: QueuedUrl, *, retry_after: float | None = None) -> bool:
         """Re-queue after a transient failure with per-host exponential back-off. False once retries are spent."""
