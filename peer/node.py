@@ -201,7 +201,7 @@ class Node(ControlRoutes):
                                     "hand-offs are stored in the same transactions as the seen-set")
                 try:
                     self.cluster = Cluster(cfg, node_id=self.node_id, store=store, secret=secret, stats=self.stats,
-                                           syncs=syncs)
+                                           syncs=syncs, plugins=plugins.description)
                 except TransportError as exc:
                     raise NodeError(str(exc)) from exc
             async with Fetcher(

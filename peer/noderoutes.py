@@ -81,6 +81,8 @@ class ControlRoutes:
         if self.plugins is not None:
             out.update(self.plugins.status())
         out["items"] = self.exporter.status() if self.exporter is not None else None
+        # nodes that asked to join through this one with a different chain (they refuse themselves)
+        out["refused_joins"] = self.cluster.plugin_join.refused if self.cluster is not None else 0
         return out
 
     def _metric_families(self) -> Iterator[Any]:

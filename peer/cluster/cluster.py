@@ -29,7 +29,7 @@ from typing import Any
 import trio
 
 from protocol import (
-    Message, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, Settings, StatusQuery, StatusReport,
+    Message, ProgressQuery, ProgressReport, ProgressTally, PluginCheck, ProgressWave, Settings, StatusQuery, StatusReport,
 )
 from ring import DEFAULT_POINTS_PER_WEIGHT, Ring, View, Zones, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc
@@ -45,6 +45,7 @@ from peer.cluster.handoff import Handoff, HandoffConfig, Hold
 from peer.cluster.lanes import LEASE, FleetLanes
 from peer.cluster.membership import Membership, MembershipConfig
 from peer.cluster.peerlinks import LinkConfig
+from peer.cluster.pluginjoin import PluginJoin, PluginMismatch, no_plugins
 from peer.cluster.progress import ProgressTree
 from peer.cluster.replicas import REPLICA_COPIES, SeenReplicas
 from peer.cluster.report import status_dict, status_report
@@ -110,6 +111,7 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         rings: RingCache | None = None,
         members: View | None = None,
         syncs: StoreSyncs | None = None,
+        plugins: Callable[[], dict[str, Any]] = no_plugins,
     ) -> None:
         self.cfg = cfg
         self.points_per_weight = points_per_weight  # fewer in simulations: a ring of many points takes a second
@@ -142,6 +144,8 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
             members=members,
         )
         self.links = self.membership.links
+        # the plug-in chains compared at join (peer/cluster/pluginjoin.py)
+        self.plugin_join = PluginJoin(self.links, plugins)
         self.view = View()
         self.epoch = 0
         self.ring: Ring | None = None
@@ -434,6 +438,13 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
             if seed == self.address:
                 continue
             try:
+                await self.plugin_join.check(seed, self.links.config.handshake_timeout)
+            except PluginMismatch as exc:
+                raise ClusterError(str(exc)) from exc
+            except Exception as exc:  # LinkError, a transport error, no answer in time: try the next seed
+                problems.append(f"cannot ask {seed} for its plug-ins: {exc or type(exc).__name__}")
+                continue
+            try:
                 joined = await self.membership.join(seed)
             except Exception as exc:  # LinkError or a transport error: try the next seed
                 problems.append(str(exc))
@@ -493,6 +504,8 @@ class Cluster(ViewChanges, SettingsGossip, Termination, ClusterStatus):
         elif isinstance(message, StatusQuery):
             if self.summary is not None:
                 self.links.send_nowait(peer_id, status_report(message.seq, self.summary()))
+        elif isinstance(message, PluginCheck):
+            self.plugin_join.on_message(peer_id, message)
         elif isinstance(message, StatusReport):
             self.details[peer_id] = (trio.current_time(), status_dict(message))
         elif self.lanes is not None and self.lanes.on_message(peer_id, message):
