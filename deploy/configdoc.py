@@ -124,6 +124,10 @@ def check() -> list[str]:
     return problems
 
 
+#: Settings only a TOML file sets (tables, not a line of text).
+TOML_ONLY = frozenset({"plugins"})
+
+
 def rows() -> list[tuple[str, list[Row]]]:
     flags: dict[str, list[str]] = {}
     for action in node_parser()._actions:
@@ -138,7 +142,7 @@ def rows() -> list[tuple[str, list[Row]]]:
         row = Row(
             name=f.name,
             flag=", ".join(flags.get(f.name, [])) or "-",
-            env="PEERCRAWL_" + f.name.upper(),
+            env="-" if f.name in TOML_ONLY else "PEERCRAWL_" + f.name.upper(),
             kind=_kind(f.type),
             default=_toml(default),
             reason=FIELDS.get(f.name, ""),

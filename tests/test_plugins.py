@@ -78,8 +78,7 @@ def test_url_filters_are_a_pipeline_with_link_context():
             return None if "drop" in url else url.replace("old", "new")
 
     chain = load_chain([])
-    chain._url = [0]
-    chain._loaded = [type("L", (), {"obj": Record(), "kinds": frozenset({"url_filter"})})()]
+    chain._filters = [(0, Record())]
     body = b'<html><body><a href="/old.html" rel="Next">Old  page</a><area href="/drop.html"></body></html>'
     out = chain.run(page(body=body), ["http://a.test/old.html", "http://a.test/drop.html"], "http://a.test/")
     assert out.links == ("http://a.test/new.html",)
