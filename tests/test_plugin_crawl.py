@@ -13,6 +13,7 @@ import trio
 
 from peer.node import Node
 from peer.plugins import read_items
+from peer.plugins._running import MIN_PAGES
 from peerlab.localweb.graph import SiteGraph
 
 from .support.crawl import node_config, start_local_web, urls_fetched
@@ -90,3 +91,21 @@ async def test_a_plugin_raising_on_every_tenth_page_loses_no_page(tmp_path):
     assert len(warc) == stored
     assert warc == stored_pages(graph, expected, web.port)
     assert json.dumps(raised["last_failure"]).count("raised on purpose") == 1
+
+
+async def test_a_plugin_that_never_returns_in_a_page_worker_costs_no_page_and_is_switched_off(tmp_path):
+    """In page processes a plug-in past its time is interrupted (each page waits its chain's limit, not the
+    page worker's 60 s), the page is stored all the same, and after most pages failing the plug-in is off."""
+    graph = SiteGraph.generate(seed=6, hosts=3, pages_per_host=12, features=False)
+    hang = (("tests.support.plugin_cases:Sleeps", '{"seconds": 600.0}'),)
+    web, node = await _crawl(graph, tmp_path, plugins=hang, plugin_timeout=0.2, page_processes=1)
+    expected = web.expected(max_body=node.cfg.max_body)
+    assert urls_fetched(web, expected) == set(expected.fetched)
+    assert warc_responses(tmp_path / "node" / "warc") == {u for u in expected.fetched
+                                                          if expected.statuses.get(u) == 200}
+    [hung] = node.final_status["plugins"]["chain"]
+    assert hung["timeouts"] >= MIN_PAGES and hung["errors"] == 0 and hung["items"] == 0
+    assert hung["state"].startswith(f"switched off: failed on {MIN_PAGES} of {MIN_PAGES} pages (0 errors, "
+                                    f"{MIN_PAGES} timeouts)")
+    assert hung["pages"] < len(expected.fetched)  # not run once off
+    assert node.final_status["page_workers"]["timeouts"] == 0  # no worker was killed for it

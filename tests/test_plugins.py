@@ -210,3 +210,18 @@ def test_items_spool_export_and_sink_repeat_nothing(tmp_path):
     store.items.put([{"a": 5}])
     assert store.items.first(5)[0][0] == 3
     store.close()
+
+
+def test_a_page_worker_builds_the_chain_of_the_generation_its_job_names():
+    plugins = Plugins([spec(f"{CASES}:Raises", every=1_000_000_007)])
+    part = plugins.job_part()
+    runner = part[0]
+    args = ("http://a.test/", 200, [], b"<html></html>", HTML, 1.0, None, None)
+    assert [i for _n, i in runner(part, *args).items] == [{"type": "seen", "length": 13}]
+    plugins.reload([spec(f"{CASES}:DropAll")])
+    newer = plugins.job_part()
+    assert newer[1] == part[1] + 1
+    out = runner(newer, *args)
+    assert (out.store, out.follow, out.items) == (False, False, ())
+    plugins.record(runner(part, *args), "http://a.test/", generation=part[1])  # of the old chain: not counted
+    assert plugins.status()["chain"][0]["pages"] == 0
