@@ -85,6 +85,7 @@ async def test_a_plugin_raising_on_every_tenth_page_loses_no_page(tmp_path):
     stored = node.final_status["stored"]
     raised = node.final_status["plugins"]["chain"][3]
     assert raised["errors"] > 0 and raised["state"] == "on"
+    assert node.final_status["errors"]["plugin-error"] == raised["errors"]
     assert raised["errors"] + len([i for i in items if i.get("type") == "seen"]) == raised["pages"]
     # every page fetched whole with 200 is stored, the ones the plug-in raised on too
     warc = warc_responses(tmp_path / "node" / "warc")
@@ -109,3 +110,5 @@ async def test_a_plugin_that_never_returns_in_a_page_worker_costs_no_page_and_is
                                     f"{MIN_PAGES} timeouts)")
     assert hung["pages"] < len(expected.fetched)  # not run once off
     assert node.final_status["page_workers"]["timeouts"] == 0  # no worker was killed for it
+    errors = node.final_status["errors"]  # what the dashboard and the metrics show
+    assert errors["plugin-timeout"] == hung["timeouts"] and errors["plugin-switched-off"] == 1

@@ -330,7 +330,14 @@ class HostTurns:
         """Count the chain's outcome on a page, and its items with their page: URL, fetch time, WARC record."""
         plugins = self.plugins
         outcome = plugged.outcome
-        plugins.record(outcome, url, plugged.generation)
+        # failures and switch-offs are errors of the node's count too: the dashboard, the metrics and the
+        # cluster's status reports show them (the reasons are in /status, `plugins`)
+        off = plugins.record(outcome, url, plugged.generation)
+        errors = self.stats.errors
+        for _index, kind, _what in outcome.failures:
+            errors[f"plugin-{kind}"] += 1
+        if off:
+            errors["plugin-switched-off"] += off
         if not outcome.items:
             return []
         names = plugins.chain.names if plugged.generation == plugins.generation else None

@@ -88,11 +88,12 @@ class Plugins:
                            fetched_at=fetched_at)
         return self.chain.run(page, links, base, self.disabled)
 
-    def record(self, outcome: Outcome, url: str, generation: int | None = None) -> None:
+    def record(self, outcome: Outcome, url: str, generation: int | None = None) -> int:
         """Count a page's outcome per plug-in; log each failure with the URL; switch a plug-in off once it has
-        failed on most pages. An outcome of an older generation (a page in flight over a reload) is not counted."""
+        failed on most pages; the number switched off by this page. An outcome of an older generation (a page in
+        flight over a reload) is not counted."""
         if generation is not None and generation != self.generation:
-            return
+            return 0
         counts = self.counts
         for index in outcome.ran:
             counts[index].pages += 1
@@ -108,6 +109,7 @@ class Plugins:
             log.warning("a plug-in failed on a page; the page is kept as if it had no opinion",
                         extra={"plugin": self.chain.names[index], "url": url, "failure": kind, "error": what})
         off = set(self.disabled)
+        before = len(off)
         for index, _kind, _what in outcome.failures:
             c = counts[index]
             failed = c.errors + c.timeouts
@@ -118,6 +120,7 @@ class Plugins:
                 log.error("a plug-in failing on most pages is switched off until the next reload or restart",
                           extra={"plugin": self.chain.names[index], "reason": c.off})
         self.disabled = frozenset(off)
+        return len(off) - before
 
     def status(self) -> dict[str, Any]:
         """What ``peerctl status`` and ``peerctl plugins`` show."""
