@@ -7,11 +7,13 @@ Data directory layout (docs/architecture.md has the full picture)::
     DIR/control.addr  HOST:PORT of the running node's control endpoint, for peerctl --data-dir
     DIR/control.token the control endpoint's bearer token (mode 0600), for peerctl and the dashboard link
     DIR/dropped-urls.jsonl  URLs given up because the node stopped while fetching them max_crashes times in a row
+    DIR/items/items.jsonl   the items the plug-ins extracted, moved there from the store (peer/plugins/_sink.py)
     DIR/peer.addr     HOST:PORT peers dial (cluster nodes only), for --join and peerctl join --seed
     DIR/RUNNING       written before the stores open, removed after they close: found at a start, the last run did
                       not stop cleanly and the stores are read through in a child process first (storage/_check.py)
     DIR/settings.json the crawl settings last changed at runtime (scope, budgets, paused), kept over restarts
-    DIR/state/        one LMDB environment: seen URLs, queued URLs, in-flight records, per-host politeness
+    DIR/state/        one LMDB environment: seen URLs, queued URLs, in-flight records, per-host politeness,
+                      the items extracted and not yet exported
     DIR/warc/         WARC files and their CDXJ indexes
 """
 
