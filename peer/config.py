@@ -14,6 +14,7 @@ down to up instead (docs/architecture.md).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -141,6 +142,9 @@ class Config:
     page_process_timeout: float = 60.0
     log_level: str = "info"
     log_format: str = "auto"
+    # plug-ins (peer/plugins): the [[plugins]] tables of the TOML file, each (use, its settings as JSON)
+    plugins: tuple[tuple[str, str], ...] = ()
+    plugin_timeout: float = 2.0
 
     def full_user_agent(self) -> str:
         """The honest User-Agent: product token, version, and the operator's contact URL when given."""
@@ -271,11 +275,13 @@ FIELDS: dict[str, str] = {
     "page_process_timeout": "seconds one page may hold a page worker before the worker is killed and the page sent again (a 10 MiB page parses in about 1 s)",
     "log_level": "info: one line per notable event, not per page",
     "log_format": "auto: JSON lines when stderr is not a terminal, text otherwise",
+    "plugins": "the plug-in chain, from the TOML file's [[plugins]] tables in order (use = \"module:Class\" and the plug-in's settings; docs/plugins.md); none: pages go as they are",
+    "plugin_timeout": "seconds one plug-in may take on one page (for a URL filter, on all its links): far above an extractor's milliseconds, far under a page worker's timeout",
 }
 
 _TUPLES = {f.name for f in dataclasses.fields(Config) if f.type == "tuple[str, ...]"}
 #: Settings read from the TOML file only (tables, which the environment and flags cannot spell).
-TOML_ONLY = frozenset({"hosts"})
+TOML_ONLY = frozenset({"hosts", "plugins"})
 _TYPES = {f.name: f.type for f in dataclasses.fields(Config)}
 
 
@@ -305,7 +311,7 @@ def _host_rules(value: Any, source: str) -> HostRules:
 
 def _coerce(name: str, value: Any, source: str) -> Any:
     kind = _TYPES[name]
-    if name in TOML_ONLY:
+    if name == "hosts":
         return _host_rules(value, source)
     try:
         if name in _TUPLES:
@@ -336,6 +342,22 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         raise ConfigError(f"{name} (from {source}): {exc}") from exc
 
 
+def _plugin_entries(value: Any, source: str) -> tuple[tuple[str, str], ...]:
+    """The [[plugins]] tables as (use, settings as JSON): checked for form here, loaded by the node at start."""
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"plugins (from {source}): write each plug-in as a [[plugins]] table")
+    entries = []
+    for i, entry in enumerate(value):
+        if isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[1], str):
+            entry = {**json.loads(entry[1]), "use": entry[0]}  # (use, settings as JSON), as Config keeps them
+        use = entry.get("use") if isinstance(entry, dict) else None
+        if not isinstance(use, str) or use.count(":") != 1 or not all(use.split(":")):
+            raise ConfigError(f"plugins[{i}] (from {source}): use = \"module:Class\" is required, got {use!r}")
+        settings = {k.replace("-", "_"): v for k, v in entry.items() if k != "use"}
+        entries.append((use, json.dumps(settings, sort_keys=True, default=str)))
+    return tuple(entries)
+
+
 def _validate(cfg: Config) -> None:
     if cfg.weight <= 0:
         raise ConfigError(f"weight must be an integer > 0, got {cfg.weight}")
@@ -350,6 +372,8 @@ def _validate(cfg: Config) -> None:
                           "move the same page work: set one of them")
     if not cfg.page_process_timeout > 0:
         raise ConfigError(f"page_process_timeout must be > 0 seconds, got {cfg.page_process_timeout}")
+    if not cfg.plugin_timeout > 0:
+        raise ConfigError(f"plugin_timeout must be > 0 seconds, got {cfg.plugin_timeout}")
     if cfg.store_resident_mib < 0:
         raise ConfigError(f"store_resident_mib must be >= 0 (0: never hand pages back), got {cfg.store_resident_mib}")
     if cfg.max_active_hosts < 0 or cfg.host_window_turns < 0:
@@ -463,6 +487,9 @@ def load(
             raise ConfigError(f"config file {path}: {exc}") from exc
         for key, value in data.items():
             name = key.replace("-", "_")
+            if name == "plugins":
+                values[name] = _plugin_entries(value, str(path))
+                continue
             if name not in _TYPES:
                 raise ConfigError(f"config file {path}: unknown setting {key!r}")
             values[name] = _coerce(name, value, str(path))
@@ -477,6 +504,9 @@ def load(
         values[name] = _coerce(name, value, f"environment {key}")
     for name, value in (flags or {}).items():
         if value is None:
+            continue
+        if name == "plugins":
+            values[name] = _plugin_entries(value, "command line")
             continue
         if name not in _TYPES:
             raise ConfigError(f"unknown setting {name!r}")

@@ -7,11 +7,13 @@ Data directory layout (docs/architecture.md has the full picture)::
     DIR/control.addr  HOST:PORT of the running node's control endpoint, for peerctl --data-dir
     DIR/control.token the control endpoint's bearer token (mode 0600), for peerctl and the dashboard link
     DIR/dropped-urls.jsonl  URLs given up because the node stopped while fetching them max_crashes times in a row
+    DIR/items/items.jsonl   the items the plug-ins extracted, moved there from the store (peer/plugins/_sink.py)
     DIR/peer.addr     HOST:PORT peers dial (cluster nodes only), for --join and peerctl join --seed
     DIR/RUNNING       written before the stores open, removed after they close: found at a start, the last run did
                       not stop cleanly and the stores are read through in a child process first (storage/_check.py)
     DIR/settings.json the crawl settings last changed at runtime (scope, budgets, paused), kept over restarts
-    DIR/state/        one LMDB environment: seen URLs, queued URLs, in-flight records, per-host politeness
+    DIR/state/        one LMDB environment: seen URLs, queued URLs, in-flight records, per-host politeness,
+                      the items extracted and not yet exported
     DIR/warc/         WARC files and their CDXJ indexes
 """
 
@@ -58,6 +60,7 @@ from peer.fetch.dns import CachingResolver
 from peer.fetch.http import Fetcher
 from peer.fetch.policy import HostPolicies
 from peer.noderoutes import ControlRoutes
+from peer.plugins import ItemExporter, JsonLinesSink, PluginError, Plugins, PluginSpec
 from peer.stats import Stats
 
 __all__ = ["Node", "run_node", "NodeError"]
@@ -94,6 +97,11 @@ def lock_data_dir(path: Path, stack: ExitStack) -> None:
         raise NodeError(f"data dir {path} is in use by another running node") from exc
 
 
+def plugin_specs(cfg: Config) -> list[PluginSpec]:
+    """The configuration's [[plugins]] entries as specs, in chain order."""
+    return [PluginSpec(use, json.loads(settings)) for use, settings in cfg.plugins]
+
+
 def _lock_data_dir(path: Path, node_id: str, stack: ExitStack) -> None:
     lock_data_dir(path, stack)
     id_file = path / "NODE_ID"
@@ -124,6 +132,8 @@ class Node:
         self.fetch_policies: HostPolicies | None = None  # per-host HTTP/2, proxies, TLS (status shows proxies)
         self.control_port: int | None = None
         self.final_status: dict[str, Any] | None = None  # the last status, taken before the stores close
+        self.plugins: Plugins | None = None  # the plug-in chain (peer/plugins), loaded at start
+        self.exporter: ItemExporter | None = None  # moves spooled items to DATA_DIR/items/ and the chain's sinks
         self.watch: NodeWatch | None = None  # figures over time for the dashboard (pages/s, flows, last page)
         self.store_releases = 0  # times the store's mapped pages were handed back (store_resident_mib)
         self._stop = trio.Event()
@@ -149,6 +159,10 @@ class Node:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> int:
         cfg = self.cfg
         seeds = read_seeds(cfg)
+        try:  # an import error or a bad setting stops the start, naming the plug-in
+            plugins = self.plugins = Plugins(plugin_specs(cfg), timeout=cfg.plugin_timeout)
+        except PluginError as exc:
+            raise NodeError(str(exc)) from exc
         with ExitStack() as stack:
             _lock_data_dir(self.data_dir, self.node_id, stack)
             await self._check_stores()
@@ -161,6 +175,13 @@ class Node:
                 stack.callback(pages.close)
             except StorageError as exc:
                 raise NodeError(str(exc)) from exc
+            spool = getattr(store, "items", None)
+            if plugins.active and spool is None:
+                raise NodeError(f"plug-ins need --dedup lmdb (got {cfg.dedup}): a page's items are stored in "
+                                "the page's own transaction")
+            if spool is not None:
+                self.exporter = ItemExporter(spool, [JsonLinesSink(self.data_dir / "items"), *plugins.chain.sinks],
+                                             interval=cfg.sync_interval)
             try:
                 self.resolver = CachingResolver(
                     cfg.nameservers,
@@ -196,7 +217,7 @@ class Node:
                                     "hand-offs are stored in the same transactions as the seen-set")
                 try:
                     self.cluster = Cluster(cfg, node_id=self.node_id, store=store, secret=secret, stats=self.stats,
-                                           syncs=syncs, summary=self.summary)
+                                           syncs=syncs, summary=self.summary, plugins=plugins.description)
                 except TransportError as exc:
                     raise NodeError(str(exc)) from exc
             try:
@@ -221,7 +242,7 @@ class Node:
                 crawler = self.crawler = Crawler(
                     cfg, fetcher=fetcher, store=store, pages=pages, stats=self.stats, ownership=cluster,
                     limits=cluster.lanes if cluster is not None else None,
-                    settings=settings, settings_file=settings_file, page_workers=workers,
+                    settings=settings, settings_file=settings_file, page_workers=workers, plugins=plugins,
                 )
                 if cluster is not None:
                     cluster.attach(crawler)
@@ -250,6 +271,8 @@ class Node:
                     nursery.start_soon(self._housekeeping, pages)
                     nursery.start_soon(self._bound_store_pages, store)
                     nursery.start_soon(self._sample)
+                    if self.exporter is not None:
+                        await nursery.start(self.exporter.serve)
                     if cluster is not None:
                         await nursery.start(cluster.run)
                         (self.data_dir / "peer.addr").write_text(f"{cluster.address}\n")
@@ -263,6 +286,7 @@ class Node:
                     task_status.started(self)
                     nursery.start_soon(self._wait_done_or_stop, nursery)
                 store.sync()
+                self._export_rest()
                 self.final_status = self.status()
                 usage = resource.getrusage(resource.RUSAGE_SELF)
                 log.info("node stopped", extra={"node_id": self.node_id, **self.stats.as_dict(),
@@ -270,6 +294,16 @@ class Node:
                                                 "store_releases": self.store_releases,
                                                 "cpu_s": round(usage.ru_utime + usage.ru_stime, 3)})
         return 0
+
+    def _export_rest(self) -> None:
+        """At a clean stop: what is spooled goes to the sinks now (else at the next start)."""
+        if self.exporter is None:
+            return
+        try:
+            while self.exporter.export_once():
+                pass
+        except Exception as exc:  # noqa: BLE001 - the items stay spooled for the next start
+            log.warning("items not exported at stop; they stay spooled", extra={"error": str(exc)})
 
     async def _check_stores(self) -> None:
         """If the last run did not stop cleanly (DATA_DIR/RUNNING is there), read every store through in a child

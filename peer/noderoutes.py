@@ -8,9 +8,11 @@ the parts are made in `Node.run`, and the two requests they make of it, stop and
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
 import trio
@@ -26,6 +28,7 @@ from peer.crawl.settings import CONFIG_VERSION_FOUNDER, SettingsError
 from peer.dashboard import STALL_AFTER, NodeWatch, file_rss_bytes, page, rss_bytes, slow_hosts
 from peer.fetch.dns import CachingResolver
 from peer.fetch.policy import HostPolicies
+from peer.plugins import ItemExporter, PluginError, Plugins, PluginSpec, read_items
 from peer.stats import Stats, StatsCollector
 
 __all__ = ["MAX_SEEDS_PER_REQUEST", "ControlRoutes", "RoutedNode"]
@@ -58,6 +61,9 @@ class RoutedNode(Protocol):
     fetch_policies: HostPolicies | None  # per-host HTTP/2, proxies, TLS
     page_workers: PageWorkers | None
     watch: NodeWatch | None
+    plugins: Plugins | None  # the plug-in chain, once loaded
+    exporter: ItemExporter | None  # the items' export, once started
+    data_dir: Path
 
     def request_stop(self) -> None: ...
 
@@ -99,8 +105,19 @@ class ControlRoutes:
         out["cluster"] = self.node.cluster.status() if self.node.cluster is not None else {"enabled": False}
         if self.node.cluster is not None:
             out["done"] = out["cluster"]["done"]
+        out["plugins"] = self.plugins_status()
         out["detail"] = self.summary()
         out["stall_after"] = STALL_AFTER
+        return out
+
+    def plugins_status(self) -> dict[str, Any]:
+        """The plug-in chain this node runs, its counts per plug-in, and the items' export."""
+        out: dict[str, Any] = {"node_id": self.node.node_id}
+        if self.node.plugins is not None:
+            out.update(self.node.plugins.status())
+        out["items"] = self.node.exporter.status() if self.node.exporter is not None else None
+        # nodes that asked to join through this one with a different chain (they refuse themselves)
+        out["refused_joins"] = self.node.cluster.plugin_join.refused if self.node.cluster is not None else 0
         return out
 
     def _metric_families(self) -> Iterator[Any]:
@@ -284,7 +301,40 @@ class ControlRoutes:
             self.node.request_leave()
             return json_reply({"leaving": True})
 
+        async def plugins(_body: bytes) -> Reply:
+            return json_reply(self.plugins_status())
+
+        async def plugins_reload(body: bytes) -> Reply:
+            try:
+                entries = json_body(body).get("plugins")
+                specs = [PluginSpec(str(use), json.loads(settings)) for use, settings in entries]
+            except (SettingsError, AttributeError, TypeError, ValueError) as exc:
+                return json_reply({"error": f"expected a JSON body {{\"plugins\": [[use, settings JSON], ...]}} "
+                                            f"({exc})"}, status=400)
+            assert self.node.plugins is not None
+            try:
+                self.node.plugins.reload(specs)
+            except PluginError as exc:
+                return json_reply({"error": str(exc)}, status=400)
+            if self.node.exporter is not None:
+                self.node.exporter.sinks = self.node.exporter.sinks[:1] + self.node.plugins.chain.sinks
+            return json_reply(self.plugins_status())
+
+        async def items(body: bytes) -> Reply:
+            try:
+                ask = json_body(body)
+                offset, limit = int(ask.get("offset", 0)), min(int(ask.get("limit", 1000)), 10_000)
+            except (SettingsError, AttributeError, TypeError, ValueError) as exc:
+                return json_reply({"error": f"expected a JSON body {{\"offset\": N, \"limit\": N}} ({exc})"},
+                                  status=400)
+            found = await trio.to_thread.run_sync(
+                functools.partial(read_items, self.node.data_dir / "items", offset=offset, limit=limit))
+            return json_reply({"node_id": self.node.node_id, "offset": offset, "items": found})
+
         return {
+            ("GET", "/plugins"): plugins,
+            ("POST", "/plugins/reload"): plugins_reload,
+            ("POST", "/items"): items,
             ("GET", "/"): dashboard,
             ("GET", "/cluster"): cluster,
             ("POST", "/join"): join,

@@ -21,6 +21,7 @@ class Stats:
         self.errors: collections.Counter[str] = collections.Counter()  # fetch/dns errors by kind
         self.skipped: collections.Counter[str] = collections.Counter()  # scope/robots refusals by reason
         self.links_found = 0
+        self.items = 0  # items the plug-ins extracted, spooled with their pages (peer/plugins)
         self.urls_new = 0
         self.urls_seen = 0
         # links for hosts owned elsewhere that this node routed recently, dropped before screening (DESIGN
@@ -66,6 +67,7 @@ class Stats:
             "errors": dict(self.errors),
             "skipped": dict(self.skipped),
             "links_found": self.links_found,
+            "items": self.items,
             "urls_new": self.urls_new,
             "urls_seen": self.urls_seen,
             "routed_repeats": self.routed_repeats,
@@ -106,6 +108,7 @@ class StatsCollector(Collector):
             ("peercrawl_pages", "Responses received", s.pages),
             ("peercrawl_bytes", "Body bytes received", s.bytes),
             ("peercrawl_links_found", "Links extracted from pages", s.links_found),
+            ("peercrawl_items", "Items the plug-ins extracted from pages", s.items),
             ("peercrawl_urls_new", "URLs that were new to the dedup store", s.urls_new),
             ("peercrawl_urls_seen", "URLs the dedup store had already seen", s.urls_seen),
             ("peercrawl_routed_repeats", "Links for hosts owned elsewhere dropped as routed recently",

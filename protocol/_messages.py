@@ -50,6 +50,7 @@ __all__ = [
     "LaneAsk",
     "LaneHandover",
     "LaneHandoverAsk",
+    "PluginCheck",
     "Settings",
     "QueueReplica",
     "ReplicaAck",
@@ -523,6 +524,18 @@ class ReplicaAck:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PluginCheck:
+    """The plug-in chain a node runs, compared when one joins: the joining node asks (`answer` false) the member
+    it joins through, which answers with its own (`answer` true). `chain` describes each plug-in (class,
+    version, a digest of its settings) as JSON; `fingerprint` is a hash of it ("" for no plug-in)."""
+
+    seq: int
+    fingerprint: str
+    chain: str
+    answer: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Goodbye:
     """The sender will send nothing more on this connection."""
 
@@ -559,6 +572,7 @@ Message: TypeAlias = (
     | Settings
     | QueueReplica
     | ReplicaAck
+    | PluginCheck
     | Goodbye
 )
 
@@ -720,6 +734,8 @@ RECORDS_V4[0x2A] = _record(ProgressWave, seq=UInt(), ring=UInt(), members=Many(T
 RECORDS_V4[0x2B] = _record(ProgressTally, seq=UInt(), ring=UInt(), heard=_U32, nodes=_U32, idle=_U32,
                            activity=UInt(), concluded=_U32)
 RECORDS_V4[0x35] = _record(HandoffAsk, ring=UInt())
+# ... and the plug-in chains compared at join (peer/cluster/core/pluginjoin.py)
+RECORDS_V4[0x2C] = _record(PluginCheck, seq=UInt(), fingerprint=Text(), chain=Text("max_settings"), answer=Flag())
 # protocol version -> its wire table
 # Version 5 adds probe datagrams (protocol/_datagram.py); its frames are those of version 4.
 RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4, 5: RECORDS_V4}

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 
 from ._closing import Closing
 from ._dedup import DEDUP_DB, DedupStore, MemoryDedupStore
 from ._frontier import FRONTIER_DBS, FrontierStore
+from ._items import ITEMS_DB, ItemSpool
 from ._keys import arc_ranges, host_position_bytes, url_fingerprint
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv, put_keys
 from ._memfrontier import MemoryFrontierStore
@@ -60,6 +61,7 @@ class NodeStore(Closing):
         # a released replica marks its key seen here (its owner is done with it), when the journal is folded
         self.replicas = Replicas(env, mark_seen_in=self.dedup._insert_in)
         self.revisits = RevisitSchedule(env)
+        self.items = ItemSpool(env)  # items the plug-ins extracted, put with their page (peer/plugins)
         self._fetched_next = 0  # the next FETCHED_JOURNAL_DB sequence number
         self.fetched_journaled = 0  # keys journaled since the last fold (1 at open when the journal holds some)
         with env.read() as txn:
@@ -82,7 +84,7 @@ class NodeStore(Closing):
         """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
         env = LmdbEnv.open(
             path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, FETCHED_JOURNAL_DB, REVISIT_DB, REVISIT_DUE_DB,
-                   *REPLICA_DBS),
+                   *REPLICA_DBS, ITEMS_DB),
             map_size=map_size, max_map_size=max_map_size,
         )
         return cls(env)
@@ -106,9 +108,11 @@ class NodeStore(Closing):
         routed: Sequence[tuple[str, QueuedUrl]] = (),
         *,
         state: HostState | None = None,
+        items: Sequence[dict[str, Any]] = (),
     ) -> list[QueuedUrl]:
         """Admit a fetched page's local links, put its `routed` (owner, url) links in the outbox, clear the
-        page from in-flight and save its host's politeness `state`, in one transaction."""
+        page from in-flight, save its host's politeness `state` and spool the `items` extracted from it, in one
+        transaction."""
 
         def run(txn: Txn) -> list[QueuedUrl]:
             new = self._admit_in(txn, links)
@@ -117,6 +121,8 @@ class NodeStore(Closing):
                 self.frontier._done_in(txn, item)
             if state is not None:
                 self.frontier._put_state_in(txn, state)
+            if items:
+                self.items._put_in(txn, items)
             return new
 
         return self._env.write(run)
@@ -184,7 +190,7 @@ class NodeStore(Closing):
 
     def finish_revisit(self, item: QueuedUrl, record: RevisitRecord | None,
                        links: Sequence[QueuedUrl] = (), routed: Sequence[tuple[str, QueuedUrl]] = (), *,
-                       state: HostState | None = None) -> list[QueuedUrl]:
+                       state: HostState | None = None, items: Sequence[dict[str, Any]] = ()) -> list[QueuedUrl]:
         """`finish` for a page on the revisit schedule: its next visit (`record`, or off the schedule when None)
         is written in the same transaction that clears it from in-flight."""
 
@@ -196,6 +202,8 @@ class NodeStore(Closing):
                 self.revisits._put_in(txn, record)
             if state is not None:
                 self.frontier._put_state_in(txn, state)
+            if items:
+                self.items._put_in(txn, items)
             return new
 
         return self._env.write(run)
@@ -288,6 +296,7 @@ class MemoryNodeStore(Closing):
     def __init__(self) -> None:
         self.dedup = MemoryDedupStore()
         self.frontier = MemoryFrontierStore()
+        self.items: list[dict[str, Any]] = []  # nothing durable: a test's store
         self.syncs = 0
 
     @classmethod
@@ -303,10 +312,11 @@ class MemoryNodeStore(Closing):
 
     def finish(
         self, item: QueuedUrl | None, links: Sequence[QueuedUrl], routed: Sequence[tuple[str, QueuedUrl]] = (),
-        *, state: HostState | None = None,
+        *, state: HostState | None = None, items: Sequence[dict[str, Any]] = (),
     ) -> list[QueuedUrl]:
         if routed:
             raise ValueError("MemoryNodeStore keeps no outbox: a cluster node needs NodeStore")
+        self.items += items
         new = self.admit(links)
         if item is not None:
             self.frontier.done(item)

@@ -94,6 +94,11 @@ class PageStore(Closing, ABC):
         `compress_level`); returns the bytes written."""
         raise NotImplementedError(f"{type(self).__name__} keeps no built records")
 
+    def last_record(self) -> tuple[str, int] | None:
+        """The file and offset of the response record the calling thread wrote last (None: none, or a store
+        without files)."""
+        return None
+
     def store_revisit(
         self,
         *,
@@ -225,6 +230,7 @@ class WarcPageStore(PageStore):
         # store() may be called from several threads: records, digests and gzip (which release the GIL) run
         # in parallel, the file writes and the index line one thread at a time
         self._lock = threading.Lock()
+        self._last = threading.local()  # where the calling thread's last response record went (last_record)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             mine = "*" if recover_all else f"{glob.escape(prefix)}-[0-9]*"  # not "<prefix>-p0-" for "<prefix>"
@@ -302,6 +308,7 @@ class WarcPageStore(PageStore):
                 self._start_file(fetched_at)
             offset = self._size
             self._write(resp + req)
+            self._last.record = (self._name, offset)
             line = None if index is None else cdxj_join(index, offset, self._name)
             if line is None:
                 line = cdxj_line(CdxjEntry(url=url, timestamp=warc_timestamp(fetched_at), filename=self._name,
@@ -336,6 +343,10 @@ class WarcPageStore(PageStore):
         with self._lock:
             return self._append(url, status, fetched_at, "warc/revisit", payload_digest, resp, req, False,
                                 revisit=True)
+
+    def last_record(self) -> tuple[str, int] | None:
+        """The WARC file and offset of the response record the calling thread wrote last (None: none yet)."""
+        return getattr(self._last, "record", None)
 
     def lookup(self, url: str) -> list[tuple[str, int, int]]:
         """Scan the index files for `url` (a tool's and a test's call, not the crawl's hot path)."""

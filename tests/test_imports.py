@@ -83,6 +83,7 @@ FLOORS: list[set[str]] = [
     {"peer.node"},
     {"peer.noderoutes"},
     {"peer.cluster"},
+    {"peer.plugins"},
     {"peer.crawl"},
     {"peer.fetch"},
     {"peer.control", "peer.dashboard", "peer.config", "peer.stats", "peer.log"},

@@ -48,6 +48,7 @@ from protocol import (
     RemoteProtocolError,
     RevisitEntry,
     SeenReplica,
+    PluginCheck,
     Settings,
     QueueReplica,
     ReplicaAck,
@@ -185,6 +186,7 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
     QueueReplica: st.builds(QueueReplica, seq=U64, epoch=U64, urls=tuples(url_entries, 20),
                             released=tuples(st.binary(max_size=64), 10), hosts=tuples(host_states)),
     ReplicaAck: st.builds(ReplicaAck, seq=U64),
+    PluginCheck: st.builds(PluginCheck, seq=U64, fingerprint=texts, chain=st.text(max_size=200), answer=st.booleans()),
     Goodbye: st.builds(Goodbye, reason=texts),
 }
 APP_MESSAGES = st.one_of([s for cls, s in MESSAGE_STRATEGIES.items() if TYPE_CODES[cls] >= 0x10])

@@ -21,7 +21,7 @@ from types import ModuleType
 
 import trio
 
-from peer.cli import cluster_cmds, ring_cmd, steer_cmds
+from peer.cli import cluster_cmds, plugin_cmds, ring_cmd, steer_cmds
 from peer.cli.client import control_address, control_request, find_token
 from peer.cli.errors import CliError
 from peer.cli.format import format_status
@@ -62,6 +62,9 @@ PEERCTL_EPILOG = textwrap.dedent(
       peerctl seed --data-dir ./a https://example.org/ https://example.net/   # or --file seeds.txt
       peerctl pause --data-dir ./a                  # the whole cluster stops starting fetches; resume resumes
       peerctl scope --data-dir ./a --exclude '/calendar/' --max-pages-per-host 500   # everywhere, at once
+      peerctl plugins --data-dir ./a --data-dir ./b # the plug-in chain of each node, its counts and state
+      peerctl plugins reload --config crawl.toml --data-dir ./a --data-dir ./b   # a new chain on each
+      peerctl items --data-dir ./a --data-dir ./b   # the items the plug-ins extracted, as JSON lines
       peerctl experiment --plan design --out runs/design   # the design's ring experiment, simulated
     """
 )
@@ -307,6 +310,22 @@ def _peerctl_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _peerctl_plugins(args: argparse.Namespace) -> int:
+    addresses = plugin_cmds.targets(args)
+    if args.action == "reload":
+        if not args.config:
+            raise CliError("peerctl plugins reload needs --config FILE (its [[plugins]] tables are loaded)")
+        print(plugin_cmds.reload(control_request, addresses, args.config))
+    else:
+        print(plugin_cmds.plugins(control_request, addresses, as_json=args.json))
+    return 0
+
+
+def _peerctl_items(args: argparse.Namespace) -> int:
+    plugin_cmds.items(control_request, plugin_cmds.targets(args), print, limit=args.limit)
+    return 0
+
+
 def _peerctl_join(args: argparse.Namespace) -> int:
     print(cluster_cmds.join(control_request, control_address(args), args.seed))
     return 0
@@ -452,6 +471,22 @@ def peerctl_main(argv: Sequence[str] | None = None) -> int:
     target(p)
     ring_cmd.add_arguments(p)
     p.set_defaults(func=_peerctl_ring)
+    p = sub.add_parser("plugins", help="the plug-in chain each node runs, with its counts; reload: load a new "
+                                       "chain on every node", description="Show each node's plug-in chain "
+                       "(fingerprint, pages, items, errors, state), or with `reload --config FILE` load the "
+                       "[[plugins]] of FILE on every node named (each swaps between two pages). Example: "
+                       "peerctl plugins reload --config crawl.toml --data-dir ./a --data-dir ./b --data-dir ./c")
+    p.add_argument("action", nargs="?", choices=["list", "reload"], default="list")
+    p.add_argument("--config", metavar="FILE", help="with reload: the TOML file whose [[plugins]] to load")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    plugin_cmds.add_targets(p)
+    p.set_defaults(func=_peerctl_plugins)
+    p = sub.add_parser("items", help="the items the nodes' plug-ins extracted, as JSON lines",
+                       description="Print the items every node named has exported (DATA_DIR/items/), one JSON "
+                       "object a line with its node. Example: peerctl items --data-dir ./a --data-dir ./b")
+    p.add_argument("--limit", type=int, metavar="N", help="at most N items")
+    plugin_cmds.add_targets(p)
+    p.set_defaults(func=_peerctl_items)
     _add_lab_command(sub, "experiment", "ring-rebalance experiment (a TOML plan, simulated or with live nodes): "
                                         "URLs sent between nodes against the weights, tables, CSV and plots")
     _add_lab_command(sub, "demo", "crawl a built-in local web with a local cluster, showing progress")

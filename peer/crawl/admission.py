@@ -140,20 +140,21 @@ class Admission:
         batch.cands.append(item)
 
     def _commit(self, batch: Batch, done: QueuedUrl | None = None,
-                revisit: RevisitRecord | None = None, turn: HostTurn | None = None) -> tuple[int, int]:
+                revisit: RevisitRecord | None = None, turn: HostTurn | None = None,
+                extracted: Sequence[dict] = ()) -> tuple[int, int]:
         """One store transaction: mark the batch seen, queue the new URLs and (with ``done``) clear the page
-        they were found on from in-flight and save its host's politeness state (``turn``), all together, so a
-        crash can lose none of it. New URLs wake their hosts."""
+        they were found on from in-flight, save its host's politeness state (``turn``) and spool the items the
+        plug-ins ``extracted`` from it, all together, so a crash can lose none of it. New URLs wake their hosts."""
         cands = batch.cands
         if revisit is not None:
             assert done is not None
             items = self.store.finish_revisit(done, revisit, cands, self.ownership.take_routed(),
-                                              state=self._state_of(turn) if turn is not None else None)
+                                              state=self._state_of(turn) if turn is not None else None, items=extracted)
         elif done is not None:
             routed = self.ownership.take_routed()
             state = self._state_of(turn) if turn is not None else None
-            items = (self.store.finish(done, cands, routed, state=state) if routed
-                     else self.store.finish(done, cands, state=state))
+            items = (self.store.finish(done, cands, routed, state=state, items=extracted) if routed
+                     else self.store.finish(done, cands, state=state, items=extracted))
         else:
             items = self.store.admit(cands) if cands else []
         if cands:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import trio
 
@@ -82,6 +83,7 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
         settings: CrawlSettings | None = None,
         settings_file: SettingsFile | None = None,
         page_workers: PageWorkers | None = None,
+        plugins: Any = None,
     ) -> None:
         self.cfg = cfg
         self.fetcher = fetcher
@@ -134,6 +136,9 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
         self._page_threads = trio.CapacityLimiter(cfg.page_threads) if cfg.page_threads > 0 else None
         # --page-processes N: the same work in worker processes (peer/crawl/pageworkers.py); the node owns them
         self.page_workers = page_workers
+        # the plug-in chain (peer.plugins.Plugins); None or one with nothing for pages: the page path is as
+        # without plug-ins (nothing built for them)
+        self.plugins = plugins
         # one large page parsed at a time: a 10 MiB page of a quarter of a million links makes a tree and link
         # lists of over 100 MiB, and several at once (as a loaded machine lines them up) break the memory bound
         self._large_parses = trio.CapacityLimiter(1)

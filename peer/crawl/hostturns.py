@@ -11,7 +11,7 @@ A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, s
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -20,7 +20,7 @@ from storage import HostState, QueuedUrl, RevisitRecord, payload_digest
 from peer.crawl.addressgate import Lane
 from peer.crawl.admission import Batch
 from peer.crawl.links import Page, extract, is_html
-from peer.crawl.pagework import THREAD_PARSE_BYTES
+from peer.crawl.pagework import THREAD_PARSE_BYTES, Plugged
 from peer.crawl.responses import REDIRECTS, RETRY_STATUSES, header, retry_after
 from peer.crawl.revisits import record_fields
 from peer.crawl.robots import decide
@@ -66,6 +66,7 @@ class HostTurns:
         ownership: Ownership
         _page_threads: trio.CapacityLimiter | None
         page_workers: PageWorkers | None
+        plugins: Any  # peer.plugins.Plugins, a room above this one (None: no plug-ins)
         _pending: dict[str, QueuedUrl]
         _pinned: dict[str, str]
         _requests: dict[str, int]
@@ -84,7 +85,8 @@ class HostTurns:
 
         def _admit_sitemaps(self, origin: str, decision: RobotsDecision) -> None: ...
         def _commit(self, batch: Batch, done: QueuedUrl | None = None, revisit: RevisitRecord | None = None,
-                    turn: HostTurn | None = None) -> tuple[int, int]: ...
+                    turn: HostTurn | None = None, extracted: Sequence[dict[str, Any]] = ()) -> tuple[int, int]: ...
+        async def _plugged_work(self, resp: Response, url: str, ctype: str | None, now: float) -> Plugged | None: ...
         async def _fetch_sitemap(self, turn: HostTurn, item: QueuedUrl) -> None: ...
         def _next_visit(self, item: QueuedUrl, before: RevisitRecord | None, resp: Response, *, changed: bool | None,
                         now: float, digest: str | None = None, size: int | None = None) -> RevisitRecord: ...
@@ -309,6 +311,8 @@ class HostTurns:
         turn.backoff = 0.0
         batch = Batch()
         revisit: RevisitRecord | None = None
+        plugged: Plugged | None = None
+        extracted: list[dict] = []
         now = self.wallclock()  # the time of the records written for this fetch, and of its schedule
         if status == 304 and before is not None:
             self._store_revisit(resp, before, "server-not-modified", now)
@@ -338,7 +342,10 @@ class HostTurns:
                 stats.revisits_unchanged += 1
                 revisit = self._next_visit(item, before, resp, changed=False, now=now)
             else:
-                if self.page_workers is not None:
+                if self.plugins is not None and self.plugins.active:
+                    plugged = await self._plugged_work(resp, item.url, ctype, now)
+                    size, page = (None, None) if plugged is None else (plugged.size, plugged.page)
+                elif self.page_workers is not None:
                     size, page = await self._work_elsewhere(resp, item.url, ctype, now)
                 elif self._page_threads is not None:
                     size, page = await trio.to_thread.run_sync(
@@ -365,12 +372,40 @@ class HostTurns:
                                                    now=now, digest=digest, size=size)
             if page is not None:
                 stats.links_found += len(page.links)
-                if not page.nofollow:
-                    self._screen_found(batch, page.links, item.depth + 1, item.url)
+                links, follow = page.links, not page.nofollow
+                if plugged is not None:  # the plug-ins' page filters and URL filters
+                    follow = follow and plugged.outcome.follow
+                    if plugged.outcome.links is not None:
+                        links = plugged.outcome.links
+                if follow:
+                    self._screen_found(batch, links, item.depth + 1, item.url)
+            if plugged is not None:
+                extracted = self._plugged_items(plugged, item.url, now)
         self._schedule_after_request(turn)
-        self._commit(batch, done=item, revisit=revisit, turn=turn)  # the host's state in the same transaction
+        # the host's state and the page's items in the same transaction
+        self._commit(batch, done=item, revisit=revisit, turn=turn, extracted=extracted)
         self.ownership.fetched(item)
         self._retries.pop(item.url, None)
+
+    def _plugged_items(self, plugged: Plugged, url: str, now: float) -> list[dict]:
+        """Count the chain's outcome on a page, and its items with their page: URL, fetch time, WARC record."""
+        plugins = self.plugins
+        outcome = plugged.outcome
+        # failures and switch-offs are errors of the node's count too: the dashboard, the metrics and the
+        # cluster's status reports show them (the reasons are in /status, `plugins`)
+        off = plugins.record(outcome, url, plugged.generation)
+        errors = self.stats.errors
+        for _index, kind, _what in outcome.failures:
+            errors[f"plugin-{kind}"] += 1
+        if off:
+            errors["plugin-switched-off"] += off
+        if not outcome.items:
+            return []
+        names = plugins.chain.names if plugged.generation == plugins.generation else None
+        warc = None if plugged.location is None else {"file": plugged.location[0], "offset": plugged.location[1]}
+        self.stats.items += len(outcome.items)
+        return [{**item, "_page": url, "_fetched_at": now, "_warc": warc,
+                 "_plugin": names[index] if names is not None else index} for index, item in outcome.items]
 
     def _retry(self, turn: HostTurn, item: QueuedUrl, *, retry_after: float | None = None) -> bool:
         """Re-queue after a transient failure with per-host exponential back-off. False once retries are spent."""

@@ -77,15 +77,20 @@ class PageJob(NamedTuple):
     fetched_at: float
     truncated: bool
     protocol: str = "http/1.1"  # what carried the exchange (ALPN name), for WARC-Protocol
+    #: the plug-in chain to run (`peer.plugins.Plugins.job_part`): None when no plug-in works on pages
+    plugins: tuple | None = None
 
 
 class PageResult(NamedTuple):
     """What a worker gives back: the compressed records (to append) and the parsed page (its links); or, when
-    the worker wrote the records to its own WARC file (`PageWriter`), the bytes it wrote."""
+    the worker wrote the records to its own WARC file (`PageWriter`), the bytes it wrote and where. With plug-ins,
+    what the chain made of the page (`peer.plugins.Outcome`); a page its filters did not store has no records."""
 
     built: BuiltPage | None
     page: Page | None
     written: int | None = None
+    outcome: Any = None
+    location: tuple[str, int] | None = None
 
 
 class PageWriter(NamedTuple):
@@ -139,7 +144,10 @@ def page_of(fields: tuple) -> Page:
 
 
 def process_page(job: PageJob) -> PageResult:
-    """A page's stateless work, the same calls the crawler makes inline: records first, then the links."""
+    """A page's stateless work, the same calls the crawler makes inline: records first, then the links (with
+    plug-ins: the links, the chain, then the records if its filters keep the page)."""
+    if job.plugins is not None:
+        return _process_plugged(job)
     built = None
     if job.compress_level is not None:
         built = build_page_records(url=job.url, request_headers=job.request_headers, status=job.status,
@@ -148,6 +156,22 @@ def process_page(job: PageJob) -> PageResult:
                                    compress_level=job.compress_level, protocol=job.protocol)
     page = extract(job.body, job.url, job.content_type) if job.parse else None
     return PageResult(built=built, page=page)
+
+
+def _process_plugged(job: PageJob) -> PageResult:
+    """With plug-ins: the links, the chain (its runner comes with the job: `peer.plugins.Plugins.job_part`),
+    then the records if the chain's page filters keep the page."""
+    assert job.plugins is not None  # only jobs with a chain come here
+    page = extract(job.body, job.url, job.content_type) if job.parse else None
+    outcome = job.plugins[0](job.plugins, job.url, job.status, job.response_headers, job.body, job.content_type,
+                             job.fetched_at, None if page is None else page.links, None if page is None else page.base)
+    built = None
+    if job.compress_level is not None and outcome.store:
+        built = build_page_records(url=job.url, request_headers=job.request_headers, status=job.status,
+                                   reason=job.reason, response_headers=job.response_headers, body=job.body,
+                                   ip=job.ip, fetched_at=job.fetched_at, truncated=job.truncated,
+                                   compress_level=job.compress_level, protocol=job.protocol)
+    return PageResult(built=built, page=page, outcome=outcome)
 
 
 # ---------------------------------------------------------------------------------------------- the worker
@@ -289,9 +313,11 @@ def _answer(work: Callable[[PageJob], Any], meta: Any, body: bytes, own: _OwnWar
         job = _job_of(meta, body)
         result = work(job)
         if isinstance(result, PageResult) and own is not None and result.built is not None:
-            reply = (3, own.append(job, result.built), _page_tuple(result.page))
+            written = own.append(job, result.built)
+            reply = (3, written, _page_tuple(result.page), result.outcome, own.store.last_record())
         elif isinstance(result, PageResult):
-            reply = (1, None if result.built is None else tuple(result.built), _page_tuple(result.page))
+            reply = (1, None if result.built is None else tuple(result.built), _page_tuple(result.page),
+                     result.outcome)
         else:
             reply = (2, result)
     except Exception as exc:  # the same exception the inline call would raise, for the crawler to contain

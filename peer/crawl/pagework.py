@@ -9,7 +9,9 @@ A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, s
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import trio
 
 from peer.crawl.links import Page, extract, is_html
 from peer.crawl.pageworkers import PageJob, PageResult, PageWorkerError
@@ -19,10 +21,12 @@ from peer.fetch.http import Response
 if TYPE_CHECKING:
     from storage import PageStore
 
+    from peer.config import Config
+
     from peer.crawl.pageworkers import PageWorkers
     from peer.stats import Stats
 
-__all__ = ["THREAD_PARSE_BYTES", "PageWork"]
+__all__ = ["THREAD_PARSE_BYTES", "PageWork", "Plugged"]
 
 # the crawler's records keep the logger name they have always had (operators filter on it)
 log = logging.getLogger("peer.crawl.crawler")
@@ -32,13 +36,28 @@ log = logging.getLogger("peer.crawl.crawler")
 THREAD_PARSE_BYTES = 512 * 1024
 
 
+class Plugged(NamedTuple):
+    """A page's work with plug-ins: the bytes stored (None: not stored), the parsed page, what the chain made
+    of it (`peer.plugins.Outcome`), the chain's generation, and where its response record went."""
+
+    size: int | None
+    page: Page | None
+    outcome: Any
+    generation: int
+    location: tuple[str, int] | None
+
+
 class PageWork:
     """A page's records and links: inline, in a page thread, or by a page worker process."""
 
     if TYPE_CHECKING:
         # What this part uses of the Crawler it is mixed into: attributes and its other parts' methods.
+        cfg: Config
+        _large_parses: trio.CapacityLimiter
+        _page_threads: trio.CapacityLimiter | None
         page_workers: PageWorkers | None
         pages: PageStore
+        plugins: Any  # peer.plugins.Plugins, a room above this one (None: no plug-ins)
         stats: Stats
         store_types: tuple[str, ...]
 
@@ -100,3 +119,54 @@ class PageWork:
             protocol=resp.protocol,
         )
         return written or 0
+
+    # ------------------------------------------------------------------ with plug-ins (peer/plugins)
+
+    async def _plugged_work(self, resp: Response, url: str, ctype: str | None, now: float) -> Plugged | None:
+        """A page's work when plug-ins run on pages: its links, the chain, then its records if the chain's
+        page filters keep it; where parsing runs (a page worker, a page thread, or here). None when the page
+        workers gave the page up (counted as without plug-ins)."""
+        generation = self.plugins.generation
+        if self.page_workers is not None:
+            mime = (ctype or "").split(";", 1)[0].strip().lower()
+            level = getattr(self.pages, "compress_level", None) if mime in self.store_types else None
+            job = PageJob(url=resp.url, content_type=ctype, body=resp.body, parse=is_html(ctype),
+                          compress_level=level, request_headers=resp.request_headers, status=resp.status,
+                          reason=resp.reason, response_headers=as_decoded(resp), ip=resp.ip, fetched_at=now,
+                          truncated=resp.truncated, protocol=resp.protocol, plugins=self.plugins.job_part())
+            try:
+                result: PageResult = await self.page_workers.process(job)
+            except PageWorkerError as exc:
+                self.stats.errors["page-worker"] += 1
+                log.warning("page given up by the page workers", extra={"url": url, "error": str(exc)})
+                return None
+            outcome = result.outcome
+            size: int | None = None
+            location = result.location
+            if result.written is not None:
+                size = result.written or 0
+            elif result.built is not None:
+                size = self.pages.store_built(url=resp.url, status=resp.status, fetched_at=now, built=result.built,
+                                              truncated=resp.truncated) or 0
+                location = self.pages.last_record()
+            elif outcome.store and mime in self.store_types:
+                size, location = self._store_located(resp, ctype, now)
+            return Plugged(size, result.page, outcome, generation, location)
+        if self._page_threads is not None:
+            return await trio.to_thread.run_sync(self._plugged_here, resp, url, ctype, now, generation,
+                                                 limiter=self._page_threads)
+        if len(resp.body) > THREAD_PARSE_BYTES or self.cfg.parse_in_thread:
+            return await trio.to_thread.run_sync(self._plugged_here, resp, url, ctype, now, generation,
+                                                 limiter=self._large_parses)
+        return self._plugged_here(resp, url, ctype, now, generation)
+
+    def _plugged_here(self, resp: Response, url: str, ctype: str | None, now: float, generation: int) -> Plugged:
+        page = extract(resp.body, url, ctype) if is_html(ctype) else None
+        outcome = self.plugins.run_page(resp.url, resp.status, as_decoded(resp), resp.body, ctype, now,
+                                        None if page is None else page.links, None if page is None else page.base)
+        size, location = self._store_located(resp, ctype, now) if outcome.store else (None, None)
+        return Plugged(size, page, outcome, generation, location)
+
+    def _store_located(self, resp: Response, ctype: str | None, now: float) -> tuple[int | None, Any]:
+        size = self._store(resp, ctype, now)
+        return size, (self.pages.last_record() if size is not None else None)

@@ -17,6 +17,7 @@ from .features import MIN_FEATURE_HOSTS, TRAP_PREFIX, build_features
 from .model import PORT, HostSpec, Link, Resource, idna_host, make_url, norm_path
 from .oracle import DEFAULT_SKIP_SUFFIXES, Expected, TrapGuard, expected
 from .robots_spec import RobotsGroup, RobotsSpec, Rule
+from .structured import StructuredTruth, build_structured
 
 __all__ = ["SiteGraph", "loopback_address", "page_path"]
 
@@ -85,6 +86,8 @@ class SiteGraph:
         self._by_name = {h.name: h for h in hosts}
         # Ordinary links are shared between pages: (host index, page, written form) -> Link.
         self._links: dict[tuple[int, int, int], Link] = {}
+        #: what the structured pages hold (``generate(structured=True)``), None without them
+        self.structured: StructuredTruth | None = None
 
     @classmethod
     def generate(
@@ -105,8 +108,10 @@ class SiteGraph:
         links_spread: int = 0,
         crawl_delay_fraction: float = 0.0,
         crawl_delay: float = 2.0,
+        structured: bool = False,
     ) -> SiteGraph:
-        """Generate the web for ``seed``; the same arguments always give the same web."""
+        """Generate the web for ``seed``; the same arguments always give the same web. ``structured`` adds the
+        pages of `peerlab.localweb.structured` under the hub (off: the web is unchanged)."""
         if hosts < 1 or pages_per_host < 1 or links_per_page < 0 or page_bytes < 0:
             raise ValueError("hosts and pages_per_host must be >= 1, links_per_page and page_bytes >= 0")
         if not 0.0 <= cross_host_fraction <= 1.0:
@@ -135,13 +140,21 @@ class SiteGraph:
             feature_urls = {name: tuple(keys) for name, keys in fs.features.items()}
             nxdomain = fs.nxdomain
             trap_host = fs.trap_host
-        return cls(
+        truth = None
+        if structured:
+            more, root_links, truth = build_structured(specs[0].name)
+            resources = {**resources, **more}
+            key = (specs[0].name, "/")
+            extra = {**extra, key: (*extra.get(key, ()), *root_links)}
+        graph = cls(
             seed=seed, domain=domain, hosts=tuple(specs), pages_per_host=pages_per_host,
             links_per_page=links_per_page, cross_host_fraction=cross_host_fraction, page_bytes=page_bytes,
             features=features, seed_hosts=seed_hosts, resources=resources, extra_links=extra,
             feature_urls=feature_urls, nxdomain=nxdomain, trap_host=trap_host, page_bytes_sigma=page_bytes_sigma,
             links_spread=links_spread,
         )
+        graph.structured = truth
+        return graph
 
     @staticmethod
     def _plain_host(

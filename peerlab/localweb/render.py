@@ -106,7 +106,7 @@ def render(graph: SiteGraph, res: Resource, port: int) -> Answer:
         return Answer(status=res.status, body=body, headers=((b"content-type", b"text/html; charset=utf-8"),))
     if res.kind == "binary":
         return Answer(status=res.status, body=res.body, headers=((b"content-type", res.content_type.encode()),))
-    body = _html(graph, res, port).encode(res.charset)
+    body = res.body if res.body else _html(graph, res, port).encode(res.charset)  # a structured page: as written
     ctype = res.content_type
     if res.declare == "header":
         ctype += f"; charset={res.charset_label or res.charset}"

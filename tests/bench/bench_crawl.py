@@ -150,9 +150,10 @@ def _final_stats(log_file: Path) -> dict[str, Any]:
 
 def run_node(web: BenchWeb, dns_port: int, store: str, args: argparse.Namespace, workdir: Path,
              results: Path, *, program: tuple[str, ...] = (sys.executable, "-m", "peer"),
-             source: str = "", label: str = "peercrawl") -> dict[str, Any]:
+             source: str = "", label: str = "peercrawl", extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """Crawl the bench web with one node process (``program start ...``) and measure it. With ``source`` the
-    node runs the code of that source tree (put first on PYTHONPATH): the baseline of ``--baseline``."""
+    node runs the code of that source tree (put first on PYTHONPATH): the baseline of ``--baseline``. ``extra``:
+    more flags for the node (tests/bench/bench_plugins.py gives it a --config)."""
     data = workdir / f"node-{store}"
     shutil.rmtree(data, ignore_errors=True)
     seeds = workdir / "seeds.txt"
@@ -165,6 +166,7 @@ def run_node(web: BenchWeb, dns_port: int, store: str, args: argparse.Namespace,
            "--store", store, "--log-format", "json", "--log-level", "info", "--page-threads", str(args.page_threads)]
     if args.page_processes:
         cmd += ["--page-processes", str(args.page_processes)]
+    cmd += list(extra)
     if args.node_cpus:
         cmd = ["taskset", "-c", args.node_cpus, *cmd]
     on_start = None

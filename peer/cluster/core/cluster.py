@@ -30,7 +30,7 @@ import trio
 
 from protocol import (
     BatchAck, HandoffAck, HandoffAsk, HandoffChunk, LaneAsk, LaneGrant, LaneHandover, LaneHandoverAsk, LaneReturn,
-    Message, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, QueueReplica, ReplicaAck, SeenReplica,
+    Message, PluginCheck, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, QueueReplica, ReplicaAck, SeenReplica,
     Settings, StatusQuery, StatusReport, UrlBatch,
 )
 from ring import DEFAULT_POINTS_PER_WEIGHT, Ring, View, Zones, host_position
@@ -46,6 +46,7 @@ from peer.cluster.core.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.core.fence import PartitionFence
 from peer.cluster.handoff.handoff import Handoff, HandoffConfig, Hold
 from peer.cluster.core.lanes import LEASE, FleetLanes
+from peer.cluster.core.pluginjoin import PluginJoin, PluginMismatch, no_plugins
 from peer.cluster.membership.membership import Membership, MembershipConfig
 from peer.cluster.net.peerlinks import LinkConfig
 from peer.cluster.replicas.seenreplicas import REPLICA_COPIES, SeenReplicas
@@ -117,6 +118,7 @@ class Cluster(ViewChanges):
         members: View | None = None,
         syncs: StoreSyncs | None = None,
         summary: Callable[[], dict[str, Any] | None] = lambda: None,
+        plugins: Callable[[], dict[str, Any]] = no_plugins,
     ) -> None:
         self.cfg = cfg
         self.points_per_weight = points_per_weight  # fewer in simulations: a ring of many points takes a second
@@ -149,6 +151,8 @@ class Cluster(ViewChanges):
             members=members,
         )
         self.links = self.membership.links
+        # the plug-in chains compared at join (peer/cluster/core/pluginjoin.py)
+        self.plugin_join = PluginJoin(self.links, plugins)
         self.view = View()
         self.epoch = 0
         self.ring: Ring | None = None
@@ -495,6 +499,13 @@ class Cluster(ViewChanges):
             if seed == self.address:
                 continue
             try:
+                await self.plugin_join.check(seed, self.links.config.handshake_timeout)
+            except PluginMismatch as exc:
+                raise ClusterError(str(exc)) from exc
+            except Exception as exc:  # LinkError, a transport error, no answer in time: try the next seed
+                problems.append(f"cannot ask {seed} for its plug-ins: {exc or type(exc).__name__}")
+                continue
+            try:
                 joined = await self.membership.join(seed)
             except Exception as exc:  # LinkError or a transport error: try the next seed
                 problems.append(str(exc))
@@ -547,6 +558,7 @@ class Cluster(ViewChanges):
             ProgressWave: self.progress.on_wave,
             ProgressTally: self.progress.on_tally,
             ProgressQuery: self.termination.asked,
+            PluginCheck: self.plugin_join.on_message,
             ProgressReport: self.statuses.progress_arrived,
             StatusQuery: self.statuses.asked,
             StatusReport: self.statuses.arrived,
