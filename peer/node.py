@@ -11,7 +11,8 @@ Data directory layout (docs/architecture.md has the full picture)::
     DIR/RUNNING       written before the stores open, removed after they close: found at a start, the last run did
                       not stop cleanly and the stores are read through in a child process first (storage/_check.py)
     DIR/settings.json the crawl settings last changed at runtime (scope, budgets, paused), kept over restarts
-    DIR/state/        one LMDB environment: seen URLs, queued URLs, in-flight records, per-host politeness
+    DIR/state/        one LMDB environment: seen URLs, queued URLs, in-flight records, per-host politeness, the
+                      upload queue and the record of uploaded files
     DIR/warc/         WARC files and their CDXJ indexes
 """
 
@@ -57,6 +58,7 @@ from peer.dashboard import NodeWatch, file_rss_bytes, peak_rss_bytes
 from peer.fetch.dns import CachingResolver
 from peer.fetch.http import Fetcher
 from peer.noderoutes import ControlRoutes
+from peer.outputs import ObjectStore, S3Target, Uploader
 from peer.stats import Stats
 
 __all__ = ["Node", "run_node", "NodeError"]
@@ -69,6 +71,10 @@ SRV_ATTEMPTS = 8
 
 #: A clean stop waits this long for fetches under way (each is bounded by total_timeout anyway).
 DRAIN_TIMEOUT = 10.0
+
+#: A clean stop closes the WARC file being written and spends up to this long uploading what is queued; the
+#: rest is uploaded after the next start.
+UPLOAD_AT_STOP = 30.0
 
 #: Seconds between checks of the file-backed memory against `store_resident_mib` (a check reads /proc).
 RESIDENT_CHECK = 0.25
@@ -123,6 +129,7 @@ class Node(ControlRoutes):
         self.control_port: int | None = None
         self.final_status: dict[str, Any] | None = None  # the last status, taken before the stores close
         self.watch: NodeWatch | None = None  # figures over time for the dashboard (pages/s, flows, last page)
+        self.uploader: Uploader | None = None  # --upload: closed WARC files to object storage
         self.store_releases = 0  # times the store's mapped pages were handed back (store_resident_mib)
         self._stop = trio.Event()
         self._leave = trio.Event()
@@ -204,6 +211,8 @@ class Node(ControlRoutes):
                     cluster.attach(crawler)
                     cluster.summary = self.summary
                 recovered = crawler.restore()
+                if cfg.upload:
+                    self.uploader = self._uploader(store, crawler)
                 self.watch = NodeWatch(lambda: self.stats.pages, self._sent, trio.current_time())
                 self._record_dropped(crawler.dropped_urls)
                 configured = read_control_token(cfg)
@@ -225,6 +234,8 @@ class Node(ControlRoutes):
                     )
                     (self.data_dir / "control.addr").write_text(f"{chost}:{self.control_port}\n")
                     await nursery.start(self._syncs, syncs)
+                    if self.uploader is not None:
+                        await nursery.start(self.uploader.run)
                     nursery.start_soon(self._housekeeping, pages)
                     nursery.start_soon(self._bound_store_pages, store)
                     nursery.start_soon(self._sample)
@@ -240,6 +251,10 @@ class Node(ControlRoutes):
                     await nursery.start(crawler.run)
                     task_status.started(self)
                     nursery.start_soon(self._wait_done_or_stop, nursery)
+                if self.uploader is not None:
+                    pages.close()  # the file being written is closed now, so that it can go too
+                    with trio.move_on_after(UPLOAD_AT_STOP):
+                        await self.uploader.flush()
                 store.sync()
                 self.final_status = self.status()
                 usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -248,6 +263,18 @@ class Node(ControlRoutes):
                                                 "store_releases": self.store_releases,
                                                 "cpu_s": round(usage.ru_utime + usage.ru_stime, 3)})
         return 0
+
+    def _uploader(self, store, crawler: Crawler) -> Uploader:
+        """The upload task of --upload s3://BUCKET/PREFIX (peer/outputs/uploads.py)."""
+        cfg = self.cfg
+        try:
+            target = S3Target.from_config(cfg, os.environ)
+            objects = ObjectStore(target, part_size=cfg.upload_part_bytes)
+        except ConfigError as exc:
+            raise NodeError(str(exc)) from exc
+        return Uploader(uploads=store.uploads, directory=self.data_dir / "warc", objects=objects,
+                        node_id=self.node_id, keep_local=cfg.keep_local, max_local_bytes=cfg.upload_max_local_bytes,
+                        hold=functools.partial(crawler.hold, "upload"))
 
     async def _check_stores(self) -> None:
         """If the last run did not stop cleanly (DATA_DIR/RUNNING is there), read every store through in a child

@@ -56,6 +56,8 @@ class ControlRoutes:
                       "workers_busy": c.active},
             "seen_urls": len(c.dedup),
             "settings": {"version": c.settings.version, "paused": c.settings.paused},
+            "held": sorted(c.holds),
+            "upload": self.uploader.status() if self.uploader is not None else {"enabled": False},
             "revisit": c.revisit_status(),
             "store_resident": {"file_rss": file_rss_bytes(), "limit": self.cfg.store_resident_mib << 20,
                                "released": self.store_releases},
@@ -84,6 +86,7 @@ class ControlRoutes:
         ):
             yield CounterMetricFamily(f"peercrawl_{name}_hits", f"{doc} look-ups answered from the cache", value=hits)
             yield CounterMetricFamily(f"peercrawl_{name}_misses", f"{doc} look-ups not in the cache", value=misses)
+        yield from self._upload_families()
         if self.watch is not None:
             yield GaugeMetricFamily("peercrawl_seconds_since_last_page", "Seconds since a page last came in",
                                     value=self.watch.idle_for(trio.current_time()))
@@ -112,6 +115,26 @@ class ControlRoutes:
         yield key
         yield weight
         yield member
+
+    def _upload_families(self) -> Iterator[Any]:
+        """--upload's figures: what waits, what went, and whether the server takes files now."""
+        if self.uploader is None:
+            return
+        u = self.uploader.status()
+        yield GaugeMetricFamily("peercrawl_upload_queued_files", "Closed WARC and CDXJ files waiting for upload",
+                                value=u["queued_files"])
+        yield GaugeMetricFamily("peercrawl_upload_queued_bytes", "Bytes of the files waiting for upload",
+                                value=u["queued_bytes"])
+        yield GaugeMetricFamily("peercrawl_upload_lag_seconds", "Age of the oldest file waiting for upload",
+                                value=u["lag"])
+        yield CounterMetricFamily("peercrawl_uploaded_files", "Files uploaded and verified", value=u["uploaded_files"])
+        yield CounterMetricFamily("peercrawl_uploaded_bytes", "Bytes uploaded and verified", value=u["uploaded_bytes"])
+        yield CounterMetricFamily("peercrawl_upload_failures", "Failed upload tries", value=u["failures"])
+        yield GaugeMetricFamily("peercrawl_upload_ok", "1 when the last upload try worked, 0 while they fail",
+                                value=1 if u["ok"] else 0)
+        yield GaugeMetricFamily("peercrawl_upload_fetching_paused",
+                                "1 while fetching waits for the upload queue to drain under its bound",
+                                value=1 if u["fetching_paused"] else 0)
 
     def _sent(self) -> dict[str, int]:
         return dict(self.cluster.dispatcher.stats.urls_sent) if self.cluster is not None else {}
@@ -143,6 +166,7 @@ class ControlRoutes:
             "sent_recent": recent,
             "slow_hosts": slow_hosts(turns, c.frontier.queued, self.cfg.delay),
             "transfers": self.cluster.transfers() if self.cluster is not None else [],
+            "upload": self.uploader.status() if self.uploader is not None else None,
         }
 
     def _routes(self):

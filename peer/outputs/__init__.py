@@ -1,0 +1,8 @@
+"""What a node hands on to the outside (DESIGN decision 13): closed WARC files and their indexes to object
+storage. Each output is queued durably in the node's store and sent by a task that retries; a slow or dead
+receiver never stalls the crawl, and shows in /status, /metrics and the dashboard."""
+
+from peer.outputs.s3 import ObjectStore, S3Target, UploadError, file_digest, parse_s3_url
+from peer.outputs.uploads import Uploader
+
+__all__ = ["ObjectStore", "S3Target", "UploadError", "Uploader", "file_digest", "parse_s3_url"]

@@ -1,0 +1,128 @@
+"""The durable upload queue: closed WARC files and their CDXJ indexes waiting to reach object storage.
+
+A file enters the queue once it is closed (its WARC cut to its last whole record and its index sorted) and
+leaves it only when its object was verified in the bucket. Both steps are LMDB commits in the node's store, so
+a kill -9 at any moment leaves every closed file either queued or recorded as uploaded; nothing else.
+
+Layout, two databases in the node's environment:
+
+- `uploads`:  file name (UTF-8)  ->  msgpack [size, queued_at]
+- `uploaded`: file name (UTF-8)  ->  msgpack [object key, size, sha256 hex, etag, uploaded_at]
+
+What is closed is read from the directory (`closed_files`): `NAME.warc.gz` with its `NAME.cdxj` and no
+`NAME.cdxj.open`. `sweep` queues every closed file that is in neither table, so a file closed just before a
+kill (or by a page worker process, which writes WARC files of its own) is queued at the next sweep.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import lmdb
+import msgpack
+
+from ._lmdb import LmdbEnv
+
+__all__ = ["UPLOAD_DBS", "Uploaded", "Uploads", "closed_files"]
+
+UPLOADS_DB = b"uploads"
+UPLOADED_DB = b"uploaded"
+UPLOAD_DBS = (UPLOADS_DB, UPLOADED_DB)
+
+_WARC = ".warc.gz"
+_INDEX = ".cdxj"
+_OPEN = ".cdxj.open"
+
+
+class Uploaded(NamedTuple):
+    """Where a file went: its object key, size, SHA-256 (hex), the server's ETag, and when (wall clock)."""
+
+    key: str
+    size: int
+    sha256: str
+    etag: str
+    at: float
+
+
+def closed_files(directory: str | os.PathLike[str]) -> Iterator[Path]:
+    """The closed WARC files in `directory` and their indexes, WARC first, oldest name first."""
+    directory = Path(directory)
+    try:
+        names = set(os.listdir(directory))
+    except FileNotFoundError:
+        return
+    for name in sorted(names):
+        if not name.endswith(_WARC):
+            continue
+        stem = name[: -len(_WARC)]
+        if stem + _INDEX in names and stem + _OPEN not in names:
+            yield directory / name
+            yield directory / (stem + _INDEX)
+
+
+class Uploads:
+    """The queue (`uploads`) and the record of what was uploaded (`uploaded`), in one LMDB environment."""
+
+    def __init__(self, env: LmdbEnv) -> None:
+        self._env = env
+        self._queue = env.db(UPLOADS_DB)
+        self._done = env.db(UPLOADED_DB)
+
+    def sweep(self, directory: str | os.PathLike[str], now: float) -> list[str]:
+        """Queue the closed files of `directory` that are neither queued nor uploaded, in one transaction;
+        return their names."""
+        found = [(path.name, path) for path in closed_files(directory)]
+        if not found:
+            return []
+
+        def run(txn: lmdb.Transaction) -> list[str]:
+            added = []
+            for name, path in found:
+                key = name.encode("utf-8")
+                if txn.get(key, db=self._queue) is not None or txn.get(key, db=self._done) is not None:
+                    continue
+                try:
+                    size = path.stat().st_size
+                except FileNotFoundError:
+                    continue
+                txn.put(key, msgpack.packb([size, now]), db=self._queue)
+                added.append(name)
+            return added
+
+        return self._env.write(run)
+
+    def pending(self) -> list[tuple[str, int, float]]:
+        """Every queued file: (name, size, queued_at), in name order (oldest file first)."""
+        with self._env.read() as txn:
+            return [(key.decode("utf-8"), *msgpack.unpackb(value)) for key, value in txn.cursor(self._queue)]
+
+    def pending_bytes(self) -> int:
+        return sum(size for _name, size, _at in self.pending())
+
+    def done(self, name: str, record: Uploaded) -> None:
+        """Record `name` as uploaded and take it off the queue, in one transaction, forced to disk: the caller
+        removes the local file next."""
+        key = name.encode("utf-8")
+
+        def run(txn: lmdb.Transaction) -> None:
+            txn.delete(key, db=self._queue)
+            txn.put(key, msgpack.packb(list(record)), db=self._done)
+
+        self._env.write(run)
+        self._env.sync()
+
+    def forget(self, name: str) -> None:
+        """Take `name` off the queue without a record (its file is gone and its object is not there)."""
+        key = name.encode("utf-8")
+        self._env.write(lambda txn: txn.delete(key, db=self._queue))
+
+    def uploaded(self, name: str) -> Uploaded | None:
+        with self._env.read() as txn:
+            value = txn.get(name.encode("utf-8"), db=self._done)
+        return None if value is None else Uploaded(*msgpack.unpackb(value))
+
+    def uploaded_count(self) -> int:
+        return self._env.entries(UPLOADED_DB)
