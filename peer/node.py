@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import importlib.util
 import ipaddress
 import json
 import logging
@@ -267,6 +268,8 @@ class Node(ControlRoutes):
     def _uploader(self, store, crawler: Crawler) -> Uploader:
         """The upload task of --upload s3://BUCKET/PREFIX (peer/outputs/uploads.py)."""
         cfg = self.cfg
+        if importlib.util.find_spec("boto3") is None:
+            raise NodeError("upload needs the S3 client: pip install 'peercrawl[s3]' (boto3)")
         try:
             target = S3Target.from_config(cfg, os.environ)
             objects = ObjectStore(target, part_size=cfg.upload_part_bytes)
