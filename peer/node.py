@@ -273,6 +273,7 @@ class Node(ControlRoutes):
         try:
             target = S3Target.from_config(cfg, os.environ)
             objects = ObjectStore(target, part_size=cfg.upload_part_bytes)
+            objects.connect()
         except ConfigError as exc:
             raise NodeError(str(exc)) from exc
         return Uploader(uploads=store.uploads, directory=self.data_dir / "warc", objects=objects,
