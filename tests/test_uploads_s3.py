@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from peer.cli.format import format_status
 from peer.outputs import ObjectStore, S3Target, Uploader
 from peerlab.localweb.graph import SiteGraph
 from storage import NodeStore, WarcPageStore, closed_files
@@ -240,6 +241,7 @@ async def test_the_crawl_goes_on_through_an_s3_restart_and_pauses_at_the_local_b
                     await trio.sleep(0.1)
             # the crawl went on while the server was down, and says why uploads fail
             assert status["upload"]["error_kind"] == "unreachable" and status["upload"]["failures"] >= 1
+            assert f"upload s3://{BUCKET}/restart  FAILING for" in format_status(status)  # peerctl status
             metrics = (await _control(node_dir, "/metrics")).decode()
             assert "peercrawl_upload_ok 0.0" in metrics
             assert "peercrawl_upload_failures_total" in metrics
@@ -248,6 +250,7 @@ async def test_the_crawl_goes_on_through_an_s3_restart_and_pauses_at_the_local_b
                     assert proc.poll() is None and not st["done"]
                     await trio.sleep(0.1)
             assert st["held"] == ["upload"] and st["upload"]["queued_bytes"] >= 60000
+            assert "FETCHING PAUSED" in format_status(st)
             assert "peercrawl_upload_fetching_paused 1.0" in (await _control(node_dir, "/metrics")).decode()
             await trio.to_thread.run_sync(s3.start)
             with trio.fail_after(180):
