@@ -123,6 +123,8 @@ class Config:
     upload_part_bytes: int = 64 << 20
     upload_max_local_bytes: int = 16 << 30
     keep_local: bool = False
+    webhook: str = ""
+    webhook_secret: str = ""
     # revisits
     revisit: bool = False
     revisit_min: float = 3600.0
@@ -257,6 +259,8 @@ FIELDS: dict[str, str] = {
     "upload_part_bytes": "files larger than this go in parts of this size (S3 takes at least 5 MiB a part, at most 10,000 parts)",
     "upload_max_local_bytes": "closed files waiting for upload this node keeps before it stops fetching until the queue drains: 16 WARC files of the usual size",
     "keep_local": "off: a file is removed from this disk once its upload is verified",
+    "webhook": "URL that gets a signed JSON POST for every WARC file uploaded (with upload) or closed (without); empty: none",
+    "webhook_secret": "HMAC-SHA256 key of the webhook's X-Peercrawl-Signature header (at least 16 bytes; PEERCRAWL_WEBHOOK_SECRET keeps it out of the process list)",
     "revisit": "a crawl is one pass; on, every stored page is fetched again on an adaptive schedule",
     "revisit_min": "an hour (in seconds): the shortest revisit interval, for pages that change at every visit",
     "revisit_max": "30 days (in seconds): the longest revisit interval, for pages that never change",
@@ -381,6 +385,13 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"upload_part_bytes must be at least 5 MiB (S3's smallest part), got {cfg.upload_part_bytes}")
         if cfg.upload_max_local_bytes <= 0:
             raise ConfigError(f"upload_max_local_bytes must be > 0, got {cfg.upload_max_local_bytes}")
+    if cfg.webhook:
+        if not cfg.webhook.startswith(("http://", "https://")):
+            raise ConfigError(f"webhook must be an http:// or https:// URL, got {cfg.webhook!r}")
+        if len(cfg.webhook_secret.encode()) < 16:
+            raise ConfigError("webhook needs webhook_secret (at least 16 bytes; PEERCRAWL_WEBHOOK_SECRET)")
+        if cfg.store != "warc":
+            raise ConfigError("webhook needs store warc: it announces WARC files")
     if cfg.log_format not in ("auto", "json", "text"):
         raise ConfigError(f"log_format must be auto, json or text, got {cfg.log_format!r}")
     try:

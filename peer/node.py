@@ -59,7 +59,7 @@ from peer.dashboard import NodeWatch, file_rss_bytes, peak_rss_bytes
 from peer.fetch.dns import CachingResolver
 from peer.fetch.http import Fetcher
 from peer.noderoutes import ControlRoutes
-from peer.outputs import ObjectStore, S3Target, Uploader
+from peer.outputs import ObjectStore, S3Target, Uploader, WebhookSender
 from peer.stats import Stats
 
 __all__ = ["Node", "run_node", "NodeError"]
@@ -73,8 +73,8 @@ SRV_ATTEMPTS = 8
 #: A clean stop waits this long for fetches under way (each is bounded by total_timeout anyway).
 DRAIN_TIMEOUT = 10.0
 
-#: A clean stop closes the WARC file being written and spends up to this long uploading what is queued; the
-#: rest is uploaded after the next start.
+#: A clean stop closes the WARC file being written and spends up to this long uploading what is queued and
+#: sending the webhook's notices; the rest goes after the next start.
 UPLOAD_AT_STOP = 30.0
 
 #: Seconds between checks of the file-backed memory against `store_resident_mib` (a check reads /proc).
@@ -131,6 +131,7 @@ class Node(ControlRoutes):
         self.final_status: dict[str, Any] | None = None  # the last status, taken before the stores close
         self.watch: NodeWatch | None = None  # figures over time for the dashboard (pages/s, flows, last page)
         self.uploader: Uploader | None = None  # --upload: closed WARC files to object storage
+        self.webhook: WebhookSender | None = None  # --webhook: a signed POST per WARC file uploaded or closed
         self.store_releases = 0  # times the store's mapped pages were handed back (store_resident_mib)
         self._stop = trio.Event()
         self._leave = trio.Event()
@@ -214,6 +215,10 @@ class Node(ControlRoutes):
                 recovered = crawler.restore()
                 if cfg.upload:
                     self.uploader = self._uploader(store, crawler)
+                if cfg.webhook:
+                    self.webhook = WebhookSender(uploads=store.uploads, url=cfg.webhook,
+                                                 secret=cfg.webhook_secret.encode(), node_id=self.node_id,
+                                                 directory=self.data_dir / "warc", closed_files=not cfg.upload)
                 self.watch = NodeWatch(lambda: self.stats.pages, self._sent, trio.current_time())
                 self._record_dropped(crawler.dropped_urls)
                 configured = read_control_token(cfg)
@@ -237,6 +242,8 @@ class Node(ControlRoutes):
                     await nursery.start(self._syncs, syncs)
                     if self.uploader is not None:
                         await nursery.start(self.uploader.run)
+                    if self.webhook is not None:
+                        await nursery.start(self.webhook.run)
                     nursery.start_soon(self._housekeeping, pages)
                     nursery.start_soon(self._bound_store_pages, store)
                     nursery.start_soon(self._sample)
@@ -252,10 +259,13 @@ class Node(ControlRoutes):
                     await nursery.start(crawler.run)
                     task_status.started(self)
                     nursery.start_soon(self._wait_done_or_stop, nursery)
-                if self.uploader is not None:
+                if self.uploader is not None or self.webhook is not None:
                     pages.close()  # the file being written is closed now, so that it can go too
                     with trio.move_on_after(UPLOAD_AT_STOP):
-                        await self.uploader.flush()
+                        if self.uploader is not None:
+                            await self.uploader.flush()
+                        if self.webhook is not None:
+                            await self.webhook.flush()
                 store.sync()
                 self.final_status = self.status()
                 usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -278,7 +288,7 @@ class Node(ControlRoutes):
             raise NodeError(str(exc)) from exc
         return Uploader(uploads=store.uploads, directory=self.data_dir / "warc", objects=objects,
                         node_id=self.node_id, keep_local=cfg.keep_local, max_local_bytes=cfg.upload_max_local_bytes,
-                        hold=functools.partial(crawler.hold, "upload"))
+                        hold=functools.partial(crawler.hold, "upload"), notify=bool(cfg.webhook))
 
     async def _check_stores(self) -> None:
         """If the last run did not stop cleanly (DATA_DIR/RUNNING is there), read every store through in a child

@@ -58,6 +58,7 @@ class ControlRoutes:
             "settings": {"version": c.settings.version, "paused": c.settings.paused},
             "held": sorted(c.holds),
             "upload": self.uploader.status() if self.uploader is not None else {"enabled": False},
+            "webhook": self.webhook.status() if self.webhook is not None else {"enabled": False},
             "revisit": c.revisit_status(),
             "store_resident": {"file_rss": file_rss_bytes(), "limit": self.cfg.store_resident_mib << 20,
                                "released": self.store_releases},
@@ -117,7 +118,14 @@ class ControlRoutes:
         yield member
 
     def _upload_families(self) -> Iterator[Any]:
-        """--upload's figures: what waits, what went, and whether the server takes files now."""
+        """--upload's and --webhook's figures: what waits, what went, and whether the receiver takes it now."""
+        if self.webhook is not None:
+            w = self.webhook.status()
+            yield GaugeMetricFamily("peercrawl_webhook_waiting", "Webhook notices not yet accepted", value=w["waiting"])
+            yield CounterMetricFamily("peercrawl_webhook_sent", "Webhook notices accepted", value=w["sent"])
+            yield CounterMetricFamily("peercrawl_webhook_failures", "Failed webhook tries", value=w["failures"])
+            yield GaugeMetricFamily("peercrawl_webhook_ok", "1 when the last webhook try was accepted, 0 while they fail",
+                                    value=1 if w["ok"] else 0)
         if self.uploader is None:
             return
         u = self.uploader.status()
@@ -167,6 +175,7 @@ class ControlRoutes:
             "slow_hosts": slow_hosts(turns, c.frontier.queued, self.cfg.delay),
             "transfers": self.cluster.transfers() if self.cluster is not None else [],
             "upload": self.uploader.status() if self.uploader is not None else None,
+            "webhook": self.webhook.status() if self.webhook is not None else None,
         }
 
     def _routes(self):

@@ -8,6 +8,11 @@ Layout, two databases in the node's environment:
 
 - `uploads`:  file name (UTF-8)  ->  msgpack [size, queued_at]
 - `uploaded`: file name (UTF-8)  ->  msgpack [object key, size, sha256 hex, etag, uploaded_at]
+- `notices`:  event id (UTF-8)  ->  JSON of a webhook's body, kept until the receiver accepted it
+- `noticed`:  file name (UTF-8)  ->  b"" for a closed file whose notice was made (webhook without upload)
+
+A WARC file's notice is put in the same commit as its upload record (`done(..., notice=...)`), so an uploaded
+file is always announced; without uploads, `notice_closed` records a closed file's notice once.
 
 What is closed is read from the directory (`closed_files`): `NAME.warc.gz` with its `NAME.cdxj` and no
 `NAME.cdxj.open`. `sweep` queues every closed file that is in neither table, so a file closed just before a
@@ -30,11 +35,21 @@ __all__ = ["UPLOAD_DBS", "Uploaded", "Uploads", "closed_files"]
 
 UPLOADS_DB = b"uploads"
 UPLOADED_DB = b"uploaded"
-UPLOAD_DBS = (UPLOADS_DB, UPLOADED_DB)
+NOTICES_DB = b"notices"
+NOTICED_DB = b"noticed"
+UPLOAD_DBS = (UPLOADS_DB, UPLOADED_DB, NOTICES_DB, NOTICED_DB)
 
 _WARC = ".warc.gz"
 _INDEX = ".cdxj"
 _OPEN = ".cdxj.open"
+
+
+def _upload_order(name: str) -> tuple[str, int]:
+    if name.endswith(_WARC):
+        return name[: -len(_WARC)], 0
+    if name.endswith(_INDEX):
+        return name[: -len(_INDEX)], 1
+    return name, 2
 
 
 class Uploaded(NamedTuple):
@@ -70,6 +85,8 @@ class Uploads:
         self._env = env
         self._queue = env.db(UPLOADS_DB)
         self._done = env.db(UPLOADED_DB)
+        self._notices = env.db(NOTICES_DB)
+        self._noticed = env.db(NOTICED_DB)
 
     def sweep(self, directory: str | os.PathLike[str], now: float) -> list[str]:
         """Queue the closed files of `directory` that are neither queued nor uploaded, in one transaction;
@@ -95,21 +112,24 @@ class Uploads:
         return self._env.write(run)
 
     def pending(self) -> list[tuple[str, int, float]]:
-        """Every queued file: (name, size, queued_at), in name order (oldest file first)."""
+        """Every queued file: (name, size, queued_at), oldest file first, a WARC file before its index."""
         with self._env.read() as txn:
-            return [(key.decode("utf-8"), *msgpack.unpackb(value)) for key, value in txn.cursor(self._queue)]
+            found = [(key.decode("utf-8"), *msgpack.unpackb(value)) for key, value in txn.cursor(self._queue)]
+        return sorted(found, key=lambda entry: _upload_order(entry[0]))
 
     def pending_bytes(self) -> int:
         return sum(size for _name, size, _at in self.pending())
 
-    def done(self, name: str, record: Uploaded) -> None:
-        """Record `name` as uploaded and take it off the queue, in one transaction, forced to disk: the caller
-        removes the local file next."""
+    def done(self, name: str, record: Uploaded, notice: tuple[str, bytes] | None = None) -> None:
+        """Record `name` as uploaded and take it off the queue, with its webhook `notice` (event id, body) if
+        any, in one transaction, forced to disk: the caller removes the local file next."""
         key = name.encode("utf-8")
 
         def run(txn: lmdb.Transaction) -> None:
             txn.delete(key, db=self._queue)
             txn.put(key, msgpack.packb(list(record)), db=self._done)
+            if notice is not None:
+                txn.put(notice[0].encode("utf-8"), notice[1], db=self._notices)
 
         self._env.write(run)
         self._env.sync()
@@ -126,3 +146,37 @@ class Uploads:
 
     def uploaded_count(self) -> int:
         return self._env.entries(UPLOADED_DB)
+
+    # -- webhook notices
+
+    def unnoticed(self, directory: str | os.PathLike[str]) -> list[Path]:
+        """The closed WARC files of `directory` whose notice was not made yet (webhook without upload)."""
+        with self._env.read() as txn:
+            return [path for path in closed_files(directory) if path.name.endswith(_WARC)
+                    and txn.get(path.name.encode("utf-8"), db=self._noticed) is None]
+
+    def notice_closed(self, name: str, event_id: str, body: bytes) -> None:
+        """Record a closed file's notice, and that it was made, in one transaction."""
+
+        def run(txn: lmdb.Transaction) -> None:
+            txn.put(name.encode("utf-8"), b"", db=self._noticed)
+            txn.put(event_id.encode("utf-8"), body, db=self._notices)
+
+        self._env.write(run)
+
+    def notices(self, limit: int = 100) -> list[tuple[str, bytes]]:
+        """Notices not yet accepted by their receiver, in event id order: (event id, body)."""
+        out = []
+        with self._env.read() as txn:
+            for key, value in txn.cursor(self._notices):
+                out.append((key.decode("utf-8"), bytes(value)))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def notice_sent(self, event_id: str) -> None:
+        key = event_id.encode("utf-8")
+        self._env.write(lambda txn: txn.delete(key, db=self._notices))
+
+    def notices_waiting(self) -> int:
+        return self._env.entries(NOTICES_DB)

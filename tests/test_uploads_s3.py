@@ -17,12 +17,13 @@ import pytest
 import trio
 
 from peer.cli.format import format_status
-from peer.outputs import ObjectStore, S3Target, Uploader
+from peer.outputs import ObjectStore, S3Target, Uploader, sign
 from peerlab.localweb.graph import SiteGraph
 from storage import NodeStore, WarcPageStore, closed_files
 
 from .support.crawl import child_env, kill_pid, node_config, peerd_argv, start_local_web, urls_fetched
 from .support.s3server import ACCESS_KEY, BUCKET, SECRET_KEY, WeedS3
+from .support.webhook_receiver import SECRET, Receiver
 
 pytestmark = pytest.mark.slow  # a real S3 server, real daemons
 
@@ -56,7 +57,7 @@ def _write_pages(warc: Path, count: int, size: int, max_file_bytes: int) -> None
 def _uploader(store: NodeStore, warc: Path, objects: ObjectStore, holds: list[bool], **kw) -> Uploader:
     return Uploader(uploads=store.uploads, directory=warc, objects=objects, node_id="node-a",
                     keep_local=kw.get("keep_local", False), max_local_bytes=kw.get("max_local_bytes", 1 << 40),
-                    hold=holds.append)
+                    hold=holds.append, notify=kw.get("notify", False))
 
 
 async def _until(check, timeout: float = 60.0, step: float = 0.1):
@@ -74,13 +75,20 @@ async def test_files_go_once_verified_multipart_and_local_copies_are_removed(s3,
     assert len(local) >= 6
     holds: list[bool] = []
     with NodeStore.open(tmp_path / "state") as store:
-        uploader = _uploader(store, warc, ObjectStore(_target(s3, "run1"), part_size=5 * MIB), holds)
+        uploader = _uploader(store, warc, ObjectStore(_target(s3, "run1"), part_size=5 * MIB), holds, notify=True)
         async with trio.open_nursery() as nursery:
             await nursery.start(uploader.run)
             await _until(lambda: uploader.uploaded_files == len(local))
             nursery.cancel_scope.cancel()
         assert store.uploads.pending() == [] and list(closed_files(warc)) == []
         assert {name: store.uploads.uploaded(name).sha256 for name in local} == {n: s for n, (_z, s) in local.items()}
+        # each WARC file's webhook notice was written with its upload record, naming its object
+        notices = {json.loads(body)["file"]: json.loads(body) for _id, body in store.uploads.notices()}
+        assert set(notices) == {name for name in local if name.endswith(".warc.gz")}
+        for name, body in notices.items():
+            assert (body["event"], body["key"], body["size"], body["sha256"]) == (
+                "uploaded", f"run1/node-a/{name}", *local[name])
+            assert body["records"] > 0
     objects = s3.objects("run1/")
     assert objects == {f"run1/node-a/{name}": size for name, (size, _sha) in local.items()}
     client = s3.client()
@@ -194,7 +202,9 @@ async def test_sigkill_mid_upload_loses_no_file_and_stores_none_twice(s3, tmp_pa
         expected = web.expected()
         cfg = node_config(node_dir, web, dns, delay=0.05, concurrency=16)
         # WARC files of about 20 kB: a file closes every few pages, so uploads run all through the crawl
-        env = _upload_env(s3, "kills", warc_max_bytes="20000")
+        receiver = Receiver()
+        env = _upload_env(s3, "kills", warc_max_bytes="20000", webhook=receiver.url,
+                          webhook_secret=SECRET.decode())
         for uploaded in (2, 10, 24):
             proc = await trio.lowlevel.open_process(peerd_argv(cfg), env=env)
             try:
@@ -210,9 +220,19 @@ async def test_sigkill_mid_upload_loses_no_file_and_stores_none_twice(s3, tmp_pa
         finally:
             kill_pid(proc.pid)
         nursery.cancel_scope.cancel()
+    receiver.close()
     stored = set(expected.fetched)
     assert urls_fetched(web, expected) == stored
     _check_bucket(s3, "kills/", node_dir, stored)
+    # the webhook announced every WARC object at least once, with its key and the SHA-256 of what is stored
+    announced = {body["key"]: body["sha256"] for body in receiver.accepted()}
+    client = s3.client()
+    warcs = {k for k in s3.objects("kills/") if k.endswith(".warc.gz")}
+    assert set(announced) == warcs
+    for key in warcs:
+        assert client.head_object(Bucket=BUCKET, Key=key)["Metadata"]["sha256"] == announced[key]
+    for headers, raw, _status in receiver.posts:
+        assert headers["x-peercrawl-signature"] == sign(SECRET, raw)
 
 
 async def test_the_crawl_goes_on_through_an_s3_restart_and_pauses_at_the_local_bound(s3, tmp_path):

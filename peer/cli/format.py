@@ -57,6 +57,10 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append(f"    waiting {up['queued_files']} files ({up['queued_bytes']} bytes), oldest {up['lag']:.0f}s; "
                      f"uploaded {up['uploaded_files']} files ({up['uploaded_bytes']} bytes)"
                      + ("; FETCHING PAUSED: the waiting files fill upload_max_local_bytes" if up["fetching_paused"] else ""))
+    hook = st.get("webhook", {})
+    if hook.get("url"):
+        state = "ok" if hook["ok"] else f"FAILING for {hook['failing_for']:.0f}s: {hook['error']}"
+        lines.append(f"  webhook {hook['url']}  {state}; waiting {hook['waiting']}, sent {hook['sent']}")
     if "dns" in st:
         dns = st["dns"]
         failures = " ".join(f"{k}={v}" for k, v in sorted(dns.get("failures", {}).items())) or "-"

@@ -161,6 +161,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
                         "AWS_REGION); e.g. --upload s3://crawls/2026-11")
     c.add_argument("--keep-local", dest="keep_local", action="store_const", const=True,
                    help="keep WARC files on this disk after their verified upload")
+    c.add_argument("--webhook", metavar="URL",
+                   help="POST a signed JSON notice for every WARC file uploaded (with --upload) or closed; the "
+                        "HMAC key is webhook_secret (PEERCRAWL_WEBHOOK_SECRET); e.g. --webhook https://hooks.example/warc")
     c.add_argument("--store-type", dest="store_types", action="append", metavar="MIME",
                    help="content type to store (repeatable)")
     c.add_argument("--max-body", dest="max_body", type=int, metavar="BYTES", help="body size cap")

@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from peer.outputs.s3 import FileDigest, ObjectStore, UploadError, file_digest
+from peer.outputs.webhook import notice_body, records_in
 from storage import Uploaded, Uploads, closed_files
 
 __all__ = ["Uploader"]
@@ -43,8 +44,10 @@ class Uploader:
 
     def __init__(self, *, uploads: Uploads, directory: Path, objects: ObjectStore, node_id: str,
                  keep_local: bool, max_local_bytes: int, hold: Callable[[bool], None],
-                 threads: int = 2) -> None:
-        """`hold(True)` stops the crawl from starting host turns, `hold(False)` lets it go on."""
+                 threads: int = 2, notify: bool = False) -> None:
+        """`hold(True)` stops the crawl from starting host turns, `hold(False)` lets it go on. `notify`: each
+        uploaded WARC file's webhook notice is written with its upload record (peer/outputs/webhook.py)."""
+        self.notify = notify
         self.uploads = uploads
         self.directory = directory
         self.objects = objects
@@ -168,8 +171,14 @@ class Uploader:
                     etags.append(await self._thread(objects.put_part, path, key, upload_id, number))
                 await self._thread(objects.finish_parts, key, upload_id, etags)
             etag = await self._thread(objects.verify, key, digest)
-        await self._thread(self.uploads.done, name, Uploaded(key=key, size=digest.size, sha256=digest.sha256,
-                                                             etag=etag, at=time.time()))
+        record = Uploaded(key=key, size=digest.size, sha256=digest.sha256, etag=etag, at=time.time())
+        notice = None
+        if self.notify and name.endswith(".warc.gz"):
+            index = path.with_name(name[: -len(".warc.gz")] + ".cdxj")
+            records = await self._thread(records_in, index)
+            notice = notice_body(event="uploaded", node=self.node_id, file=name, key=key, size=digest.size,
+                                 sha256=digest.sha256, records=records, at=record.at)
+        await self._thread(self.uploads.done, name, record, notice)
         if not self.keep_local:
             path.unlink(missing_ok=True)
         self.uploaded_files += 1
