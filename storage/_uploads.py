@@ -4,12 +4,12 @@ A file enters the queue once it is closed (its WARC cut to its last whole record
 leaves it only when its object was verified in the bucket. Both steps are LMDB commits in the node's store, so
 a kill -9 at any moment leaves every closed file either queued or recorded as uploaded; nothing else.
 
-Layout, two databases in the node's environment:
+Layout, one database `outputs` in the node's environment, four key ranges:
 
-- `uploads`:  file name (UTF-8)  ->  msgpack [size, queued_at]
-- `uploaded`: file name (UTF-8)  ->  msgpack [object key, size, sha256 hex, etag, uploaded_at]
-- `notices`:  event id (UTF-8)  ->  JSON of a webhook's body, kept until the receiver accepted it
-- `noticed`:  file name (UTF-8)  ->  b"" for a closed file whose notice was made (webhook without upload)
+- `q/` + file name (UTF-8)  ->  msgpack [size, queued_at]: the upload queue
+- `u/` + file name          ->  msgpack [object key, size, sha256 hex, etag, uploaded_at]: uploaded files
+- `n/` + event id (UTF-8)   ->  JSON of a webhook's body, kept until the receiver accepted it
+- `c/` + file name          ->  b"" for a closed file whose notice was made (webhook without upload)
 
 A WARC file's notice is put in the same commit as its upload record (`done(..., notice=...)`), so an uploaded
 file is always announced; without uploads, `notice_closed` records a closed file's notice once.
@@ -33,11 +33,9 @@ from ._lmdb import LmdbEnv
 
 __all__ = ["UPLOAD_DBS", "Uploaded", "Uploads", "closed_files"]
 
-UPLOADS_DB = b"uploads"
-UPLOADED_DB = b"uploaded"
-NOTICES_DB = b"notices"
-NOTICED_DB = b"noticed"
-UPLOAD_DBS = (UPLOADS_DB, UPLOADED_DB, NOTICES_DB, NOTICED_DB)
+OUTPUTS_DB = b"outputs"
+UPLOAD_DBS = (OUTPUTS_DB,)
+_QUEUE, _DONE, _NOTICE, _NOTICED = b"q/", b"u/", b"n/", b"c/"
 
 _WARC = ".warc.gz"
 _INDEX = ".cdxj"
@@ -83,10 +81,17 @@ class Uploads:
 
     def __init__(self, env: LmdbEnv) -> None:
         self._env = env
-        self._queue = env.db(UPLOADS_DB)
-        self._done = env.db(UPLOADED_DB)
-        self._notices = env.db(NOTICES_DB)
-        self._noticed = env.db(NOTICED_DB)
+        self._db = env.db(OUTPUTS_DB)
+
+    def _range(self, txn: lmdb.Transaction, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The (key without `prefix`, value) pairs of one key range, in key order."""
+        cursor = txn.cursor(self._db)
+        if not cursor.set_range(prefix):
+            return
+        for key, value in cursor:
+            if not key.startswith(prefix):
+                return
+            yield key[len(prefix):], value
 
     def sweep(self, directory: str | os.PathLike[str], now: float) -> list[str]:
         """Queue the closed files of `directory` that are neither queued nor uploaded, in one transaction;
@@ -99,13 +104,13 @@ class Uploads:
             added = []
             for name, path in found:
                 key = name.encode("utf-8")
-                if txn.get(key, db=self._queue) is not None or txn.get(key, db=self._done) is not None:
+                if txn.get(_QUEUE + key, db=self._db) is not None or txn.get(_DONE + key, db=self._db) is not None:
                     continue
                 try:
                     size = path.stat().st_size
                 except FileNotFoundError:
                     continue
-                txn.put(key, msgpack.packb([size, now]), db=self._queue)
+                txn.put(_QUEUE + key, msgpack.packb([size, now]), db=self._db)
                 added.append(name)
             return added
 
@@ -114,7 +119,7 @@ class Uploads:
     def pending(self) -> list[tuple[str, int, float]]:
         """Every queued file: (name, size, queued_at), oldest file first, a WARC file before its index."""
         with self._env.read() as txn:
-            found = [(key.decode("utf-8"), *msgpack.unpackb(value)) for key, value in txn.cursor(self._queue)]
+            found = [(key.decode("utf-8"), *msgpack.unpackb(value)) for key, value in self._range(txn, _QUEUE)]
         return sorted(found, key=lambda entry: _upload_order(entry[0]))
 
     def pending_bytes(self) -> int:
@@ -126,10 +131,10 @@ class Uploads:
         key = name.encode("utf-8")
 
         def run(txn: lmdb.Transaction) -> None:
-            txn.delete(key, db=self._queue)
-            txn.put(key, msgpack.packb(list(record)), db=self._done)
+            txn.delete(_QUEUE + key, db=self._db)
+            txn.put(_DONE + key, msgpack.packb(list(record)), db=self._db)
             if notice is not None:
-                txn.put(notice[0].encode("utf-8"), notice[1], db=self._notices)
+                txn.put(_NOTICE + notice[0].encode("utf-8"), notice[1], db=self._db)
 
         self._env.write(run)
         self._env.sync()
@@ -137,15 +142,16 @@ class Uploads:
     def forget(self, name: str) -> None:
         """Take `name` off the queue without a record (its file is gone and its object is not there)."""
         key = name.encode("utf-8")
-        self._env.write(lambda txn: txn.delete(key, db=self._queue))
+        self._env.write(lambda txn: txn.delete(_QUEUE + key, db=self._db))
 
     def uploaded(self, name: str) -> Uploaded | None:
         with self._env.read() as txn:
-            value = txn.get(name.encode("utf-8"), db=self._done)
+            value = txn.get(_DONE + name.encode("utf-8"), db=self._db)
         return None if value is None else Uploaded(*msgpack.unpackb(value))
 
     def uploaded_count(self) -> int:
-        return self._env.entries(UPLOADED_DB)
+        with self._env.read() as txn:
+            return sum(1 for _ in self._range(txn, _DONE))
 
     # -- webhook notices
 
@@ -153,14 +159,14 @@ class Uploads:
         """The closed WARC files of `directory` whose notice was not made yet (webhook without upload)."""
         with self._env.read() as txn:
             return [path for path in closed_files(directory) if path.name.endswith(_WARC)
-                    and txn.get(path.name.encode("utf-8"), db=self._noticed) is None]
+                    and txn.get(_NOTICED + path.name.encode("utf-8"), db=self._db) is None]
 
     def notice_closed(self, name: str, event_id: str, body: bytes) -> None:
         """Record a closed file's notice, and that it was made, in one transaction."""
 
         def run(txn: lmdb.Transaction) -> None:
-            txn.put(name.encode("utf-8"), b"", db=self._noticed)
-            txn.put(event_id.encode("utf-8"), body, db=self._notices)
+            txn.put(_NOTICED + name.encode("utf-8"), b"", db=self._db)
+            txn.put(_NOTICE + event_id.encode("utf-8"), body, db=self._db)
 
         self._env.write(run)
 
@@ -168,7 +174,7 @@ class Uploads:
         """Notices not yet accepted by their receiver, in event id order: (event id, body)."""
         out = []
         with self._env.read() as txn:
-            for key, value in txn.cursor(self._notices):
+            for key, value in self._range(txn, _NOTICE):
                 out.append((key.decode("utf-8"), bytes(value)))
                 if len(out) >= limit:
                     break
@@ -176,7 +182,8 @@ class Uploads:
 
     def notice_sent(self, event_id: str) -> None:
         key = event_id.encode("utf-8")
-        self._env.write(lambda txn: txn.delete(key, db=self._notices))
+        self._env.write(lambda txn: txn.delete(_NOTICE + key, db=self._db))
 
     def notices_waiting(self) -> int:
-        return self._env.entries(NOTICES_DB)
+        with self._env.read() as txn:
+            return sum(1 for _ in self._range(txn, _NOTICE))
