@@ -96,9 +96,12 @@ class Uploads:
     def sweep(self, directory: str | os.PathLike[str], now: float) -> list[str]:
         """Queue the closed files of `directory` that are neither queued nor uploaded, in one transaction;
         return their names."""
-        found = [(path.name, path) for path in closed_files(directory)]
+        with self._env.read() as txn:
+            found = [(path.name, path) for path in closed_files(directory)
+                     if txn.get(_QUEUE + path.name.encode("utf-8"), db=self._db) is None
+                     and txn.get(_DONE + path.name.encode("utf-8"), db=self._db) is None]
         if not found:
-            return []
+            return []  # nothing new: no write transaction
 
         def run(txn: lmdb.Transaction) -> list[str]:
             added = []

@@ -1,7 +1,9 @@
 """The uploader: sends the node's closed WARC files and their CDXJ indexes to object storage, and never stalls
 the crawl while it does.
 
-Once a second it queues the closed files of the WARC directory in the node's store (`Uploads.sweep`: a file
+The store's transactions run on the node's own thread (they are short: a few keys each, and one fsync per
+uploaded file); reading and hashing files and the S3 calls run in worker threads. Once a second it queues the
+closed files of the WARC directory in the node's store (`Uploads.sweep`: a file
 closed just before a kill -9 is queued at the next start), then sends the queue oldest first. Each file goes
 to the key `PREFIX/NODE_ID/FILE`, so sending it again (after a kill mid-upload, or a crash between the upload
 and its record) overwrites the one object rather than adding another. An object is recorded as uploaded only
@@ -87,7 +89,7 @@ class Uploader:
         backoff = 1.0
         while True:
             failed = False
-            for name, _size, _at in await self._thread(self.uploads.pending):
+            for name, _size, _at in self.uploads.pending():
                 try:
                     await self._send(name)
                 except UploadError as exc:
@@ -111,7 +113,7 @@ class Uploader:
         """Send what is queued once, stopping at the first failure (a node's last act before it stops; bound it
         with a deadline)."""
         await self._sweep()
-        for name, _size, _at in await self._thread(self.uploads.pending):
+        for name, _size, _at in self.uploads.pending():
             try:
                 await self._send(name)
             except UploadError as exc:
@@ -123,10 +125,10 @@ class Uploader:
 
     async def _sweep(self) -> None:
         """Queue newly closed files, remove local copies already uploaded, and hold or free the crawl."""
-        await self._thread(self.uploads.sweep, self.directory, time.time())
+        self.uploads.sweep(self.directory, time.time())
         if not self.keep_local:
-            await self._thread(self._remove_uploaded)
-        pending = await self._thread(self.uploads.pending)
+            self._remove_uploaded()
+        pending = self.uploads.pending()
         self.queued_files = len(pending)
         self.queued_bytes = sum(size for _name, size, _at in pending)
         self.oldest_queued_at = min((at for _name, _size, at in pending), default=None)
@@ -178,7 +180,7 @@ class Uploader:
             records = await self._thread(records_in, index)
             notice = notice_body(event="uploaded", node=self.node_id, file=name, key=key, size=digest.size,
                                  sha256=digest.sha256, records=records, at=record.at)
-        await self._thread(self.uploads.done, name, record, notice)
+        self.uploads.done(name, record, notice)
         if not self.keep_local:
             path.unlink(missing_ok=True)
         self.uploaded_files += 1
@@ -191,10 +193,9 @@ class Uploader:
         there = await self._thread(self.objects.head, key)
         if there is not None:
             size, etag, sha = there
-            await self._thread(self.uploads.done, name, Uploaded(key=key, size=size, sha256=sha, etag=etag,
-                                                                 at=time.time()))
+            self.uploads.done(name, Uploaded(key=key, size=size, sha256=sha, etag=etag, at=time.time()))
             return
-        await self._thread(self.uploads.forget, name)
+        self.uploads.forget(name)
         self.lost_files += 1
         log.error("a queued file is gone from the disk and is not in the bucket", extra={"file": name, "key": key})
 

@@ -105,14 +105,14 @@ class WebhookSender:
             while True:
                 if self.closed_files:
                     await self._note_closed()
-                notices = await self._thread(self.uploads.notices)
-                self.waiting = await self._thread(self.uploads.notices_waiting)
+                notices = self.uploads.notices()
+                self.waiting = self.uploads.notices_waiting()
                 failed = False
                 for event_id, body in notices:
                     if not await self._post(client, event_id, body):
                         failed = True
                         break
-                    await self._thread(self.uploads.notice_sent, event_id)
+                    self.uploads.notice_sent(event_id)
                     self.sent += 1
                     self.waiting = max(0, self.waiting - 1)
                 if failed:
@@ -129,19 +129,19 @@ class WebhookSender:
         async with httpx.AsyncClient(transport=self._transport, timeout=TIMEOUT) as client:
             if self.closed_files:
                 await self._note_closed()
-            for event_id, body in await self._thread(self.uploads.notices, 1 << 30):
+            for event_id, body in self.uploads.notices(1 << 30):
                 if not await self._post(client, event_id, body):
                     return
-                await self._thread(self.uploads.notice_sent, event_id)
+                self.uploads.notice_sent(event_id)
                 self.sent += 1
 
     async def _note_closed(self) -> None:
-        for path in await self._thread(self.uploads.unnoticed, self.directory):
+        for path in self.uploads.unnoticed(self.directory):
             try:
                 event_id, body = await self._thread(closed_notice, path, self.node_id)
             except FileNotFoundError:
                 continue
-            await self._thread(self.uploads.notice_closed, path.name, event_id, body)
+            self.uploads.notice_closed(path.name, event_id, body)
 
     async def _post(self, client: httpx.AsyncClient, event_id: str, body: bytes) -> bool:
         headers = {"content-type": "application/json", "x-peercrawl-event": event_id,
