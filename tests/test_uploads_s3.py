@@ -9,8 +9,6 @@ import hashlib
 import json
 import random
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
