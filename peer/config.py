@@ -127,6 +127,17 @@ class Config:
     sync_interval: float = 1.0
     store_resident_mib: int = 256
     store_check_timeout: float = 600.0
+    # outputs
+    upload: str = ""
+    upload_endpoint: str = ""
+    upload_region: str = ""
+    upload_access_key: str = ""
+    upload_secret_key: str = ""
+    upload_part_bytes: int = 64 << 20
+    upload_max_local_bytes: int = 16 << 30
+    keep_local: bool = False
+    webhook: str = ""
+    webhook_secret: str = ""
     # revisits
     revisit: bool = False
     revisit_min: float = 3600.0
@@ -262,6 +273,16 @@ FIELDS: dict[str, str] = {
     "sync_interval": "how often stores are forced to disk (kill -9 loses nothing committed anyway); a peer's batch is acknowledged after the next sync, one fsync for all",
     "store_check_timeout": "bound on the full read of the stores a start does after a run that did not stop cleanly (a crash, kill -9, power loss), in a child process, so damage LMDB would abort on is one clear error instead (0: no check)",
     "store_resident_mib": "file-backed memory (the store's mapped pages) the node holds before it hands them back to the kernel's page cache, checked 4 times a second: keeps RSS flat over a store of any size (0: never)",
+    "upload": "s3://BUCKET/PREFIX: every closed WARC file and its CDXJ index go to S3-compatible storage as PREFIX/NODE_ID/FILE; empty: files stay on this disk",
+    "upload_endpoint": "the S3 server's URL; empty: AWS_ENDPOINT_URL, else AWS's endpoint for the region",
+    "upload_region": "the bucket's region; empty: AWS_REGION, else us-east-1",
+    "upload_access_key": "empty: AWS_ACCESS_KEY_ID",
+    "upload_secret_key": "empty: AWS_SECRET_ACCESS_KEY",
+    "upload_part_bytes": "files larger than this go in parts of this size (S3 takes at least 5 MiB a part, at most 10,000 parts)",
+    "upload_max_local_bytes": "closed files waiting for upload this node keeps before it stops fetching until the queue drains: 16 WARC files of the usual size",
+    "keep_local": "off: a file is removed from this disk once its upload is verified",
+    "webhook": "URL that gets a signed JSON POST for every WARC file uploaded (with upload) or closed (without); empty: none",
+    "webhook_secret": "HMAC-SHA256 key of the webhook's X-Peercrawl-Signature header (at least 16 bytes; PEERCRAWL_WEBHOOK_SECRET keeps it out of the process list)",
     "revisit": "a crawl is one pass; on, every stored page is fetched again on an adaptive schedule",
     "revisit_min": "an hour (in seconds): the shortest revisit interval, for pages that change at every visit",
     "revisit_max": "30 days (in seconds): the longest revisit interval, for pages that never change",
@@ -424,6 +445,23 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"proxy_retry must be > 0 seconds, got {cfg.proxy_retry}")
     if cfg.store not in ("warc", "none"):
         raise ConfigError(f"store must be 'warc' or 'none', got {cfg.store!r}")
+    if cfg.upload:
+        bucket, _sep, _prefix = cfg.upload.removeprefix("s3://").partition("/")
+        if not cfg.upload.startswith("s3://") or not bucket:
+            raise ConfigError(f"upload must be s3://BUCKET/PREFIX, got {cfg.upload!r}")
+        if cfg.store != "warc":
+            raise ConfigError("upload needs store warc: there are no files to upload otherwise")
+        if cfg.upload_part_bytes < 5 << 20:
+            raise ConfigError(f"upload_part_bytes must be at least 5 MiB (S3's smallest part), got {cfg.upload_part_bytes}")
+        if cfg.upload_max_local_bytes <= 0:
+            raise ConfigError(f"upload_max_local_bytes must be > 0, got {cfg.upload_max_local_bytes}")
+    if cfg.webhook:
+        if not cfg.webhook.startswith(("http://", "https://")):
+            raise ConfigError(f"webhook must be an http:// or https:// URL, got {cfg.webhook!r}")
+        if len(cfg.webhook_secret.encode()) < 16:
+            raise ConfigError("webhook needs webhook_secret (at least 16 bytes; PEERCRAWL_WEBHOOK_SECRET)")
+        if cfg.store != "warc":
+            raise ConfigError("webhook needs store warc: it announces WARC files")
     if cfg.log_format not in ("auto", "json", "text"):
         raise ConfigError(f"log_format must be auto, json or text, got {cfg.log_format!r}")
     try:

@@ -13,7 +13,7 @@ Data directory layout (docs/architecture.md has the full picture)::
                       not stop cleanly and the stores are read through in a child process first (storage/_check.py)
     DIR/settings.json the crawl settings last changed at runtime (scope, budgets, paused), kept over restarts
     DIR/state/        one LMDB environment: seen URLs, queued URLs, in-flight records, per-host politeness,
-                      the items extracted and not yet exported
+                      the items extracted and not yet exported, the upload queue and the record of uploaded files
     DIR/warc/         WARC files and their CDXJ indexes
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import importlib.util
 import ipaddress
 import json
 import logging
@@ -61,6 +62,7 @@ from peer.fetch.http import Fetcher
 from peer.fetch.policy import HostPolicies
 from peer.noderoutes import ControlRoutes
 from peer.plugins import ItemExporter, JsonLinesSink, PluginError, Plugins, PluginSpec
+from peer.outputs import ObjectStore, S3Target, Uploader, WebhookSender
 from peer.stats import Stats
 
 __all__ = ["Node", "run_node", "NodeError"]
@@ -73,6 +75,10 @@ SRV_ATTEMPTS = 8
 
 #: A clean stop waits this long for fetches under way (each is bounded by total_timeout anyway).
 DRAIN_TIMEOUT = 10.0
+
+#: A clean stop closes the WARC file being written and spends up to this long uploading what is queued and
+#: sending the webhook's notices; the rest goes after the next start.
+UPLOAD_AT_STOP = 30.0
 
 #: Seconds between checks of the file-backed memory against `store_resident_mib` (a check reads /proc).
 RESIDENT_CHECK = 0.25
@@ -135,6 +141,8 @@ class Node:
         self.plugins: Plugins | None = None  # the plug-in chain (peer/plugins), loaded at start
         self.exporter: ItemExporter | None = None  # moves spooled items to DATA_DIR/items/ and the chain's sinks
         self.watch: NodeWatch | None = None  # figures over time for the dashboard (pages/s, flows, last page)
+        self.uploader: Uploader | None = None  # --upload: closed WARC files to object storage
+        self.webhook: WebhookSender | None = None  # --webhook: a signed POST per WARC file uploaded or closed
         self.store_releases = 0  # times the store's mapped pages were handed back (store_resident_mib)
         self._stop = trio.Event()
         self._leave = trio.Event()
@@ -247,6 +255,12 @@ class Node:
                 if cluster is not None:
                     cluster.attach(crawler)
                 recovered = crawler.restore()
+                if cfg.upload:
+                    self.uploader = self._uploader(store, crawler)
+                if cfg.webhook:
+                    self.webhook = WebhookSender(uploads=store.uploads, url=cfg.webhook,
+                                                 secret=cfg.webhook_secret.encode(), node_id=self.node_id,
+                                                 directory=self.data_dir / "warc", closed_files=not cfg.upload)
                 self.watch = NodeWatch(lambda: self.stats.pages, self.control.sent, trio.current_time())
                 self._record_dropped(crawler.dropped_urls)
                 configured_token = read_control_token(cfg)
@@ -268,6 +282,10 @@ class Node:
                     )
                     (self.data_dir / "control.addr").write_text(f"{chost}:{self.control_port}\n")
                     await nursery.start(self._syncs, syncs)
+                    if self.uploader is not None:
+                        await nursery.start(self.uploader.run)
+                    if self.webhook is not None:
+                        await nursery.start(self.webhook.run)
                     nursery.start_soon(self._housekeeping, pages)
                     nursery.start_soon(self._bound_store_pages, store)
                     nursery.start_soon(self._sample)
@@ -285,6 +303,13 @@ class Node:
                     await nursery.start(crawler.run)
                     task_status.started(self)
                     nursery.start_soon(self._wait_done_or_stop, nursery)
+                if self.uploader is not None or self.webhook is not None:
+                    pages.close()  # the file being written is closed now, so that it can go too
+                    with trio.move_on_after(UPLOAD_AT_STOP):
+                        if self.uploader is not None:
+                            await self.uploader.flush()
+                        if self.webhook is not None:
+                            await self.webhook.flush()
                 store.sync()
                 self._export_rest()
                 self.final_status = self.status()
@@ -304,6 +329,21 @@ class Node:
                 pass
         except Exception as exc:  # noqa: BLE001 - the items stay spooled for the next start
             log.warning("items not exported at stop; they stay spooled", extra={"error": str(exc)})
+
+    def _uploader(self, store, crawler: Crawler) -> Uploader:
+        """The upload task of --upload s3://BUCKET/PREFIX (peer/outputs/uploads.py)."""
+        cfg = self.cfg
+        if importlib.util.find_spec("boto3") is None:
+            raise NodeError("upload needs the S3 client: pip install 'peercrawl[s3]' (boto3)")
+        try:
+            target = S3Target.from_config(cfg, os.environ)
+            objects = ObjectStore(target, part_size=cfg.upload_part_bytes)
+            objects.connect()
+        except ConfigError as exc:
+            raise NodeError(str(exc)) from exc
+        return Uploader(uploads=store.uploads, directory=self.data_dir / "warc", objects=objects,
+                        node_id=self.node_id, keep_local=cfg.keep_local, max_local_bytes=cfg.upload_max_local_bytes,
+                        hold=functools.partial(crawler.hold, "upload"), notify=bool(cfg.webhook))
 
     async def _check_stores(self) -> None:
         """If the last run did not stop cleanly (DATA_DIR/RUNNING is there), read every store through in a child

@@ -28,6 +28,7 @@ from peer.crawl.settings import CONFIG_VERSION_FOUNDER, SettingsError
 from peer.dashboard import STALL_AFTER, NodeWatch, file_rss_bytes, page, rss_bytes, slow_hosts
 from peer.fetch.dns import CachingResolver
 from peer.fetch.policy import HostPolicies
+from peer.outputs import Uploader, WebhookSender
 from peer.plugins import ItemExporter, PluginError, Plugins, PluginSpec, read_items
 from peer.stats import Stats, StatsCollector
 
@@ -64,6 +65,8 @@ class RoutedNode(Protocol):
     plugins: Plugins | None  # the plug-in chain, once loaded
     exporter: ItemExporter | None  # the items' export, once started
     data_dir: Path
+    uploader: Uploader | None  # --upload, once started
+    webhook: WebhookSender | None  # --webhook, once started
 
     def request_stop(self) -> None: ...
 
@@ -89,6 +92,9 @@ class ControlRoutes:
                       "workers_busy": c.active},
             "seen_urls": len(c.dedup),
             "settings": {"version": c.settings.version, "paused": c.settings.paused},
+            "held": sorted(c.holds),
+            "upload": self.node.uploader.status() if self.node.uploader is not None else {"enabled": False},
+            "webhook": self.node.webhook.status() if self.node.webhook is not None else {"enabled": False},
             "revisit": c.revisit_status(),
             "store_resident": {"file_rss": file_rss_bytes(), "limit": self.node.cfg.store_resident_mib << 20,
                                "released": self.node.store_releases},
@@ -132,6 +138,7 @@ class ControlRoutes:
         ):
             yield CounterMetricFamily(f"peercrawl_{name}_hits", f"{doc} look-ups answered from the cache", value=hits)
             yield CounterMetricFamily(f"peercrawl_{name}_misses", f"{doc} look-ups not in the cache", value=misses)
+        yield from self._upload_families()
         if self.node.watch is not None:
             yield GaugeMetricFamily("peercrawl_seconds_since_last_page", "Seconds since a page last came in",
                                     value=self.node.watch.idle_for(trio.current_time()))
@@ -164,6 +171,33 @@ class ControlRoutes:
     def sent(self) -> dict[str, int]:
         return dict(self.node.cluster.dispatcher.stats.urls_sent) if self.node.cluster is not None else {}
 
+    def _upload_families(self) -> Iterator[Any]:
+        """--upload's and --webhook's figures: what waits, what went, and whether the receiver takes it now."""
+        if self.node.webhook is not None:
+            w = self.node.webhook.status()
+            yield GaugeMetricFamily("peercrawl_webhook_waiting", "Webhook notices not yet accepted", value=w["waiting"])
+            yield CounterMetricFamily("peercrawl_webhook_sent", "Webhook notices accepted", value=w["sent"])
+            yield CounterMetricFamily("peercrawl_webhook_failures", "Failed webhook tries", value=w["failures"])
+            yield GaugeMetricFamily("peercrawl_webhook_ok", "1 when the last webhook try was accepted, 0 while they fail",
+                                    value=1 if w["ok"] else 0)
+        if self.node.uploader is None:
+            return
+        u = self.node.uploader.status()
+        yield GaugeMetricFamily("peercrawl_upload_queued_files", "Closed WARC and CDXJ files waiting for upload",
+                                value=u["queued_files"])
+        yield GaugeMetricFamily("peercrawl_upload_queued_bytes", "Bytes of the files waiting for upload",
+                                value=u["queued_bytes"])
+        yield GaugeMetricFamily("peercrawl_upload_lag_seconds", "Age of the oldest file waiting for upload",
+                                value=u["lag"])
+        yield CounterMetricFamily("peercrawl_uploaded_files", "Files uploaded and verified", value=u["uploaded_files"])
+        yield CounterMetricFamily("peercrawl_uploaded_bytes", "Bytes uploaded and verified", value=u["uploaded_bytes"])
+        yield CounterMetricFamily("peercrawl_upload_failures", "Failed upload tries", value=u["failures"])
+        yield GaugeMetricFamily("peercrawl_upload_ok", "1 when the last upload try worked, 0 while they fail",
+                                value=1 if u["ok"] else 0)
+        yield GaugeMetricFamily("peercrawl_upload_fetching_paused",
+                                "1 while fetching waits for the upload queue to drain under its bound",
+                                value=1 if u["fetching_paused"] else 0)
+
     def summary(self) -> dict[str, Any]:
         """This node as the dashboard shows it (peers send theirs as a StatusReport: peer/cluster/core/report.py)."""
         c = self.node.crawler
@@ -191,6 +225,8 @@ class ControlRoutes:
             "sent_recent": recent,
             "slow_hosts": slow_hosts(turns, c.frontier.queued, self.node.cfg.delay),
             "transfers": self.node.cluster.transfers() if self.node.cluster is not None else [],
+            "upload": self.node.uploader.status() if self.node.uploader is not None else None,
+            "webhook": self.node.webhook.status() if self.node.webhook is not None else None,
         }
 
     def routes(self) -> dict[tuple[str, str], Any]:

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAP_SIZE = 1 << 30  # the file grows only as pages are used; the map doubles when it fills
 MAX_MAP_SIZE = 1 << 40  # 1 TiB: past this a full map is reported, not grown
-_MAX_DBS = 16
+_MAX_DBS = 24
 _LOW_SPACE = 64 << 20  # below this much free space a failed write is reported as a full disk
 _MADV_DONTNEED = 4  # <sys/mman.h> on Linux
 

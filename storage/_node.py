@@ -24,6 +24,7 @@ from ._outbox import OUTBOX_DB, Outbox
 from ._records import HostState, QueuedUrl
 from ._replicas import REPLICA_DBS, Replicas
 from ._revisits import REVISIT_DB, REVISIT_DUE_DB, RevisitRecord, RevisitSchedule, queued
+from ._uploads import UPLOAD_DBS, Uploads
 
 if TYPE_CHECKING:
     from ._lmdb import Txn
@@ -62,6 +63,7 @@ class NodeStore(Closing):
         self.replicas = Replicas(env, mark_seen_in=self.dedup._insert_in)
         self.revisits = RevisitSchedule(env)
         self.items = ItemSpool(env)  # items the plug-ins extracted, put with their page (peer/plugins)
+        self.uploads = Uploads(env)  # closed WARC files on their way to object storage (storage/_uploads.py)
         self._fetched_next = 0  # the next FETCHED_JOURNAL_DB sequence number
         self.fetched_journaled = 0  # keys journaled since the last fold (1 at open when the journal holds some)
         with env.read() as txn:
@@ -84,7 +86,7 @@ class NodeStore(Closing):
         """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
         env = LmdbEnv.open(
             path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, FETCHED_JOURNAL_DB, REVISIT_DB, REVISIT_DUE_DB,
-                   *REPLICA_DBS, ITEMS_DB),
+                   *REPLICA_DBS, ITEMS_DB, *UPLOAD_DBS),
             map_size=map_size, max_map_size=max_map_size,
         )
         return cls(env)

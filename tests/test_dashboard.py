@@ -273,3 +273,49 @@ async def test_a_stalled_crawl_is_called_so_and_its_slowest_hosts_listed(tmp_pat
             while node.final_status is None:
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_failing_upload_and_webhook_are_shown_on_the_nodes_card(tmp_path):
+    """--upload to an S3 endpoint where nothing listens: the crawl goes on and the node's card says the upload
+    fails, and why; the webhook (to a dead address) has nothing to announce while nothing is uploaded."""
+    need_browser()
+    from peer.node import Node
+    from tests.support.crawl import node_config
+
+    graph = SiteGraph.generate(seed=6, hosts=4, pages_per_host=10, features=False)
+    async with trio.open_nursery() as nursery:
+        web, dns = await start_local_web(nursery, graph)
+        cfg = node_config(tmp_path / "node", web, dns, exit_when_done=False, warc_max_bytes=20_000,
+                          upload="s3://crawls/run", upload_endpoint="http://127.0.0.1:9",
+                          upload_access_key="key", upload_secret_key="secret",
+                          webhook="http://127.0.0.1:9/hook", webhook_secret="a-secret-of-16-bytes-at-least")
+        node = Node(cfg)
+        await nursery.start(node.run)
+        with trio.fail_after(60):
+            while not (node.crawler.is_done() and node.uploader.failures):
+                await trio.sleep(0.05)
+        address = dashboard_address(f"127.0.0.1:{node.control_port}", read_token(tmp_path / "node"))
+
+        def look():
+            with browser() as driver:
+                driver.get(address)
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline:
+                    fields = driver.execute_script(
+                        "const f = (n) => { const e = document.querySelector('[data-field=' + n + ']');"
+                        " return e && e.textContent; }; return [f('upload'), f('webhook')]")
+                    if all(fields):
+                        return fields
+                    time.sleep(0.2)
+                raise AssertionError("the card showed no upload or webhook row within 15 s")
+
+        upload, webhook = await trio.to_thread.run_sync(look)
+        assert upload.startswith("FAILING for ") and "cannot reach http://127.0.0.1:9" in upload, upload
+        assert "uploaded" in upload and node.uploader.queued_files > 0
+        assert webhook == "ok; 0 waiting, 0 sent" and node.webhook.failures == 0
+        assert node.stats.pages == len(web.expected().fetched)  # the crawl went on
+        node.request_stop()
+        with trio.fail_after(60):
+            while node.final_status is None:
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()

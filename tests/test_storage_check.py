@@ -58,7 +58,7 @@ def damage(data: Path, seed: int) -> None:
 
 def entries(path: Path) -> tuple[int, int]:
     """(named databases, keys in them plus the main database's) as LMDB's headers count them."""
-    env = lmdb.open(str(path), readonly=True, max_dbs=16)
+    env = lmdb.open(str(path), readonly=True, max_dbs=24)
     with env.begin() as txn:
         names = [key for key, _ in txn.cursor()]
         total = len(names) + sum(int(txn.stat(env.open_db(n, txn=txn, create=False))["entries"]) for n in names)

@@ -50,6 +50,17 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append(f"  page workers {pw['ready']}/{pw['processes']} ready, in flight {pw['in_flight']}, "
                      f"pages {pw['pages']}, crashes {pw['crashes']} (timeouts {pw['timeouts']}), "
                      f"resent {pw['resent']}, failed {pw['failed']}")
+    up = st.get("upload", {})
+    if up.get("target"):
+        state = "ok" if up["ok"] else f"FAILING for {up['failing_for']:.0f}s ({up['error_kind']}): {up['error']}"
+        lines.append(f"  upload {up['target']}  {state}")
+        lines.append(f"    waiting {up['queued_files']} files ({up['queued_bytes']} bytes), oldest {up['lag']:.0f}s; "
+                     f"uploaded {up['uploaded_files']} files ({up['uploaded_bytes']} bytes)"
+                     + ("; FETCHING PAUSED: the waiting files fill upload_max_local_bytes" if up["fetching_paused"] else ""))
+    hook = st.get("webhook", {})
+    if hook.get("url"):
+        state = "ok" if hook["ok"] else f"FAILING for {hook['failing_for']:.0f}s: {hook['error']}"
+        lines.append(f"  webhook {hook['url']}  {state}; waiting {hook['waiting']}, sent {hook['sent']}")
     if "dns" in st:
         dns = st["dns"]
         failures = " ".join(f"{k}={v}" for k, v in sorted(dns.get("failures", {}).items())) or "-"

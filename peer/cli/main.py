@@ -159,6 +159,15 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--dedup", choices=["lmdb", "memory-urls", "memory-md5", "md5-tree", "bloom", "redis"],
                    help="seen-URL store (the others are the URL-dedup study's, see docs/experiments.md)")
     c.add_argument("--redis-url", dest="redis_url", metavar="URL", help="redis://HOST:PORT/DB for --dedup redis")
+    c.add_argument("--upload", metavar="s3://BUCKET/PREFIX",
+                   help="send every closed WARC file and its index to S3-compatible storage (endpoint and credentials "
+                        "from the upload_* settings or AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                        "AWS_REGION); e.g. --upload s3://crawls/2026-11")
+    c.add_argument("--keep-local", dest="keep_local", action="store_const", const=True,
+                   help="keep WARC files on this disk after their verified upload")
+    c.add_argument("--webhook", metavar="URL",
+                   help="POST a signed JSON notice for every WARC file uploaded (with --upload) or closed; the "
+                        "HMAC key is webhook_secret (PEERCRAWL_WEBHOOK_SECRET); e.g. --webhook https://hooks.example/warc")
     c.add_argument("--store-type", dest="store_types", action="append", metavar="MIME",
                    help="content type to store (repeatable)")
     c.add_argument("--max-body", dest="max_body", type=int, metavar="BYTES", help="body size cap")

@@ -103,6 +103,9 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
         # scope, budgets and the paused flag: changed at runtime by `adopt` (the cluster gossips them)
         self.settings = settings if settings is not None else CrawlSettings.from_config(cfg, origin="", joining=False)
         self.settings_file = settings_file
+        #: Why this node starts no host turn for now, besides a pause (e.g. "upload": the files waiting for
+        #: upload fill their bound); set by `hold`, shown in /status.
+        self.holds: set[str] = set()
         self.scope: Scope = self.settings.scope()
         # the window of hosts in memory (Mercator's bounded back queues): the rest wait in the frontier's host
         # table on disk, brought in round the ring as room frees (`_refill`)
@@ -168,6 +171,14 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
     @property
     def paused(self) -> bool:
         return self.settings.paused
+
+    def hold(self, reason: str, on: bool) -> None:
+        """Start no host turn while any hold is on (the turns under way finish; queues and timers are kept)."""
+        if on:
+            self.holds.add(reason)
+        else:
+            self.holds.discard(reason)
+        self._wakeup.set()
 
     # ------------------------------------------------------------------ the scheduler's window of hosts
 
@@ -352,8 +363,8 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
         while True:
             if self._draining:
                 await trio.sleep_forever()
-            if self.settings.paused:
-                # paused: no new host turn; the turns under way finish, every queue and timer is kept
+            if self.settings.paused or self.holds:
+                # paused or held: no new host turn; the turns under way finish, every queue and timer is kept
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
                 continue

@@ -28,6 +28,7 @@ class SplitStore:
         self._base = frontier_store
         self.frontier = frontier_store.frontier
         self.dedup = dedup
+        self.uploads = frontier_store.uploads
 
     def admit(self, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
         if not items:

@@ -34,7 +34,7 @@ def build(path: Path, urls: int, hosts: int, batch: int = 10_000) -> None:
 def plain_walk(path: Path) -> tuple[int, int, float]:
     """Reference: every key and value of every database read by one cursor walk each, in this process."""
     started = time.perf_counter()
-    env = lmdb.open(str(path), readonly=True, max_dbs=16, readahead=False)
+    env = lmdb.open(str(path), readonly=True, max_dbs=24, readahead=False)
     keys = size = 0
     with env.begin() as txn:
         names = [key for key, _ in txn.cursor()]

@@ -1,0 +1,120 @@
+"""What the outputs cost: CPU per page of a node that uploads its WARC files to S3 against the same crawl
+without, side by side in one run.
+
+Run: ``python -m tests.bench.bench_outputs [--hosts 100] [--pages-per-host 40] [--warc-mib 4]``
+
+One local web (``peerlab.localweb``, 15 KB pages) and its DNS server run here, and a real S3 server
+(SeaweedFS, tests/support/s3server.py) on loopback. Two ``peerd`` processes crawl the whole web at the same time,
+each into its own data dir: one with ``--upload`` (WARC files rotated at ``--warc-mib`` so that many files go
+during the crawl, the last at the stop), one without. CPU is each process's own (user + system, from /proc at
+its control endpoint's start, and its `node stopped` log line at the end), so the start-up is left out and the
+final upload is in. Pages are each node's `pages`. The figure is the ratio of the two CPU-per-page figures;
+the machine's noise falls on both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from peerlab.localweb.dns_server import serve_dns
+from peerlab.localweb.graph import SiteGraph
+from peerlab.localweb.server import serve_web
+from tests.support.s3server import BUCKET, WeedS3
+
+
+def _cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _stopped(log: Path) -> dict:
+    for line in reversed(log.read_text().splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("msg") == "node stopped":
+            return record
+    raise RuntimeError(f"no 'node stopped' line in {log}")
+
+
+async def _node(name: str, tmp: Path, argv: list[str], env: dict[str, str], out: dict) -> None:
+    data = tmp / name
+    log_path = tmp / f"{name}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([*argv, "--data-dir", str(data), "--node-id", name], stderr=log, env=env)
+    try:
+        while not (data / "control.addr").exists():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited: {log_path.read_text()[-2000:]}")
+            await trio.sleep(0.02)
+        start_cpu, started = _cpu(proc.pid), time.time()
+        while proc.poll() is None:
+            await trio.sleep(0.1)
+        assert proc.returncode == 0, log_path.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stopped = _stopped(log_path)
+    out[name] = {"pages": stopped["pages"], "cpu_s": round(stopped["cpu_s"] - start_cpu, 3),
+                 "seconds": round(time.time() - started, 1),
+                 "cpu_ms_per_page": round(1000 * (stopped["cpu_s"] - start_cpu) / max(1, stopped["pages"]), 4)}
+
+
+async def run(args: argparse.Namespace) -> dict:
+    graph = SiteGraph.generate(seed=5, hosts=args.hosts, pages_per_host=args.pages_per_host, features=False,
+                               page_bytes=args.page_bytes)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-outputs-"))
+    s3 = WeedS3(tmp / "weed")
+    await trio.to_thread.run_sync(s3.start)
+    out: dict = {}
+    try:
+        async with trio.open_nursery() as nursery:
+            web = await nursery.start(lambda task_status: serve_web(graph, keep_log=False, on_record=None,
+                                                                    task_status=task_status))
+            dns = await nursery.start(serve_dns, graph.zone())
+            argv = [sys.executable, "-m", "peer", "start", "--control", "127.0.0.1:0", "--listen", "127.0.0.1:0",
+                    "--delay", str(args.delay), "--concurrency", "128", "--allow-private", "--exit-when-done",
+                    "--nameserver", f"127.0.0.1:{dns.address[1]}", "--log-format", "json", "--log-level", "info"]
+            for seed in web.seeds():
+                argv += ["--seed", seed]
+            base = {**os.environ, "PEERCRAWL_WARC_MAX_BYTES": str(args.warc_mib << 20)}
+            upload = {**base, **s3.env(), "PEERCRAWL_UPLOAD": f"s3://{BUCKET}/bench"}
+            async with trio.open_nursery() as nodes:
+                nodes.start_soon(_node, "outputs-on", tmp, argv, upload, out)
+                nodes.start_soon(_node, "outputs-off", tmp, argv, base, out)
+            nursery.cancel_scope.cancel()
+        objects = s3.objects("bench/")
+    finally:
+        s3.kill()
+    out["objects_uploaded"] = len(objects)
+    out["bytes_uploaded"] = sum(objects.values())
+    out["cpu_per_page_ratio_on_vs_off"] = round(
+        out["outputs-on"]["cpu_ms_per_page"] / max(1e-9, out["outputs-off"]["cpu_ms_per_page"]), 3)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hosts", type=int, default=100)
+    p.add_argument("--pages-per-host", type=int, default=40)
+    p.add_argument("--page-bytes", type=int, default=15_000, help="page size (the crawl benchmark's 15 KB)")
+    p.add_argument("--delay", type=float, default=0.02)
+    p.add_argument("--warc-mib", type=int, default=4, help="WARC rotation size of both nodes, in MiB")
+    args = p.parse_args(argv)
+    print(json.dumps(trio.run(run, args), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
