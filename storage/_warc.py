@@ -15,7 +15,8 @@ import os
 import re
 import time
 import zlib
-from typing import NamedTuple, Protocol
+from functools import lru_cache
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from isal import isal_zlib
@@ -41,7 +42,13 @@ def warc_date(epoch: float) -> str:
     """`WARC-Date` of epoch seconds, UTC with microseconds (WARC/1.1), e.g. `2023-11-14T22:13:20.500000Z`."""
     micros = round(epoch * 1_000_000)
     seconds, micros = divmod(micros, 1_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
+    return _second(seconds) + f".{micros:06d}Z"
+
+
+@lru_cache(maxsize=4)
+def _second(seconds: int) -> str:
+    """The date and time to the second: the same for every record written within it, so formatted once."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
 def _sha1(*parts: bytes) -> bytes:
@@ -108,6 +115,15 @@ def _warc_head(fields: list[tuple[bytes, bytes]], content_length: int) -> bytes:
     return b"\r\n".join(lines) + _END
 
 
+_RESPONSE_HEAD = (b"WARC/1.1\r\nWARC-Type: response\r\nWARC-Record-ID: %b\r\nWARC-Date: %b\r\n"
+                  b"WARC-Payload-Digest: %b\r\nWARC-Block-Digest: %b\r\n%b"
+                  b"Content-Type: application/http; msgtype=response\r\nContent-Length: %d\r\n\r\n")
+_TRUNCATED = b"WARC-Truncated: length\r\n"
+_REQUEST_HEAD = (b"WARC/1.1\r\nWARC-Type: request\r\nWARC-Record-ID: %b\r\nWARC-Date: %b\r\n"
+                 b"WARC-Concurrent-To: %b\r\nWARC-Payload-Digest: " + _EMPTY_SHA1 + b"\r\nWARC-Block-Digest: %b\r\n"
+                 b"Content-Type: application/http; msgtype=request\r\nContent-Length: %d\r\n\r\n")
+
+
 class Exchange(NamedTuple):
     """One page's records, uncompressed: the response as parts (its body is not copied), the request whole."""
 
@@ -126,31 +142,21 @@ def exchange_records(*, url: str, request_headers: list[tuple[str, str]], status
     in the HTTP/1.1 form readers expect, and named in `WARC-Protocol`."""
     target_uri = _one_line(url, "URL").encode("utf-8")
     date = warc_date(fetched_at).encode("ascii")
-    common = [(b"WARC-Date", date), (b"WARC-Target-URI", target_uri)]
-    if ip:
-        common.append((b"WARC-IP-Address", _one_line(ip, "IP address").encode("ascii")))
-    if protocol != "http/1.1":
-        common.append((b"WARC-Protocol", _one_line(protocol, "protocol").encode("ascii")))
-
     headers = [(k, v) for k, v in response_headers if k.lower() != "transfer-encoding"]
     http = _http_head(f"HTTP/1.1 {status} {reason}".rstrip(), headers, "response")
     payload_digest = _sha1(body)
     response_id = _record_id()
-    response_head = _warc_head(
-        [(b"WARC-Type", b"response"), (b"WARC-Record-ID", response_id), *common,
-         (b"WARC-Payload-Digest", payload_digest), (b"WARC-Block-Digest", _sha1(http, body)),
-         *([(b"WARC-Truncated", b"length")] if truncated else []),
-         (b"Content-Type", b"application/http; msgtype=response")],
-        len(http) + len(body),
-    )
-
+    # The fields in the order `_warc_head` writes them for revisits and warcinfo, formatted in one step: a
+    # page's two heads are the same bytes a field list would give, at a third of the cost.
+    common = date + b"\r\nWARC-Target-URI: " + target_uri
+    if ip:
+        common += b"\r\nWARC-IP-Address: " + _one_line(ip, "IP address").encode("ascii")
+    if protocol != "http/1.1":
+        common += b"\r\nWARC-Protocol: " + _one_line(protocol, "protocol").encode("ascii")
+    response_head = _RESPONSE_HEAD % (response_id, common, payload_digest, _sha1(http, body),
+                                      _TRUNCATED if truncated else b"", len(http) + len(body))
     request_http = _http_head(f"GET {_request_target(url)} HTTP/1.1", request_headers, "request")
-    request_head = _warc_head(
-        [(b"WARC-Type", b"request"), (b"WARC-Record-ID", _record_id()), *common,
-         (b"WARC-Concurrent-To", response_id), (b"WARC-Payload-Digest", _EMPTY_SHA1),
-         (b"WARC-Block-Digest", _sha1(request_http)), (b"Content-Type", b"application/http; msgtype=request")],
-        len(request_http),
-    )
+    request_head = _REQUEST_HEAD % (_record_id(), common, response_id, _sha1(request_http), len(request_http))
     return Exchange(
         response=(response_head, http, body, _END),
         request=request_head + request_http + _END,
@@ -220,21 +226,12 @@ def warcinfo_record(filename: str, created_at: float, fields: dict[str, str]) ->
 _ISAL_LEVELS = range(0, 4)
 
 
-class _Compressor(Protocol):
-    """What zlib's and ISA-L's compress objects both offer."""
-
-    def compress(self, data: bytes, /) -> bytes: ...
-
-    def flush(self) -> bytes: ...
-
-
 def gzip_member(parts: tuple[bytes, ...] | list[bytes], level: int) -> bytes:
-    """`parts` joined and compressed as one complete gzip member."""
-    comp: _Compressor
+    """`parts` joined and compressed as one complete gzip member.
+
+    One call on the joined bytes: ISA-L's one-shot `compress` costs about 0.7x a compress object fed the same
+    parts (the copy of the join is a few µs of a page's ~100; tests/bench/bench_realpages.py)."""
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
     if level in _ISAL_LEVELS:
-        comp = isal_zlib.compressobj(level, isal_zlib.DEFLATED, isal_zlib.MAX_WBITS + 16)
-    else:
-        comp = zlib.compressobj(level, zlib.DEFLATED, zlib.MAX_WBITS + 16)
-    out = [comp.compress(part) for part in parts]
-    out.append(comp.flush())
-    return b"".join(out)
+        return isal_zlib.compress(data, level, isal_zlib.MAX_WBITS + 16)
+    return zlib.compress(data, level, zlib.MAX_WBITS + 16)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import html as html_module
+import http.server
+import os
 import random
 
 import pytest
@@ -128,6 +130,17 @@ def test_links_inside_comments_and_scripts_are_not_links() -> None:
         HTML,
     )
     assert page.links == ("http://site.example/real",)
+
+
+def test_template_contents_and_raw_text_are_not_links() -> None:
+    """As in a browser's DOM: a template's contents are not in the document, textarea/xmp/iframe hold text."""
+    page = extract(
+        html('<template><a href="/t">t</a></template><textarea><a href="/x"></textarea><xmp><a href="/y"></xmp>'
+             '<iframe><a href="/z"></iframe><a href="/first" href="/second">a</a><a href>self</a>'),
+        URL,
+        HTML,
+    )
+    assert page.links == ("http://site.example/first", URL)
 
 
 def test_charset_from_header_wins_over_meta() -> None:
@@ -328,3 +341,123 @@ def test_normalize_all_equals_each_href_normalized_alone() -> None:
             expected = list(dict.fromkeys(u for u in (normalize(h, base) for h in _TRICKY) if u is not None))
             assert normalize_all(_TRICKY, base) == expected, base
             assert normalize_all(_TRICKY, base, max_length=30) == [u for u in expected if len(u) <= 30]
+
+
+# -- the links found are a browser's, on real pages
+
+_DOC_ROOT = "/usr/share/doc"
+# What a browser holds as a page's links: the a and area elements with an href, less rel=nofollow (split on
+# spaces and commas as `extract` splits it), each resolved by the browser against the document's base URL.
+_BROWSER_LINKS = """
+const links = [];
+for (const e of document.querySelectorAll('a[href], area[href]')) {
+    if ((e.getAttribute('rel') || '').toLowerCase().split(/[\\s,]+/).includes('nofollow')) continue;
+    try { links.push(new URL(e.getAttribute('href'), document.baseURI).href); } catch (err) {}
+}
+return links;
+"""
+
+
+# Markup where parsers part ways: template contents (not in the DOM's tree), a duplicate attribute, raw-text
+# elements, legacy entities in a query, foster-parented and mis-nested links, character references, NUL,
+# foreign content, an unclosed comment.
+_TRICKY = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>T1</title></head><body>
+<template><a href="/in-template">x</a></template>
+<a href="/dup-first" href="/dup-second">d</a>
+<textarea><a href="/in-textarea">t</a></textarea>
+<xmp><a href="/in-xmp">x</a></xmp>
+<iframe><a href="/in-iframe">i</a></iframe>
+<noscript><a href="/in-noscript">n</a></noscript>
+<a href="/p?x=1&para=2&not=3&copy;=4&amp;y=5">entities</a>
+<a href="/q?a=1&notin;b">notin</a>
+<a href=/unquoted?x=1&amp;y=2>u</a>
+<table><tr><a href="/foster">f</a><td>c</td></tr></table>
+<p><a href="/outer"><a href="/inner">nested</a></a>
+<a href="&#x2F;hex&#47;dec">num</a>
+<a href="/nul&#0;x">nul</a>
+<form><a href="/in-form">f</a></form>
+<math><a href="/in-math">m</a></math>
+<a href = "/spaced-eq" >s</a>
+<a HREF="/upper">U</a>
+<!-- unclosed comment <a href="/in-comment">
+</body></html>
+"""
+
+
+def _real_pages(every: int) -> list[str]:
+    """Every `every`-th real HTML document packages ship under /usr/share/doc (python3-doc's, libffi's ...),
+    as paths below it."""
+    found = []
+    for dirpath, _, files in os.walk(_DOC_ROOT):
+        found += [os.path.relpath(os.path.join(dirpath, f), _DOC_ROOT) for f in files if f.endswith(".html")]
+    return sorted(found)[::every]
+
+
+@pytest.mark.slow
+def test_links_of_real_pages_are_the_links_a_browser_finds() -> None:
+    """Real documentation pages (Debian's python3-doc, `apt-get install python3-doc`), served over loopback and
+    loaded by a real headless chromium with scripts off (a crawler runs none): `extract` finds exactly the links
+    the browser's DOM holds, each resolved by the browser and then normalized, in document order; the title is
+    the browser's too."""
+    import functools
+    import threading
+
+    from tests.support.browser import browser, need_browser
+
+    need_browser()
+    paths = _real_pages(every=8)
+    if len(paths) < 40:
+        pytest.skip("too few real HTML documents: apt-get install python3-doc")
+    paths.append(_TRICKY_PATH)
+    handler = functools.partial(_QuietHandler, directory=_DOC_ROOT)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    origin = f"http://127.0.0.1:{server.server_address[1]}/"
+    compared = links = 0
+    try:
+        with browser() as driver:
+            driver.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": True})
+            for path in paths:
+                url = origin + path
+                driver.get(url)
+                seen = [normalize(h) for h in driver.execute_script(_BROWSER_LINKS)]
+                expected = list(dict.fromkeys(u for u in seen if u is not None))
+                page = extract(_body(path), url, "text/html")
+                assert list(page.links) == expected, path
+                title = " ".join(driver.title.split())
+                assert page.title == (title or None), path
+                compared += 1
+                links += len(expected)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert compared >= 40 and links > 20 * compared
+
+
+_TRICKY_PATH = "tricky/markup.html"
+
+
+def _body(path: str) -> bytes:
+    if path == _TRICKY_PATH:
+        return _TRICKY.encode()
+    with open(f"{_DOC_ROOT}/{path}", "rb") as f:
+        return f.read()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    """/usr/share/doc as it is, and the tricky page at `_TRICKY_PATH`."""
+
+    def do_GET(self) -> None:
+        if self.path == "/" + _TRICKY_PATH:
+            body = _TRICKY.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_GET()
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+        pass

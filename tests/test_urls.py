@@ -273,6 +273,8 @@ def test_fast_host_and_origin_agree_on_normalized_urls(raw):
 _REF_CHARS = st.sampled_from(
     list("aZ09-._~!$&'()*+,;=@/?#[]%%\\|<>\"{}^`") + ["%41", "%7e", "%2F", "%zz", "..", "./", "ä", "ツ", "p/", ".html"]
 )
+# and what real hrefs add: spaces and tabs, fragments, absolute URLs
+_HREF_CHARS = st.one_of(_REF_CHARS, st.sampled_from([" ", "\t", "#", "#x", "http://o.example/", "https://O.example:443"]))
 _BASES = st.sampled_from([BASE, "http://h.example", "http://h.example/", "http://h.example:8080/a/b/?q",
                           "http://h.example/a/b/c.html?"])
 
@@ -288,7 +290,7 @@ def test_relative_paths_resolve_as_the_general_split_does(ref: str, base: str) -
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.lists(_REF_CHARS, max_size=10).map("".join), max_size=8), _BASES)
+@given(st.lists(st.lists(_HREF_CHARS, max_size=10).map("".join), max_size=8), _BASES)
 def test_normalize_all_is_normalize_of_each(refs: list[str], base: str) -> None:
     """The batch's shortcut for paths already in normal form gives what `normalize` gives for each alone."""
     expected = list(dict.fromkeys(url for url in (normalize(r, base) for r in refs) if url is not None))
@@ -299,7 +301,8 @@ def test_normalize_all_is_normalize_of_each(refs: list[str], base: str) -> None:
 
 def test_normalize_all_shortcut_cases() -> None:
     refs = ["/p/1.html", "p/2.html", "p/3.html?x=1", "/p/4.html?", "//o.example/5", "./6", "../7", "/a/./8",
-            "?9", "p:10", "/p/11%41", "/p/12 x", "p/13#frag", "/p/14?a=[1]", ""]
+            "?9", "p:10", "/p/11%41", "/p/12 x", "p/13#frag", "/p/14?a=[1]", "", "#top", "#", "p/15 #f", "p/16\t#f",
+            "p\\17#f\\g", "../18#f", "http://o.example/19#f", "http://O.example/20#f", " #f", "?21#f", "/22#" + "f" * 9000]
     assert normalize_all(refs, BASE) == [u for u in dict.fromkeys(normalize(r, BASE) for r in refs) if u]
     assert normalize_all(["/x", "http://o.example/y", "z"], "bogus") == ["http://o.example/y"]
 

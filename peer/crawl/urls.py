@@ -350,7 +350,25 @@ def normalize_all(
     origin, directory = (parsed_base.origin, parsed_base.directory) if parsed_base is not None else ("", "")
     simple = _SIMPLE_REF.fullmatch
     simple_absolute = _SIMPLE_ABSOLUTE.fullmatch
+    page_itself: str | None = None
     for href in dict.fromkeys(hrefs):
+        hash_at = href.find("#")
+        if hash_at >= 0:
+            # Most links of real pages carry a fragment ("#top", "os.html#os.walk"). Cut it first: when what is
+            # left is in a shortcut's form (no space, control or backslash before the "#"), `_resolve` would cut
+            # it to the same string and go on as below; anything else goes to `_resolve` whole, which cleans it.
+            if len(href) > 4 * max_length:
+                continue
+            ref = href[:hash_at]
+            if not ref:
+                # "#x": the base itself (its path and query), the same for every such href of the page
+                if page_itself is None:
+                    page_itself = _resolve("", parsed_base, max_length) or ""
+                if page_itself:
+                    seen[page_itself] = None
+                continue
+            if simple(ref) or (ref[:4] == "http" and simple_absolute(ref)):
+                href = ref
         if origin and href and simple(href) and "/." not in href:
             # a path (and query) already in normal form: joined to the base as it stands, as _resolve would
             url = origin + href if href[0] == "/" else origin + directory + href
