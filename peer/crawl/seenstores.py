@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 from storage import DEDUP_KINDS, HostState, NodeStore, QueuedUrl, host_position, open_dedup
@@ -40,8 +41,10 @@ class SplitStore:
         return new
 
     def finish(self, item: QueuedUrl | None, links: Sequence[QueuedUrl], *,
-               state: HostState | None = None) -> list[QueuedUrl]:
+               state: HostState | None = None, items: Sequence[dict[str, Any]] = ()) -> list[QueuedUrl]:
         new = self.admit(links)
+        if items:  # the page's items, in the frontier's store (a commit of their own, like the seen-set's)
+            self._base.items.put(items)
         if item is not None:
             self.frontier.done(item)
         if state is not None:

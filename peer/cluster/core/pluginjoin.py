@@ -16,6 +16,8 @@ import trio
 
 from protocol import Message, PluginCheck
 
+from peer.cluster.membership.membership import JOIN_RESEND
+from peer.cluster.net.linksessions import LinkError
 from peer.plugins import describe_difference
 
 __all__ = ["PluginJoin", "PluginMismatch", "no_plugins"]
@@ -53,22 +55,40 @@ class PluginJoin:
         return PluginCheck(seq=seq, fingerprint=mine["fingerprint"], chain=json.dumps(mine["plugins"]),
                            answer=answer)
 
-    async def check(self, seed_address: str, timeout: float) -> None:
+    async def check(self, seed_address: str, timeout: float, *, attempts: int = 3) -> None:
         """Compare chains with the member at `seed_address`: PluginMismatch naming the difference; LinkError
-        or trio.TooSlowError when it cannot be asked."""
-        peer_id = await self._links.introduce(seed_address)
-        self._seq += 1
-        seq = self._seq
-        done = trio.Event()
-        box: list[PluginCheck] = []
-        self._answers[seq] = (done, box)
-        try:
-            self._links.send_nowait(peer_id, self._message(seq, answer=False), address=seed_address)
-            with trio.fail_after(timeout):
-                await done.wait()
-        finally:
-            del self._answers[seq]
-        theirs = box[0]
+        or trio.TooSlowError when it cannot be asked.
+
+        As membership's join does: `attempts` tries, each waiting at most `timeout` for the answer and asking
+        again every `JOIN_RESEND` meanwhile, so a lost message (a link that broke after the write) costs a
+        resend, not the join. The question is idempotent: the member answers each one."""
+        problem: Exception = trio.TooSlowError(f"{seed_address} did not say which plug-ins it runs")
+        for _attempt in range(attempts):
+            try:
+                peer_id = await self._links.introduce(seed_address)
+            except LinkError as exc:
+                problem = exc
+                continue
+            self._seq += 1
+            seq = self._seq
+            done = trio.Event()
+            box: list[PluginCheck] = []
+            self._answers[seq] = (done, box)
+            try:
+                with trio.move_on_after(timeout):
+                    while not done.is_set():
+                        self._links.send_nowait(peer_id, self._message(seq, answer=False), address=seed_address)
+                        with trio.move_on_after(JOIN_RESEND):
+                            await done.wait()
+            finally:
+                del self._answers[seq]
+            if box:
+                self._compare(peer_id, box[0])
+                return
+            problem = trio.TooSlowError(f"{seed_address} did not say which plug-ins it runs within {timeout} s")
+        raise problem
+
+    def _compare(self, peer_id: str, theirs: PluginCheck) -> None:
         mine = self._describe()
         if theirs.fingerprint != mine["fingerprint"]:
             try:
