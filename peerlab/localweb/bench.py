@@ -27,7 +27,7 @@ from pathlib import Path
 from .graph import SiteGraph, loopback_address
 from .static import read_stamp, write_site
 
-__all__ = ["WIDE_WEB", "BenchWeb", "nginx_binary", "nginx_config", "start_bench_web"]
+__all__ = ["REAL_WEB", "WIDE_WEB", "BenchWeb", "nginx_binary", "nginx_config", "start_bench_web"]
 
 _READY_TIMEOUT = 20.0
 
@@ -37,7 +37,17 @@ _READY_TIMEOUT = 20.0
 WIDE_WEB: dict[str, int | float] = {
     "hosts": 2000, "pages_per_host": 50, "page_bytes": 14_000, "page_bytes_sigma": 0.604,
     "links_per_page": 30, "links_spread": 6, "cross_host_fraction": 0.2,
-    "crawl_delay_fraction": 0.05, "hosts_per_address": 31,
+    "crawl_delay_fraction": 0.05, "hosts_per_address": 31, "markup": "filler",
+}
+
+#: The real-markup web (docs/localweb.md "Pages that look like the web"), the benchmarks' default: 2,000 hosts x
+#: 50 pages, a fifth of the hosts serving python3-doc's documents (when installed) and the rest generated pages
+#: built like real ones (log-normal sizes of median 24 KB, navigation, links inside the text, scripts, styles,
+#: tables, code); 20% of the links to other hosts, 2% to missing pages, moved pages (301) and names that do not
+#: resolve; 31 hosts per address, 5% of the hosts asking for Crawl-delay 2. `start_bench_web(**REAL_WEB)`.
+REAL_WEB: dict[str, int | float | str] = {
+    "hosts": 2000, "pages_per_host": 50, "markup": "real", "doc_fraction": 0.2, "odd_link_fraction": 0.02,
+    "cross_host_fraction": 0.2, "crawl_delay_fraction": 0.05, "hosts_per_address": 31,
 }
 
 
@@ -69,6 +79,7 @@ def nginx_config(*, prefix: Path, site: Path, port: int, workers: int, addresses
     # "nobody", who cannot read a private temp directory).
     user = f"user {pwd.getpwuid(os.getuid()).pw_name};" if os.geteuid() == 0 else ""
     listen = "\n".join(f"        listen {address}:{port} backlog=4096;" for address in addresses)
+    # /r/N is a moved page of the real-markup web: 301 to /p/N.html, as SiteGraph.resource says.
     return f"""
 {user}
 worker_processes {workers};
@@ -98,6 +109,8 @@ http {{
         server_name _;
         root {site}/$host;
         index index.html;
+        absolute_redirect off;
+        location ~ "^/r/([1-9][0-9]*)$" {{ return 301 /p/$1.html; }}
     }}
 }}
 """
@@ -170,6 +183,9 @@ def start_bench_web(
     links_spread: int = 0,
     crawl_delay_fraction: float = 0.0,
     hosts_per_address: int = 0,
+    markup: str = "real",
+    doc_fraction: float = 0.2,
+    odd_link_fraction: float = 0.02,
 ) -> Iterator[BenchWeb]:
     """Start the benchmark web; stop it (by PID) on exit.
 
@@ -177,6 +193,10 @@ def start_bench_web(
     to other hosts; pages log-normal around the median ``page_bytes`` when ``page_bytes_sigma`` > 0; a
     ``crawl_delay_fraction`` of the hosts ask for Crawl-delay 2; with nginx and ``hosts_per_address`` > 0 the
     hosts share loopback addresses in groups of that size (the Python servers listen on 127.0.0.1 only).
+    ``markup`` is ``"real"`` (pages built like the web's, python3-doc's documents on ``doc_fraction`` of the
+    hosts, ``odd_link_fraction`` of the links to 404s, 301s and names that do not resolve; ``page_bytes``,
+    ``page_bytes_sigma``, ``links_per_page`` and ``links_spread`` do not apply) or ``"filler"`` (a list of
+    links and filler text: the old benchmark web, kept to compare with).
 
     ``server`` is ``"nginx"``, ``"python"`` or ``"auto"`` (nginx when installed). The static site is cached
     in ``directory`` (default: a folder under the temp dir named by the parameters) and reused when the
@@ -192,7 +212,8 @@ def start_bench_web(
     graph = SiteGraph.generate(seed=seed, hosts=hosts, pages_per_host=pages_per_host, links_per_page=links_per_page,
                                page_bytes=page_bytes, features=False, seed_hosts=min(hosts, 10),
                                cross_host_fraction=cross_host_fraction, page_bytes_sigma=page_bytes_sigma,
-                               links_spread=links_spread, crawl_delay_fraction=crawl_delay_fraction)
+                               links_spread=links_spread, crawl_delay_fraction=crawl_delay_fraction,
+                               markup=markup, doc_fraction=doc_fraction, odd_link_fraction=odd_link_fraction)
     spread = kind == "nginx" and hosts_per_address > 0
     zone = graph.zone(tuple(loopback_address(k) for k in range(math.ceil(hosts / hosts_per_address))) if spread
                       else ("127.0.0.1",))
@@ -205,7 +226,8 @@ def start_bench_web(
                 f"peercrawl-benchweb-{seed}-{hosts}x{pages_per_host}-{links_per_page}-{page_bytes}"
                 + (f"-{cross_host_fraction:g}-{page_bytes_sigma:g}-{links_spread}-{crawl_delay_fraction:g}"
                    if (cross_host_fraction, page_bytes_sigma, links_spread, crawl_delay_fraction) != (0.3, 0, 0, 0)
-                   else ""))
+                   else "")
+                + (f"-real-{doc_fraction:g}-{odd_link_fraction:g}-{graph.doc_hosts}" if markup == "real" else ""))
             stamp = read_stamp(site)
             old_port = stamp.get("port") if stamp else None
             if isinstance(old_port, int) and _port_free(old_port):
@@ -235,6 +257,8 @@ def start_bench_web(
             cmd = [sys.executable, "-m", "peerlab.localweb.server", "--seed", str(seed), "--hosts", str(hosts),
                    "--pages-per-host", str(pages_per_host), "--links-per-page", str(links_per_page),
                    "--page-bytes", str(page_bytes), "--no-features", "--seed-hosts", str(min(hosts, 10)),
+                   "--cross-host-fraction", str(cross_host_fraction), "--markup", markup,
+                   "--doc-fraction", str(doc_fraction), "--odd-link-fraction", str(odd_link_fraction),
                    "--port", str(port), "--reuse-port"]
             for _ in range(max(1, workers)):
                 proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
