@@ -26,6 +26,9 @@ _PAGE = re.compile(r"/p/([1-9][0-9]*)\.html")
 _MOVED = re.compile(r"/r/([1-9][0-9]*)")
 #: Names under the web's domain that no DNS server answers: links of the real-markup web go there sometimes.
 NX_LABELS = ("gone", "old-shop", "cdn-legacy", "typo-domain")
+#: Missing pages (/p/N.html past the last) and moved pages (/r/N) each host of the real-markup web links to.
+DEAD_PER_HOST = 2
+MOVED_PER_HOST = 3
 _TRAP_TAIL = re.compile(r"(?:a/)*")
 #: Seconds the slow page waits before answering: noticeable, yet far under any sane read timeout.
 DEFAULT_SLOW_DELAY = 1.0
@@ -291,10 +294,12 @@ class SiteGraph:
             p = int(rand() * pages)
             if odd and rand() < odd:
                 r = rand()
+                # A few dead and moved pages per host, linked again and again, as on a real site.
                 if r < 0.4:
-                    key = (index, pages + int(rand() * pages), 0)  # a page that is not there: 404
+                    key = (index, pages + int(rand() * DEAD_PER_HOST), 0)  # a page that is not there: 404
                 elif r < 0.8:
-                    key = (index, 1 + int(rand() * (pages - 1)), 5) if pages > 1 else (index, 0, 0)
+                    moved = min(MOVED_PER_HOST, pages - 1)
+                    key = (index, 1 + int(rand() * moved), 5) if moved > 0 else (index, 0, 0)
                 else:
                     key = (int(rand() * len(NX_LABELS)), p, 6)
             elif rand() < cross:
