@@ -203,3 +203,30 @@ def test_the_feature_web_keeps_working_with_real_markup() -> None:
     # the hub still links to every feature host's root
     roots = {make_url(h.name, "/", PORT) for h in graph.hosts[1:12]}
     assert roots <= {make_url(link.host, link.path, PORT) for link in hub.links}
+
+
+@pytest.mark.slow
+async def test_a_node_crawls_exactly_the_oracles_set_on_the_real_markup_web(tmp_path: Path) -> None:
+    # the feature web (robots groups, Crawl-delays, redirects, 404s, unresolvable names, the trap) with real
+    # markup on its ordinary pages, python3-doc's documents on half its hosts when installed
+    import trio
+
+    from peer.node import Node
+    from peerlab.localweb.referee import crawl_delay_violations
+
+    from .support.crawl import node_config, start_local_web, urls_fetched
+
+    graph = SiteGraph.generate(seed=21, hosts=20, pages_per_host=8, markup="real", doc_fraction=0.5,
+                               odd_link_fraction=0.05)
+    async with trio.open_nursery() as nursery:
+        web, dns = await start_local_web(nursery, graph)
+        node = Node(node_config(tmp_path / "node", web, dns))
+        with trio.fail_after(240):
+            await node.run()
+        nursery.cancel_scope.cancel()
+    expected = web.expected(max_body=node.cfg.max_body)
+    fetched = urls_fetched(web, expected)
+    assert expected.unresolvable and expected.redirects and 404 in expected.statuses.values()
+    assert expected.fetched - fetched == set(), "pages a correct crawler fetches were missed"
+    assert fetched - expected.fetched == set(), "pages outside the reachable-and-allowed set were requested"
+    assert crawl_delay_violations(web.log, graph) == []
