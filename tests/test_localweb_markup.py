@@ -230,3 +230,13 @@ async def test_a_node_crawls_exactly_the_oracles_set_on_the_real_markup_web(tmp_
     assert expected.fetched - fetched == set(), "pages a correct crawler fetches were missed"
     assert fetched - expected.fetched == set(), "pages outside the reachable-and-allowed set were requested"
     assert crawl_delay_violations(web.log, graph) == []
+
+
+def test_real_pages_hands_out_pages_with_the_links_a_parser_must_find() -> None:
+    from peerlab.localweb.bench import real_pages
+
+    pages = list(real_pages(40, sample_seed=3))
+    assert [p.url for p in pages] == [p.url for p in real_pages(40, sample_seed=3)]
+    assert {p.markup for p in pages} <= {"gen", "doc"} and "gen" in {p.markup for p in pages}
+    for page in pages:
+        assert _targets(page.body, page.url) - {page.url} == page.links

@@ -27,7 +27,8 @@ from pathlib import Path
 from .graph import SiteGraph, loopback_address
 from .static import read_stamp, write_site
 
-__all__ = ["REAL_WEB", "WIDE_WEB", "BenchWeb", "nginx_binary", "nginx_config", "start_bench_web"]
+__all__ = ["REAL_WEB", "WIDE_WEB", "BenchWeb", "RealPage", "nginx_binary", "nginx_config", "real_pages",
+           "start_bench_web"]
 
 _READY_TIMEOUT = 20.0
 
@@ -49,6 +50,38 @@ REAL_WEB: dict[str, int | float | str] = {
     "hosts": 2000, "pages_per_host": 50, "markup": "real", "doc_fraction": 0.2, "odd_link_fraction": 0.02,
     "cross_host_fraction": 0.2, "crawl_delay_fraction": 0.05, "hosts_per_address": 31,
 }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RealPage:
+    """A page of the real-markup web as served: its URL, body, and the normalized URLs of the links the oracle
+    follows from it (what a correct link extractor finds, leaving out the page's own URL)."""
+
+    url: str
+    body: bytes
+    links: frozenset[str]
+    markup: str
+
+
+def real_pages(count: int, *, seed: int = 1, port: int = 8080, sample_seed: int = 0) -> Iterator[RealPage]:
+    """``count`` pages of REAL_WEB (``seed``), drawn at random (``sample_seed``) over its hosts and pages, for
+    benchmarks of the page path (parse, link extraction, URL resolution, WARC) on real markup."""
+    import random
+
+    from .graph import page_path
+    from .model import make_url
+    from .render import render
+
+    shape = {k: v for k, v in REAL_WEB.items() if k != "hosts_per_address"}
+    graph = SiteGraph.generate(seed=seed, features=False, seed_hosts=10, **shape)  # type: ignore[arg-type]
+    rng = random.Random(sample_seed)
+    for _ in range(count):
+        spec = graph.hosts[rng.randrange(len(graph.hosts))]
+        res = graph.resource(spec.name, page_path(rng.randrange(graph.pages_per_host)))
+        assert res is not None
+        url = make_url(res.host, res.path, port)
+        links = frozenset(make_url(link.host, link.path, port) for link in res.links) - {url}
+        yield RealPage(url=url, body=render(graph, res, port).body, links=links, markup=res.markup)
 
 
 @dataclass(slots=True, kw_only=True)
