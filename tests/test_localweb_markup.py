@@ -240,3 +240,35 @@ def test_real_pages_hands_out_pages_with_the_links_a_parser_must_find() -> None:
     assert {p.markup for p in pages} <= {"gen", "doc"} and "gen" in {p.markup for p in pages}
     for page in pages:
         assert _targets(page.body, page.url) - {page.url} == page.links
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["nginx", "python"])
+def test_bench_web_serves_real_markup_moved_and_missing_pages(tmp_path: Path, server: str) -> None:
+    import httpx
+
+    from peerlab.localweb.bench import nginx_binary, start_bench_web
+
+    if server == "nginx" and nginx_binary() is None:
+        pytest.skip("nginx is not installed")
+    with start_bench_web(seed=3, hosts=6, pages_per_host=6, server=server, workers=1, directory=tmp_path / "site",
+                         odd_link_fraction=0.2) as web:
+        graph = web.graph
+        assert graph.markup == "real"
+        exp = graph.expected(port=web.port)
+        moved = next(iter(exp.redirects.items()))
+        missing = next(u for u, status in exp.statuses.items() if status == 404)
+        with httpx.Client() as client:
+            def get(url: str) -> httpx.Response:
+                scheme, rest = url.split("://", 1)
+                host, _, path = rest.partition("/")
+                return client.get(f"http://127.0.0.1:{web.port}/{path}", headers={"Host": host.split(":")[0]})
+
+            page = next(u for u in sorted(exp.pages) if u.endswith("/p/2.html"))
+            r = get(page)
+            host = page.split("/")[2].split(":")[0]
+            assert r.status_code == 200 and r.content == render(graph, graph.resource(host, "/p/2.html"), web.port).body
+            r = get(moved[0])
+            assert r.status_code == 301
+            assert urljoin(moved[0], r.headers["location"]) == moved[1]
+            assert get(missing).status_code == 404
