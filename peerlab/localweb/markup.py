@@ -20,7 +20,8 @@ import random
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 
-__all__ = ["MEDIAN_PAGE_BYTES", "PAGE_BYTES_SIGMA", "link_count", "page_size", "render_page"]
+__all__ = ["INLINE_LINKS_SIGMA", "MEDIAN_INLINE_LINKS", "MEDIAN_PAGE_BYTES", "PAGE_BYTES_SIGMA", "host_shape", "link_count",
+           "page_size", "render_page"]
 
 #: Median and log-normal sigma of a generated page's size (docs/localweb.md gives the source).
 MEDIAN_PAGE_BYTES = 24_000
