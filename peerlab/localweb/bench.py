@@ -35,7 +35,7 @@ _READY_TIMEOUT = 20.0
 #: The wide web (issue 19's shape, docs/localweb.md "The benchmark web"): 2,000 hosts x 50 pages, log-normal
 #: pages of median 14 KB and mean 16.8 KB (mean / median = exp(sigma^2 / 2)), 24-36 links with 20% to other
 #: hosts, 31 hosts per loopback address, 5% of the hosts asking for Crawl-delay 2. `start_bench_web(**WIDE_WEB)`.
-WIDE_WEB: dict[str, int | float] = {
+WIDE_WEB: dict[str, int | float | str] = {
     "hosts": 2000, "pages_per_host": 50, "page_bytes": 14_000, "page_bytes_sigma": 0.604,
     "links_per_page": 30, "links_spread": 6, "cross_host_fraction": 0.2,
     "crawl_delay_fraction": 0.05, "hosts_per_address": 31, "markup": "filler",

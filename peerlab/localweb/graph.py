@@ -274,11 +274,12 @@ class SiteGraph:
             template = self._templates[index] = self._host_template(spec)
         doc, nav, footer = template
         links: list[Link] = []
+        fixed: tuple[Link, ...] = ()
         if doc:
             assert self.corpus is not None
             d = rng.randrange(len(self.corpus.documents))
             document = self.corpus.documents[d]
-            count, size, fixed = document.link_slots, document.size, ()
+            count, size = document.link_slots, document.size
         else:
             d = -1
             count = _markup.link_count(rng, len(nav), len(footer)) - len(nav) - len(footer)

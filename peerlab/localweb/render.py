@@ -81,10 +81,10 @@ def _html(graph: SiteGraph, res: Resource, port: int) -> str:
         extra = hrefs[document.link_slots:]  # a feature web's hub links to its feature hosts
         if not extra:
             return page
-        items = "".join(f'<li><a href="{html.escape(h)}">{html.escape(h)}</a></li>' for h in extra)
+        extra_items = "".join(f'<li><a href="{html.escape(h)}">{html.escape(h)}</a></li>' for h in extra)
         at = page.rfind("</body>")
         at = len(page) if at < 0 else at
-        return page[:at] + f"<ul>{items}</ul>\n" + page[at:]
+        return page[:at] + f"<ul>{extra_items}</ul>\n" + page[at:]
     if res.markup == "gen":
         return render_page(seed=graph.seed, key=f"{res.host}{res.path}", host=res.host,
                            size=res.size, nav=res.nav, footer=res.footer,
