@@ -434,12 +434,10 @@ def main() -> None:
                         "crawls the same web after each of ours, and the ratio of CPU per page is printed")
     p.add_argument("--repeat", type=int, default=1, help="runs of each store (and of the baseline), in turn")
     p.add_argument("--wide-web", action="store_true",
-                   help="with --filler: the filler wide web's shape: 2,000 hosts x 50 pages, log-normal pages of median "
+                   help="with --filler: the filler wide web's shape (alone: the real-markup web, as wide already): 2,000 hosts x 50 pages, log-normal pages of median "
                         "14 KB (mean 16.8 KB), 24-36 links (80%% on the same host), 31 hosts per address, 5%% Crawl-delay 2")
     args = p.parse_args()
-    if args.wide_web and not args.filler:
-        p.error("--wide-web is a shape of the filler web: use it with --filler (the real-markup web is as wide)")
-    real = not args.filler
+    real = not args.filler  # --wide-web alone: the real-markup web is already that wide (REAL_WEB)
     defaults = ({"hosts": REAL_WEB["hosts"], "cross_host": REAL_WEB["cross_host_fraction"],
                  "crawl_delay_fraction": REAL_WEB["crawl_delay_fraction"],
                  "hosts_per_address": REAL_WEB["hosts_per_address"]} if real else
@@ -447,7 +445,7 @@ def main() -> None:
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    if args.wide_web:
+    if args.wide_web and not real:
         w = WIDE_WEB
         args.hosts, args.pages_per_host, args.page_bytes, args.page_sigma = (
             w["hosts"], w["pages_per_host"], w["page_bytes"], w["page_bytes_sigma"])
