@@ -27,18 +27,61 @@ from pathlib import Path
 from .graph import SiteGraph, loopback_address
 from .static import read_stamp, write_site
 
-__all__ = ["WIDE_WEB", "BenchWeb", "nginx_binary", "nginx_config", "start_bench_web"]
+__all__ = ["REAL_WEB", "WIDE_WEB", "BenchWeb", "RealPage", "nginx_binary", "nginx_config", "real_pages",
+           "start_bench_web"]
 
 _READY_TIMEOUT = 20.0
 
 #: The wide web (issue 19's shape, docs/localweb.md "The benchmark web"): 2,000 hosts x 50 pages, log-normal
 #: pages of median 14 KB and mean 16.8 KB (mean / median = exp(sigma^2 / 2)), 24-36 links with 20% to other
 #: hosts, 31 hosts per loopback address, 5% of the hosts asking for Crawl-delay 2. `start_bench_web(**WIDE_WEB)`.
-WIDE_WEB: dict[str, int | float] = {
+WIDE_WEB: dict[str, int | float | str] = {
     "hosts": 2000, "pages_per_host": 50, "page_bytes": 14_000, "page_bytes_sigma": 0.604,
     "links_per_page": 30, "links_spread": 6, "cross_host_fraction": 0.2,
-    "crawl_delay_fraction": 0.05, "hosts_per_address": 31,
+    "crawl_delay_fraction": 0.05, "hosts_per_address": 31, "markup": "filler",
 }
+
+#: The real-markup web (docs/localweb.md "Pages that look like the web"), the benchmarks' default: 2,000 hosts x
+#: 50 pages, a fifth of the hosts serving python3-doc's documents (when installed) and the rest generated pages
+#: built like real ones (log-normal sizes of median 24 KB, navigation, links inside the text, scripts, styles,
+#: tables, code); 20% of the links to other hosts, 2% to missing pages, moved pages (301) and names that do not
+#: resolve; 31 hosts per address, 5% of the hosts asking for Crawl-delay 2. `start_bench_web(**REAL_WEB)`.
+REAL_WEB: dict[str, int | float | str] = {
+    "hosts": 2000, "pages_per_host": 50, "markup": "real", "doc_fraction": 0.2, "odd_link_fraction": 0.02,
+    "cross_host_fraction": 0.2, "crawl_delay_fraction": 0.05, "hosts_per_address": 31,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RealPage:
+    """A page of the real-markup web as served: its URL, body, and the normalized URLs of the links the oracle
+    follows from it (what a correct link extractor finds, leaving out the page's own URL)."""
+
+    url: str
+    body: bytes
+    links: frozenset[str]
+    markup: str
+
+
+def real_pages(count: int, *, seed: int = 1, port: int = 8080, sample_seed: int = 0) -> Iterator[RealPage]:
+    """``count`` pages of REAL_WEB (``seed``), drawn at random (``sample_seed``) over its hosts and pages, for
+    benchmarks of the page path (parse, link extraction, URL resolution, WARC) on real markup."""
+    import random
+
+    from .graph import page_path
+    from .model import make_url
+    from .render import render
+
+    shape = {k: v for k, v in REAL_WEB.items() if k != "hosts_per_address"}
+    graph = SiteGraph.generate(seed=seed, features=False, seed_hosts=10, **shape)  # type: ignore[arg-type]
+    rng = random.Random(sample_seed)
+    for _ in range(count):
+        spec = graph.hosts[rng.randrange(len(graph.hosts))]
+        res = graph.resource(spec.name, page_path(rng.randrange(graph.pages_per_host)))
+        assert res is not None
+        url = make_url(res.host, res.path, port)
+        links = frozenset(make_url(link.host, link.path, port) for link in res.links) - {url}
+        yield RealPage(url=url, body=render(graph, res, port).body, links=links, markup=res.markup)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -69,6 +112,7 @@ def nginx_config(*, prefix: Path, site: Path, port: int, workers: int, addresses
     # "nobody", who cannot read a private temp directory).
     user = f"user {pwd.getpwuid(os.getuid()).pw_name};" if os.geteuid() == 0 else ""
     listen = "\n".join(f"        listen {address}:{port} backlog=4096;" for address in addresses)
+    # /r/N is a moved page of the real-markup web: 301 to /p/N.html, as SiteGraph.resource says.
     return f"""
 {user}
 worker_processes {workers};
@@ -98,6 +142,8 @@ http {{
         server_name _;
         root {site}/$host;
         index index.html;
+        absolute_redirect off;
+        location ~ "^/r/([1-9][0-9]*)$" {{ return 301 /p/$1.html; }}
     }}
 }}
 """
@@ -170,6 +216,9 @@ def start_bench_web(
     links_spread: int = 0,
     crawl_delay_fraction: float = 0.0,
     hosts_per_address: int = 0,
+    markup: str = "real",
+    doc_fraction: float = 0.2,
+    odd_link_fraction: float = 0.02,
 ) -> Iterator[BenchWeb]:
     """Start the benchmark web; stop it (by PID) on exit.
 
@@ -177,6 +226,10 @@ def start_bench_web(
     to other hosts; pages log-normal around the median ``page_bytes`` when ``page_bytes_sigma`` > 0; a
     ``crawl_delay_fraction`` of the hosts ask for Crawl-delay 2; with nginx and ``hosts_per_address`` > 0 the
     hosts share loopback addresses in groups of that size (the Python servers listen on 127.0.0.1 only).
+    ``markup`` is ``"real"`` (pages built like the web's, python3-doc's documents on ``doc_fraction`` of the
+    hosts, ``odd_link_fraction`` of the links to 404s, 301s and names that do not resolve; ``page_bytes``,
+    ``page_bytes_sigma``, ``links_per_page`` and ``links_spread`` do not apply) or ``"filler"`` (a list of
+    links and filler text: the old benchmark web, kept to compare with).
 
     ``server`` is ``"nginx"``, ``"python"`` or ``"auto"`` (nginx when installed). The static site is cached
     in ``directory`` (default: a folder under the temp dir named by the parameters) and reused when the
@@ -192,7 +245,8 @@ def start_bench_web(
     graph = SiteGraph.generate(seed=seed, hosts=hosts, pages_per_host=pages_per_host, links_per_page=links_per_page,
                                page_bytes=page_bytes, features=False, seed_hosts=min(hosts, 10),
                                cross_host_fraction=cross_host_fraction, page_bytes_sigma=page_bytes_sigma,
-                               links_spread=links_spread, crawl_delay_fraction=crawl_delay_fraction)
+                               links_spread=links_spread, crawl_delay_fraction=crawl_delay_fraction,
+                               markup=markup, doc_fraction=doc_fraction, odd_link_fraction=odd_link_fraction)
     spread = kind == "nginx" and hosts_per_address > 0
     zone = graph.zone(tuple(loopback_address(k) for k in range(math.ceil(hosts / hosts_per_address))) if spread
                       else ("127.0.0.1",))
@@ -205,7 +259,8 @@ def start_bench_web(
                 f"peercrawl-benchweb-{seed}-{hosts}x{pages_per_host}-{links_per_page}-{page_bytes}"
                 + (f"-{cross_host_fraction:g}-{page_bytes_sigma:g}-{links_spread}-{crawl_delay_fraction:g}"
                    if (cross_host_fraction, page_bytes_sigma, links_spread, crawl_delay_fraction) != (0.3, 0, 0, 0)
-                   else ""))
+                   else "")
+                + (f"-real-{doc_fraction:g}-{odd_link_fraction:g}-{graph.doc_hosts}" if markup == "real" else ""))
             stamp = read_stamp(site)
             old_port = stamp.get("port") if stamp else None
             if isinstance(old_port, int) and _port_free(old_port):
@@ -235,6 +290,8 @@ def start_bench_web(
             cmd = [sys.executable, "-m", "peerlab.localweb.server", "--seed", str(seed), "--hosts", str(hosts),
                    "--pages-per-host", str(pages_per_host), "--links-per-page", str(links_per_page),
                    "--page-bytes", str(page_bytes), "--no-features", "--seed-hosts", str(min(hosts, 10)),
+                   "--cross-host-fraction", str(cross_host_fraction), "--markup", markup,
+                   "--doc-fraction", str(doc_fraction), "--odd-link-fraction", str(odd_link_fraction),
                    "--port", str(port), "--reuse-port"]
             for _ in range(max(1, workers)):
                 proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)

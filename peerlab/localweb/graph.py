@@ -14,6 +14,8 @@ import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 from .features import MIN_FEATURE_HOSTS, TRAP_PREFIX, build_features
+from . import markup as _markup
+from .corpus import Corpus, load_corpus
 from .model import PORT, HostSpec, Link, Resource, idna_host, make_url, norm_path
 from .oracle import DEFAULT_SKIP_SUFFIXES, Expected, TrapGuard, expected
 from .robots_spec import RobotsGroup, RobotsSpec, Rule
@@ -22,6 +24,12 @@ from .structured import StructuredTruth, build_structured
 __all__ = ["SiteGraph", "loopback_address", "page_path"]
 
 _PAGE = re.compile(r"/p/([1-9][0-9]*)\.html")
+_MOVED = re.compile(r"/r/([1-9][0-9]*)")
+#: Names under the web's domain that no DNS server answers: links of the real-markup web go there sometimes.
+NX_LABELS = ("gone", "old-shop", "cdn-legacy", "typo-domain")
+#: Missing pages (/p/N.html past the last) and moved pages (/r/N) each host of the real-markup web links to.
+DEAD_PER_HOST = 2
+MOVED_PER_HOST = 3
 _TRAP_TAIL = re.compile(r"(?:a/)*")
 #: Seconds the slow page waits before answering: noticeable, yet far under any sane read timeout.
 DEFAULT_SLOW_DELAY = 1.0
@@ -64,6 +72,10 @@ class SiteGraph:
         trap_host: str | None,
         page_bytes_sigma: float = 0.0,
         links_spread: int = 0,
+        markup: str = "filler",
+        doc_fraction: float = 0.0,
+        odd_link_fraction: float = 0.0,
+        corpus: Corpus | None = None,
     ) -> None:
         self.seed = seed
         self.domain = domain
@@ -76,6 +88,12 @@ class SiteGraph:
         # uniform in links_per_page +- links_spread.
         self.page_bytes_sigma = page_bytes_sigma
         self.links_spread = links_spread
+        # "filler": a <ul> of links and filler words; "real": pages built like the web's (markup.py), and on
+        # a doc_fraction of the hosts the real documents of python3-doc (corpus.py) when it is installed.
+        self.markup = markup
+        self.corpus = corpus
+        self.doc_fraction = doc_fraction if corpus is not None else 0.0
+        self.odd_link_fraction = odd_link_fraction
         self.features = features
         self.seed_hosts = seed_hosts
         self.nxdomain = nxdomain
@@ -88,6 +106,8 @@ class SiteGraph:
         self._links: dict[tuple[int, int, int], Link] = {}
         #: what the structured pages hold (``generate(structured=True)``), None without them
         self.structured: StructuredTruth | None = None
+        # Real-markup web: host index -> (serves documents, navigation links, footer links).
+        self._templates: dict[int, tuple[bool, tuple[Link, ...], tuple[Link, ...]]] = {}
 
     @classmethod
     def generate(
@@ -109,6 +129,10 @@ class SiteGraph:
         crawl_delay_fraction: float = 0.0,
         crawl_delay: float = 2.0,
         structured: bool = False,
+        markup: str = "filler",
+        doc_fraction: float = 0.2,
+        odd_link_fraction: float = 0.02,
+        corpus_root: str | None = None,
     ) -> SiteGraph:
         """Generate the web for ``seed``; the same arguments always give the same web. ``structured`` adds the
         pages of `peerlab.localweb.structured` under the hub (off: the web is unchanged)."""
@@ -123,6 +147,11 @@ class SiteGraph:
         if page_bytes_sigma < 0 or not 0 <= links_spread <= links_per_page or not 0.0 <= crawl_delay_fraction <= 1.0:
             raise ValueError("page_bytes_sigma >= 0, 0 <= links_spread <= links_per_page and crawl_delay_fraction "
                              "within [0, 1] are required")
+        if markup not in ("filler", "real"):
+            raise ValueError(f"markup must be 'filler' or 'real', got {markup!r}")
+        if not 0.0 <= doc_fraction <= 1.0 or not 0.0 <= odd_link_fraction <= 0.5:
+            raise ValueError("doc_fraction must be within [0, 1] and odd_link_fraction within [0, 0.5]")
+        corpus = load_corpus(corpus_root) if markup == "real" else None
         domain = idna_host(domain)
         specs = [cls._plain_host(seed, i, domain, features, crawl_delay_fraction, crawl_delay) for i in range(hosts)]
         resources: dict[tuple[str, str], Resource] = {}
@@ -151,7 +180,8 @@ class SiteGraph:
             links_per_page=links_per_page, cross_host_fraction=cross_host_fraction, page_bytes=page_bytes,
             features=features, seed_hosts=seed_hosts, resources=resources, extra_links=extra,
             feature_urls=feature_urls, nxdomain=nxdomain, trap_host=trap_host, page_bytes_sigma=page_bytes_sigma,
-            links_spread=links_spread,
+            links_spread=links_spread, markup=markup, doc_fraction=doc_fraction,
+            odd_link_fraction=odd_link_fraction if markup == "real" else 0.0, corpus=corpus,
         )
         graph.structured = truth
         return graph
@@ -195,12 +225,21 @@ class SiteGraph:
         if m is not None:
             j = int(m.group(1))
             return self._page(spec, j) if j < self.pages_per_host else None
+        if self.odd_link_fraction:
+            m = _MOVED.fullmatch(path)
+            if m is not None and int(m.group(1)) < self.pages_per_host:
+                # A moved page: /r/N answers 301 to /p/N.html (nginx does the same: bench.nginx_config).
+                target = page_path(int(m.group(1)))
+                return Resource(host=host, path=path, kind="redirect", status=301, feature="moved",
+                                location=Link(host=host, path=target, href=target))
         if host == self.trap_host and path.startswith(TRAP_PREFIX) and _TRAP_TAIL.fullmatch(path[len(TRAP_PREFIX):]):
             return Resource(host=host, path=path, feature="trap", links=(Link(host=host, path=path + "a/", href="a/"),))
         return None
 
     def _page(self, spec: HostSpec, j: int) -> Resource:
         rng = random.Random(f"{self.seed}:{spec.index}:{j}")
+        if self.markup == "real":
+            return self._real_page(spec, j, rng)
         rand = rng.random
         links: list[Link] = []
         n = len(self.hosts)
@@ -228,8 +267,98 @@ class SiteGraph:
             size = int(size * math.exp(rng.gauss(0.0, self.page_bytes_sigma)))
         return Resource(host=spec.name, path=page_path(j), links=tuple(links), size=size)
 
+    @property
+    def doc_hosts(self) -> int:
+        """How many hosts serve real documents (0 on the filler web or without python3-doc)."""
+        return sum(1 for spec in self.hosts if self.is_doc_host(spec.index))
+
+    def is_doc_host(self, index: int) -> bool:
+        """Whether host ``index`` serves real documents (a doc_fraction of the hosts, when the corpus is there)."""
+        return bool(self.doc_fraction) and random.Random(f"{self.seed}:doc:{index}").random() < self.doc_fraction
+
+    def _real_page(self, spec: HostSpec, j: int, rng: random.Random) -> Resource:
+        """A page of the real-markup web: a real document on a doc host, else a generated page. Its links: on a
+        generated page the host's navigation and footer (the same on every page), then the text's; on a
+        document one per link slot. A link is drawn like a filler page's, except that odd_link_fraction of them
+        go to a missing page (404), a moved one (/r/N, a 301) or a host that does not resolve."""
+        index = spec.index
+        template = self._templates.get(index)
+        if template is None:
+            template = self._templates[index] = self._host_template(spec)
+        doc, nav, footer = template
+        links: list[Link] = []
+        fixed: tuple[Link, ...] = ()
+        if doc:
+            assert self.corpus is not None
+            d = rng.randrange(len(self.corpus.documents))
+            document = self.corpus.documents[d]
+            count, size = document.link_slots, document.size
+        else:
+            d = -1
+            count = _markup.link_count(rng, len(nav), len(footer)) - len(nav) - len(footer)
+            size, fixed = _markup.page_size(rng), footer
+            links.extend(nav)
+        rand = rng.random
+        n = len(self.hosts)
+        pages = self.pages_per_host
+        cross = self.cross_host_fraction if n > 1 else 0.0
+        odd = self.odd_link_fraction
+        cache = self._links
+        for _ in range(count):
+            p = int(rand() * pages)
+            if odd and rand() < odd:
+                r = rand()
+                # A few dead and moved pages per host, linked again and again, as on a real site.
+                if r < 0.4:
+                    key = (index, pages + int(rand() * DEAD_PER_HOST), 0)  # a page that is not there: 404
+                elif r < 0.8:
+                    moved = min(MOVED_PER_HOST, pages - 1)
+                    key = (index, 1 + int(rand() * moved), 5) if moved > 0 else (index, 0, 0)
+                else:
+                    key = (int(rand() * len(NX_LABELS)), p, 6)
+            elif rand() < cross:
+                t = int(rand() * (n - 1))
+                key = (t + (t >= index), p, 3)
+            else:
+                key = (index, p, 0 if p == 0 or rand() < 0.5 else (1 if j == 0 else 2))
+            link = cache.get(key)
+            if link is None:
+                link = cache[key] = self._make_link(*key)
+            links.append(link)
+        links.extend(fixed)
+        links.extend(self._extra_links.get((spec.name, page_path(j)), ()))
+        return Resource(host=spec.name, path=page_path(j), links=tuple(links), size=size,
+                        markup="doc" if doc else "gen", doc=d, nav=len(nav), footer=len(footer))
+
+    def _host_template(self, spec: HostSpec) -> tuple[bool, tuple[Link, ...], tuple[Link, ...]]:
+        """Whether the host serves documents, and (for a generated site) its navigation and footer links."""
+        if self.is_doc_host(spec.index):
+            return True, (), ()
+        nav_count, footer_count = _markup.host_shape(self.seed, spec.index)
+        rng = random.Random(f"{self.seed}:template:{spec.index}")
+        pages = self.pages_per_host
+        nav = tuple(self._make_link(spec.index, 0 if k == 0 else int(rng.random() * pages), 0)
+                    for k in range(nav_count))
+        n = len(self.hosts)
+        footer = []
+        for _ in range(footer_count):
+            if n > 1 and rng.random() < 0.3:
+                t = int(rng.random() * (n - 1))
+                footer.append(self._make_link(t + (t >= spec.index), 0, 3))
+            else:
+                footer.append(self._make_link(spec.index, int(rng.random() * pages), 0))
+        return False, nav, tuple(footer)
+
     def _make_link(self, index: int, p: int, form: int) -> Link:
-        """Form 0: "/p/3.html"; 1: "p/3.html" (from the root); 2: "3.html" (from a page); 3: absolute."""
+        """Form 0: "/p/3.html"; 1: "p/3.html" (from the root); 2: "3.html" (from a page); 3: absolute;
+        5: "/r/3" (a moved page); 6: absolute, to NX_LABELS[index] under the domain (does not resolve)."""
+        if form == 5:
+            path = f"/r/{p}"
+            return Link(host=self.hosts[index].name, path=path, href=path, text=f"moved {p}")
+        if form == 6:
+            target = f"{NX_LABELS[index]}.{self.domain}"
+            path = page_path(p)
+            return Link(host=target, path=path, href=f"http://{target}:{PORT}{path}", text=target)
         target = self.hosts[index].name
         path = page_path(p)
         if form == 3:
@@ -305,5 +434,5 @@ class SiteGraph:
 
     def __repr__(self) -> str:
         return (f"SiteGraph(seed={self.seed}, hosts={len(self.hosts)}, pages_per_host={self.pages_per_host}, "
-                f"features={self.features})")
+                f"features={self.features}, markup={self.markup!r})")
 

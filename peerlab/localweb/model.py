@@ -83,7 +83,9 @@ class Resource:
     """One thing a URL answers with.
 
     ``kind`` is ``"html"``, ``"redirect"``, ``"binary"``, ``"huge"`` (a streamed body of ``size`` bytes)
-    or ``"missing"`` (404 / 410 with a short body). ``first_status`` (429 or 503) is what the very first
+    or ``"missing"`` (404 / 410 with a short body). ``markup`` says how an ordinary page is written: ``""``
+    (a list of its links and filler text), ``"gen"`` (generated like a real page, with ``nav`` navigation and
+    ``footer`` footer links first and last) or ``"doc"`` (real document ``doc`` of the graph's corpus). ``first_status`` (429 or 503) is what the very first
     request gets, with ``Retry-After: retry_after``; later requests get ``status``. ``delay`` seconds pass
     before the answer starts. ``charset`` is the body's encoding; ``declare`` says where it is named:
     ``"header"`` (Content-Type), ``"meta"`` (``<meta charset>``) or ``"none"``; ``charset_label`` is the
@@ -110,6 +112,10 @@ class Resource:
     retry_after: int = 1
     size: int = 0
     body: bytes = b""
+    markup: str = ""
+    doc: int = -1
+    nav: int = 0
+    footer: int = 0
 
     @property
     def follows_links(self) -> bool:

@@ -1,6 +1,8 @@
 """Turning resources into HTTP answers: status, headers and body bytes, for a given port.
 
-Shared by the live server and the static writer so both serve the very same bytes. Page padding comes
+Shared by the live server and the static writer so both serve the very same bytes. Pages of the real-markup
+web are written by ``markup.render_page`` (generated) or ``corpus.Document.render`` (python3-doc's pages);
+on the filler web, page padding comes
 from one filler text per graph (sliced at a place fixed by the URL), which keeps rendering cheap for
 tens of thousands of pages while every page stays distinct and deterministic.
 """
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from .model import Resource
+from .markup import render_page
+from .model import Resource, make_url
 
 if TYPE_CHECKING:
     from .graph import SiteGraph
@@ -70,6 +73,22 @@ def _pad(seed: int, key: str, n: int) -> str:
 
 
 def _html(graph: SiteGraph, res: Resource, port: int) -> str:
+    if res.markup == "doc":
+        assert graph.corpus is not None
+        document = graph.corpus.documents[res.doc]
+        hrefs = [link.render_href(port) for link in res.links]
+        page = document.render(hrefs[: document.link_slots], make_url(res.host, res.path, port))
+        extra = hrefs[document.link_slots:]  # a feature web's hub links to its feature hosts
+        if not extra:
+            return page
+        extra_items = "".join(f'<li><a href="{html.escape(h)}">{html.escape(h)}</a></li>' for h in extra)
+        at = page.rfind("</body>")
+        at = len(page) if at < 0 else at
+        return page[:at] + f"<ul>{extra_items}</ul>\n" + page[at:]
+    if res.markup == "gen":
+        return render_page(seed=graph.seed, key=f"{res.host}{res.path}", host=res.host,
+                           size=res.size, nav=res.nav, footer=res.footer,
+                           hrefs=[link.render_href(port) for link in res.links])
     head = []
     label = res.charset_label or res.charset
     if res.declare == "meta":

@@ -388,6 +388,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cross-host-fraction", type=float, default=0.3)
     p.add_argument("--page-bytes", type=int, default=2000)
     p.add_argument("--no-features", action="store_true", help="only ordinary pages (the benchmark web)")
+    p.add_argument("--markup", choices=("filler", "real"), default="filler",
+                   help="pages: a list of links and filler words, or built like real pages (docs/localweb.md)")
+    p.add_argument("--doc-fraction", type=float, default=0.2,
+                   help="with --markup real: share of hosts serving python3-doc's documents (when installed)")
+    p.add_argument("--odd-link-fraction", type=float, default=0.02,
+                   help="with --markup real: share of links to 404s, 301s and names that do not resolve")
     p.add_argument("--domain", default="web.test")
     p.add_argument("--seed-hosts", type=int, default=1)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -404,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed, hosts=args.hosts, pages_per_host=args.pages_per_host,
             links_per_page=args.links_per_page, cross_host_fraction=args.cross_host_fraction,
             page_bytes=args.page_bytes, features=not args.no_features, domain=args.domain,
-            seed_hosts=args.seed_hosts,
+            seed_hosts=args.seed_hosts, markup=args.markup, doc_fraction=args.doc_fraction,
+            odd_link_fraction=args.odd_link_fraction,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

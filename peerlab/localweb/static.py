@@ -38,6 +38,9 @@ def site_stamp(graph: SiteGraph, port: int) -> dict[str, object]:
         "cross_host_fraction": graph.cross_host_fraction,
         "page_bytes": graph.page_bytes,
         "domain": graph.domain,
+        "markup": graph.markup,
+        "doc_hosts": graph.doc_hosts,
+        "odd_link_fraction": graph.odd_link_fraction,
         "port": port,
     }
 

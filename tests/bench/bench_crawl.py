@@ -1,10 +1,14 @@
 """One node crawling the benchmark web, beside Scrapy crawling the same web in the same run.
 
-Run: ``python -m tests.bench.bench_crawl [--hosts 1000] [--pages-per-host 50] [--scrapy-pages 5000]
-[--skip-scrapy] [--stores warc,none] [--py-spy]``
+Run: ``python -m tests.bench.bench_crawl [--hosts 2000] [--pages-per-host 50] [--scrapy-pages 10000]
+[--skip-scrapy] [--stores warc,none] [--py-spy] [--filler [--wide-web]]``
 
-The web is ``peerlab.localweb.bench`` (nginx serving ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with
-about 30 links each); the host names are served by ``peerlab.localweb.dns_server`` in its own process. Each
+The web is ``peerlab.localweb.bench`` serving the real-markup web by default (``REAL_WEB``: 2,000 hosts x 50
+pages built like real ones, python3-doc's documents on a fifth of the hosts when the package is installed;
+docs/localweb.md "Pages that look like the web"). ``--filler`` serves the old filler web instead (``--hosts`` x
+``--pages-per-host`` pages of a list of links and filler words, about 15 KB with about 30 links; with
+``--wide-web`` the filler wide web); its figures are labelled FILLER in the output and say nothing about real
+pages. The host names are served by ``peerlab.localweb.dns_server`` in its own process. Each
 crawler runs as its own process and is measured from outside the same way: wall time from start to exit,
 user+system CPU and peak RSS from ``os.wait4`` (the kernel's rusage of the exited child), pages from its
 own final counters. Crawlers:
@@ -18,8 +22,9 @@ own final counters. Crawlers:
   its ``DNS_RESOLVER`` is a small class answering from the bench zone in process (no lookup cost at all:
   that favours Scrapy slightly). It stores nothing, so compare it with the ``none`` run as well.
 
-Printed: pages, wall s, pages/s, CPU ms/page, peak RSS MiB for each, the web's CPU per request, and the
-ratios against Scrapy. Targets (issue 3): >= 10x Scrapy's pages per CPU-second (<= 1.4 ms CPU per page) and
+Printed: the web (real markup or FILLER), then pages, wall s, pages/s, CPU ms/page, peak RSS MiB for each, the
+web's CPU per request, and the ratios against Scrapy measured in the same run: pages per CPU-second and CPU ms
+per page (Scrapy's over ours), and pages/s. Targets (issue 3): >= 10x Scrapy's pages per CPU-second (<= 1.4 ms CPU per page) and
 >= 700 pages/s for one node. Results go to ``--results-dir`` as JSON. ``--py-spy`` also records the node with
 py-spy (``pip install py-spy``) into the results dir; its sampling costs CPU, so those runs are slower.
 
@@ -47,7 +52,7 @@ from typing import Any
 
 import psutil
 
-from peerlab.localweb.bench import WIDE_WEB, BenchWeb, start_bench_web
+from peerlab.localweb.bench import REAL_WEB, WIDE_WEB, BenchWeb, start_bench_web
 
 BENCH_DOMAIN = "web.test"
 TARGET_CPU_RATIO = 10.0
@@ -342,8 +347,9 @@ def _derive(r: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
-def report(rows: list[dict[str, Any]], scrapy: dict[str, Any] | None) -> list[str]:
-    out = [(f"{'crawler':24} {'pages':>7} {'+robots':>7} {'wall s':>7} {'pages/s':>8} {'CPU ms/page':>12} "
+def report(rows: list[dict[str, Any]], scrapy: dict[str, Any] | None, web_label: str = "") -> list[str]:
+    out = [f"web: {web_label}"] if web_label else []
+    out += [(f"{'crawler':24} {'pages':>7} {'+robots':>7} {'wall s':>7} {'pages/s':>8} {'CPU ms/page':>12} "
             f"{'CPU ms/req':>11} {'peak RSS MiB':>13} {'web CPU us/req':>15}")]
     for r in rows + ([scrapy] if scrapy else []):
         out.append(f"{r['name']:24} {r['pages']:7d} {r['robots']:7d} {r['wall_s']:7.1f} {r['pages_per_s']:8.0f} "
@@ -356,8 +362,9 @@ def report(rows: list[dict[str, Any]], scrapy: dict[str, Any] | None) -> list[st
             ratio = r["pages_per_cpu_s"] / scrapy["pages_per_cpu_s"]
             r["cpu_ratio_vs_scrapy"] = ratio
             r["rate_ratio_vs_scrapy"] = r["pages_per_s"] / scrapy["pages_per_s"]
-            line += (f"; {ratio:.1f}x Scrapy's pages per CPU-second (target >= {TARGET_CPU_RATIO:.0f}x), "
-                     f"{r['rate_ratio_vs_scrapy']:.1f}x its pages/s")
+            line += (f"; {ratio:.1f}x Scrapy's pages per CPU-second (target >= {TARGET_CPU_RATIO:.0f}x; Scrapy "
+                     f"spends {scrapy['cpu_ms_per_page']:.2f} ms CPU/page, {scrapy['cpu_ms_per_page'] / r['cpu_ms_per_page']:.1f}x "
+                     f"ours), {r['rate_ratio_vs_scrapy']:.1f}x its pages/s")
         out.append(line)
     return out
 
@@ -378,15 +385,32 @@ def versus_baseline(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _web_label(web: BenchWeb) -> str:
+    """What the crawlers crawl, as printed above every figure: the real-markup web (and whether python3-doc's
+    documents are in it) or the FILLER web."""
+    g = web.graph
+    if g.markup != "real":
+        return (f"FILLER web ({len(g.hosts)} hosts x {g.pages_per_host} pages of a link list and filler words: "
+                "not like real pages)")
+    docs = (f"{g.doc_hosts} hosts serving python3-doc's documents from {g.corpus.root}" if g.corpus is not None
+            else "python3-doc not installed: generated pages only (apt-get install python3-doc)")
+    return f"real-markup web ({len(g.hosts)} hosts x {g.pages_per_host} pages; {docs})"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m tests.bench.bench_crawl", description=__doc__.split("\n\n")[0])
-    p.add_argument("--hosts", type=int, default=1000)
+    p.add_argument("--hosts", type=int, default=None, help="default: REAL_WEB's 2,000 (1,000 with --filler)")
     p.add_argument("--pages-per-host", type=int, default=50)
+    p.add_argument("--filler", action="store_true",
+                   help="the filler web (a list of links and filler words per page) instead of the real-markup web; "
+                        "its figures are labelled FILLER")
+    p.add_argument("--doc-fraction", type=float, default=float(REAL_WEB["doc_fraction"]),
+                   help="real-markup web: share of hosts serving python3-doc's documents")
     p.add_argument("--links-per-page", type=int, default=30)
     p.add_argument("--page-bytes", type=int, default=15_000)
     p.add_argument("--concurrency", type=int, default=256, help="fetches in flight, both crawlers")
     p.add_argument("--stores", default="warc,none", help="comma-separated peercrawl runs: warc, none")
-    p.add_argument("--scrapy-pages", type=int, default=5000, help="Scrapy's CLOSESPIDER_PAGECOUNT")
+    p.add_argument("--scrapy-pages", type=int, default=10000, help="Scrapy's CLOSESPIDER_PAGECOUNT")
     p.add_argument("--skip-scrapy", action="store_true")
     p.add_argument("--time-limit", type=float, default=600.0, help="seconds per crawl before SIGTERM")
     p.add_argument("--results-dir", default="bench-results")
@@ -396,23 +420,34 @@ def main() -> None:
     p.add_argument("--py-spy-gil", action="store_true",
                    help="with --py-spy: sample the node twice, running threads and the GIL's holder only, and "
                         "print the share of the node's running samples that held the GIL")
-    p.add_argument("--cross-host", type=float, default=0.3, help="fraction of a page's links to other hosts")
+    p.add_argument("--cross-host", type=float, default=None,
+                   help="fraction of a page's links to other hosts (default 0.2 real markup, 0.3 filler)")
     p.add_argument("--node-cpus", default="", help="run the node under taskset -c CPUS (e.g. 0 for one core)")
     p.add_argument("--page-threads", type=int, default=0, help="the node's --page-threads")
     p.add_argument("--page-processes", type=int, default=0, help="the node's --page-processes")
     p.add_argument("--page-sigma", type=float, default=0.0, help="log-normal sigma of page sizes (0: all equal)")
     p.add_argument("--links-spread", type=int, default=0, help="links per page vary by +- this much")
-    p.add_argument("--crawl-delay-fraction", type=float, default=0.0, help="hosts asking for Crawl-delay 2")
-    p.add_argument("--hosts-per-address", type=int, default=0, help="hosts sharing one loopback address (0: all)")
+    p.add_argument("--crawl-delay-fraction", type=float, default=None,
+                   help="hosts asking for Crawl-delay 2 (default 0.05 real markup, 0 filler)")
+    p.add_argument("--hosts-per-address", type=int, default=None,
+                   help="hosts sharing one loopback address (0: all; default 31 real markup, 0 filler)")
     p.add_argument("--baseline", default="",
                    help="a source tree of the code to compare with (e.g. `git archive main`, unpacked): its node "
                         "crawls the same web after each of ours, and the ratio of CPU per page is printed")
     p.add_argument("--repeat", type=int, default=1, help="runs of each store (and of the baseline), in turn")
     p.add_argument("--wide-web", action="store_true",
-                   help="the wide web's shape: 2,000 hosts x 50 pages, log-normal pages of median 14 KB (mean "
-                        "16.8 KB), 24-36 links (80%% on the same host), 31 hosts per address, 5%% Crawl-delay 2")
+                   help="with --filler: the filler wide web's shape (alone: the real-markup web, as wide already): 2,000 hosts x 50 pages, log-normal pages of median "
+                        "14 KB (mean 16.8 KB), 24-36 links (80%% on the same host), 31 hosts per address, 5%% Crawl-delay 2")
     args = p.parse_args()
-    if args.wide_web:
+    real = not args.filler  # --wide-web alone: the real-markup web is already that wide (REAL_WEB)
+    defaults = ({"hosts": REAL_WEB["hosts"], "cross_host": REAL_WEB["cross_host_fraction"],
+                 "crawl_delay_fraction": REAL_WEB["crawl_delay_fraction"],
+                 "hosts_per_address": REAL_WEB["hosts_per_address"]} if real else
+                {"hosts": 1000, "cross_host": 0.3, "crawl_delay_fraction": 0.0, "hosts_per_address": 0})
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.wide_web and not real:
         w = WIDE_WEB
         args.hosts, args.pages_per_host, args.page_bytes, args.page_sigma = (
             w["hosts"], w["pages_per_host"], w["page_bytes"], w["page_bytes_sigma"])
@@ -435,7 +470,11 @@ def main() -> None:
                              links_per_page=args.links_per_page, page_bytes=args.page_bytes,
                              cross_host_fraction=args.cross_host, page_bytes_sigma=args.page_sigma,
                              links_spread=args.links_spread, crawl_delay_fraction=args.crawl_delay_fraction,
-                             hosts_per_address=args.hosts_per_address) as web:
+                             hosts_per_address=args.hosts_per_address, markup="real" if real else "filler",
+                             doc_fraction=args.doc_fraction, odd_link_fraction=float(REAL_WEB["odd_link_fraction"]),
+                             ) as web:
+            web_label = _web_label(web)
+            print(f"web: {web_label}", flush=True)
             dns, dns_port = _start_dns(web.zone, workdir)
             try:
                 total = args.hosts * args.pages_per_host
@@ -456,10 +495,10 @@ def main() -> None:
                 _stop(dns)
     print(f"load average during the run (1/5 min): {os.getloadavg()[0]:.1f} / {os.getloadavg()[1]:.1f} "
           f"on {os.cpu_count()} cores")
-    lines = report(rows, scrapy) + versus_baseline(rows)
+    lines = report(rows, scrapy, web_label) + versus_baseline(rows)
     print("\n".join(lines))
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    doc = {"bench": "bench_crawl", "time": stamp, "args": vars(args), "cpu_count": os.cpu_count(),
+    doc = {"bench": "bench_crawl", "time": stamp, "web": web_label, "args": vars(args), "cpu_count": os.cpu_count(),
            "loadavg": os.getloadavg(), "peercrawl": rows, "scrapy": scrapy, "summary": lines}
     for name in (f"bench_crawl-{stamp}.json", "bench_crawl.json"):
         (results / name).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")

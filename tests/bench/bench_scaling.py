@@ -30,9 +30,10 @@ the source tree SRC (put first on PYTHONPATH; say an unpacked ``git archive main
 one run.
 
 The web is ``peerlab.localweb.bench`` (nginx, ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with about 30
-links each, 30% to other hosts; its names come from ``peerlab.localweb.dns_server``); ``--wide-web`` crawls
-issue 19's wide web instead (``WIDE_WEB``: 2,000 hosts x 50 pages, log-normal pages of median 14 KB, 24-36
-links with 20% to other hosts, 31 hosts per address, 5% of hosts with Crawl-delay 2). First one node crawls it to the end
+links each, 30% to other hosts, real markup unless ``--filler``; its names come from ``peerlab.localweb.dns_server``);
+``--wide-web`` crawls the real-markup web instead (``REAL_WEB``: 2,000 hosts x 50 pages built like real ones,
+python3-doc's documents on a fifth of the hosts, 20% of links to other hosts, 31 hosts per address, 5% of hosts
+with Crawl-delay 2; docs/localweb.md), and ``--wide-web --filler`` the filler wide web (``WIDE_WEB``). First one node crawls it to the end
 (``--exit-when-done``); then two nodes of equal weight (the second joins the first) crawl a fresh copy of the
 same crawl, each process with its own data dir. Measured from outside: wall time from the first start to the
 last exit, CPU of each node from its rusage, pages from each node's final counters. The figure is the ratio of
@@ -57,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from peer.control import auth_headers
-from peerlab.localweb.bench import WIDE_WEB, BenchWeb, start_bench_web
+from peerlab.localweb.bench import REAL_WEB, WIDE_WEB, BenchWeb, start_bench_web
 
 import psutil
 
@@ -67,11 +68,17 @@ SECRET = "bench-scaling-cluster-secret"
 
 
 def _bench_web(args: argparse.Namespace) -> contextlib.AbstractContextManager[BenchWeb]:
-    """The benchmark web of --hosts x --pages-per-host pages, or with --wide-web issue 19's wide web."""
+    """The benchmark web of --hosts x --pages-per-host pages, or with --wide-web the real-markup web (REAL_WEB;
+    with --filler the filler wide web, WIDE_WEB). Printed first, so every figure says which web it is."""
     if args.wide_web:
-        return start_bench_web(**WIDE_WEB)  # type: ignore[arg-type]
+        shape = WIDE_WEB if args.filler else REAL_WEB
+        print(f"web: {'FILLER wide web (WIDE_WEB)' if args.filler else 'real-markup web (REAL_WEB)'}", flush=True)
+        return start_bench_web(**shape)  # type: ignore[arg-type]
+    print(f"web: {'FILLER' if args.filler else 'real-markup'} web, {args.hosts} hosts x {args.pages_per_host} pages",
+          flush=True)
     return start_bench_web(hosts=args.hosts, pages_per_host=args.pages_per_host,
-                           links_per_page=args.links_per_page, page_bytes=args.page_bytes)
+                           links_per_page=args.links_per_page, page_bytes=args.page_bytes,
+                           markup="filler" if args.filler else "real")
 
 
 def _node_cmd(name: str, data: Path, seeds: Path, dns_port: int, args: argparse.Namespace,
@@ -434,8 +441,11 @@ def main() -> None:
                    help="--mode cores: the free node's --page-processes instead of page threads (0: threads); "
                         "--mode nodes (without --together): every node's --page-processes")
     p.add_argument("--wide-web", action="store_true",
-                   help="crawl issue 19's wide web instead (2,000 hosts x 50 pages, log-normal pages of median 14 KB, "
-                        "24-36 links with 20%% to other hosts, 31 hosts per address, 5%% Crawl-delay 2)")
+                   help="crawl the real-markup web instead (REAL_WEB: 2,000 hosts x 50 pages built like real ones, "
+                        "python3-doc's documents on a fifth of the hosts, 20%% of links to other hosts, 31 hosts per "
+                        "address, 5%% Crawl-delay 2); with --filler the filler wide web (WIDE_WEB)")
+    p.add_argument("--filler", action="store_true",
+                   help="the filler web (a list of links and filler words per page) instead of the real-markup one")
     args = p.parse_args()
     args.replicas = None
     if args.wide_web:

@@ -31,7 +31,8 @@ args_for() {
         bench_http) echo "--requests 5000 --seconds 30" ;;
         bench_view_change) echo "--runs 1" ;;  # docs: the default, three runs per scenario (about 4 min)
         web) echo "--requests 20000 --reference-requests 5000 --time-limit 60" ;;
-        bench_crawl) echo "--results-dir $RESULTS_DIR" ;;
+        # docs: the default, the whole real-markup web (100,000 pages, twice, then Scrapy: 10-30 min)
+        bench_crawl) echo "--hosts 400 --scrapy-pages 3000 --results-dir $RESULTS_DIR" ;;
         *) echo "" ;;
     esac
 }
