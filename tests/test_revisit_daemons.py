@@ -25,7 +25,8 @@ from peerlab.localweb.server import serve_web
 from tests.support.crawl import kill_pid
 from tests.test_steering_daemons import Daemons
 
-pytestmark = pytest.mark.slow  # real peerd processes
+# real peerd processes; one cluster of daemons at a time (deploy/test.sh: --dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("daemons")]
 
 MIN, MAX = 2.0, 6.0
 # Per-address limits off: every host of the local web shares 127.0.0.1, and after the kill the address's new owner
