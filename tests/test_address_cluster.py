@@ -25,7 +25,6 @@ IP_DELAY = 0.2
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("daemons")  # one cluster of daemons at a time (deploy/test.sh: --dist loadgroup)
 async def test_four_daemons_keep_one_request_per_address(tmp_path) -> None:
     graph = SiteGraph.generate(seed=21, hosts=60, pages_per_host=5, links_per_page=6, seed_hosts=4, features=False)
     env = child_env()

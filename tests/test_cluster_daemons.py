@@ -31,8 +31,7 @@ from peerlab.localweb.referee import (
 )
 from tests.support.crawl import child_env, kill_pid, node_config, peerd_argv, start_local_web, urls_fetched
 
-# real peerd daemons; one cluster of daemons at a time (deploy/test.sh: --dist loadgroup)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("daemons")]
+pytestmark = pytest.mark.slow  # real peerd daemons
 
 SECRET = "test-cluster-secret-0123456789"
 #: A page fetched this long before the kill may have lost its replica with B (they leave every 0.1 s; the rest

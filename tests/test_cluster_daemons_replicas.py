@@ -34,8 +34,7 @@ from tests.test_cluster_daemons import Cluster, _wait_fetched
 #: (their release waited that long for the acks of the links they routed).
 RELEASE_SLACK = 1.5
 
-# real peerd daemons; one cluster of daemons at a time (deploy/test.sh: --dist loadgroup)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("daemons")]
+pytestmark = pytest.mark.slow  # real peerd daemons
 
 
 async def _get(address: str, path: str, data_dir: Path) -> dict:

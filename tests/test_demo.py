@@ -26,8 +26,7 @@ from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import RequestRecord
 from storage import WarcPageStore
 
-# the demo: a local web and four real daemons; one cluster of daemons at a time (deploy/test.sh: --dist loadgroup)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("daemons")]
+pytestmark = pytest.mark.slow  # the demo: a local web and four real daemons
 
 # --------------------------------------------------------------------------- the plan
 

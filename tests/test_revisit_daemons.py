@@ -25,8 +25,7 @@ from peerlab.localweb.server import serve_web
 from tests.support.crawl import kill_pid
 from tests.test_steering_daemons import Daemons
 
-# real peerd processes; one cluster of daemons at a time (deploy/test.sh: --dist loadgroup)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("daemons")]
+pytestmark = pytest.mark.slow  # real peerd processes
 
 MIN, MAX = 2.0, 6.0
 # Per-address limits off: every host of the local web shares 127.0.0.1, and after the kill the address's new owner

@@ -23,8 +23,7 @@ from peer.control import auth_headers
 from peerlab.localweb.graph import SiteGraph
 from tests.support.crawl import child_env, kill_pid, node_config, peerd_argv, start_local_web
 
-# real peerd processes; one cluster of daemons at a time (deploy/test.sh: --dist loadgroup)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("daemons")]
+pytestmark = pytest.mark.slow  # real peerd processes
 
 SECRET = "test-cluster-secret-0123456789"
 EXCLUDE = r"/p/[0-9]*3\.html$"
