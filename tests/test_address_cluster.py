@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import signal
 
+import httpx
 import pytest
 import trio
 
+from peer.control import auth_headers
 from peerlab.localweb.dns_server import serve_dns
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import address_gaps, max_in_service_per_address
@@ -62,7 +64,16 @@ async def test_four_daemons_keep_one_request_per_address(tmp_path) -> None:
                     await trio.sleep(0.05)
             kill_pid(procs["B"].pid, signal.SIGKILL)  # dies holding lanes: they come back by lease expiry
             await procs["B"].wait()
-            await trio.sleep(3)  # declared dead (suspicion 2 s), its addresses and hosts move to the others
+            # A declares B dead (suspicion 2 s): its addresses and hosts move to the others
+            control = (tmp_path / "A" / "control.addr").read_text().strip()
+            async with httpx.AsyncClient(timeout=30.0) as client:
+                with trio.fail_after(90):
+                    while True:
+                        view = (await client.get(f"http://{control}/cluster",
+                                                 headers=auth_headers(tmp_path / "A"))).json()
+                        if {n["node_id"]: n["state"] for n in view["nodes"]}.get("B") == "dead":
+                            break
+                        await trio.sleep(0.1)
             await start("B")  # back from its data dir, with the queue it had (restarted as a supervisor would)
             with trio.fail_after(240):
                 for name in ("A", "B", "C", "D"):

@@ -49,7 +49,7 @@ def test_bad_settings_are_refused() -> None:
         load(env={}, flags={"ip_connections": -2})
 
 
-@pytest.mark.parametrize(("connections", "delay"), [(1, 0.05), (2, 0.0)])
+@pytest.mark.parametrize(("connections", "delay"), [(1, 0.1), (2, 0.0)])
 async def test_one_node_keeps_per_address_limits_on_a_shared_web(tmp_path, connections: int, delay: float) -> None:
     graph = SiteGraph.generate(seed=7, hosts=18, pages_per_host=6, features=False)
     async with trio.open_nursery() as nursery:
@@ -68,7 +68,9 @@ async def test_one_node_keeps_per_address_limits_on_a_shared_web(tmp_path, conne
     assert max(in_service.values()) == connections, in_service  # never more, and the cap was reached
     if delay:
         # The server stamps a request's end when its task next runs after the last byte went to the kernel,
-        # which can be after the crawler read it: 5 ms of slack for that stamp, no more.
+        # which can be after the crawler read it: up to 13 ms later beside other processes on two cores (the
+        # crawler shares this process's event loop), so 30 ms of slack for that stamp; without the limit the
+        # gaps are under a millisecond.
         gaps = address_gaps(web.log)
-        assert min(gaps.values()) >= delay - 0.005, gaps
+        assert min(gaps.values()) >= delay - 0.03, gaps
     assert node.final_status["address_waits"] > 0

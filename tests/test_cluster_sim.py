@@ -659,3 +659,54 @@ def test_crawl_settings_converge_over_a_lossy_network_and_reach_a_node_that_join
     # the repeat every 5 s covers what the loss took; a joiner hears it at its first view change
     assert out["converged"] <= 11.0 and out["joined"] <= 6.0, out
     _report("settings", {"converged_s": round(out["converged"], 2), "joiner_s": round(out["joined"], 2)})
+
+
+@pytest.mark.parametrize("late", ["joins", "restarts"])
+def test_a_pause_holds_for_a_node_that_joins_or_restarts_after_it(late: str, monkeypatch) -> None:
+    """The crawl is paused on one node (`POST /pause`: adopted, then shared) while it runs; once every node
+    holds the pause and no request is under way, no node starts a request again: neither a node that joins
+    afterwards (with its configuration as a joiner's record, version 0, as `peerd --join` starts), its seeds
+    queued at once, nor a node killed before the pause and restarted after it, its queue on disk."""
+    seed = 3
+    web = make_web(seed, hosts=80)
+    expected = web.reachable(web.seeds)
+    build = SimNode.build
+
+    def build_as_peerd(node: SimNode) -> None:  # every node but the first starts as a joiner does
+        build(node)
+        if node.index:
+            assert node.crawler is not None
+            node.crawler.settings = CrawlSettings.from_config(node.crawler.cfg, origin=node.node_id, joining=True)
+
+    monkeypatch.setattr(SimNode, "build", build_as_peerd)
+    out: dict = {}
+
+    async def body(nursery: trio.Nursery, tmp: Path) -> None:
+        sim = ClusterSim(nursery, tmp, web, seed=seed, delay=0.05, jitter=0.05)
+        nodes = await _start_settled(sim, web, 3)
+        await sim.at_pages(0.2, len(expected))
+        if late == "restarts":
+            await sim.kill(nodes[1])
+        first = nodes[0].crawler
+        paused = first.settings.changed({"paused": True}, version=first.settings.version + 1,
+                                        origin=nodes[0].node_id)
+        assert first.adopt(paused)
+        nodes[0].cluster.share_settings()
+        await sim.until(lambda: all(n.crawler.settings == paused and n.crawler.active == 0 for n in sim.running()),
+                        limit=10.0)
+        idle = trio.current_time()
+        if late == "joins":
+            node = await sim.start(3, WEIGHTS[3], join=nodes[0], seeds=web.seeds)
+        else:
+            node = nodes[1]
+            await sim.restart(node, nodes[0])
+        await sim.until(sim.settled, limit=40.0)
+        await trio.sleep(10.0)  # two rounds of the settings gossip
+        out.update(node=node, requests=[f for f in sim.ledger.fetches if f.start >= idle],
+                   queued=len(node.store.frontier), settings=node.crawler.settings, paused=paused)
+        await sim.stop_all()
+
+    _run(seed, body)
+    assert out["settings"] == out["paused"]
+    assert out["queued"] > 0  # it had work it could have started
+    assert out["requests"] == [], out["requests"][:3]

@@ -362,6 +362,7 @@ def _fences(net: Net, trees: dict[str, ProgressTree], views: dict[str, Callable[
                                  majority_heard=lambda t=trees[name]: t.contact_at) for name in trees}
 
 
+@pytest.mark.slow  # 300 simulated members for 14 s: 5-10 s each
 @pytest.mark.parametrize("root_adopts", [2.0, 4.0])
 @pytest.mark.parametrize("change", ["join", "leave"])
 def test_a_ring_change_spreading_over_seconds_fences_no_node(change: str, root_adopts: float) -> None:
@@ -515,6 +516,7 @@ def _fenced_seconds(fences: dict[str, PartitionFence], seconds: float, every: fl
     return watch()
 
 
+@pytest.mark.slow  # 300 simulated members for 22 s: 15-40 s each
 @pytest.mark.parametrize("victim", ["root", "second root", "first child", "grandchild"])
 def test_a_member_that_dies_leaves_every_other_member_in_contact(victim: str) -> None:
     """300 members, no direct contact (a fleet too large for it): the waves alone keep every node in contact

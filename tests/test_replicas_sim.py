@@ -7,8 +7,8 @@ peer/cluster/replicas/queuereplicas.py).
   release still on its way) are fetched twice.
 - R = 2, two nodes killed at the same moment: the same.
 - A 5 s partition that heals, with lost and duplicated messages: nothing lost, one fetcher per host.
-- Random schedules of permanent kills, joins and leaves (Hypothesis): three examples here, hundreds under the
-  `search` marker (`pytest -m search tests/test_replicas_sim.py`; docs/cluster.md, "Whole-cluster simulations").
+- Schedules of permanent kills, joins and leaves (Hypothesis): those that found defects here, random ones by
+  the hundred under the `search` marker (`pytest -m search tests/test_replicas_sim.py`; docs/cluster.md, "Whole-cluster simulations").
 
 `pytest -s` prints each run's figures, among them the time from each death to the promotion of the dead
 node's queue at its heirs and the time to restore R + 1 copies after each view change.
@@ -21,11 +21,13 @@ from pathlib import Path
 
 import pytest
 import trio
-from hypothesis import example, given, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 from ring import MemberState
 from tests.support.clustersim import ClusterSim, SimNode, Web, make_web, run_simulation
+
+pytestmark = pytest.mark.slow  # whole-cluster simulations, 10-20 s each
 
 WEIGHTS = (150, 80, 200, 40, 120, 100, 90)
 CONVERGE_LIMIT = 30.0
@@ -135,7 +137,9 @@ def _restore_figures(sim: ClusterSim) -> dict:
 # re-homing message to the joiner (the new backup of h153.sim) was lost and the old backup dropped its copies
 # 1 s after the ring settled, before the re-send (2 s); in 25 the hand-off sent as seen a page whose release
 # waited for its one link (h185.sim/p3, its batch lost), and the new owner discarded its own queued copy.
-@pytest.mark.parametrize("seed", [1, 2, 4, 7, 25, 27, 32])
+# The seeds without a story run with the search (`pytest -m search`): the same invariants on other schedules.
+@pytest.mark.parametrize("seed", [*(pytest.param(seed, marks=pytest.mark.search) for seed in (1, 2, 27)),
+                                  4, 7, 25, 32])
 def test_permanent_kills_one_at_a_time_lose_no_url_with_one_replica(seed: int) -> None:
     web = make_web(seed, hosts=250)
     expected = web.reachable(web.seeds)
@@ -163,7 +167,7 @@ def test_permanent_kills_one_at_a_time_lose_no_url_with_one_replica(seed: int) -
             | {f"first_{k}": v for k, v in out["first"].items()} | {f"second_{k}": v for k, v in out["second"].items()})
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.search)])
 def test_two_nodes_killed_at_once_lose_no_url_with_two_replicas(seed: int) -> None:
     web = make_web(seed + 10, hosts=250)
     expected = web.reachable(web.seeds)
@@ -190,7 +194,7 @@ def test_two_nodes_killed_at_once_lose_no_url_with_two_replicas(seed: int) -> No
 # Seed 42 broke four hosts' Crawl-delays after the heal: the split outlasts the suspicion timeout, and the node
 # back from it fetched hosts the other side had crawled, before (or without waiting for) their hand-off back; then
 # pages it had parked before the split, which the other side had fetched.
-@pytest.mark.parametrize("seed", [1, 2, 42])
+@pytest.mark.parametrize("seed", [*(pytest.param(seed, marks=pytest.mark.search) for seed in (1, 2)), 42])
 def test_a_five_second_partition_that_heals_loses_nothing_and_keeps_one_fetcher_per_host(seed: int) -> None:
     web = make_web(seed + 20, hosts=250)
     expected = web.reachable(web.seeds)
@@ -281,7 +285,8 @@ def _permanent_schedule(operations: list[tuple], seed: int) -> None:
     _report(f"permanent schedule seed={seed} {operations}", figures | _restore_figures(out["sim"]))
 
 
-@settings(max_examples=3, deadline=None, derandomize=True, database=None)
+# The schedules that found defects; random ones run with the search below.
+@settings(phases=[Phase.explicit], deadline=None, database=None)
 @given(operations=PERMANENT, seed=st.integers(0, 2**16))
 # Lost 8 pages once the schedule shifted: a joiner acknowledged a hand-off chunk before its backups held the
 # URLs and died 65 ms later. A chunk's ack now waits for its replicas, as a batch's does.
