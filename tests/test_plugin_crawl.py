@@ -19,6 +19,9 @@ from peerlab.localweb.graph import SiteGraph
 from .support.crawl import node_config, start_local_web, urls_fetched
 from .support.plugin_web import check_items, example_plugins, expected_fetched
 
+# whole crawls of the local web with plug-ins (10-16 s each): the slow tier
+pytestmark = pytest.mark.slow
+
 
 def warc_responses(directory) -> set[str]:
     uris = set()
