@@ -49,6 +49,7 @@ def test_bad_settings_are_refused() -> None:
         load(env={}, flags={"ip_connections": -2})
 
 
+@pytest.mark.slow  # a whole crawl, a child process or real nodes: seconds
 @pytest.mark.parametrize(("connections", "delay"), [(1, 0.1), (2, 0.0)])
 async def test_one_node_keeps_per_address_limits_on_a_shared_web(tmp_path, connections: int, delay: float) -> None:
     graph = SiteGraph.generate(seed=7, hosts=18, pages_per_host=6, features=False)

@@ -197,6 +197,7 @@ def test_retry_after_reads_only_ascii_seconds_or_a_date(value: str, seconds: flo
     assert retry_after(resp, now=2_000_000_000.0) == seconds
 
 
+@pytest.mark.slow  # a whole crawl, a child process or real nodes: seconds
 async def test_a_page_of_a_quarter_million_links_is_parsed_off_the_event_loop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading

@@ -216,6 +216,7 @@ def test_a_peer_that_takes_no_datagrams_is_probed_over_its_link_and_never_suspec
 # --- real nodes: UDP and TCP on loopback --------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a whole crawl, a child process or real nodes: seconds
 async def test_real_nodes_probe_over_udp_with_links_closed_and_a_forged_datagram_is_refused() -> None:
     fast = MembershipConfig(probe_interval=0.1, probe_timeout=0.05, suspicion_timeout=0.6, gossip_interval=0.05,
                             sync_interval=10_000.0, reconnect_interval=10_000.0)

@@ -95,6 +95,7 @@ async def test_the_works_exception_reaches_the_caller_as_inline():
     assert len(ok.page.links) == 30
 
 
+@pytest.mark.slow  # a whole crawl, a child process or real nodes: seconds
 @pytest.mark.parametrize("bound", ["count", "bytes"])
 async def test_in_flight_per_worker_is_bounded(bound):
     most = 0

@@ -126,6 +126,7 @@ def _pages_per_host(web) -> dict[str, list]:
     return out
 
 
+@pytest.mark.slow  # a whole crawl, a child process or real nodes: seconds
 async def test_exclude_and_byte_budget_hold_and_a_narrowed_scope_drops_queued_urls(tmp_path):
     """One node: pages whose number ends in 3 are excluded, each host's byte budget stops it early; a few hosts
     into the crawl it is paused and the scope narrowed to the first host: every other host's queued URLs are dropped when

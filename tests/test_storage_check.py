@@ -137,6 +137,7 @@ def test_a_damaged_store_is_remembered_until_its_file_is_replaced(tmp_path: Path
     assert [c.keys > 100 for c in check_data_dir(tmp_path, timeout=60)] == [True]
 
 
+@pytest.mark.slow  # a whole crawl, a child process or real nodes: seconds
 def test_peerd_check_on_a_sound_store(tmp_path: Path) -> None:
     node_store(tmp_path / "state")
     mark_running(tmp_path)  # a run that did not stop cleanly
@@ -149,6 +150,7 @@ def test_peerd_check_on_a_sound_store(tmp_path: Path) -> None:
     assert again.returncode == 0 and "removed" not in again.stdout
 
 
+@pytest.mark.slow  # a whole crawl, a child process or real nodes: seconds
 @pytest.mark.parametrize("seed", [0, ABORTS])
 def test_peerd_check_on_a_damaged_store(tmp_path: Path, seed: int) -> None:
     data = filled(tmp_path / "state")
@@ -161,6 +163,7 @@ def test_peerd_check_on_a_damaged_store(tmp_path: Path, seed: int) -> None:
     assert (running_marker(tmp_path) or {}).get("damaged"), "remembered for the next start"
 
 
+@pytest.mark.slow  # a whole crawl, a child process or real nodes: seconds
 def test_peerd_check_refuses_a_data_dir_in_use(tmp_path: Path) -> None:
     node_store(tmp_path / "state")
     fd = os.open(tmp_path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)

@@ -41,6 +41,7 @@ async def _until(check, timeout: float = 30.0):
             await trio.sleep(0.05)
 
 
+@pytest.mark.slow  # a whole crawl, a child process or real nodes: seconds
 async def test_each_closed_file_is_announced_once_signed_and_retried_with_its_id(tmp_path, receiver):
     warc = tmp_path / "warc"
     _write_pages(warc, 20)
