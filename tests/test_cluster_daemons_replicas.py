@@ -1,10 +1,9 @@
 """Real peerd daemons with queued-URL replicas (`--replicas R`, peer/cluster/replicas/queuereplicas.py): nodes that die for
 good lose no URL, and a partition that heals keeps one connection per host.
 
-- A=150, B=80, C=200, D=40 crawl a generated web of 200 hosts with `--replicas 1`; E=300 joins; the crawl is
-  paused (one `POST /pause`) at a quarter of the web, C leaves gracefully with its queues, and the crawl stays
-  paused until the ring has settled and every replica is where it puts it; no node starts a request while it
-  is; soon after it resumes B is SIGKILLed
+- A=150, B=80, C=200, D=40 crawl a generated web of 200 hosts with `--replicas 1`; E=300 joins, C leaves
+  gracefully; the crawl is paused (one `POST /pause`) during the leave until the ring has settled and every
+  replica is where it puts it, and no node starts a request while it is; soon after it resumes B is SIGKILLed
   and never restarted. Every reachable, allowed page is fetched (from the web server's own log), and of the
   pages B fetched, only those under way at the kill, or finished just before it (their replica's release still
   on its way), are fetched again.
@@ -129,15 +128,17 @@ async def _dead_kill_run(tmp_path: Path, replicas: int, victims: tuple[str, ...]
             await _wait_fetched(web, expected, 0.10, 120)
             await cluster.start("E", 300, extra=extra("E"))
             await _wait_fetched(web, expected, 0.25, 120)
-            # The crawl is paused (a pause reaches every node) with three quarters of the web still queued, C
-            # leaves with its queues, and the crawl stays paused until the ring has settled with every replica
-            # where it puts it: the victims have URLs queued at the kill however long the leave and the settling
-            # take on a loaded machine (a crawl left running through them could be nearly over by then)
-            paused = await _post(cluster.control("A"), "/pause", cluster.tmp / "A")
-            assert paused["settings"]["paused"]
-            idle_at = await _paused(cluster, {"A", "B", "C", "D", "E"})
-            paused_at = len(urls_fetched(web, expected)) / len(expected.fetched)
-            await _leave(cluster, "C")
+            # C leaves during the crawl; once the others see it leaving (its arcs are moving) the crawl is paused
+            # (a pause reaches every node) until the leave is over and the ring has settled with every replica
+            # where it puts it, so the victims have URLs queued at the kill however long the leave and the
+            # settling take on a loaded machine
+            async with trio.open_nursery() as leaving:
+                leaving.start_soon(_leave, cluster, "C")
+                await _seen_as(cluster, "A", "C", "leaving")
+                paused = await _post(cluster.control("A"), "/pause", cluster.tmp / "A")
+                assert paused["settings"]["paused"]
+                idle_at = await _paused(cluster, {"A", "B", "D", "E"})
+                paused_at = len(urls_fetched(web, expected)) / len(expected.fetched)
             settle = await _restored(cluster, {"A", "B", "D", "E"})
             resumed_at = len(urls_fetched(web, expected)) / len(expected.fetched)
             resume_at = time.time()
