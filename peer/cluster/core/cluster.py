@@ -50,7 +50,7 @@ from peer.cluster.core.pluginjoin import PluginJoin, PluginMismatch, no_plugins
 from peer.cluster.membership.membership import Membership, MembershipConfig
 from peer.cluster.net.peerlinks import LinkConfig
 from peer.cluster.replicas.seenreplicas import REPLICA_COPIES, SeenReplicas
-from peer.cluster.core.rings import RingCache, ring_id
+from peer.cluster.core.rings import RingCache, _Owners, ring_id
 from peer.cluster.core.settingsgossip import SettingsGossip
 from peer.cluster.core.termination import LINGER_TIMEOUT, Termination
 from peer.cluster.net.transport import TcpTransport, TlsFiles, Transport
@@ -68,35 +68,6 @@ Handler = Callable[[str, Any], object]
 #: After a join, how long to wait for the ring of the joined view (a build takes about 0.1 s per million points;
 #: a view change derives the next ring from the current one in a few tens of milliseconds).
 JOIN_RING_TIMEOUT = 30.0
-
-
-class _Owners:
-    """A ring's owner look-up with a bounded memory of hosts already looked up: the crawler asks for every link
-    it screens, and a crawl's links name the same hosts over and over."""
-
-    __slots__ = ("ring", "_cache")
-
-    #: Hosts remembered per ring (about 150 bytes each); past it the memory starts over.
-    SIZE = 200_000
-
-    def __init__(self, ring: Ring) -> None:
-        self.ring = ring
-        self._cache: dict[str, str] = {}
-
-    @property
-    def nodes(self) -> tuple[str, ...]:
-        """The ring's node ids (the dispatcher sizes its batching wait by them)."""
-        return self.ring.nodes
-
-    def owner(self, host: str) -> str:
-        try:
-            return self._cache[host]
-        except KeyError:
-            owner = self.ring.owner(host)
-            if len(self._cache) >= self.SIZE:
-                self._cache.clear()
-            self._cache[host] = owner
-            return owner
 
 
 class Cluster(ViewChanges):

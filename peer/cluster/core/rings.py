@@ -87,3 +87,32 @@ class RingCache:
         while len(self._moves) > self.size:
             self._moves.popitem(last=False)
         return moves
+
+
+class _Owners:
+    """A ring's owner look-up with a bounded memory of hosts already looked up: the crawler asks for every link
+    it screens, and a crawl's links name the same hosts over and over."""
+
+    __slots__ = ("ring", "_cache")
+
+    #: Hosts remembered per ring (about 150 bytes each); past it the memory starts over.
+    SIZE = 200_000
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        self._cache: dict[str, str] = {}
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The ring's node ids (the dispatcher sizes its batching wait by them)."""
+        return self.ring.nodes
+
+    def owner(self, host: str) -> str:
+        try:
+            return self._cache[host]
+        except KeyError:
+            owner = self.ring.owner(host)
+            if len(self._cache) >= self.SIZE:
+                self._cache.clear()
+            self._cache[host] = owner
+            return owner

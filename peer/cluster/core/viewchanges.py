@@ -20,7 +20,7 @@ from storage import HostState
 
 from peer.cluster.handoff.arcs import ArcSet, plan_view
 from peer.cluster.core.fence import TAKEOVER_GRACE
-from peer.cluster.core.rings import ring_id
+from peer.cluster.core.rings import _Owners, ring_id
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from peer.cluster.membership.membership import Membership
     from peer.cluster.replicas.seenreplicas import SeenReplicas
     from peer.cluster.replicas.queuereplicas import QueueReplicas
-    from peer.cluster.core.cluster import _Owners
     from peer.cluster.core.fence import PartitionFence
     from peer.cluster.core.settingsgossip import SettingsGossip
     from peer.config import Config

@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 
     from protocol import Limits
 
-    from peer.cluster.net.peerlinks import LinkConfig
-    from peer.cluster.net.peerlinks import PeerLink
 
 __all__ = ["IO_ERRORS", "LinkError", "Session", "Sessions"]
 
@@ -91,12 +89,14 @@ class Sessions:
         # What this part uses of the PeerLinks it is mixed into: attributes and its other parts' methods.
         _codecs: tuple[str, ...]
         _compressions: tuple[str, ...]
-        config: LinkConfig
+        # LinkConfig and PeerLink live in peerlinks, the module that composes this part: named as Any here so
+        # the part does not import its composer
+        config: Any
         datagram_peers: dict[str, bool]
         handler_errors: int
         handshake_failures: int
         _limits: Limits
-        _links: dict[str, PeerLink]
+        _links: dict[str, Any]
         node_id: str
         _nonce: Callable[[int], bytes]
         _on_message: Callable[[str, Message], Awaitable[None]]
@@ -107,9 +107,9 @@ class Sessions:
         _unauthenticated_by_source: Counter[str]
         _versions: tuple[int, ...]
 
-        def _close_idle(self, link: PeerLink, session: Session) -> bool: ...
-        def _idle_deadline(self, link: PeerLink, session: Session) -> float: ...
-        def link(self, peer_id: str, address: str | None = None) -> PeerLink: ...
+        def _close_idle(self, link: Any, session: Session) -> bool: ...
+        def _idle_deadline(self, link: Any, session: Session) -> float: ...
+        def link(self, peer_id: str, address: str | None = None) -> Any: ...
 
     async def _accept(self, stream: trio.abc.Stream) -> None:
         """Transport handler: handshake as responder, then run the connection as the link to that peer.
