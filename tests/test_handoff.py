@@ -362,6 +362,45 @@ async def test_a_node_that_saw_other_rings_is_asked_and_releases_the_waiter_with
     assert trio.current_time() < 1.0  # not the 30 s wait
 
 
+class Departing(Alone):
+    """A delegate whose view holds the nodes `leaving` LEAVING."""
+
+    def __init__(self, node_id: str, leaving: set[str]) -> None:
+        super().__init__(node_id)
+        self.departing = leaving
+
+    def leaving(self, peer_id: str) -> bool:
+        return peer_id in self.departing
+
+
+async def test_a_leaving_node_that_still_waits_for_arcs_is_answered_and_hands_off_at_once(stores, autojump_clock):
+    """l joined (it waits for its arcs from a, which never adopted the ring with l and so sends it nothing) and
+    leaves at once: its transfers wait for the arcs it awaits. It asks a, whose ring no longer holds l; a answers
+    the leaving node all the same, so l hands off within a second instead of after `wait` (30 s)."""
+    store_a, store_l = stores
+    before = Ring({"a": 1}, points_per_weight=8)
+    with_l = Ring({"a": 1, "l": 1}, points_per_weight=8)
+    config = HandoffConfig(ask_after=0.25, wait=30.0, resend_after=5.0, interval=0.2)
+    async with trio.open_nursery() as nursery:
+        net = Net(nursery)
+        a = net.nodes["a"] = Handoff("a", store_a, net.links("a"), config=config, wall_clock=wall,
+                                     delegate=Departing("a", {"l"}))
+        l = net.nodes["l"] = Handoff("l", store_l, net.links("l"), config=config, wall_clock=wall)
+        a.view_changed(3, before, before)  # a saw l's leave before its join: its ring is the one without l
+        l.view_changed(2, Ring({"l": 1}, points_per_weight=8), with_l, gains_from=before)
+        assert l.waits_for("a")
+        l.view_changed(3, with_l, before)  # l leaves
+        assert l.outstanding()  # its transfers to a wait for the arcs l awaits from a
+        await nursery.start(a.run)
+        await nursery.start(l.run)
+        while l.outstanding():
+            await trio.sleep(0.1)
+        assert trio.current_time() < 1.0  # not the 30 s wait
+        assert a.asks_answered == 1 and l.waits_expired == 0 and not l.waits_for("a")
+        assert a.transfers_received == 2 and l.transfers_completed == 2  # l's transfers of its join and its leave
+        nursery.cancel_scope.cancel()
+
+
 async def test_an_ask_for_a_ring_not_adopted_yet_is_answered_when_it_is(stores) -> None:
     store_a, _ = stores
     out = Recorder()

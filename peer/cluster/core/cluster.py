@@ -33,7 +33,7 @@ from protocol import (
     Message, PluginCheck, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, QueueReplica, ReplicaAck, SeenReplica,
     Settings, StatusQuery, StatusReport, UrlBatch,
 )
-from ring import DEFAULT_POINTS_PER_WEIGHT, Ring, View, Zones, host_position
+from ring import DEFAULT_POINTS_PER_WEIGHT, MemberState, Ring, View, Zones, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc
 
 from peer.config import Config
@@ -394,6 +394,10 @@ class Cluster(ViewChanges):
 
     def foreign_states(self, states) -> None:
         self.replicas.pass_states(states)
+
+    def leaving(self, peer_id: str) -> bool:
+        member = self.view.member(peer_id)
+        return member is not None and member.state is MemberState.LEAVING
 
     def blocked(self, host: str) -> bool:
         """Whether `host` may not be fetched yet: it lies in a gained arc whose hand-off has not arrived, or in

@@ -368,8 +368,13 @@ class Handoff(Sending, Receiving):
         self.asks_answered += 1
 
     def _asked_by(self, peer_id: str, ask: HandoffAsk) -> None:
+        """`peer_id` waits for arcs from us up to its ring `ask.ring`: answered at once if that is our ring and the
+        peer is in it or leaving (a leaving node is in no ring of ours, yet its transfers wait for the arcs it
+        still awaits from us), else when we adopt that ring (`view_changed`). A peer that is neither (dead or
+        gone, as we see it) is not answered now: a transfer to it would stay unacknowledged."""
         self._asked[peer_id] = ask.ring
-        if ask.ring == self._ring_id and peer_id in (self._ring.weights if self._ring is not None else ()):
+        members = self._ring.weights if self._ring is not None else ()
+        if ask.ring == self._ring_id and (peer_id in members or self.delegate.leaving(peer_id)):
             self._answer_ask(peer_id)
             self._start_quiet()
             if self._wake is not None:
