@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from peer.cluster.replicas.queuereplicas import QueueAlone, QueueReplicas
-from peer.cluster.handoff.handoff import Alone, Handoff, HandoffConfig, handoff_arcs
+from peer.cluster.handoff.handoff import Alone, Handoff, HandoffConfig, handoff_arcs, plan_view
 from peer.cluster.net.peerlinks import PeerLinks
 from peer.cluster.net.memtransport import MemoryNetwork
 from protocol import HandoffAck, HandoffAsk, HandoffChunk, Limits, Message, QueueReplica, decode_body, encode_body
@@ -397,8 +397,38 @@ async def test_a_leaving_node_that_still_waits_for_arcs_is_answered_and_hands_of
             await trio.sleep(0.1)
         assert trio.current_time() < 1.0  # not the 30 s wait
         assert a.asks_answered == 1 and l.waits_expired == 0 and not l.waits_for("a")
-        assert a.transfers_received == 2 and l.transfers_completed == 2  # l's transfers of its join and its leave
+        # l's leave handed its arcs to a; its join's transfer to a (the arcs of its lone first ring) found nothing
+        # to send, and a, which gained nothing from l, waited for none: it was not sent
+        assert a.transfers_received == 1 and l.transfers_completed == 1 and l.transfers_unneeded == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_a_joiner_sends_only_what_it_holds_to_owners_that_gained_nothing_from_it(stores) -> None:
+    """A joiner's lone first ring gave it every arc: it "loses" them to their owners at its first real ring, but
+    those owners gained nothing from it (the cluster's ring before it had no such node). Its transfers go only
+    where it holds something; an owner that asks all the same gets its empty transfer."""
+    store_a, store_e = stores
+    before = Ring({"a": 1, "b": 1}, points_per_weight=8)
+    after = Ring({"a": 1, "b": 1, "e": 1}, points_per_weight=8)
+    host = next(f"s{i}.test" for i in range(1000) if after.owner_at(host_position(f"s{i}.test")) == "a")
+    store_e.admit([QueuedUrl(url=f"http://{host}/", host=host, depth=0)])  # a seed e was started with
+    out = Recorder()
+    e = Handoff("e", store_e, out)
+    plan = plan_view("e", Ring({"e": 1}, points_per_weight=8), after, gains_from=before)
+    assert set(plan.by_peer) == {"a", "b"} and plan.quiet == {"a", "b"} and set(plan.gained) == {"a", "b"}
+    assert plan_view("a", before, after).quiet == frozenset()  # a's transfer to e is awaited: never quiet
+    e.view_changed(2, Ring({"e": 1}, points_per_weight=8), after, gains_from=before)
+    e.pump()
+    to = {peer for peer, m in out.sent if isinstance(m, HandoffChunk)}
+    assert to == {"a"} and e.transfers_unneeded == 1  # the seed went to a; b heard nothing
+    urls = [u.url for peer, m in out.sent if isinstance(m, HandoffChunk) for u in m.urls]
+    assert urls == [f"http://{host}/"]
+    # b, in a view of its own, waits for e after all and asks: it hears "nothing more from me" (e holds nothing)
+    await e.on_message("b", HandoffAsk(ring=2))
+    e.pump()
+    answer = [m for peer, m in out.sent if peer == "b" and isinstance(m, HandoffChunk)]
+    assert len(answer) == 1 and answer[0].last and not answer[0].urls and answer[0].epoch == 2
+    assert e.asks_answered == 1
 
 
 async def test_an_ask_for_a_ring_not_adopted_yet_is_answered_when_it_is(stores) -> None:

@@ -217,6 +217,10 @@ class ViewPlan:
     by_peer: dict[str, ArcSet]
     gained: dict[str, ArcSet]
     inherited: dict[str, ArcSet]  # arcs this node takes over from each dead previous owner (`gone`)
+    #: peers of `by_peer` that wait for nothing from this node: under the ring the cluster had before this node
+    #: came (`gains_from`, `gain_arcs`), they gained no arc from it. Its lone first ring gave it every arc, and
+    #: it "loses" them to their owners, but a transfer that finds nothing here to send is not sent to these.
+    quiet: frozenset[str] = frozenset()
 
 
 def plan_view(node_id: str, old: Ring, new: Ring, *, gone: Iterable[str] = (), gains_from: Ring | None = None,
@@ -247,6 +251,12 @@ def plan_view(node_id: str, old: Ring, new: Ring, *, gone: Iterable[str] = (), g
             moves.previous, [moves.index_of(node) for node in gone])
         inherited = _by_node(moves, inherited_mask, moves.previous)
     gained = _by_node(gains, gained_mask, gains.previous)
+    quiet: frozenset[str] = frozenset()
+    if gains is not moves and by_peer:
+        # who gains arcs from this node between the ring the cluster had and the new one: the peers that wait
+        mine = gains.previous == gains.index_of(node_id)
+        awaited = {gains.names[i] for i in np.unique(gains.next[mine]).tolist() if i >= 0}
+        quiet = frozenset(peer for peer in by_peer if peer not in awaited)
     if extra_gains is None:
         extras: list[Moves] = []
     elif isinstance(extra_gains, Moves):
@@ -261,4 +271,4 @@ def plan_view(node_id: str, old: Ring, new: Ring, *, gone: Iterable[str] = (), g
         for peer, peer_arcs in _by_node(extra, extra_mask, extra.previous).items():
             gained[peer] = ArcSet.merged([gained[peer], peer_arcs]) if peer in gained else peer_arcs
     return ViewPlan(lost=lost, lost_set=_joined_up(ArcSet.of(lost.starts, lost.ends)), by_peer=by_peer,
-                    gained=gained, inherited=inherited)
+                    gained=gained, inherited=inherited, quiet=quiet)

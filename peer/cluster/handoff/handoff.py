@@ -101,6 +101,8 @@ class Handoff(Sending, Receiving):
         self._deferred = False  # transfers that may start were left for the next step
         self._wake: trio.Event | None = None  # set to wake `run` before its interval is up
         self._latest: set[int] = set()  # ids of the transfers of the latest view change (their arcs are `_lost`)
+        self._quiet: set[int] = set()  # ids of waiting transfers sent only if they carry something (`_queue`)
+        self.transfers_unneeded = 0  # quiet transfers that found nothing to send, and so sent nothing
         self._outgoing: dict[int, Outgoing] = {}
         self._incoming: dict[tuple[str, int], Incoming] = {}
         # chunks applied here whose ack waits for their URLs' replicas: (sender, transfer, chunk) -> None
@@ -166,7 +168,7 @@ class Handoff(Sending, Receiving):
         self._lost = plan.lost_set
         first = self._transfers + 1
         for peer in sorted(plan.by_peer):
-            self._queue(epoch, peer, plan.by_peer[peer], new)
+            self._queue(epoch, peer, plan.by_peer[peer], new, quiet=peer in plan.quiet)
         self._latest = {self._run << 40 | n for n in range(first, self._transfers + 1)}  # within `_lost`
         # A peer that asked for this ring before we adopted it hears "nothing more from me up to this ring" (an
         # empty transfer, after any earlier one to it) if this change gives it nothing of ours: a receiver that
@@ -209,11 +211,14 @@ class Handoff(Sending, Receiving):
         self._transfers += 1
         return self._run << 40 | self._transfers
 
-    def _queue(self, epoch: int, peer: str, arcs: ArcSet, ring: Ring | None) -> None:
+    def _queue(self, epoch: int, peer: str, arcs: ArcSet, ring: Ring | None, *, quiet: bool = False) -> None:
         """A transfer of `arcs` to `peer` waits to start (`_start_quiet`); from now on the seen marks of its arcs
-        are kept for its drop (`marked_seen`)."""
+        are kept for its drop (`marked_seen`). A `quiet` one goes only if it finds something to send: the peer
+        waits for nothing from us (`ViewPlan.quiet`), so an empty "nothing more from me" would tell it nothing."""
         transfer_id = self._next_transfer_id()
         self._waiting.append((transfer_id, epoch, peer, arcs, ring))
+        if quiet:
+            self._quiet.add(transfer_id)
         if len(arcs):
             self._marked[transfer_id] = (arcs, set())
 
@@ -279,8 +284,10 @@ class Handoff(Sending, Receiving):
                 still.append((transfer_id, epoch, peer, arc_set, ring))
                 sending.add(peer)  # keep this peer's later transfers behind this one
             else:
-                self._start_transfer(transfer_id, epoch, peer, arc_set)
-                sending.add(peer)
+                quiet = transfer_id in self._quiet
+                self._quiet.discard(transfer_id)
+                if self._start_transfer(transfer_id, epoch, peer, arc_set, quiet=quiet):
+                    sending.add(peer)
                 started += 1
         self._waiting = still
 
@@ -345,6 +352,7 @@ class Handoff(Sending, Receiving):
             self._outgoing.pop(tid, None)
             self._marked.pop(tid, None)
         self._waiting = [w for w in self._waiting if w[2] != peer_id]
+        self._quiet.difference_update(gone)
         return len(gone)
 
     def _release(self, peer_id: str, epoch: int) -> None:
@@ -361,8 +369,9 @@ class Handoff(Sending, Receiving):
         """`peer` waits for arcs from us up to our current ring: a transfer labelled with it, an empty one
         unless one to it is on its way already."""
         epoch = self._asked.pop(peer)
-        if any(w[2] == peer and w[1] == epoch for w in self._waiting) or any(
-                t.peer == peer and t.epoch == epoch for t in self._outgoing.values()):
+        waiting = [w[0] for w in self._waiting if w[2] == peer and w[1] == epoch]
+        if waiting or any(t.peer == peer and t.epoch == epoch for t in self._outgoing.values()):
+            self._quiet.difference_update(waiting)  # it waits after all: sent even if it carries nothing
             return
         self._waiting.append((self._next_transfer_id(), epoch, peer, ArcSet(), self._ring))
         self.asks_answered += 1

@@ -102,6 +102,7 @@ class Sending:
         links: HandoffLinks
         _marked: dict[int, tuple[ArcSet, set[bytes]]]
         node_id: str
+        transfers_unneeded: int
         _outgoing: dict[int, Outgoing]
         revisits_sent: int
         store: NodeStore
@@ -114,10 +115,16 @@ class Sending:
         def _expire(self, now: float) -> None: ...
         def _start_quiet(self) -> None: ...
 
-    def _start_transfer(self, transfer_id: int, epoch: int, peer: str, arcs: ArcSet) -> None:
+    def _start_transfer(self, transfer_id: int, epoch: int, peer: str, arcs: ArcSet, *, quiet: bool = False) -> bool:
         """Start a transfer: find the arcs holding anything here (one pass over the hosts, located on the ring
-        with numpy); their content is read a few arcs at a time as chunks are needed (`_fill`)."""
+        with numpy); their content is read a few arcs at a time as chunks are needed (`_fill`). A `quiet` one
+        that finds nothing is over at once, with no message: its peer waits for nothing from us. Returns whether
+        the transfer is under way."""
         todo = self._occupied(arcs)
+        if quiet and not todo:
+            self._marked.pop(transfer_id, None)
+            self.transfers_unneeded += 1
+            return False
         in_flight = set(queued_url_keys(self.store.frontier.in_flight_items())) if todo else set()
         self._outgoing[transfer_id] = transfer = Outgoing(
             transfer_id=transfer_id, epoch=epoch, peer=peer, chunks={}, last=None, arcs=[], todo=todo,
@@ -128,6 +135,7 @@ class Sending:
             transfer.chunks[0] = Chunk(seq=0, start=start, end=end)
             transfer.made, transfer.last = 1, 0
         log.info("hand-off started", extra={"peer": peer, "arcs": len(arcs), "occupied": len(todo)})
+        return True
 
     def _fill(self, transfer: Outgoing, wanted: int, budget: int) -> int:
         """Make chunks until `wanted` are unsent or every arc is read, reading `arcs_per_read` arcs at a time:
