@@ -41,12 +41,13 @@ from .plan import (
     to_toml,
 )
 from .report import default_run_dir, format_report, write_run
-from .results import ChangeResult, ExperimentResult, PhaseResult, Sample, node_deviations, ratio
+from .results import ChangeCost, ChangeResult, ExperimentResult, PhaseResult, Sample, node_deviations, ratio
 from .cluster import ClusterRunError, run_cluster
 from .simulate import run_simulation
 
 __all__ = [
     "BUNDLED_PLANS",
+    "ChangeCost",
     "ChangeResult",
     "ClusterRunError",
     "Dispatch",

@@ -49,13 +49,14 @@ from peer.cluster.net.memtransport import MemoryNetwork
 from peer.config import load
 from peer.crawl.settings import CrawlSettings
 from peer.stats import Stats
+from protocol import Message
 from ring import MemberState, View, random_hosts
 from storage import HostState, NodeStore, QueuedUrl
 
 from . import synthweb
 from .live import ring_figures
 from .plan import Plan
-from .results import ChangeResult, ExperimentResult, PhaseResult, Sample
+from .results import ChangeCost, ChangeResult, ExperimentResult, PhaseResult, Sample
 
 __all__ = ["ClusterRunError", "run_cluster"]
 
@@ -237,6 +238,22 @@ class _PageSource:
         self.wake_hosts(new)
 
 
+class _CountedLinks:
+    """A node's hand-off links as the hand-off sees them (``HandoffLinks``), counting what it sends to whom: which
+    pairs of nodes a view change makes talk, the figure the hand-off keeps flat as the cluster grows."""
+
+    def __init__(self, links: Any, node_id: str, pairs: Counter[tuple[str, str]]) -> None:
+        self.links = links
+        self.node_id = node_id
+        self.pairs = pairs
+
+    def send_nowait(self, peer_id: str, message: Message) -> bool:
+        sent = bool(self.links.send_nowait(peer_id, message))
+        if sent:
+            self.pairs[(self.node_id, peer_id)] += 1
+        return sent
+
+
 def address_of(index: int) -> str:
     """The in-memory network address of the `index`-th node started."""
     return f"10.{index // 62500}.{index // 250 % 250}.{index % 250 + 1}:7400"
@@ -262,6 +279,7 @@ class _Node:
         self.source = _PageSource(node_id, self.store, self.cluster, run.web, 0.0,
                                   random.Random(f"{run.plan.seed}:{node_id}:links"))
         self.cluster.attach(self.source)  # type: ignore[arg-type]
+        self.cluster.handoff.links = _CountedLinks(self.cluster.handoff.links, node_id, run.handoff_pairs)
         self.scope = trio.CancelScope()
         self.stopped = trio.Event()
         self.running = False
@@ -297,6 +315,28 @@ class _Run:
         self.index = 0
         self.samples: list[Sample] = []
         self.notes: list[str] = []
+        self.handoff_pairs: Counter[tuple[str, str]] = Counter()  # (sender, receiver) -> hand-off messages sent
+
+    def traffic(self) -> tuple[int, int, float, Counter[tuple[str, str]]]:
+        """Messages received by every node so far, bytes written to the network, the process's CPU seconds, and
+        a copy of the hand-off messages sent per pair."""
+        messages = sum(sum(node.cluster.links.received_kinds.values()) for node in self.nodes.values())
+        return messages, sum(self.net.sent_bytes.values()), time.process_time(), Counter(self.handoff_pairs)
+
+    def cost(self, before: tuple[int, int, float, Counter[tuple[str, str]]], nodes: int, seconds: float,
+             phase: tuple[tuple[int, int, float, Counter[tuple[str, str]]], float]) -> ChangeCost:
+        """What happened between `before` and now, as a change's cost; `phase` is the traffic at the start of the
+        phase before the change and the phase's virtual seconds (its rates per node)."""
+        messages, sent, cpu, pairs = self.traffic()
+        pairs.subtract(before[3])
+        moved = +pairs
+        (p_messages, p_bytes, p_cpu, _), p_seconds = phase
+        per = max(1, nodes) * max(1e-9, p_seconds)
+        return ChangeCost(
+            nodes=nodes, seconds=seconds, messages=messages - before[0], bytes=sent - before[1],
+            cpu_seconds=cpu - before[2], handoff_messages=sum(moved.values()), handoff_pairs=len(moved),
+            phase_messages=(before[0] - p_messages) / per, phase_bytes=(before[1] - p_bytes) / per,
+            phase_cpu=(before[2] - p_cpu) / per)
 
     def running(self) -> list[_Node]:
         return [node for node in self.nodes.values() if node.running]
@@ -439,6 +479,7 @@ async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], tim
         offset = 0.0  # virtual seconds spent settling after changes: in no phase
         triggers = [(p.at, p.after_pages) for p in plan.phases] + [(plan.end.at, plan.end.after_pages)]
         boundary = previous = run.counters()
+        phase_traffic = (run.traffic(), trio.current_time())  # at the phase's start, in virtual time
         pages_offset = 0
         start_time = 0.0
         t = time.perf_counter()
@@ -471,6 +512,8 @@ async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], tim
             handoff_before = {n: c["handoff_received"] for n, c in now.items()}
             lost = sum(now.get(n, {}).get("queued", 0) for n in change.kill)
             changed_at = trio.current_time()
+            running_at_change = len(run.running())
+            before_change = run.traffic()
             say(f"change {k + 1}: {', '.join(change.actions())}")
             for node_id in change.kill:
                 await run.nodes[node_id].stop()
@@ -487,6 +530,8 @@ async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], tim
             run.set_rates()
             boundary = previous = run.counters()
             settle_seconds = trio.current_time() - changed_at
+            cost = run.cost(before_change, running_at_change, settle_seconds, (phase_traffic[0], changed_at - phase_traffic[1]))
+            phase_traffic = (run.traffic(), trio.current_time())
             offset += settle_seconds
             pages_offset += sum(c["pages"] for c in boundary.values()) - sum(c["pages"] for c in now.values())
             transition = sum(max(0, n - now.get(i, {}).get("sent", {}).get(j, 0))
@@ -498,9 +543,12 @@ async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], tim
                 phase=k + 1, name=change.name, time=end_time, actions=tuple(change.actions()),
                 ideal_keyspace=ideal, moved_keyspace=moved_keyspace, hosts_moved=hosts_moved,
                 hosts_total=len(run.web.hosts), urls_moved=sum(by_pair.values()), urls_lost=lost, urls_held=held,
-                by_pair=by_pair, settle_seconds=settle_seconds, transition_urls=transition))
+                by_pair=by_pair, settle_seconds=settle_seconds, transition_urls=transition, cost=cost))
             say(f"settled in {settle_seconds:.1f} virtual s: {changes[-1].urls_moved:,} URLs handed off, "
-                f"{transition:,} sent meanwhile")
+                f"{transition:,} sent meanwhile; per node {cost.per_node(cost.handoff_messages):.1f} hand-off "
+                f"messages ({cost.handoff_pairs:,} pairs), {cost.per_node(cost.messages):.0f} messages, "
+                f"{cost.per_node(cost.bytes) / 1024:.1f} KiB, {cost.per_node(cost.cpu_seconds) * 1e3:.0f} ms CPU "
+                f"[{time.perf_counter() - t:.0f} s wall]")
             start_time = end_time
         timings["phases"] = time.perf_counter() - t
         links = [node.cluster.status()["links"]["live"] for node in run.running()]

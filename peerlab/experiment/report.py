@@ -36,6 +36,7 @@ from typing import Any
 
 from .plan import Plan, to_toml
 from .results import (
+    ChangeResult,
     ExperimentResult,
     NodeDeviation,
     PhaseResult,
@@ -248,6 +249,7 @@ def format_report(result: ExperimentResult) -> str:
         lines.append(_summary_line(phase, simulated))
     for change in result.changes:
         lines.append(_change_line(change))
+    lines += _cost_table(result.changes)
     lines.append(f"wall time {result.wall_seconds:.1f} s, peak memory {result.peak_rss_bytes / 2**20:,.0f} MiB"
                  + (" (this process; the nodes are separate processes)" if result.mode == "live" else "")
                  + ("; " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items()) if result.timings
@@ -292,6 +294,25 @@ def _change_line(change: Any) -> str:
         line += (f"; settled in {change.settle_seconds:.1f} s, {change.transition_urls:,} URLs sent meanwhile "
                  "(in no phase)")
     return line
+
+
+def _cost_table(changes: Sequence[ChangeResult]) -> list[str]:
+    """Cluster mode: what each view change cost per node, beside the crawl's own rate in the phase before."""
+    costs = [(c, c.cost) for c in changes if c.cost is not None]
+    if not costs:
+        return []
+    lines = ["", "what each view change cost, per node (from the change until every node settled), beside the "
+                 "phase before it per virtual second",
+             f"{'change':<24} {'nodes':>6} {'settle s':>8} {'hand-off msgs':>13} {'pairs':>7} {'messages':>9} "
+             f"{'KiB':>8} {'CPU ms':>7} | {'msgs/s':>7} {'KiB/s':>7} {'CPU ms/s':>8}"]
+    for change, cost in costs:
+        lines.append(
+            f"{change.name[:24]:<24} {cost.nodes:>6,} {cost.seconds:>8.1f} "
+            f"{cost.per_node(cost.handoff_messages):>13.2f} {cost.handoff_pairs:>7,} "
+            f"{cost.per_node(cost.messages):>9.1f} {cost.per_node(cost.bytes) / 1024:>8.1f} "
+            f"{cost.per_node(cost.cpu_seconds) * 1e3:>7.1f} | {cost.phase_messages:>7.1f} "
+            f"{cost.phase_bytes / 1024:>7.1f} {cost.phase_cpu * 1e3:>8.2f}")
+    return lines
 
 
 # --------------------------------------------------------------------------- files
@@ -361,10 +382,15 @@ def write_csvs(result: ExperimentResult, out: Path) -> list[Path]:
     path = out / "changes.csv"
     _write_csv(path, ["phase", "name", "time", "actions", "ideal_keyspace", "moved_keyspace", "hosts_moved",
                       "hosts_total", "urls_held", "urls_moved", "urls_lost", "ideal_urls", "settle_seconds",
-                      "transition_urls"],
+                      "transition_urls", "nodes", "handoff_messages", "handoff_pairs", "messages", "bytes",
+                      "cpu_seconds", "phase_messages_per_node_s", "phase_bytes_per_node_s", "phase_cpu_per_node_s"],
                ([c.phase + 1, c.name, f"{c.time:.3f}", "; ".join(c.actions), _f(c.ideal_keyspace),
                  _f(c.moved_keyspace), c.hosts_moved, c.hosts_total, c.urls_held, c.urls_moved, c.urls_lost,
-                 _f(c.ideal_urls), f"{c.settle_seconds:.3f}", c.transition_urls] for c in result.changes))
+                 _f(c.ideal_urls), f"{c.settle_seconds:.3f}", c.transition_urls,
+                 *((c.cost.nodes, c.cost.handoff_messages, c.cost.handoff_pairs, c.cost.messages, c.cost.bytes,
+                    f"{c.cost.cpu_seconds:.3f}", _f(c.cost.phase_messages), _f(c.cost.phase_bytes),
+                    _f(c.cost.phase_cpu)) if c.cost is not None else ("",) * 9)]
+                for c in result.changes))
     written.append(path)
     path = out / "moved.csv"
     _write_csv(path, ["phase", "name", "from", "to", "urls"],
@@ -395,7 +421,12 @@ def summary(result: ExperimentResult) -> dict[str, Any]:
             {"phase": c.phase + 1, "name": c.name, "time": c.time, "actions": list(c.actions),
              "ideal_keyspace": c.ideal_keyspace, "moved_keyspace": c.moved_keyspace, "hosts_moved": c.hosts_moved,
              "hosts_total": c.hosts_total, "urls_held": c.urls_held, "urls_moved": c.urls_moved,
-             "urls_lost": c.urls_lost, "settle_seconds": c.settle_seconds, "transition_urls": c.transition_urls}
+             "urls_lost": c.urls_lost, "settle_seconds": c.settle_seconds, "transition_urls": c.transition_urls,
+             **({"cost": {"nodes": c.cost.nodes, "handoff_messages": c.cost.handoff_messages,
+                          "handoff_pairs": c.cost.handoff_pairs, "messages": c.cost.messages, "bytes": c.cost.bytes,
+                          "cpu_seconds": round(c.cost.cpu_seconds, 3), "phase_messages": c.cost.phase_messages,
+                          "phase_bytes": c.cost.phase_bytes, "phase_cpu": c.cost.phase_cpu}}
+                if c.cost is not None else {})}
             for c in result.changes
         ],
     }

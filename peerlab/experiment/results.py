@@ -28,6 +28,7 @@ from .plan import Plan
 
 __all__ = [
     "Cell",
+    "ChangeCost",
     "ChangeResult",
     "ExperimentResult",
     "NodeDeviation",
@@ -104,6 +105,32 @@ class Sample:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ChangeCost:
+    """What one view change cost the nodes of a simulated cluster (mode cluster), from the change until every node
+    settled on the new ring, beside the same figures per virtual second of the phase before it (the crawl's own
+    traffic, which goes on during the change). Per node: divided by the nodes running at the change."""
+
+    nodes: int
+    seconds: float  # virtual seconds from the change to the settle
+    messages: int  # messages the nodes received, of every kind (the links' received_kinds)
+    bytes: int  # bytes the nodes wrote to the network
+    cpu_seconds: float  # CPU time of the simulating process
+    handoff_messages: int  # HandoffChunk, HandoffAck and HandoffAsk sent
+    handoff_pairs: int  # ordered (sender, receiver) pairs that exchanged any of them
+    #: the phase before the change, per node and virtual second: messages, bytes, CPU seconds
+    phase_messages: float = 0.0
+    phase_bytes: float = 0.0
+    phase_cpu: float = 0.0
+
+    def per_node(self, total: float) -> float:
+        return total / max(1, self.nodes)
+
+    def excess(self, total: float, rate: float) -> float:
+        """Per node, what the change cost beyond the phase's rate over the same virtual seconds (at least 0)."""
+        return max(0.0, self.per_node(total) - rate * self.seconds)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ChangeResult:
     """What one change moved. Key-space figures are fractions of the ring; URLs are those the previous owners
     held for the hosts that changed owner (``urls_lost``: held by a killed node, so nobody hands them off)."""
@@ -126,6 +153,8 @@ class ChangeResult:
     settle_seconds: float = 0.0
     #: live: URLs sent while the views were changing; they belong to no phase (0 in simulation).
     transition_urls: int = 0
+    #: cluster mode: what the change cost the nodes (messages, bytes, CPU, hand-off pairs)
+    cost: ChangeCost | None = None
 
     @property
     def ideal_urls(self) -> float:
