@@ -17,8 +17,9 @@ from peer.cluster.replicas.queuereplicas import QueueAlone, QueueReplicas
 from peer.cluster.handoff.handoff import Alone, Handoff, HandoffConfig, handoff_arcs, plan_view
 from peer.cluster.net.peerlinks import PeerLinks
 from peer.cluster.net.memtransport import MemoryNetwork
+from peer.cluster.core.termination import LEFT_GRACE, Termination
 from protocol import HandoffAck, HandoffAsk, HandoffChunk, Limits, Message, QueueReplica, decode_body, encode_body
-from ring import RING_SPACE, ArcMove, Ring, diff, host_position
+from ring import RING_SPACE, ArcMove, MemberState, Ring, View, diff, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc, queued_url_keys, url_key
 
 OLD = Ring({"a": 1}, points_per_weight=1)
@@ -401,6 +402,43 @@ async def test_a_leaving_node_that_still_waits_for_arcs_is_answered_and_hands_of
         # to send, and a, which gained nothing from l, waited for none: it was not sent
         assert a.transfers_received == 1 and l.transfers_completed == 1 and l.transfers_unneeded == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_an_answer_a_departed_leaver_never_acknowledged_is_cancelled(stores, autojump_clock) -> None:
+    """a answers the ask of l, which is leaving, and l goes before acknowledging it. A node that left causes no
+    view change, so the cancel at view changes never comes: the termination's check for departed nodes cancels the
+    transfer, and a is idle again (`outstanding` 0) instead of never."""
+    store_a, _ = stores
+    ring = Ring({"a": 1, "b": 1}, points_per_weight=8)
+    a = Handoff("a", store_a, Recorder(), delegate=Departing("a", {"l"}))
+    a.view_changed(3, ring, ring)
+    await a.on_message("l", HandoffAsk(ring=3))
+    a.pump()
+    assert a.asks_answered == 1 and a.outstanding() == 1
+    view = View().join("a", "10.0.0.1:7400", 1).join("b", "10.0.0.2:7400", 1).join("l", "10.0.0.3:7400", 1)
+    view = view.with_member(replace(view.member("l"), incarnation=1, state=MemberState.LEAVING))
+
+    class Links:
+        def send_nowait(self, peer_id: str, message: Message, *, address: str | None = None) -> bool:
+            return True
+
+        def connected_peers(self) -> list[str]:
+            return ["b"]  # l is gone
+
+    class Work:
+        stats = None
+
+        def outstanding(self) -> int:
+            return 0
+
+    termination = Termination("a", view=lambda: view, members=lambda: (3, ("a", "b")), links=Links(),
+                              dispatcher=Work(), handoff=a, crawler=lambda: None, stats=None, queued=lambda: 0,
+                              ready=trio.Event())
+    termination.release_departed()  # first seen leaving now
+    assert a.outstanding() == 1
+    await trio.sleep(LEFT_GRACE)
+    termination.release_departed()
+    assert a.outstanding() == 0
 
 
 async def test_a_joiner_sends_only_what_it_holds_to_owners_that_gained_nothing_from_it(stores) -> None:

@@ -66,6 +66,8 @@ class TerminationHandoff(Protocol):
 
     def abandon(self, peer_id: str) -> None: ...
 
+    def cancel_to(self, peer_id: str) -> int: ...
+
 
 class Termination:
     """Progress reports and waves, and concluding that the whole cluster's crawl is finished."""
@@ -142,7 +144,9 @@ class Termination:
         """Stop waiting for arcs from nodes that left: LEAVING for LEFT_GRACE and no longer connected (a leaving
         node keeps its links until it has handed everything off, then exits). It handed off under its own last
         ring; what we wait for under a ring it never adopted will not come, and without this the wait runs out
-        only after `handoff_wait` (30 s), the arcs' hosts unfetched meanwhile. Returns the peers released."""
+        only after `handoff_wait` (30 s), the arcs' hosts unfetched meanwhile. A transfer to it that it did not
+        acknowledge before it went (our answer to its `HandoffAsk`) is cancelled too: a node that left causes no
+        view change, and the transfer would keep this node from ever being idle. Returns the peers released."""
         now = trio.current_time()
         connected = set(self.links.connected_peers())
         released = []
@@ -152,11 +156,15 @@ class Termination:
                 self._leaving_since.pop(peer, None)
                 continue
             since = self._leaving_since.setdefault(peer, now)
-            if now - since >= LEFT_GRACE and peer not in connected and self.handoff.waits_for(peer):
+            if now - since < LEFT_GRACE or peer in connected:
+                continue
+            if self.handoff.waits_for(peer):
                 self.handoff.abandon(peer)
                 released.append(peer)
                 log.info("a node that left hands nothing more: its arcs are no longer waited for",
                          extra={"peer": peer})
+            if self.handoff.cancel_to(peer):
+                log.info("a node that left takes nothing more: transfers to it cancelled", extra={"peer": peer})
         return released
 
     def _suspect(self, peer: str) -> bool:
