@@ -368,10 +368,10 @@ class Departing(Alone):
 
     def __init__(self, node_id: str, leaving: set[str]) -> None:
         super().__init__(node_id)
-        self.departing = leaving
+        self.leaving = leaving
 
-    def leaving(self, peer_id: str) -> bool:
-        return peer_id in self.departing
+    def departing(self, peer_id: str) -> bool:
+        return peer_id in self.leaving
 
 
 async def test_a_leaving_node_that_still_waits_for_arcs_is_answered_and_hands_off_at_once(stores, autojump_clock):

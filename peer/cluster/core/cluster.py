@@ -395,7 +395,7 @@ class Cluster(ViewChanges):
     def foreign_states(self, states) -> None:
         self.replicas.pass_states(states)
 
-    def leaving(self, peer_id: str) -> bool:
+    def departing(self, peer_id: str) -> bool:
         member = self.view.member(peer_id)
         return member is not None and member.state is MemberState.LEAVING
 

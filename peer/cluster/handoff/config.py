@@ -112,7 +112,7 @@ class HandoffDelegate(Protocol):
         """Politeness states of an applied chunk for hosts owned elsewhere under this node's ring: not stored
         here (nothing here would hand them on) but passed on to their owner."""
 
-    def leaving(self, peer_id: str) -> bool:
+    def departing(self, peer_id: str) -> bool:
         """Whether `peer_id` is leaving gracefully (LEAVING in this node's view): it owns no arc of our ring any
         more, yet it hands off what it holds, and its transfers may wait for arcs it still awaits from us, so
         its `HandoffAsk` is answered as a member's is."""
@@ -148,5 +148,5 @@ class Alone:
     def foreign_states(self, states: list[WireHostState]) -> None:
         pass
 
-    def leaving(self, peer_id: str) -> bool:
+    def departing(self, peer_id: str) -> bool:
         return False

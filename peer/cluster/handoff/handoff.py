@@ -383,7 +383,7 @@ class Handoff(Sending, Receiving):
         gone, as we see it) is not answered now: a transfer to it would stay unacknowledged."""
         self._asked[peer_id] = ask.ring
         members = self._ring.weights if self._ring is not None else ()
-        if ask.ring == self._ring_id and (peer_id in members or self.delegate.leaving(peer_id)):
+        if ask.ring == self._ring_id and (peer_id in members or self.delegate.departing(peer_id)):
             self._answer_ask(peer_id)
             self._start_quiet()
             if self._wake is not None:
