@@ -21,11 +21,12 @@ kernel's page cache of every page of the store no process has mapped: each read 
 disk read, counted by the node's ``/proc/PID/io`` ``read_bytes`` and its major faults.
 
 Each row (printed, and in ``--json``): ``seen_urls``, ``queued_urls``, ``hosts``, ``pages`` (fetched between
-the end of the warm-up, the first quarter of the run, and its end), ``cpu_ms_per_page`` (the node's user +
+the end of a warm-up of ``--seconds`` / 4 after the node's first page, and ``--seconds`` later), ``cpu_ms_per_page`` (the node's user +
 system CPU over those pages), ``pages_per_s``, ``rss_mib`` (peak VmRSS), ``disk_bytes_per_seen_url`` (pages of
 the seen database / its keys), ``disk_bytes_per_queued_url`` (pages of the frontier's databases / queued
 URLs), ``file_bytes`` (the data file), ``disk_reads_per_page`` (read_bytes / 4096 / pages), ``majflt_per_page``,
-``links_per_page`` (links checked against the seen store per page) and ``load_s``. The reference for CPU is
+``links_per_page`` (links checked against the seen store per page), ``load_s`` and ``start_s`` (from the
+node's start to its first page: its restore reads the host table and the loaded hosts' states). The reference for CPU is
 the first size's figure in the same run (``cpu_ratio``).
 """
 
@@ -55,6 +56,7 @@ from tests.bench.bench_crawl import BENCH_DOMAIN, _final_stats, _start_dns, _sto
 MiB = 2**20
 CHUNK = 200_000  # keys per load transaction
 PUSH_BATCH = 20_000
+START_LIMIT = 900.0  # seconds a node may take to start on the store (its first page), at most
 RETRY_AFTER = 30 * 86400.0  # the loaded hosts wait that long: the node holds their URLs and does not fetch them
 
 
@@ -86,6 +88,29 @@ class Loader:
             pairs = [(key, b"") for key in keys]
             env.write(lambda txn, pairs=pairs: txn.cursor(db).putmulti(pairs, dupdata=False, overwrite=False))
             self.seen = end
+
+    def bulk_seen(self, target: int) -> None:
+        """All `target` seen keys at once into an empty store: made, sorted and appended (full leaf pages, where
+        a node's inserts in arrival order leave them about 70% full), for sizes where inserting them one by one
+        at random would take hours."""
+        import numpy as np
+
+        if self.seen:
+            raise ValueError("bulk_seen needs an empty store")
+        positions, hosts = self.positions, self.hosts
+        keys = np.empty((target, 2), dtype=">u8")
+        for first in range(0, target, CHUNK):
+            end = min(target, first + CHUNK)
+            raw = b"".join(positions[i % hosts] + blake2b(url_of(i, hosts).encode(), digest_size=8).digest()
+                           for i in range(first, end))
+            keys[first:end] = np.frombuffer(raw, dtype=">u8").reshape(-1, 2)
+        keys = keys[np.lexsort((keys[:, 1], keys[:, 0]))]
+        env, db = self.store._env, self.store._env.db(b"seen")
+        for first in range(0, target, 10 * CHUNK):
+            block = keys[first:first + 10 * CHUNK].tobytes()
+            pairs = [(block[j:j + 16], b"") for j in range(0, len(block), 16)]
+            env.write(lambda txn, pairs=pairs: txn.cursor(db).putmulti(pairs, dupdata=False, append=True))
+        self.seen = target
 
     def grow_queued(self, target: int) -> None:
         hosts, frontier = self.hosts, self.store.frontier
@@ -144,9 +169,11 @@ def status(port: int, data: Path) -> dict[str, Any]:
         return dict(json.loads(resp.read()))
 
 
-def crawl(data: Path, seconds: float, evict_every: float, web: BenchWeb, dns_port: int,
-          workdir: Path) -> dict[str, float]:
-    """A real node crawls the local web for `seconds` on the data directory `data`; measured from outside."""
+def crawl(data: Path, seconds: float, evict_every: float, web: BenchWeb, dns_port: int, workdir: Path,
+          profile: Path | None = None) -> dict[str, float]:
+    """A real node crawls the local web on the data directory `data`, measured from outside: from its first
+    page, a warm-up of `seconds` / 4, then `seconds` measured. With `profile`, the node's CPU is sampled over the
+    measured window (tests/bench/_cpuprof) into that file."""
     seeds = workdir / "seeds.txt"
     seeds.write_text("\n".join(web.seeds) + "\n", encoding="utf-8")
     config = workdir / "node.toml"
@@ -159,34 +186,56 @@ def crawl(data: Path, seconds: float, evict_every: float, web: BenchWeb, dns_por
            "--nameserver", f"127.0.0.1:{dns_port}", "--delay", "0", "--ip-connections", "0",
            "--concurrency", "256", "--data-dir", str(data), "--store", "none", "--log-format", "json",
            "--log-level", "info"]
+    env = dict(os.environ)
+    if profile is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent / "_cpuprof"),
+                                             *filter(None, [env.get("PYTHONPATH")])])
+        env["BENCH_CPU_PROFILE"] = str(profile)
+        env["BENCH_CPU_PROFILE_WINDOW"] = "1"
     data_file = data / "state" / "data.mdb"
     tick = os.sysconf("SC_CLK_TCK")
     peak_rss = 0
+    first_page: float | None = None
     start: dict[str, Any] | None = None
     last: dict[str, Any] = {}
     with open(log_file, "wb") as err:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env)
     t0 = time.perf_counter()
     next_evict = t0
+    # /status is read once a second until the first page, then only at the window's two ends: its answer costs
+    # the node time that grows with the hosts in its window (the slow-host list), which is not the crawl's
     try:
-        while proc.poll() is None and time.perf_counter() - t0 < seconds:  # bounded by `seconds`
+        while proc.poll() is None and time.perf_counter() - t0 < START_LIMIT + 1.25 * seconds:
             now = time.perf_counter()
             if evict_every > 0 and now >= next_evict:
                 evict(data_file)
                 next_evict = now + evict_every
             try:
                 fig = proc_figures(proc.pid)
-                st = status(control, data)
+                peak_rss = max(peak_rss, fig["rss"])
+                due = (first_page is None or (start is None and now - first_page >= seconds / 4)
+                       or (start is not None and now - start["t"] >= seconds))
+                st = status(control, data) if due else None
             except (OSError, ValueError):
                 time.sleep(0.25)
                 continue
-            peak_rss = max(peak_rss, fig["rss"])
-            sample = {**fig, "pages": int(st.get("pages", 0)), "links": int(st.get("links_found", 0)), "t": now}
-            if start is None and sample["pages"] > 0 and now - t0 >= seconds / 4:
-                start = sample
-            last = sample
-            time.sleep(0.5)
+            if st is not None:
+                sample = {**proc_figures(proc.pid), "pages": int(st.get("pages", 0)),
+                          "links": int(st.get("links_found", 0)), "t": time.perf_counter()}
+                if first_page is None:
+                    if sample["pages"] > 0:
+                        first_page = now
+                elif start is None:
+                    start = sample
+                    if profile is not None:
+                        proc.send_signal(signal.SIGUSR1)
+                else:
+                    last = sample
+                    break
+            time.sleep(0.5 if first_page is not None else 1.0)
     finally:
+        if profile is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGUSR2)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         try:
@@ -195,12 +244,13 @@ def crawl(data: Path, seconds: float, evict_every: float, web: BenchWeb, dns_por
             proc.kill()
             proc.wait()
     final = _final_stats(log_file)
-    if not final or start is None or last["pages"] <= start["pages"]:
+    if not final or start is None or not last or last["pages"] <= start["pages"]:
         tail = log_file.read_text(errors="replace").splitlines()[-5:]
         raise SystemExit("bench_store_growth: the node crawled nothing measurable; last log lines:\n"
                          + "\n".join(tail))
     pages = last["pages"] - start["pages"]
     return {
+        "start_s": round(first_page - t0, 1),
         "pages": pages,
         "cpu_ms_per_page": (last["cpu_ticks"] - start["cpu_ticks"]) / tick * 1000 / pages,
         "pages_per_s": pages / (last["t"] - start["t"]),
@@ -208,8 +258,49 @@ def crawl(data: Path, seconds: float, evict_every: float, web: BenchWeb, dns_por
         "disk_reads_per_page": (last["read_bytes"] - start["read_bytes"]) / 4096 / pages,
         "majflt_per_page": (last["majflt"] - start["majflt"]) / pages,
         "links_per_page": (last["links"] - start["links"]) / pages,
-        "status_2xx": int(final.get("status", {}).get("2xx", 0)),
     }
+
+
+def measure(args: argparse.Namespace, store: NodeStore, loader: Loader, size: int, root: Path, web: BenchWeb,
+            dns_port: int, rows: list[dict[str, Any]], *, bulk: bool) -> dict[str, Any]:
+    """Grow the store to `size` seen URLs, copy it to a node's data directory, crawl on it, and give the row."""
+    t = time.perf_counter()
+    if bulk:
+        loader.bulk_seen(size)
+    else:
+        loader.grow_seen(size)
+    loader.grow_queued(min(args.queued, size // 10))
+    store.sync()
+    load_s = time.perf_counter() - t
+    row: dict[str, Any] = {
+        "seen_urls": len(store.dedup), "queued_urls": len(store.frontier), "hosts": min(args.hosts, size),
+        "load": "sorted, appended" if bulk else "in arrival order", "load_s": round(load_s, 1),
+        "disk_bytes_per_seen_url": store.seen_bytes() / max(1, len(store.dedup)),
+        "disk_bytes_per_queued_url": store.frontier_bytes() / max(1, len(store.frontier)),
+        "file_bytes": store.disk_bytes(),
+    }
+    run = root / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(root / "base", run)
+    evict(root / "base" / "state" / "data.mdb")
+    evict(run / "state" / "data.mdb")
+    profile = None
+    if args.cpu_profile is not None:
+        args.cpu_profile.mkdir(parents=True, exist_ok=True)
+        profile = args.cpu_profile / f"cpu-{size}"
+    row.update(crawl(run, args.seconds, args.evict_every, web, dns_port, root, profile))
+    shutil.rmtree(run, ignore_errors=True)
+    row["cpu_ratio"] = row["cpu_ms_per_page"] / (rows[0] if rows else row)["cpu_ms_per_page"]
+    print(f"{row['seen_urls']:>12,} seen {row['queued_urls']:>11,} queued: "
+          f"{row['cpu_ms_per_page']:6.2f} ms CPU/page ({row['cpu_ratio']:.2f}x), "
+          f"{row['pages_per_s']:5.0f} pages/s, RSS {row['rss_mib']:5.0f} MiB, "
+          f"{row['disk_bytes_per_seen_url']:5.1f} B/seen, {row['disk_bytes_per_queued_url']:5.0f} "
+          f"B/queued, {row['disk_reads_per_page']:.2f} reads/page ({row['majflt_per_page']:.2f} "
+          f"majflt), {row['links_per_page']:.0f} links/page; loaded in {load_s:.0f} s ({row['load']}), "
+          f"first page after {row['start_s']:.0f} s", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps([*rows, row], indent=1) + "\n", encoding="utf-8")
+    return row
 
 
 def main() -> None:
@@ -221,7 +312,11 @@ def main() -> None:
     parser.add_argument("--evict-every", type=float, default=2.0,
                         help="seconds between evictions of the store from the page cache (0: never)")
     parser.add_argument("--dir", type=Path, default=None, help="where the stores go (default: a temp dir)")
+    parser.add_argument("--bulk-from", type=int, default=10**8,
+                        help="sizes from this one on start from an empty store whose seen keys are appended sorted")
     parser.add_argument("--json", type=Path, default=None, help="write the rows there")
+    parser.add_argument("--cpu-profile", type=Path, default=None, metavar="DIR",
+                        help="sample the node's CPU over each measured window into DIR/cpu-SEEN (tests/bench/_cpuprof)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-growth-", dir=args.dir))
     rows: list[dict[str, Any]] = []
@@ -230,39 +325,18 @@ def main() -> None:
             web = stack.enter_context(start_bench_web(**REAL_WEB))  # type: ignore[arg-type]
             dns, dns_port = _start_dns(dict(web.zone), root)
             stack.callback(_stop, dns)
-            base = root / "base"
-            with NodeStore.open(base / "state", map_size=1 << 30, max_map_size=1 << 40) as store:
-                loader = Loader(store, args.hosts)
-                for size in sorted(args.sizes):
-                    t = time.perf_counter()
-                    loader.grow_seen(size)
-                    loader.grow_queued(min(args.queued, size // 10))
-                    store.sync()
-                    load_s = time.perf_counter() - t
-                    row: dict[str, Any] = {
-                        "seen_urls": len(store.dedup), "queued_urls": len(store.frontier),
-                        "hosts": min(args.hosts, size), "load_s": round(load_s, 1),
-                        "disk_bytes_per_seen_url": store.seen_bytes() / max(1, len(store.dedup)),
-                        "disk_bytes_per_queued_url": store.frontier_bytes() / max(1, len(store.frontier)),
-                        "file_bytes": store.disk_bytes(),
-                    }
-                    run = root / "run"
-                    shutil.rmtree(run, ignore_errors=True)
-                    shutil.copytree(base, run)
-                    evict(base / "state" / "data.mdb")
-                    evict(run / "state" / "data.mdb")
-                    row.update(crawl(run, args.seconds, args.evict_every, web, dns_port, root))
-                    shutil.rmtree(run, ignore_errors=True)
-                    row["cpu_ratio"] = row["cpu_ms_per_page"] / (rows[0] if rows else row)["cpu_ms_per_page"]
-                    rows.append(row)
-                    print(f"{row['seen_urls']:>12,} seen {row['queued_urls']:>11,} queued: "
-                          f"{row['cpu_ms_per_page']:6.2f} ms CPU/page ({row['cpu_ratio']:.2f}x), "
-                          f"{row['pages_per_s']:5.0f} pages/s, RSS {row['rss_mib']:5.0f} MiB, "
-                          f"{row['disk_bytes_per_seen_url']:5.1f} B/seen, {row['disk_bytes_per_queued_url']:5.0f} "
-                          f"B/queued, {row['disk_reads_per_page']:.2f} reads/page ({row['majflt_per_page']:.2f} "
-                          f"majflt), {row['links_per_page']:.0f} links/page; loaded in {load_s:.0f} s", flush=True)
-                    if args.json:
-                        args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+            grown = sorted(size for size in args.sizes if size < args.bulk_from)
+            if grown:
+                with NodeStore.open(root / "base" / "state", map_size=1 << 30, max_map_size=1 << 40) as store:
+                    loader = Loader(store, args.hosts)
+                    for size in grown:
+                        rows.append(measure(args, store, loader, size, root, web, dns_port, rows, bulk=False))
+                shutil.rmtree(root / "base", ignore_errors=True)
+            for size in sorted(size for size in args.sizes if size >= args.bulk_from):
+                with NodeStore.open(root / "base" / "state", map_size=1 << 30, max_map_size=1 << 40) as store:
+                    loader = Loader(store, args.hosts)
+                    rows.append(measure(args, store, loader, size, root, web, dns_port, rows, bulk=True))
+                shutil.rmtree(root / "base", ignore_errors=True)
     finally:
         if not os.environ.get("BENCH_GROWTH_KEEP"):
             shutil.rmtree(root, ignore_errors=True)
