@@ -56,6 +56,8 @@ from tests.bench.bench_crawl import BENCH_DOMAIN, _final_stats, _start_dns, _sto
 MiB = 2**20
 CHUNK = 200_000  # keys per load transaction
 PUSH_BATCH = 20_000
+BUCKET_BITS = 6  # the bulk load sorts 64 buckets of keys one at a time
+BUCKETS = 1 << BUCKET_BITS
 START_LIMIT = 900.0  # seconds a node may take to start on the store (its first page), at most
 RETRY_AFTER = 30 * 86400.0  # the loaded hosts wait that long: the node holds their URLs and does not fetch them
 
@@ -89,27 +91,42 @@ class Loader:
             env.write(lambda txn, pairs=pairs: txn.cursor(db).putmulti(pairs, dupdata=False, overwrite=False))
             self.seen = end
 
-    def bulk_seen(self, target: int) -> None:
+    def bulk_seen(self, target: int, spool: Path) -> None:
         """All `target` seen keys at once into an empty store: made, sorted and appended (full leaf pages, where
         a node's inserts in arrival order leave them about 70% full), for sizes where inserting them one by one
-        at random would take hours."""
+        at random would take hours. The keys go first to BUCKETS files under `spool` by their first byte (ring
+        order), then each file is sorted in memory and appended: memory holds one bucket (10^9 keys: 250 MB)."""
         import numpy as np
 
         if self.seen:
             raise ValueError("bulk_seen needs an empty store")
         positions, hosts = self.positions, self.hosts
-        keys = np.empty((target, 2), dtype=">u8")
-        for first in range(0, target, CHUNK):
-            end = min(target, first + CHUNK)
-            raw = b"".join(positions[i % hosts] + blake2b(url_of(i, hosts).encode(), digest_size=8).digest()
-                           for i in range(first, end))
-            keys[first:end] = np.frombuffer(raw, dtype=">u8").reshape(-1, 2)
-        keys = keys[np.lexsort((keys[:, 1], keys[:, 0]))]
+        spool.mkdir(parents=True, exist_ok=True)
+        files = [open(spool / f"bucket-{b:03d}", "wb") for b in range(BUCKETS)]  # noqa: SIM115 - closed below
+        try:
+            for first in range(0, target, CHUNK):
+                keys = np.frombuffer(b"".join(
+                    positions[i % hosts] + blake2b(url_of(i, hosts).encode(), digest_size=8).digest()
+                    for i in range(first, min(target, first + CHUNK))), dtype=">u8").reshape(-1, 2)
+                bucket = (keys[:, 0] >> np.uint64(64 - BUCKET_BITS)).astype(np.int64)
+                order = np.argsort(bucket, kind="stable")
+                bounds = np.searchsorted(bucket[order], np.arange(BUCKETS + 1))
+                for b in range(BUCKETS):
+                    if bounds[b] < bounds[b + 1]:
+                        files[b].write(keys[order[bounds[b]:bounds[b + 1]]].tobytes())
+        finally:
+            for fh in files:
+                fh.close()
         env, db = self.store._env, self.store._env.db(b"seen")
-        for first in range(0, target, 10 * CHUNK):
-            block = keys[first:first + 10 * CHUNK].tobytes()
-            pairs = [(block[j:j + 16], b"") for j in range(0, len(block), 16)]
-            env.write(lambda txn, pairs=pairs: txn.cursor(db).putmulti(pairs, dupdata=False, append=True))
+        for b in range(BUCKETS):
+            path = spool / f"bucket-{b:03d}"
+            keys = np.fromfile(path, dtype=">u8").reshape(-1, 2)
+            path.unlink()
+            keys = keys[np.lexsort((keys[:, 1], keys[:, 0]))]
+            for first in range(0, len(keys), 10 * CHUNK):
+                block = keys[first:first + 10 * CHUNK].tobytes()
+                pairs = [(block[j:j + 16], b"") for j in range(0, len(block), 16)]
+                env.write(lambda txn, pairs=pairs: txn.cursor(db).putmulti(pairs, dupdata=False, append=True))
         self.seen = target
 
     def grow_queued(self, target: int) -> None:
@@ -266,7 +283,7 @@ def measure(args: argparse.Namespace, store: NodeStore, loader: Loader, size: in
     """Grow the store to `size` seen URLs, copy it to a node's data directory, crawl on it, and give the row."""
     t = time.perf_counter()
     if bulk:
-        loader.bulk_seen(size)
+        loader.bulk_seen(size, root / "spool")
     else:
         loader.grow_seen(size)
     loader.grow_queued(min(args.queued, size // 10))
@@ -281,8 +298,12 @@ def measure(args: argparse.Namespace, store: NodeStore, loader: Loader, size: in
     }
     run = root / "run"
     shutil.rmtree(run, ignore_errors=True)
-    shutil.copytree(root / "base", run)
-    evict(root / "base" / "state" / "data.mdb")
+    if bulk:  # this store is not grown further: the node crawls on it, with no copy (10^9 keys: 27 GB)
+        store.close()
+        (root / "base").rename(run)
+    else:
+        shutil.copytree(root / "base", run)
+        evict(root / "base" / "state" / "data.mdb")
     evict(run / "state" / "data.mdb")
     profile = None
     if args.cpu_profile is not None:
