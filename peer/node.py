@@ -57,6 +57,7 @@ from peer.crawl.settings import CrawlSettings, SettingsError, SettingsFile
 from peer.crawl.seenstores import open_node_store
 from peer.crawl.syncs import StoreSyncs
 from peer.dashboard import NodeWatch, file_rss_bytes, peak_rss_bytes
+from peer.diskguard import DiskGuard, DiskMarks, statvfs_free
 from peer.fetch.dns import CachingResolver
 from peer.fetch.http import Fetcher
 from peer.fetch.policy import HostPolicies
@@ -144,12 +145,20 @@ class Node:
         self.uploader: Uploader | None = None  # --upload: closed WARC files to object storage
         self.webhook: WebhookSender | None = None  # --webhook: a signed POST per WARC file uploaded or closed
         self.store_releases = 0  # times the store's mapped pages were handed back (store_resident_mib)
+        # low disk on the data directory's filesystem: a state in which the node holds (peer/diskguard.py)
+        self.disk = DiskGuard(statvfs_free(self.data_dir), DiskMarks.from_mib(cfg.disk_min_free_mib),
+                              hold=self._hold_for_disk)
         self._stop = trio.Event()
         self._leave = trio.Event()
         self.control = ControlRoutes(self)  # the control endpoint's routes and what they show of this node
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    def _hold_for_disk(self, on: bool) -> None:
+        """The disk guard's hold: the crawler's hold "disk" (the guard is served only once the crawler exists)."""
+        if self.crawler is not None:
+            self.crawler.hold("disk", on)
 
     def request_leave(self) -> None:
         self._leave.set()
@@ -225,7 +234,8 @@ class Node:
                                     "hand-offs are stored in the same transactions as the seen-set")
                 try:
                     self.cluster = Cluster(cfg, node_id=self.node_id, store=store, secret=secret, stats=self.stats,
-                                           syncs=syncs, summary=self.summary, plugins=plugins.description)
+                                           syncs=syncs, summary=self.summary, plugins=plugins.description,
+                                           admitting=self.disk.admitting)
                 except TransportError as exc:
                     raise NodeError(str(exc)) from exc
             try:
@@ -289,6 +299,7 @@ class Node:
                     nursery.start_soon(self._housekeeping, pages)
                     nursery.start_soon(self._bound_store_pages, store)
                     nursery.start_soon(self._sample)
+                    await nursery.start(self.disk.serve)
                     if self.exporter is not None:
                         await nursery.start(self.exporter.serve)
                     if cluster is not None:

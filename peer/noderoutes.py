@@ -26,6 +26,7 @@ from peer.crawl.crawler import Crawler
 from peer.crawl.pageworkers import PageWorkers
 from peer.crawl.settings import CONFIG_VERSION_FOUNDER, SettingsError
 from peer.dashboard import STALL_AFTER, NodeWatch, file_rss_bytes, page, rss_bytes, slow_hosts
+from peer.diskguard import DiskGuard
 from peer.fetch.dns import CachingResolver
 from peer.fetch.policy import HostPolicies
 from peer.outputs import Uploader, WebhookSender
@@ -67,6 +68,7 @@ class RoutedNode(Protocol):
     data_dir: Path
     uploader: Uploader | None  # --upload, once started
     webhook: WebhookSender | None  # --webhook, once started
+    disk: DiskGuard  # the low-disk state (peer/diskguard.py)
 
     def request_stop(self) -> None: ...
 
@@ -93,6 +95,7 @@ class ControlRoutes:
             "seen_urls": len(c.dedup),
             "settings": {"version": c.settings.version, "paused": c.settings.paused},
             "held": sorted(c.holds),
+            "disk": self.node.disk.status(),
             "upload": self.node.uploader.status() if self.node.uploader is not None else {"enabled": False},
             "webhook": self.node.webhook.status() if self.node.webhook is not None else {"enabled": False},
             "revisit": c.revisit_status(),
@@ -139,6 +142,11 @@ class ControlRoutes:
             yield CounterMetricFamily(f"peercrawl_{name}_hits", f"{doc} look-ups answered from the cache", value=hits)
             yield CounterMetricFamily(f"peercrawl_{name}_misses", f"{doc} look-ups not in the cache", value=misses)
         yield from self._upload_families()
+        disk = self.node.disk
+        yield GaugeMetricFamily("peercrawl_disk_free_bytes", "Free bytes on the data directory's filesystem",
+                                value=disk.free)
+        yield GaugeMetricFamily("peercrawl_disk_low", "1 while the disk is low: no new fetch, no new URL admitted",
+                                value=1 if disk.low else 0)
         if self.node.watch is not None:
             yield GaugeMetricFamily("peercrawl_seconds_since_last_page", "Seconds since a page last came in",
                                     value=self.node.watch.idle_for(trio.current_time()))
@@ -227,6 +235,7 @@ class ControlRoutes:
             "transfers": self.node.cluster.transfers() if self.node.cluster is not None else [],
             "upload": self.node.uploader.status() if self.node.uploader is not None else None,
             "webhook": self.node.webhook.status() if self.node.webhook is not None else None,
+            "disk": self.node.disk.status(),
         }
 
     def routes(self) -> dict[tuple[str, str], Any]:
@@ -328,6 +337,9 @@ class ControlRoutes:
             if len(urls) > MAX_SEEDS_PER_REQUEST:
                 return json_reply({"error": f"at most {MAX_SEEDS_PER_REQUEST} URLs per request, got {len(urls)}"},
                                   status=413)
+            if not self.node.disk.admitting():
+                return json_reply({"error": "disk low: no new URL is admitted until space returns",
+                                   "disk": self.node.disk.status()}, status=507)
             report = self.node.crawler.add_seeds(urls)
             return json_reply(report.as_dict())
 

@@ -387,6 +387,16 @@ class LmdbEnv:
         with self.read() as txn:
             return int(txn.stat(self._dbs[name])["entries"])
 
+    def db_bytes(self, names: Iterable[bytes]) -> int:
+        """Bytes of the pages the named databases hold (branch, leaf and overflow pages times the page size): their
+        share of the data file, not counting pages free for reuse."""
+        with self.read() as txn:
+            total = 0
+            for name in names:
+                st = txn.stat(self._dbs[name])
+                total += (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]) * st["psize"]
+            return int(total)
+
     def sync(self) -> None:
         """Force everything committed so far to the disk."""
         self._check_open()

@@ -288,6 +288,14 @@ class NodeStore(Closing):
     def disk_bytes(self) -> int:
         return self._env.disk_bytes()
 
+    def seen_bytes(self) -> int:
+        """Bytes of the data file's pages that hold seen-URL keys."""
+        return self._env.db_bytes([DEDUP_DB])
+
+    def frontier_bytes(self) -> int:
+        """Bytes of the data file's pages that hold the frontier (queues, in-flight, host table and states)."""
+        return self._env.db_bytes(FRONTIER_DBS)
+
     def close(self) -> None:
         self._env.close()
 

@@ -87,7 +87,7 @@ FLOORS: list[set[str]] = [
     {"peer.plugins"},
     {"peer.crawl"},
     {"peer.fetch"},
-    {"peer.control", "peer.dashboard", "peer.config", "peer.stats", "peer.log"},
+    {"peer.control", "peer.dashboard", "peer.config", "peer.stats", "peer.log", "peer.diskguard"},
 ]
 
 

@@ -57,6 +57,10 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append(f"    waiting {up['queued_files']} files ({up['queued_bytes']} bytes), oldest {up['lag']:.0f}s; "
                      f"uploaded {up['uploaded_files']} files ({up['uploaded_bytes']} bytes)"
                      + ("; FETCHING PAUSED: the waiting files fill upload_max_local_bytes" if up["fetching_paused"] else ""))
+    disk = st.get("disk", {})
+    if disk.get("low"):
+        lines.append(f"  DISK LOW: {disk['free_bytes']} bytes free (under {disk['low_bytes']}); fetching and "
+                     f"admitting paused until {disk['resume_bytes']} are free")
     hook = st.get("webhook", {})
     if hook.get("url"):
         state = "ok" if hook["ok"] else f"FAILING for {hook['failing_for']:.0f}s: {hook['error']}"

@@ -90,6 +90,7 @@ class Cluster(ViewChanges):
         syncs: StoreSyncs | None = None,
         summary: Callable[[], dict[str, Any] | None] = lambda: None,
         plugins: Callable[[], dict[str, Any]] = no_plugins,
+        admitting: Callable[[], bool] = lambda: True,
     ) -> None:
         self.cfg = cfg
         self.points_per_weight = points_per_weight  # fewer in simulations: a ring of many points takes a second
@@ -146,6 +147,7 @@ class Cluster(ViewChanges):
             config=DispatchConfig(batch_size=cfg.batch_size, interval=cfg.dispatch_interval),
             on_admitted=self._admitted, backups=self.backups, syncs=self.syncs,
             answered_by=lambda: self.crawler.answered if self.crawler is not None else None,
+            admitting=admitting,  # False while the node's disk is low (peer/diskguard.py)
         )
         # the hand-off asks the cluster (its delegate) what is busy, who owns what, and where keys go
         self.handoff = Handoff(node_id, store, self.links, config=HandoffConfig(wait=cfg.handoff_wait),

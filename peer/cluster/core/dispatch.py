@@ -81,6 +81,7 @@ class DispatchStats:
     batches_received: int = 0
     acks_waiting: int = 0  # acks that waited for the batch's replicas to reach the backups
     batches_held: int = 0  # re-sends of a batch whose ack waits for its replicas: not handled again
+    batches_refused: int = 0  # batches left unacknowledged while this node admits nothing (its disk is low)
     acks_unmatched: int = 0  # acks for batches we no longer hold (late, repeated, or from an earlier run)
     send_refused: int = 0  # the link queue was full; the batch goes again at the next tick
     urls_routed: int = 0  # handed to route()
@@ -136,6 +137,7 @@ class Dispatcher:
         backups: QueueReplicas | None = None,
         syncs: StoreSyncs | None = None,
         answered_by: Callable[[], Callable[[str], bool] | None] = lambda: None,
+        admitting: Callable[[], bool] = lambda: True,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -146,6 +148,9 @@ class Dispatcher:
         self.stats = DispatchStats()
         # the queued-URL replicas: a batch is acknowledged once its URLs are on the owner's backups too
         self.backups = backups
+        # False while this node takes no new URL (its disk is low): a peer's batch is then left unacknowledged,
+        # and its sender, which keeps it until acknowledged, sends it again
+        self.admitting = admitting
         self._held: dict[tuple[str, int], Ticket] = {}  # (sender, batch seq) -> replicas on their way
         self._staged: list[QueuedUrl] = []
         self._local: list[QueuedUrl] = []
@@ -399,6 +404,9 @@ class Dispatcher:
             # a re-send of a batch not yet synced, or whose replicas are still on their way: it is acknowledged
             # when they are (an ack for the re-send now would let the sender drop URLs that only this node has)
             self.stats.batches_held += 1
+            return
+        if not self.admitting():
+            self.stats.batches_refused += 1
             return
         epoch, ring = self.ring_of()
         owned: list[QueuedUrl] = []
