@@ -22,6 +22,7 @@ from ._check import (
 )
 from ._dedup import DedupStore, MemoryDedupStore
 from ._dedup_alt import FingerprintSetDedup, UrlSetDedup, md5_key
+from ._digests import MemoryPayloadDigests, PayloadDigests, StoredPayload, digest_ring_key
 from ._digittree import DigitTreeDedup
 from ._errors import StorageError
 from ._frontier import FrontierStore
@@ -93,6 +94,10 @@ __all__ = [
     "DEDUP_KINDS",
     "DedupUnsupported",
     "DigitTreeDedup",
+    "MemoryPayloadDigests",
+    "PayloadDigests",
+    "StoredPayload",
+    "digest_ring_key",
     "FingerprintSetDedup",
     "LmdbDedup",
     "RedisDedup",

@@ -178,6 +178,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--revisit", dest="revisit", action="store_const", const=True,
                    help="keep crawling: fetch every stored page again on an adaptive schedule (conditional GET; "
                         "unchanged pages cost a WARC revisit record)")
+    c.add_argument("--no-payload-revisits", dest="payload_revisits", action="store_const", const=False,
+                   help="store every page in full, even one whose payload the cluster stored already under another "
+                        "URL (by default such a page is a WARC revisit record pointing at the first copy)")
     c.add_argument("--revisit-min", dest="revisit_min", type=float, metavar="SECONDS",
                    help="shortest revisit interval")
     c.add_argument("--revisit-max", dest="revisit_max", type=float, metavar="SECONDS",
