@@ -100,6 +100,8 @@ class PageWork:
         size: int | None = None
         if result.written is not None:  # the worker appended the records to its own WARC file
             size = result.written or 0
+            if self.originals is not None and result.record_id:
+                self._record_ids[resp.url] = result.record_id
         elif result.built is not None:
             size = self.pages.store_built(url=resp.url, status=resp.status, fetched_at=now, built=result.built,
                                           truncated=resp.truncated) or 0
@@ -162,6 +164,8 @@ class PageWork:
             location = result.location
             if result.written is not None:
                 size = result.written or 0
+                if self.originals is not None and result.record_id:
+                    self._record_ids[resp.url] = result.record_id
             elif result.built is not None:
                 size = self.pages.store_built(url=resp.url, status=resp.status, fetched_at=now, built=result.built,
                                               truncated=resp.truncated) or 0
