@@ -184,12 +184,15 @@ class SiteGraph:
         if mirrored:
             resources = dict(resources)
             extra = dict(extra)
+            # on the real-markup web a mirrored document is a real one (python3-doc), its links the host's pages
+            docs = [mirror_document(corpus, seed, k, pages_per_host) if corpus is not None
+                    else (mirror_body(seed, k, page_bytes), ("/",)) for k in range(mirrored)]
             for spec in specs:
-                for k in range(mirrored):
+                for k, (body, hrefs) in enumerate(docs):
                     path = mirror_path(k)
                     resources[(spec.name, path)] = Resource(
-                        host=spec.name, path=path, feature="mirror", body=mirror_body(seed, k, page_bytes),
-                        links=(Link(host=spec.name, path="/", href="/"),))
+                        host=spec.name, path=path, feature="mirror", body=body,
+                        links=tuple(Link(host=spec.name, path=href, href=href) for href in hrefs))
                 key = (spec.name, "/")
                 extra[key] = (*extra.get(key, ()),
                               *(Link(host=spec.name, path=mirror_path(k), href=mirror_path(k)) for k in range(mirrored)))
@@ -459,6 +462,15 @@ class SiteGraph:
 def mirror_path(k: int) -> str:
     """The path of mirrored document `k` (the same bytes on every host)."""
     return f"/mirror/{k}.html"
+
+
+def mirror_document(corpus: Corpus, seed: int, k: int, pages: int) -> tuple[bytes, tuple[str, ...]]:
+    """Mirrored document `k` of the real-markup web: a python3-doc page whose links are the host's pages (by
+    absolute path, so the same bytes link within whichever host serves them), and those paths."""
+    rng = random.Random(f"{seed}:mirror:{k}")
+    document = corpus.documents[rng.randrange(len(corpus.documents))]
+    hrefs = tuple(page_path(rng.randrange(pages)) for _ in range(document.link_slots))
+    return document.render(hrefs, mirror_path(k)).encode("utf-8"), hrefs
 
 
 def mirror_body(seed: int, k: int, size: int) -> bytes:
