@@ -109,8 +109,10 @@ def _copy(src: BinaryIO, start: int, length: int, out: _Hashing) -> None:
         left -= len(data)
 
 
-def _inputs(data_dirs: Sequence[Path], report: WaczReport) -> list[tuple[Path, str, list[CdxjEntry]]]:
-    """(WARC path, its name in the archive, its index entries) of every closed WARC file of the data dirs."""
+def _inputs(data_dirs: Sequence[Path],
+            report: WaczReport) -> list[tuple[Path, str, list[tuple[str, CdxjEntry]]]]:
+    """(WARC path, its name in the archive, its index lines and entries) of every closed WARC file of the data
+    dirs."""
     found = []
     names: set[str] = set()
     for data_dir in data_dirs:
@@ -127,7 +129,8 @@ def _inputs(data_dirs: Sequence[Path], report: WaczReport) -> list[tuple[Path, s
                 name = f"{len(names)}-{name}"
             names.add(name)
             with open(index, encoding="utf-8") as fh:
-                entries = [parse_cdxj_line(line) for line in fh if line.strip()]
+                entries = [(line if line.endswith("\n") else line + "\n", parse_cdxj_line(line))
+                           for line in fh if line.strip()]
             found.append((warc, name, entries))
     return found
 
@@ -143,7 +146,7 @@ def pack_wacz(data_dirs: Iterable[str | Path], out: str | Path, *, host: str | N
     report = WaczReport(path=out)
     inputs = _inputs(dirs, report)
     resources: list[dict[str, Any]] = []
-    lines: list[str] = []
+    lines: list[tuple[str, CdxjEntry]] = []
     tmp = out.with_name(out.name + ".tmp")
     with zipfile.ZipFile(tmp, "w", allowZip64=True) as zf:
         def add(name: str, stored: bool, writer: Callable[[_Hashing], None]) -> None:
@@ -163,16 +166,19 @@ def pack_wacz(data_dirs: Iterable[str | Path], out: str | Path, *, host: str | N
 
                 add(f"archive/{name}", True, whole)
                 report.warc_files += 1
-                lines += [cdxj_line(e._replace(filename=name)) for e in entries]
+                if name == warc.name:
+                    lines += entries
+                else:
+                    lines += [(cdxj_line(e._replace(filename=name)), e) for _line, e in entries]
         else:
             wanted = host.lower()
-            chosen = [(warc, e) for warc, _name, entries in inputs for e in entries if _host(e.url) == wanted]
+            chosen = [(warc, e) for warc, _name, entries in inputs for _l, e in entries if _host(e.url) == wanted]
             # the originals the host's revisit records refer to (by payload digest), wherever they are
             digests = {e.digest for _w, e in chosen if e.mime == "warc/revisit"}
             have = {e.digest for _w, e in chosen if e.mime != "warc/revisit"}
             originals: dict[str, tuple[Path, CdxjEntry]] = {}
             for warc, _name, entries in inputs:
-                for e in entries:
+                for _l, e in entries:
                     if e.digest in digests and e.digest not in have and e.mime != "warc/revisit":
                         originals.setdefault(e.digest, (warc, e))
             chosen += list(originals.values())
@@ -197,16 +203,15 @@ def pack_wacz(data_dirs: Iterable[str | Path], out: str | Path, *, host: str | N
             if chosen:
                 add(f"archive/{name}", True, records)
                 report.warc_files = 1
-            lines = [cdxj_line(e) for e in rewritten]
+            lines = [(cdxj_line(e), e) for e in rewritten]
         if not lines:
             raise ValueError(f"nothing to pack: no closed WARC file{' with pages of ' + host if host else ''} "
                              f"in {', '.join(map(str, dirs))}")
         lines.sort()
         report.records = len(lines)
-        add("indexes/index.cdxj", False, lambda sink: sink.write("".join(lines).encode("utf-8")))
+        add("indexes/index.cdxj", False, lambda sink: sink.write("".join(line for line, _e in lines).encode("utf-8")))
         pages = [json.dumps({"format": "json-pages-1.0", "id": "pages", "title": "All Pages"})]
-        for line in lines:
-            e = parse_cdxj_line(line)
+        for _line, e in lines:
             if (e.mime in _PAGE_MIMES or e.mime == "warc/revisit") and 200 <= e.status < 300:
                 page_id = hashlib.sha256(f"{e.url} {e.timestamp}".encode()).hexdigest()[:16]
                 pages.append(json.dumps({"id": page_id, "url": e.url, "ts": _rfc3339(e.timestamp),
