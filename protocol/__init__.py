@@ -10,7 +10,7 @@ from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._datagram import DATAGRAM_TYPES, DATAGRAM_VERSION, MAX_DATAGRAM, datagram_key, decode_datagram, encode_datagram
 from ._frames import COMPRESSIONS, FLAG_BROTLI, FLAG_ZLIB, HEADER_SIZE, encode_frame
 from ._handshake import MIN_SECRET_SIZE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, TAG_SIZE, FrameKeys, frame_keys, frame_tag
-from ._digestasks import DigestAsks
+from ._digestasks import DigestAsks, answer_ask
 from ._limits import Limits
 from ._messages import (
     MEMBER_STATES,
@@ -99,6 +99,7 @@ __all__ = [
     "DigestAnswer",
     "DigestAsk",
     "DigestAsks",
+    "answer_ask",
     "LaneAsk",
     "PayloadOriginal",
     "LaneGrant",

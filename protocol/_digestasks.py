@@ -43,8 +43,8 @@ class DigestAsks:
         self.notes_dropped = 0  # notes past the bound, never sent (a later duplicate is stored in full)
 
     def ask(self, peer: str, digest: str) -> bool:
-        """Queue the question for `peer`. False when `digest` is being asked already (its answer settles both)
-        or too many are waiting: the caller waits for a settlement, or (full) stores in full at once."""
+        """Queue the question for `peer`; True also when `digest` is being asked already (one answer settles
+        both). False when `max_waiting` digests wait: the caller stores the page in full at once."""
         if digest in self._waiting:
             return True
         if len(self._waiting) >= self.max_waiting:

@@ -22,8 +22,7 @@ from warcio.archiveiterator import ArchiveIterator
 from peer.cluster.core.digests import DigestLookups
 from peer.node import Node
 from peerlab.localweb.graph import SiteGraph, mirror_path
-from protocol import DigestAnswer, DigestAsk, DigestAsks, LocalProtocolError, PayloadOriginal
-from protocol._digestasks import answer_ask
+from protocol import DigestAnswer, DigestAsk, DigestAsks, LocalProtocolError, PayloadOriginal, answer_ask
 from storage import NodeStore, StoredPayload, digest_ring_key, payload_digest
 
 from .support.crawl import node_config, start_local_web

@@ -114,7 +114,7 @@ def test_a_nodes_crawl_packs_into_a_valid_wacz(crawls, tmp_path, capsys) -> None
     wacz_validate(out)
 
 
-@pytest.mark.slow  # the wacz validator takes seconds
+@pytest.mark.slow  # the crawls of the module's fixture
 def test_two_data_dirs_pack_into_one_wacz(crawls, tmp_path) -> None:
     a, b, _graph = crawls
     out = tmp_path / "cluster.wacz"
@@ -123,7 +123,6 @@ def test_two_data_dirs_pack_into_one_wacz(crawls, tmp_path) -> None:
     per_dir = [sum(1 for p in (d / "warc").glob("*.cdxj") for _ in p.read_text().splitlines()) for d in (a, b)]
     assert len(held["entries"]) == sum(per_dir)
     assert {w.split("/", 1)[1].split("-", 1)[0] for w in held["warcs"]} == {"a", "b"}  # told apart by node
-    wacz_validate(out)
 
 
 @pytest.mark.slow  # the wacz validator takes seconds

@@ -135,6 +135,8 @@ class PageWork:
         if self.originals is not None:
             record_id = self.pages.last_record_id()
             if record_id:
+                if len(self._record_ids) > 10_000:  # left by pages whose turn failed after the store: bounded
+                    self._record_ids.clear()
                 self._record_ids[resp.url] = record_id
         return written or 0
 

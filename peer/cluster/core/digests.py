@@ -22,8 +22,7 @@ from typing import Any, Protocol
 
 import trio
 
-from protocol import DigestAnswer, DigestAsk, DigestAsks, Message, PayloadOriginal
-from protocol._digestasks import answer_ask
+from protocol import DigestAnswer, DigestAsk, DigestAsks, Message, PayloadOriginal, answer_ask
 from storage import StoredPayload, digest_ring_key
 
 __all__ = ["ASK_INTERVAL", "ASK_TIMEOUT", "DigestLookups"]
