@@ -74,6 +74,10 @@ async def test_two_nodes_store_each_mirrored_payload_about_once(tmp_path):
     assert all(1 <= c <= 2 for c in copies), copies
     across = [r for r in revisits if full[(r["refers_uri"], r["refers_date"])]["node"] != r["node"]]
     assert across, "no revisit refers to a copy the other node stored: the digest's owner was never asked"
+    # each node asked the other of the digests it owns, and the other knew some
+    asked = {n: s["cluster"]["digests"] for n, s in status.items()}
+    assert all(a["asked"] > 0 for a in asked.values()) and sum(a["found"] for a in asked.values()) > 0, asked
+    assert sum(a["notes_received"] for a in asked.values()) > 0, asked
     found = sum(s["payload_revisits"]["records"] for s in status.values())
     assert found == len(revisits) and found >= len(mirror_urls) - 2 * mirrored
     print(f"mirrored URLs {len(mirror_urls)}, full copies {sum(copies)}, revisit records {len(revisits)} "

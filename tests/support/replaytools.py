@@ -20,7 +20,7 @@ _VARIABLES = {"wayback": "PYWB_WAYBACK", "wacz": "WACZ_VALIDATOR"}
 def tools_venv() -> Path:
     """Where `.ci/replay-tools.sh` builds the virtualenv (the same name the script computes)."""
     key = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]
-    cache = os.environ.get("PEERCRAWL_TOOLS_CACHE") or os.path.join(
+    cache = os.environ.get("REPLAY_TOOLS_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "peercrawl")
     return Path(cache) / f"replay-{key}"
 

@@ -207,8 +207,8 @@ class Cluster(ViewChanges):
     # -- the parts' faces: what the node and the control routes ask of the cluster ----------------------------
 
     def status(self) -> dict[str, Any]:
-        """`/status`'s cluster part (`ClusterStatus.status`)."""
-        return self.statuses.status()
+        """`/status`'s cluster part (`ClusterStatus.status`), with the payload digests asked of their owners."""
+        return {**self.statuses.status(), "digests": self.digests.status()}
 
     def cluster_status(self, *, detail: bool = False) -> dict[str, Any]:
         """Every member as this node knows it (`ClusterStatus.cluster_status`)."""
