@@ -143,6 +143,7 @@ class Config:
     revisit: bool = False
     revisit_min: float = 3600.0
     revisit_max: float = 30 * 86400.0
+    payload_revisits: bool = True
     # behaviour
     exit_when_done: bool = False
     max_crashes: int = 3
@@ -288,6 +289,8 @@ FIELDS: dict[str, str] = {
     "revisit": "a crawl is one pass; on, every stored page is fetched again on an adaptive schedule",
     "revisit_min": "an hour (in seconds): the shortest revisit interval, for pages that change at every visit",
     "revisit_max": "30 days (in seconds): the longest revisit interval, for pages that never change",
+    "payload_revisits": "a payload the cluster stored already under another URL costs a WARC revisit record, not a "
+                        "second copy; off, every page is stored in full",
     "exit_when_done": "exit 0 once the frontier is empty and nothing is in flight",
     "max_crashes": "a URL in flight at this many stops in a row is dropped and recorded, so no page can make a node crash-loop (0: never)",
     "control_token": "bearer token of the control endpoint; empty: one is made at start in DATA_DIR/control.token (mode 0600) and the endpoint stays on loopback",

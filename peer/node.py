@@ -261,6 +261,7 @@ class Node:
                     cfg, fetcher=fetcher, store=store, pages=pages, stats=self.stats, ownership=cluster,
                     limits=cluster.lanes if cluster is not None else None,
                     settings=settings, settings_file=settings_file, page_workers=workers, plugins=plugins,
+                    originals=cluster.digests if cluster is not None else None,
                 )
                 if cluster is not None:
                     cluster.attach(crawler)

@@ -40,6 +40,11 @@ class Stats:
         self.revisit_bytes = 0  # bytes of revisit records written
         self.revisit_bytes_saved = 0  # bytes the page's last full record would have taken again, minus those
         self.revisit_lateness: collections.deque[float] = collections.deque(maxlen=10_000)  # fetched - due, s
+        # identical payloads across URLs (peer/crawl/payloads.py)
+        self.payload_revisits = 0  # pages written as a revisit of a payload stored before under another URL
+        self.payload_revisit_bytes = 0  # bytes of those revisit records
+        self.payload_bytes_not_stored = 0  # payload bytes those pages did not store again
+        self.payload_lookups = 0  # digests looked up before storing a page
         self._samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
 
     def sample(self, now: float) -> None:
@@ -81,6 +86,9 @@ class Stats:
                          "unchanged": self.revisits_unchanged, "not_modified": self.revisits_not_modified,
                          "record_bytes": self.revisit_bytes, "bytes_saved": self.revisit_bytes_saved,
                          "late_s": _quantiles(self.revisit_lateness)},
+            "payload_revisits": {"records": self.payload_revisits, "record_bytes": self.payload_revisit_bytes,
+                                 "payload_bytes_not_stored": self.payload_bytes_not_stored,
+                                 "lookups": self.payload_lookups},
         }
 
 
@@ -124,6 +132,10 @@ class StatsCollector(Collector):
              s.revisits_unchanged),
             ("peercrawl_revisits_not_modified", "Revisits answered 304 Not Modified", s.revisits_not_modified),
             ("peercrawl_revisit_bytes_saved", "WARC bytes saved by revisit records", s.revisit_bytes_saved),
+            ("peercrawl_payload_revisits", "Pages written as a revisit of a payload stored under another URL",
+             s.payload_revisits),
+            ("peercrawl_payload_bytes_not_stored", "Payload bytes not stored again (identical payloads)",
+             s.payload_bytes_not_stored),
         ]
         for name, doc, value in simple:
             yield CounterMetricFamily(name, doc, value=value)

@@ -10,6 +10,7 @@ from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._datagram import DATAGRAM_TYPES, DATAGRAM_VERSION, MAX_DATAGRAM, datagram_key, decode_datagram, encode_datagram
 from ._frames import COMPRESSIONS, FLAG_BROTLI, FLAG_ZLIB, HEADER_SIZE, encode_frame
 from ._handshake import MIN_SECRET_SIZE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, TAG_SIZE, FrameKeys, frame_keys, frame_tag
+from ._digestasks import DigestAsks, answer_ask
 from ._limits import Limits
 from ._messages import (
     MEMBER_STATES,
@@ -27,6 +28,8 @@ from ._messages import (
     HandoffChunk,
     Hello,
     HostState,
+    DigestAnswer,
+    DigestAsk,
     LaneAsk,
     LaneGrant,
     LaneHandover,
@@ -34,6 +37,7 @@ from ._messages import (
     LaneReturn,
     Member,
     Message,
+    PayloadOriginal,
     Ping,
     Pong,
     ProgressQuery,
@@ -92,7 +96,12 @@ __all__ = [
     "HandoffChunk",
     "Hello",
     "HostState",
+    "DigestAnswer",
+    "DigestAsk",
+    "DigestAsks",
+    "answer_ask",
     "LaneAsk",
+    "PayloadOriginal",
     "LaneGrant",
     "LaneHandover",
     "LaneHandoverAsk",

@@ -39,6 +39,9 @@ __all__ = [
     "ProbeReply",
     "ProbeRequest",
     "Count",
+    "DigestAnswer",
+    "DigestAsk",
+    "PayloadOriginal",
     "Reject",
     "SeenReplica",
     "SlowHost",
@@ -536,6 +539,37 @@ class PluginCheck:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PayloadOriginal:
+    """Where a payload was first stored in full: its digest (base32 SHA-1, the CDXJ `digest`), the URL and time
+    of the response record that holds it, and that record's `WARC-Record-ID` ("" when not known)."""
+
+    digest: str
+    uri: str
+    date: float
+    record_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DigestAsk:
+    """To the owner of payload digests (a digest is a key on the ring, as a host is): which of `digests` were
+    stored in full already, and where (answered by a `DigestAnswer` with the same `seq`); and `stored`, payloads
+    the sender has just stored in full, for the owner to remember (the first one it hears of stays). Never
+    acknowledged: a lost one costs a payload stored in full again, never a payload."""
+
+    seq: int
+    digests: tuple[str, ...]
+    stored: tuple[PayloadOriginal, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DigestAnswer:
+    """The originals the owner knows of the digests asked in `seq` (a digest it does not know is left out)."""
+
+    seq: int
+    found: tuple[PayloadOriginal, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Goodbye:
     """The sender will send nothing more on this connection."""
 
@@ -573,6 +607,8 @@ Message: TypeAlias = (
     | QueueReplica
     | ReplicaAck
     | PluginCheck
+    | DigestAsk
+    | DigestAnswer
     | Goodbye
 )
 
@@ -736,6 +772,12 @@ RECORDS_V4[0x2B] = _record(ProgressTally, seq=UInt(), ring=UInt(), heard=_U32, n
 RECORDS_V4[0x35] = _record(HandoffAsk, ring=UInt())
 # ... and the plug-in chains compared at join (peer/cluster/core/pluginjoin.py)
 RECORDS_V4[0x2C] = _record(PluginCheck, seq=UInt(), fingerprint=Text(), chain=Text("max_settings"), answer=Flag())
+# ... and payload digests asked of their owner (protocol/_digestasks.py, peer/cluster/core/digests.py)
+_DIGEST = Text("max_string")
+_ORIGINAL = _record(PayloadOriginal, digest=_DIGEST, uri=_URL, date=Seconds(), record_id=Text())
+RECORDS_V4[0x60] = _record(DigestAsk, seq=UInt(), digests=Many(_DIGEST, "max_urls_per_batch"),
+                           stored=Many(_ORIGINAL, "max_urls_per_batch"))
+RECORDS_V4[0x61] = _record(DigestAnswer, seq=UInt(), found=Many(_ORIGINAL, "max_urls_per_batch"))
 # protocol version -> its wire table
 # Version 5 adds probe datagrams (protocol/_datagram.py); its frames are those of version 4.
 RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4, 5: RECORDS_V4}

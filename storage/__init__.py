@@ -21,7 +21,9 @@ from ._check import (
     stores_in,
 )
 from ._dedup import DedupStore, MemoryDedupStore
+from ._wacz import WACZ_VERSION, WaczReport, pack_wacz
 from ._dedup_alt import FingerprintSetDedup, UrlSetDedup, md5_key
+from ._digests import MemoryPayloadDigests, PayloadDigests, StoredPayload, digest_ring_key
 from ._digittree import DigitTreeDedup
 from ._errors import StorageError
 from ._frontier import FrontierStore
@@ -93,6 +95,13 @@ __all__ = [
     "DEDUP_KINDS",
     "DedupUnsupported",
     "DigitTreeDedup",
+    "WACZ_VERSION",
+    "WaczReport",
+    "pack_wacz",
+    "MemoryPayloadDigests",
+    "PayloadDigests",
+    "StoredPayload",
+    "digest_ring_key",
     "FingerprintSetDedup",
     "LmdbDedup",
     "RedisDedup",

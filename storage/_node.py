@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._closing import Closing
 from ._dedup import DEDUP_DB, DedupStore, MemoryDedupStore
+from ._digests import DIGESTS_DB, MemoryPayloadDigests, PayloadDigests
 from ._frontier import FRONTIER_DBS, FrontierStore
 from ._items import ITEMS_DB, ItemSpool
 from ._keys import arc_ranges, host_position_bytes, url_fingerprint
@@ -63,6 +64,8 @@ class NodeStore(Closing):
         self.replicas = Replicas(env, mark_seen_in=self.dedup._insert_in)
         self.revisits = RevisitSchedule(env)
         self.items = ItemSpool(env)  # items the plug-ins extracted, put with their page (peer/plugins)
+        # payload digests this node owns, and where each was first stored in full (storage/_digests.py)
+        self.digests = PayloadDigests(env)
         self.uploads = Uploads(env)  # closed WARC files on their way to object storage (storage/_uploads.py)
         self._fetched_next = 0  # the next FETCHED_JOURNAL_DB sequence number
         self.fetched_journaled = 0  # keys journaled since the last fold (1 at open when the journal holds some)
@@ -86,7 +89,7 @@ class NodeStore(Closing):
         """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
         env = LmdbEnv.open(
             path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, FETCHED_JOURNAL_DB, REVISIT_DB, REVISIT_DUE_DB,
-                   *REPLICA_DBS, ITEMS_DB, *UPLOAD_DBS),
+                   *REPLICA_DBS, ITEMS_DB, *UPLOAD_DBS, DIGESTS_DB),
             map_size=map_size, max_map_size=max_map_size,
         )
         return cls(env)
@@ -307,6 +310,7 @@ class MemoryNodeStore(Closing):
         self.dedup = MemoryDedupStore()
         self.frontier = MemoryFrontierStore()
         self.items: list[dict[str, Any]] = []  # nothing durable: a test's store
+        self.digests = MemoryPayloadDigests()
         self.syncs = 0
 
     @classmethod

@@ -43,6 +43,7 @@ class BuiltPage(NamedTuple):
     #: the index line without its place (`cdxj_parts`), made with the records so the writer only joins it;
     #: None: the writer makes the line (`cdxj_line`)
     cdxj: tuple[str, str] | None = None
+    record_id: str = ""  # the response record's `WARC-Record-ID`
 
 
 def build_page_records(*, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
@@ -58,7 +59,7 @@ def build_page_records(*, url: str, request_headers: list[tuple[str, str]], stat
     index = cdxj_parts(url=url, timestamp=warc_timestamp(fetched_at), length=len(response), status=status,
                        mime=mime, digest=records.payload_digest, truncated=truncated)
     return BuiltPage(response=response, request=gzip_member((records.request,), compress_level),
-                     digest=records.payload_digest, mime=mime, cdxj=index)
+                     digest=records.payload_digest, mime=mime, cdxj=index, record_id=records.record_id)
 
 
 class PageStore(Closing, ABC):
@@ -99,6 +100,10 @@ class PageStore(Closing, ABC):
         without files)."""
         return None
 
+    def last_record_id(self) -> str | None:
+        """The `WARC-Record-ID` of the response record the calling thread wrote last (None: none, or not kept)."""
+        return None
+
     def store_revisit(
         self,
         *,
@@ -114,8 +119,10 @@ class PageStore(Closing, ABC):
         refers_to_uri: str,
         refers_to_date: float,
         protocol: str = "http/1.1",
+        refers_to: str = "",
     ) -> int:
-        """Keep a revisit of a page stored before (WARC `revisit` record); returns the bytes written."""
+        """Keep a revisit of a page stored before (WARC `revisit` record; `refers_to`: the original's record id,
+        "" when not known); returns the bytes written."""
         return 0
 
     @abstractmethod
@@ -292,11 +299,11 @@ class WarcPageStore(PageStore):
             raise ValueError(f"page store at {self.directory} is closed")
         with self._lock:
             return self._append(url, status, fetched_at, built.mime, built.digest, built.response, built.request,
-                                truncated, index=built.cdxj)
+                                truncated, index=built.cdxj, record_id=built.record_id)
 
     def _append(self, url: str, status: int, fetched_at: float, mime: str, digest: str, resp: bytes,
                 req: bytes, truncated: bool, revisit: bool = False,
-                index: tuple[str, str] | None = None) -> int:
+                index: tuple[str, str] | None = None, record_id: str = "") -> int:
         """Write one response (or revisit) record and its request record under the lock; returns the bytes
         written."""
         if self._closed:
@@ -309,6 +316,7 @@ class WarcPageStore(PageStore):
             offset = self._size
             self._write(resp + req)
             self._last.record = (self._name, offset)
+            self._last.record_id = record_id
             line = None if index is None else cdxj_join(index, offset, self._name)
             if line is None:
                 line = cdxj_line(CdxjEntry(url=url, timestamp=warc_timestamp(fetched_at), filename=self._name,
@@ -331,22 +339,26 @@ class WarcPageStore(PageStore):
     def store_revisit(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
                       response_headers: list[tuple[str, str]], ip: str | None, fetched_at: float, profile: str,
                       payload_digest: str, refers_to_uri: str, refers_to_date: float,
-                      protocol: str = "http/1.1") -> int:
+                      protocol: str = "http/1.1", refers_to: str = "") -> int:
         if self._closed:
             raise ValueError(f"page store at {self.directory} is closed")
         records = revisit_records(url=url, request_headers=request_headers, status=status, reason=reason,
                                   response_headers=response_headers, ip=ip, fetched_at=fetched_at,
                                   profile=profile, payload_digest=payload_digest, refers_to_uri=refers_to_uri,
-                                  refers_to_date=refers_to_date, protocol=protocol)
+                                  refers_to_date=refers_to_date, protocol=protocol, refers_to=refers_to)
         resp = gzip_member(records.response, self.compress_level)
         req = gzip_member((records.request,), self.compress_level)
         with self._lock:
             return self._append(url, status, fetched_at, "warc/revisit", payload_digest, resp, req, False,
-                                revisit=True)
+                                revisit=True, record_id=records.record_id)
 
     def last_record(self) -> tuple[str, int] | None:
         """The WARC file and offset of the response record the calling thread wrote last (None: none yet)."""
         return getattr(self._last, "record", None)
+
+    def last_record_id(self) -> str | None:
+        """The `WARC-Record-ID` of the record the calling thread wrote last (None: none yet)."""
+        return getattr(self._last, "record_id", None) or None
 
     def lookup(self, url: str) -> list[tuple[str, int, int]]:
         """Scan the index files for `url` (a tool's and a test's call, not the crawl's hot path)."""

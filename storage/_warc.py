@@ -130,6 +130,7 @@ class Exchange(NamedTuple):
     response: tuple[bytes, ...]
     request: bytes
     payload_digest: str  # base32 SHA-1 of the body, without the `sha1:` prefix (the CDXJ `digest`)
+    record_id: str = ""  # the response (or revisit) record's `WARC-Record-ID`
 
 
 def exchange_records(*, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
@@ -161,16 +162,17 @@ def exchange_records(*, url: str, request_headers: list[tuple[str, str]], status
         response=(response_head, http, body, _END),
         request=request_head + request_http + _END,
         payload_digest=payload_digest[5:].decode("ascii"),
+        record_id=response_id.decode("ascii"),
     )
 
 
 def revisit_records(*, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
                     response_headers: list[tuple[str, str]], ip: str | None, fetched_at: float, profile: str,
                     payload_digest: str, refers_to_uri: str, refers_to_date: float,
-                    protocol: str = "http/1.1") -> Exchange:
+                    protocol: str = "http/1.1", refers_to: str = "") -> Exchange:
     """A `revisit` record (its block is the HTTP response head only) and its request record. `payload_digest`
     is the base32 SHA-1 of the payload the record stands for (the original's); `refers_to_*` name the original
-    response record, as pywb-style replay looks it up."""
+    response record, as pywb-style replay looks it up, and `refers_to` its `WARC-Record-ID` when known."""
     if profile not in REVISIT_PROFILES:
         raise ValueError(f"unknown revisit profile {profile!r}; known: {sorted(REVISIT_PROFILES)}")
     target_uri = _one_line(url, "URL").encode("utf-8")
@@ -185,6 +187,7 @@ def revisit_records(*, url: str, request_headers: list[tuple[str, str]], status:
     record_id = _record_id()
     fields = [(b"WARC-Type", b"revisit"), (b"WARC-Record-ID", record_id), *common,
               (b"WARC-Profile", REVISIT_PROFILES[profile]),
+              *([(b"WARC-Refers-To", _one_line(refers_to, "record id").encode("ascii"))] if refers_to else []),
               (b"WARC-Refers-To-Target-URI", _one_line(refers_to_uri, "URL").encode("utf-8")),
               (b"WARC-Refers-To-Date", warc_date(refers_to_date).encode("ascii"))]
     if payload_digest:
@@ -199,7 +202,7 @@ def revisit_records(*, url: str, request_headers: list[tuple[str, str]], status:
         len(request_http),
     )
     return Exchange(response=(head, http, _END), request=request_head + request_http + _END,
-                    payload_digest=payload_digest)
+                    payload_digest=payload_digest, record_id=record_id.decode("ascii"))
 
 
 def payload_digest(body: bytes) -> str:

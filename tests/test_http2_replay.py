@@ -2,15 +2,12 @@
 HTTP/1.1 form, which pywb (a reader that knows nothing of HTTP/2) indexes and serves.
 
 pywb is not a dependency of the project (it pins its own versions of shared libraries): the test runs it from
-the executable named by ``PYWB_WAYBACK`` (its ``wayback`` script, say ``/opt/pywb/bin/wayback`` from
-``python -m venv /opt/pywb && /opt/pywb/bin/pip install pywb``), or ``wayback`` on the PATH, and is skipped
-without one."""
+its own virtualenv (`.ci/replay-tools.sh` builds it, cached, and `.ci/run` names it in ``PYWB_WAYBACK``;
+tests/support/replaytools.py), or ``wayback`` on the PATH, and is skipped without one."""
 
 from __future__ import annotations
 
 import functools
-import os
-import shutil
 import socket
 import subprocess
 import urllib.request
@@ -23,6 +20,7 @@ from peer.crawl.responses import as_decoded
 from peer.fetch.http import Fetcher
 from storage import open_page_store
 from tests.support.h2web import PAGE, serve_h2web
+from tests.support.replaytools import replay_tool
 from tests.support.testca import make_ca
 from tests.test_http2 import UA, LoopbackResolver, policies
 
@@ -33,10 +31,10 @@ STAMP = "20231114221320"
 
 
 def _wayback() -> Path:
-    named = os.environ.get("PYWB_WAYBACK") or shutil.which("wayback")
-    if not named:
-        pytest.skip("pywb is not installed: set PYWB_WAYBACK to its wayback script")
-    return Path(named)
+    found = replay_tool("wayback")
+    if found is None:
+        pytest.skip("pywb is not installed: run .ci/replay-tools.sh (or set PYWB_WAYBACK to its wayback script)")
+    return found
 
 
 def _free_port() -> int:

@@ -28,10 +28,13 @@ from protocol import (
     HandoffChunk,
     Hello,
     Count,
+    DigestAnswer,
+    DigestAsk,
     HostState,
     Limits,
     LocalProtocolError,
     Member,
+    PayloadOriginal,
     Ping,
     Pong,
     ProgressQuery,
@@ -78,6 +81,7 @@ urls = st.one_of(
     ),
 )
 seconds = st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False)
+originals = st.builds(PayloadOriginal, digest=texts, uri=urls, date=seconds, record_id=texts)
 url_entries = st.builds(
     UrlEntry, url=urls, depth=U32, found_on=st.none() | urls, hops=U32,
     lastmod=st.none() | st.floats(min_value=0, max_value=4e9, allow_nan=False), sitemap=st.booleans(),
@@ -187,6 +191,8 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
                             released=tuples(st.binary(max_size=64), 10), hosts=tuples(host_states)),
     ReplicaAck: st.builds(ReplicaAck, seq=U64),
     PluginCheck: st.builds(PluginCheck, seq=U64, fingerprint=texts, chain=st.text(max_size=200), answer=st.booleans()),
+    DigestAsk: st.builds(DigestAsk, seq=U64, digests=tuples(texts, 5), stored=tuples(originals, 5)),
+    DigestAnswer: st.builds(DigestAnswer, seq=U64, found=tuples(originals, 5)),
     Goodbye: st.builds(Goodbye, reason=texts),
 }
 APP_MESSAGES = st.one_of([s for cls, s in MESSAGE_STRATEGIES.items() if TYPE_CODES[cls] >= 0x10])

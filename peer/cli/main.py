@@ -14,6 +14,7 @@ import re
 import os
 import sys
 import textwrap
+import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -30,7 +31,7 @@ from peer.control import dashboard_address
 from peer.crawl.pageworkers import PageWorkerError, settle_collector
 from peer.log import setup_logging
 from peer.node import NodeError, lock_data_dir, run_node
-from storage import RUNNING, StorageError, check_data_dir, mark_stopped, running_marker
+from storage import RUNNING, StorageError, check_data_dir, mark_stopped, pack_wacz, running_marker
 
 __all__ = ["peerd_main", "peerctl_main"]
 
@@ -178,6 +179,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--revisit", dest="revisit", action="store_const", const=True,
                    help="keep crawling: fetch every stored page again on an adaptive schedule (conditional GET; "
                         "unchanged pages cost a WARC revisit record)")
+    c.add_argument("--no-payload-revisits", dest="payload_revisits", action="store_const", const=False,
+                   help="store every page in full, even one whose payload the cluster stored already under another "
+                        "URL (by default such a page is a WARC revisit record pointing at the first copy)")
     c.add_argument("--revisit-min", dest="revisit_min", type=float, metavar="SECONDS",
                    help="shortest revisit interval")
     c.add_argument("--revisit-max", dest="revisit_max", type=float, metavar="SECONDS",
@@ -332,6 +336,23 @@ def _peerctl_plugins(args: argparse.Namespace) -> int:
 
 def _peerctl_items(args: argparse.Namespace) -> int:
     plugin_cmds.items(control_request, plugin_cmds.targets(args), print, limit=args.limit)
+    return 0
+
+
+def _peerctl_export(args: argparse.Namespace) -> int:
+    if not args.data_dirs:
+        raise CliError("export needs --data-dir DIR (repeat it for every node whose crawl to pack)")
+    started = time.perf_counter()
+    try:
+        report = pack_wacz(args.data_dirs, args.wacz, host=args.host, title=args.title,
+                           software="peercrawl")
+    except (OSError, ValueError) as exc:
+        raise CliError(f"export: {exc}") from exc
+    took = time.perf_counter() - started
+    print(f"{report.path}: {report.records} captures ({report.pages} pages) from {report.warc_files} WARC "
+          f"file(s), {report.bytes} bytes packed in {took:.1f} s")
+    for skipped in report.skipped_open:
+        print(f"left out (still being written; stop the node or wait for it to close): {skipped}")
     return 0
 
 
@@ -496,6 +517,18 @@ def peerctl_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--limit", type=int, metavar="N", help="at most N items")
     plugin_cmds.add_targets(p)
     p.set_defaults(func=_peerctl_items)
+    p = sub.add_parser("export", help="pack a crawl (or one host's pages) into a WACZ file",
+                       description="Pack the crawl held in the data dirs named (a node's, or every node's of a "
+                       "cluster whose data dirs this machine reads) into a WACZ 1.1.1 file: the WARC files, one "
+                       "sorted CDXJ index, pages/pages.jsonl and a datapackage.json with every file's SHA-256. "
+                       "With --host, only that host's captures (and the originals its revisit records refer to). "
+                       "Example: peerctl export --wacz crawl.wacz --data-dir ./a --data-dir ./b")
+    p.add_argument("--wacz", required=True, metavar="FILE", help="the WACZ file to write")
+    p.add_argument("--data-dir", dest="data_dirs", metavar="DIR", action="append", default=[],
+                   help="a node's data dir (repeat it for every node)")
+    p.add_argument("--host", metavar="HOST", help="only this host's captures")
+    p.add_argument("--title", metavar="TEXT", help="the collection's title (datapackage.json)")
+    p.set_defaults(func=_peerctl_export)
     _add_lab_command(sub, "experiment", "ring-rebalance experiment (a TOML plan, simulated or with live nodes): "
                                         "URLs sent between nodes against the weights, tables, CSV and plots")
     _add_lab_command(sub, "demo", "crawl a built-in local web with a local cluster, showing progress")

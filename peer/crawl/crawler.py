@@ -31,13 +31,16 @@ from typing import Any
 
 import trio
 
-from storage import HostState, LruTtlCache, NodeStore, PageStore, QueuedUrl, RevisitRecord, StorageError
+from storage import (
+    HostState, LruTtlCache, NodeStore, PageStore, QueuedUrl, RevisitRecord, StorageError, StoredPayload,
+)
 
 from peer.config import Config
 from peer.crawl.addressgate import AddressGate
 from peer.crawl.admission import Admission, SeedReport
 from peer.crawl.hostturns import HostTurns
 from peer.crawl.pagework import PageWork
+from peer.crawl.payloads import LocalOriginals, PayloadOriginals
 from peer.crawl.pageworkers import PageWorkers
 from peer.crawl.revisits import Revisits, record_fields
 from peer.crawl.robots import RobotsDecision, product_token
@@ -84,6 +87,7 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
         settings_file: SettingsFile | None = None,
         page_workers: PageWorkers | None = None,
         plugins: Any = None,
+        originals: PayloadOriginals | None = None,
     ) -> None:
         self.cfg = cfg
         self.fetcher = fetcher
@@ -147,6 +151,12 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
         self._large_parses = trio.CapacityLimiter(1)
         # --revisit: every stored page gets a next visit in the store's schedule (storage/_revisits.py)
         self.schedule = store.revisits if cfg.revisit else None
+        # identical payloads across URLs (peer/crawl/payloads.py): who says where a payload was stored first (a
+        # node alone answers itself); None with `payload_revisits` off
+        self.originals: PayloadOriginals | None = (
+            None if not cfg.payload_revisits else originals if originals is not None else LocalOriginals(store.digests))
+        self._payload_revisits: dict[str, StoredPayload] = {}  # URL -> the original its record refers to
+        self._record_ids: dict[str, str] = {}  # URL -> the record id of its full record just written
 
     # ------------------------------------------------------------------ runtime settings
 

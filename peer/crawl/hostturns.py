@@ -32,10 +32,11 @@ from peer.fetch.http import Response
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from storage import FrontierStore, LruTtlCache, RevisitSchedule
+    from storage import FrontierStore, LruTtlCache, RevisitSchedule, StoredPayload
 
     from peer.config import Config
     from peer.crawl.pageworkers import PageWorkers
+    from peer.crawl.payloads import PayloadOriginals
     from peer.crawl.robots import RobotsDecision
     from peer.crawl.scheduler import HostScheduler
     from peer.crawl.seams import AddressLimits, Ownership, PageFetcher
@@ -63,10 +64,12 @@ class HostTurns:
         frontier: FrontierStore
         gate: AddressLimits
         _large_parses: trio.CapacityLimiter
+        originals: PayloadOriginals | None
         ownership: Ownership
         _page_threads: trio.CapacityLimiter | None
         page_workers: PageWorkers | None
         plugins: Any  # peer.plugins.Plugins, a room above this one (None: no plug-ins)
+        _payload_revisits: dict[str, StoredPayload]
         _pending: dict[str, QueuedUrl]
         _pinned: dict[str, str]
         _requests: dict[str, int]
@@ -90,6 +93,8 @@ class HostTurns:
         async def _fetch_sitemap(self, turn: HostTurn, item: QueuedUrl) -> None: ...
         def _next_visit(self, item: QueuedUrl, before: RevisitRecord | None, resp: Response, *, changed: bool | None,
                         now: float, digest: str | None = None, size: int | None = None) -> RevisitRecord: ...
+        async def _payload_original(self, resp: Response, ctype: str | None, digest: str) -> StoredPayload | None: ...
+        def _payload_stored(self, resp: Response, digest: str, now: float) -> None: ...
         def _screen(self, batch: Batch, url: str, depth: int, hops: int, found_on: str | None,
                     lastmod: float | None = None, sitemap: bool = False) -> None: ...
         def _screen_found(self, batch: Batch, urls: Sequence[str], depth: int, found_on: str) -> None: ...
@@ -334,7 +339,8 @@ class HostTurns:
                     stats.skipped["redirect-hops"] += 1
         elif 200 <= status < 300:
             ctype = header(resp, "content-type")
-            digest = payload_digest(resp.body) if self.schedule is not None else None
+            digest = (payload_digest(resp.body) if self.schedule is not None or self.originals is not None
+                      else None)
             page: Page | None = None
             if before is not None and before.digest == digest:
                 # the same payload again: a revisit record, and its links are those found the first time
@@ -342,30 +348,26 @@ class HostTurns:
                 stats.revisits_unchanged += 1
                 revisit = self._next_visit(item, before, resp, changed=False, now=now)
             else:
-                if self.plugins is not None and self.plugins.active:
-                    plugged = await self._plugged_work(resp, item.url, ctype, now)
-                    size, page = (None, None) if plugged is None else (plugged.size, plugged.page)
-                elif self.page_workers is not None:
-                    size, page = await self._work_elsewhere(resp, item.url, ctype, now)
-                elif self._page_threads is not None:
-                    size, page = await trio.to_thread.run_sync(
-                        self._store_and_extract, resp, item.url, ctype, now, limiter=self._page_threads
-                    )
-                else:
-                    size = self._store(resp, ctype, now)
-                    if is_html(ctype):
-                        if len(resp.body) > THREAD_PARSE_BYTES:
-                            page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype,
-                                                                 limiter=self._large_parses)
-                        elif self.cfg.parse_in_thread:
-                            page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype)
-                        else:
-                            page = extract(resp.body, item.url, ctype)
-                stats.stored += size is not None
+                # a payload stored before under another URL: its record refers to that copy (`_store` writes it)
+                original = None if digest is None else await self._payload_original(resp, ctype, digest)
+                try:
+                    size, page, plugged = await self._page_work(resp, item, ctype, now)
+                finally:
+                    self._payload_revisits.pop(resp.url, None)
+                if original is None and size is not None and digest is not None:
+                    self._payload_stored(resp, digest, now)
+                stats.stored += size is not None and original is None
                 if self.schedule is not None:
                     if size is None:  # a content type not stored is not revisited
                         if before is not None:
                             self.schedule.forget(item.host, item.url)
+                    elif original is not None:
+                        # its record is a revisit: a later unchanged fetch asks the digest's owner again, so
+                        # that its record, too, refers to the full copy (digest "": no same-URL match)
+                        unknown = before is None or not before.digest
+                        stats.revisits_changed += before is not None and not unknown and before.digest != digest
+                        revisit = self._next_visit(item, before, resp, changed=None if unknown else True,
+                                                   now=now, digest="", size=size)
                     else:
                         stats.revisits_changed += before is not None
                         revisit = self._next_visit(item, before, resp, changed=True if before else None,
@@ -386,6 +388,32 @@ class HostTurns:
         self._commit(batch, done=item, revisit=revisit, turn=turn, extracted=extracted)
         self.ownership.fetched(item)
         self._retries.pop(item.url, None)
+
+    async def _page_work(self, resp: Response, item: QueuedUrl, ctype: str | None,
+                         now: float) -> tuple[int | None, Page | None, Plugged | None]:
+        """A page's records and links, where its work runs: with plug-ins, in a page worker, in a page thread,
+        or here. The bytes stored (None: not stored), the parsed page, the plug-ins' outcome."""
+        if self.plugins is not None and self.plugins.active:
+            plugged = await self._plugged_work(resp, item.url, ctype, now)
+            return (None, None, None) if plugged is None else (plugged.size, plugged.page, plugged)
+        if self.page_workers is not None:
+            size, page = await self._work_elsewhere(resp, item.url, ctype, now)
+            return size, page, None
+        if self._page_threads is not None:
+            size, page = await trio.to_thread.run_sync(
+                self._store_and_extract, resp, item.url, ctype, now, limiter=self._page_threads
+            )
+            return size, page, None
+        size = self._store(resp, ctype, now)
+        page = None
+        if is_html(ctype):
+            if len(resp.body) > THREAD_PARSE_BYTES:
+                page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype, limiter=self._large_parses)
+            elif self.cfg.parse_in_thread:
+                page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype)
+            else:
+                page = extract(resp.body, item.url, ctype)
+        return size, page, None
 
     def _plugged_items(self, plugged: Plugged, url: str, now: float) -> list[dict]:
         """Count the chain's outcome on a page, and its items with their page: URL, fetch time, WARC record."""

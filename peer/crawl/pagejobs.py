@@ -91,6 +91,7 @@ class PageResult(NamedTuple):
     written: int | None = None
     outcome: Any = None
     location: tuple[str, int] | None = None
+    record_id: str = ""  # the `WARC-Record-ID` of the response record the worker wrote ("": none)
 
 
 class PageWriter(NamedTuple):
@@ -314,7 +315,8 @@ def _answer(work: Callable[[PageJob], Any], meta: Any, body: bytes, own: _OwnWar
         result = work(job)
         if isinstance(result, PageResult) and own is not None and result.built is not None:
             written = own.append(job, result.built)
-            reply = (3, written, _page_tuple(result.page), result.outcome, own.store.last_record())
+            reply = (3, written, _page_tuple(result.page), result.outcome, own.store.last_record(),
+                     result.built.record_id)
         elif isinstance(result, PageResult):
             reply = (1, None if result.built is None else tuple(result.built), _page_tuple(result.page),
                      result.outcome)

@@ -19,9 +19,10 @@ from peer.crawl.responses import as_decoded
 from peer.fetch.http import Response
 
 if TYPE_CHECKING:
-    from storage import PageStore
+    from storage import PageStore, StoredPayload
 
     from peer.config import Config
+    from peer.crawl.payloads import PayloadOriginals
 
     from peer.crawl.pageworkers import PageWorkers
     from peer.stats import Stats
@@ -56,10 +57,15 @@ class PageWork:
         _large_parses: trio.CapacityLimiter
         _page_threads: trio.CapacityLimiter | None
         page_workers: PageWorkers | None
+        originals: PayloadOriginals | None
         pages: PageStore
+        _payload_revisits: dict[str, StoredPayload]
         plugins: Any  # peer.plugins.Plugins, a room above this one (None: no plug-ins)
+        _record_ids: dict[str, str]
         stats: Stats
         store_types: tuple[str, ...]
+
+        def _store_payload_revisit(self, resp: Response, original: StoredPayload, now: float) -> int: ...
 
     def _store_and_extract(self, resp: Response, url: str, ctype: str | None,
                            now: float) -> tuple[int | None, Page | None]:
@@ -76,7 +82,8 @@ class PageWork:
         assert self.page_workers is not None
         mime = (ctype or "").split(";", 1)[0].strip().lower()
         stored = mime in self.store_types
-        level = getattr(self.pages, "compress_level", None) if stored else None
+        full = stored and resp.url not in self._payload_revisits  # a revisit record is written here, by _store
+        level = getattr(self.pages, "compress_level", None) if full else None
         parse = is_html(ctype)
         if not parse and level is None:
             return self._store(resp, ctype, now), None
@@ -93,9 +100,13 @@ class PageWork:
         size: int | None = None
         if result.written is not None:  # the worker appended the records to its own WARC file
             size = result.written or 0
+            if self.originals is not None and result.record_id:
+                self._record_ids[resp.url] = result.record_id
         elif result.built is not None:
             size = self.pages.store_built(url=resp.url, status=resp.status, fetched_at=now, built=result.built,
                                           truncated=resp.truncated) or 0
+            if self.originals is not None and result.built.record_id:
+                self._record_ids[resp.url] = result.built.record_id
         elif stored:
             size = self._store(resp, ctype, now)  # a store that keeps no records (--store none) counts it here
         return size, result.page
@@ -106,6 +117,9 @@ class PageWork:
         mime = (ctype or "").split(";", 1)[0].strip().lower()
         if mime not in self.store_types:
             return None
+        original = self._payload_revisits.get(resp.url)
+        if original is not None:  # a payload stored before under another URL (peer/crawl/payloads.py)
+            return self._store_payload_revisit(resp, original, now)
         written = self.pages.store(
             url=resp.url,
             request_headers=resp.request_headers,
@@ -118,6 +132,12 @@ class PageWork:
             truncated=resp.truncated,
             protocol=resp.protocol,
         )
+        if self.originals is not None:
+            record_id = self.pages.last_record_id()
+            if record_id:
+                if len(self._record_ids) > 10_000:  # left by pages whose turn failed after the store: bounded
+                    self._record_ids.clear()
+                self._record_ids[resp.url] = record_id
         return written or 0
 
     # ------------------------------------------------------------------ with plug-ins (peer/plugins)
@@ -129,7 +149,8 @@ class PageWork:
         generation = self.plugins.generation
         if self.page_workers is not None:
             mime = (ctype or "").split(";", 1)[0].strip().lower()
-            level = getattr(self.pages, "compress_level", None) if mime in self.store_types else None
+            full = mime in self.store_types and resp.url not in self._payload_revisits
+            level = getattr(self.pages, "compress_level", None) if full else None
             job = PageJob(url=resp.url, content_type=ctype, body=resp.body, parse=is_html(ctype),
                           compress_level=level, request_headers=resp.request_headers, status=resp.status,
                           reason=resp.reason, response_headers=as_decoded(resp), ip=resp.ip, fetched_at=now,
@@ -145,10 +166,14 @@ class PageWork:
             location = result.location
             if result.written is not None:
                 size = result.written or 0
+                if self.originals is not None and result.record_id:
+                    self._record_ids[resp.url] = result.record_id
             elif result.built is not None:
                 size = self.pages.store_built(url=resp.url, status=resp.status, fetched_at=now, built=result.built,
                                               truncated=resp.truncated) or 0
                 location = self.pages.last_record()
+                if self.originals is not None and result.built.record_id:
+                    self._record_ids[resp.url] = result.built.record_id
             elif outcome.store and mime in self.store_types:
                 size, location = self._store_located(resp, ctype, now)
             return Plugged(size, result.page, outcome, generation, location)

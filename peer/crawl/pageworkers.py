@@ -364,7 +364,7 @@ class PageWorkers:
             reply = pickle.loads(frame)
             if reply[0] == 3:
                 page = None if reply[2] is None else page_of(reply[2])
-                task.outcome = (True, PageResult(None, page, reply[1], reply[3], reply[4]))
+                task.outcome = (True, PageResult(None, page, reply[1], reply[3], reply[4], reply[5]))
             elif reply[0] == 1:
                 page = None if reply[2] is None else page_of(reply[2])
                 built = None if reply[1] is None else BuiltPage(*reply[1])

@@ -11,8 +11,9 @@ from __future__ import annotations
 import trio
 from typing import TYPE_CHECKING
 
-from storage import QueuedUrl, RevisitRecord
+from storage import QueuedUrl, RevisitRecord, StoredPayload
 
+from peer.crawl.payloads import MIN_PAYLOAD
 from peer.crawl.responses import as_decoded, header
 from peer.fetch.http import Response
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from storage import NodeStore, PageStore, RevisitSchedule
 
     from peer.config import Config
+    from peer.crawl.payloads import PayloadOriginals
     from peer.crawl.seams import Ownership
     from peer.crawl.settings import CrawlSettings
     from peer.stats import Stats
@@ -45,7 +47,11 @@ class Revisits:
         _draining: bool
         ownership: Ownership
         owns: Callable[[str], bool] | None
+        originals: PayloadOriginals | None
         pages: PageStore
+        _payload_revisits: dict[str, StoredPayload]
+        _record_ids: dict[str, str]
+        store_types: tuple[str, ...]
         schedule: RevisitSchedule | None
         settings: CrawlSettings
         stats: Stats
@@ -114,6 +120,43 @@ class Revisits:
             protocol=resp.protocol)
         self.stats.revisit_bytes += written
         self.stats.revisit_bytes_saved += max(0, before.size - written)
+
+    # ------------------------------------------------------------------ identical payloads across URLs
+
+    async def _payload_original(self, resp: Response, ctype: str | None, digest: str) -> StoredPayload | None:
+        """The original a page's record is to refer to, if its payload was stored in full before (by any node:
+        the digest's owner answers) under another URL or time; None: the page is stored in full. While the
+        page's work runs, `_store` finds it in `_payload_revisits` and writes the revisit record instead."""
+        originals = self.originals
+        if originals is None or resp.truncated or len(resp.body) < MIN_PAYLOAD:
+            return None
+        if (ctype or "").split(";", 1)[0].strip().lower() not in self.store_types:
+            return None
+        self.stats.payload_lookups += 1
+        original = await originals.original(digest)
+        if original is None:
+            return None
+        self._payload_revisits[resp.url] = original
+        return original
+
+    def _store_payload_revisit(self, resp: Response, original: StoredPayload, now: float) -> int:
+        """The revisit record of a page whose payload is `original`'s (profile identical-payload-digest)."""
+        written = self.pages.store_revisit(
+            url=resp.url, request_headers=resp.request_headers, status=resp.status, reason=resp.reason,
+            response_headers=as_decoded(resp), ip=resp.ip, fetched_at=now, profile="identical-payload-digest",
+            payload_digest=original.digest, refers_to_uri=original.uri, refers_to_date=original.date,
+            protocol=resp.protocol, refers_to=original.record_id)
+        stats = self.stats
+        stats.payload_revisits += 1
+        stats.payload_revisit_bytes += written
+        stats.payload_bytes_not_stored += len(resp.body)
+        return written
+
+    def _payload_stored(self, resp: Response, digest: str, now: float) -> None:
+        """A page was stored in full: the digest's owner learns where (a later copy refers to this one)."""
+        record_id = self._record_ids.pop(resp.url, "")
+        if self.originals is not None and not resp.truncated and len(resp.body) >= MIN_PAYLOAD:
+            self.originals.stored(StoredPayload(digest, resp.url, now, record_id))
 
     def revisit_status(self) -> dict:
         """What `peerctl status` shows of the schedule."""

@@ -30,6 +30,7 @@ class SplitStore:
         self.frontier = frontier_store.frontier
         self.dedup = dedup
         self.uploads = frontier_store.uploads
+        self.digests = frontier_store.digests  # payload digests (peer/crawl/payloads.py) live in the frontier's store
 
     def admit(self, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
         if not items:

@@ -9,7 +9,7 @@
 from typing import Any
 
 from .bench import BenchWeb, start_bench_web
-from .graph import SiteGraph, page_path
+from .graph import SiteGraph, mirror_body, mirror_path, page_path
 from .model import HostSpec, Link, Resource
 from .oracle import DEFAULT_SKIP_SUFFIXES, Expected, TrapGuard
 from .referee import (
@@ -56,6 +56,8 @@ __all__ = [
     "WebServer",
     "crawl_delay_violations",
     "max_concurrent_connections_per_host",
+    "mirror_body",
+    "mirror_path",
     "page_path",
     "read_log",
     "requested_paths",

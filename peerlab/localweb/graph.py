@@ -21,7 +21,7 @@ from .oracle import DEFAULT_SKIP_SUFFIXES, Expected, TrapGuard, expected
 from .robots_spec import RobotsGroup, RobotsSpec, Rule
 from .structured import StructuredTruth, build_structured
 
-__all__ = ["SiteGraph", "loopback_address", "page_path"]
+__all__ = ["SiteGraph", "loopback_address", "mirror_body", "mirror_path", "page_path"]
 
 _PAGE = re.compile(r"/p/([1-9][0-9]*)\.html")
 _MOVED = re.compile(r"/r/([1-9][0-9]*)")
@@ -133,9 +133,13 @@ class SiteGraph:
         doc_fraction: float = 0.2,
         odd_link_fraction: float = 0.02,
         corpus_root: str | None = None,
+        mirrored: int = 0,
     ) -> SiteGraph:
         """Generate the web for ``seed``; the same arguments always give the same web. ``structured`` adds the
-        pages of `peerlab.localweb.structured` under the hub (off: the web is unchanged)."""
+        pages of `peerlab.localweb.structured` under the hub (off: the web is unchanged). ``mirrored`` adds that
+        many mirrored documents: every host serves ``/mirror/K.html`` with the same bytes (about `page_bytes`
+        each, linked from its root page), as sites that mirror a manual or a licence do (0: the web is
+        unchanged)."""
         if hosts < 1 or pages_per_host < 1 or links_per_page < 0 or page_bytes < 0:
             raise ValueError("hosts and pages_per_host must be >= 1, links_per_page and page_bytes >= 0")
         if not 0.0 <= cross_host_fraction <= 1.0:
@@ -147,6 +151,8 @@ class SiteGraph:
         if page_bytes_sigma < 0 or not 0 <= links_spread <= links_per_page or not 0.0 <= crawl_delay_fraction <= 1.0:
             raise ValueError("page_bytes_sigma >= 0, 0 <= links_spread <= links_per_page and crawl_delay_fraction "
                              "within [0, 1] are required")
+        if mirrored < 0:
+            raise ValueError(f"mirrored must be >= 0, got {mirrored}")
         if markup not in ("filler", "real"):
             raise ValueError(f"markup must be 'filler' or 'real', got {markup!r}")
         if not 0.0 <= doc_fraction <= 1.0 or not 0.0 <= odd_link_fraction <= 0.5:
@@ -175,6 +181,21 @@ class SiteGraph:
             resources = {**resources, **more}
             key = (specs[0].name, "/")
             extra = {**extra, key: (*extra.get(key, ()), *root_links)}
+        if mirrored:
+            resources = dict(resources)
+            extra = dict(extra)
+            # on the real-markup web a mirrored document is a real one (python3-doc), its links the host's pages
+            docs = [mirror_document(corpus, seed, k, pages_per_host) if corpus is not None
+                    else (mirror_body(seed, k, page_bytes), ("/",)) for k in range(mirrored)]
+            for spec in specs:
+                for k, (body, hrefs) in enumerate(docs):
+                    path = mirror_path(k)
+                    resources[(spec.name, path)] = Resource(
+                        host=spec.name, path=path, feature="mirror", body=body,
+                        links=tuple(Link(host=spec.name, path=href, href=href) for href in hrefs))
+                key = (spec.name, "/")
+                extra[key] = (*extra.get(key, ()),
+                              *(Link(host=spec.name, path=mirror_path(k), href=mirror_path(k)) for k in range(mirrored)))
         graph = cls(
             seed=seed, domain=domain, hosts=tuple(specs), pages_per_host=pages_per_host,
             links_per_page=links_per_page, cross_host_fraction=cross_host_fraction, page_bytes=page_bytes,
@@ -436,3 +457,33 @@ class SiteGraph:
         return (f"SiteGraph(seed={self.seed}, hosts={len(self.hosts)}, pages_per_host={self.pages_per_host}, "
                 f"features={self.features}, markup={self.markup!r})")
 
+
+
+def mirror_path(k: int) -> str:
+    """The path of mirrored document `k` (the same bytes on every host)."""
+    return f"/mirror/{k}.html"
+
+
+def mirror_document(corpus: Corpus, seed: int, k: int, pages: int) -> tuple[bytes, tuple[str, ...]]:
+    """Mirrored document `k` of the real-markup web: a python3-doc page whose links are the host's pages (by
+    absolute path, so the same bytes link within whichever host serves them), and those paths."""
+    rng = random.Random(f"{seed}:mirror:{k}")
+    document = corpus.documents[rng.randrange(len(corpus.documents))]
+    hrefs = tuple(page_path(rng.randrange(pages)) for _ in range(document.link_slots))
+    return document.render(hrefs, mirror_path(k)).encode("utf-8"), hrefs
+
+
+def mirror_body(seed: int, k: int, size: int) -> bytes:
+    """Mirrored document `k` of the web of `seed`: an HTML page of about `size` bytes whose only link is
+    relative (so the same bytes link to the root of whichever host serves them)."""
+    rng = random.Random(f"{seed}:mirror:{k}")
+    words = []
+    total = 0
+    while total < size:
+        word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+        words.append(word)
+        total += len(word) + 1
+    text = " ".join(words)
+    return (f"<!DOCTYPE html>\n<html><head><title>Mirrored document {k}</title></head>\n"
+            f"<body><h1>Mirrored document {k}</h1>\n<p>{text}</p>\n<p><a href=\"/\">home</a></p>\n"
+            "</body></html>\n").encode("ascii")

@@ -29,7 +29,7 @@ from typing import Any
 import trio
 
 from protocol import (
-    BatchAck, HandoffAck, HandoffAsk, HandoffChunk, LaneAsk, LaneGrant, LaneHandover, LaneHandoverAsk, LaneReturn,
+    BatchAck, DigestAnswer, DigestAsk, HandoffAck, HandoffAsk, HandoffChunk, LaneAsk, LaneGrant, LaneHandover, LaneHandoverAsk, LaneReturn,
     Message, PluginCheck, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, QueueReplica, ReplicaAck, SeenReplica,
     Settings, StatusQuery, StatusReport, UrlBatch,
 )
@@ -42,6 +42,7 @@ from peer.crawl.syncs import StoreSyncs
 from peer.cluster.replicas.queueconfig import Ticket
 from peer.cluster.replicas.queuereplicas import QueueReplicas
 from peer.cluster.core.clusterstatus import ClusterStatus
+from peer.cluster.core.digests import DigestLookups
 from peer.cluster.core.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.core.fence import PartitionFence
 from peer.cluster.handoff.handoff import Handoff, HandoffConfig, Hold
@@ -168,6 +169,9 @@ class Cluster(ViewChanges):
                        delegate=self, start_wait=_lent_until(self._lanes_file, wall_clock()))
             if cfg.ip_connections > 0 else None
         )
+        # where payloads were first stored, asked of each digest's owner (peer/cluster/core/digests.py): the
+        # crawler's PayloadOriginals
+        self.digests = DigestLookups(node_id, store.digests, self.links, owner_of=self._key_owner)
         self.crawler: Crawler | None = None
         # URLs of peers' replicas the crawler learnt are queued at their owner, so not routed there (`held_from`)
         self.urls_known_elsewhere = 0
@@ -205,8 +209,8 @@ class Cluster(ViewChanges):
     # -- the parts' faces: what the node and the control routes ask of the cluster ----------------------------
 
     def status(self) -> dict[str, Any]:
-        """`/status`'s cluster part (`ClusterStatus.status`)."""
-        return self.statuses.status()
+        """`/status`'s cluster part (`ClusterStatus.status`), with the payload digests asked of their owners."""
+        return {**self.statuses.status(), "digests": self.digests.status()}
 
     def cluster_status(self, *, detail: bool = False) -> dict[str, Any]:
         """Every member as this node knows it (`ClusterStatus.cluster_status`)."""
@@ -383,6 +387,11 @@ class Cluster(ViewChanges):
         assert self._owners is not None
         return self._owners.owner(host)
 
+    def _key_owner(self, key: str) -> str | None:
+        """The owner of a ring key now; None before the first ring (the digests' look-ups answer here then)."""
+        ring = self.ring
+        return None if ring is None else ring.owner(key)
+
     def keys_arrived(self, keys: list[bytes]) -> None:
         self.replicas.adopt(keys)
 
@@ -464,6 +473,7 @@ class Cluster(ViewChanges):
             if self.lanes is not None:
                 nursery.start_soon(self._lanes_loop)
             nursery.start_soon(self.gossip.run)
+            await nursery.start(self.digests.run)
             log.info("cluster member listening", extra={"node_id": self.node_id, "address": self.address})
             task_status.started(self.address)
 
@@ -548,6 +558,8 @@ class Cluster(ViewChanges):
             SeenReplica: self.replicas.on_message,
             QueueReplica: self.backups.on_message,
             ReplicaAck: self.backups.on_message,
+            DigestAsk: self.digests.on_message,
+            DigestAnswer: self.digests.on_message,
         }
         for lane_message in (LaneAsk, LaneGrant, LaneReturn, LaneHandover, LaneHandoverAsk):
             table[lane_message] = lanes
