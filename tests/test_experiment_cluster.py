@@ -84,6 +84,14 @@ def test_the_design_experiment_runs_on_a_simulated_cluster_and_its_tables_add_up
     for change in (leave, join):
         assert change.hosts_moved > 0
         assert abs(change.moved_keyspace - change.ideal_keyspace) <= 0.05 * change.ideal_keyspace
+        # Its hand-off ran between the leaver (or the joiner) and the nodes that took (or gave) arcs, one transfer
+        # each way and no other pair: at most 2 x 19 ordered pairs, a few messages per node.
+        cost = change.cost
+        assert cost is not None and cost.nodes == (20 if change is leave else 19)
+        assert 0 < cost.handoff_pairs <= 2 * 19 and 0 < cost.handoff_messages <= 8 * cost.nodes
+        assert cost.messages > cost.handoff_messages and cost.bytes > 0 and cost.cpu_seconds > 0
+        assert cost.phase_messages > 0 and cost.phase_cpu > 0
+    assert "what each view change cost, per node" in experiment.format_report(result)
     # Each node's status counts its open links: at most one per peer.
     [links] = [note for note in result.notes if note.startswith("links per node at the end")]
     most, peers = re.search(r"most (\d+) \(of (\d+) peers\)", links).groups()

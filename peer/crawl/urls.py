@@ -353,7 +353,9 @@ def normalize_all(
     page_itself: str | None = None
     for href in dict.fromkeys(hrefs):
         hash_at = href.find("#")
-        if hash_at >= 0:
+        if hash_at < 0:
+            is_simple = simple(href) if origin and href else None
+        else:
             # Most links of real pages carry a fragment ("#top", "os.html#os.walk"). Cut it first: when what is
             # left is in a shortcut's form (no space, control or backslash before the "#"), `_resolve` would cut
             # it to the same string and go on as below; anything else goes to `_resolve` whole, which cleans it.
@@ -367,9 +369,10 @@ def normalize_all(
                 if page_itself:
                     seen[page_itself] = None
                 continue
-            if simple(ref) or (ref[:4] == "http" and simple_absolute(ref)):
+            is_simple = simple(ref)  # one match serves both the cut and the shortcut below
+            if is_simple or (ref[:4] == "http" and simple_absolute(ref)):
                 href = ref
-        if origin and href and simple(href) and "/." not in href:
+        if origin and is_simple and "/." not in href:
             # a path (and query) already in normal form: joined to the base as it stands, as _resolve would
             url = origin + href if href[0] == "/" else origin + directory + href
             if len(url) > max_length:

@@ -26,8 +26,9 @@ moments, busy or quiet, and the ratios hold while other work comes and goes; eac
 signals each node at 20% and 80%), with the collector's time per generation and the crawls' context switches. ``--contention`` adds, to each round, two lone nodes that crawl the whole web at once,
 each on its own (no cluster): the machine is as busy as under a cluster, with none of the cluster's code, so
 "two lone / one lone" is what the contention costs and "cluster / two lone" what the cluster's code costs. ``--baseline SRC`` runs each round again with the code of
-the source tree SRC (put first on PYTHONPATH; say an unpacked ``git archive main``): both versions' ratios in
-one run.
+the source tree SRC (put first on PYTHONPATH; say an unpacked ``git archive main``, or ``git worktree add DIR
+COMMIT``): both versions' ratios in one run, on this tree's web; flags that SRC's ``peer start`` does not know
+(``--ip-connections``, ``--page-threads``, ``--replicas``) are left out for it.
 
 The web is ``peerlab.localweb.bench`` (nginx, ``--hosts`` x ``--pages-per-host`` pages of about 15 KB with about 30
 links each, 30% to other hosts, real markup unless ``--filler``; its names come from ``peerlab.localweb.dns_server``);
@@ -81,8 +82,25 @@ def _bench_web(args: argparse.Namespace) -> contextlib.AbstractContextManager[Be
                            markup="filler" if args.filler else "real")
 
 
+_FLAGS_OF: dict[str, str] = {}
+
+
+def _knows(source: str, flag: str) -> bool:
+    """Whether the `peer start` of the source tree `source` ("" for this checkout) takes `flag`: a --baseline
+    tree from before a flag existed (per-address limits, page threads, replicas) runs without it, which is
+    how that tree behaved anyway. Its --help is read once per tree."""
+    if not source:
+        return True
+    if source not in _FLAGS_OF:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([source, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        _FLAGS_OF[source] = subprocess.run([sys.executable, "-m", "peer", "start", "--help"], env=env, cwd=source,
+                                           capture_output=True, text=True, timeout=300).stdout
+    return flag in _FLAGS_OF[source].split()
+
+
 def _node_cmd(name: str, data: Path, seeds: Path, dns_port: int, args: argparse.Namespace,
-              join: str | None, cpus: str = "", threads: int = 0, processes: int = 0) -> list[str]:
+              join: str | None, cpus: str = "", threads: int = 0, processes: int = 0,
+              source: str = "") -> list[str]:
     pin = ["taskset", "-c", cpus] if cpus else []
     cmd = [*pin, sys.executable, "-m", "peer", "start", "--node-id", name, "--listen", "127.0.0.1:0",
            "--control", "127.0.0.1:0", "--seeds-file", str(seeds), "--allow-host", BENCH_DOMAIN,
@@ -96,6 +114,11 @@ def _node_cmd(name: str, data: Path, seeds: Path, dns_port: int, args: argparse.
         cmd += ["--join", join]
     if args.replicas is not None:
         cmd += ["--replicas", str(args.replicas)]
+    if source:
+        for flag in ("--ip-connections", "--page-threads", "--replicas"):
+            if flag in cmd and not _knows(source, flag):
+                at = cmd.index(flag)
+                del cmd[at:at + 2]
     return cmd
 
 
@@ -194,7 +217,8 @@ def run_cluster(web: BenchWeb, dns_port: int, nodes: int, args: argparse.Namespa
             shutil.rmtree(data, ignore_errors=True)
             log = workdir / f"{nodes}-{name}.log"
             with open(log, "wb") as err:
-                proc = subprocess.Popen(_node_cmd(name, data, seeds, dns_port, args, join, cpus, threads, processes),
+                proc = subprocess.Popen(_node_cmd(name, data, seeds, dns_port, args, join, cpus, threads, processes,
+                                                  source),
                                         stdin=subprocess.DEVNULL, cwd=workdir,  # not the checkout: see --baseline
                                         stdout=err, stderr=err, env=env)
             procs.append((name, proc, log))
@@ -300,7 +324,8 @@ def run_together(web: BenchWeb, dns_port: int, groups: list[dict[str, Any]], arg
                 shutil.rmtree(data, ignore_errors=True)
                 log = workdir / f"{name}.log"
                 with open(log, "wb") as err:
-                    proc = subprocess.Popen(_node_cmd(f"n{i}", data, seeds, dns_port, args, join),
+                    proc = subprocess.Popen(_node_cmd(f"n{i}", data, seeds, dns_port, args, join,
+                                                      source=group.get("source", "")),
                                             stdin=subprocess.DEVNULL, cwd=workdir, stdout=err, stderr=err, env=env)
                 started.append((k, name, proc, log))
                 if group["nodes"] > 1 and join is None:
