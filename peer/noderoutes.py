@@ -28,7 +28,7 @@ from peer.crawl.settings import CONFIG_VERSION_FOUNDER, SettingsError
 from peer.dashboard import STALL_AFTER, NodeWatch, file_rss_bytes, page, rss_bytes, slow_hosts
 from peer.fetch.dns import CachingResolver
 from peer.fetch.policy import HostPolicies
-from peer.outputs import Uploader, WebhookSender
+from peer.outputs import CrawlLog, Uploader, WebhookSender
 from peer.plugins import ItemExporter, PluginError, Plugins, PluginSpec, read_items
 from peer.stats import Stats, StatsCollector
 
@@ -67,6 +67,7 @@ class RoutedNode(Protocol):
     data_dir: Path
     uploader: Uploader | None  # --upload, once started
     webhook: WebhookSender | None  # --webhook, once started
+    crawl_log: CrawlLog | None  # the crawl log's files and stream, once started
 
     def request_stop(self) -> None: ...
 
@@ -95,6 +96,7 @@ class ControlRoutes:
             "held": sorted(c.holds),
             "upload": self.node.uploader.status() if self.node.uploader is not None else {"enabled": False},
             "webhook": self.node.webhook.status() if self.node.webhook is not None else {"enabled": False},
+            "crawl_log": self.node.crawl_log.status() if self.node.crawl_log is not None else {"enabled": False},
             "revisit": c.revisit_status(),
             "store_resident": {"file_rss": file_rss_bytes(), "limit": self.node.cfg.store_resident_mib << 20,
                                "released": self.node.store_releases},
@@ -172,7 +174,31 @@ class ControlRoutes:
         return dict(self.node.cluster.dispatcher.stats.urls_sent) if self.node.cluster is not None else {}
 
     def _upload_families(self) -> Iterator[Any]:
-        """--upload's and --webhook's figures: what waits, what went, and whether the receiver takes it now."""
+        """--upload's, --webhook's and the crawl log's figures: what waits, what went, and whether the receiver
+        takes it now."""
+        if self.node.crawl_log is not None:
+            c = self.node.crawl_log.status()
+            families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+                "waiting": GaugeMetricFamily("peercrawl_crawl_log_waiting",
+                                             "Crawl-log records a reader has not handed on yet", labels=["reader"]),
+                "lag": GaugeMetricFamily("peercrawl_crawl_log_lag_seconds",
+                                         "Age of the oldest crawl-log record a reader has not handed on",
+                                         labels=["reader"]),
+                "handed_on": CounterMetricFamily("peercrawl_crawl_log_records",
+                                                 "Crawl-log records handed on since the start", labels=["reader"]),
+                "failures": CounterMetricFamily("peercrawl_crawl_log_failures", "Failed crawl-log hand-ons",
+                                                labels=["reader"]),
+                "ok": GaugeMetricFamily("peercrawl_crawl_log_ok", "1 when a reader's last hand-on worked, 0 while "
+                                        "they fail", labels=["reader"]),
+            }
+            for reader, r in sorted(c["readers"].items()):
+                for name, family in families.items():
+                    family.add_metric([reader], float(r[name]))
+            yield from families.values()
+            yield GaugeMetricFamily("peercrawl_crawl_log_spooled", "Crawl-log records in the node's spool",
+                                    value=c["spooled"])
+            yield CounterMetricFamily("peercrawl_crawl_log_dropped",
+                                      "Crawl-log records dropped because the spool was full", value=c["dropped"])
         if self.node.webhook is not None:
             w = self.node.webhook.status()
             yield GaugeMetricFamily("peercrawl_webhook_waiting", "Webhook notices not yet accepted", value=w["waiting"])
@@ -227,7 +253,32 @@ class ControlRoutes:
             "transfers": self.node.cluster.transfers() if self.node.cluster is not None else [],
             "upload": self.node.uploader.status() if self.node.uploader is not None else None,
             "webhook": self.node.webhook.status() if self.node.webhook is not None else None,
+            "outputs": self.outputs(),
         }
+
+    def outputs(self) -> list[dict[str, Any]]:
+        """Each output of this node in one form (the `OutputState` its peers receive): what waits, how late,
+        what went, and whether its receiver takes it now."""
+        out = []
+        if self.node.uploader is not None:
+            u = self.node.uploader.status()
+            out.append({"kind": "upload", "target": u["target"], "ok": u["ok"], "error": u["error"] or "",
+                        "failing_for": u["failing_for"], "waiting": u["queued_files"], "waiting_bytes": u["queued_bytes"],
+                        "lag": u["lag"], "done": u["uploaded_files"], "failures": u["failures"], "dropped": u["lost_files"],
+                        "paused": u["fetching_paused"]})
+        if self.node.webhook is not None:
+            w = self.node.webhook.status()
+            out.append({"kind": "webhook", "target": w["url"], "ok": w["ok"], "error": w.get("error") or "",
+                        "failing_for": w.get("failing_for", 0.0), "waiting": w["waiting"], "waiting_bytes": 0,
+                        "lag": 0.0, "done": w["sent"], "failures": w["failures"], "dropped": 0, "paused": False})
+        if self.node.crawl_log is not None:
+            c = self.node.crawl_log.status()
+            for reader, r in c["readers"].items():
+                out.append({"kind": "crawl-log" if reader == "file" else "crawl-log-stream", "target": r["target"],
+                            "ok": r["ok"], "error": r["error"] or "", "failing_for": r["failing_for"],
+                            "waiting": r["waiting"], "waiting_bytes": 0, "lag": r["lag"], "done": r["handed_on"],
+                            "failures": r["failures"], "dropped": c["dropped"], "paused": False})
+        return out
 
     def routes(self) -> dict[tuple[str, str], Any]:
         registry = CollectorRegistry(auto_describe=True)

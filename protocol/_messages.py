@@ -43,6 +43,7 @@ __all__ = [
     "SeenReplica",
     "SlowHost",
     "Transfer",
+    "OutputState",
     "StatusQuery",
     "StatusReport",
     "LaneReturn",
@@ -340,6 +341,27 @@ class Transfer:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class OutputState:
+    """One of the reporting node's outputs (`kind`: upload, webhook, crawl-log, crawl-log-stream) and where it goes:
+    whether its last try worked (`error` and `failing_for` when not), what waits (`waiting` files, notices or
+    records; `waiting_bytes`), the age of the oldest (`lag`), what went (`done`), failed tries, records dropped
+    past the spool's bound, and whether it holds fetching (`paused`)."""
+
+    kind: str
+    target: str
+    ok: bool
+    error: str
+    failing_for: float
+    waiting: int
+    waiting_bytes: int
+    lag: float
+    done: int
+    failures: int
+    dropped: int
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StatusQuery:
     """Asks a peer for its detailed status (the dashboard's view of it), answered by a StatusReport."""
 
@@ -375,6 +397,7 @@ class StatusReport:
     sent_recent: tuple[Count, ...]
     slow_hosts: tuple[SlowHost, ...]
     transfers: tuple[Transfer, ...]
+    outputs: tuple[OutputState, ...] = ()  # version 6 on: older peers report none
 
 
 # --- hand-off ----------------------------------------------------------------------------------------------
@@ -611,6 +634,9 @@ _HOST_STATE = _record(HostState, host=HostName(), crawl_delay=Seconds(), ready_i
 _COUNT = _record(Count, name=Text(), count=UInt())
 _SLOW_HOST = _record(SlowHost, host=HostName(), delay=Seconds(), backoff=Seconds(), failures=_U32, queued=UInt())
 _TRANSFER = _record(Transfer, peer=Text(), incoming=Flag(), share=Seconds(), chunks=UInt())
+_OUTPUT_STATE = _record(OutputState, kind=Text(), target=Text(), ok=Flag(), error=Text(), failing_for=Seconds(),
+                        waiting=UInt(), waiting_bytes=UInt(), lag=Seconds(), done=UInt(), failures=UInt(),
+                        dropped=UInt(), paused=Flag())
 _REVISIT_ENTRY = _record(
     RevisitEntry, url=_URL, depth=_U32, due_in=Seconds(), queued=Flag(), interval=Seconds(), etag=Maybe(Text()),
     last_modified=Maybe(Text()), digest=Text(), stored_at=Seconds(), size=UInt(), changed=UInt(), unchanged=UInt(),
@@ -661,8 +687,7 @@ RECORDS: dict[int, Record] = {
         rate=Seconds(),
     ),
     0x27: _record(StatusQuery, seq=UInt()),
-    0x28: _record(
-        StatusReport,
+    0x28: Record(StatusReport, tuple(dict(
         seq=UInt(),
         pages=UInt(),
         bytes=UInt(),
@@ -683,7 +708,7 @@ RECORDS: dict[int, Record] = {
         sent_recent=Many(_COUNT),
         slow_hosts=Many(_SLOW_HOST),
         transfers=Many(_TRANSFER),
-    ),
+    ).items())),
     0x30: _record(
         HandoffChunk,
         transfer_id=UInt(),
@@ -736,9 +761,13 @@ RECORDS_V4[0x2B] = _record(ProgressTally, seq=UInt(), ring=UInt(), heard=_U32, n
 RECORDS_V4[0x35] = _record(HandoffAsk, ring=UInt())
 # ... and the plug-in chains compared at join (peer/cluster/core/pluginjoin.py)
 RECORDS_V4[0x2C] = _record(PluginCheck, seq=UInt(), fingerprint=Text(), chain=Text("max_settings"), answer=Flag())
+# Version 6: a status report carries the node's outputs (upload, webhook, crawl log).
+RECORDS_V6: dict[int, Record] = dict(RECORDS_V4)
+RECORDS_V6[0x28] = _record(StatusReport, **dict(RECORDS_V4[0x28].fields), outputs=Many(_OUTPUT_STATE))
 # protocol version -> its wire table
 # Version 5 adds probe datagrams (protocol/_datagram.py); its frames are those of version 4.
-RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4, 5: RECORDS_V4}
+RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4, 5: RECORDS_V4,
+                                                    6: RECORDS_V6}
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})
 # every type code some version has (a frame's version-specific check comes when its body is decoded)
 KNOWN_CODES = frozenset(code for table in RECORDS_BY_VERSION.values() for code in table)

@@ -43,6 +43,7 @@ from ._records import HostState, QueuedUrl
 from ._redis_dedup import RedisDedup
 from ._replicas import Replicas
 from ._revisits import RevisitRecord, RevisitSchedule
+from ._crawllog import LOG_FIELDS, CrawlLogSpool
 from ._uploads import Uploaded, Uploads, closed_files
 from ._warc import payload_digest
 from .dedup_kinds import DEDUP_KINDS, DedupUnsupported, LmdbDedup, open_dedup
@@ -100,6 +101,8 @@ __all__ = [
     "UrlSetDedup",
     "Uploaded",
     "Uploads",
+    "CrawlLogSpool",
+    "LOG_FIELDS",
     "closed_files",
     "md5_key",
     "open_dedup",

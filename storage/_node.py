@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ._closing import Closing
 from ._dedup import DEDUP_DB, DedupStore, MemoryDedupStore
 from ._frontier import FRONTIER_DBS, FrontierStore
+from ._crawllog import CRAWLLOG_DB, CrawlLogSpool
 from ._items import ITEMS_DB, ItemSpool
 from ._keys import arc_ranges, host_position_bytes, url_fingerprint
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv, put_keys
@@ -64,6 +65,7 @@ class NodeStore(Closing):
         self.revisits = RevisitSchedule(env)
         self.items = ItemSpool(env)  # items the plug-ins extracted, put with their page (peer/plugins)
         self.uploads = Uploads(env)  # closed WARC files on their way to object storage (storage/_uploads.py)
+        self.crawl_log = CrawlLogSpool(env)  # one record per finished URL, put with its page (storage/_crawllog.py)
         self._fetched_next = 0  # the next FETCHED_JOURNAL_DB sequence number
         self.fetched_journaled = 0  # keys journaled since the last fold (1 at open when the journal holds some)
         with env.read() as txn:
@@ -86,7 +88,7 @@ class NodeStore(Closing):
         """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
         env = LmdbEnv.open(
             path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, FETCHED_JOURNAL_DB, REVISIT_DB, REVISIT_DUE_DB,
-                   *REPLICA_DBS, ITEMS_DB, *UPLOAD_DBS),
+                   *REPLICA_DBS, ITEMS_DB, *UPLOAD_DBS, CRAWLLOG_DB),
             map_size=map_size, max_map_size=max_map_size,
         )
         return cls(env)
@@ -111,10 +113,11 @@ class NodeStore(Closing):
         *,
         state: HostState | None = None,
         items: Sequence[dict[str, Any]] = (),
+        logged: Sequence[Any] | None = None,
     ) -> list[QueuedUrl]:
         """Admit a fetched page's local links, put its `routed` (owner, url) links in the outbox, clear the
-        page from in-flight, save its host's politeness `state` and spool the `items` extracted from it, in one
-        transaction."""
+        page from in-flight, save its host's politeness `state`, spool the `items` extracted from it and its
+        crawl-log record (`logged`, `LOG_FIELDS`), in one transaction."""
 
         def run(txn: Txn) -> list[QueuedUrl]:
             new = self._admit_in(txn, links)
@@ -125,6 +128,8 @@ class NodeStore(Closing):
                 self.frontier._put_state_in(txn, state)
             if items:
                 self.items._put_in(txn, items)
+            if logged is not None:
+                self.crawl_log._put_in(txn, (logged,))
             return new
 
         return self._env.write(run)
@@ -192,7 +197,8 @@ class NodeStore(Closing):
 
     def finish_revisit(self, item: QueuedUrl, record: RevisitRecord | None,
                        links: Sequence[QueuedUrl] = (), routed: Sequence[tuple[str, QueuedUrl]] = (), *,
-                       state: HostState | None = None, items: Sequence[dict[str, Any]] = ()) -> list[QueuedUrl]:
+                       state: HostState | None = None, items: Sequence[dict[str, Any]] = (),
+                       logged: Sequence[Any] | None = None) -> list[QueuedUrl]:
         """`finish` for a page on the revisit schedule: its next visit (`record`, or off the schedule when None)
         is written in the same transaction that clears it from in-flight."""
 
@@ -206,6 +212,8 @@ class NodeStore(Closing):
                 self.frontier._put_state_in(txn, state)
             if items:
                 self.items._put_in(txn, items)
+            if logged is not None:
+                self.crawl_log._put_in(txn, (logged,))
             return new
 
         return self._env.write(run)
@@ -299,6 +307,7 @@ class MemoryNodeStore(Closing):
         self.dedup = MemoryDedupStore()
         self.frontier = MemoryFrontierStore()
         self.items: list[dict[str, Any]] = []  # nothing durable: a test's store
+        self.logged: list[Sequence[Any]] = []  # crawl-log records, as `NodeStore.crawl_log` spools them
         self.syncs = 0
 
     @classmethod
@@ -315,10 +324,13 @@ class MemoryNodeStore(Closing):
     def finish(
         self, item: QueuedUrl | None, links: Sequence[QueuedUrl], routed: Sequence[tuple[str, QueuedUrl]] = (),
         *, state: HostState | None = None, items: Sequence[dict[str, Any]] = (),
+        logged: Sequence[Any] | None = None,
     ) -> list[QueuedUrl]:
         if routed:
             raise ValueError("MemoryNodeStore keeps no outbox: a cluster node needs NodeStore")
         self.items += items
+        if logged is not None:
+            self.logged.append(logged)
         new = self.admit(links)
         if item is not None:
             self.frontier.done(item)

@@ -61,6 +61,13 @@ def format_status(st: dict[str, Any]) -> str:
     if hook.get("url"):
         state = "ok" if hook["ok"] else f"FAILING for {hook['failing_for']:.0f}s: {hook['error']}"
         lines.append(f"  webhook {hook['url']}  {state}; waiting {hook['waiting']}, sent {hook['sent']}")
+    cl = st.get("crawl_log", {})
+    for reader, r in sorted(cl.get("readers", {}).items()):
+        state = "ok" if r["ok"] else f"FAILING for {r['failing_for']:.0f}s: {r['error']}"
+        lines.append(f"  crawl log ({reader}) {r['target']}  {state}; waiting {r['waiting']}, oldest {r['lag']:.0f}s, "
+                     f"handed on {r['handed_on']}")
+    if cl.get("dropped"):
+        lines.append(f"  crawl log DROPPED {cl['dropped']} records: the spool ({cl['spool_limit']} records) was full")
     if "dns" in st:
         dns = st["dns"]
         failures = " ".join(f"{k}={v}" for k, v in sorted(dns.get("failures", {}).items())) or "-"

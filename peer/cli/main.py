@@ -168,6 +168,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--webhook", metavar="URL",
                    help="POST a signed JSON notice for every WARC file uploaded (with --upload) or closed; the "
                         "HMAC key is webhook_secret (PEERCRAWL_WEBHOOK_SECRET); e.g. --webhook https://hooks.example/warc")
+    c.add_argument("--crawl-log", dest="crawl_log", metavar="redis://HOST:PORT/DB",
+                   help="stream every crawl-log record to a Redis stream as well as to DATA_DIR/crawl-log/ (at least "
+                        "once; record id NODE_ID-NUMBER); e.g. --crawl-log 'redis://10.0.0.5:6379/0?stream=crawl&maxlen=1000000'")
     c.add_argument("--store-type", dest="store_types", action="append", metavar="MIME",
                    help="content type to store (repeatable)")
     c.add_argument("--max-body", dest="max_body", type=int, metavar="BYTES", help="body size cap")
