@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import trio
@@ -258,3 +259,74 @@ async def test_the_stream_is_bounded_by_maxlen(store, tmp_path):
     finally:
         server.close()
 
+
+
+# ------------------------------------------------------------------------------------------------ a real node
+
+
+@pytest.mark.slow  # a whole crawl of the local web and a real redis-server
+async def test_a_node_logs_every_fetched_url_to_its_files_and_the_stream(tmp_path):
+    from warcio.archiveiterator import ArchiveIterator
+
+    from peer.node import Node
+    from peerlab.localweb import SiteGraph
+
+    from .support.crawl import node_config, start_local_web, urls_fetched
+
+    server = RedisServer()
+    try:
+        graph = SiteGraph.generate(seed=12, hosts=4, pages_per_host=12, features=False)
+        async with trio.open_nursery() as nursery:
+            web, dns = await start_local_web(nursery, graph)
+            expected = web.expected()
+            cfg = node_config(tmp_path / "node", web, dns, exit_when_done=False,
+                              crawl_log=server.url + "?stream=crawl")
+            node = Node(cfg)
+            await nursery.start(node.run)
+            with trio.fail_after(60):
+                while not node.crawler.is_done() or node.crawl_log.status()["readers"]["stream"]["waiting"]:
+                    await trio.sleep(0.05)
+            status = node.status()
+            metrics = (await trio.to_thread.run_sync(_get, node, "/metrics")).decode()
+            node.request_stop()
+            with trio.fail_after(30):
+                while node.final_status is None:
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        fetched = urls_fetched(web, expected)
+        entries = server.entries("crawl")
+        assert {e["url"] for e in entries} == fetched
+        assert len({e["id"] for e in entries}) == len(entries)  # one record per fetch, no repeat without a fault
+        jsonl = [json.loads(line) for line in (tmp_path / "node" / "crawl-log" / "crawl.jsonl").read_text().splitlines()]
+        text = (tmp_path / "node" / "crawl-log" / "crawl.log").read_text().splitlines()
+        assert [r["id"] for r in jsonl] == [json.loads(line.split()[-1])["id"] for line in text]
+        assert {r["id"] for r in jsonl} == {e["id"] for e in entries}
+        # a stored page's record points at its response record in the WARC file
+        stored = [r for r in jsonl if r["warc"]]
+        assert {r["url"] for r in stored} == set(expected.fetched)
+        for r in stored[:20]:
+            with open(tmp_path / "node" / "warc" / r["warc"], "rb") as fh:
+                fh.seek(r["offset"])
+                record = next(iter(ArchiveIterator(fh)))
+            assert record.rec_headers.get_header("WARC-Target-URI") == r["url"]
+            assert record.rec_headers.get_header("WARC-Payload-Digest") == r["digest"]
+            assert r["status"] == 200 and r["mime"] == "text/html" and r["node"] == "test-node"
+        seeds = {r["url"] for r in jsonl if r["path"] == "-"}
+        assert seeds == set(cfg.seeds) & fetched
+        assert all(r["via"] != "-" for r in jsonl if r["path"] != "-")
+        readers = status["crawl_log"]["readers"]
+        assert readers["stream"]["ok"] and readers["stream"]["handed_on"] == len(entries)
+        assert status["crawl_log"]["dropped"] == 0
+        kinds = {o["kind"] for o in status["detail"]["outputs"]}
+        assert kinds == {"crawl-log", "crawl-log-stream"}
+        assert 'peercrawl_crawl_log_records_total{reader="stream"}' in metrics
+        assert 'peercrawl_crawl_log_waiting{reader="stream"} 0.0' in metrics
+    finally:
+        server.close()
+
+
+def _get(node, path: str) -> bytes:
+    import httpx
+
+    token = (Path(node.cfg.data_dir) / "control.token").read_text().strip()
+    return httpx.get(f"http://127.0.0.1:{node.control_port}{path}", headers={"authorization": f"Bearer {token}"}).content
