@@ -63,7 +63,7 @@ from peer.fetch.http import Fetcher
 from peer.fetch.policy import HostPolicies
 from peer.noderoutes import ControlRoutes
 from peer.plugins import ItemExporter, JsonLinesSink, PluginError, Plugins, PluginSpec
-from peer.outputs import CrawlLog, LocalLog, ObjectStore, S3Target, StreamLog, Uploader, WebhookSender
+from peer.outputs import CrawlLog, LocalIndex, LocalLog, ObjectStore, S3Target, StreamLog, Uploader, WebhookSender
 from peer.stats import Stats
 
 __all__ = ["Node", "run_node", "NodeError"]
@@ -145,6 +145,7 @@ class Node:
         self.uploader: Uploader | None = None  # --upload: closed WARC files to object storage
         self.webhook: WebhookSender | None = None  # --webhook: a signed POST per WARC file uploaded or closed
         self.crawl_log: CrawlLog | None = None  # one record per finished URL: local files, --crawl-log stream
+        self.index: LocalIndex | None = None  # this node's captures, for the cluster's GET /cdx
         self.store_releases = 0  # times the store's mapped pages were handed back (store_resident_mib)
         self._stop = trio.Event()
         self._leave = trio.Event()
@@ -185,6 +186,7 @@ class Node:
                 stack.callback(pages.close)
             except StorageError as exc:
                 raise NodeError(str(exc)) from exc
+            self.index = LocalIndex(self.data_dir / "warc", self.node_id, getattr(store, "uploads", None))
             spool = getattr(store, "items", None)
             if plugins.active and spool is None:
                 raise NodeError(f"plug-ins need --dedup lmdb (got {cfg.dedup}): a page's items are stored in "
@@ -227,7 +229,8 @@ class Node:
                                     "hand-offs are stored in the same transactions as the seen-set")
                 try:
                     self.cluster = Cluster(cfg, node_id=self.node_id, store=store, secret=secret, stats=self.stats,
-                                           syncs=syncs, summary=self.summary, plugins=plugins.description)
+                                           syncs=syncs, summary=self.summary, plugins=plugins.description,
+                                           captures=self.index.captures)
                 except TransportError as exc:
                     raise NodeError(str(exc)) from exc
             try:

@@ -19,16 +19,19 @@ import trio
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from protocol import CaptureAsk
+
 from peer.cluster.core.cluster import Cluster, ClusterError
 from peer.config import Config, ConfigError, parse_address
-from peer.control import Reply, json_reply
+from peer.control import QueryRoute, Reply, json_reply
 from peer.crawl.crawler import Crawler
 from peer.crawl.pageworkers import PageWorkers
 from peer.crawl.settings import CONFIG_VERSION_FOUNDER, SettingsError
 from peer.dashboard import STALL_AFTER, NodeWatch, file_rss_bytes, page, rss_bytes, slow_hosts
 from peer.fetch.dns import CachingResolver
 from peer.fetch.policy import HostPolicies
-from peer.outputs import CrawlLog, Uploader, WebhookSender
+from peer.outputs import CrawlLog, LocalIndex, Uploader, WebhookSender, cdx_body, parse_cdx_query
+from peer.outputs.captures import OUTPUTS
 from peer.plugins import ItemExporter, PluginError, Plugins, PluginSpec, read_items
 from peer.stats import Stats, StatsCollector
 
@@ -68,6 +71,7 @@ class RoutedNode(Protocol):
     uploader: Uploader | None  # --upload, once started
     webhook: WebhookSender | None  # --webhook, once started
     crawl_log: CrawlLog | None  # the crawl log's files and stream, once started
+    index: LocalIndex | None  # this node's captures, once its stores are open
 
     def request_stop(self) -> None: ...
 
@@ -295,6 +299,24 @@ class ControlRoutes:
         async def metrics(_body: bytes) -> Reply:
             return Reply(content_type="text/plain; version=0.0.4; charset=utf-8", body=generate_latest(registry))
 
+        async def cdx(query: str) -> Reply:
+            """pywb's CDX server API for the whole cluster: every live member's captures, merged."""
+            try:
+                look, output = parse_cdx_query(query)
+            except ValueError as exc:
+                return json_reply({"error": str(exc)}, status=400)
+            if self.node.cluster is not None:
+                found = await self.node.cluster.captures.lookup(**look)
+            else:
+                assert self.node.index is not None
+                lines = await self.node.index.captures(CaptureAsk(seq=0, **look))
+                found = {"lines": lines[: look["limit"]], "missing": {}, "more": len(lines) > look["limit"]}
+            headers = [("x-peercrawl-nodes-missing", ", ".join(f"{peer} ({why})" for peer, why in
+                                                              sorted(found["missing"].items())))] if found["missing"] else []
+            if found["more"]:
+                headers.append(("x-peercrawl-more", "1"))
+            return Reply(content_type=OUTPUTS[output], body=cdx_body(found["lines"], output), headers=tuple(headers))
+
         async def health(_body: bytes) -> Reply:
             return json_reply({"ok": True, "node_id": self.node.node_id})
 
@@ -427,6 +449,7 @@ class ControlRoutes:
             ("POST", "/join"): join,
             ("POST", "/leave"): leave,
             ("GET", "/status"): status,
+            ("GET", "/cdx"): QueryRoute(cdx),
             ("GET", "/metrics"): metrics,
             ("GET", "/healthz"): health,
             ("POST", "/stop"): stop,

@@ -44,6 +44,8 @@ __all__ = [
     "SlowHost",
     "Transfer",
     "OutputState",
+    "CaptureAsk",
+    "CaptureAnswer",
     "StatusQuery",
     "StatusReport",
     "LaneReturn",
@@ -362,6 +364,32 @@ class OutputState:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CaptureAsk:
+    """Asks a peer for the captures its indexes hold (the cluster's `GET /cdx`): `url` with pywb's `match` type
+    (exact, prefix, host, domain), the time range `since`..`until` (14-digit timestamps, inclusive), at most
+    `limit`. Answered by a CaptureAnswer with the same `seq`."""
+
+    seq: int
+    url: str
+    match: str
+    since: str
+    until: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaptureAnswer:
+    """The captures a node holds for a CaptureAsk, as CDXJ lines (`urlkey timestamp {json}`, the JSON naming the
+    node and, once uploaded, the object key); `more` when the frame's bound left some out; `error` when the
+    ask was refused."""
+
+    seq: int
+    lines: tuple[str, ...]
+    more: bool
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StatusQuery:
     """Asks a peer for its detailed status (the dashboard's view of it), answered by a StatusReport."""
 
@@ -583,6 +611,8 @@ Message: TypeAlias = (
     | ProgressTally
     | StatusQuery
     | StatusReport
+    | CaptureAsk
+    | CaptureAnswer
     | HandoffChunk
     | HandoffAck
     | HandoffAsk
@@ -764,6 +794,10 @@ RECORDS_V4[0x2C] = _record(PluginCheck, seq=UInt(), fingerprint=Text(), chain=Te
 # Version 6: a status report carries the node's outputs (upload, webhook, crawl log).
 RECORDS_V6: dict[int, Record] = dict(RECORDS_V4)
 RECORDS_V6[0x28] = _record(StatusReport, **dict(RECORDS_V4[0x28].fields), outputs=Many(_OUTPUT_STATE))
+# ... and the cluster's capture look-up (peer/cluster/core/captures.py)
+RECORDS_V6[0x2D] = _record(CaptureAsk, seq=UInt(), url=_URL, match=Choice(("exact", "prefix", "host", "domain")),
+                           since=Text(), until=Text(), limit=UInt(1, 100_000))
+RECORDS_V6[0x2E] = _record(CaptureAnswer, seq=UInt(), lines=Many(Text("max_settings")), more=Flag(), error=Text())
 # protocol version -> its wire table
 # Version 5 adds probe datagrams (protocol/_datagram.py); its frames are those of version 4.
 RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4, 5: RECORDS_V4,

@@ -43,6 +43,7 @@ from ._records import HostState, QueuedUrl
 from ._redis_dedup import RedisDedup
 from ._replicas import Replicas
 from ._revisits import RevisitRecord, RevisitSchedule
+from ._captures import MATCH_TYPES, Capture, CaptureSearch, find_captures
 from ._crawllog import LOG_FIELDS, CrawlLogSpool
 from ._uploads import Uploaded, Uploads, closed_files
 from ._warc import payload_digest
@@ -102,6 +103,10 @@ __all__ = [
     "Uploaded",
     "Uploads",
     "CrawlLogSpool",
+    "Capture",
+    "CaptureSearch",
+    "MATCH_TYPES",
+    "find_captures",
     "LOG_FIELDS",
     "closed_files",
     "md5_key",

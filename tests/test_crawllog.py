@@ -288,6 +288,10 @@ async def test_a_node_logs_every_fetched_url_to_its_files_and_the_stream(tmp_pat
                     await trio.sleep(0.05)
             status = node.status()
             metrics = (await trio.to_thread.run_sync(_get, node, "/metrics")).decode()
+            some = sorted(expected.fetched)[0]
+            host = some.split("/")[2]
+            looked = (await trio.to_thread.run_sync(_get, node, f"/cdx?url={host}&matchType=host&output=json")).decode()
+            exact = (await trio.to_thread.run_sync(_get, node, f"/cdx?url={some}")).decode()
             node.request_stop()
             with trio.fail_after(30):
                 while node.final_status is None:
@@ -314,6 +318,11 @@ async def test_a_node_logs_every_fetched_url_to_its_files_and_the_stream(tmp_pat
         seeds = {r["url"] for r in jsonl if r["path"] == "-"}
         assert seeds == set(cfg.seeds) & fetched
         assert all(r["via"] != "-" for r in jsonl if r["path"] != "-")
+        # the node's own look-up (standalone: its indexes): every stored page of the host, and one line per capture
+        captures = [json.loads(line) for line in looked.splitlines()]
+        assert {c["url"] for c in captures} == {u for u in expected.fetched if u.split("/")[2] == host}
+        assert all(c["node"] == "test-node" and "object" not in c for c in captures)
+        assert len(exact.splitlines()) == 1 and json.loads(exact.split(" ", 2)[2])["url"] == some
         readers = status["crawl_log"]["readers"]
         assert readers["stream"]["ok"] and readers["stream"]["handed_on"] == len(entries)
         assert status["crawl_log"]["dropped"] == 0

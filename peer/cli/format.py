@@ -74,3 +74,17 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append(f"  dns hits={dns['hits']} misses={dns['misses']} queries={dns['queries']} "
                      f"failures {failures}")
     return "\n".join(lines)
+
+
+def format_captures(captures: list[dict[str, Any]]) -> str:
+    """`peerctl lookup`: one capture a line, oldest first per URL: time, status, digest, URL, where its record is."""
+    if not captures:
+        return "no captures"
+    lines = []
+    for c in captures:
+        ts = c["timestamp"]
+        when = f"{ts[0:4]}-{ts[4:6]}-{ts[6:8]} {ts[8:10]}:{ts[10:12]}:{ts[12:14]}"
+        where = (f"object {c['object']} @{c['offset']}" if c.get("object")
+                 else f"{c['node']}:{c['filename']} @{c['offset']}")
+        lines.append(f"{when}  {c.get('status', '-'):>3}  {c.get('digest', '-')}  {c['url']}  {where}")
+    return "\n".join(lines)
