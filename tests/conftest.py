@@ -22,6 +22,7 @@ DAEMON_CLUSTERS = frozenset({
     "test_dashboard.py",
     "test_plugin_daemons.py",
     "test_demo.py",
+    "test_outputs_cluster.py",
     "test_revisit_daemons.py",
     "test_steering_daemons.py",
 })
