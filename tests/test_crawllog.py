@@ -237,8 +237,10 @@ async def test_the_stream_gets_every_record_through_a_broker_kill(store, tmp_pat
         ids = [e["id"] for e in entries]
         assert set(ids) == {f"node-a-{n}" for n in range(1500)}  # every record at least once
         first = entries[0]
-        assert first["url"] == "http://a.example/0" and first["status"] == "200" and first["warc"] == "a.warc.gz"
-        assert set(first) == {"id", "node", "seq", *LOG_FIELDS}
+        assert set(first) == {"id", "url", "record"} and first["url"] == "http://a.example/0"
+        record = json.loads(first["record"])
+        assert record == json.loads(json_line("node-a", 0, _record(0))) and record["id"] == first["id"]
+        assert record["status"] == 200 and record["warc"] == "a.warc.gz"
         stream.close()
     finally:
         server.close()

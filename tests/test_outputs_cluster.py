@@ -133,8 +133,8 @@ async def test_three_nodes_with_every_output_lose_nothing_through_a_kill_and_an_
                     return not all([(await _status(tmp_path / n))["upload"]["ok"] for n in ("A", "C")])
 
                 await _until(failing, 60)
+                await trio.to_thread.run_sync(s3.start)  # soon: the nodes' back-off stays short
                 await nodes.start("B")  # from its data dir, as systemd would
-                await trio.to_thread.run_sync(s3.start)
 
                 async def all_out() -> bool:
                     for name in NODES:
@@ -194,8 +194,9 @@ async def test_three_nodes_with_every_output_lose_nothing_through_a_kill_and_an_
         assert {e["url"] for e in entries} == fetched
         ids = [e["id"] for e in entries]
         repeats = len(ids) - len(set(ids))
-        stored = [e for e in entries if e["warc"]]
-        assert {e["node"] for e in stored} == set(NODES)
+        records = [json.loads(e["record"]) for e in entries]
+        assert [r["id"] for r in records] == ids and [r["url"] for r in records] == [e["url"] for e in entries]
+        assert {r["node"] for r in records if r["warc"]} == set(NODES)
         # the webhook: every WARC object announced with the checksum of what is stored
         announced = {body["key"]: body["sha256"] for body in receiver.accepted()}
         assert set(announced) == set(warcs)
