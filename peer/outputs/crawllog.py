@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 
 #: Records one reader hands on per step (one pipeline, one file write).
 BATCH = 500
-#: Seconds between looks at the spool when a reader has caught up.
-POLL = 0.5
+#: Seconds between looks at the spool when a reader has caught up: a record reaches its readers within about
+#: this (a shorter wait costs a transaction, a thread hop and a round trip more per second, idle or not).
+POLL = 1.0
 MAX_BACKOFF = 30.0
 #: Seconds the stream's client waits for the broker before a try counts as failed.
 SOCKET_TIMEOUT = 5.0
