@@ -7,6 +7,7 @@ mid-crawl. Afterwards:
   beside it; nothing half-sent, no WARC file left on a node's disk;
 - the Redis stream holds every URL the web answered at least once (its record ids tell repeats apart);
 - the webhook announced every WARC object with its SHA-256;
+- every node's outputs are on every node's card of one node's dashboard (`GET /cluster`);
 - any node's `GET /cdx` answers for the whole cluster: every stored page, each naming the node that wrote it
   and, once uploaded, its object in the bucket; `peerctl lookup` prints them.
 """
@@ -146,6 +147,15 @@ async def test_three_nodes_with_every_output_lose_nothing_through_a_kill_and_an_
                     return True
 
                 await _until(all_out, 300, 0.2)
+
+                # every node's card on any node's dashboard shows its outputs (from the peers' status reports)
+                async def cards() -> bool:
+                    nodes_seen = (await _get(tmp_path / "C", "/cluster")).json()["nodes"]
+                    kinds = {n["node_id"]: {o["kind"] for o in (n.get("detail") or {}).get("outputs", [])}
+                             for n in nodes_seen}
+                    return kinds == {name: {"upload", "webhook", "crawl-log", "crawl-log-stream"} for name in NODES}
+
+                await _until(cards, 30, 0.5)
                 # the cluster's index, asked of one node, while every node runs
                 reply = await _get(tmp_path / "C", "/cdx?url=*.test&output=json")
                 assert reply.status_code == 200 and "x-peercrawl-nodes-missing" not in reply.headers
