@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from ring import MAX_ZONE, check_zone
 
 __all__ = ["DEFAULTS", "HOST_KEYS", "TOML_ONLY", "Config", "ConfigError", "load", "FIELDS", "default_text",
-           "parse_address", "read_seeds", "read_secret"]
+           "parse_address", "read_seeds", "read_secret", "StreamTarget", "stream_target"]
 
 DEFAULT_UA = "peercrawl/0.1"
 
@@ -139,6 +140,12 @@ class Config:
     keep_local: bool = False
     webhook: str = ""
     webhook_secret: str = ""
+    crawl_log: str = ""
+    crawl_log_local: str = "both"
+    crawl_log_max_bytes: int = 256 << 20
+    crawl_log_rotate_seconds: float = 86400.0
+    crawl_log_keep: int = 10
+    crawl_log_spool: int = 1_000_000
     # revisits
     revisit: bool = False
     revisit_min: float = 3600.0
@@ -285,6 +292,12 @@ FIELDS: dict[str, str] = {
     "upload_max_local_bytes": "closed files waiting for upload this node keeps before it stops fetching until the queue drains: 16 WARC files of the usual size",
     "keep_local": "off: a file is removed from this disk once its upload is verified",
     "webhook": "URL that gets a signed JSON POST for every WARC file uploaded (with upload) or closed (without); empty: none",
+    "crawl_log": "redis://[:PASSWORD@]HOST:PORT/DB?stream=NAME&maxlen=N: every crawl-log record also goes to that Redis stream (XADD, MAXLEN ~ N; stream peercrawl:crawl-log, maxlen 10000000 when not given); empty: the local files only",
+    "crawl_log_local": "both: DATA_DIR/crawl-log/crawl.log in Heritrix's layout and crawl.jsonl as JSON lines, one record per finished URL; text or json: one of them; off: none (the stream, if any, still gets every record)",
+    "crawl_log_max_bytes": "a local crawl-log file this large is rotated (renamed with its UTC time); a day of a busy node's log",
+    "crawl_log_rotate_seconds": "a local crawl-log file this old is rotated too, so a quiet node's log still turns over daily",
+    "crawl_log_keep": "rotated local crawl-log files kept per format; the oldest go first",
+    "crawl_log_spool": "crawl-log records the node's store keeps for a reader that is behind (a dead broker): about 200 MB; past it, records are dropped, counted and warned about, and the crawl goes on",
     "webhook_secret": "HMAC-SHA256 key of the webhook's X-Peercrawl-Signature header (at least 16 bytes; PEERCRAWL_WEBHOOK_SECRET keeps it out of the process list)",
     "revisit": "a crawl is one pass; on, every stored page is fetched again on an adaptive schedule",
     "revisit_min": "an hour (in seconds): the shortest revisit interval, for pages that change at every visit",
@@ -309,6 +322,62 @@ _TUPLES = {f.name for f in dataclasses.fields(Config) if f.type == "tuple[str, .
 #: Settings read from the TOML file only (tables, which the environment and flags cannot spell).
 TOML_ONLY = frozenset({"hosts", "plugins"})
 _TYPES = {f.name: f.type for f in dataclasses.fields(Config)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamTarget:
+    """Where the crawl log streams to: a Redis server, its database and password, the stream and its bound."""
+
+    host: str
+    port: int
+    db: int
+    password: str | None
+    stream: str
+    maxlen: int
+
+    def url(self) -> str:
+        """The target as status shows it (no password)."""
+        return f"redis://{self.host}:{self.port}/{self.db}?stream={self.stream}&maxlen={self.maxlen}"
+
+
+#: The stream and its bound when the crawl_log URL names none: ten million records, a few GB in Redis.
+DEFAULT_STREAM, DEFAULT_MAXLEN = "peercrawl:crawl-log", 10_000_000
+
+
+def stream_target(url: str) -> StreamTarget:
+    """Parse crawl_log (redis://[:PASSWORD@]HOST[:PORT][/DB][?stream=NAME&maxlen=N]); ConfigError if it is not
+    one."""
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"crawl_log: {why}; expected redis://[:PASSWORD@]HOST:PORT/DB?stream=NAME&maxlen=N, "
+                           f"got {url.split('@')[-1]!r}")
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port or 6379
+    except ValueError as exc:
+        raise bad(str(exc)) from None
+    if parts.scheme != "redis":
+        raise bad("only redis:// streams are supported")
+    if not parts.hostname:
+        raise bad("no host")
+    path = parts.path.strip("/")
+    if path and not path.isdigit():
+        raise bad(f"the database must be a number, not {path!r}")
+    query = parse_qs(parts.query, keep_blank_values=True)
+    unknown = set(query) - {"stream", "maxlen"}
+    if unknown:
+        raise bad(f"unknown parameter {sorted(unknown)[0]!r}")
+    stream = query.get("stream", [DEFAULT_STREAM])[-1]
+    if not stream:
+        raise bad("empty stream name")
+    try:
+        maxlen = int(query.get("maxlen", [str(DEFAULT_MAXLEN)])[-1])
+    except ValueError:
+        raise bad("maxlen must be a whole number") from None
+    if maxlen < 1:
+        raise bad("maxlen must be >= 1")
+    return StreamTarget(host=parts.hostname, port=port, db=int(path or 0),
+                        password=unquote(parts.password) if parts.password else None, stream=stream, maxlen=maxlen)
 
 
 def parse_address(text: str, name: str = "address") -> tuple[str, int]:
@@ -469,6 +538,14 @@ def _validate(cfg: Config) -> None:
             raise ConfigError("webhook needs webhook_secret (at least 16 bytes; PEERCRAWL_WEBHOOK_SECRET)")
         if cfg.store != "warc":
             raise ConfigError("webhook needs store warc: it announces WARC files")
+    if cfg.crawl_log:
+        stream_target(cfg.crawl_log)  # a bad URL is one clear error at start
+    if cfg.crawl_log_local not in ("both", "text", "json", "off"):
+        raise ConfigError(f"crawl_log_local must be both, text, json or off, got {cfg.crawl_log_local!r}")
+    if cfg.crawl_log_max_bytes <= 0 or cfg.crawl_log_rotate_seconds <= 0 or cfg.crawl_log_keep < 1:
+        raise ConfigError("crawl_log_max_bytes and crawl_log_rotate_seconds must be > 0 and crawl_log_keep >= 1")
+    if cfg.crawl_log_spool < 1:
+        raise ConfigError(f"crawl_log_spool must be >= 1 record, got {cfg.crawl_log_spool}")
     if cfg.log_format not in ("auto", "json", "text"):
         raise ConfigError(f"log_format must be auto, json or text, got {cfg.log_format!r}")
     try:

@@ -43,6 +43,7 @@ __all__ = [
     "PUBLIC_ROUTES",
     "TOKEN_FILE",
     "Access",
+    "QueryRoute",
     "Reply",
     "json_reply",
     "auth_headers",
@@ -178,7 +179,14 @@ def json_reply(obj: Any, status: int = 200) -> Reply:
     return Reply(status=status, body=json.dumps(obj, indent=1, sort_keys=True, default=str).encode() + b"\n")
 
 
-Handler = Callable[[bytes], Awaitable[Reply]]
+@dataclass(frozen=True)
+class QueryRoute:
+    """A GET route that reads its query string (``/cdx?url=...``): `handle` gets it, undecoded."""
+
+    handle: Callable[[str], Awaitable[Reply]]
+
+
+Handler = Callable[[bytes], Awaitable[Reply]] | QueryRoute
 
 
 def _refusal(method: str, path: str, req: h11.Request, access: Access | None) -> Reply | None:
@@ -237,7 +245,7 @@ async def _serve_one(stream: trio.SocketStream, routes: dict[tuple[str, str], Ha
                         return
                 assert req is not None
                 method = req.method.decode("ascii", "replace")
-                path = req.target.decode("ascii", "replace").split("?", 1)[0]
+                path, _sep, query = req.target.decode("ascii", "replace").partition("?")
                 handler = routes.get((method, path))
                 reply = _refusal(method, path, req, access)
                 if reply is None and handler is None:
@@ -247,7 +255,8 @@ async def _serve_one(stream: trio.SocketStream, routes: dict[tuple[str, str], Ha
                 elif reply is None:
                     assert handler is not None  # the branch above took a missing one
                     try:
-                        reply = await handler(bytes(body))
+                        reply = await (handler.handle(query) if isinstance(handler, QueryRoute)
+                                       else handler(bytes(body)))
                     except Exception as exc:  # a handler bug must not take the node down
                         log.exception("control handler failed", extra={"path": path})
                         reply = json_reply({"error": f"{type(exc).__name__}: {exc}"}, 500)

@@ -49,7 +49,8 @@ from storage import (
 from peer.cluster.core.cluster import Cluster, ClusterError
 from peer.cluster.net.discovery import DiscoveryError, srv_seeds
 from peer.cluster.net.transport import TransportError
-from peer.config import Config, ConfigError, parse_address, read_control_token, read_secret, read_seeds
+from peer.config import (Config, ConfigError, parse_address, read_control_token, read_secret, read_seeds,
+                         stream_target)
 from peer.control import load_or_create_token, serve_control
 from peer.crawl.crawler import Crawler
 from peer.crawl.pageworkers import PageWorkers, PageWriter, open_page_workers
@@ -63,7 +64,7 @@ from peer.fetch.http import Fetcher
 from peer.fetch.policy import HostPolicies
 from peer.noderoutes import ControlRoutes
 from peer.plugins import ItemExporter, JsonLinesSink, PluginError, Plugins, PluginSpec
-from peer.outputs import ObjectStore, S3Target, Uploader, WebhookSender
+from peer.outputs import CrawlLog, LocalIndex, LocalLog, ObjectStore, S3Target, StreamLog, Uploader, WebhookSender
 from peer.stats import Stats
 
 __all__ = ["Node", "run_node", "NodeError"]
@@ -144,6 +145,8 @@ class Node:
         self.watch: NodeWatch | None = None  # figures over time for the dashboard (pages/s, flows, last page)
         self.uploader: Uploader | None = None  # --upload: closed WARC files to object storage
         self.webhook: WebhookSender | None = None  # --webhook: a signed POST per WARC file uploaded or closed
+        self.crawl_log: CrawlLog | None = None  # one record per finished URL: local files, --crawl-log stream
+        self.index: LocalIndex | None = None  # this node's captures, for the cluster's GET /cdx
         self.store_releases = 0  # times the store's mapped pages were handed back (store_resident_mib)
         # low disk on the data directory's filesystem: a state in which the node holds (peer/diskguard.py)
         self.disk = DiskGuard(statvfs_free(self.data_dir), DiskMarks.from_mib(cfg.disk_min_free_mib),
@@ -192,6 +195,7 @@ class Node:
                 stack.callback(pages.close)
             except StorageError as exc:
                 raise NodeError(str(exc)) from exc
+            self.index = LocalIndex(self.data_dir / "warc", self.node_id, getattr(store, "uploads", None))
             spool = getattr(store, "items", None)
             if plugins.active and spool is None:
                 raise NodeError(f"plug-ins need --dedup lmdb (got {cfg.dedup}): a page's items are stored in "
@@ -235,7 +239,8 @@ class Node:
                 try:
                     self.cluster = Cluster(cfg, node_id=self.node_id, store=store, secret=secret, stats=self.stats,
                                            syncs=syncs, summary=self.summary, plugins=plugins.description,
-                                           admitting=self.disk.admitting)
+                                           admitting=self.disk.admitting,
+                                           captures=self.index.captures)
                 except TransportError as exc:
                     raise NodeError(str(exc)) from exc
             try:
@@ -272,6 +277,7 @@ class Node:
                     self.webhook = WebhookSender(uploads=store.uploads, url=cfg.webhook,
                                                  secret=cfg.webhook_secret.encode(), node_id=self.node_id,
                                                  directory=self.data_dir / "warc", closed_files=not cfg.upload)
+                self.crawl_log = self._crawl_log(store)
                 self.watch = NodeWatch(lambda: self.stats.pages, self.control.sent, trio.current_time())
                 self._record_dropped(crawler.dropped_urls)
                 configured_token = read_control_token(cfg)
@@ -297,6 +303,8 @@ class Node:
                         await nursery.start(self.uploader.run)
                     if self.webhook is not None:
                         await nursery.start(self.webhook.run)
+                    if self.crawl_log is not None:
+                        await nursery.start(self.crawl_log.run)
                     nursery.start_soon(self._housekeeping, pages)
                     nursery.start_soon(self._bound_store_pages, store)
                     nursery.start_soon(self._sample)
@@ -315,13 +323,17 @@ class Node:
                     await nursery.start(crawler.run)
                     task_status.started(self)
                     nursery.start_soon(self._wait_done_or_stop, nursery)
-                if self.uploader is not None or self.webhook is not None:
+                if self.uploader is not None or self.webhook is not None or self.crawl_log is not None:
                     pages.close()  # the file being written is closed now, so that it can go too
                     with trio.move_on_after(UPLOAD_AT_STOP):
+                        if self.crawl_log is not None:
+                            await self.crawl_log.flush()
                         if self.uploader is not None:
                             await self.uploader.flush()
                         if self.webhook is not None:
                             await self.webhook.flush()
+                if self.crawl_log is not None:
+                    self.crawl_log.close()
                 store.sync()
                 self._export_rest()
                 self.final_status = self.status()
@@ -356,6 +368,29 @@ class Node:
         return Uploader(uploads=store.uploads, directory=self.data_dir / "warc", objects=objects,
                         node_id=self.node_id, keep_local=cfg.keep_local, max_local_bytes=cfg.upload_max_local_bytes,
                         hold=functools.partial(crawler.hold, "upload"), notify=bool(cfg.webhook))
+
+    def _crawl_log(self, store) -> CrawlLog | None:
+        """The crawl log's readers: DATA_DIR/crawl-log/ unless crawl_log_local is off, and the --crawl-log stream
+        (peer/outputs/crawllog.py). None when both are off, or the store keeps no spool."""
+        cfg = self.cfg
+        spool = getattr(store, "crawl_log", None)
+        if spool is None:
+            return None
+        outputs: list[LocalLog | StreamLog] = []
+        if cfg.crawl_log_local != "off":
+            formats = ("text", "json") if cfg.crawl_log_local == "both" else (cfg.crawl_log_local,)
+            outputs.append(LocalLog(self.data_dir / "crawl-log", formats, max_bytes=cfg.crawl_log_max_bytes,
+                                    max_age=cfg.crawl_log_rotate_seconds, keep=cfg.crawl_log_keep))
+        if cfg.crawl_log:
+            if importlib.util.find_spec("redis") is None:
+                raise NodeError("crawl_log needs the Redis client: pip install 'peercrawl[redis]' (redis)")
+            try:
+                outputs.append(StreamLog(stream_target(cfg.crawl_log)))
+            except ConfigError as exc:
+                raise NodeError(str(exc)) from exc
+        if not outputs:
+            return None
+        return CrawlLog(spool, self.node_id, outputs, limit=cfg.crawl_log_spool)
 
     async def _check_stores(self) -> None:
         """If the last run did not stop cleanly (DATA_DIR/RUNNING is there), read every store through in a child

@@ -19,9 +19,11 @@ import trio
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from protocol import CaptureAsk
+
 from peer.cluster.core.cluster import Cluster, ClusterError
 from peer.config import Config, ConfigError, parse_address
-from peer.control import Reply, json_reply
+from peer.control import QueryRoute, Reply, json_reply
 from peer.crawl.crawler import Crawler
 from peer.crawl.pageworkers import PageWorkers
 from peer.crawl.settings import CONFIG_VERSION_FOUNDER, SettingsError
@@ -29,7 +31,8 @@ from peer.dashboard import STALL_AFTER, NodeWatch, file_rss_bytes, page, rss_byt
 from peer.diskguard import DiskGuard
 from peer.fetch.dns import CachingResolver
 from peer.fetch.policy import HostPolicies
-from peer.outputs import Uploader, WebhookSender
+from peer.outputs import CrawlLog, LocalIndex, Uploader, WebhookSender, cdx_body, parse_cdx_query
+from peer.outputs.captures import OUTPUTS
 from peer.plugins import ItemExporter, PluginError, Plugins, PluginSpec, read_items
 from peer.stats import Stats, StatsCollector
 
@@ -69,6 +72,8 @@ class RoutedNode(Protocol):
     uploader: Uploader | None  # --upload, once started
     webhook: WebhookSender | None  # --webhook, once started
     disk: DiskGuard  # the low-disk state (peer/diskguard.py)
+    crawl_log: CrawlLog | None  # the crawl log's files and stream, once started
+    index: LocalIndex | None  # this node's captures, once its stores are open
 
     def request_stop(self) -> None: ...
 
@@ -98,6 +103,7 @@ class ControlRoutes:
             "disk": self.node.disk.status(),
             "upload": self.node.uploader.status() if self.node.uploader is not None else {"enabled": False},
             "webhook": self.node.webhook.status() if self.node.webhook is not None else {"enabled": False},
+            "crawl_log": self.node.crawl_log.status() if self.node.crawl_log is not None else {"enabled": False},
             "revisit": c.revisit_status(),
             "store_resident": {"file_rss": file_rss_bytes(), "limit": self.node.cfg.store_resident_mib << 20,
                                "released": self.node.store_releases},
@@ -180,7 +186,31 @@ class ControlRoutes:
         return dict(self.node.cluster.dispatcher.stats.urls_sent) if self.node.cluster is not None else {}
 
     def _upload_families(self) -> Iterator[Any]:
-        """--upload's and --webhook's figures: what waits, what went, and whether the receiver takes it now."""
+        """--upload's, --webhook's and the crawl log's figures: what waits, what went, and whether the receiver
+        takes it now."""
+        if self.node.crawl_log is not None:
+            c = self.node.crawl_log.status()
+            families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+                "waiting": GaugeMetricFamily("peercrawl_crawl_log_waiting",
+                                             "Crawl-log records a reader has not handed on yet", labels=["reader"]),
+                "lag": GaugeMetricFamily("peercrawl_crawl_log_lag_seconds",
+                                         "Age of the oldest crawl-log record a reader has not handed on",
+                                         labels=["reader"]),
+                "handed_on": CounterMetricFamily("peercrawl_crawl_log_records",
+                                                 "Crawl-log records handed on since the start", labels=["reader"]),
+                "failures": CounterMetricFamily("peercrawl_crawl_log_failures", "Failed crawl-log hand-ons",
+                                                labels=["reader"]),
+                "ok": GaugeMetricFamily("peercrawl_crawl_log_ok", "1 when a reader's last hand-on worked, 0 while "
+                                        "they fail", labels=["reader"]),
+            }
+            for reader, r in sorted(c["readers"].items()):
+                for name, family in families.items():
+                    family.add_metric([reader], float(r[name]))
+            yield from families.values()
+            yield GaugeMetricFamily("peercrawl_crawl_log_spooled", "Crawl-log records in the node's spool",
+                                    value=c["spooled"])
+            yield CounterMetricFamily("peercrawl_crawl_log_dropped",
+                                      "Crawl-log records dropped because the spool was full", value=c["dropped"])
         if self.node.webhook is not None:
             w = self.node.webhook.status()
             yield GaugeMetricFamily("peercrawl_webhook_waiting", "Webhook notices not yet accepted", value=w["waiting"])
@@ -236,7 +266,32 @@ class ControlRoutes:
             "upload": self.node.uploader.status() if self.node.uploader is not None else None,
             "webhook": self.node.webhook.status() if self.node.webhook is not None else None,
             "disk": self.node.disk.status(),
+            "outputs": self.outputs(),
         }
+
+    def outputs(self) -> list[dict[str, Any]]:
+        """Each output of this node in one form (the `OutputState` its peers receive): what waits, how late,
+        what went, and whether its receiver takes it now."""
+        out = []
+        if self.node.uploader is not None:
+            u = self.node.uploader.status()
+            out.append({"kind": "upload", "target": u["target"], "ok": u["ok"], "error": u["error"] or "",
+                        "failing_for": u["failing_for"], "waiting": u["queued_files"], "waiting_bytes": u["queued_bytes"],
+                        "lag": u["lag"], "done": u["uploaded_files"], "failures": u["failures"], "dropped": u["lost_files"],
+                        "paused": u["fetching_paused"]})
+        if self.node.webhook is not None:
+            w = self.node.webhook.status()
+            out.append({"kind": "webhook", "target": w["url"], "ok": w["ok"], "error": w.get("error") or "",
+                        "failing_for": w.get("failing_for", 0.0), "waiting": w["waiting"], "waiting_bytes": 0,
+                        "lag": 0.0, "done": w["sent"], "failures": w["failures"], "dropped": 0, "paused": False})
+        if self.node.crawl_log is not None:
+            c = self.node.crawl_log.status()
+            for reader, r in c["readers"].items():
+                out.append({"kind": "crawl-log" if reader == "file" else "crawl-log-stream", "target": r["target"],
+                            "ok": r["ok"], "error": r["error"] or "", "failing_for": r["failing_for"],
+                            "waiting": r["waiting"], "waiting_bytes": 0, "lag": r["lag"], "done": r["handed_on"],
+                            "failures": r["failures"], "dropped": c["dropped"], "paused": False})
+        return out
 
     def routes(self) -> dict[tuple[str, str], Any]:
         registry = CollectorRegistry(auto_describe=True)
@@ -252,6 +307,24 @@ class ControlRoutes:
 
         async def metrics(_body: bytes) -> Reply:
             return Reply(content_type="text/plain; version=0.0.4; charset=utf-8", body=generate_latest(registry))
+
+        async def cdx(query: str) -> Reply:
+            """pywb's CDX server API for the whole cluster: every live member's captures, merged."""
+            try:
+                look, output = parse_cdx_query(query)
+            except ValueError as exc:
+                return json_reply({"error": str(exc)}, status=400)
+            if self.node.cluster is not None:
+                found = await self.node.cluster.captures.lookup(**look)
+            else:
+                assert self.node.index is not None
+                lines = await self.node.index.captures(CaptureAsk(seq=0, **look))
+                found = {"lines": lines[: look["limit"]], "missing": {}, "more": len(lines) > look["limit"]}
+            headers = [("x-peercrawl-nodes-missing", ", ".join(f"{peer} ({why})" for peer, why in
+                                                              sorted(found["missing"].items())))] if found["missing"] else []
+            if found["more"]:
+                headers.append(("x-peercrawl-more", "1"))
+            return Reply(content_type=OUTPUTS[output], body=cdx_body(found["lines"], output), headers=tuple(headers))
 
         async def health(_body: bytes) -> Reply:
             return json_reply({"ok": True, "node_id": self.node.node_id})
@@ -388,6 +461,7 @@ class ControlRoutes:
             ("POST", "/join"): join,
             ("POST", "/leave"): leave,
             ("GET", "/status"): status,
+            ("GET", "/cdx"): QueryRoute(cdx),
             ("GET", "/metrics"): metrics,
             ("GET", "/healthz"): health,
             ("POST", "/stop"): stop,

@@ -46,6 +46,9 @@ __all__ = [
     "SeenReplica",
     "SlowHost",
     "Transfer",
+    "OutputState",
+    "CaptureAsk",
+    "CaptureAnswer",
     "StatusQuery",
     "StatusReport",
     "LaneReturn",
@@ -343,6 +346,53 @@ class Transfer:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class OutputState:
+    """One of the reporting node's outputs (`kind`: upload, webhook, crawl-log, crawl-log-stream) and where it goes:
+    whether its last try worked (`error` and `failing_for` when not), what waits (`waiting` files, notices or
+    records; `waiting_bytes`), the age of the oldest (`lag`), what went (`done`), failed tries, records dropped
+    past the spool's bound, and whether it holds fetching (`paused`)."""
+
+    kind: str
+    target: str
+    ok: bool
+    error: str
+    failing_for: float
+    waiting: int
+    waiting_bytes: int
+    lag: float
+    done: int
+    failures: int
+    dropped: int
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaptureAsk:
+    """Asks a peer for the captures its indexes hold (the cluster's `GET /cdx`): `url` with pywb's `match` type
+    (exact, prefix, host, domain), the time range `since`..`until` (14-digit timestamps, inclusive), at most
+    `limit`. Answered by a CaptureAnswer with the same `seq`."""
+
+    seq: int
+    url: str
+    match: str
+    since: str
+    until: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaptureAnswer:
+    """The captures a node holds for a CaptureAsk, as CDXJ lines (`urlkey timestamp {json}`, the JSON naming the
+    node and, once uploaded, the object key); `more` when the frame's bound left some out; `error` when the
+    ask was refused."""
+
+    seq: int
+    lines: tuple[str, ...]
+    more: bool
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StatusQuery:
     """Asks a peer for its detailed status (the dashboard's view of it), answered by a StatusReport."""
 
@@ -378,6 +428,7 @@ class StatusReport:
     sent_recent: tuple[Count, ...]
     slow_hosts: tuple[SlowHost, ...]
     transfers: tuple[Transfer, ...]
+    outputs: tuple[OutputState, ...] = ()  # version 6 on: older peers report none
 
 
 # --- hand-off ----------------------------------------------------------------------------------------------
@@ -594,6 +645,8 @@ Message: TypeAlias = (
     | ProgressTally
     | StatusQuery
     | StatusReport
+    | CaptureAsk
+    | CaptureAnswer
     | HandoffChunk
     | HandoffAck
     | HandoffAsk
@@ -647,6 +700,9 @@ _HOST_STATE = _record(HostState, host=HostName(), crawl_delay=Seconds(), ready_i
 _COUNT = _record(Count, name=Text(), count=UInt())
 _SLOW_HOST = _record(SlowHost, host=HostName(), delay=Seconds(), backoff=Seconds(), failures=_U32, queued=UInt())
 _TRANSFER = _record(Transfer, peer=Text(), incoming=Flag(), share=Seconds(), chunks=UInt())
+_OUTPUT_STATE = _record(OutputState, kind=Text(), target=Text(), ok=Flag(), error=Text(), failing_for=Seconds(),
+                        waiting=UInt(), waiting_bytes=UInt(), lag=Seconds(), done=UInt(), failures=UInt(),
+                        dropped=UInt(), paused=Flag())
 _REVISIT_ENTRY = _record(
     RevisitEntry, url=_URL, depth=_U32, due_in=Seconds(), queued=Flag(), interval=Seconds(), etag=Maybe(Text()),
     last_modified=Maybe(Text()), digest=Text(), stored_at=Seconds(), size=UInt(), changed=UInt(), unchanged=UInt(),
@@ -697,8 +753,7 @@ RECORDS: dict[int, Record] = {
         rate=Seconds(),
     ),
     0x27: _record(StatusQuery, seq=UInt()),
-    0x28: _record(
-        StatusReport,
+    0x28: Record(StatusReport, tuple(dict(
         seq=UInt(),
         pages=UInt(),
         bytes=UInt(),
@@ -719,7 +774,7 @@ RECORDS: dict[int, Record] = {
         sent_recent=Many(_COUNT),
         slow_hosts=Many(_SLOW_HOST),
         transfers=Many(_TRANSFER),
-    ),
+    ).items())),
     0x30: _record(
         HandoffChunk,
         transfer_id=UInt(),
@@ -778,9 +833,17 @@ _ORIGINAL = _record(PayloadOriginal, digest=_DIGEST, uri=_URL, date=Seconds(), r
 RECORDS_V4[0x60] = _record(DigestAsk, seq=UInt(), digests=Many(_DIGEST, "max_urls_per_batch"),
                            stored=Many(_ORIGINAL, "max_urls_per_batch"))
 RECORDS_V4[0x61] = _record(DigestAnswer, seq=UInt(), found=Many(_ORIGINAL, "max_urls_per_batch"))
+# Version 6: a status report carries the node's outputs (upload, webhook, crawl log).
+RECORDS_V6: dict[int, Record] = dict(RECORDS_V4)
+RECORDS_V6[0x28] = _record(StatusReport, **dict(RECORDS_V4[0x28].fields), outputs=Many(_OUTPUT_STATE))
+# ... and the cluster's capture look-up (peer/cluster/core/captures.py)
+RECORDS_V6[0x62] = _record(CaptureAsk, seq=UInt(), url=_URL, match=Choice(("exact", "prefix", "host", "domain")),
+                           since=Text(), until=Text(), limit=UInt(1, 100_000))
+RECORDS_V6[0x63] = _record(CaptureAnswer, seq=UInt(), lines=Many(Text("max_settings")), more=Flag(), error=Text())
 # protocol version -> its wire table
 # Version 5 adds probe datagrams (protocol/_datagram.py); its frames are those of version 4.
-RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4, 5: RECORDS_V4}
+RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4, 5: RECORDS_V4,
+                                                    6: RECORDS_V6}
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})
 # every type code some version has (a frame's version-specific check comes when its body is decoded)
 KNOWN_CODES = frozenset(code for table in RECORDS_BY_VERSION.values() for code in table)

@@ -45,6 +45,8 @@ from ._records import HostState, QueuedUrl
 from ._redis_dedup import RedisDedup
 from ._replicas import Replicas
 from ._revisits import RevisitRecord, RevisitSchedule
+from ._captures import MATCH_TYPES, Capture, CaptureSearch, find_captures
+from ._crawllog import LOG_FIELDS, CrawlLogSpool
 from ._uploads import Uploaded, Uploads, closed_files
 from ._warc import payload_digest
 from .dedup_kinds import DEDUP_KINDS, DedupUnsupported, LmdbDedup, open_dedup
@@ -109,6 +111,12 @@ __all__ = [
     "UrlSetDedup",
     "Uploaded",
     "Uploads",
+    "CrawlLogSpool",
+    "Capture",
+    "CaptureSearch",
+    "MATCH_TYPES",
+    "find_captures",
+    "LOG_FIELDS",
     "closed_files",
     "md5_key",
     "open_dedup",

@@ -17,6 +17,7 @@ from ._closing import Closing
 from ._dedup import DEDUP_DB, DedupStore, MemoryDedupStore
 from ._digests import DIGESTS_DB, MemoryPayloadDigests, PayloadDigests
 from ._frontier import FRONTIER_DBS, FrontierStore
+from ._crawllog import CRAWLLOG_DB, CrawlLogSpool
 from ._items import ITEMS_DB, ItemSpool
 from ._keys import arc_ranges, host_position_bytes, url_fingerprint
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv, put_keys
@@ -67,6 +68,7 @@ class NodeStore(Closing):
         # payload digests this node owns, and where each was first stored in full (storage/_digests.py)
         self.digests = PayloadDigests(env)
         self.uploads = Uploads(env)  # closed WARC files on their way to object storage (storage/_uploads.py)
+        self.crawl_log = CrawlLogSpool(env)  # one record per finished URL, put with its page (storage/_crawllog.py)
         self._fetched_next = 0  # the next FETCHED_JOURNAL_DB sequence number
         self.fetched_journaled = 0  # keys journaled since the last fold (1 at open when the journal holds some)
         with env.read() as txn:
@@ -89,7 +91,7 @@ class NodeStore(Closing):
         """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
         env = LmdbEnv.open(
             path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, FETCHED_JOURNAL_DB, REVISIT_DB, REVISIT_DUE_DB,
-                   *REPLICA_DBS, ITEMS_DB, *UPLOAD_DBS, DIGESTS_DB),
+                   *REPLICA_DBS, ITEMS_DB, *UPLOAD_DBS, DIGESTS_DB, CRAWLLOG_DB),
             map_size=map_size, max_map_size=max_map_size,
         )
         return cls(env)
@@ -114,10 +116,11 @@ class NodeStore(Closing):
         *,
         state: HostState | None = None,
         items: Sequence[dict[str, Any]] = (),
+        logged: Sequence[Any] | None = None,
     ) -> list[QueuedUrl]:
         """Admit a fetched page's local links, put its `routed` (owner, url) links in the outbox, clear the
-        page from in-flight, save its host's politeness `state` and spool the `items` extracted from it, in one
-        transaction."""
+        page from in-flight, save its host's politeness `state`, spool the `items` extracted from it and its
+        crawl-log record (`logged`, `LOG_FIELDS`), in one transaction."""
 
         def run(txn: Txn) -> list[QueuedUrl]:
             new = self._admit_in(txn, links)
@@ -128,6 +131,8 @@ class NodeStore(Closing):
                 self.frontier._put_state_in(txn, state)
             if items:
                 self.items._put_in(txn, items)
+            if logged is not None:
+                self.crawl_log._put_in(txn, (logged,))
             return new
 
         return self._env.write(run)
@@ -195,7 +200,8 @@ class NodeStore(Closing):
 
     def finish_revisit(self, item: QueuedUrl, record: RevisitRecord | None,
                        links: Sequence[QueuedUrl] = (), routed: Sequence[tuple[str, QueuedUrl]] = (), *,
-                       state: HostState | None = None, items: Sequence[dict[str, Any]] = ()) -> list[QueuedUrl]:
+                       state: HostState | None = None, items: Sequence[dict[str, Any]] = (),
+                       logged: Sequence[Any] | None = None) -> list[QueuedUrl]:
         """`finish` for a page on the revisit schedule: its next visit (`record`, or off the schedule when None)
         is written in the same transaction that clears it from in-flight."""
 
@@ -209,6 +215,8 @@ class NodeStore(Closing):
                 self.frontier._put_state_in(txn, state)
             if items:
                 self.items._put_in(txn, items)
+            if logged is not None:
+                self.crawl_log._put_in(txn, (logged,))
             return new
 
         return self._env.write(run)
@@ -311,6 +319,7 @@ class MemoryNodeStore(Closing):
         self.frontier = MemoryFrontierStore()
         self.items: list[dict[str, Any]] = []  # nothing durable: a test's store
         self.digests = MemoryPayloadDigests()
+        self.logged: list[Sequence[Any]] = []  # crawl-log records, as `NodeStore.crawl_log` spools them
         self.syncs = 0
 
     @classmethod
@@ -327,10 +336,13 @@ class MemoryNodeStore(Closing):
     def finish(
         self, item: QueuedUrl | None, links: Sequence[QueuedUrl], routed: Sequence[tuple[str, QueuedUrl]] = (),
         *, state: HostState | None = None, items: Sequence[dict[str, Any]] = (),
+        logged: Sequence[Any] | None = None,
     ) -> list[QueuedUrl]:
         if routed:
             raise ValueError("MemoryNodeStore keeps no outbox: a cluster node needs NodeStore")
         self.items += items
+        if logged is not None:
+            self.logged.append(logged)
         new = self.admit(links)
         if item is not None:
             self.frontier.done(item)

@@ -23,6 +23,7 @@ DAEMON_CLUSTERS = frozenset({
     "test_plugin_daemons.py",
     "test_demo.py",
     "test_payload_revisits_daemons.py",
+    "test_outputs_cluster.py",
     "test_revisit_daemons.py",
     "test_steering_daemons.py",
 })

@@ -277,7 +277,8 @@ async def test_a_stalled_crawl_is_called_so_and_its_slowest_hosts_listed(tmp_pat
 
 async def test_a_failing_upload_and_webhook_are_shown_on_the_nodes_card(tmp_path):
     """--upload to an S3 endpoint where nothing listens: the crawl goes on and the node's card says the upload
-    fails, and why; the webhook (to a dead address) has nothing to announce while nothing is uploaded."""
+    fails, and why; the webhook (to a dead address) has nothing to announce while nothing is uploaded; the crawl
+    log's local files have every finished URL."""
     need_browser()
     from peer.node import Node
     from tests.support.crawl import node_config
@@ -302,17 +303,20 @@ async def test_a_failing_upload_and_webhook_are_shown_on_the_nodes_card(tmp_path
                 deadline = time.monotonic() + 15
                 while time.monotonic() < deadline:
                     fields = driver.execute_script(
-                        "const f = (n) => { const e = document.querySelector('[data-field=' + n + ']');"
-                        " return e && e.textContent; }; return [f('upload'), f('webhook')]")
+                        "const f = (n) => { const e = document.querySelector('[data-field=\"' + n + '\"]');"
+                        " return e && e.textContent; }; return [f('upload'), f('webhook'), f('crawl log')]")
                     if all(fields):
                         return fields
                     time.sleep(0.2)
-                raise AssertionError("the card showed no upload or webhook row within 15 s")
+                raise AssertionError("the card showed no upload, webhook or crawl log row within 15 s")
 
-        upload, webhook = await trio.to_thread.run_sync(look)
+        upload, webhook, crawl_log = await trio.to_thread.run_sync(look)
         assert upload.startswith("FAILING for ") and "cannot reach http://127.0.0.1:9" in upload, upload
         assert "uploaded" in upload and node.uploader.queued_files > 0
         assert webhook == "ok; 0 waiting, 0 sent" and node.webhook.failures == 0
+        # the crawl log's local files: every finished URL handed on
+        assert crawl_log.startswith("ok; 0 records waiting, oldest 0"), crawl_log
+        assert f"; {node.crawl_log.readers[0].handed_on} handed on" in crawl_log
         assert node.stats.pages == len(web.expected().fetched)  # the crawl went on
         node.request_stop()
         with trio.fail_after(60):

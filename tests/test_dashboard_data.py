@@ -55,6 +55,12 @@ def test_a_summary_crosses_the_wire_unchanged() -> None:
         "slow_hosts": [{"host": "h.test", "delay": 2.0, "backoff": 0.0, "failures": 0, "queued": 5}],
         "transfers": [{"peer": "C", "incoming": True, "share": 0.125, "chunks": 0},
                       {"peer": "B", "incoming": False, "share": 0.0, "chunks": 3}],
+        "outputs": [{"kind": "upload", "target": "s3://crawls/run", "ok": False, "error": "cannot reach it",
+                     "failing_for": 12.5, "waiting": 3, "waiting_bytes": 61_000, "lag": 14.0, "done": 9,
+                     "failures": 4, "dropped": 0, "paused": True},
+                    {"kind": "crawl-log-stream", "target": "redis://r:6379/0?stream=s&maxlen=9", "ok": True,
+                     "error": "", "failing_for": 0.0, "waiting": 20, "waiting_bytes": 0, "lag": 0.5, "done": 700,
+                     "failures": 0, "dropped": 2, "paused": False}],
     }
     report = status_report(7, summary)
     for codec in ("msgpack", "json"):

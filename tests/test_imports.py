@@ -140,9 +140,10 @@ def test_the_daemon_never_imports_the_lab() -> None:
 
 def test_no_import_inside_a_function_in_the_daemon() -> None:
     """Imports live at the top of a module, where the import graph can be read; known exceptions: the slow
-    charset detector (imported on first use), the S3 client library (only a node with --upload loads it) and
-    the CLI's look-up of the optional lab by name."""
+    charset detector (imported on first use), the S3 client library (only a node with --upload loads it), the
+    Redis client (only a node with --crawl-log loads it) and the CLI's look-up of the optional lab by name."""
     allowed = {("peer/crawl/charset.py", "charset_normalizer"), ("peer/outputs/s3.py", "boto3"),
+               ("peer/outputs/crawllog.py", "redis"),
                ("peer/outputs/s3.py", "botocore.config"), ("peer/outputs/s3.py", "botocore.exceptions")}
     found = []
     for path in sorted((ROOT / "peer").rglob("*.py")):

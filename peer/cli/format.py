@@ -65,9 +65,30 @@ def format_status(st: dict[str, Any]) -> str:
     if hook.get("url"):
         state = "ok" if hook["ok"] else f"FAILING for {hook['failing_for']:.0f}s: {hook['error']}"
         lines.append(f"  webhook {hook['url']}  {state}; waiting {hook['waiting']}, sent {hook['sent']}")
+    cl = st.get("crawl_log", {})
+    for reader, r in sorted(cl.get("readers", {}).items()):
+        state = "ok" if r["ok"] else f"FAILING for {r['failing_for']:.0f}s: {r['error']}"
+        lines.append(f"  crawl log ({reader}) {r['target']}  {state}; waiting {r['waiting']}, oldest {r['lag']:.0f}s, "
+                     f"handed on {r['handed_on']}")
+    if cl.get("dropped"):
+        lines.append(f"  crawl log DROPPED {cl['dropped']} records: the spool ({cl['spool_limit']} records) was full")
     if "dns" in st:
         dns = st["dns"]
         failures = " ".join(f"{k}={v}" for k, v in sorted(dns.get("failures", {}).items())) or "-"
         lines.append(f"  dns hits={dns['hits']} misses={dns['misses']} queries={dns['queries']} "
                      f"failures {failures}")
+    return "\n".join(lines)
+
+
+def format_captures(captures: list[dict[str, Any]]) -> str:
+    """`peerctl lookup`: one capture a line, oldest first per URL: time, status, digest, URL, where its record is."""
+    if not captures:
+        return "no captures"
+    lines = []
+    for c in captures:
+        ts = c["timestamp"]
+        when = f"{ts[0:4]}-{ts[4:6]}-{ts[6:8]} {ts[8:10]}:{ts[10:12]}:{ts[12:14]}"
+        where = (f"object {c['object']} @{c['offset']}" if c.get("object")
+                 else f"{c['node']}:{c['filename']} @{c['offset']}")
+        lines.append(f"{when}  {c.get('status', '-'):>3}  {c.get('digest', '-')}  {c['url']}  {where}")
     return "\n".join(lines)

@@ -19,13 +19,14 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from types import ModuleType
+from urllib.parse import urlencode
 
 import trio
 
 from peer.cli import cluster_cmds, plugin_cmds, ring_cmd, steer_cmds
 from peer.cli.client import control_address, control_request, find_token
 from peer.cli.errors import CliError
-from peer.cli.format import format_status
+from peer.cli.format import format_captures, format_status
 from peer.config import DEFAULTS, FIELDS, Config, ConfigError, default_text, load
 from peer.control import dashboard_address
 from peer.crawl.pageworkers import PageWorkerError, settle_collector
@@ -66,6 +67,7 @@ PEERCTL_EPILOG = textwrap.dedent(
       peerctl plugins --data-dir ./a --data-dir ./b # the plug-in chain of each node, its counts and state
       peerctl plugins reload --config crawl.toml --data-dir ./a --data-dir ./b   # a new chain on each
       peerctl items --data-dir ./a --data-dir ./b   # the items the plug-ins extracted, as JSON lines
+      peerctl lookup --data-dir ./a https://example.org/   # its captures anywhere in the cluster, and where
       peerctl experiment --plan design --out runs/design   # the design's ring experiment, simulated
     """
 )
@@ -169,6 +171,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--webhook", metavar="URL",
                    help="POST a signed JSON notice for every WARC file uploaded (with --upload) or closed; the "
                         "HMAC key is webhook_secret (PEERCRAWL_WEBHOOK_SECRET); e.g. --webhook https://hooks.example/warc")
+    c.add_argument("--crawl-log", dest="crawl_log", metavar="redis://HOST:PORT/DB",
+                   help="stream every crawl-log record to a Redis stream as well as to DATA_DIR/crawl-log/ (at least "
+                        "once; record id NODE_ID-NUMBER); e.g. --crawl-log 'redis://10.0.0.5:6379/0?stream=crawl&maxlen=1000000'")
     c.add_argument("--store-type", dest="store_types", action="append", metavar="MIME",
                    help="content type to store (repeatable)")
     c.add_argument("--max-body", dest="max_body", type=int, metavar="BYTES", help="body size cap")
@@ -323,6 +328,22 @@ def _peerctl_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _peerctl_lookup(args: argparse.Namespace) -> int:
+    query = {"url": args.url, "matchType": args.match, "output": "json", "limit": str(args.limit)}
+    if args.since:
+        query["from"] = args.since
+    if args.until:
+        query["to"] = args.until
+    text = control_request(control_address(args), "GET", "/cdx?" + urlencode(query), timeout=args.timeout)
+    captures = [json.loads(line) for line in str(text).splitlines() if line.strip()]
+    if args.json:
+        for capture in captures:
+            print(json.dumps(capture, sort_keys=True))
+        return 0
+    print(format_captures(captures))
+    return 0 if captures else 1
+
+
 def _peerctl_plugins(args: argparse.Namespace) -> int:
     addresses = plugin_cmds.targets(args)
     if args.action == "reload":
@@ -461,6 +482,21 @@ def peerctl_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cluster", action="store_true", help="every member: state, pages, rate, queue, idle")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=_peerctl_status)
+    p = sub.add_parser("lookup", help="the captures of a URL anywhere in the cluster: time, status, digest, where "
+                                      "the record is (a node's file and offset, or the object once uploaded)",
+                       description="Ask any node for the captures the whole cluster holds (its GET /cdx, pywb's "
+                       "CDX server API). Exit status 1 when there are none. Example: peerctl lookup --data-dir ./a "
+                       "'https://example.org/news/' --match prefix --from 2026")
+    target(p)
+    p.add_argument("url", metavar="URL", help="the URL (a trailing * asks for a prefix, a leading *. for a domain)")
+    p.add_argument("--match", choices=["exact", "prefix", "host", "domain"], default="exact",
+                   help="pywb's matchType (default: exact)")
+    p.add_argument("--from", dest="since", metavar="TIMESTAMP", help="earliest capture time, up to 14 digits")
+    p.add_argument("--to", dest="until", metavar="TIMESTAMP", help="latest capture time, up to 14 digits")
+    p.add_argument("--limit", type=int, default=1000, metavar="N", help="at most N captures (default 1000)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answer")
+    p.add_argument("--json", action="store_true", help="one JSON object a capture (pywb's fields, node, object)")
+    p.set_defaults(func=_peerctl_lookup)
     p = sub.add_parser("join", help="make a running node join a cluster through one of its members")
     target(p)
     p.add_argument("--seed", required=True, metavar="HOST:PORT", help="peer address of any member")

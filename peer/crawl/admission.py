@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -141,20 +141,23 @@ class Admission:
 
     def _commit(self, batch: Batch, done: QueuedUrl | None = None,
                 revisit: RevisitRecord | None = None, turn: HostTurn | None = None,
-                extracted: Sequence[dict] = ()) -> tuple[int, int]:
+                extracted: Sequence[dict] = (), logged: Sequence[Any] | None = None) -> tuple[int, int]:
         """One store transaction: mark the batch seen, queue the new URLs and (with ``done``) clear the page
-        they were found on from in-flight, save its host's politeness state (``turn``) and spool the items the
-        plug-ins ``extracted`` from it, all together, so a crash can lose none of it. New URLs wake their hosts."""
+        they were found on from in-flight, save its host's politeness state (``turn``), spool the items the
+        plug-ins ``extracted`` from it and its crawl-log record (``logged``), all together, so a crash can lose
+        none of it. New URLs wake their hosts."""
         cands = batch.cands
+        more: dict[str, Any] = {} if logged is None else {"logged": logged}
         if revisit is not None:
             assert done is not None
             items = self.store.finish_revisit(done, revisit, cands, self.ownership.take_routed(),
-                                              state=self._state_of(turn) if turn is not None else None, items=extracted)
+                                              state=self._state_of(turn) if turn is not None else None,
+                                              items=extracted, **more)
         elif done is not None:
             routed = self.ownership.take_routed()
             state = self._state_of(turn) if turn is not None else None
-            items = (self.store.finish(done, cands, routed, state=state, items=extracted) if routed
-                     else self.store.finish(done, cands, state=state, items=extracted))
+            items = (self.store.finish(done, cands, routed, state=state, items=extracted, **more) if routed
+                     else self.store.finish(done, cands, state=state, items=extracted, **more))
         else:
             items = self.store.admit(cands) if cands else []
         if cands:

@@ -136,6 +136,8 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
         self.active = 0
         self._draining = False
         self.store_types = tuple(t.lower() for t in cfg.store_types)
+        # one crawl-log record per finished URL, spooled with its page (peer/outputs/crawllog.py reads them)
+        self.log_urls = (cfg.crawl_log_local != "off" or bool(cfg.crawl_log)) and hasattr(store, "crawl_log")
         self._current: dict[str, QueuedUrl] = {}  # host -> the URL its turn is working on
         #: URLs given up because the node stopped while fetching them, max_crashes times in a row (this run).
         self.dropped_urls: list[str] = []

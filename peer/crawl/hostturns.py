@@ -32,7 +32,7 @@ from peer.fetch.http import Response
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from storage import FrontierStore, LruTtlCache, RevisitSchedule, StoredPayload
+    from storage import FrontierStore, LruTtlCache, PageStore, RevisitSchedule, StoredPayload
 
     from peer.config import Config
     from peer.crawl.pageworkers import PageWorkers
@@ -65,7 +65,10 @@ class HostTurns:
         gate: AddressLimits
         _large_parses: trio.CapacityLimiter
         originals: PayloadOriginals | None
+        log_urls: bool
         ownership: Ownership
+        pages: PageStore
+        store: Any
         _page_threads: trio.CapacityLimiter | None
         page_workers: PageWorkers | None
         plugins: Any  # peer.plugins.Plugins, a room above this one (None: no plug-ins)
@@ -88,7 +91,8 @@ class HostTurns:
 
         def _admit_sitemaps(self, origin: str, decision: RobotsDecision) -> None: ...
         def _commit(self, batch: Batch, done: QueuedUrl | None = None, revisit: RevisitRecord | None = None,
-                    turn: HostTurn | None = None, extracted: Sequence[dict[str, Any]] = ()) -> tuple[int, int]: ...
+                    turn: HostTurn | None = None, extracted: Sequence[dict[str, Any]] = (),
+                    logged: Sequence[Any] | None = None) -> tuple[int, int]: ...
         async def _plugged_work(self, resp: Response, url: str, ctype: str | None, now: float) -> Plugged | None: ...
         async def _fetch_sitemap(self, turn: HostTurn, item: QueuedUrl) -> None: ...
         def _next_visit(self, item: QueuedUrl, before: RevisitRecord | None, resp: Response, *, changed: bool | None,
@@ -100,10 +104,10 @@ class HostTurns:
         def _screen_found(self, batch: Batch, urls: Sequence[str], depth: int, found_on: str) -> None: ...
         def _store(self, resp: Response, ctype: str | None, now: float) -> int | None: ...
         def _store_and_extract(self, resp: Response, url: str, ctype: str | None,
-                               now: float) -> tuple[int | None, Page | None]: ...
+                               now: float) -> tuple[int | None, Page | None, tuple[str, int] | None]: ...
         def _store_revisit(self, resp: Response, before: RevisitRecord, profile: str, now: float) -> None: ...
         async def _work_elsewhere(self, resp: Response, url: str, ctype: str | None,
-                                  now: float) -> tuple[int | None, Page | None]: ...
+                                  now: float) -> tuple[int | None, Page | None, tuple[str, int] | None]: ...
 
     # ------------------------------------------------------------------ the address lane and the request
 
@@ -188,6 +192,9 @@ class HostTurns:
             path = _path_of(item.url, origin)
             if not decision.robots.can_fetch(self.robots_agent, path):
                 self.stats.skipped["robots" if decision.kind == "parsed" else "robots-unavailable"] += 1
+                if self.log_urls:  # Heritrix's "precluded by robots.txt"
+                    at = self.wallclock()
+                    self.store.crawl_log.put((_log_record(at, -9998, -1, item, "-", at, 0.0, None, "robots", None),))
                 self.frontier.done(item)
                 if before is not None and self.schedule is not None:
                     self.schedule.forget(host, item.url)  # robots.txt as it is now forbids it
@@ -284,12 +291,17 @@ class HostTurns:
                 headers += (("if-none-match", before.etag),)
             if before.last_modified:
                 headers += (("if-modified-since", before.last_modified),)
+        began, clock = self.wallclock(), trio.current_time()
         try:
             resp = await self._fetch(turn.host, item.url, headers=headers)
         except (FetchError, DnsError) as exc:
             stats.errors[exc.label] += 1
             if isinstance(exc, TRANSIENT) and self._retry(turn, item):
                 return
+            if self.log_urls:  # given up: its crawl-log record, in a commit of its own
+                self.store.crawl_log.put((_log_record(
+                    self.wallclock(), _FAILED.get(exc.label, -2) if isinstance(exc, FetchError) else -1, -1, item,
+                    "-", began, trio.current_time() - clock, None, exc.label, None),))
             self.frontier.done(item)
             if before is not None and self.schedule is not None:  # given up: due again after the same interval
                 due = self.wallclock() + before.interval
@@ -299,6 +311,7 @@ class HostTurns:
             self._schedule_after_request(turn)
             self._save_state(turn)
             return
+        took = trio.current_time() - clock
         stats.pages += 1
         stats.bytes += len(resp.body)
         status = resp.status
@@ -318,6 +331,8 @@ class HostTurns:
         revisit: RevisitRecord | None = None
         plugged: Plugged | None = None
         extracted: list[dict] = []
+        record_at: tuple[str, int] | None = None  # the WARC file and offset of the page's response record
+        digest: str | None = None
         now = self.wallclock()  # the time of the records written for this fetch, and of its schedule
         if status == 304 and before is not None:
             self._store_revisit(resp, before, "server-not-modified", now)
@@ -351,7 +366,7 @@ class HostTurns:
                 # a payload stored before under another URL: its record refers to that copy (`_store` writes it)
                 original = None if digest is None else await self._payload_original(resp, ctype, digest)
                 try:
-                    size, page, plugged = await self._page_work(resp, item, ctype, now)
+                    size, page, plugged, record_at = await self._page_work(resp, item, ctype, now)
                 finally:
                     self._payload_revisits.pop(resp.url, None)
                 if original is None and size is not None and digest is not None:
@@ -384,27 +399,37 @@ class HostTurns:
             if plugged is not None:
                 extracted = self._plugged_items(plugged, item.url, now)
         self._schedule_after_request(turn)
-        # the host's state and the page's items in the same transaction
-        self._commit(batch, done=item, revisit=revisit, turn=turn, extracted=extracted)
+        logged = None
+        if self.log_urls:
+            if digest is None and resp.body:
+                digest = payload_digest(resp.body)
+            logged = _log_record(self.wallclock(), status, len(resp.body), item, header(resp, "content-type") or "-",
+                                 began, took, digest, _annotations(resp, before), record_at)
+        # the host's state, the page's items and its crawl-log record in the same transaction
+        self._commit(batch, done=item, revisit=revisit, turn=turn, extracted=extracted, logged=logged)
         self.ownership.fetched(item)
         self._retries.pop(item.url, None)
 
-    async def _page_work(self, resp: Response, item: QueuedUrl, ctype: str | None,
-                         now: float) -> tuple[int | None, Page | None, Plugged | None]:
+    async def _page_work(self, resp: Response, item: QueuedUrl, ctype: str | None, now: float
+                         ) -> tuple[int | None, Page | None, Plugged | None, tuple[str, int] | None]:
         """A page's records and links, where its work runs: with plug-ins, in a page worker, in a page thread,
-        or here. The bytes stored (None: not stored), the parsed page, the plug-ins' outcome."""
+        or here. The bytes stored (None: not stored), the parsed page, the plug-ins' outcome, and where the
+        page's response record went (its WARC file and offset)."""
         if self.plugins is not None and self.plugins.active:
             plugged = await self._plugged_work(resp, item.url, ctype, now)
-            return (None, None, None) if plugged is None else (plugged.size, plugged.page, plugged)
+            if plugged is None:
+                return None, None, None, None
+            return plugged.size, plugged.page, plugged, plugged.location
         if self.page_workers is not None:
-            size, page = await self._work_elsewhere(resp, item.url, ctype, now)
-            return size, page, None
+            size, page, record_at = await self._work_elsewhere(resp, item.url, ctype, now)
+            return size, page, None, record_at
         if self._page_threads is not None:
-            size, page = await trio.to_thread.run_sync(
+            size, page, record_at = await trio.to_thread.run_sync(
                 self._store_and_extract, resp, item.url, ctype, now, limiter=self._page_threads
             )
-            return size, page, None
+            return size, page, None, record_at
         size = self._store(resp, ctype, now)
+        record_at = self.pages.last_record() if size is not None else None
         page = None
         if is_html(ctype):
             if len(resp.body) > THREAD_PARSE_BYTES:
@@ -413,7 +438,7 @@ class HostTurns:
                 page = await trio.to_thread.run_sync(extract, resp.body, item.url, ctype)
             else:
                 page = extract(resp.body, item.url, ctype)
-        return size, page, None
+        return size, page, None, record_at
 
     def _plugged_items(self, plugged: Plugged, url: str, now: float) -> list[dict]:
         """Count the chain's outcome on a page, and its items with their page: URL, fetch time, WARC record."""
@@ -458,3 +483,40 @@ class HostTurns:
 def _path_of(url: str, origin: str) -> str:
     path = url[len(origin):]
     return path or "/"
+
+
+#: The crawl log's status for a fetch that got no answer, by the error's label: Heritrix's codes (-4 timeout,
+#: -2 connection failed; -1 DNS, which `DnsError` gives).
+_FAILED = {"timeout": -4, "connect": -2, "refused-address": -2, "tls": -2, "tls-certificate": -2,
+           "tls-version": -2, "proxy": -2, "protocol": -3, "too-large": -3}
+
+
+def _discovery_path(item: QueuedUrl) -> str:
+    """The hops from the URL's seed as Heritrix writes them: one L per link, one R per redirect; "-" for a seed,
+    and a count before the last 20 hops of a longer path."""
+    if item.depth == 0 and item.hops == 0:
+        return "-"
+    hops = item.depth + item.hops
+    if hops > 20:
+        return f"{hops - 20}+" + ("L" * item.depth + "R" * item.hops)[-20:]
+    return "L" * item.depth + "R" * item.hops
+
+
+def _annotations(resp: Response, before: RevisitRecord | None) -> str:
+    notes = []
+    if before is not None:
+        notes.append("revisit")
+    if resp.truncated:
+        notes.append("truncated")
+    if resp.protocol != "http/1.1":
+        notes.append(resp.protocol)
+    return ",".join(notes) or "-"
+
+
+def _log_record(at: float, status: int, size: int, item: QueuedUrl, mime: str, began: float, took: float,
+                digest: str | None, annotations: str, location: tuple[str, int] | None) -> list[Any]:
+    """A crawl-log record's fields (`storage.LOG_FIELDS`)."""
+    return [round(at, 3), status, size, item.url, _discovery_path(item), item.found_on or "-",
+            mime.split(";", 1)[0].strip().lower() or "-", round(began, 3), int(took * 1000),
+            "-" if digest is None else "sha1:" + digest, annotations,
+            "" if location is None else location[0], -1 if location is None else location[1]]

@@ -68,17 +68,19 @@ class PageWork:
         def _store_payload_revisit(self, resp: Response, original: StoredPayload, now: float) -> int: ...
 
     def _store_and_extract(self, resp: Response, url: str, ctype: str | None,
-                           now: float) -> tuple[int | None, Page | None]:
+                           now: float) -> tuple[int | None, Page | None, tuple[str, int] | None]:
         """A page's CPU-heavy work, in a page thread: digests, gzip and lxml's parse release the GIL, so
-        threads carry them on other cores; one hand-off per page."""
-        size = self._store(resp, ctype, now)
-        return size, (extract(resp.body, url, ctype) if is_html(ctype) else None)
+        threads carry them on other cores; one hand-off per page. The bytes stored, the page, and where its
+        response record went (read in the thread that wrote it)."""
+        size, location = self._store_located(resp, ctype, now)
+        return size, (extract(resp.body, url, ctype) if is_html(ctype) else None), location
 
     async def _work_elsewhere(self, resp: Response, url: str, ctype: str | None,
-                              now: float) -> tuple[int | None, Page | None]:
+                              now: float) -> tuple[int | None, Page | None, tuple[str, int] | None]:
         """A page's records and links made by a page worker process, the records appended here: the same
-        records and links as inline (`_store`, `extract`). A page that killed its workers again and again is
-        counted (``errors{kind="page-worker"}``), logged, and finished unstored and without links."""
+        records and links as inline (`_store`, `extract`), and where its response record went. A page that
+        killed its workers again and again is counted (``errors{kind="page-worker"}``), logged, and finished
+        unstored and without links."""
         assert self.page_workers is not None
         mime = (ctype or "").split(";", 1)[0].strip().lower()
         stored = mime in self.store_types
@@ -86,7 +88,8 @@ class PageWork:
         level = getattr(self.pages, "compress_level", None) if full else None
         parse = is_html(ctype)
         if not parse and level is None:
-            return self._store(resp, ctype, now), None
+            size, location = self._store_located(resp, ctype, now)
+            return size, None, location
         job = PageJob(url=resp.url, content_type=ctype, body=resp.body, parse=parse, compress_level=level,
                       request_headers=resp.request_headers, status=resp.status, reason=resp.reason,
                       response_headers=as_decoded(resp), ip=resp.ip, fetched_at=now, truncated=resp.truncated,
@@ -96,20 +99,23 @@ class PageWork:
         except PageWorkerError as exc:
             self.stats.errors["page-worker"] += 1
             log.warning("page given up by the page workers", extra={"url": url, "error": str(exc)})
-            return None, None
-        size: int | None = None
+            return None, None, None
+        size = None
+        location = None
         if result.written is not None:  # the worker appended the records to its own WARC file
-            size = result.written or 0
+            size, location = result.written or 0, result.location
             if self.originals is not None and result.record_id:
                 self._record_ids[resp.url] = result.record_id
         elif result.built is not None:
             size = self.pages.store_built(url=resp.url, status=resp.status, fetched_at=now, built=result.built,
                                           truncated=resp.truncated) or 0
+            location = self.pages.last_record()
             if self.originals is not None and result.built.record_id:
                 self._record_ids[resp.url] = result.built.record_id
         elif stored:
-            size = self._store(resp, ctype, now)  # a store that keeps no records (--store none) counts it here
-        return size, result.page
+            # a store that keeps no records (--store none) counts it here
+            size, location = self._store_located(resp, ctype, now)
+        return size, result.page, location
 
     def _store(self, resp: Response, ctype: str | None, now: float) -> int | None:
         """Write the page if its type is stored; the bytes written (None when not stored). Safe in a page

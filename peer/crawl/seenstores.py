@@ -31,6 +31,7 @@ class SplitStore:
         self.dedup = dedup
         self.uploads = frontier_store.uploads
         self.digests = frontier_store.digests  # payload digests (peer/crawl/payloads.py) live in the frontier's store
+        self.crawl_log = frontier_store.crawl_log
 
     def admit(self, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
         if not items:
@@ -42,10 +43,13 @@ class SplitStore:
         return new
 
     def finish(self, item: QueuedUrl | None, links: Sequence[QueuedUrl], *,
-               state: HostState | None = None, items: Sequence[dict[str, Any]] = ()) -> list[QueuedUrl]:
+               state: HostState | None = None, items: Sequence[dict[str, Any]] = (),
+               logged: Sequence[Any] | None = None) -> list[QueuedUrl]:
         new = self.admit(links)
         if items:  # the page's items, in the frontier's store (a commit of their own, like the seen-set's)
             self._base.items.put(items)
+        if logged is not None:  # its crawl-log record too
+            self._base.crawl_log.put((logged,))
         if item is not None:
             self.frontier.done(item)
         if state is not None:

@@ -7,8 +7,9 @@ closed files of the WARC directory in the node's store (`Uploads.sweep`: a file
 closed just before a kill -9 is queued at the next start), then sends the queue oldest first. Each file goes
 to the key `PREFIX/NODE_ID/FILE`, so sending it again (after a kill mid-upload, or a crash between the upload
 and its record) overwrites the one object rather than adding another. An object is recorded as uploaded only
-when the server's size and ETag match the local file's (`ObjectStore.verify`); the local file is removed
-after that record is on disk, unless `keep_local`.
+when the server's size and ETag match the local file's (`ObjectStore.verify`); the local WARC file is removed
+after that record is on disk, unless `keep_local`. A CDXJ index stays (it is about 1/300 of its WARC file): the
+node answers look-ups from it (`GET /cdx`), naming the object its record went to.
 
 A server that is down or refuses the credentials leaves the files queued: the uploader retries with back-off
 (1 s doubling to a minute), the error is in /status, /metrics and the dashboard, and the crawl goes on until
@@ -147,7 +148,7 @@ class Uploader:
     def _remove_uploaded(self) -> None:
         """Local files recorded as uploaded but still here (a kill between the record and the removal)."""
         for path in closed_files(self.directory):
-            if self.uploads.uploaded(path.name) is not None:
+            if path.name.endswith(".warc.gz") and self.uploads.uploaded(path.name) is not None:
                 path.unlink(missing_ok=True)
 
     async def _send(self, name: str) -> None:
@@ -181,7 +182,7 @@ class Uploader:
             notice = notice_body(event="uploaded", node=self.node_id, file=name, key=key, size=digest.size,
                                  sha256=digest.sha256, records=records, at=record.at)
         self.uploads.done(name, record, notice)
-        if not self.keep_local:
+        if not self.keep_local and name.endswith(".warc.gz"):  # the index stays for look-ups
             path.unlink(missing_ok=True)
         self.uploaded_files += 1
         self.uploaded_bytes += digest.size

@@ -1,15 +1,18 @@
-"""What the outputs cost: CPU per page of a node that uploads its WARC files to S3 against the same crawl
-without, side by side in one run.
+"""What the outputs cost: CPU per page of a node with every output on (upload to S3, webhook, the crawl log's
+local files and its Redis stream) against the same crawl with none, and with the default (the crawl log's local
+files only), side by side in one run.
 
 Run: ``python -m tests.bench.bench_outputs [--hosts 100] [--pages-per-host 40] [--warc-mib 4]``
 
 One local web (``peerlab.localweb``, 15 KB pages) and its DNS server run here, and a real S3 server
-(SeaweedFS, tests/support/s3server.py) on loopback. Two ``peerd`` processes crawl the whole web at the same time,
-each into its own data dir: one with ``--upload`` (WARC files rotated at ``--warc-mib`` so that many files go
-during the crawl, the last at the stop), one without. CPU is each process's own (user + system, from /proc at
+(SeaweedFS, tests/support/s3server.py), a redis-server and a webhook receiver on loopback. Three ``peerd``
+processes crawl the whole web at the same time, each into its own data dir: `outputs-on` with ``--upload`` (WARC
+files rotated at ``--warc-mib`` so that many files go during the crawl, the last at the stop), ``--webhook`` and
+``--crawl-log redis://...`` beside the local crawl-log files; `outputs-off` with none (``crawl_log_local off``);
+`default` with the crawl log's local files only. CPU is each process's own (user + system, from /proc at
 its control endpoint's start, and its `node stopped` log line at the end), so the start-up is left out and the
-final upload is in. Pages are each node's `pages`. The figure is the ratio of the two CPU-per-page figures;
-the machine's noise falls on both.
+final upload is in. Pages are each node's `pages`. The figures are the ratios of the CPU-per-page figures to
+that of `outputs-off`; the machine's noise falls on all three.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ import trio
 from peerlab.localweb.dns_server import serve_dns
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.server import serve_web
+from tests.support.redisserver import RedisServer
 from tests.support.s3server import BUCKET, WeedS3
+from tests.support.webhook_receiver import SECRET, Receiver
 
 
 def _cpu(pid: int) -> float:
@@ -77,6 +82,8 @@ async def run(args: argparse.Namespace) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench-outputs-"))
     s3 = WeedS3(tmp / "weed")
     await trio.to_thread.run_sync(s3.start)
+    redis = RedisServer()
+    receiver = Receiver()
     out: dict = {}
     try:
         async with trio.open_nursery() as nursery:
@@ -89,18 +96,27 @@ async def run(args: argparse.Namespace) -> dict:
             for seed in web.seeds():
                 argv += ["--seed", seed]
             base = {**os.environ, "PEERCRAWL_WARC_MAX_BYTES": str(args.warc_mib << 20)}
-            upload = {**base, **s3.env(), "PEERCRAWL_UPLOAD": f"s3://{BUCKET}/bench"}
+            every = {**base, **s3.env(), "PEERCRAWL_UPLOAD": f"s3://{BUCKET}/bench",
+                     "PEERCRAWL_WEBHOOK": receiver.url, "PEERCRAWL_WEBHOOK_SECRET": SECRET.decode(),
+                     "PEERCRAWL_CRAWL_LOG": f"{redis.url}?stream=bench"}
             async with trio.open_nursery() as nodes:
-                nodes.start_soon(_node, "outputs-on", tmp, argv, upload, out)
-                nodes.start_soon(_node, "outputs-off", tmp, argv, base, out)
+                nodes.start_soon(_node, "outputs-on", tmp, argv, every, out)
+                nodes.start_soon(_node, "outputs-off", tmp, argv, {**base, "PEERCRAWL_CRAWL_LOG_LOCAL": "off"}, out)
+                nodes.start_soon(_node, "default", tmp, argv, base, out)
             nursery.cancel_scope.cancel()
         objects = s3.objects("bench/")
+        streamed = redis.client().xlen("bench")
     finally:
         s3.kill()
+        redis.close()
+        receiver.close()
     out["objects_uploaded"] = len(objects)
     out["bytes_uploaded"] = sum(objects.values())
-    out["cpu_per_page_ratio_on_vs_off"] = round(
-        out["outputs-on"]["cpu_ms_per_page"] / max(1e-9, out["outputs-off"]["cpu_ms_per_page"]), 3)
+    out["crawl_log_records_streamed"] = streamed
+    out["webhook_notices"] = len(receiver.accepted())
+    off = max(1e-9, out["outputs-off"]["cpu_ms_per_page"])
+    out["cpu_per_page_ratio_on_vs_off"] = round(out["outputs-on"]["cpu_ms_per_page"] / off, 3)
+    out["cpu_per_page_ratio_default_vs_off"] = round(out["default"]["cpu_ms_per_page"] / off, 3)
     return out
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import trio
 
 from protocol import (
-    BatchAck, DigestAnswer, DigestAsk, HandoffAck, HandoffAsk, HandoffChunk, LaneAsk, LaneGrant, LaneHandover, LaneHandoverAsk, LaneReturn,
+    BatchAck, CaptureAnswer, CaptureAsk, DigestAnswer, DigestAsk, HandoffAck, HandoffAsk, HandoffChunk, LaneAsk, LaneGrant, LaneHandover, LaneHandoverAsk, LaneReturn,
     Message, PluginCheck, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, QueueReplica, ReplicaAck, SeenReplica,
     Settings, StatusQuery, StatusReport, UrlBatch,
 )
@@ -41,6 +41,7 @@ from peer.crawl.crawler import Crawler
 from peer.crawl.syncs import StoreSyncs
 from peer.cluster.replicas.queueconfig import Ticket
 from peer.cluster.replicas.queuereplicas import QueueReplicas
+from peer.cluster.core.captures import CaptureLookups, LocalCaptures, no_captures
 from peer.cluster.core.clusterstatus import ClusterStatus
 from peer.cluster.core.digests import DigestLookups
 from peer.cluster.core.dispatch import DispatchConfig, Dispatcher
@@ -92,6 +93,7 @@ class Cluster(ViewChanges):
         summary: Callable[[], dict[str, Any] | None] = lambda: None,
         plugins: Callable[[], dict[str, Any]] = no_plugins,
         admitting: Callable[[], bool] = lambda: True,
+        captures: LocalCaptures = no_captures,
     ) -> None:
         self.cfg = cfg
         self.points_per_weight = points_per_weight  # fewer in simulations: a ring of many points takes a second
@@ -204,6 +206,9 @@ class Cluster(ViewChanges):
             node_id, facts=self, links=self.links, dispatcher=self.dispatcher, handoff=self.handoff,
             replicas=self.replicas, backups=self.backups, fence=self.fence, lanes=self.lanes, gossip=self.gossip,
             termination=self.termination, live_peers=self.live_peers, summary=summary)
+        # the cluster's `GET /cdx`: every live member asked for its captures (`captures`: this node's)
+        self.captures = CaptureLookups(node_id, links=self.links, live_peers=self.live_peers,
+                                       address_of=self._address_of, local=captures)
         self._handlers = self._message_table()
 
     # -- the parts' faces: what the node and the control routes ask of the cluster ----------------------------
@@ -246,6 +251,10 @@ class Cluster(ViewChanges):
     def current_ring_id(self) -> int:
         """The current ring's id (`ring_id`): the progress waves and the dashboard's ring picture follow it."""
         return self._ring_id
+
+    def _address_of(self, peer_id: str) -> str | None:
+        member = self.view.member(peer_id)
+        return member.address if member is not None else None
 
     def live_peers(self) -> list[str]:
         """The other members of this node's view that own arcs."""
@@ -549,6 +558,8 @@ class Cluster(ViewChanges):
             ProgressReport: self.statuses.progress_arrived,
             StatusQuery: self.statuses.asked,
             StatusReport: self.statuses.arrived,
+            CaptureAsk: self.captures.asked,
+            CaptureAnswer: self.captures.answered,
             Settings: self.gossip.arrived,
             UrlBatch: self.dispatcher.on_message,
             BatchAck: self.dispatcher.on_message,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol import Count, SlowHost, StatusReport, Transfer
+from protocol import Count, OutputState, SlowHost, StatusReport, Transfer
 from ring import RING_SPACE, Ring
 
 __all__ = ["SLICE_SAMPLES", "ring_pending", "ring_slices", "status_dict", "status_report"]
@@ -53,6 +53,8 @@ def status_report(seq: int, d: dict[str, Any]) -> StatusReport:
                                   failures=h["failures"], queued=h["queued"]) for h in d["slow_hosts"]),
         transfers=tuple(Transfer(peer=t["peer"], incoming=t["incoming"], share=float(t["share"]), chunks=t["chunks"])
                         for t in d["transfers"]),
+        outputs=tuple(OutputState(**{**o, "failing_for": float(o["failing_for"]), "lag": float(o["lag"])})
+                      for o in d.get("outputs", ())),
     )
 
 
@@ -69,4 +71,7 @@ def status_dict(r: StatusReport) -> dict[str, Any]:
                         "queued": h.queued} for h in r.slow_hosts],
         "transfers": [{"peer": t.peer, "incoming": t.incoming, "share": t.share, "chunks": t.chunks}
                       for t in r.transfers],
+        "outputs": [{"kind": o.kind, "target": o.target, "ok": o.ok, "error": o.error, "failing_for": o.failing_for,
+                     "waiting": o.waiting, "waiting_bytes": o.waiting_bytes, "lag": o.lag, "done": o.done,
+                     "failures": o.failures, "dropped": o.dropped, "paused": o.paused} for o in r.outputs],
     }

@@ -1,0 +1,342 @@
+"""The crawl log: one record per finished URL, handed on from the node's store to rotating local files and to a
+Redis stream, at least once, never in the crawl's way.
+
+A record is spooled in the store in the commit that finishes its page (`storage.CrawlLogSpool`); each reader
+here takes the records after its mark, hands them on, and only then moves its mark (a kill between the two
+repeats a batch, never loses one). Its id is `NODE_ID-NUMBER`, the same on every repeat, so a consumer that
+keeps the ids it has seen drops repeats.
+
+- The local files (`LocalLog`, reader `file`): `DATA_DIR/crawl-log/crawl.log` in Heritrix's crawl.log layout
+  and `crawl.jsonl` as JSON lines, rotated at a size or an age (renamed `crawl.log.YYYYMMDDTHHMMSSZ`), the
+  oldest rotated files removed past a count.
+- The stream (`StreamLog`, reader `stream`): one XADD per record with `MAXLEN ~ N` and the fields `id`, `url`
+  and `record` (the record as a JSON object), batches of up to 500 written at once and their replies read, in a
+  worker thread with a socket timeout. The commands are written as RESP here: redis-py's own packing of them
+  cost more CPU than the rest of the crawl log together. A broker that is down, slow or refusing is retried with a
+  back-off (1 s doubling to 30 s); meanwhile records wait in the spool, whose bound (`crawl_log_spool`) drops
+  and counts what comes past it, with a warning. The crawl never waits for the broker.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import trio
+
+from storage import LOG_FIELDS, CrawlLogSpool
+
+from peer.config import StreamTarget
+
+__all__ = ["CrawlLog", "LocalLog", "RotatingFile", "StreamLog", "json_line", "record_fields", "text_line"]
+
+log = logging.getLogger(__name__)
+
+#: Records one reader hands on per step (one pipeline, one file write).
+BATCH = 500
+#: Seconds between looks at the spool when a reader has caught up: a record reaches its readers within about
+#: this (a shorter wait costs a transaction, a thread hop and a round trip more per second, idle or not).
+POLL = 1.0
+MAX_BACKOFF = 30.0
+#: Seconds the stream's client waits for the broker before a try counts as failed.
+SOCKET_TIMEOUT = 5.0
+#: At most one warning about dropped records per this many seconds.
+DROP_WARNING_EVERY = 60.0
+
+
+@functools.lru_cache(maxsize=64)
+def _second(second: int, form: str) -> str:
+    return time.strftime(form, time.gmtime(second))
+
+
+def _iso(at: float) -> str:
+    return _second(int(at), "%Y-%m-%dT%H:%M:%S") + f".{int(at * 1000) % 1000:03d}Z"
+
+
+def _compact(at: float) -> str:
+    return _second(int(at), "%Y%m%d%H%M%S") + f"{int(at * 1000) % 1000:03d}"
+
+
+def _command(*args: bytes) -> bytes:
+    """One command in RESP, Redis's protocol: an array of bulk strings."""
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%b\r\n" % (len(arg), arg) for arg in args)
+
+
+def record_fields(node: str, seq: int, fields: Sequence[Any]) -> dict[str, Any]:
+    """A record as a dict: its id, node and number, then `LOG_FIELDS` (times in ISO 8601, UTC)."""
+    out: dict[str, Any] = {"id": f"{node}-{seq}", "node": node, "seq": seq}
+    out.update(zip(LOG_FIELDS, fields))
+    out["time"] = _iso(out["time"])
+    out["fetch_began"] = _iso(out["fetch_began"])
+    if not out["warc"]:
+        out["warc"], out["offset"] = None, None
+    return out
+
+
+def json_line(node: str, seq: int, fields: Sequence[Any]) -> str:
+    return json.dumps(record_fields(node, seq, fields), separators=(",", ":"), ensure_ascii=False) + "\n"
+
+
+def text_line(node: str, seq: int, fields: Sequence[Any]) -> str:
+    """A record in Heritrix's crawl.log layout: time, status (5 wide), size (10 wide, "-": none), URL, discovery
+    path, via, MIME, thread ("-": a node has none to name), fetch start+duration (ms), digest, source tag,
+    annotations, and the extra JSON Heritrix ends a line with: here the record id, node, WARC file and offset."""
+    at, status, size, url, path, via, mime, began, took, digest, notes, warc, offset = fields
+    extra: dict[str, Any] = {"id": f"{node}-{seq}", "node": node}
+    if warc:
+        extra["warc"], extra["offset"] = warc, offset
+    return (f"{_iso(at)} {status:5d} {size if size >= 0 else '-':>10} {url} {path} {via} {mime} - "
+            f"{_compact(began)}+{took} {digest} - {notes} {json.dumps(extra, separators=(',', ':'))}\n")
+
+
+class RotatingFile:
+    """An append-only text file rotated at `max_bytes` or `max_age` seconds (renamed with its UTC time), keeping
+    the newest `keep` rotated files. `now` gives the wall clock (a test passes its own)."""
+
+    def __init__(self, path: Path, *, max_bytes: int, max_age: float, keep: int,
+                 now: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.max_age = max_age
+        self.keep = keep
+        self._now = now
+        self._fh: TextIO | None = None
+        self._size = 0
+        self._opened = 0.0
+        self.rotations = 0
+
+    def _open(self) -> TextIO:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a", encoding="utf-8")
+        self._size = fh.tell()
+        try:  # a file kept from the last run is as old as its first line
+            self._opened = os.stat(self.path).st_ctime if self._size else self._now()
+        except OSError:
+            self._opened = self._now()
+        self._fh = fh
+        return fh
+
+    def write(self, text: str) -> None:
+        """Append `text` (whole lines) and flush it to the kernel; rotate first when the file is full or old."""
+        fh = self._fh or self._open()
+        if self._size and (self._size >= self.max_bytes or self._now() - self._opened >= self.max_age):
+            self.rotate()
+            fh = self._open()
+        fh.write(text)
+        fh.flush()
+        self._size += len(text.encode("utf-8")) if not text.isascii() else len(text)
+
+    def rotate(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        if not self.path.exists():
+            return
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._now()))
+        target = self.path.with_name(f"{self.path.name}.{stamp}")
+        serial = 1
+        while target.exists():
+            target = self.path.with_name(f"{self.path.name}.{stamp}-{serial}")
+            serial += 1
+        os.replace(self.path, target)
+        self.rotations += 1
+        for old in self.rotated()[: -self.keep]:
+            old.unlink(missing_ok=True)
+
+    def rotated(self) -> list[Path]:
+        """The rotated files, oldest first."""
+        return sorted(self.path.parent.glob(self.path.name + ".*"))
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+class LocalLog:
+    """Reader `file`: the local crawl-log files (`formats`: "text", "json" or both)."""
+
+    reader = "file"
+
+    def __init__(self, directory: Path, formats: Sequence[str], *, max_bytes: int, max_age: float, keep: int,
+                 now: Callable[[], float] = time.time) -> None:
+        self.files: list[tuple[Callable[[str, int, Sequence[Any]], str], RotatingFile]] = []
+        if "text" in formats:
+            self.files.append((text_line, RotatingFile(directory / "crawl.log", max_bytes=max_bytes,
+                                                       max_age=max_age, keep=keep, now=now)))
+        if "json" in formats:
+            self.files.append((json_line, RotatingFile(directory / "crawl.jsonl", max_bytes=max_bytes,
+                                                       max_age=max_age, keep=keep, now=now)))
+
+    def target(self) -> str:
+        return ", ".join(str(f.path) for _fmt, f in self.files)
+
+    async def hand_on(self, node: str, records: Sequence[tuple[int, list[Any]]]) -> None:
+        for fmt, rotating in self.files:
+            rotating.write("".join(fmt(node, seq, fields) for seq, fields in records))
+
+    def close(self) -> None:
+        for _fmt, rotating in self.files:
+            rotating.close()
+
+
+class StreamLog:
+    """Reader `stream`: XADD to a Redis stream (redis-py's client, in a worker thread)."""
+
+    reader = "stream"
+
+    def __init__(self, target: StreamTarget) -> None:
+        import redis  # the client is needed only with a stream configured
+
+        self.stream = target
+        self._client = redis.Redis(host=target.host, port=target.port, db=target.db, password=target.password,
+                                   socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT)
+        self._limiter = trio.CapacityLimiter(1)
+
+    def target(self) -> str:
+        return self.stream.url()
+
+    def _send(self, node: str, records: Sequence[tuple[int, list[Any]]]) -> None:
+        head = (b"XADD", self.stream.stream.encode("utf-8"), b"MAXLEN", b"~", str(self.stream.maxlen).encode(), b"*")
+        blob = b"".join(_command(*head, b"id", f"{node}-{seq}".encode(), b"url", fields[3].encode("utf-8"), b"record",
+                                 json_line(node, seq, fields)[:-1].encode("utf-8"))
+                        for seq, fields in records)
+        pool = self._client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([blob])
+            for _ in records:
+                conn.read_response()  # an error reply raises (the batch is sent again: at least once)
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+
+    async def hand_on(self, node: str, records: Sequence[tuple[int, list[Any]]]) -> None:
+        await trio.to_thread.run_sync(functools.partial(self._send, node, records), limiter=self._limiter,
+                                      abandon_on_cancel=True)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class _Reader:
+    """One reader's progress and errors, as status shows them."""
+
+    def __init__(self, out: LocalLog | StreamLog) -> None:
+        self.out = out
+        self.handed_on = 0  # records handed on since the start
+        self.failures = 0
+        self.error: str | None = None
+        self.failing_since: float | None = None
+
+
+class CrawlLog:
+    """The crawl log's readers of one node (`run`), and what status and metrics show of them."""
+
+    def __init__(self, spool: CrawlLogSpool, node_id: str, outputs: Sequence[LocalLog | StreamLog], *,
+                 limit: int) -> None:
+        spool.configure(limit=limit, readers=[out.reader for out in outputs])
+        self.spool = spool
+        self.node_id = node_id
+        self.readers = [_Reader(out) for out in outputs]
+        self._dropped_at_start = spool.dropped()
+        self._warned_drops = self._dropped_at_start
+        self._warned_at = -DROP_WARNING_EVERY
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            for reader in self.readers:
+                nursery.start_soon(self._serve, reader)
+            task_status.started()
+
+    async def _serve(self, reader: _Reader) -> None:
+        backoff = 1.0
+        while True:
+            try:
+                moved = await self.step(reader)
+            except Exception as exc:  # noqa: BLE001 - a broker's or a disk's error: counted, shown, retried
+                self._failed(reader, exc)
+                await trio.sleep(backoff)
+                backoff = min(MAX_BACKOFF, backoff * 2)
+                continue
+            backoff = 1.0
+            self._check_drops()
+            if moved < BATCH:
+                await trio.sleep(POLL)
+
+    async def step(self, reader: _Reader) -> int:
+        """Hand on one batch of what `reader` has not; how many records. Raises what the hand-on raised (the
+        mark stays where it was)."""
+        records = self.spool.after(reader.out.reader, BATCH)
+        if not records:
+            return 0
+        await reader.out.hand_on(self.node_id, records)
+        self.spool.handed_on(reader.out.reader, records[-1][0])
+        reader.handed_on += len(records)
+        if reader.error is not None:
+            log.info("crawl log reaches its reader again", extra={"reader": reader.out.reader,
+                                                                  "target": reader.out.target()})
+        reader.error, reader.failing_since = None, None
+        return len(records)
+
+    async def flush(self) -> None:
+        """Hand on what is spooled once, each reader until its first failure (a node's last act before it stops;
+        bound it with a deadline)."""
+        for reader in self.readers:
+            try:
+                while await self.step(reader):
+                    pass
+            except Exception as exc:  # noqa: BLE001 - left spooled for the next start
+                self._failed(reader, exc)
+
+    def _failed(self, reader: _Reader, exc: Exception) -> None:
+        reader.failures += 1
+        message = f"{type(exc).__name__}: {exc}"
+        if reader.failing_since is None:
+            reader.failing_since = time.time()
+        if message != reader.error:
+            log.warning("crawl log not handed on; retrying (records wait in the spool)",
+                        extra={"reader": reader.out.reader, "target": reader.out.target(), "error": message})
+        reader.error = message
+
+    def _check_drops(self) -> None:
+        dropped = self.spool.dropped()
+        now = trio.current_time()
+        if dropped > self._warned_drops and now - self._warned_at >= DROP_WARNING_EVERY:
+            log.warning("crawl-log records dropped: the spool is full because a reader is behind",
+                        extra={"dropped": dropped, "new": dropped - self._warned_drops,
+                               "spool_limit": self.spool.limit,
+                               "behind": [r.out.reader for r in self.readers if r.error is not None]})
+            self._warned_drops, self._warned_at = dropped, now
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.out.close()
+
+    # ------------------------------------------------------------------ what status and metrics show
+
+    def status(self) -> dict[str, Any]:
+        now = time.time()
+        readers = {}
+        for reader in self.readers:
+            waiting, oldest = self.spool.waiting(reader.out.reader)
+            readers[reader.out.reader] = {
+                "target": reader.out.target(),
+                "ok": reader.error is None,
+                "error": reader.error,
+                "failing_for": round(now - reader.failing_since, 1) if reader.failing_since is not None else 0.0,
+                "failures": reader.failures,
+                "handed_on": reader.handed_on,
+                "waiting": waiting,
+                "lag": round(max(0.0, now - oldest), 1) if oldest is not None else 0.0,
+            }
+        return {"readers": readers, "spooled": len(self.spool), "spool_limit": self.spool.limit,
+                "dropped": self.spool.dropped()}

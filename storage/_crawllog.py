@@ -1,0 +1,150 @@
+"""The crawl log's spool: one record per finished URL, kept in the node's LMDB environment until every reader of
+the log (the local files, the stream) has it.
+
+A fetched page's record is put in the same transaction that finishes the page (`NodeStore.finish`), so after a
+kill -9 either the page is fetched again and logged then, or its record is here. Each record gets the next number
+of a counter kept in the same table (numbers never repeat, even once the spool is empty): the record id
+`NODE_ID-NUMBER` a consumer can deduplicate on. Each reader keeps its own mark (the last number it has handed on,
+written after the hand-on succeeded: at least once); records every reader passed are deleted.
+
+The spool is bounded (`limit` records): a record that finds it full is not kept, and the drop is counted here
+(durably, in the same transaction), so a dead broker costs disk up to the bound and then counted records, never
+the crawl.
+
+Layout, one database `crawllog`:
+
+- `r` + number (8 bytes, big-endian)  ->  msgpack of the record's fields (`LOG_FIELDS`, in that order)
+- `n`                                 ->  the next number (8 bytes)
+- `d`                                 ->  records dropped since the store was made (8 bytes)
+- `m/` + reader name                  ->  the last number that reader handed on (8 bytes)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from ._lmdb import LmdbEnv
+
+if TYPE_CHECKING:
+    from ._lmdb import Txn
+
+__all__ = ["CRAWLLOG_DB", "LOG_FIELDS", "CrawlLogSpool"]
+
+CRAWLLOG_DB = b"crawllog"
+_REC, _NEXT, _DROPS, _MARK = b"r", b"n", b"d", b"m/"
+
+#: A record's fields, in the order they are packed: when it was logged (epoch seconds), the HTTP status (or a
+#: negative code for a fetch that got no answer, as Heritrix's), the payload bytes (-1: none), the URL, the
+#: discovery path from its seed ("-" for a seed; L link, R redirect, M sitemap), the page it was found on ("-":
+#: none), the MIME type, when the fetch began (epoch seconds), how long it took (ms), the payload digest
+#: ("sha1:BASE32", "-": none), annotations (comma-separated, "-": none), and the WARC file and offset of its
+#: record ("", -1: not stored).
+LOG_FIELDS = ("time", "status", "size", "url", "path", "via", "mime", "fetch_began", "duration_ms", "digest",
+              "annotations", "warc", "offset")
+
+
+def _num(raw: bytes | None) -> int:
+    return int.from_bytes(raw, "big") if raw is not None else 0
+
+
+class CrawlLogSpool:
+    """Crawl-log records waiting for their readers (`readers`: the names of every reader this node runs)."""
+
+    def __init__(self, env: LmdbEnv, *, limit: int = 1_000_000, readers: Sequence[str] = ("file",)) -> None:
+        self._env = env
+        self._db = env.db(CRAWLLOG_DB)
+        self.limit = limit
+        self.readers = tuple(readers)
+
+    def configure(self, *, limit: int, readers: Sequence[str]) -> None:
+        """The bound and the readers of this run (the node sets them from its configuration at start)."""
+        self.limit = limit
+        self.readers = tuple(readers)
+
+    def _put_in(self, txn: Txn, records: Sequence[Sequence[Any]]) -> int:
+        """Spool `records` in the caller's transaction; how many were dropped (the spool was full)."""
+        db = self._db
+        seq = _num(txn.get(_NEXT, db=db))
+        cursor = txn.cursor(db)
+        first = _num(cursor.key()[1:]) if cursor.set_range(_REC) and cursor.key()[:1] == _REC else seq
+        dropped = 0
+        for record in records:
+            if seq - first >= self.limit:
+                dropped += 1
+                continue
+            txn.put(_REC + seq.to_bytes(8, "big"), msgpack.packb(record, use_bin_type=True), db=db)
+            seq += 1
+        txn.put(_NEXT, seq.to_bytes(8, "big"), db=db)
+        if dropped:
+            txn.put(_DROPS, (_num(txn.get(_DROPS, db=db)) + dropped).to_bytes(8, "big"), db=db)
+        return dropped
+
+    def put(self, records: Sequence[Sequence[Any]]) -> int:
+        """Spool records in a transaction of their own (a URL given up, refused by robots.txt); how many were
+        dropped."""
+        if not records:
+            return 0
+        return self._env.write(lambda txn: self._put_in(txn, records))
+
+    def after(self, reader: str, limit: int) -> list[tuple[int, list[Any]]]:
+        """Up to `limit` records `reader` has not handed on yet, in number order: (number, fields)."""
+        out: list[tuple[int, list[Any]]] = []
+        with self._env.read() as txn:
+            mark = txn.get(_MARK + reader.encode("utf-8"), db=self._db)
+            start = _REC + ((_num(mark) + 1) if mark is not None else 0).to_bytes(8, "big")
+            cursor = txn.cursor(self._db)
+            if not cursor.set_range(start):
+                return out
+            for key, value in cursor:
+                if key[:1] != _REC or len(out) >= limit:
+                    break
+                out.append((_num(key[1:]), msgpack.unpackb(value, raw=False)))
+        return out
+
+    def handed_on(self, reader: str, through: int) -> int:
+        """`reader` has handed on every record up to number `through`: its mark moves there, and the records
+        every reader of this run passed are deleted, in one transaction; how many were deleted."""
+        db = self._db
+
+        def run(txn: Txn) -> int:
+            txn.put(_MARK + reader.encode("utf-8"), through.to_bytes(8, "big"), db=db)
+            marks = []
+            for name in self.readers:
+                raw = txn.get(_MARK + name.encode("utf-8"), db=db)
+                marks.append(_num(raw) if raw is not None else -1)
+            upto = min(marks, default=through)
+            cursor = txn.cursor(db)
+            gone = 0
+            while cursor.set_range(_REC) and cursor.key()[:1] == _REC and _num(cursor.key()[1:]) <= upto:
+                cursor.delete()
+                gone += 1
+            return gone
+
+        return self._env.write(run)
+
+    def waiting(self, reader: str) -> tuple[int, float | None]:
+        """How many records `reader` has not handed on, and when the oldest of them was logged (None: none)."""
+        with self._env.read() as txn:
+            mark = txn.get(_MARK + reader.encode("utf-8"), db=self._db)
+            nxt = _num(txn.get(_NEXT, db=self._db))
+            start = (_num(mark) + 1) if mark is not None else 0
+            cursor = txn.cursor(self._db)
+            if not cursor.set_range(_REC + start.to_bytes(8, "big")) or cursor.key()[:1] != _REC:
+                return 0, None
+            first = _num(cursor.key()[1:])
+            return nxt - first, float(msgpack.unpackb(cursor.value(), raw=False)[0])
+
+    def dropped(self) -> int:
+        """Records not kept because the spool was full, since the store was made."""
+        with self._env.read() as txn:
+            return _num(txn.get(_DROPS, db=self._db))
+
+    def __len__(self) -> int:
+        with self._env.read() as txn:
+            cursor = txn.cursor(self._db)
+            if not cursor.set_range(_REC) or cursor.key()[:1] != _REC:
+                return 0
+            return _num(txn.get(_NEXT, db=self._db)) - _num(cursor.key()[1:])

@@ -1,0 +1,343 @@
+"""The crawl log: its spool in the node's store (numbering, one mark per reader, the bound and its counted drops),
+its two layouts, the rotating files, the readers' retries under MockClock with a stand-in broker, and the Redis
+stream against a real redis-server killed and restarted while records flow."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import trio
+
+from peer.config import ConfigError, load, stream_target
+from peer.outputs import CrawlLog, LocalLog, StreamLog
+from peer.outputs.crawllog import RotatingFile, json_line, text_line
+from storage import LOG_FIELDS, NodeStore, QueuedUrl
+
+from .support.redisserver import RedisServer
+
+
+def _record(n: int, *, at: float = 1_700_000_000.0, warc: str = "a.warc.gz") -> list:
+    return [at + n, 200, 1000 + n, f"http://a.example/{n}", "L", "http://a.example/", "text/html", at + n - 0.25,
+            250, "sha1:AAAA", "-", warc, 100 * n]
+
+
+@pytest.fixture
+def store(tmp_path):
+    with NodeStore.open(tmp_path / "state") as s:
+        yield s
+
+
+# ------------------------------------------------------------------------------------------------ the spool
+
+
+def test_records_are_numbered_and_kept_until_every_reader_passed_them(store):
+    spool = store.crawl_log
+    spool.configure(limit=100, readers=("file", "stream"))
+    assert spool.put([_record(n) for n in range(5)]) == 0
+    assert [seq for seq, _f in spool.after("file", 10)] == [0, 1, 2, 3, 4]
+    assert spool.after("file", 2)[1] == (1, _record(1))
+    assert spool.handed_on("file", 3) == 0  # the stream has not passed any: nothing deleted
+    assert [seq for seq, _f in spool.after("file", 10)] == [4]
+    assert [seq for seq, _f in spool.after("stream", 10)] == [0, 1, 2, 3, 4]
+    assert spool.handed_on("stream", 1) == 2  # 0 and 1: both readers passed them
+    assert len(spool) == 3 and spool.waiting("stream") == (3, _record(2)[0]) and spool.waiting("file") == (1, _record(4)[0])
+    assert spool.handed_on("stream", 4) == 2 and len(spool) == 1
+    # numbers never repeat, even once the spool is empty
+    spool.handed_on("file", 4)
+    assert len(spool) == 0 and spool.waiting("file") == (0, None)
+    spool.put([_record(9)])
+    assert spool.after("stream", 10) == [(5, _record(9))]
+
+
+def test_a_page_and_its_record_are_one_commit(store):
+    item = QueuedUrl(url="http://a.example/x", host="a.example", depth=1)
+    store.admit([item])
+    popped = store.frontier.pop("a.example")
+    assert popped == item
+    store.finish(popped, [], logged=_record(0))
+    assert store.crawl_log.after("file", 10) == [(0, _record(0))] and store.frontier.in_flight() == 0
+
+
+def test_past_its_bound_the_spool_drops_and_counts_durably(tmp_path):
+    with NodeStore.open(tmp_path / "state") as store:
+        store.crawl_log.configure(limit=3, readers=("stream",))
+        assert store.crawl_log.put([_record(n) for n in range(5)]) == 2
+        assert store.crawl_log.put([_record(5)]) == 1
+        assert len(store.crawl_log) == 3 and store.crawl_log.dropped() == 3
+        store.crawl_log.handed_on("stream", 0)
+        assert store.crawl_log.put([_record(6)]) == 0  # room again: kept, numbered after the last kept
+        assert [seq for seq, _f in store.crawl_log.after("stream", 10)] == [1, 2, 3]
+    with NodeStore.open(tmp_path / "state") as store:
+        assert store.crawl_log.dropped() == 3 and len(store.crawl_log) == 3
+
+
+# ------------------------------------------------------------------------------------------------ layouts
+
+
+def test_the_text_line_has_heritrix_columns_and_the_json_line_every_field():
+    fields = _record(3)
+    line = text_line("node-a", 42, fields)
+    assert line.endswith("\n")
+    cols = line.split()
+    assert len(cols) == 13
+    assert cols[0] == "2023-11-14T22:13:23.000Z" and cols[1] == "200" and cols[2] == "1003"
+    assert cols[3:8] == ["http://a.example/3", "L", "http://a.example/", "text/html", "-"]
+    assert cols[8] == "20231114221322750+250" and cols[9] == "sha1:AAAA" and cols[10] == "-" and cols[11] == "-"
+    assert json.loads(cols[12]) == {"id": "node-a-42", "node": "node-a", "warc": "a.warc.gz", "offset": 300}
+    # columns are padded as Heritrix pads them: status 5 wide, size 10 wide
+    assert line[25:42] == "  200       1003 "
+    unstored = [*fields[:2], -1, *fields[3:11], "", -1]
+    assert text_line("n", 1, unstored).split()[2] == "-"
+    assert json.loads(text_line("n", 1, unstored).split()[12]) == {"id": "n-1", "node": "n"}
+    body = json.loads(json_line("node-a", 42, fields))
+    assert list(body) == ["id", "node", "seq", *LOG_FIELDS]
+    assert body["id"] == "node-a-42" and body["time"] == cols[0] and body["offset"] == 300
+    assert json.loads(json_line("n", 1, unstored))["warc"] is None
+
+
+def test_files_rotate_at_a_size_or_an_age_and_keep_the_newest(tmp_path):
+    now = [1_700_000_000.0]
+    f = RotatingFile(tmp_path / "crawl.log", max_bytes=100, max_age=60.0, keep=2, now=lambda: now[0])
+    f.write("x" * 60 + "\n")
+    f.write("y" * 60 + "\n")  # under the bound before it: same file
+    assert f.rotations == 0
+    now[0] += 1
+    f.write("z\n")  # full: rotated first
+    assert f.rotations == 1 and (tmp_path / "crawl.log").read_text() == "z\n"
+    now[0] += 61
+    f.write("w\n")  # an old file rotates even when small
+    assert f.rotations == 2 and (tmp_path / "crawl.log").read_text() == "w\n"
+    for _ in range(3):
+        now[0] += 61
+        f.write("v\n")
+    assert f.rotations == 5 and len(f.rotated()) == 2
+    assert [p.read_text() for p in f.rotated()] == ["v\n", "v\n"]
+    assert f.rotated()[0].name == "crawl.log.20231114T221624Z"
+    f.close()
+
+
+# ------------------------------------------------------------------------------------------------ readers
+
+
+class Broker:
+    """A stand-in stream output: refuses while `down`, records what it took."""
+
+    reader = "stream"
+
+    def __init__(self) -> None:
+        self.down = True
+        self.tries = 0
+        self.got: list[tuple[str, int]] = []
+
+    def target(self) -> str:
+        return "broker"
+
+    async def hand_on(self, node, records) -> None:
+        self.tries += 1
+        await trio.sleep(0.01)
+        if self.down:
+            raise ConnectionError("connection refused")
+        self.got += [(node, seq) for seq, _f in records]
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_dead_broker_is_retried_with_back_off_and_gets_every_record_once(store, tmp_path, autojump_clock):
+    broker = Broker()
+    local = LocalLog(tmp_path / "log", ("text", "json"), max_bytes=1 << 20, max_age=3600.0, keep=2)
+    log = CrawlLog(store.crawl_log, "node-a", [local, broker], limit=1000)  # type: ignore[list-item]
+    store.crawl_log.put([_record(n) for n in range(700)])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        await trio.sleep(10.0)
+        # the files have everything; the broker was tried at 0, 1, 3 and 7 s, and the records wait for it
+        status = log.status()["readers"]
+        assert broker.tries == 4 and broker.got == []
+        assert status["file"]["ok"] and status["file"]["handed_on"] == 700 and status["file"]["waiting"] == 0
+        assert not status["stream"]["ok"] and status["stream"]["error"] == "ConnectionError: connection refused"
+        assert status["stream"]["waiting"] == 700 and status["stream"]["failures"] == 4 and len(store.crawl_log) == 700
+        broker.down = False
+        await trio.sleep(20.0)
+        nursery.cancel_scope.cancel()
+    assert broker.got == [("node-a", n) for n in range(700)]
+    assert log.status()["readers"]["stream"]["ok"] and len(store.crawl_log) == 0
+    lines = (tmp_path / "log" / "crawl.log").read_text().splitlines()
+    assert [json.loads(line.split()[-1])["id"] for line in lines] == [f"node-a-{n}" for n in range(700)]
+    assert len((tmp_path / "log" / "crawl.jsonl").read_text().splitlines()) == 700
+    local.close()
+
+
+async def test_drops_past_the_bound_are_counted_and_warned_about(store, autojump_clock, caplog):
+    broker = Broker()
+    log = CrawlLog(store.crawl_log, "node-a", [broker], limit=50)  # type: ignore[list-item]
+    assert store.crawl_log.put([_record(n) for n in range(80)]) == 30
+    with caplog.at_level(logging.WARNING, logger="peer.outputs.crawllog"):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(log.run)
+            broker.down = False
+            await trio.sleep(5.0)
+            nursery.cancel_scope.cancel()
+    assert broker.got == [("node-a", n) for n in range(50)]
+    assert log.status()["dropped"] == 30
+    warned = [r for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].dropped == 30  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------------------------ settings
+
+
+def test_a_bad_stream_url_is_one_clear_error_at_start():
+    target = stream_target("redis://:pw@10.0.0.5:6380/2?stream=crawl&maxlen=5000")
+    assert (target.host, target.port, target.db, target.password, target.stream, target.maxlen) == (
+        "10.0.0.5", 6380, 2, "pw", "crawl", 5000)
+    assert target.url() == "redis://10.0.0.5:6380/2?stream=crawl&maxlen=5000"  # no password shown
+    assert stream_target("redis://h").stream == "peercrawl:crawl-log"
+    for bad, why in [("kafka://h:9092", "only redis://"), ("redis://h/x", "database must be a number"),
+                     ("redis://h?maxlen=0", "maxlen must be >= 1"), ("redis://h?topic=x", "unknown parameter"),
+                     ("redis://:pw@h:99999", "Port out of range"), ("redis:///0", "no host")]:
+        with pytest.raises(ConfigError, match=why) as info:
+            load(env={}, flags={"crawl_log": bad})
+        assert "pw" not in str(info.value)
+    with pytest.raises(ConfigError, match="crawl_log_local must be"):
+        load(env={}, flags={"crawl_log_local": "xml"})
+    assert load(env={"PEERCRAWL_CRAWL_LOG": "redis://h:1/0"}, flags={}).crawl_log == "redis://h:1/0"
+
+
+# ------------------------------------------------------------------------------------------------ real Redis
+
+
+@pytest.mark.slow  # a real redis-server, killed and restarted
+async def test_the_stream_gets_every_record_through_a_broker_kill(store, tmp_path):
+    server = RedisServer(str(tmp_path))
+    try:
+        stream = StreamLog(stream_target(server.url + "?stream=log&maxlen=100000"))
+        log = CrawlLog(store.crawl_log, "node-a", [stream], limit=100_000)
+        store.crawl_log.put([_record(n) for n in range(1200)])
+        async with trio.open_nursery() as nursery:
+            await nursery.start(log.run)
+            with trio.fail_after(30):
+                while log.status()["readers"]["stream"]["handed_on"] < 1200:
+                    await trio.sleep(0.02)
+            await trio.to_thread.run_sync(server.kill)
+            store.crawl_log.put([_record(n) for n in range(1200, 1500)])  # the crawl goes on: spooled
+            with trio.fail_after(30):
+                while log.status()["readers"]["stream"]["ok"]:
+                    await trio.sleep(0.02)
+            assert log.status()["readers"]["stream"]["waiting"] == 300
+            await trio.to_thread.run_sync(server.start)
+            with trio.fail_after(60):
+                while log.status()["readers"]["stream"]["waiting"]:
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        entries = server.entries("log")
+        ids = [e["id"] for e in entries]
+        assert set(ids) == {f"node-a-{n}" for n in range(1500)}  # every record at least once
+        first = entries[0]
+        assert set(first) == {"id", "url", "record"} and first["url"] == "http://a.example/0"
+        record = json.loads(first["record"])
+        assert record == json.loads(json_line("node-a", 0, _record(0))) and record["id"] == first["id"]
+        assert record["status"] == 200 and record["warc"] == "a.warc.gz"
+        stream.close()
+    finally:
+        server.close()
+
+
+@pytest.mark.slow  # a real redis-server
+async def test_the_stream_is_bounded_by_maxlen(store, tmp_path):
+    server = RedisServer()
+    try:
+        stream = StreamLog(stream_target(server.url + "?stream=small&maxlen=100"))
+        log = CrawlLog(store.crawl_log, "n", [stream], limit=10_000)
+        store.crawl_log.put([_record(n) for n in range(3000)])
+        await log.flush()
+        length = server.client().xlen("small")
+        assert 100 <= length < 3000  # MAXLEN ~: trimmed whole macro-nodes at a time, never under the bound
+        assert server.entries("small")[-1]["id"] == "n-2999"
+        stream.close()
+    finally:
+        server.close()
+
+
+
+# ------------------------------------------------------------------------------------------------ a real node
+
+
+@pytest.mark.slow  # a whole crawl of the local web and a real redis-server
+async def test_a_node_logs_every_fetched_url_to_its_files_and_the_stream(tmp_path):
+    from warcio.archiveiterator import ArchiveIterator
+
+    from peer.node import Node
+    from peerlab.localweb import SiteGraph
+
+    from .support.crawl import node_config, start_local_web, urls_fetched
+
+    server = RedisServer()
+    try:
+        graph = SiteGraph.generate(seed=12, hosts=4, pages_per_host=12, features=False)
+        async with trio.open_nursery() as nursery:
+            web, dns = await start_local_web(nursery, graph)
+            expected = web.expected()
+            cfg = node_config(tmp_path / "node", web, dns, exit_when_done=False,
+                              crawl_log=server.url + "?stream=crawl")
+            node = Node(cfg)
+            await nursery.start(node.run)
+            with trio.fail_after(60):
+                while not node.crawler.is_done() or node.crawl_log.status()["readers"]["stream"]["waiting"]:
+                    await trio.sleep(0.05)
+            status = node.status()
+            metrics = (await trio.to_thread.run_sync(_get, node, "/metrics")).decode()
+            some = sorted(expected.fetched)[0]
+            host = some.split("/")[2]
+            looked = (await trio.to_thread.run_sync(_get, node, f"/cdx?url={host}&matchType=host&output=json")).decode()
+            exact = (await trio.to_thread.run_sync(_get, node, f"/cdx?url={some}")).decode()
+            node.request_stop()
+            with trio.fail_after(30):
+                while node.final_status is None:
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        fetched = urls_fetched(web, expected)
+        entries = server.entries("crawl")
+        assert {e["url"] for e in entries} == fetched
+        assert len({e["id"] for e in entries}) == len(entries)  # one record per fetch, no repeat without a fault
+        jsonl = [json.loads(line) for line in (tmp_path / "node" / "crawl-log" / "crawl.jsonl").read_text().splitlines()]
+        text = (tmp_path / "node" / "crawl-log" / "crawl.log").read_text().splitlines()
+        assert [r["id"] for r in jsonl] == [json.loads(line.split()[-1])["id"] for line in text]
+        assert {r["id"] for r in jsonl} == {e["id"] for e in entries}
+        # a stored page's record points at its response record in the WARC file
+        stored = [r for r in jsonl if r["warc"]]
+        assert {r["url"] for r in stored} == set(expected.fetched)
+        for r in stored[:20]:
+            with open(tmp_path / "node" / "warc" / r["warc"], "rb") as fh:
+                fh.seek(r["offset"])
+                record = next(iter(ArchiveIterator(fh)))
+            assert record.rec_headers.get_header("WARC-Target-URI") == r["url"]
+            assert record.rec_headers.get_header("WARC-Payload-Digest") == r["digest"]
+            assert r["status"] == 200 and r["mime"] == "text/html" and r["node"] == "test-node"
+        seeds = {r["url"] for r in jsonl if r["path"] == "-"}
+        assert seeds == set(cfg.seeds) & fetched
+        assert all(r["via"] != "-" for r in jsonl if r["path"] != "-")
+        # the node's own look-up (standalone: its indexes): every stored page of the host, and one line per capture
+        captures = [json.loads(line) for line in looked.splitlines()]
+        assert {c["url"] for c in captures} == {u for u in expected.fetched if u.split("/")[2] == host}
+        assert all(c["node"] == "test-node" and "object" not in c for c in captures)
+        assert len(exact.splitlines()) == 1 and json.loads(exact.split(" ", 2)[2])["url"] == some
+        readers = status["crawl_log"]["readers"]
+        assert readers["stream"]["ok"] and readers["stream"]["handed_on"] == len(entries)
+        assert status["crawl_log"]["dropped"] == 0
+        kinds = {o["kind"] for o in status["detail"]["outputs"]}
+        assert kinds == {"crawl-log", "crawl-log-stream"}
+        assert 'peercrawl_crawl_log_records_total{reader="stream"}' in metrics
+        assert 'peercrawl_crawl_log_waiting{reader="stream"} 0.0' in metrics
+    finally:
+        server.close()
+
+
+def _get(node, path: str) -> bytes:
+    import httpx
+
+    token = (Path(node.cfg.data_dir) / "control.token").read_text().strip()
+    return httpx.get(f"http://127.0.0.1:{node.control_port}{path}", headers={"authorization": f"Bearer {token}"}).content
