@@ -39,6 +39,9 @@ class Stats:
         self.revisits_not_modified = 0  # ... answered 304 to a conditional GET
         self.revisit_bytes = 0  # bytes of revisit records written
         self.revisit_bytes_saved = 0  # bytes the page's last full record would have taken again, minus those
+        #: rendering (peer/render): pages rendered, fallen back to their HTML, browser requests served and
+        #: refused (by reason), links only the rendered DOM had
+        self.render: collections.Counter[str] = collections.Counter()
         self.revisit_lateness: collections.deque[float] = collections.deque(maxlen=10_000)  # fetched - due, s
         self._samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
 
@@ -81,6 +84,7 @@ class Stats:
                          "unchanged": self.revisits_unchanged, "not_modified": self.revisits_not_modified,
                          "record_bytes": self.revisit_bytes, "bytes_saved": self.revisit_bytes_saved,
                          "late_s": _quantiles(self.revisit_lateness)},
+            "render": dict(self.render),
         }
 
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from peer.crawl.pageworkers import PageWorkers
     from peer.crawl.robots import RobotsDecision
     from peer.crawl.scheduler import HostScheduler
-    from peer.crawl.seams import AddressLimits, Ownership, PageFetcher
+    from peer.crawl.seams import AddressLimits, Ownership, PageFetcher, PageRenderer
     from peer.crawl.settings import CrawlSettings
     from peer.crawl.urls import Scope
     from peer.stats import Stats
@@ -69,6 +69,7 @@ class HostTurns:
         plugins: Any  # peer.plugins.Plugins, a room above this one (None: no plug-ins)
         _pending: dict[str, QueuedUrl]
         _pinned: dict[str, str]
+        renderer: PageRenderer | None
         _requests: dict[str, int]
         _retries: dict[str, int]
         robots: LruTtlCache[str, RobotsDecision]
@@ -88,6 +89,8 @@ class HostTurns:
                     turn: HostTurn | None = None, extracted: Sequence[dict[str, Any]] = ()) -> tuple[int, int]: ...
         async def _plugged_work(self, resp: Response, url: str, ctype: str | None, now: float) -> Plugged | None: ...
         async def _fetch_sitemap(self, turn: HostTurn, item: QueuedUrl) -> None: ...
+        async def _render_work(self, turn: HostTurn, item: QueuedUrl, resp: Response, ctype: str | None,
+                               now: float) -> tuple[int | None, Page | None, Plugged | None] | None: ...
         def _next_visit(self, item: QueuedUrl, before: RevisitRecord | None, resp: Response, *, changed: bool | None,
                         now: float, digest: str | None = None, size: int | None = None) -> RevisitRecord: ...
         def _screen(self, batch: Batch, url: str, depth: int, hops: int, found_on: str | None,
@@ -342,7 +345,10 @@ class HostTurns:
                 stats.revisits_unchanged += 1
                 revisit = self._next_visit(item, before, resp, changed=False, now=now)
             else:
-                if self.plugins is not None and self.plugins.active:
+                rendered = None if self.renderer is None else await self._render_work(turn, item, resp, ctype, now)
+                if rendered is not None:  # rendered in a browser (renderturns): the DOM's links, its plug-ins
+                    size, page, plugged = rendered
+                elif self.plugins is not None and self.plugins.active:
                     plugged = await self._plugged_work(resp, item.url, ctype, now)
                     size, page = (None, None) if plugged is None else (plugged.size, plugged.page)
                 elif self.page_workers is not None:

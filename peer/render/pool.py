@@ -45,7 +45,7 @@ class RenderPool:
     """See the module's text. Counters: `renders`, `failures` (by kind), `restarts` (by reason)."""
 
     def __init__(self, limits: PoolLimits, *, opener: Opener | None = None, chromium: str = "", ws_url: str = "",
-                 heap_mib: int = 512) -> None:
+                 heap_mib: int = 512, counts: Counter[str] | None = None) -> None:
         self.limits = limits
         self._opener: Opener = opener or (lambda: open_browser(chromium=chromium, ws_url=ws_url, heap_mib=heap_mib))
         self._tabs = trio.CapacityLimiter(limits.tabs)
@@ -60,6 +60,8 @@ class RenderPool:
         self.renders = 0
         self.failures: Counter[str] = Counter()
         self.restarts: Counter[str] = Counter()
+        #: where the node's status reads the browser's figures (``browser-restart-REASON``, ``browser-peak-bytes``)
+        self.counts: Counter[str] = counts if counts is not None else Counter()
         self.peak_rss = 0
         self.last_rss = 0
         self.pgid: int | None = None
@@ -87,10 +89,12 @@ class RenderPool:
                             await self._idle.wait()
                     self._browser = None
                     self.restarts[reason] += 1
+                    self.counts[f"browser-restart-{reason}"] += 1
                     log.info("browser restarted", extra={"reason": reason, "renders": self.renders})
             except BrowserError as exc:
                 self._browser = None
                 self.restarts["start-failed"] += 1
+                self.counts["browser-restart-start-failed"] += 1
                 log.error("browser: %s", exc)
                 if not started:
                     task_status.started()
@@ -125,6 +129,7 @@ class RenderPool:
         rss = browser.rss()
         self.last_rss = rss
         self.peak_rss = max(self.peak_rss, rss)
+        self.counts["browser-peak-bytes"] = self.peak_rss
         if rss > self.limits.max_rss and not self.attached:
             self._request_restart("memory")
 
