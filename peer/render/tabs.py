@@ -24,8 +24,9 @@ __all__ = ["BrowserRequest", "RenderFailed", "Rendered", "Served", "render_in_ta
 
 log = logging.getLogger(__name__)
 
-#: The requests the browser's page makes that the node serves; images, media, fonts and style sheets build no
-#: links or text, so they are refused without a fetch (the politeness budget goes to what builds the page).
+#: The requests the browser's page makes that the node serves; images, media, fonts, style sheets and the tab's
+#: icon build no links or text, so they are refused without a fetch (the politeness budget goes to what builds
+#: the page).
 SERVED_TYPES = frozenset({"Document", "Script", "XHR", "Fetch", "Other"})
 #: After the load event, the render waits this long without a request before it reads the DOM.
 SETTLE = 0.3
@@ -170,6 +171,11 @@ async def _outer_html(cdp: Cdp, session: str) -> str | None:
     return html if isinstance(html, str) else None
 
 
+def _is_icon(url: str) -> bool:
+    """The tab's icon, which the browser asks for on its own: it builds nothing."""
+    return url.split("?", 1)[0].endswith("/favicon.ico")
+
+
 class _State:
     """A tab's events: requests served one at a time (the node's politeness spaces them anyway), the load
     event, a crashed renderer, windows the page opened."""
@@ -223,7 +229,7 @@ class _State:
         kind = str(params.get("resourceType", "Other"))
         reason: str | None = None
         answer: Served | str | None = None
-        if kind not in SERVED_TYPES:
+        if kind not in SERVED_TYPES or _is_icon(str(request.get("url", ""))):
             reason = "type"
         elif self._requests >= self.max_requests:
             reason = "max-requests"
