@@ -59,7 +59,7 @@ async def test_a_script_built_page_renders_through_the_node() -> None:
                                        time_limit=pool_limits.time_limit, max_requests=10)
         assert '<a href="/made.html">made by a script</a>' in rendered.html
         assert rendered.served == 2  # the page and its script; the image is refused by type
-        assert rendered.refused.get("type") == 1
+        assert rendered.refused.get("type") == 2  # the image and the tab's icon
     assert wait_gone(pgid) == []
 
 
@@ -67,9 +67,11 @@ async def test_the_pool_restarts_its_browser_after_n_pages_and_after_it_is_kille
     pool = RenderPool(PoolLimits(tabs=2, max_pages=2, time_limit=10))
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.serve_pool)
+        assert pool.pgid is None  # no browser before the first render
+        await pool.render("http://site.test/page.html?first", serve)
         first = pool.pgid
         assert first is not None
-        for i in range(3):
+        for i in range(2):
             rendered = await pool.render(f"http://site.test/page.html?{i}", serve)
             assert "made by a script" in rendered.html
         assert pool.restarts["max-pages"] == 1 and pool.pgid != first
@@ -86,7 +88,22 @@ async def test_the_pool_restarts_its_browser_after_n_pages_and_after_it_is_kille
     assert last is not None and wait_gone(last) == []
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_a_pool_attaches_to_a_browser_that_already_runs() -> None:
+    async with open_browser() as running:  # started by someone else: the pool only connects to it
+        pool = RenderPool(PoolLimits(tabs=1, max_pages=1, time_limit=10), ws_url=running.ws_url)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.serve_pool)
+            for i in range(2):  # max_pages does not restart a browser the pool did not start
+                rendered = await pool.render(f"http://site.test/page.html?{i}", serve)
+                assert "made by a script" in rendered.html
+            assert pool.attached and pool.pgid is None and not pool.restarts
+            nursery.cancel_scope.cancel()
+        assert running.pgid is not None and pids_of_group(running.pgid), "the browser it attached to runs on"
+        answer = await running.cdp.send("Target.getTargets")
+        assert all(t["url"] == "about:blank" for t in answer["targetInfos"] if t["type"] == "page")
+
+
+@pytest.mark.parametrize("seed", [1, 3])
 def test_no_chromium_outlives_a_node_killed_at_a_random_moment(seed: int) -> None:
     rng = random.Random(seed)
     child = subprocess.Popen([sys.executable, "-m", "tests.support.render_child"], stdout=subprocess.PIPE,

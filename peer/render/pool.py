@@ -1,8 +1,9 @@
 """A node's render pool: one browser, at most `tabs` renders at once, the browser restarted after `max_pages`
 renders or as soon as its processes' memory passes `max_rss` (checked while renders run), or when it dies.
 
-`serve_pool` runs the pool in the node's nursery; `RenderPool.render` is what a host turn calls. A render that
-finds no browser (it is being restarted) waits for it within the render's own time limit. An attached browser
+`serve_pool` runs the pool in the node's nursery; `RenderPool.render` is what a host turn calls. The browser is
+started at the first render; a render that finds no browser (it is starting, or being restarted) waits for it
+within the render's own time limit. An attached browser
 (`--browser-ws`) is never restarted: only reconnected when its connection drops.
 """
 
@@ -50,6 +51,7 @@ class RenderPool:
         self._opener: Opener = opener or (lambda: open_browser(chromium=chromium, ws_url=ws_url, heap_mib=heap_mib))
         self._tabs = trio.CapacityLimiter(limits.tabs)
         self._browser: Browser | None = None
+        self._wanted = trio.Event()
         self._ready = trio.Event()
         self._restart = trio.Event()
         self._idle = trio.Event()
@@ -67,8 +69,10 @@ class RenderPool:
         self.pgid: int | None = None
 
     async def serve_pool(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Keep a browser running until cancelled; started means the first browser is up (or failed once)."""
-        started = False
+        """Keep a browser running until cancelled, from the first render on (a node whose pages need none
+        starts none)."""
+        task_status.started()
+        await self._wanted.wait()
         pause = _RETRY
         while True:
             try:
@@ -78,9 +82,6 @@ class RenderPool:
                     self._since_start = 0
                     self._restart = trio.Event()
                     self._ready.set()
-                    if not started:
-                        task_status.started()
-                        started = True
                     reason = await self._until_restart(browser)
                     if self._ready.is_set():
                         self._ready = trio.Event()  # new renders wait for the next browser
@@ -96,9 +97,6 @@ class RenderPool:
                 self.restarts["start-failed"] += 1
                 self.counts["browser-restart-start-failed"] += 1
                 log.error("browser: %s", exc)
-                if not started:
-                    task_status.started()
-                    started = True
                 await trio.sleep(pause)
                 pause = min(60.0, pause * 2)
 
@@ -145,6 +143,7 @@ class RenderPool:
 
     async def _render_once(self, url: str, serve: Serve) -> Rendered:
         limits = self.limits
+        self._wanted.set()
         async with self._tabs:
             with trio.move_on_after(limits.time_limit) as waiting:
                 while True:

@@ -21,6 +21,7 @@ async def main() -> None:
     pool = RenderPool(PoolLimits(tabs=2, max_pages=5, time_limit=10))
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.serve_pool)
+        await pool.render("http://child.test/first", serve)
         print(pool.pgid, flush=True)
 
         async def loop(k: int) -> None:
