@@ -123,6 +123,7 @@ class ScriptedBrowser:
         self.fulfilled: list[dict[str, Any]] = []
         self.failed: list[dict[str, Any]] = []
         self.methods: list[str] = []
+        self.idle_later = False
 
     async def event(self, method: str, params: dict[str, Any]) -> None:
         await self.pipe.send_message(json.dumps({"method": method, "params": params, "sessionId": "S"}))
@@ -150,7 +151,9 @@ class ScriptedBrowser:
                                                          "request": {"url": "http://a/i.png", "method": "GET"}})
                 if not self.hang:
                     await self.event("Page.loadEventFired", {})
-                result = {"frameId": "F"}
+                    await self.event("Page.lifecycleEvent", {"name": "networkIdle", "loaderId": "L0"})  # blank's
+                    self.idle_later = True
+                result = {"frameId": "F", "loaderId": "L1"}
             elif method == "Fetch.fulfillRequest":
                 self.fulfilled.append(msg["params"])
             elif method == "Fetch.failRequest":
@@ -162,6 +165,10 @@ class ScriptedBrowser:
             elif method == "DOM.getOuterHTML":
                 result = {"outerHTML": self.dom}
             await self.pipe.send_message(json.dumps({"id": ident, "result": result}))
+            if self.idle_later:  # the navigation's own network idle, a second later
+                self.idle_later = False
+                await trio.sleep(1.0)
+                await self.event("Page.lifecycleEvent", {"name": "networkIdle", "loaderId": "L1"})
 
 
 async def serve(request: BrowserRequest) -> Served | str:
@@ -183,7 +190,8 @@ async def test_a_render_serves_the_page_refuses_by_rule_and_reads_the_dom(autoju
         assert rendered.served == 1 and rendered.refused == {"robots": 1, "type": 1} and not rendered.timed_out
         assert [base64.b64decode(f["body"]) for f in browser.fulfilled] == [b"<p>page</p>"]
         assert {f["requestId"] for f in browser.failed} == {"2", "3"}
-        assert trio.current_time() - start == pytest.approx(0.3)  # the settle time after the last request
+        # the navigation's network idle (not the blank page's before it), then the settle time
+        assert trio.current_time() - start == pytest.approx(1.0 + 0.3)
         assert browser.methods[-2:] == ["Target.closeTarget", "Target.disposeBrowserContext"]
         nursery.cancel_scope.cancel()
 

@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 #: icon build no links or text, so they are refused without a fetch (the politeness budget goes to what builds
 #: the page).
 SERVED_TYPES = frozenset({"Document", "Script", "XHR", "Fetch", "Other"})
-#: After the load event, the render waits this long without a request before it reads the DOM.
+#: After the load event and the browser's network idle, the render waits this long without a request before it
+#: reads the DOM.
 SETTLE = 0.3
 #: Time kept from the render's limit to stop a script and read the DOM.
 FINISH = 2.0
@@ -135,17 +136,19 @@ async def _run_tab(cdp: Cdp, session: str, url: str, state: _State, time_limit: 
     deadline = trio.current_time() + time_limit
     async with trio.open_nursery() as nursery:
         nursery.start_soon(state.pump)
-        async with trio.open_nursery() as setup:  # one round trip for the three
+        async with trio.open_nursery() as setup:  # the set-up commands at once
             setup.start_soon(partial(cdp.send, "Fetch.enable", {"patterns": [
                 {"urlPattern": "*", "requestStage": "Request"}]}, session=session))
-            setup.start_soon(partial(cdp.send, "Page.enable", session=session))
+            setup.start_soon(_page_events, cdp, session)
             setup.start_soon(partial(cdp.send, "Target.setAutoAttach", {
                 "autoAttach": True, "waitForDebuggerOnStart": False, "flatten": True}, session=session))
         with trio.move_on_at(deadline - FINISH) as waited:
             answer = await cdp.send("Page.navigate", {"url": url}, session=session)
             if answer.get("errorText"):
                 raise RenderFailed("navigate", str(answer["errorText"]))
+            state.loader = str(answer.get("loaderId", ""))
             await state.loaded.wait()
+            await state.idle.wait()  # the browser's own "network idle": 500 ms without a request in flight
             await state.settled(SETTLE)
         timed_out = waited.cancelled_caught
         if state.crashed:
@@ -159,6 +162,11 @@ async def _run_tab(cdp: Cdp, session: str, url: str, state: _State, time_limit: 
         nursery.cancel_scope.cancel()
     return Rendered(html=html, served=state.served, refused=dict(state.refused), popups=state.popups,
                     timed_out=timed_out)
+
+
+async def _page_events(cdp: Cdp, session: str) -> None:
+    await cdp.send("Page.enable", session=session)
+    await cdp.send("Page.setLifecycleEventsEnabled", {"enabled": True}, session=session)
 
 
 async def _outer_html(cdp: Cdp, session: str) -> str | None:
@@ -186,6 +194,8 @@ class _State:
         self.serve = serve
         self.max_requests = max_requests
         self.loaded = trio.Event()
+        self.idle = trio.Event()
+        self.loader = ""  # the navigation's loader: the idle of the first, blank document does not count
         self.crashed = False
         self.served = 0
         self.refused: dict[str, int] = {}
@@ -214,9 +224,15 @@ class _State:
             self.last_request = trio.current_time()
         elif method == "Page.loadEventFired":
             self.loaded.set()
+        elif method == "Page.lifecycleEvent":
+            if params.get("name") == "networkIdle" and self.loader and params.get("loaderId") == self.loader:
+                self.idle.set()
         elif method in ("Inspector.targetCrashed", "Target.targetCrashed"):
             self.crashed = True
             self.loaded.set()
+            self.idle.set()
+        elif method == "Page.windowOpen":  # blocked by the browser's flags; counted
+            self.popups += 1
         elif method == "Target.attachedToTarget":
             info = params.get("targetInfo", {})
             if info.get("type") == "page":  # a window the page opened
