@@ -36,7 +36,7 @@ async def test_hostile_scripts_are_survived(tmp_path) -> None:  # type: ignore[n
         cfg = load(env={}, flags={
             "node_id": "render-hostile", "data_dir": str(tmp_path / "node"), "control": "127.0.0.1:0",
             "listen": "127.0.0.1:0", "seeds": seeds, "allow_private": True, "delay": 0.05,
-            "exit_when_done": True, "render": "always", "render_timeout": 3.0, "browser_max_mib": BOUND_MIB})
+            "exit_when_done": True, "render": "always", "render_timeout": 6.0, "browser_max_mib": BOUND_MIB})
         node = Node(cfg)
         with trio.fail_after(120):
             await node.run()

@@ -113,7 +113,7 @@ def _build_pages() -> dict[str, Page]:
             "a script that opens fifty windows, then writes a link"),
         "/after-popups.html": Page(200, (html,), _html("written by the popup page's script"), "a script's link"),
         "/script-memory.html": Page(200, (html,), _html(
-            "<div id='app'></div><script>const hoard = []; while (true) hoard.push(new Array(1e6).fill(1.5));"
+            "<div id='app'></div><script>const hoard = []; while (true) hoard.push(new Array(1e7).fill(1.5));"
             "</script>"), "a script that allocates until it is stopped"),
     }
     links = "".join(f'<a href="{path}">{path}</a> ' for path in pages)
