@@ -37,11 +37,13 @@ def test_path_patterns_generalize_the_last_segment_and_digits() -> None:
 
 
 def test_modes_and_host_rules_first_match_first() -> None:
-    decider = Decider("auto", [("static.test", "never"), ("*.spa.test", "always")])
+    decider = Decider("auto", [("*", "never"), ("static.test", "never"), ("*.spa.test", "always"),
+                               ("other.test", "auto")])
     assert decider.decide("www.static.test", "/", APP) is None
     assert decider.decide("x.spa.test", "/", ARTICLE) == "always"
     assert decider.decide("other.test", "/", APP) == "mount"
     assert decider.decide("other.test", "/a", ARTICLE) is None
+    assert decider.decide("elsewhere.test", "/", APP) is None  # `*` is every other host's default
     assert decider.counts["rendered"] == 2 and decider.counts["considered"] == 3
     assert not Decider("never").active and Decider("never", [("a.test", "auto")]).active
     with pytest.raises(ValueError):

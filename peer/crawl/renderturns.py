@@ -84,10 +84,12 @@ class RenderTurns:
             return None
         origin = origin_of_normalized(item.url)
         path = item.url[len(origin):] or "/"
-        reason = self.render_decider.decide(turn.host, path, resp.body)
+        decider = self.render_decider
+        reason = decider.decide(turn.host, path, resp.body)
+        counts = self.stats.render
+        counts["learned-skipped"] = decider.counts["learned"]
         if reason is None:
             return None
-        counts = self.stats.render
         # the page's own request counts for the host's politeness from now on: the browser's wait after it
         self._schedule_after_request(turn)
         try:

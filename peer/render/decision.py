@@ -99,7 +99,7 @@ def path_pattern(host: str, path: str) -> str:
 
 class Decider:
     """The node's decision (see the module's text): the default mode and the host rules ``(pattern, mode)``,
-    first match first, as the fetch policies read ``[hosts."PATTERN"]`` tables."""
+    first match first (``*`` after the others), as the fetch policies read ``[hosts."PATTERN"]`` tables."""
 
     def __init__(self, mode: str, rules: Sequence[tuple[str, str]] = ()) -> None:
         if mode not in MODES:
@@ -108,7 +108,8 @@ class Decider:
             if rule not in MODES:
                 raise ValueError(f"hosts {pattern!r}: render must be one of {', '.join(MODES)}, got {rule!r}")
         self.mode = mode
-        self.rules = list(rules)
+        # as the fetch policies read them: ``*`` sets every host's default, beneath the other patterns
+        self.rules = [r for r in rules if r[0].strip() != "*"] + [r for r in rules if r[0].strip() == "*"]
         self._patterns: OrderedDict[str, int] = OrderedDict()  # pattern -> fruitless renders in a row
         self.counts = {"considered": 0, "rendered": 0, "learned": 0, "fruitful": 0, "fruitless": 0}
         self.reasons: dict[str, int] = {}

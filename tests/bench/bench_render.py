@@ -1,6 +1,7 @@
 """What rendering costs, and how often ``--render auto`` renders, on the local web.
 
-Run: ``python -m tests.bench.bench_render [--renders 10000] [--tabs 2] [--max-pages 200] [--crawl-hosts 40]``
+Run: ``python -m tests.bench.bench_render [--renders 10000] [--seconds S] [--tabs 2] [--max-pages 200]
+[--crawl-hosts 40]``
 
 1. Renders: the render pool (peer/render) renders the local web's script-built page (``/app/home.html``: an
    empty ``<div id="app">``, a script, the JSON it reads: three requests served from memory by the bench, so
@@ -63,7 +64,7 @@ def _self_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def bench_renders(renders: int, tabs: int, max_pages: int) -> None:
+async def bench_renders(renders: int, tabs: int, max_pages: int, seconds: float) -> None:
     graph = SiteGraph.generate(seed=1, hosts=16, pages_per_host=4)
     host = graph.role("content").name
 
@@ -90,7 +91,7 @@ async def bench_renders(renders: int, tabs: int, max_pages: int) -> None:
 
         async def worker(k: int) -> None:
             nonlocal done, failed, dom, window_peak
-            while done + failed < renders:
+            while done + failed < renders and time.perf_counter() - start < seconds:
                 try:
                     rendered = await pool.render(f"http://{host}/app/home.html?{k}-{done}", serve)
                     dom = rendered.html
@@ -158,10 +159,12 @@ def main() -> None:
     parser.add_argument("--tabs", type=int, default=2)
     parser.add_argument("--max-pages", type=int, default=200)
     parser.add_argument("--crawl-hosts", type=int, default=40)
+    parser.add_argument("--seconds", type=float, default=float("inf"),
+                        help="stop the renders after this long (the count done is printed)")
     args = parser.parse_args()
     print(f"bench_render: {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
     trio.run(bench_share, args.crawl_hosts)
-    trio.run(bench_renders, args.renders, args.tabs, args.max_pages)
+    trio.run(bench_renders, args.renders, args.tabs, args.max_pages, args.seconds)
 
 
 if __name__ == "__main__":
