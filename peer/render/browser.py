@@ -28,7 +28,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import trio
-from trio_websocket import open_websocket_url
+from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from peer.render.cdp import MAX_MESSAGE, Cdp
 
@@ -193,8 +193,8 @@ async def _connected(url: str) -> AsyncIterator[Cdp]:
                 await nursery.start(cdp.run)
                 yield cdp
                 nursery.cancel_scope.cancel()
-    except OSError as exc:
-        raise BrowserError(f"cannot reach the browser at {url}: {exc}") from exc
+    except (OSError, HandshakeError, ConnectionClosed) as exc:
+        raise BrowserError(f"cannot reach the browser at {url}: {exc!r}") from exc
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

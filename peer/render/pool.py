@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import trio
 
-from peer.render.browser import Browser, BrowserError, open_browser
+from peer.render.browser import Browser, open_browser
 from peer.render.tabs import RenderFailed, Rendered, Serve, render_in_tab
 
 __all__ = ["PoolLimits", "RenderPool"]
@@ -92,7 +92,7 @@ class RenderPool:
                     self.restarts[reason] += 1
                     self.counts[f"browser-restart-{reason}"] += 1
                     log.info("browser restarted", extra={"reason": reason, "renders": self.renders})
-            except BrowserError as exc:
+            except Exception as exc:  # noqa: BLE001 - a browser that cannot start or be reached is retried, the node goes on
                 self._browser = None
                 self.restarts["start-failed"] += 1
                 self.counts["browser-restart-start-failed"] += 1
