@@ -38,7 +38,7 @@ DEFAULT_UA = "peercrawl/0.1"
 HostRules = tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
 #: What a ``[hosts."PATTERN"]`` table may set (peer.fetch.policy checks the values when the node starts).
 HOST_KEYS = frozenset({"http2", "proxy", "tls_min_version", "tls_max_version", "tls_ciphers", "tls_verify",
-                       "tls_ca_file", "tls_client_cert", "tls_client_key", "tls_legacy_renegotiation"})
+                       "tls_ca_file", "tls_client_cert", "tls_client_key", "tls_legacy_renegotiation", "render"})
 
 
 class ConfigError(ValueError):
@@ -117,6 +117,15 @@ class Config:
     host_window_turns: int = 100
     sitemaps: bool = True
     sitemap_xml: bool = False
+    # rendering (peer/render)
+    render: str = "never"
+    browser_ws: str = ""
+    chromium: str = ""
+    render_tabs: int = 2
+    render_timeout: float = 20.0
+    render_max_requests: int = 50
+    browser_max_pages: int = 200
+    browser_max_mib: int = 1024
     # storage
     dedup: str = "lmdb"
     dedup_expected: int = 10_000_000
@@ -263,7 +272,7 @@ FIELDS: dict[str, str] = {
     "proxy_user": "user for proxies whose URL names none (keep credentials in the TOML file or environment, not on the command line)",
     "proxy_password": "password that goes with proxy_user",
     "proxy_retry": "seconds a proxy that failed (unreachable, a broken handshake) rests while the others take its turns",
-    "hosts": "TOML only: [hosts.\"PATTERN\"] tables that set http2, proxy and tls_* (min/max version, ciphers, verify, CA file, client certificate, legacy renegotiation) for hosts matching PATTERN (example.com: it and its subdomains; *.example.com: subdomains; *: every host); the first match wins",
+    "hosts": "TOML only: [hosts.\"PATTERN\"] tables that set render, http2, proxy and tls_* (min/max version, ciphers, verify, CA file, client certificate, legacy renegotiation) for hosts matching PATTERN (example.com: it and its subdomains; *.example.com: subdomains; *: every host); the first match wins",
     "dns_cache_size": "names cached, as in the resolver study the design draws on",
     "dns_min_ttl": "floor on TTLs: very short TTLs would make the cache useless",
     "dns_max_ttl": "ceiling on TTLs: the refresh period of the resolver study",
@@ -272,6 +281,14 @@ FIELDS: dict[str, str] = {
     "host_window_turns": "turns a host keeps its place among the active hosts while others wait on disk, so none starves behind deep queues (0: until its queue is empty)",
     "sitemaps": "read the sitemaps robots.txt names: the site's own list of its pages, with last-modified times",
     "sitemap_xml": "off: /sitemap.xml is a guess that costs a request on every host whose robots.txt names none",
+    "render": "never: a page is what its server sends; auto renders a page in a headless chromium when its HTML shows a script builds it (docs/rendering.md), always renders every HTML page",
+    "browser_ws": "DevTools URL (ws://HOST:PORT/devtools/browser/ID) of a browser that already runs, used instead of starting one; empty: the node starts its own",
+    "chromium": "the browser binary; empty: Debian's /usr/lib/chromium/chromium, else chromium or google-chrome on the PATH",
+    "render_tabs": "renders at once: each takes a browser process of about 50-100 MB and a share of a core",
+    "render_timeout": "seconds one render may take, its requests and their politeness waits included; a page still busy then is stopped and read as it is",
+    "render_max_requests": "requests one render may make (documents, scripts, XHR): a page that asks for more gets the rest refused",
+    "browser_max_pages": "renders before the browser is restarted: a browser's memory grows with the pages it has seen",
+    "browser_max_mib": "memory of the browser's processes (proportional set size) past which it is restarted, checked 4 times a second while it renders",
     "dedup": "lmdb: the seen-set shares the frontier's transactions, so a crash loses nothing",
     "dedup_expected": "URLs a Bloom filter is sized for (--dedup bloom)",
     "dedup_fp_rate": "a Bloom filter's false-positive target: each false positive is a URL never crawled",
@@ -546,6 +563,20 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("crawl_log_max_bytes and crawl_log_rotate_seconds must be > 0 and crawl_log_keep >= 1")
     if cfg.crawl_log_spool < 1:
         raise ConfigError(f"crawl_log_spool must be >= 1 record, got {cfg.crawl_log_spool}")
+    if cfg.render not in ("never", "auto", "always"):
+        raise ConfigError(f"render must be never, auto or always, got {cfg.render!r}")
+    for pattern, settings in cfg.hosts:
+        for key, value in settings:
+            if key == "render" and value not in ("never", "auto", "always"):
+                raise ConfigError(f"hosts {pattern!r}: render must be never, auto or always, got {value!r}")
+    if cfg.browser_ws and not cfg.browser_ws.startswith(("ws://", "wss://")):
+        raise ConfigError(f"browser_ws must be a ws:// or wss:// DevTools URL, got {cfg.browser_ws!r}")
+    if not 1 <= cfg.render_tabs <= 64:
+        raise ConfigError(f"render_tabs must be within [1, 64], got {cfg.render_tabs}")
+    if not cfg.render_timeout > 2:
+        raise ConfigError(f"render_timeout must be > 2 seconds, got {cfg.render_timeout}")
+    if cfg.render_max_requests < 1 or cfg.browser_max_pages < 1 or cfg.browser_max_mib < 64:
+        raise ConfigError("render_max_requests and browser_max_pages must be >= 1, browser_max_mib >= 64")
     if cfg.log_format not in ("auto", "json", "text"):
         raise ConfigError(f"log_format must be auto, json or text, got {cfg.log_format!r}")
     try:

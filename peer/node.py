@@ -62,6 +62,7 @@ from peer.diskguard import DiskGuard, DiskMarks, statvfs_free
 from peer.fetch.dns import CachingResolver
 from peer.fetch.http import Fetcher
 from peer.fetch.policy import HostPolicies
+from peer.render import BrowserError, PoolLimits, RenderPool, find_chromium
 from peer.noderoutes import ControlRoutes
 from peer.plugins import ItemExporter, JsonLinesSink, PluginError, Plugins, PluginSpec
 from peer.outputs import CrawlLog, LocalIndex, LocalLog, ObjectStore, S3Target, StreamLog, Uploader, WebhookSender
@@ -251,6 +252,7 @@ class Node:
             except ValueError as exc:
                 raise NodeError(str(exc)) from exc
             self.fetch_policies = policies
+            renderer = self._render_pool()
             async with Fetcher(
                 self.resolver,
                 policies=policies,
@@ -267,6 +269,7 @@ class Node:
                     limits=cluster.lanes if cluster is not None else None,
                     settings=settings, settings_file=settings_file, page_workers=workers, plugins=plugins,
                     originals=cluster.digests if cluster is not None else None,
+                    renderer=renderer,
                 )
                 if cluster is not None:
                     cluster.attach(crawler)
@@ -315,6 +318,8 @@ class Node:
                         await nursery.start(cluster.run)
                         (self.data_dir / "peer.addr").write_text(f"{cluster.address}\n")
                         await self._join(cluster)
+                    if renderer is not None:
+                        await nursery.start(renderer.serve_pool)
                     new = crawler.seed(seeds)
                     if cluster is not None:
                         cluster.ready.set()
@@ -419,6 +424,23 @@ class Node:
         log.info("stores checked: sound", extra={
             "seconds": round(seconds, 3), "keys": sum(c.keys for c in checks),
             "file_bytes": sum(c.file_bytes for c in checks), "stores": [c.path for c in checks]})
+
+    def _render_pool(self) -> RenderPool | None:
+        """The render pool when any page may be rendered (`--render`, a host rule's ``render``); a browser
+        binary that is not there is an error at start, not a render failure per page."""
+        cfg = self.cfg
+        rules = [str(v) for _, settings in cfg.hosts for k, v in settings if k == "render"]
+        if cfg.render == "never" and all(rule == "never" for rule in rules):
+            return None
+        if not cfg.browser_ws:
+            try:
+                find_chromium(cfg.chromium)
+            except BrowserError as exc:
+                raise NodeError(str(exc)) from exc
+        limits = PoolLimits(tabs=cfg.render_tabs, max_pages=cfg.browser_max_pages,
+                            max_rss=cfg.browser_max_mib * 2**20, time_limit=cfg.render_timeout,
+                            max_requests=cfg.render_max_requests)
+        return RenderPool(limits, chromium=cfg.chromium, ws_url=cfg.browser_ws, counts=self.stats.render)
 
     def _open_page_workers(self, pages: PageStore) -> AbstractAsyncContextManager[PageWorkers | None]:
         """The page worker processes of --page-processes N (none: a page's work is done inline). With WARC

@@ -39,6 +39,9 @@ class Stats:
         self.revisits_not_modified = 0  # ... answered 304 to a conditional GET
         self.revisit_bytes = 0  # bytes of revisit records written
         self.revisit_bytes_saved = 0  # bytes the page's last full record would have taken again, minus those
+        #: rendering (peer/render): pages rendered, fallen back to their HTML, browser requests served and
+        #: refused (by reason), links only the rendered DOM had
+        self.render: collections.Counter[str] = collections.Counter()
         self.revisit_lateness: collections.deque[float] = collections.deque(maxlen=10_000)  # fetched - due, s
         # identical payloads across URLs (peer/crawl/payloads.py)
         self.payload_revisits = 0  # pages written as a revisit of a payload stored before under another URL
@@ -89,6 +92,7 @@ class Stats:
             "payload_revisits": {"records": self.payload_revisits, "record_bytes": self.payload_revisit_bytes,
                                  "payload_bytes_not_stored": self.payload_bytes_not_stored,
                                  "lookups": self.payload_lookups},
+            "render": dict(self.render),
         }
 
 

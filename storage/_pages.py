@@ -24,7 +24,7 @@ from typing import BinaryIO, NamedTuple
 from ._cdxj import CdxjEntry, cdxj_join, cdxj_line, cdxj_parts, parse_cdxj_line, surt, warc_timestamp
 from ._closing import Closing
 from ._errors import StorageError
-from ._warc import exchange_records, gzip_member, revisit_records, warcinfo_record
+from ._warc import conversion_record, exchange_records, gzip_member, revisit_records, warcinfo_record
 
 __all__ = ["BuiltPage", "NullPageStore", "PageStore", "WarcPageStore", "build_page_records", "open_page_store"]
 
@@ -123,6 +123,13 @@ class PageStore(Closing, ABC):
     ) -> int:
         """Keep a revisit of a page stored before (WARC `revisit` record; `refers_to`: the original's record id,
         "" when not known); returns the bytes written."""
+        return 0
+
+    def store_conversion(self, *, url: str, fetched_at: float, body: bytes, content_type: str,
+                         refers_to_date: float) -> int:
+        """Keep what was made of a stored response (a rendered DOM: `conversion_record`), beside it in the same
+        file; not indexed (the index lists responses and revisits, what replay looks up). Returns the bytes
+        written."""
         return 0
 
     @abstractmethod
@@ -351,6 +358,27 @@ class WarcPageStore(PageStore):
         with self._lock:
             return self._append(url, status, fetched_at, "warc/revisit", payload_digest, resp, req, False,
                                 revisit=True, record_id=records.record_id)
+
+    def store_conversion(self, *, url: str, fetched_at: float, body: bytes, content_type: str,
+                         refers_to_date: float) -> int:
+        if self._closed:
+            raise ValueError(f"page store at {self.directory} is closed")
+        record = gzip_member((conversion_record(url=url, fetched_at=fetched_at, body=body,
+                                                content_type=content_type, refers_to_date=refers_to_date),),
+                             self.compress_level)
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            try:
+                if self._warc is None:
+                    self._start_file(fetched_at)
+                self._write(record)
+            except OSError as exc:
+                self._failure = StorageError(f"cannot write WARC in {self.directory}: {exc.strerror or exc}")
+                raise self._failure from exc
+            if self._size >= self.max_file_bytes:
+                self._finish_file()
+        return len(record)
 
     def last_record(self) -> tuple[str, int] | None:
         """The WARC file and offset of the response record the calling thread wrote last (None: none yet)."""

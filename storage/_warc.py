@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from isal import isal_zlib
 
-__all__ = ["Exchange", "REVISIT_PROFILES", "exchange_records", "gzip_member", "payload_digest", "revisit_records",
+__all__ = ["Exchange", "REVISIT_PROFILES", "conversion_record", "exchange_records", "gzip_member", "payload_digest", "revisit_records",
            "warc_date", "warcinfo_record"]
 
 #: WARC 1.1 revisit profiles (section 6.7): the server said "not modified", or the payload was the same.
@@ -203,6 +203,23 @@ def revisit_records(*, url: str, request_headers: list[tuple[str, str]], status:
     )
     return Exchange(response=(head, http, _END), request=request_head + request_http + _END,
                     payload_digest=payload_digest, record_id=record_id.decode("ascii"))
+
+
+def conversion_record(*, url: str, fetched_at: float, body: bytes, content_type: str, refers_to_date: float,
+                      software: str = "") -> bytes:
+    """A `conversion` record (WARC/1.1 section 6.8): `body` made from the response record of `url` fetched at
+    `refers_to_date` (a browser's DOM of the page after its scripts ran), which it names by
+    `WARC-Refers-To-Target-URI` and `WARC-Refers-To-Date`, as a revisit record names its original."""
+    fields = [(b"WARC-Type", b"conversion"), (b"WARC-Record-ID", _record_id()),
+              (b"WARC-Date", warc_date(fetched_at).encode("ascii")),
+              (b"WARC-Target-URI", _one_line(url, "URL").encode("utf-8")),
+              (b"WARC-Refers-To-Target-URI", _one_line(url, "URL").encode("utf-8")),
+              (b"WARC-Refers-To-Date", warc_date(refers_to_date).encode("ascii")),
+              (b"WARC-Payload-Digest", _sha1(body)), (b"WARC-Block-Digest", _sha1(body)),
+              (b"Content-Type", _one_line(content_type, "content type").encode("ascii"))]
+    if software:
+        fields.append((b"WARC-Software", _one_line(software, "software").encode("ascii", "replace")))
+    return _warc_head(fields, len(body)) + body + _END
 
 
 def payload_digest(body: bytes) -> str:

@@ -21,6 +21,7 @@ DAEMON_CLUSTERS = frozenset({
     "test_cluster_daemons_replicas.py",
     "test_dashboard.py",
     "test_plugin_daemons.py",
+    "test_render_cluster.py",
     "test_demo.py",
     "test_payload_revisits_daemons.py",
     "test_outputs_cluster.py",

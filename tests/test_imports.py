@@ -86,6 +86,7 @@ FLOORS: list[set[str]] = [
     {"peer.cluster"},
     {"peer.plugins"},
     {"peer.crawl"},
+    {"peer.render"},
     {"peer.fetch"},
     {"peer.control", "peer.dashboard", "peer.config", "peer.stats", "peer.log", "peer.diskguard"},
 ]

@@ -204,6 +204,20 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
                    help="go through this proxy: http://HOST:PORT, socks5://HOST:PORT or socks5h://HOST:PORT "
                         "(repeatable: taken in turn; credentials: proxy_user/proxy_password in the TOML file or "
                         "environment)")
+    r = p.add_argument_group("rendering (pages that need JavaScript, in a headless chromium: docs/rendering.md)")
+    r.add_argument("--render", dest="render", choices=["never", "auto", "always"],
+                   help="render pages in a browser: never, auto (when a page's HTML shows it is built by script) "
+                        "or always (per host: [hosts.\"PATTERN\"] render in the TOML file)")
+    r.add_argument("--browser-ws", dest="browser_ws", metavar="URL",
+                   help="attach to a browser that already runs (its DevTools ws://... URL) instead of starting one")
+    r.add_argument("--chromium", dest="chromium", metavar="PATH", help="the browser binary (default: Debian's chromium)")
+    r.add_argument("--render-tabs", dest="render_tabs", type=int, metavar="N", help="renders at once")
+    r.add_argument("--render-timeout", dest="render_timeout", type=float, metavar="SECONDS",
+                   help="time one render may take, its requests included")
+    r.add_argument("--browser-max-pages", dest="browser_max_pages", type=int, metavar="N",
+                   help="renders before the browser is restarted")
+    r.add_argument("--browser-max-mib", dest="browser_max_mib", type=int, metavar="MIB",
+                   help="browser memory (all its processes) past which it is restarted")
     o = p.add_argument_group("output")
     o.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
     o.add_argument("--log-format", dest="log_format", choices=["auto", "json", "text"])

@@ -19,7 +19,8 @@ loop (dispatch of host turns to workers, containment of a turn's defects, drain)
 dedup, queue: the links' hot path), `hostturns` (one host turn: address lane, robots.txt, the request, its
 answer), `sitemapturns` (sitemaps named by robots.txt, read in their host's turn), `revisits` (the revisit
 schedule's loop and each page's next visit), `pagework` (a page's records and links: inline, in threads or
-in worker processes), `responses` (reading a response's headers).
+in worker processes), `renderturns` (a page rendered in a browser, its requests served within the turn),
+`responses` (reading a response's headers).
 """
 
 from __future__ import annotations
@@ -42,13 +43,15 @@ from peer.crawl.hostturns import HostTurns
 from peer.crawl.pagework import PageWork
 from peer.crawl.payloads import LocalOriginals, PayloadOriginals
 from peer.crawl.pageworkers import PageWorkers
+from peer.crawl.renderturns import RenderTurns
 from peer.crawl.revisits import Revisits, record_fields
 from peer.crawl.robots import RobotsDecision, product_token
 from peer.crawl.scheduler import HostScheduler, HostTurn
-from peer.crawl.seams import AddressLimits, Ownership, PageFetcher, Solo
+from peer.crawl.seams import AddressLimits, Ownership, PageFetcher, PageRenderer, Solo
 from peer.crawl.settings import CONFIG_VERSION_FOUNDER, CrawlSettings, SettingsFile
 from peer.crawl.sitemapturns import SitemapTurns
 from peer.crawl.urls import Scope
+from peer.render.decision import Decider
 from peer.stats import Stats
 
 __all__ = ["Crawler", "SeedReport"]
@@ -69,7 +72,7 @@ _REFILL_PAUSE = 0.01
 _BLOCKED_RECHECK = 0.25
 
 
-class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
+class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork, RenderTurns):
     """The crawl engine of one node (see the module's text); its parts are mixins, one module each."""
 
     def __init__(
@@ -88,6 +91,7 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
         page_workers: PageWorkers | None = None,
         plugins: Any = None,
         originals: PayloadOriginals | None = None,
+        renderer: PageRenderer | None = None,
     ) -> None:
         self.cfg = cfg
         self.fetcher = fetcher
@@ -148,6 +152,11 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork):
         # the plug-in chain (peer.plugins.Plugins); None or one with nothing for pages: the page path is as
         # without plug-ins (nothing built for them)
         self.plugins = plugins
+        # --render: the node's render pool (peer.render.RenderPool), and when a page is worth rendering (the
+        # mode, the [hosts."PATTERN"] render rules, what renders found per path pattern)
+        self.renderer = renderer
+        self.render_decider = Decider(cfg.render, [(pattern, str(value)) for pattern, settings in cfg.hosts
+                                                   for key, value in settings if key == "render"])
         # one large page parsed at a time: a 10 MiB page of a quarter of a million links makes a tree and link
         # lists of over 100 MiB, and several at once (as a loaded machine lines them up) break the memory bound
         self._large_parses = trio.CapacityLimiter(1)

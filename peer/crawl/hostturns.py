@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from peer.crawl.payloads import PayloadOriginals
     from peer.crawl.robots import RobotsDecision
     from peer.crawl.scheduler import HostScheduler
-    from peer.crawl.seams import AddressLimits, Ownership, PageFetcher
+    from peer.crawl.seams import AddressLimits, Ownership, PageFetcher, PageRenderer
     from peer.crawl.settings import CrawlSettings
     from peer.crawl.urls import Scope
     from peer.stats import Stats
@@ -75,6 +75,7 @@ class HostTurns:
         _payload_revisits: dict[str, StoredPayload]
         _pending: dict[str, QueuedUrl]
         _pinned: dict[str, str]
+        renderer: PageRenderer | None
         _requests: dict[str, int]
         _retries: dict[str, int]
         robots: LruTtlCache[str, RobotsDecision]
@@ -95,6 +96,8 @@ class HostTurns:
                     logged: Sequence[Any] | None = None) -> tuple[int, int]: ...
         async def _plugged_work(self, resp: Response, url: str, ctype: str | None, now: float) -> Plugged | None: ...
         async def _fetch_sitemap(self, turn: HostTurn, item: QueuedUrl) -> None: ...
+        async def _render_work(self, turn: HostTurn, item: QueuedUrl, resp: Response, ctype: str | None,
+                               now: float) -> tuple[int | None, Page | None, Plugged | None, Any] | None: ...
         def _next_visit(self, item: QueuedUrl, before: RevisitRecord | None, resp: Response, *, changed: bool | None,
                         now: float, digest: str | None = None, size: int | None = None) -> RevisitRecord: ...
         async def _payload_original(self, resp: Response, ctype: str | None, digest: str) -> StoredPayload | None: ...
@@ -366,7 +369,7 @@ class HostTurns:
                 # a payload stored before under another URL: its record refers to that copy (`_store` writes it)
                 original = None if digest is None else await self._payload_original(resp, ctype, digest)
                 try:
-                    size, page, plugged, record_at = await self._page_work(resp, item, ctype, now)
+                    size, page, plugged, record_at = await self._page_work(turn, resp, item, ctype, now)
                 finally:
                     self._payload_revisits.pop(resp.url, None)
                 if original is None and size is not None and digest is not None:
@@ -410,11 +413,15 @@ class HostTurns:
         self.ownership.fetched(item)
         self._retries.pop(item.url, None)
 
-    async def _page_work(self, resp: Response, item: QueuedUrl, ctype: str | None, now: float
+    async def _page_work(self, turn: HostTurn, resp: Response, item: QueuedUrl, ctype: str | None, now: float
                          ) -> tuple[int | None, Page | None, Plugged | None, tuple[str, int] | None]:
-        """A page's records and links, where its work runs: with plug-ins, in a page worker, in a page thread,
-        or here. The bytes stored (None: not stored), the parsed page, the plug-ins' outcome, and where the
-        page's response record went (its WARC file and offset)."""
+        """A page's records and links, where its work runs: rendered in a browser (renderturns), with
+        plug-ins, in a page worker, in a page thread, or here. The bytes stored (None: not stored), the parsed
+        page, the plug-ins' outcome, and where the page's response record went (its WARC file and offset)."""
+        if self.renderer is not None:
+            rendered = await self._render_work(turn, item, resp, ctype, now)
+            if rendered is not None:  # the DOM's links, the plug-ins on the rendered page
+                return rendered
         if self.plugins is not None and self.plugins.active:
             plugged = await self._plugged_work(resp, item.url, ctype, now)
             if plugged is None:

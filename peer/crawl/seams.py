@@ -16,8 +16,9 @@ from storage import QueuedUrl
 
 from peer.crawl.addressgate import Lane
 from peer.fetch.http import BodySink, Response
+from peer.render.tabs import Rendered, Serve
 
-__all__ = ["AddressLimits", "Ownership", "PageFetcher", "Solo"]
+__all__ = ["AddressLimits", "Ownership", "PageFetcher", "PageRenderer", "Solo"]
 
 
 class PageFetcher(Protocol):
@@ -107,3 +108,10 @@ class Solo:
 
     def fetched(self, item: QueuedUrl) -> None:
         pass
+
+
+class PageRenderer(Protocol):
+    """Renders a page in a browser whose every request `serve` answers (`peer.render.RenderPool`); raises
+    `peer.render.RenderFailed`."""
+
+    async def render(self, url: str, serve: Serve) -> Rendered: ...

@@ -32,8 +32,9 @@ TLS_VERSIONS: Mapping[str, ssl.TLSVersion] = {
     "TLSv1.3": ssl.TLSVersion.TLSv1_3,
 }
 
-#: The settings a host rule may name (TOML ``[hosts."PATTERN"]`` tables).
-POLICY_KEYS = HOST_KEYS
+#: The settings of a host rule (TOML ``[hosts."PATTERN"]`` tables) that the fetcher applies; the rest
+#: (``render``) are the render decision's (peer/render/decision.py).
+POLICY_KEYS = HOST_KEYS - {"render"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,7 +143,7 @@ class HostPolicies:
     @staticmethod
     def _apply(policy: HostPolicy, pattern: str, settings: Mapping[str, Any],
                pool: Callable[[Sequence[str]], ProxyPool | None]) -> HostPolicy:
-        unknown = set(settings) - POLICY_KEYS
+        unknown = set(settings) - HOST_KEYS
         if unknown:
             raise ValueError(f"hosts {pattern!r}: unknown setting {sorted(unknown)[0]!r}")
         if not pattern or (pattern != "*" and not pattern.lstrip("*.")):

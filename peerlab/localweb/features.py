@@ -111,6 +111,7 @@ def build_features(hosts: list[HostSpec], domain: str, *, huge_bytes: int, slow_
     _timing(b, huge_bytes=huge_bytes, slow_delay=slow_delay)
     _traps(b)
     _forms(b)
+    _scripts(b)
     return out
 
 
@@ -288,3 +289,50 @@ def _forms(b: _Builder) -> None:
     other = b.add(b.page(host, "/other/x.html", "base_href"), from_root=False)
     b.add(b.page(host, "/base/page.html", "base_href", base_href="/other/",
                  links=(Link(host=host, path=other.path, href="x.html"),)))
+
+
+#: The script of the pages a script builds: it reads the page's data (its text and links) and writes them into
+#: the page's empty ``<div id="app">``.
+APP_JS = b"""(function () {
+  var me = document.currentScript;
+  fetch(me.getAttribute("data-src")).then(function (r) { return r.json(); }).then(function (data) {
+    var html = "<h1>" + data.title + "</h1><p>" + data.text + "</p><ul>";
+    data.links.forEach(function (l) { html += '<li><a href="' + l.href + '">' + l.text + "</a></li>"; });
+    document.getElementById("app").innerHTML = html + "</ul>";
+  });
+})();
+"""
+#: The pages a script builds (``scripted`` feature): path, its links (path, written by the script), its text.
+SCRIPTED_PAGES: tuple[tuple[str, tuple[tuple[str, bool], ...], str], ...] = (
+    ("/app/home.html", (("/app/made-1.html", True), ("/app/made-2.html", True), ("/app/deep.html", True)),
+     "This page exists only once its script has run; its three links too."),
+    ("/app/deep.html", (("/app/made-3.html", True), ("/app/home.html", True)),
+     "A page reached only through a script's link, with a script-written link of its own."),
+    # quiet pages: a script that builds nothing new (its links are in the HTML too): renders learn it
+    *((f"/quiet/q{i}.html", ((f"/quiet/q{i + 1}.html", False),), "") for i in range(1, 6)),
+)
+
+
+def _scripts(b: _Builder) -> None:
+    """Pages whose links and text exist only after their script runs (``scripted``), and pages whose script adds
+    nothing (``script_quiet``): a rendering crawler finds the first's links and learns to skip the second's."""
+    import json
+
+    host = b.name("content")
+    b.add(b.page(host, "/js/app.js", "script_resource", kind="binary", content_type="application/javascript",
+                 body=APP_JS), from_root=False)
+    for path, links, text in SCRIPTED_PAGES:
+        quiet = path.startswith("/quiet/")
+        made = tuple(Link(host=host, path=target, href=target, text=target.rsplit("/", 1)[-1], scripted=scripted)
+                     for target, scripted in links)
+        data = path.rsplit(".", 1)[0] + ".json"
+        payload = {"title": path, "text": text,
+                   "links": [{"href": link.href, "text": link.text} for link in made if link.scripted]}
+        b.add(b.page(host, data, "script_resource", kind="binary", content_type="application/json",
+                     body=json.dumps(payload).encode()), from_root=False)
+        b.add(b.page(host, path, "script_quiet" if quiet else "scripted", links=made, script_data=data,
+                     script_text=text), from_root=path in ("/app/home.html", "/quiet/q1.html"))
+        for link in made:
+            if link.scripted and b.out.resources.get((host, link.path)) is None and link.path.startswith("/app/made"):
+                b.add(b.page(host, link.path, "scripted"), from_root=False)
+    b.add(b.page(host, "/quiet/q6.html", "script_quiet"), from_root=False)

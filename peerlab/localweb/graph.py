@@ -445,12 +445,14 @@ class SiteGraph:
         trap_guard: Callable[[str], bool] | None = None,
         skip_suffixes: Collection[str] | None = None,
         port: int | None = None,
+        render: bool = False,
     ) -> Expected:
         """The oracle: what a correct crawl fetches and must not fetch (see ``peerlab.localweb.oracle``)."""
         return expected(
             self, user_agent=user_agent, max_depth=max_depth, max_body=max_body,
             max_redirect_hops=max_redirect_hops, trap_guard=trap_guard or TrapGuard(),
             skip_suffixes=DEFAULT_SKIP_SUFFIXES if skip_suffixes is None else skip_suffixes, port=port,
+            render=render,
         )
 
     def __repr__(self) -> str:

@@ -73,6 +73,8 @@ class Link:
     nofollow: bool = False
     rel: str = ""
     text: str = ""
+    #: written by the page's script, not in its HTML: only a crawler that runs scripts (renders) finds it
+    scripted: bool = False
 
     def render_href(self, port: int) -> str:
         return self.href.replace(PORT, str(port))
@@ -116,6 +118,10 @@ class Resource:
     doc: int = -1
     nav: int = 0
     footer: int = 0
+    #: where the page's script reads what it writes (its ``scripted`` links and ``script_text``): a page with
+    #: one is an empty ``<div id="app">`` and a script (``/js/app.js``) that builds it; "" : a page as written
+    script_data: str = ""
+    script_text: str = ""
 
     @property
     def follows_links(self) -> bool:

@@ -88,6 +88,8 @@ class Expected:
     statuses: Mapping[str, int]
     depths: Mapping[str, int]
     crawl_delays: Mapping[str, float]
+    #: URLs linked only by pages' scripts (met on pages fetched): found by a crawl that renders (``render``)
+    scripted: frozenset[str] = frozenset()
 
     @property
     def never_requested(self) -> frozenset[str]:
@@ -110,8 +112,11 @@ def expected(
     trap_guard: Callable[[str], bool] = TrapGuard(),
     skip_suffixes: Collection[str] = DEFAULT_SKIP_SUFFIXES,
     port: int | None = None,
+    render: bool = False,
 ) -> Expected:
     """Compute the oracle for ``graph`` (see :class:`Expected`).
+
+    ``render``: the crawl runs pages' scripts, so links a script writes are followed as any other.
 
     ``max_depth`` counts links from a seed (depth 0); the oracle takes each URL's shortest depth, which a
     crawler working breadth-first reaches; in a cluster, where order is loose, compare with it only when
@@ -131,6 +136,8 @@ def expected(
     retried: set[Key] = set()
     redirects: dict[Key, Key] = {}
     robots_hosts: set[str] = set()
+    scripted: set[Key] = set()
+    plain: set[Key] = set()
 
     def visit(host: str, path: str, depth: int, hops: int, *, same_depth: bool = False) -> None:
         key = (host, path)
@@ -195,6 +202,12 @@ def expected(
             continue
         child = depth + 1
         for link in res.links:
+            if link.scripted:
+                scripted.add((link.host, link.path))
+                if not render:
+                    continue
+            else:
+                plain.add((link.host, link.path))
             if link.nofollow or res.meta_nofollow:
                 reasons["nofollow"].add((link.host, link.path))
                 continue
@@ -233,4 +246,5 @@ def expected(
         statuses={make_url(h, p, port): s for (h, p), s in fetched.items()},
         depths={make_url(h, p, port): d for (h, p), d in depths.items()},
         crawl_delays=delays,
+        scripted=frozenset(make_url(h, p, port) for h, p in scripted - plain),
     )

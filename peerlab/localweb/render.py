@@ -101,6 +101,12 @@ def _html(graph: SiteGraph, res: Resource, port: int) -> str:
     if res.base_href is not None:
         head.append(f'<base href="{html.escape(res.base_href)}">')
     items = []
+    if res.script_data:  # a page its script builds: an empty mount, the script, what the HTML itself holds
+        plain = "".join(f'<a href="{html.escape(link.render_href(port))}">{html.escape(link.text or link.path)}</a>\n'
+                        for link in res.links if not link.scripted)
+        return (f"<!DOCTYPE html>\n<html><head><title>{res.host}{html.escape(res.path)}</title>"
+                f'<script src="/js/app.js" data-src="{html.escape(res.script_data)}" defer></script></head>\n'
+                f'<body><div id="app"></div>\n{plain}</body></html>\n')
     for link in res.links:
         rel = f' rel="{link.rel}"' if link.rel else ""
         items.append(f'<li><a href="{html.escape(link.render_href(port))}"{rel}>{html.escape(link.text or link.path)}</a></li>')

@@ -104,6 +104,17 @@ def _build_pages() -> dict[str, Page]:
                                   "a charset that does not exist and bytes that decode in none"),
         "/garbage-headers.html": Page(200, (html, ("Content-Length", "5"), ("Content-Type", "\x01\x02;;;=")),
                                       b"hello", "a control-character Content-Type"),
+        # pages that hurt a browser (a node rendering them: tests/test_render_hostile.py)
+        "/script-endless.html": Page(200, (html,), _html("<div id='app'></div><script>while (true) {}</script>"),
+                                     "a script that never ends"),
+        "/script-popups.html": Page(200, (html,), _html(
+            "<div id='app'></div><script>for (let i = 0; i < 50; i++) window.open('/popup-' + i + '.html');"
+            "document.getElementById('app').innerHTML = '<a href=\"/after-popups.html\">after</a>';</script>"),
+            "a script that opens fifty windows, then writes a link"),
+        "/after-popups.html": Page(200, (html,), _html("written by the popup page's script"), "a script's link"),
+        "/script-memory.html": Page(200, (html,), _html(
+            "<div id='app'></div><script>const hoard = []; while (true) hoard.push(new Array(1e7).fill(1.5));"
+            "</script>"), "a script that allocates until it is stopped"),
     }
     links = "".join(f'<a href="{path}">{path}</a> ' for path in pages)
     pages["/"] = Page(200, (html,), _html(links), "the index")

@@ -1,0 +1,130 @@
+"""The render pool with a real headless chromium on loopback (peer/render): a page's script builds its DOM, the
+browser is restarted after N pages and after it is killed, and no chromium process outlives a node killed at
+a random moment (its process group is checked through /proc)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import trio
+
+from peer.render import BrowserRequest, PoolLimits, RenderPool, Served, find_chromium, open_browser, pids_of_group
+from peer.render.browser import BrowserError
+from tests.support.crawl import child_env, kill_pid
+
+pytestmark = pytest.mark.slow
+
+try:
+    find_chromium()
+except BrowserError as exc:  # pragma: no cover - the suite's machine has Debian's chromium
+    pytest.skip(str(exc), allow_module_level=True)
+
+PAGE = (b"<html><body><div id=app></div><script src='/app.js'></script><img src='/i.png'>"
+        b"<script>window.open('/popup.html')</script></body></html>")
+SCRIPT = b"document.getElementById('app').innerHTML = '<a href=\"/made.html\">made by a script</a>';"
+
+
+async def serve(request: BrowserRequest) -> Served | str:
+    path = request.url.split("?", 1)[0]
+    if path.endswith("/app.js"):
+        return Served(status=200, headers=[("content-type", "application/javascript")], body=SCRIPT)
+    if path.endswith("/page.html"):
+        return Served(status=200, headers=[("content-type", "text/html")], body=PAGE)
+    return "not-here"
+
+
+def wait_gone(pgid: int, seconds: float = 10.0) -> list[int]:
+    """The group's live processes once they are gone or `seconds` passed (what is left, if any)."""
+    end = time.monotonic() + seconds
+    while True:
+        left = pids_of_group(pgid)
+        if not left or time.monotonic() > end:
+            return left
+        time.sleep(0.05)
+
+
+async def test_a_script_built_page_renders_through_the_node() -> None:
+    async with open_browser() as browser:
+        pgid = browser.pgid
+        assert pgid is not None and pids_of_group(pgid)
+        pool_limits = PoolLimits(tabs=1, time_limit=10)
+        from peer.render.tabs import render_in_tab
+        rendered = await render_in_tab(browser.cdp, "http://site.test/page.html", serve,
+                                       time_limit=pool_limits.time_limit, max_requests=10)
+        assert '<a href="/made.html">made by a script</a>' in rendered.html
+        assert rendered.served == 2  # the page and its script; the image is refused by type
+        assert rendered.refused.get("type") == 2  # the image and the tab's icon
+    assert wait_gone(pgid) == []
+
+
+async def test_the_pool_restarts_its_browser_after_n_pages_and_after_it_is_killed() -> None:
+    pool = RenderPool(PoolLimits(tabs=2, max_pages=2, time_limit=10))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.serve_pool)
+        assert pool.pgid is None  # no browser before the first render
+        await pool.render("http://site.test/page.html?first", serve)
+        first = pool.pgid
+        assert first is not None
+        for i in range(2):
+            rendered = await pool.render(f"http://site.test/page.html?{i}", serve)
+            assert "made by a script" in rendered.html
+        assert pool.restarts["max-pages"] == 1 and pool.pgid != first
+        assert wait_gone(first) == []
+        second = pool.pgid
+        assert second is not None
+        os.killpg(second, signal.SIGKILL)  # the browser dies under the node
+        rendered = await pool.render("http://site.test/page.html?after", serve)
+        assert "made by a script" in rendered.html
+        assert pool.restarts["died"] == 1 and pool.pgid not in (first, second)
+        assert pool.peak_rss > 0
+        last = pool.pgid
+        nursery.cancel_scope.cancel()
+    assert last is not None and wait_gone(last) == []
+
+
+async def test_a_pool_attaches_to_a_browser_that_already_runs() -> None:
+    async with open_browser() as running:  # started by someone else: the pool only connects to it
+        pool = RenderPool(PoolLimits(tabs=1, max_pages=1, time_limit=10), ws_url=running.ws_url)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.serve_pool)
+            for i in range(2):  # max_pages does not restart a browser the pool did not start
+                rendered = await pool.render(f"http://site.test/page.html?{i}", serve)
+                assert "made by a script" in rendered.html
+            assert pool.attached and pool.pgid is None and not pool.restarts
+            nursery.cancel_scope.cancel()
+        assert running.pgid is not None and pids_of_group(running.pgid), "the browser it attached to runs on"
+        answer = await running.cdp.send("Target.getTargets")
+        assert all(t["url"] == "about:blank" for t in answer["targetInfos"] if t["type"] == "page")
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_no_chromium_outlives_a_node_killed_at_a_random_moment(seed: int) -> None:
+    rng = random.Random(seed)
+    child = subprocess.Popen([sys.executable, "-m", "tests.support.render_child"], stdout=subprocess.PIPE,
+                             env=child_env(), text=True)
+    try:
+        assert child.stdout is not None
+        pgid = int(child.stdout.readline())
+        assert pids_of_group(pgid)
+        for _ in range(rng.randint(0, 8)):  # some renders, a browser restart among them (max_pages 5)
+            child.stdout.readline()
+        if seed == 3:  # the browser first, then the node while its pool restarts the browser
+            os.killpg(pgid, signal.SIGKILL)
+            time.sleep(rng.uniform(0, 0.5))
+        pgids = {pgid}
+        kill_pid(child.pid)
+        child.wait(timeout=10)
+    finally:
+        kill_pid(child.pid)
+        child.wait()
+    out = child.stdout.read() if child.stdout else ""
+    pgids |= {int(line.split()[1]) for line in out.splitlines() if line.startswith("rendered ")
+              and line.split()[1].isdigit()}
+    for group in pgids:
+        assert wait_gone(group) == [], f"chromium processes of group {group} outlived the node"
