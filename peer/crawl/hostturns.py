@@ -328,10 +328,10 @@ class HostTurns:
             location = header(resp, "location")
             target = normalize(location, item.url, max_length=self.settings.max_url_length) if location else None
             if target is not None:
-                if item.hops + 1 <= self.cfg.max_redirect_hops:
-                    self._screen(batch, target, item.depth, item.hops + 1, item.url)
-                else:
+                if item.hops + 1 > self.cfg.max_redirect_hops:
                     stats.skipped["redirect-hops"] += 1
+                elif (target := self._filter_urls(item.url, [target], "redirect")[0]) is not None:
+                    self._screen(batch, target, item.depth, item.hops + 1, item.url)
         elif 200 <= status < 300:
             ctype = header(resp, "content-type")
             digest = payload_digest(resp.body) if self.schedule is not None else None

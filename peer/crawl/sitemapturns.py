@@ -114,7 +114,8 @@ class SitemapTurns:
             location = header(resp, "location")
             target = normalize(location, item.url, max_length=self.settings.max_url_length) if location else None
             if target is not None and item.hops + 1 <= self.cfg.max_redirect_hops:
-                self._screen(batch, target, item.depth, item.hops + 1, item.found_on, sitemap=True)
+                if (target := self._filter_urls(item.url, [target], "redirect")[0]) is not None:
+                    self._screen(batch, target, item.depth, item.hops + 1, item.found_on, sitemap=True)
             elif target is not None:
                 stats.skipped["redirect-hops"] += 1
         elif 200 <= status < 300:
@@ -130,13 +131,20 @@ class SitemapTurns:
         max_length = self.settings.max_url_length
         skipped = self.stats.skipped
         self.stats.sitemap_urls += len(entries)
+        listed: list[tuple[str, SitemapEntry]] = []
         for entry in entries:
             url = normalize(entry.loc, sitemap.url, max_length=max_length)
             if url is None:
                 skipped["sitemap-bad-url"] += 1
             elif not may_list(sitemap.url, url, named_by=named_by):
                 skipped["sitemap-location"] += 1
-            elif entry.is_sitemap:
+            else:
+                listed.append((url, entry))
+        if self.plugins is not None and listed:
+            answers = self._filter_urls(sitemap.url, [url for url, _entry in listed], "sitemap")
+            listed = [(url, entry) for url, (_found, entry) in zip(answers, listed) if url is not None]
+        for url, entry in listed:
+            if entry.is_sitemap:
                 if sitemap.hops + 1 > self.cfg.max_redirect_hops:
                     skipped["sitemap-nesting"] += 1
                 else:

@@ -88,6 +88,22 @@ class Plugins:
                            fetched_at=fetched_at)
         return self.chain.run(page, links, base, self.disabled)
 
+    @property
+    def filters_urls(self) -> bool:
+        """Whether a URL filter runs (on seeds, redirects' targets and sitemaps' URLs as well as links)."""
+        return self.chain.filters_urls
+
+    def failures(self) -> tuple[int, int]:
+        """The errors and the timeouts of the whole chain so far (this generation)."""
+        return sum(c.errors for c in self.counts), sum(c.timeouts for c in self.counts)
+
+    def filter_urls(self, source: str, urls: Sequence[str], tag: str | None) -> tuple[list[str | None], int]:
+        """The URL filters on URLs that are not a page's links (`Chain.filter_urls`), counted and logged as a
+        page's outcome is (`record`): each URL's answer (None: dropped), and the plug-ins this call switched off."""
+        answers, outcome = self.chain.filter_urls(source, urls, tag, self.disabled)
+        off = self.record(outcome, source or (urls[0] if urls else "")) if outcome.ran else 0
+        return answers, off
+
     def record(self, outcome: Outcome, url: str, generation: int | None = None) -> int:
         """Count a page's outcome per plug-in; log each failure with the URL; switch a plug-in off once it has
         failed on most pages; the number switched off by this page. An outcome of an older generation (a page in

@@ -29,9 +29,9 @@ from typing import Any
 import trio
 
 from protocol import (
-    BatchAck, HandoffAck, HandoffAsk, HandoffChunk, LaneAsk, LaneGrant, LaneHandover, LaneHandoverAsk, LaneReturn,
-    Message, PluginCheck, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, QueueReplica, ReplicaAck, SeenReplica,
-    Settings, StatusQuery, StatusReport, UrlBatch,
+    BatchAck, ControlAnswer, ControlAsk, HandoffAck, HandoffAsk, HandoffChunk, LaneAsk, LaneGrant, LaneHandover,
+    LaneHandoverAsk, LaneReturn, Message, PluginCheck, ProgressQuery, ProgressReport, ProgressTally, ProgressWave,
+    QueueReplica, ReplicaAck, SeenReplica, Settings, StatusQuery, StatusReport, UrlBatch,
 )
 from ring import DEFAULT_POINTS_PER_WEIGHT, Ring, View, Zones, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc
@@ -46,6 +46,7 @@ from peer.cluster.core.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.core.fence import PartitionFence
 from peer.cluster.handoff.handoff import Handoff, HandoffConfig, Hold
 from peer.cluster.core.lanes import LEASE, FleetLanes
+from peer.cluster.core.controlfan import Answer, ControlFan, no_control
 from peer.cluster.core.pluginjoin import PluginJoin, PluginMismatch, no_plugins
 from peer.cluster.membership.membership import Membership, MembershipConfig
 from peer.cluster.net.peerlinks import LinkConfig
@@ -90,6 +91,7 @@ class Cluster(ViewChanges):
         syncs: StoreSyncs | None = None,
         summary: Callable[[], dict[str, Any] | None] = lambda: None,
         plugins: Callable[[], dict[str, Any]] = no_plugins,
+        control: Answer = no_control,
     ) -> None:
         self.cfg = cfg
         self.points_per_weight = points_per_weight  # fewer in simulations: a ring of many points takes a second
@@ -116,6 +118,7 @@ class Cluster(ViewChanges):
             link_config=LinkConfig(idle_timeout=cfg.link_idle_timeout, max_links=cfg.max_links,
                                    datagrams=cfg.peer_datagrams),
             on_message=self._on_message,
+            admits=self.admits, refuses=self.refuses,  # the plug-in chains (below)
             link_busy=self.link_busy,
             codecs=codecs,
             compressions=compressions,
@@ -124,6 +127,8 @@ class Cluster(ViewChanges):
         self.links = self.membership.links
         # the plug-in chains compared at join (peer/cluster/core/pluginjoin.py)
         self.plugin_join = PluginJoin(self.links, plugins)
+        # control requests for the whole cluster through this node (peerctl plugins, items, plugins reload)
+        self.control = ControlFan(node_id, self.links, lambda: [self.node_id, *self.live_peers()], control)
         self.view = View()
         self.epoch = 0
         self.ring: Ring | None = None
@@ -240,6 +245,16 @@ class Cluster(ViewChanges):
     def current_ring_id(self) -> int:
         """The current ring's id (`ring_id`): the progress waves and the dashboard's ring picture follow it."""
         return self._ring_id
+
+    def admits(self, peer_id: str) -> bool:
+        """Membership's question before it merges the view of a node that is not yet a live member here: has
+        it shown a plug-in chain like this node's (`PluginJoin.admits`)? Asked for it when not."""
+        return self.plugin_join.admits(peer_id)
+
+    def refuses(self, node_id: str) -> bool:
+        """Whether `node_id` showed a plug-in chain that differs from this node's: it is left out of the views
+        this node merges, whoever gossips of it."""
+        return node_id in self.plugin_join.refused_nodes
 
     def live_peers(self) -> list[str]:
         """The other members of this node's view that own arcs."""
@@ -530,6 +545,8 @@ class Cluster(ViewChanges):
             ProgressTally: self.progress.on_tally,
             ProgressQuery: self.termination.asked,
             PluginCheck: self.plugin_join.on_message,
+            ControlAsk: self.control.on_message,
+            ControlAnswer: self.control.on_message,
             ProgressReport: self.statuses.progress_arrived,
             StatusQuery: self.statuses.asked,
             StatusReport: self.statuses.arrived,
