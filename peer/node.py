@@ -225,7 +225,8 @@ class Node:
                                     "hand-offs are stored in the same transactions as the seen-set")
                 try:
                     self.cluster = Cluster(cfg, node_id=self.node_id, store=store, secret=secret, stats=self.stats,
-                                           syncs=syncs, summary=self.summary, plugins=plugins.description)
+                                           syncs=syncs, summary=self.summary, plugins=plugins.description,
+                                           control=self.control.answer_peer)
                 except TransportError as exc:
                     raise NodeError(str(exc)) from exc
             try:

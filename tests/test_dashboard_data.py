@@ -55,6 +55,7 @@ def test_a_summary_crosses_the_wire_unchanged() -> None:
         "slow_hosts": [{"host": "h.test", "delay": 2.0, "backoff": 0.0, "failures": 0, "queued": 5}],
         "transfers": [{"peer": "C", "incoming": True, "share": 0.125, "chunks": 0},
                       {"peer": "B", "incoming": False, "share": 0.0, "chunks": 3}],
+        "plugins_off": [{"use": "x:Y", "reason": "switched off: failed on 20 of 20 pages (20 errors, 0 timeouts)"}],
     }
     report = status_report(7, summary)
     for codec in ("msgpack", "json"):

@@ -9,7 +9,7 @@ A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -64,6 +64,9 @@ class SitemapTurns:
         def _schedule_after_request(self, turn: HostTurn, *, extra: float = 0.0) -> None: ...
         def _screen(self, batch: Batch, url: str, depth: int, hops: int, found_on: str | None,
                     lastmod: float | None = None, sitemap: bool = False) -> None: ...
+        plugins: Any  # peer.plugins.Plugins, a room above this one (None: no plug-ins)
+
+        def _filter_urls(self, source: str, urls: list[str], tag: str | None) -> list[str | None]: ...
 
     def _admit_sitemaps(self, origin: str, decision: RobotsDecision) -> None:
         """Queue the sitemaps a robots.txt names (and, with ``sitemap_xml``, /sitemap.xml when it names none)

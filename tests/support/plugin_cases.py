@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import zlib
 
@@ -89,3 +90,17 @@ class Contexts:
         with open(self.log, "a") as fh:
             fh.write(json.dumps([source_url, url, link.tag if link is not None else None]) + "\n")
         return None if self.drop and url.endswith(self.drop) else url
+
+
+class RefusesWhere:
+    """A page filter with no opinion that refuses to load (a bad setting) in a process whose environment has
+    `variable` set: a chain that loads on some nodes and not on others."""
+
+    version = "1"
+
+    def __init__(self, variable: str = "PLUGIN_CASE_REFUSE") -> None:
+        if os.environ.get(variable):
+            raise ValueError(f"refuses to load where {variable} is set")
+
+    def decide(self, page):
+        return None

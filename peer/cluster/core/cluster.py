@@ -33,7 +33,7 @@ from protocol import (
     LaneHandoverAsk, LaneReturn, Message, PluginCheck, ProgressQuery, ProgressReport, ProgressTally, ProgressWave,
     QueueReplica, ReplicaAck, SeenReplica, Settings, StatusQuery, StatusReport, UrlBatch,
 )
-from ring import DEFAULT_POINTS_PER_WEIGHT, Ring, View, Zones, host_position
+from ring import DEFAULT_POINTS_PER_WEIGHT, MemberState, Ring, View, Zones, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc
 
 from peer.config import Config
@@ -128,7 +128,8 @@ class Cluster(ViewChanges):
         # the plug-in chains compared at join (peer/cluster/core/pluginjoin.py)
         self.plugin_join = PluginJoin(self.links, plugins)
         # control requests for the whole cluster through this node (peerctl plugins, items, plugins reload)
-        self.control = ControlFan(node_id, self.links, lambda: [self.node_id, *self.live_peers()], control)
+        self.control = ControlFan(node_id, self.links, lambda: [self.node_id, *self.live_peers()], control,
+                                  dead=lambda: [m.node_id for m in self.view.members if m.state is MemberState.DEAD])
         self.view = View()
         self.epoch = 0
         self.ring: Ring | None = None

@@ -52,10 +52,11 @@ class ControlFan:
     theirs (`on_message`) with `answer`, the node's control routes."""
 
     def __init__(self, node_id: str, links: _Links, members: Callable[[], Sequence[str]],
-                 answer: Answer = no_control) -> None:
+                 answer: Answer = no_control, dead: Callable[[], Sequence[str]] = tuple) -> None:
         self.node_id = node_id
         self._links = links
         self._members = members  # the live members' node ids, this node's among them
+        self._dead = dead  # the members this node holds dead: not asked, named as not answering
         self._answer = answer
         self._seq = 0
         self._waiting: dict[int, tuple[trio.Event, list[ControlAnswer]]] = {}
@@ -92,9 +93,14 @@ class ControlFan:
     async def ask_all(self, what: str, body: Any | Callable[[str], Any], *, nodes: Sequence[str] | None = None,
                       timeout: float = ASK_TIMEOUT) -> FanAnswers:
         """Every live member's answer (or `nodes`'), asked at once; `body` may depend on the node (a function
-        of its id). The members that gave none are in ``missing`` with why."""
+        of its id). The members that gave none are in ``missing`` with why, and (`nodes` not given) those the
+        cluster holds dead."""
         out = FanAnswers()
-        targets = list(nodes) if nodes is not None else list(self._members())
+        if nodes is None:
+            targets = list(self._members())
+            out.missing.update((node, "held dead by the cluster") for node in self._dead())
+        else:
+            targets = list(nodes)
 
         async def one(node_id: str) -> None:
             try:
