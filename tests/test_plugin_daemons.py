@@ -108,13 +108,20 @@ async def test_three_nodes_with_a_kill_write_the_oracles_items(tmp_path):
         expected = web.expected()
         nodes = Nodes(tmp_path, web, dns, delay=0.3, concurrency=32)
         try:
+            # the crawl waits until the three have joined (paused cluster-wide): a loaded machine may take longer
+            # to start a node than the first node takes to crawl the whole web
             for name in ("A", "B", "C"):
                 await nodes.start(name, config, join=name != "A")
+                if name == "A":
+                    paused = await trio.to_thread.run_sync(lambda: _peerctl_here("pause", f"--data-dir={tmp_path / 'A'}"))
+                    assert paused.returncode == 0, paused.stderr
             # one node asked, every node's chain shown
             shown = await trio.to_thread.run_sync(lambda: _peerctl("plugins", f"--data-dir={tmp_path / 'B'}"))
             assert shown.returncode == 0, shown.stderr
             assert shown.stdout.count("peer.plugins:RuleExtractor v1") == 3 and "differs" not in shown.stdout
             assert {line.split(":")[0] for line in shown.stdout.splitlines() if " chain " in line} == {"A", "B", "C"}
+            resumed = await trio.to_thread.run_sync(lambda: _peerctl_here("resume", f"--data-dir={tmp_path / 'C'}"))
+            assert resumed.returncode == 0, resumed.stderr
             # the node that fetches the structured pages is killed once a third of them are fetched
             with trio.fail_after(120):
                 while len(_structured_fetches(web, truth)) < (len(truth.products) + len(truth.articles)) / 3:
