@@ -8,7 +8,7 @@ from typing import Any
 
 import trio
 
-from peer.cluster.core.controlfan import ASK_TIMEOUT, ControlFan
+from peer.cluster.core.controlfan import ASK_TIMEOUT, MAX_ANSWER, ControlFan
 from protocol import Message
 
 
@@ -60,4 +60,7 @@ async def test_answers_are_merged_by_node_and_the_missing_named(autojump_clock):
         assert trio.current_time() - start == ASK_TIMEOUT  # asked at once: one wait for all
         failed = await wires.fans["A"].ask_all("fail", {}, nodes=["A", "B"])
         assert failed.answers == {} and failed.missing == {"A": "A cannot", "B": "B cannot"}
+        # an answer too large for one message is refused by the member that would send it, saying so
+        big = await wires.fans["A"].ask_all("items", "x" * MAX_ANSWER, nodes=["B"])
+        assert big.missing == {"B": f"the answer to items is over {MAX_ANSWER:,} bytes"}
         nursery.cancel_scope.cancel()

@@ -15,9 +15,12 @@ import trio
 
 from protocol import ControlAnswer, ControlAsk, Message
 
-__all__ = ["ASK_TIMEOUT", "ControlFan", "FanAnswers", "no_control"]
+__all__ = ["ASK_TIMEOUT", "MAX_ANSWER", "ControlFan", "FanAnswers", "no_control"]
 
 log = logging.getLogger("peer.cluster.controlfan")
+
+#: The largest answer sent to a peer (its JSON, in bytes): under the protocol's `max_control`.
+MAX_ANSWER = 700_000
 
 #: How long a member has to answer: far above a page of items read from its disk or a chain loaded.
 ASK_TIMEOUT = 10.0
@@ -126,5 +129,7 @@ class ControlFan:
             ok = True
         except ValueError as exc:  # the request cannot be done here (or its body is not JSON): say why
             answer, ok = str(exc)[:10_000], False
+        if ok and len(answer.encode("utf-8")) > MAX_ANSWER:
+            answer, ok = f"the answer to {message.what} is over {MAX_ANSWER:,} bytes", False
         self._links.send_nowait(peer_id, ControlAnswer(seq=message.seq, ok=ok, body=answer))
         log.debug("answered a peer's control request", extra={"peer": peer_id, "what": message.what, "ok": ok})
