@@ -241,7 +241,8 @@ class Node:
                     self.cluster = Cluster(cfg, node_id=self.node_id, store=store, secret=secret, stats=self.stats,
                                            syncs=syncs, summary=self.summary, plugins=plugins.description,
                                            admitting=self.disk.admitting,
-                                           captures=self.index.captures)
+                                           captures=self.index.captures,
+                                           control=self.control.answer_peer)
                 except TransportError as exc:
                     raise NodeError(str(exc)) from exc
             try:

@@ -51,6 +51,21 @@ _PAGE_HEADERS = (
 )
 
 
+#: Items asked of a node at once, and the most bytes of them (as JSON) one answer carries between peers.
+_ITEMS_PAGE = 1000
+_ITEMS_BYTES = 600_000
+
+
+def _specs(entries: Any) -> list[PluginSpec]:
+    """The [[plugins]] entries of a reload request ([[use, settings as JSON], ...]) as specs; ValueError."""
+    if not isinstance(entries, list):
+        raise ValueError("plugins is a list of [use, settings JSON]")
+    try:
+        return [PluginSpec(str(use), json.loads(settings)) for use, settings in entries]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"plugins is a list of [use, settings JSON] ({exc})") from exc
+
+
 class RoutedNode(Protocol):
     """What the control routes read of the node (`peer.node.Node` has each): its settings and counters, and its
     parts once `Node.run` has made them (None before, and for a standalone node's cluster)."""
@@ -133,7 +148,90 @@ class ControlRoutes:
         out["items"] = self.node.exporter.status() if self.node.exporter is not None else None
         # nodes that asked to join through this one with a different chain (they refuse themselves)
         out["refused_joins"] = self.node.cluster.plugin_join.refused if self.node.cluster is not None else 0
+        # ... and the nodes refused now, with what differs
+        out["refused_nodes"] = dict(self.node.cluster.plugin_join.refused_nodes) if self.node.cluster else {}
         return out
+
+    # -- for the whole cluster through this node (peer/cluster/core/controlfan.py) ---------------------------
+
+    async def answer_peer(self, what: str, body: Any) -> Any:
+        """A control request a peer passed on (or this node's own part of one): ValueError saying why not."""
+        if not isinstance(body, dict):
+            raise ValueError(f"a {what} request's body is a JSON object")
+        if what == "plugins":
+            return self.plugins_status()
+        if what == "items":
+            return await self._items(int(body.get("offset", 0)), int(body.get("limit", _ITEMS_PAGE)))
+        plugins = self.node.plugins
+        if plugins is None:
+            raise ValueError("the plug-ins are not loaded yet")
+        token = str(body.get("token", ""))
+        if what == "reload-prepare":
+            try:
+                chain = plugins.prepare(token, _specs(body.get("plugins")))
+            except PluginError as exc:
+                raise ValueError(str(exc)) from exc
+            return {"fingerprint": chain.fingerprint}
+        if what == "reload-commit":
+            try:
+                plugins.commit(token)
+            except KeyError as exc:
+                raise ValueError(f"nothing prepared to commit: {exc}") from exc
+            self._chain_changed()
+            return self.plugins_status()
+        if what == "reload-abort":
+            if plugins.abort(token):
+                self._chain_changed()
+            return self.plugins_status()
+        raise ValueError(f"unknown control request {what!r}")
+
+    def _chain_changed(self) -> None:
+        plugins, exporter = self.node.plugins, self.node.exporter
+        if exporter is not None and plugins is not None:
+            exporter.sinks = exporter.sinks[:1] + plugins.chain.sinks
+
+    async def _items(self, offset: int, limit: int) -> dict[str, Any]:
+        """A page of this node's exported items from `offset`: at most `limit`, and no more than fit in one
+        peer message as JSON (the page is then shorter; the asker goes on from where it ends)."""
+        found = await trio.to_thread.run_sync(functools.partial(
+            read_items, self.node.data_dir / "items", offset=offset, limit=max(0, min(limit, 10_000))))
+        size, kept = 0, 0
+        for item in found:
+            size += len(json.dumps(item)) + 2
+            if size > _ITEMS_BYTES and kept:
+                break
+            kept += 1
+        return {"node_id": self.node.node_id, "offset": offset, "items": found[:kept],
+                "more": kept < len(found) or len(found) == limit}
+
+    async def reload_cluster(self, entries: Any) -> tuple[int, dict[str, Any]]:
+        """`peerctl plugins reload`: the new chain on every live member or on none. Every member loads it aside
+        first; only when all have does each run it; a member that cannot (a plug-in that does not load, no
+        answer) keeps every node on the chain it runs, and the error names the member and the plug-in."""
+        specs = _specs(entries)  # ValueError: the request is malformed
+        cluster = self.node.cluster
+        assert self.node.plugins is not None
+        if cluster is None:
+            try:
+                self.node.plugins.reload(specs)
+            except PluginError as exc:
+                return 400, {"error": f"{self.node.node_id}: {exc}"}
+            self._chain_changed()
+            return 200, {"nodes": [self.plugins_status()], "missing": {}}
+        token = f"{self.node.node_id}-{time.time_ns()}"
+        fan = cluster.control
+        prepared = await fan.ask_all("reload-prepare", {"token": token, "plugins": entries})
+        if prepared.missing or len({a["fingerprint"] for a in prepared.answers.values()}) > 1:
+            await fan.ask_all("reload-abort", {"token": token}, nodes=list(prepared.answers))
+            why = "; ".join(f"{node}: {reason}" for node, reason in sorted(prepared.missing.items()))
+            return 409, {"error": f"the reload failed, every node keeps the chain it runs: {why or 'the chains loaded differ'}"}
+        committed = await fan.ask_all("reload-commit", {"token": token}, nodes=list(prepared.answers))
+        if committed.missing:
+            await fan.ask_all("reload-abort", {"token": token}, nodes=list(prepared.answers))
+            why = "; ".join(f"{node}: {reason}" for node, reason in sorted(committed.missing.items()))
+            return 409, {"error": f"the reload failed while the nodes swapped, every node went back to the chain "
+                                  f"it ran: {why}"}
+        return 200, {"nodes": [committed.answers[n] for n in sorted(committed.answers)], "missing": {}}
 
     def _metric_families(self) -> Iterator[Any]:
         """The dashboard's figures as Prometheus metrics (deploy/grafana/ draws them)."""
@@ -267,6 +365,8 @@ class ControlRoutes:
             "webhook": self.node.webhook.status() if self.node.webhook is not None else None,
             "disk": self.node.disk.status(),
             "outputs": self.outputs(),
+            "plugins_off": ([{"use": use, "reason": why} for use, why in self.node.plugins.switched_off()]
+                            if self.node.plugins is not None else []),
         }
 
     def outputs(self) -> list[dict[str, Any]]:
@@ -427,9 +527,8 @@ class ControlRoutes:
 
         async def plugins_reload(body: bytes) -> Reply:
             try:
-                entries = json_body(body).get("plugins")
-                specs = [PluginSpec(str(use), json.loads(settings)) for use, settings in entries]
-            except (SettingsError, AttributeError, TypeError, ValueError) as exc:
+                specs = _specs(json_body(body).get("plugins"))
+            except (SettingsError, AttributeError, ValueError) as exc:
                 return json_reply({"error": f"expected a JSON body {{\"plugins\": [[use, settings JSON], ...]}} "
                                             f"({exc})"}, status=400)
             assert self.node.plugins is not None
@@ -437,9 +536,40 @@ class ControlRoutes:
                 self.node.plugins.reload(specs)
             except PluginError as exc:
                 return json_reply({"error": str(exc)}, status=400)
-            if self.node.exporter is not None:
-                self.node.exporter.sinks = self.node.exporter.sinks[:1] + self.node.plugins.chain.sinks
+            self._chain_changed()
             return json_reply(self.plugins_status())
+
+        async def cluster_plugins(_body: bytes) -> Reply:
+            if self.node.cluster is None:
+                return json_reply({"nodes": [self.plugins_status()], "missing": {}})
+            fan = await self.node.cluster.control.ask_all("plugins", {})
+            return json_reply({"nodes": [fan.answers[n] for n in sorted(fan.answers)], "missing": fan.missing})
+
+        async def cluster_reload(body: bytes) -> Reply:
+            try:
+                status, answer = await self.reload_cluster(json_body(body).get("plugins"))
+            except (SettingsError, AttributeError, ValueError) as exc:
+                return json_reply({"error": f"expected a JSON body {{\"plugins\": [[use, settings JSON], ...]}} "
+                                            f"({exc})"}, status=400)
+            return json_reply(answer, status=status)
+
+        async def cluster_items(body: bytes) -> Reply:
+            try:
+                ask = json_body(body)
+                offsets = {str(k): int(v) for k, v in (ask.get("offsets") or {}).items()}
+                nodes = ask.get("nodes")
+                limit = int(ask.get("limit", _ITEMS_PAGE))
+                if nodes is not None and not (isinstance(nodes, list) and all(isinstance(n, str) for n in nodes)):
+                    raise ValueError("nodes is a list of node ids")
+            except (SettingsError, AttributeError, TypeError, ValueError) as exc:
+                return json_reply({"error": f"expected a JSON body {{\"offsets\": {{node: N}}, \"nodes\": [node, ...], "
+                                            f"\"limit\": N}} ({exc})"}, status=400)
+            if self.node.cluster is None:
+                page = await self._items(offsets.get(self.node.node_id, 0), limit)
+                return json_reply({"pages": {self.node.node_id: page}, "missing": {}})
+            fan = await self.node.cluster.control.ask_all(
+                "items", lambda node: {"offset": offsets.get(node, 0), "limit": limit}, nodes=nodes)
+            return json_reply({"pages": fan.answers, "missing": fan.missing})
 
         async def items(body: bytes) -> Reply:
             try:
@@ -455,6 +585,9 @@ class ControlRoutes:
         return {
             ("GET", "/plugins"): plugins,
             ("POST", "/plugins/reload"): plugins_reload,
+            ("GET", "/cluster/plugins"): cluster_plugins,
+            ("POST", "/cluster/plugins/reload"): cluster_reload,
+            ("POST", "/cluster/items"): cluster_items,
             ("POST", "/items"): items,
             ("GET", "/"): dashboard,
             ("GET", "/cluster"): cluster,

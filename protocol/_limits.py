@@ -33,6 +33,8 @@ class Limits:
     max_keys_per_chunk: int = 65_536
     # The crawl settings as JSON (scope rules, budgets): 64 KiB is hundreds of patterns.
     max_settings: int = 65_536
+    # A control request or answer passed between peers as JSON (a page of items): under max_frame with framing.
+    max_control: int = 786_432
     # A seen-URL key is a ring position plus a fingerprint (16 bytes today); 64 leaves room to grow.
     max_key_length: int = 64
     # A server address as text: an IPv6 address with a zone fits in 64 bytes.

@@ -57,6 +57,9 @@ __all__ = [
     "LaneHandover",
     "LaneHandoverAsk",
     "PluginCheck",
+    "PluginOff",
+    "ControlAsk",
+    "ControlAnswer",
     "Settings",
     "QueueReplica",
     "ReplicaAck",
@@ -393,6 +396,14 @@ class CaptureAnswer:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PluginOff:
+    """A plug-in a node switched off for failing on most pages: its ``use`` and why (`peer.plugins`)."""
+
+    use: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StatusQuery:
     """Asks a peer for its detailed status (the dashboard's view of it), answered by a StatusReport."""
 
@@ -429,6 +440,7 @@ class StatusReport:
     slow_hosts: tuple[SlowHost, ...]
     transfers: tuple[Transfer, ...]
     outputs: tuple[OutputState, ...] = ()  # version 6 on: older peers report none
+    plugins_off: tuple[PluginOff, ...] = ()  # the plug-ins it switched off (version 4 on)
 
 
 # --- hand-off ----------------------------------------------------------------------------------------------
@@ -621,6 +633,27 @@ class DigestAnswer:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ControlAsk:
+    """A control request a node's control endpoint passes on to a peer, for an answer about the whole cluster
+    (`peerctl plugins`, `peerctl items`, `peerctl plugins reload`: peer/cluster/core/controlfan.py). `what`
+    names the request, `body` is its JSON."""
+
+    seq: int
+    what: str
+    body: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControlAnswer:
+    """The answer to a `ControlAsk`: `ok` false when the peer could not do it (`body` then says why); else
+    `body` is the answer's JSON."""
+
+    seq: int
+    ok: bool
+    body: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Goodbye:
     """The sender will send nothing more on this connection."""
 
@@ -662,6 +695,8 @@ Message: TypeAlias = (
     | PluginCheck
     | DigestAsk
     | DigestAnswer
+    | ControlAsk
+    | ControlAnswer
     | Goodbye
 )
 
@@ -753,28 +788,28 @@ RECORDS: dict[int, Record] = {
         rate=Seconds(),
     ),
     0x27: _record(StatusQuery, seq=UInt()),
-    0x28: Record(StatusReport, tuple(dict(
-        seq=UInt(),
-        pages=UInt(),
-        bytes=UInt(),
-        queued=UInt(),
-        in_flight=UInt(),
-        hosts_queued=UInt(),
-        hosts_known=UInt(),
-        rss=UInt(),
-        idle_for=Seconds(),
-        errors=Many(_COUNT),
-        dns_hits=UInt(),
-        dns_misses=UInt(),
-        robots_hits=UInt(),
-        robots_misses=UInt(),
-        history=Many(UInt()),
-        window=Seconds(),
-        sent=Many(_COUNT),
-        sent_recent=Many(_COUNT),
-        slow_hosts=Many(_SLOW_HOST),
-        transfers=Many(_TRANSFER),
-    ).items())),
+    0x28: Record(StatusReport, (  # version 4 adds plugins_off (below)
+        ("seq", UInt()),
+        ("pages", UInt()),
+        ("bytes", UInt()),
+        ("queued", UInt()),
+        ("in_flight", UInt()),
+        ("hosts_queued", UInt()),
+        ("hosts_known", UInt()),
+        ("rss", UInt()),
+        ("idle_for", Seconds()),
+        ("errors", Many(_COUNT)),
+        ("dns_hits", UInt()),
+        ("dns_misses", UInt()),
+        ("robots_hits", UInt()),
+        ("robots_misses", UInt()),
+        ("history", Many(UInt())),
+        ("window", Seconds()),
+        ("sent", Many(_COUNT)),
+        ("sent_recent", Many(_COUNT)),
+        ("slow_hosts", Many(_SLOW_HOST)),
+        ("transfers", Many(_TRANSFER)),
+    )),
     0x30: _record(
         HandoffChunk,
         transfer_id=UInt(),
@@ -827,6 +862,12 @@ RECORDS_V4[0x2B] = _record(ProgressTally, seq=UInt(), ring=UInt(), heard=_U32, n
 RECORDS_V4[0x35] = _record(HandoffAsk, ring=UInt())
 # ... and the plug-in chains compared at join (peer/cluster/core/pluginjoin.py)
 RECORDS_V4[0x2C] = _record(PluginCheck, seq=UInt(), fingerprint=Text(), chain=Text("max_settings"), answer=Flag())
+# ... and what a node tells of its plug-ins: the ones switched off in its status report, control requests
+# passed on for the whole cluster (peer/cluster/core/controlfan.py)
+_PLUGIN_OFF = _record(PluginOff, use=Text(), reason=Text())
+RECORDS_V4[0x28] = Record(StatusReport, (*RECORDS[0x28].fields, ("plugins_off", Many(_PLUGIN_OFF))))
+RECORDS_V4[0x2D] = _record(ControlAsk, seq=UInt(), what=Text(), body=Text("max_control"))
+RECORDS_V4[0x2E] = _record(ControlAnswer, seq=UInt(), ok=Flag(), body=Text("max_control"))
 # ... and payload digests asked of their owner (protocol/_digestasks.py, peer/cluster/core/digests.py)
 _DIGEST = Text("max_string")
 _ORIGINAL = _record(PayloadOriginal, digest=_DIGEST, uri=_URL, date=Seconds(), record_id=Text())

@@ -323,3 +323,46 @@ async def test_a_failing_upload_and_webhook_are_shown_on_the_nodes_card(tmp_path
             while node.final_status is None:
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_plugin_switched_off_is_shown_on_the_nodes_card(tmp_path):
+    """A plug-in that raises on every page is switched off after MIN_PAGES pages: the node's card says so,
+    with the plug-in's name and why, as /status does."""
+    need_browser()
+    from peer.node import Node
+    from tests.support.crawl import node_config
+
+    graph = SiteGraph.generate(seed=6, hosts=4, pages_per_host=10, features=False)
+    async with trio.open_nursery() as nursery:
+        web, dns = await start_local_web(nursery, graph)
+        cfg = node_config(tmp_path / "node", web, dns, exit_when_done=False,
+                          plugins=(("tests.support.plugin_cases:Raises", json.dumps({"every": 1})),))
+        node = Node(cfg)
+        await nursery.start(node.run)
+        with trio.fail_after(60):
+            while not (node.plugins is not None and node.plugins.switched_off()):
+                await trio.sleep(0.05)
+        address = dashboard_address(f"127.0.0.1:{node.control_port}", read_token(tmp_path / "node"))
+
+        def look():
+            with browser() as driver:
+                driver.get(address)
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline:
+                    shown = driver.execute_script(
+                        "const e = document.querySelector('[data-field=\"plug-ins\"]'); return e && e.textContent;")
+                    if shown:
+                        return shown
+                    time.sleep(0.2)
+                raise AssertionError("the card showed no plug-ins row within 15 s")
+
+        shown = await trio.to_thread.run_sync(look)
+        status = node.control.status()["plugins"]["chain"][0]
+        assert status["state"].startswith("switched off: failed on ")
+        assert shown == f"OFF tests.support.plugin_cases:Raises: {status['state']}", shown
+        assert "raised on purpose" in shown
+        node.request_stop()
+        with trio.fail_after(60):
+            while node.final_status is None:
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()

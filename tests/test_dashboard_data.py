@@ -61,6 +61,7 @@ def test_a_summary_crosses_the_wire_unchanged() -> None:
                     {"kind": "crawl-log-stream", "target": "redis://r:6379/0?stream=s&maxlen=9", "ok": True,
                      "error": "", "failing_for": 0.0, "waiting": 20, "waiting_bytes": 0, "lag": 0.5, "done": 700,
                      "failures": 0, "dropped": 2, "paused": False}],
+        "plugins_off": [{"use": "x:Y", "reason": "switched off: failed on 20 of 20 pages (20 errors, 0 timeouts)"}],
     }
     report = status_report(7, summary)
     for codec in ("msgpack", "json"):

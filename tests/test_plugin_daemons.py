@@ -4,12 +4,16 @@
   structured pages killed (SIGKILL) mid-crawl and restarted from its data dir: no item is lost, and a page gives
   its items once per fetch that committed (the fetches cut by the kill give none); `peerctl items` reads them
   from every node, `peerctl plugins` shows one chain everywhere.
-- A node whose plug-in chain differs is refused at join, with a message naming the difference; after
-  `peerctl plugins reload` gives the members that chain, the same node joins.
+- A node whose plug-in chain differs is refused at join, by itself and by the member, each naming the
+  difference; a reload that one node cannot load runs on none (the error names the node and the plug-in);
+  after `peerctl plugins reload` gives the members that chain, the same node joins. `peerctl plugins` and
+  `peerctl items` ask one node for the whole cluster, and name a node that does not answer.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import signal
 import subprocess
@@ -20,6 +24,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from peer.cli.main import peerctl_main
 from peerlab.localweb.graph import SiteGraph
 from tests.support.crawl import child_env, kill_pid, node_config, peerd_argv, start_local_web, urls_fetched
 from tests.support.plugin_web import ROOT, check_items, expected_fetched
@@ -46,19 +51,29 @@ def _peerctl(*argv: str) -> subprocess.CompletedProcess:
                           env=child_env())
 
 
+def _peerctl_here(*argv: str) -> subprocess.CompletedProcess:
+    """peerctl run in this process (in a thread: it blocks), as `_peerctl` runs it in its own: the command's
+    code and output, without a new interpreter's start (seconds on a loaded machine)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = peerctl_main(list(argv))
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
 class Nodes:
     def __init__(self, tmp: Path, web, dns, **overrides) -> None:
         self.tmp, self.web, self.dns, self.overrides = tmp, web, dns, overrides
         self.procs: dict[str, trio.Process] = {}
         self.seed: str | None = None
 
-    async def start(self, name: str, config: Path, *, join: bool = True, wait_ready: bool = True) -> trio.Process:
+    async def start(self, name: str, config: Path, *, join: bool = True, wait_ready: bool = True,
+                    env: dict[str, str] | None = None) -> trio.Process:
         cfg = node_config(self.tmp / name, self.web, self.dns, node_id=name, **self.overrides)
         argv = peerd_argv(cfg) + ["--config", str(config), "--suspicion-timeout", "2",
                                   "--contact", f"https://nodes.test/{name}"]
         if join and self.seed:
             argv += ["--join", self.seed]
-        env = child_env()
+        env = {**child_env(), **(env or {})}
         env["PEERCRAWL_CLUSTER_SECRET"] = SECRET
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the test's tmp dir
         proc = await trio.lowlevel.open_process(argv, env=env, stderr=log)
@@ -93,12 +108,20 @@ async def test_three_nodes_with_a_kill_write_the_oracles_items(tmp_path):
         expected = web.expected()
         nodes = Nodes(tmp_path, web, dns, delay=0.3, concurrency=32)
         try:
+            # the crawl waits until the three have joined (paused cluster-wide): a loaded machine may take longer
+            # to start a node than the first node takes to crawl the whole web
             for name in ("A", "B", "C"):
                 await nodes.start(name, config, join=name != "A")
-            shown = await trio.to_thread.run_sync(
-                lambda: _peerctl("plugins", *(f"--data-dir={tmp_path / n}" for n in "ABC")))
+                if name == "A":
+                    paused = await trio.to_thread.run_sync(lambda: _peerctl_here("pause", f"--data-dir={tmp_path / 'A'}"))
+                    assert paused.returncode == 0, paused.stderr
+            # one node asked, every node's chain shown
+            shown = await trio.to_thread.run_sync(lambda: _peerctl("plugins", f"--data-dir={tmp_path / 'B'}"))
             assert shown.returncode == 0, shown.stderr
             assert shown.stdout.count("peer.plugins:RuleExtractor v1") == 3 and "differs" not in shown.stdout
+            assert {line.split(":")[0] for line in shown.stdout.splitlines() if " chain " in line} == {"A", "B", "C"}
+            resumed = await trio.to_thread.run_sync(lambda: _peerctl_here("resume", f"--data-dir={tmp_path / 'C'}"))
+            assert resumed.returncode == 0, resumed.stderr
             # the node that fetches the structured pages is killed once a third of them are fetched
             with trio.fail_after(120):
                 while len(_structured_fetches(web, truth)) < (len(truth.products) + len(truth.articles)) / 3:
@@ -145,7 +168,7 @@ async def test_a_node_with_other_plugins_is_refused_until_reload(tmp_path):
         nodes = Nodes(tmp_path, web, dns, delay=5.0, concurrency=4, exit_when_done=False)
         try:
             await nodes.start("A", three, join=False)
-            await nodes.start("B", three)
+            await nodes.start("B", three, env={"PLUGIN_CASE_REFUSE": "1"})
             refused = await nodes.start("D", two, wait_ready=False)
             with trio.fail_after(60):
                 code = await refused.wait()
@@ -153,28 +176,50 @@ async def test_a_node_with_other_plugins_is_refused_until_reload(tmp_path):
             log = nodes.log("D")
             assert "refused by A: this node's plug-ins differ from the cluster's: plug-in #3 differs: this node " \
                    "runs nothing, the cluster runs examples.docs_filter:DocsFilter version 1" in log, log[-2000:]
+            # the member refused it too, and says what differs
+            shown = await trio.to_thread.run_sync(lambda: _peerctl("plugins", f"--data-dir={tmp_path / 'A'}"))
+            assert shown.returncode == 0, shown.stderr
+            assert "refused D: plug-in #3 differs: D runs nothing, this node runs examples.docs_filter:DocsFilter" \
+                in shown.stdout, shown.stdout
+            before = {line.split(" chain ")[1] for line in shown.stdout.splitlines() if " chain " in line}
+            # a reload that one node cannot load runs nowhere: the error names the node and the plug-in
+            refusing = tmp_path / "refusing.toml"
+            refusing.write_text(two.read_text() + '\n[[plugins]]\nuse = "tests.support.plugin_cases:RefusesWhere"\n')
+            failed = await trio.to_thread.run_sync(
+                lambda: _peerctl_here("plugins", "reload", "--config", str(refusing), f"--data-dir={tmp_path / 'A'}"))
+            assert failed.returncode not in (0, 3)
+            assert "every node keeps the chain it runs: B: plug-in tests.support.plugin_cases:RefusesWhere: bad " \
+                   "settings: refuses to load where PLUGIN_CASE_REFUSE is set" in failed.stderr, failed.stderr
+            shown = await trio.to_thread.run_sync(lambda: _peerctl_here("plugins", f"--data-dir={tmp_path / 'B'}"))
+            assert {line.split(" chain ")[1] for line in shown.stdout.splitlines() if " chain " in line} == before
+            # one that every node loads runs everywhere
             reload = await trio.to_thread.run_sync(
-                lambda: _peerctl("plugins", "reload", "--config", str(two), f"--data-dir={tmp_path / 'A'}",
-                                 f"--data-dir={tmp_path / 'B'}"))
+                lambda: _peerctl_here("plugins", "reload", "--config", str(two), f"--data-dir={tmp_path / 'A'}"))
             assert reload.returncode == 0, reload.stderr
             assert len({line.split(" chain ")[1] for line in reload.stdout.splitlines()}) == 1
+            assert {line.split(":")[0] for line in reload.stdout.splitlines()} == {"A", "B"}
             (tmp_path / "D" / "peer.addr").unlink(missing_ok=True)
             await nodes.start("D", two)
             with trio.fail_after(60):
                 while "joined the cluster" not in nodes.log("D"):
                     assert nodes.procs["D"].poll() is None, nodes.log("D")[-2000:]
                     await trio.sleep(0.1)
-            # the items every node exported so far, through each one's control API
-            dirs = [f"--data-dir={tmp_path / n}" for n in "ABD"]
+            # the items every node exported so far, through one node
             on_disk = {n: (tmp_path / n / "items" / "items.jsonl").read_text().splitlines()
                        if (tmp_path / n / "items" / "items.jsonl").exists() else [] for n in "ABD"}
-            listed = await trio.to_thread.run_sync(lambda: _peerctl("items", *dirs))
+            listed = await trio.to_thread.run_sync(lambda: _peerctl_here("items", f"--data-dir={tmp_path / 'D'}"))
             assert listed.returncode == 0, listed.stderr
             got = [json.loads(line) for line in listed.stdout.splitlines()]
             assert all(i["_page"].startswith("http://") and "_fetched_at" in i for i in got)
             # at least what was exported before the ask
             assert {(i["_node"], i["_seq"]) for i in got} >= {(n, json.loads(x)["_seq"]) for n, v in on_disk.items()
                                                              for x in v}
+            # a node that does not answer is named, the others' answers shown
+            kill_pid(nodes.procs["B"].pid, signal.SIGKILL)
+            await nodes.procs["B"].wait()
+            shown = await trio.to_thread.run_sync(lambda: _peerctl_here("plugins", f"--data-dir={tmp_path / 'A'}"))
+            assert shown.returncode == 3 and shown.stderr.startswith("B: did not answer: "), shown.stderr
+            assert {line.split(":")[0] for line in shown.stdout.splitlines() if " chain " in line} == {"A", "D"}
         finally:
             nodes.kill_all()
         nursery.cancel_scope.cancel()

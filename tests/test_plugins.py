@@ -86,6 +86,32 @@ def test_url_filters_are_a_pipeline_with_link_context():
                     ("http://a.test/x.html", "http://a.test/drop.html", ("", "area", ()))]
 
 
+def test_url_filters_see_seeds_redirects_and_sitemap_urls_with_their_context():
+    seen = []
+
+    class Record:
+        def filter(self, source_url, url, link):
+            seen.append((source_url, url, link and (link.href, link.text, link.tag, link.rel)))
+            if "boom" in url:
+                raise RuntimeError("boom")
+            return None if "drop" in url else url.replace("old", "new")
+
+    plugins = Plugins([PluginSpec("tests.support.plugin_cases:NoOpFilter", {})])
+    plugins.chain._filters = [(0, Record())]
+    assert plugins.filters_urls
+    answers, off = plugins.filter_urls("", ["http://a.test/old", "http://a.test/drop"], None)
+    assert answers == ["http://a.test/new", None] and off == 0
+    answers, _ = plugins.filter_urls("http://a.test/moved", ["http://b.test/x"], "redirect")
+    assert answers == ["http://b.test/x"]
+    answers, _ = plugins.filter_urls("http://a.test/sitemap.xml", ["http://a.test/p", "http://a.test/boom"], "sitemap")
+    assert answers == ["http://a.test/p", "http://a.test/boom"]  # a failing filter has no opinion on the batch
+    assert seen[:3] == [("", "http://a.test/old", None), ("", "http://a.test/drop", None),
+                        ("http://a.test/moved", "http://b.test/x", ("http://b.test/x", "", "redirect", frozenset()))]
+    assert seen[3][2][2] == "sitemap"
+    assert plugins.failures() == (1, 0) and plugins.counts[0].pages == 3
+    assert "boom" in plugins.counts[0].last
+
+
 def test_no_tree_is_built_unless_a_plugin_asks():
     p = page()
     load_chain([spec(f"{CASES}:NoOpPageFilter"), spec(f"{CASES}:NoOp")]).run(p, None, None)

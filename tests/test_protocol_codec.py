@@ -57,6 +57,9 @@ from protocol import (
     RevisitEntry,
     SeenReplica,
     PluginCheck,
+    PluginOff,
+    ControlAsk,
+    ControlAnswer,
     Settings,
     QueueReplica,
     ReplicaAck,
@@ -207,10 +210,24 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy] = {
     PluginCheck: st.builds(PluginCheck, seq=U64, fingerprint=texts, chain=st.text(max_size=200), answer=st.booleans()),
     DigestAsk: st.builds(DigestAsk, seq=U64, digests=tuples(texts, 5), stored=tuples(originals, 5)),
     DigestAnswer: st.builds(DigestAnswer, seq=U64, found=tuples(originals, 5)),
+    ControlAsk: st.builds(ControlAsk, seq=U64, what=texts, body=st.text(max_size=200)),
+    ControlAnswer: st.builds(ControlAnswer, seq=U64, ok=st.booleans(), body=st.text(max_size=200)),
     Goodbye: st.builds(Goodbye, reason=texts),
 }
 APP_MESSAGES = st.one_of([s for cls, s in MESSAGE_STRATEGIES.items() if TYPE_CODES[cls] >= 0x10])
 ALL_MESSAGES = st.one_of(list(MESSAGE_STRATEGIES.values()))
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_status_report_carries_the_plugins_switched_off_from_version_4(codec: str) -> None:
+    report = StatusReport(seq=1, pages=2, bytes=3, queued=0, in_flight=0, hosts_queued=0, hosts_known=0, rss=5,
+                          idle_for=0.5, errors=(), dns_hits=0, dns_misses=0, robots_hits=0, robots_misses=0,
+                          history=(), window=1.0, sent=(), sent_recent=(), slow_hosts=(), transfers=(),
+                          plugins_off=(PluginOff(use="x:Y", reason="switched off: failed on 20 of 20 pages"),))
+    code, body = encode_body(report, codec, LIMITS, 4)
+    assert decode_body(code, body, codec, LIMITS, 4) == report
+    code, body = encode_body(report, codec, LIMITS, 3)  # an older peer hears of none
+    assert decode_body(code, body, codec, LIMITS, 3).plugins_off == ()
 
 
 def test_every_message_type_has_a_strategy() -> None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import zlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -250,6 +251,48 @@ async def test_pages_only_a_sitemap_lists_are_fetched(tmp_path: Path) -> None:
     st = node.final_status
     assert st["sitemap_fetches"] == 3 and st["sitemap_urls"] == 3 + 4 + 2
     assert st["skipped"].get("robots") == 1  # /private/p.html: listed, refused by robots.txt when its turn came
+
+
+def _redirecting(b: str) -> dict[str, Route]:
+    routes = _site(b)
+    routes["/"] = Route(body=b'<html><body><a href="/linked.html">l</a><a href="/moved.html">m</a>'
+                             b'<a href="/moved-away.html">m</a></body></html>')
+    routes["/moved.html"] = Route(status=301, headers=(("location", f"{b}/target.html"),))
+    routes["/moved-away.html"] = Route(status=301, headers=(("location", f"{b}/dropped-target.html"),))
+    routes["/target.html"] = Route(body=PAGE)
+    routes["/dropped-target.html"] = Route(body=PAGE)
+    routes["/dropped-seed.html"] = Route(body=PAGE)
+    return routes
+
+
+async def test_url_filters_see_seeds_redirect_targets_and_sitemap_urls(tmp_path: Path) -> None:
+    log = tmp_path / "contexts.jsonl"
+    settings = json.dumps({"log": str(log), "drop": ["/dropped-seed.html", "/dropped-target.html", "/a2.html"]})
+    routes: dict[str, Route] = {}
+    async with trio.open_nursery() as nursery:
+        web = await nursery.start(serve_sitemap_web, routes)
+        b = f"http://127.0.0.1:{web.port}"
+        routes.update(_redirecting(b))
+        cfg = _config(tmp_path, f"{b}/", plugins=(("tests.support.plugin_cases:Contexts", settings),))
+        cfg = replace(cfg, seeds=(f"{b}/", f"{b}/dropped-seed.html"))
+        node = Node(cfg)
+        with trio.fail_after(60):
+            await node.run()
+        nursery.cancel_scope.cancel()
+    calls = [tuple(json.loads(line)) for line in log.read_text().splitlines()]
+    # seeds: no source, no link; a redirect's target: the URL that redirected, tag "redirect"; what a sitemap
+    # lists: the sitemap, tag "sitemap"; a page's links: the page, tag "a"
+    assert ("", f"{b}/", None) in calls and ("", f"{b}/dropped-seed.html", None) in calls
+    assert (f"{b}/moved.html", f"{b}/target.html", "redirect") in calls
+    assert (f"{b}/moved-away.html", f"{b}/dropped-target.html", "redirect") in calls
+    assert (f"{b}/maps/a.xml", f"{b}/only/a2.html", "sitemap") in calls
+    assert (f"{b}/sitemap_index.xml", f"{b}/maps/a.xml", "sitemap") in calls
+    assert (f"{b}/", f"{b}/linked.html", "a") in calls
+    fetched = set(web.log)
+    assert {"/", "/linked.html", "/target.html", "/only/a1.html", "/only/b1.html"} <= fetched
+    assert not fetched & {"/dropped-seed.html", "/dropped-target.html", "/only/a2.html"}
+    assert node.final_status["skipped"]["plugin-url-filter"] == 3  # the seed, the redirect's target, a listed page
+    assert node.final_status["plugins"]["chain"][0]["errors"] == 0
 
 
 def _guessed(b: str) -> dict[str, Route]:

@@ -130,3 +130,27 @@ def test_settings_that_cannot_work_are_refused_at_start(tmp_path: Path, ca: Cert
     assert built.default.tls.min_version == "TLSv1.3" and built.for_host("a.test").tls.min_version == "TLSv1.3"
     assert built.for_host("a.test").http2 is False
     assert built.for_host("a.test").ssl_context().options & 0x4  # SSL_OP_LEGACY_SERVER_CONNECT (not in 3.11's ssl)
+
+
+def _ssl_mode(context: ssl.SSLContext) -> int:
+    """OpenSSL's mode bits of `context`, read through libssl (CPython's SSLContext object holds its SSL_CTX
+    pointer right after the object header)."""
+    import ctypes
+    import _ssl
+
+    ctrl = ctypes.CDLL(_ssl.__file__).SSL_CTX_ctrl
+    ctrl.restype = ctypes.c_long
+    ctrl.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p]
+    ssl_ctx = ctypes.c_void_p.from_address(id(context) + 2 * ctypes.sizeof(ctypes.c_void_p)).value
+    return ctrl(ssl_ctx, 33, 0, None)  # SSL_CTRL_MODE with no bits to add: the mode in force
+
+
+def test_an_idle_tls_connection_gives_its_buffers_back(ca: CertAuthority) -> None:
+    """SSL_MODE_RELEASE_BUFFERS on every context the fetcher makes: an idle connection holds no OpenSSL read
+    or write buffer (docs/fetching.md, the memory of idle connections)."""
+    policies = HostPolicies.build(http2=True, proxy=(), tls={"tls_ca_file": str(ca.ca_file)},
+                                  hosts=[("legacy.test", {"tls_min_version": "TLSv1.2", "tls_verify": False})])
+    for host in ("a.test", "legacy.test"):
+        mode = _ssl_mode(policies.for_host(host).ssl_context())
+        assert mode & 0x10, hex(mode)  # SSL_MODE_RELEASE_BUFFERS
+        assert not mode & 0x1, hex(mode)  # SSL_MODE_ENABLE_PARTIAL_WRITE, never set: a mask is read

@@ -64,9 +64,9 @@ PEERCTL_EPILOG = textwrap.dedent(
       peerctl seed --data-dir ./a https://example.org/ https://example.net/   # or --file seeds.txt
       peerctl pause --data-dir ./a                  # the whole cluster stops starting fetches; resume resumes
       peerctl scope --data-dir ./a --exclude '/calendar/' --max-pages-per-host 500   # everywhere, at once
-      peerctl plugins --data-dir ./a --data-dir ./b # the plug-in chain of each node, its counts and state
-      peerctl plugins reload --config crawl.toml --data-dir ./a --data-dir ./b   # a new chain on each
-      peerctl items --data-dir ./a --data-dir ./b   # the items the plug-ins extracted, as JSON lines
+      peerctl plugins --data-dir ./a                # the plug-in chain of every node, its counts and state
+      peerctl plugins reload --config crawl.toml --data-dir ./a   # a new chain on every node, or on none
+      peerctl items --data-dir ./a                  # every node's items the plug-ins extracted, as JSON lines
       peerctl lookup --data-dir ./a https://example.org/   # its captures anywhere in the cluster, and where
       peerctl experiment --plan design --out runs/design   # the design's ring experiment, simulated
     """
@@ -358,20 +358,21 @@ def _peerctl_lookup(args: argparse.Namespace) -> int:
     return 0 if captures else 1
 
 
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def _peerctl_plugins(args: argparse.Namespace) -> int:
     addresses = plugin_cmds.targets(args)
     if args.action == "reload":
         if not args.config:
             raise CliError("peerctl plugins reload needs --config FILE (its [[plugins]] tables are loaded)")
-        print(plugin_cmds.reload(control_request, addresses, args.config))
-    else:
-        print(plugin_cmds.plugins(control_request, addresses, as_json=args.json))
-    return 0
+        return plugin_cmds.reload(control_request, addresses, args.config, print)
+    return plugin_cmds.plugins(control_request, addresses, print, _stderr, as_json=args.json)
 
 
 def _peerctl_items(args: argparse.Namespace) -> int:
-    plugin_cmds.items(control_request, plugin_cmds.targets(args), print, limit=args.limit)
-    return 0
+    return plugin_cmds.items(control_request, plugin_cmds.targets(args), print, _stderr, limit=args.limit)
 
 
 def _peerctl_export(args: argparse.Namespace) -> int:
@@ -551,19 +552,22 @@ def peerctl_main(argv: Sequence[str] | None = None) -> int:
     target(p)
     ring_cmd.add_arguments(p)
     p.set_defaults(func=_peerctl_ring)
-    p = sub.add_parser("plugins", help="the plug-in chain each node runs, with its counts; reload: load a new "
-                                       "chain on every node", description="Show each node's plug-in chain "
-                       "(fingerprint, pages, items, errors, state), or with `reload --config FILE` load the "
-                       "[[plugins]] of FILE on every node named (each swaps between two pages). Example: "
-                       "peerctl plugins reload --config crawl.toml --data-dir ./a --data-dir ./b --data-dir ./c")
+    p = sub.add_parser("plugins", help="the plug-in chain every node runs, with its counts; reload: load a new "
+                                       "chain on every node, or on none", description="Show every node's plug-in "
+                       "chain (fingerprint, pages, items, errors, state), asked of the whole cluster through the "
+                       "node named; or with `reload --config FILE` load the [[plugins]] of FILE on every node (each "
+                       "swaps between two pages) or, when one cannot load it, on none (the error names the node "
+                       "and the plug-in). A node that does not answer is named on stderr (exit status 3). Example: "
+                       "peerctl plugins reload --config crawl.toml --data-dir ./a")
     p.add_argument("action", nargs="?", choices=["list", "reload"], default="list")
     p.add_argument("--config", metavar="FILE", help="with reload: the TOML file whose [[plugins]] to load")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     plugin_cmds.add_targets(p)
     p.set_defaults(func=_peerctl_plugins)
-    p = sub.add_parser("items", help="the items the nodes' plug-ins extracted, as JSON lines",
-                       description="Print the items every node named has exported (DATA_DIR/items/), one JSON "
-                       "object a line with its node. Example: peerctl items --data-dir ./a --data-dir ./b")
+    p = sub.add_parser("items", help="the items every node's plug-ins extracted, as JSON lines",
+                       description="Print the items every node of the cluster has exported (DATA_DIR/items/), "
+                       "asked through the node named, one JSON object a line with its node (_node). A node that "
+                       "does not answer is named on stderr (exit status 3). Example: peerctl items --data-dir ./a")
     p.add_argument("--limit", type=int, metavar="N", help="at most N items")
     plugin_cmds.add_targets(p)
     p.set_defaults(func=_peerctl_items)

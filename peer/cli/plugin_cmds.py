@@ -1,8 +1,10 @@
-"""`peerctl plugins` (what runs where), `peerctl plugins reload` (a new chain on every node, between pages) and
-`peerctl items` (the items the nodes exported), each over the control API of every node named.
+"""`peerctl plugins` (what runs where), `peerctl plugins reload` (a new chain on every node, between pages, or
+on none) and `peerctl items` (the items the nodes exported), for the whole cluster through one node.
 
-The nodes are named by ``--data-dir`` (repeatable: the control address and token are read there) or
-``--control`` (repeatable, with ``--token-file`` or ``PEERCRAWL_CONTROL_TOKEN``).
+The node asked is named by ``--data-dir`` (its control address and token are read there) or ``--control``
+(with ``--token-file`` or ``PEERCRAWL_CONTROL_TOKEN``); it passes the request to every live member over the
+peer links and merges their answers by node. When several nodes are named, the first that answers is asked. A
+member that does not answer is named on stderr, and the command exits 3.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ _PAGE = 1000  # items asked of a node at once
 
 def add_targets(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", dest="data_dirs", metavar="DIR", action="append", default=[],
-                   help="a node's data dir (repeat it for every node)")
+                   help="the data dir of the node to ask (repeated: the first that answers)")
     p.add_argument("--control", dest="controls", metavar="HOST:PORT", action="append", default=[],
-                   help="a node's control address (repeat it for every node)")
+                   help="the control address of the node to ask (repeated: the first that answers)")
     p.add_argument("--token-file", dest="token_file", metavar="FILE", help="the control token, when --control")
 
 
@@ -41,11 +43,37 @@ def targets(args: argparse.Namespace) -> list[str]:
     return found
 
 
-def plugins(request: Request, addresses: list[str], *, as_json: bool = False) -> str:
-    """Each node's chain: fingerprint, then one line per plug-in with its counts and state."""
-    answers = [request(address, "GET", "/plugins") for address in addresses]
+#: The exit status when some member did not answer (what the others said is printed).
+PARTIAL = 3
+
+
+def _first(request: Request, addresses: list[str], method: str, path: str, body: Any = None) -> Any:
+    """The answer of the first node named that can be reached (the node asked for the cluster)."""
+    problems = []
+    for address in addresses:
+        try:
+            return request(address, method, path, timeout=60.0, body=body)
+        except CliError as exc:
+            if "cannot reach" not in str(exc):
+                raise
+            problems.append(str(exc))
+    raise CliError("; ".join(problems))
+
+
+def _missing(missing: dict[str, str], err: Callable[[str], None]) -> int:
+    for node, why in sorted(missing.items()):
+        err(f"{node}: did not answer: {why}")
+    return PARTIAL if missing else 0
+
+
+def plugins(request: Request, addresses: list[str], out: Callable[[str], None], err: Callable[[str], None], *,
+            as_json: bool = False) -> int:
+    """Each member's chain: fingerprint, then one line per plug-in with its counts and state; the exit status."""
+    got = _first(request, addresses, "GET", "/cluster/plugins")
+    answers = got["nodes"]
     if as_json:
-        return json.dumps(answers, indent=1, sort_keys=True)
+        out(json.dumps(got, indent=1, sort_keys=True))
+        return _missing(got["missing"], err)
     prints = {a.get("fingerprint", "") for a in answers}
     lines = []
     for a in answers:
@@ -57,37 +85,47 @@ def plugins(request: Request, addresses: list[str], *, as_json: bool = False) ->
         if a.get("items"):
             i = a["items"]
             lines.append(f"  items: {i['exported']} exported, {i['spooled']} spooled, {i['failures']} export failures")
-    return "\n".join(lines)
+        for node, why in sorted(a.get("refused_nodes", {}).items()):
+            lines.append(f"  refused {node}: {why}")
+    out("\n".join(lines))
+    return _missing(got["missing"], err)
 
 
-def reload(request: Request, addresses: list[str], config: str) -> str:
-    """Load the [[plugins]] of `config` on every node (each swaps its chain between two pages)."""
+def reload(request: Request, addresses: list[str], config: str, out: Callable[[str], None]) -> int:
+    """Load the [[plugins]] of `config` on every member (each swaps its chain between two pages), or on none:
+    CliError naming the member and the plug-in that failed."""
     try:
         entries = load(toml=config, env={}).plugins
     except ConfigError as exc:
         raise CliError(str(exc)) from exc
-    lines = []
-    for address in addresses:
-        answer = request(address, "POST", "/plugins/reload", body={"plugins": [list(e) for e in entries]})
-        lines.append(f"{answer['node_id']}: chain {answer.get('fingerprint') or '(none)'} generation "
-                     f"{answer.get('generation')}")
-    return "\n".join(lines)
+    answer = _first(request, addresses, "POST", "/cluster/plugins/reload",
+                    body={"plugins": [list(e) for e in entries]})
+    out("\n".join(f"{a['node_id']}: chain {a.get('fingerprint') or '(none)'} generation {a.get('generation')}"
+                   for a in answer["nodes"]))
+    return 0
 
 
-def items(request: Request, addresses: list[str], out: Callable[[str], None], *, limit: int | None = None) -> int:
-    """Every node's exported items as JSON lines, node after node; how many."""
+def items(request: Request, addresses: list[str], out: Callable[[str], None], err: Callable[[str], None], *,
+          limit: int | None = None) -> int:
+    """Every member's exported items as JSON lines, each with its node (``_node``); the exit status."""
     count = 0
-    for address in addresses:
-        offset = 0
-        while limit is None or count < limit:
-            page = request(address, "POST", "/items", body={"offset": offset, "limit": _PAGE})
-            got = page["items"]
-            for item in got:
+    offsets: dict[str, int] = {}
+    missing: dict[str, str] = {}
+    nodes: list[str] | None = None  # None: every live member (the first round names them)
+    while nodes is None or nodes:
+        got = _first(request, addresses, "POST", "/cluster/items",
+                     body={"offsets": offsets, "nodes": nodes, "limit": _PAGE})
+        missing.update(got["missing"])
+        going = []
+        for node in sorted(got["pages"]):
+            page = got["pages"][node]
+            for item in page["items"]:
                 if limit is not None and count >= limit:
-                    break
+                    return _missing(missing, err)
                 out(json.dumps({"_node": page["node_id"], **item}, ensure_ascii=False, sort_keys=True))
                 count += 1
-            offset += len(got)
-            if len(got) < _PAGE:
-                break
-    return count
+            offsets[node] = page["offset"] + len(page["items"])
+            if page["more"] and page["items"]:
+                going.append(node)
+        nodes = going
+    return _missing(missing, err)

@@ -83,6 +83,7 @@ class Admission:
         stats: Stats
         store: NodeStore
         _wakeup: trio.Event
+        plugins: Any  # peer.plugins.Plugins, a room above this one (None: no plug-ins)
 
         def _state_of(self, turn: HostTurn) -> HostState: ...
 
@@ -93,6 +94,28 @@ class Admission:
         for item in items:
             self._screen(batch, item.url, item.depth, item.hops, item.found_on, item.lastmod, item.sitemap)
         return self._commit(batch)
+
+    def _filter_urls(self, source: str, urls: list[str], tag: str | None) -> list[str | None]:
+        """The plug-ins' URL filters on URLs that are not a page's links: seeds (`tag` None), a redirect's
+        target ("redirect"), what a sitemap lists ("sitemap"). Each URL's answer in order (None: dropped; a
+        filter may rewrite a URL); `urls` as they are when no filter runs. A filter's failures count as a page's
+        do (the node's errors, the plug-in's own counts)."""
+        plugins = self.plugins
+        if plugins is None or not urls or not plugins.filters_urls:
+            return list(urls)
+        errors, timeouts = plugins.failures()
+        answers, off = plugins.filter_urls(source, urls, tag)
+        errors_after, timeouts_after = plugins.failures()
+        if errors_after > errors:
+            self.stats.errors["plugin-error"] += errors_after - errors
+        if timeouts_after > timeouts:
+            self.stats.errors["plugin-timeout"] += timeouts_after - timeouts
+        if off:
+            self.stats.errors["plugin-switched-off"] += off
+        dropped = answers.count(None)
+        if dropped:
+            self.stats.skipped["plugin-url-filter"] += dropped
+        return answers
 
     def _screen_found(self, batch: Batch, urls: Sequence[str], depth: int, found_on: str) -> None:
         """Screen the links of one page, without a record per URL: the crawl's hottest loop.
@@ -215,12 +238,18 @@ class Admission:
         invalid: list[str] = []
         refused: dict[str, int] = {}
         routed = 0
+        found: list[str] = []
         for raw in urls:
             url = normalize(raw.strip(), max_length=self.settings.max_url_length)
             if url is None:
                 log.warning("seed is not a crawlable http(s) URL, skipped", extra={"seed": raw[:200]})
                 invalid.append(raw[:200])
                 continue
+            found.append(url)
+        kept = [url for url in self._filter_urls("", found, None) if url is not None]
+        if len(kept) < len(found):
+            refused["plugin-url-filter"] = len(found) - len(kept)
+        for url in kept:
             host = host_of_normalized(url)
             reason = self.scope.check(url, host, 0)
             if reason is not None:

@@ -105,6 +105,7 @@ class HostTurns:
         def _screen(self, batch: Batch, url: str, depth: int, hops: int, found_on: str | None,
                     lastmod: float | None = None, sitemap: bool = False) -> None: ...
         def _screen_found(self, batch: Batch, urls: Sequence[str], depth: int, found_on: str) -> None: ...
+        def _filter_urls(self, source: str, urls: list[str], tag: str | None) -> list[str | None]: ...
         def _store(self, resp: Response, ctype: str | None, now: float) -> int | None: ...
         def _store_and_extract(self, resp: Response, url: str, ctype: str | None,
                                now: float) -> tuple[int | None, Page | None, tuple[str, int] | None]: ...
@@ -351,10 +352,10 @@ class HostTurns:
             location = header(resp, "location")
             target = normalize(location, item.url, max_length=self.settings.max_url_length) if location else None
             if target is not None:
-                if item.hops + 1 <= self.cfg.max_redirect_hops:
-                    self._screen(batch, target, item.depth, item.hops + 1, item.url)
-                else:
+                if item.hops + 1 > self.cfg.max_redirect_hops:
                     stats.skipped["redirect-hops"] += 1
+                elif (target := self._filter_urls(item.url, [target], "redirect")[0]) is not None:
+                    self._screen(batch, target, item.depth, item.hops + 1, item.url)
         elif 200 <= status < 300:
             ctype = header(resp, "content-type")
             digest = (payload_digest(resp.body) if self.schedule is not None or self.originals is not None

@@ -9,7 +9,7 @@ A mixin of `peer.crawl.crawler.Crawler`: it works on the crawler's attributes, s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -64,6 +64,9 @@ class SitemapTurns:
         def _schedule_after_request(self, turn: HostTurn, *, extra: float = 0.0) -> None: ...
         def _screen(self, batch: Batch, url: str, depth: int, hops: int, found_on: str | None,
                     lastmod: float | None = None, sitemap: bool = False) -> None: ...
+        plugins: Any  # peer.plugins.Plugins, a room above this one (None: no plug-ins)
+
+        def _filter_urls(self, source: str, urls: list[str], tag: str | None) -> list[str | None]: ...
 
     def _admit_sitemaps(self, origin: str, decision: RobotsDecision) -> None:
         """Queue the sitemaps a robots.txt names (and, with ``sitemap_xml``, /sitemap.xml when it names none)
@@ -114,7 +117,8 @@ class SitemapTurns:
             location = header(resp, "location")
             target = normalize(location, item.url, max_length=self.settings.max_url_length) if location else None
             if target is not None and item.hops + 1 <= self.cfg.max_redirect_hops:
-                self._screen(batch, target, item.depth, item.hops + 1, item.found_on, sitemap=True)
+                if (target := self._filter_urls(item.url, [target], "redirect")[0]) is not None:
+                    self._screen(batch, target, item.depth, item.hops + 1, item.found_on, sitemap=True)
             elif target is not None:
                 stats.skipped["redirect-hops"] += 1
         elif 200 <= status < 300:
@@ -130,13 +134,20 @@ class SitemapTurns:
         max_length = self.settings.max_url_length
         skipped = self.stats.skipped
         self.stats.sitemap_urls += len(entries)
+        listed: list[tuple[str, SitemapEntry]] = []
         for entry in entries:
             url = normalize(entry.loc, sitemap.url, max_length=max_length)
             if url is None:
                 skipped["sitemap-bad-url"] += 1
             elif not may_list(sitemap.url, url, named_by=named_by):
                 skipped["sitemap-location"] += 1
-            elif entry.is_sitemap:
+            else:
+                listed.append((url, entry))
+        if self.plugins is not None and listed:
+            answers = self._filter_urls(sitemap.url, [url for url, _entry in listed], "sitemap")
+            listed = [(url, entry) for url, (_found, entry) in zip(answers, listed) if url is not None]
+        for url, entry in listed:
+            if entry.is_sitemap:
                 if sitemap.hops + 1 > self.cfg.max_redirect_hops:
                     skipped["sitemap-nesting"] += 1
                 else:

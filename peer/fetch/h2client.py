@@ -66,6 +66,22 @@ class _SmallQueue(list[object]):
         self.insert(0, item)
 
 
+class _FrameDispatch:
+    """h2's table from a frame's class to the connection's handler, looked up per frame instead of held: h2
+    builds a dict of twelve bound methods per connection (about 1.3 KiB); this is one small object."""
+
+    __slots__ = ("conn",)
+
+    _HANDLERS = {cls: handler.__name__
+                 for cls, handler in h2.connection.H2Connection(_CONFIG)._frame_dispatch_table.items()}
+
+    def __init__(self, conn: h2.connection.H2Connection) -> None:
+        self.conn = conn
+
+    def __getitem__(self, cls: type) -> object:
+        return getattr(self.conn, self._HANDLERS[cls])
+
+
 def _compact(conn: h2.connection.H2Connection) -> None:
     """Shrink what an idle connection holds: closed streams dropped (h2 drops them when it counts open streams),
     the settings' and header tables' deques made lists."""
@@ -93,6 +109,7 @@ class H2Session:
     def __init__(self, *, max_head: int, window: int = 1 << 20, max_control_frames: int = 1000,
                  max_requests: int = 1000) -> None:
         conn = h2.connection.H2Connection(_CONFIG)
+        conn._frame_dispatch_table = _FrameDispatch(conn)  # type: ignore[assignment]  # h2 only indexes it
         conn.local_settings = h2.settings.Settings(client=True, initial_values={
             h2.settings.SettingCodes.ENABLE_PUSH: 0,
             h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1,  # nothing may be pushed or opened by the server

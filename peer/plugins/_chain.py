@@ -336,6 +336,58 @@ class Chain:
         return Outcome(store, follow, kept, tuple(items), tuple(failures), tuple(ran), page.tree_built)
 
 
+    @property
+    def filters_urls(self) -> bool:
+        return bool(self._url)
+
+    def filter_urls(self, source: str, urls: Sequence[str], tag: str | None,
+                    disabled: frozenset[int] = frozenset()) -> tuple[list[str | None], Outcome]:
+        """The URL filters on URLs that did not come from a page's links: seeds (`tag` None: no source, no
+        link), a redirect's target (``tag="redirect"``, `source` the URL that redirected) or what a sitemap lists
+        (``tag="sitemap"``, `source` the sitemap's URL); each gets a `Link` of that tag whose ``href`` is the
+        URL as found, no text and no rel. Returns each URL's answer in the order given (None: dropped) and the
+        outcome to count. Never raises for a plug-in's fault; a failing filter passes the URLs on as if it had
+        no opinion."""
+        failures: list[tuple[int, str, str]] = []
+        ran: list[int] = []
+        current: list[str | None] = list(urls)
+        active = [(i, obj) for i, obj in self._filters if i not in disabled]
+        if not active:
+            return current, Outcome(True, True, None, (), (), (), False)
+        timeout = self.timeout
+        now = time.monotonic
+        interrupt = _can_interrupt()
+        if interrupt:
+            _arm(timeout * len(active))
+        try:
+            for index, obj in active:
+                ran.append(index)
+                start = now()
+                try:
+                    out = [None if url is None else _filtered_one(obj, source, url, tag) for url in current]
+                except PluginTimeout:
+                    failures.append((index, "timeout", f"over {timeout:g} s"))
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a plug-in's failure is contained to its URLs
+                    failures.append((index, "error", f"{type(exc).__name__}: {exc}"[:300]))
+                    continue
+                if now() - start > timeout:
+                    failures.append((index, "timeout", f"over {timeout:g} s"))
+                else:
+                    current = out
+        finally:
+            if interrupt:
+                _disarm()
+        return current, Outcome(True, True, None, (), tuple(failures), tuple(ran), False)
+
+
+def _filtered_one(filt: Any, source: str, url: str, tag: str | None) -> str | None:
+    got = filt.filter(source, url, None if tag is None else Link(href=url, text="", tag=tag, rel=frozenset()))
+    if got is None or got == url:
+        return got
+    return normalize(got)
+
+
 def load_chain(specs: Sequence[PluginSpec], *, timeout: float = 2.0) -> Chain:
     """Import and build every plug-in of `specs`, in order; PluginError naming the first that fails."""
     if timeout <= 0:
@@ -343,8 +395,10 @@ def load_chain(specs: Sequence[PluginSpec], *, timeout: float = 2.0) -> Chain:
     return Chain([_load_one(spec) for spec in specs], timeout)
 
 
-def describe_difference(mine: Sequence[Mapping[str, Any]], theirs: Sequence[Mapping[str, Any]]) -> str:
-    """What differs between two chains' descriptions, for a person: the first differing entry, or the count."""
+def describe_difference(mine: Sequence[Mapping[str, Any]], theirs: Sequence[Mapping[str, Any]], *,
+                        me: str = "this node", them: str = "the cluster") -> str:
+    """What differs between two chains' descriptions, for a person: the first differing entry, named as what
+    `me` runs and what `them` runs."""
     def name(entry: Mapping[str, Any] | None) -> str:
         if entry is None:
             return "nothing"
@@ -355,5 +409,5 @@ def describe_difference(mine: Sequence[Mapping[str, Any]], theirs: Sequence[Mapp
         b = theirs[i] if i < len(theirs) else None
         if a != b:
             what = "settings" if a and b and a["use"] == b["use"] and a["version"] == b["version"] else "plug-in"
-            return f"{what} #{i + 1} differs: this node runs {name(a)}, the cluster runs {name(b)}"
+            return f"{what} #{i + 1} differs: {me} runs {name(a)}, {them} runs {name(b)}"
     return "the chains are the same"

@@ -42,6 +42,8 @@ class Plugins:
     def __init__(self, specs: Sequence[PluginSpec], *, timeout: float = 2.0) -> None:
         self.timeout = timeout
         self.generation = 0
+        self._staged: tuple[str, list[PluginSpec], Chain] | None = None  # a reload prepared, not yet run
+        self._before: tuple[str, list[PluginSpec]] | None = None  # the chain run before the last reload
         self._install(list(specs), load_chain(specs, timeout=timeout))
 
     def _install(self, specs: list[PluginSpec], chain: Chain) -> None:
@@ -58,6 +60,44 @@ class Plugins:
         self._install(list(specs), chain)
         log.info("plug-in chain reloaded", extra={"generation": self.generation, "plugins": chain.names,
                                                   "fingerprint": chain.fingerprint})
+
+    # A reload across the cluster is all-or-nothing (peer/noderoutes.py): every node loads the new chain and
+    # keeps it aside (`prepare`); only when all have, each swaps to it (`commit`); else each drops it, or goes
+    # back to the chain it ran before when it had swapped already (`abort`).
+
+    def prepare(self, token: str, specs: Sequence[PluginSpec]) -> Chain:
+        """Load `specs` and keep the chain aside under `token` (PluginError naming the plug-in when one fails;
+        the chain in use is untouched either way)."""
+        chain = load_chain(specs, timeout=self.timeout)
+        self._staged = (token, list(specs), chain)
+        return chain
+
+    def commit(self, token: str) -> None:
+        """Run the chain `prepare` kept under `token` from the next page on; KeyError when none is kept."""
+        staged = self._staged
+        if staged is None or staged[0] != token:
+            raise KeyError(f"no chain was prepared under {token!r}")
+        self._staged = None
+        self._before = (token, self.specs)
+        self._install(staged[1], staged[2])
+        log.info("plug-in chain reloaded", extra={"generation": self.generation, "plugins": self.chain.names,
+                                                  "fingerprint": self.chain.fingerprint})
+
+    def abort(self, token: str) -> bool:
+        """Undo the reload `token` here: drop its chain if only prepared, or go back to the chain run before it
+        if committed. Whether anything was undone."""
+        staged = self._staged
+        if staged is not None and staged[0] == token:
+            self._staged = None
+            return True
+        before = self._before
+        if before is not None and before[0] == token:
+            self._before = None
+            self._install(before[1], load_chain(before[1], timeout=self.timeout))
+            log.warning("plug-in reload undone: another node could not take it; the chain run before is back",
+                        extra={"generation": self.generation, "fingerprint": self.chain.fingerprint})
+            return True
+        return False
 
     @property
     def active(self) -> bool:
@@ -87,6 +127,22 @@ class Plugins:
         page = FetchedPage(url=url, status=status, headers=headers, body=body, content_type=content_type,
                            fetched_at=fetched_at)
         return self.chain.run(page, links, base, self.disabled)
+
+    @property
+    def filters_urls(self) -> bool:
+        """Whether a URL filter runs (on seeds, redirects' targets and sitemaps' URLs as well as links)."""
+        return self.chain.filters_urls
+
+    def failures(self) -> tuple[int, int]:
+        """The errors and the timeouts of the whole chain so far (this generation)."""
+        return sum(c.errors for c in self.counts), sum(c.timeouts for c in self.counts)
+
+    def filter_urls(self, source: str, urls: Sequence[str], tag: str | None) -> tuple[list[str | None], int]:
+        """The URL filters on URLs that are not a page's links (`Chain.filter_urls`), counted and logged as a
+        page's outcome is (`record`): each URL's answer (None: dropped), and the plug-ins this call switched off."""
+        answers, outcome = self.chain.filter_urls(source, urls, tag, self.disabled)
+        off = self.record(outcome, source or (urls[0] if urls else "")) if outcome.ran else 0
+        return answers, off
 
     def record(self, outcome: Outcome, url: str, generation: int | None = None) -> int:
         """Count a page's outcome per plug-in; log each failure with the URL; switch a plug-in off once it has
@@ -121,6 +177,10 @@ class Plugins:
                           extra={"plugin": self.chain.names[index], "reason": c.off})
         self.disabled = frozenset(off)
         return len(off) - before
+
+    def switched_off(self) -> list[tuple[str, str]]:
+        """The plug-ins switched off for failing on most pages: (use, why), for the dashboard."""
+        return [(name, c.off) for name, c in zip(self.chain.names, self.counts) if c.off]
 
     def status(self) -> dict[str, Any]:
         """What ``peerctl status`` and ``peerctl plugins`` show."""

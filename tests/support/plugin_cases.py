@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
 import zlib
 
@@ -74,3 +76,31 @@ class DropAll:
 
     def decide(self, page):
         return Decision(store=False, follow=False)
+
+
+class Contexts:
+    """A URL filter that writes each call's (source URL, URL, link tag or None) as a JSON line to `log` and drops
+    the URLs whose path ends with one of `drop`."""
+
+    def __init__(self, log: str, drop: list[str] | None = None) -> None:
+        self.log = log
+        self.drop = tuple(drop or ())
+
+    def filter(self, source_url, url, link):
+        with open(self.log, "a") as fh:
+            fh.write(json.dumps([source_url, url, link.tag if link is not None else None]) + "\n")
+        return None if self.drop and url.endswith(self.drop) else url
+
+
+class RefusesWhere:
+    """A page filter with no opinion that refuses to load (a bad setting) in a process whose environment has
+    `variable` set: a chain that loads on some nodes and not on others."""
+
+    version = "1"
+
+    def __init__(self, variable: str = "PLUGIN_CASE_REFUSE") -> None:
+        if os.environ.get(variable):
+            raise ValueError(f"refuses to load where {variable} is set")
+
+    def decide(self, page):
+        return None

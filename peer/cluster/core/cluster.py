@@ -29,9 +29,10 @@ from typing import Any
 import trio
 
 from protocol import (
-    BatchAck, CaptureAnswer, CaptureAsk, DigestAnswer, DigestAsk, HandoffAck, HandoffAsk, HandoffChunk, LaneAsk, LaneGrant, LaneHandover, LaneHandoverAsk, LaneReturn,
-    Message, PluginCheck, ProgressQuery, ProgressReport, ProgressTally, ProgressWave, QueueReplica, ReplicaAck, SeenReplica,
-    Settings, StatusQuery, StatusReport, UrlBatch,
+    BatchAck, CaptureAnswer, CaptureAsk, ControlAnswer, ControlAsk, DigestAnswer, DigestAsk, HandoffAck, HandoffAsk,
+    HandoffChunk, LaneAsk, LaneGrant, LaneHandover, LaneHandoverAsk, LaneReturn, Message, PluginCheck, ProgressQuery,
+    ProgressReport, ProgressTally, ProgressWave, QueueReplica, ReplicaAck, SeenReplica, Settings, StatusQuery,
+    StatusReport, UrlBatch,
 )
 from ring import DEFAULT_POINTS_PER_WEIGHT, MemberState, Ring, View, Zones, host_position
 from storage import HostState, NodeStore, QueuedUrl, in_arc
@@ -48,6 +49,7 @@ from peer.cluster.core.dispatch import DispatchConfig, Dispatcher
 from peer.cluster.core.fence import PartitionFence
 from peer.cluster.handoff.handoff import Handoff, HandoffConfig, Hold
 from peer.cluster.core.lanes import LEASE, FleetLanes
+from peer.cluster.core.controlfan import Answer, ControlFan, no_control
 from peer.cluster.core.pluginjoin import PluginJoin, PluginMismatch, no_plugins
 from peer.cluster.membership.membership import Membership, MembershipConfig
 from peer.cluster.net.peerlinks import LinkConfig
@@ -94,6 +96,7 @@ class Cluster(ViewChanges):
         plugins: Callable[[], dict[str, Any]] = no_plugins,
         admitting: Callable[[], bool] = lambda: True,
         captures: LocalCaptures = no_captures,
+        control: Answer = no_control,
     ) -> None:
         self.cfg = cfg
         self.points_per_weight = points_per_weight  # fewer in simulations: a ring of many points takes a second
@@ -120,6 +123,7 @@ class Cluster(ViewChanges):
             link_config=LinkConfig(idle_timeout=cfg.link_idle_timeout, max_links=cfg.max_links,
                                    datagrams=cfg.peer_datagrams),
             on_message=self._on_message,
+            admits=self.admits, refuses=self.refuses,  # the plug-in chains (below)
             link_busy=self.link_busy,
             codecs=codecs,
             compressions=compressions,
@@ -128,6 +132,9 @@ class Cluster(ViewChanges):
         self.links = self.membership.links
         # the plug-in chains compared at join (peer/cluster/core/pluginjoin.py)
         self.plugin_join = PluginJoin(self.links, plugins)
+        # control requests for the whole cluster through this node (peerctl plugins, items, plugins reload)
+        self.control = ControlFan(node_id, self.links, lambda: [self.node_id, *self.live_peers()], control,
+                                  dead=lambda: [m.node_id for m in self.view.members if m.state is MemberState.DEAD])
         self.view = View()
         self.epoch = 0
         self.ring: Ring | None = None
@@ -255,6 +262,16 @@ class Cluster(ViewChanges):
     def _address_of(self, peer_id: str) -> str | None:
         member = self.view.member(peer_id)
         return member.address if member is not None else None
+
+    def admits(self, peer_id: str) -> bool:
+        """Membership's question before it merges the view of a node that is not yet a live member here: has
+        it shown a plug-in chain like this node's (`PluginJoin.admits`)? Asked for it when not."""
+        return self.plugin_join.admits(peer_id)
+
+    def refuses(self, node_id: str) -> bool:
+        """Whether `node_id` showed a plug-in chain that differs from this node's: it is left out of the views
+        this node merges, whoever gossips of it."""
+        return node_id in self.plugin_join.refused_nodes
 
     def live_peers(self) -> list[str]:
         """The other members of this node's view that own arcs."""
@@ -555,6 +572,8 @@ class Cluster(ViewChanges):
             ProgressTally: self.progress.on_tally,
             ProgressQuery: self.termination.asked,
             PluginCheck: self.plugin_join.on_message,
+            ControlAsk: self.control.on_message,
+            ControlAnswer: self.control.on_message,
             ProgressReport: self.statuses.progress_arrived,
             StatusQuery: self.statuses.asked,
             StatusReport: self.statuses.arrived,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol import Count, OutputState, SlowHost, StatusReport, Transfer
+from protocol import Count, OutputState, PluginOff, SlowHost, StatusReport, Transfer
 from ring import RING_SPACE, Ring
 
 __all__ = ["SLICE_SAMPLES", "ring_pending", "ring_slices", "status_dict", "status_report"]
@@ -38,6 +38,11 @@ def ring_pending(blocked: Callable[[int], bool], slices: int, samples: int = SLI
             for k in range(slices)]
 
 
+def _short(text: str, size: int = 1000) -> str:
+    """`text` cut to at most `size` bytes of UTF-8 (a string of a message is bounded in bytes)."""
+    return text.encode("utf-8")[:size].decode("utf-8", "ignore")
+
+
 def status_report(seq: int, d: dict[str, Any]) -> StatusReport:
     """A node's summary (`Node.summary`) as the message its peers receive."""
     def counts(m: dict[str, int]) -> tuple[Count, ...]:
@@ -55,6 +60,7 @@ def status_report(seq: int, d: dict[str, Any]) -> StatusReport:
                         for t in d["transfers"]),
         outputs=tuple(OutputState(**{**o, "failing_for": float(o["failing_for"]), "lag": float(o["lag"])})
                       for o in d.get("outputs", ())),
+        plugins_off=tuple(PluginOff(use=_short(p["use"]), reason=_short(p["reason"])) for p in d.get("plugins_off", ())),
     )
 
 
@@ -74,4 +80,5 @@ def status_dict(r: StatusReport) -> dict[str, Any]:
         "outputs": [{"kind": o.kind, "target": o.target, "ok": o.ok, "error": o.error, "failing_for": o.failing_for,
                      "waiting": o.waiting, "waiting_bytes": o.waiting_bytes, "lag": o.lag, "done": o.done,
                      "failures": o.failures, "dropped": o.dropped, "paused": o.paused} for o in r.outputs],
+        "plugins_off": [{"use": p.use, "reason": p.reason} for p in r.plugins_off],
     }

@@ -131,6 +131,14 @@ class ViewWatch:
         return self._last
 
 
+def _anyone(peer_id: str) -> bool:
+    return True
+
+
+def _no_one(node_id: str) -> bool:
+    return False
+
+
 class Membership:
     """One node's membership service. Start it with `await nursery.start(membership.run)` (reports the address).
 
@@ -152,6 +160,8 @@ class Membership:
         nonce: Callable[[int], bytes] = os.urandom,
         on_view: Callable[[View], None] | None = None,
         on_message: MessageHandler | None = None,
+        admits: Callable[[str], bool] = _anyone,
+        refuses: Callable[[str], bool] = _no_one,
         link_busy: Callable[[str], bool] | None = None,
         codecs: Sequence[str] | None = None,
         compressions: Sequence[str] | None = None,
@@ -188,6 +198,12 @@ class Membership:
         )
         self._rng = rng
         self._on_other = on_message
+        # who may join through this node: `admits(peer)` before the view of a node that is not a live member
+        # here is merged (the plug-in chains compared: peer/cluster/core/pluginjoin.py); `refuses(node)` leaves
+        # a node out of every view merged here, whoever gossips of it
+        self._admits = admits
+        self._refuses = refuses
+        self.gossip_refused = 0  # gossips not merged: from a node not (yet) admitted, or of refused nodes
         # peer -> when any message from it last arrived (trio time): the cluster's partition fence reads it
         self.last_heard: dict[str, float] = {}
         # when this node last refuted a record of itself DEAD (trio time): members that held it dead took its arcs
@@ -552,8 +568,12 @@ class Membership:
             log.debug("%s ignores %s from %s", self.node_id, type(message).__name__, peer_id)
 
     def _on_gossip(self, peer_id: str, gossip: Gossip) -> None:
+        if self._refuses(peer_id) or (self.view.member(peer_id) is None and not self._admits(peer_id)):
+            self.gossip_refused += 1
+            return
         try:
-            members = tuple(from_wire(m) for m in gossip.members)
+            members = tuple(from_wire(m) for m in gossip.members if not self._refuses(m.node_id)
+                            or m.node_id == self.node_id)
             incoming = View(members=members)
             # A partial gossip's epoch is that of the sender's whole view; only a full view keeps it.
             incoming = View(epoch=gossip.epoch if gossip.full else incoming.rank, members=members)
