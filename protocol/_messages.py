@@ -439,8 +439,8 @@ class StatusReport:
     sent_recent: tuple[Count, ...]
     slow_hosts: tuple[SlowHost, ...]
     transfers: tuple[Transfer, ...]
-    outputs: tuple[OutputState, ...] = ()  # version 6 on: older peers report none
     plugins_off: tuple[PluginOff, ...] = ()  # the plug-ins it switched off (version 4 on)
+    outputs: tuple[OutputState, ...] = ()  # version 6 on: older peers report none
 
 
 # --- hand-off ----------------------------------------------------------------------------------------------
