@@ -60,11 +60,14 @@ class Nodes:
             argv += ["--join", self.seed]
         env = child_env()
         env["PEERCRAWL_CLUSTER_SECRET"] = SECRET
+        # a killed node's heir lends no lane of the web's one address for lease + total time-out (62 s by default)
+        env["PEERCRAWL_TOTAL_TIMEOUT"] = "10"
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the test's tmp dir
         proc = await trio.lowlevel.open_process(argv, env=env, stderr=log)
         self.procs[name] = proc
         if wait_ready:
-            with trio.fail_after(30):
+            # a bound, not a wait: starting a daemon on a loaded 2-core machine has taken over 30 s
+            with trio.fail_after(120):
                 while not (self.tmp / name / "peer.addr").exists():
                     assert proc.poll() is None, f"{name} exited early: {self.log(name)[-2000:]}"
                     await trio.sleep(0.05)

@@ -46,7 +46,8 @@ class Daemons:
         env["PEERCRAWL_CLUSTER_SECRET"] = SECRET
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the test's tmp dir
         proc = self.procs[name] = await trio.lowlevel.open_process(argv + list(extra), env=env, stderr=log)
-        with trio.fail_after(30):
+        # a bound, not a wait: starting a daemon on a loaded 2-core machine has taken over 30 s
+        with trio.fail_after(120):
             while not (self.tmp / name / "peer.addr").exists():
                 assert proc.poll() is None, f"{name} exited early: {self.log_tail(name)}"
                 await trio.sleep(0.05)
