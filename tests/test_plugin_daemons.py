@@ -23,6 +23,7 @@ import trio
 from peerlab.localweb.graph import SiteGraph
 from tests.support.crawl import child_env, kill_pid, node_config, peerd_argv, start_local_web, urls_fetched
 from tests.support.plugin_web import ROOT, check_items, expected_fetched
+from tests.test_cluster_daemons import _paused, _post
 
 pytestmark = pytest.mark.slow  # real peerd daemons
 
@@ -75,6 +76,9 @@ class Nodes:
                 self.seed = (self.tmp / name / "peer.addr").read_text().strip()
         return proc
 
+    def control(self, name: str) -> str:
+        return (self.tmp / name / "control.addr").read_text().strip()
+
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
 
@@ -96,12 +100,18 @@ async def test_three_nodes_with_a_kill_write_the_oracles_items(tmp_path):
         expected = web.expected()
         nodes = Nodes(tmp_path, web, dns, delay=0.3, concurrency=32)
         try:
+            # paused from A's start until B and C have joined, and again while the killed node restarts: a start
+            # has taken 20-40 s on a loaded machine, in which the others would finish the crawl
             for name in ("A", "B", "C"):
                 await nodes.start(name, config, join=name != "A")
-            shown = await trio.to_thread.run_sync(
+                if name == "A":
+                    await _post(nodes.control("A"), "/pause", tmp_path / "A")
+            await _paused(nodes, {"A", "B", "C"})
+            shown = await trio.to_thread.run_sync(  # while paused: peerctl itself takes seconds to start
                 lambda: _peerctl("plugins", *(f"--data-dir={tmp_path / n}" for n in "ABC")))
             assert shown.returncode == 0, shown.stderr
             assert shown.stdout.count("peer.plugins:RuleExtractor v1") == 3 and "differs" not in shown.stdout
+            await _post(nodes.control("A"), "/resume", tmp_path / "A")
             # the node that fetches the structured pages is killed once a third of them are fetched
             with trio.fail_after(120):
                 while len(_structured_fetches(web, truth)) < (len(truth.products) + len(truth.articles)) / 3:
@@ -111,9 +121,12 @@ async def test_three_nodes_with_a_kill_write_the_oracles_items(tmp_path):
             kill_pid(nodes.procs[owner].pid, signal.SIGKILL)
             await nodes.procs[owner].wait()
             other = next(n for n in "ABC" if n != owner)  # restarted, it joins through a live member
+            await _post(nodes.control(other), "/pause", tmp_path / other)
             nodes.seed = (tmp_path / other / "peer.addr").read_text().strip()
             (tmp_path / owner / "peer.addr").unlink()
             await nodes.start(owner, config)
+            await _paused(nodes, {"A", "B", "C"})
+            await _post(nodes.control(other), "/resume", tmp_path / other)
             with trio.fail_after(240):
                 for name in ("A", "B", "C"):
                     assert await nodes.procs[name].wait() == 0, nodes.log(name)[-3000:]
