@@ -18,6 +18,7 @@ from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import address_gaps, max_in_service_per_address
 from peerlab.localweb.server import serve_web
 from tests.support.crawl import child_env, kill_pid, node_config, peerd_argv, urls_fetched
+from tests.test_cluster_daemons import _paused, _post
 
 SECRET = "test-cluster-secret-0123456789"
 ADDRESSES = ("127.0.2.1", "127.0.2.2", "127.0.2.3")
@@ -46,19 +47,36 @@ async def test_four_daemons_keep_one_request_per_address(tmp_path) -> None:
                 argv += ["--join", seed_addr]
             log = open(tmp_path / f"{name}.log", "ab")  # noqa: SIM115 - closed with the test's tmp dir
             procs[name] = await trio.lowlevel.open_process(argv, env=env, stderr=log)
-            with trio.fail_after(30):
+            # a bound, not a wait: starting a daemon on a loaded 2-core machine has taken over 30 s
+            with trio.fail_after(120):
                 while not (tmp_path / name / "peer.addr").exists():
                     assert procs[name].poll() is None, (tmp_path / f"{name}.log").read_text()[-2000:]
                     await trio.sleep(0.05)
             seed_addr = seed_addr or (tmp_path / name / "peer.addr").read_text().strip()
 
+        class Nodes:  # what the pause helpers read: the data dirs and the control addresses
+            tmp = tmp_path
+
+            @staticmethod
+            def control(name: str) -> str:
+                return (tmp_path / name / "control.addr").read_text().strip()
+
+        async def while_paused(via: str, starting: str, names: set[str]) -> None:
+            """Start `starting` with the crawl paused: a start has taken 20-40 s on a loaded machine, in which
+            the others would finish the crawl."""
+            await _post(Nodes.control(via), "/pause", tmp_path / via)
+            await start(starting)
+            await _paused(Nodes, names)
+            await _post(Nodes.control(via), "/resume", tmp_path / via)
+
         try:
-            for name in ("A", "B", "C"):
-                await start(name)
+            await start("A")
+            await while_paused("A", "B", {"A", "B"})
+            await while_paused("A", "C", {"A", "B", "C"})
             with trio.fail_after(120):
                 while len(urls_fetched(web, expected)) < 0.3 * len(expected.fetched):
                     await trio.sleep(0.05)
-            await start("D")  # joins mid-crawl: addresses move to it
+            await while_paused("A", "D", {"A", "B", "C", "D"})  # joins mid-crawl: addresses move to it
             with trio.fail_after(120):
                 while len(urls_fetched(web, expected)) < 0.6 * len(expected.fetched):
                     await trio.sleep(0.05)
@@ -74,7 +92,10 @@ async def test_four_daemons_keep_one_request_per_address(tmp_path) -> None:
                         if {n["node_id"]: n["state"] for n in view["nodes"]}.get("B") == "dead":
                             break
                         await trio.sleep(0.1)
-            await start("B")  # back from its data dir, with the queue it had (restarted as a supervisor would)
+            # back from its data dir, with the queue it had (restarted as a supervisor would)
+            for name in ("peer.addr", "control.addr"):
+                (tmp_path / "B" / name).unlink(missing_ok=True)
+            await while_paused("A", "B", {"A", "B", "C", "D"})
             with trio.fail_after(240):
                 for name in ("A", "B", "C", "D"):
                     assert await procs[name].wait() == 0, (tmp_path / f"{name}.log").read_text()[-2000:]

@@ -1,10 +1,10 @@
 """Real peerd daemons with queued-URL replicas (`--replicas R`, peer/cluster/replicas/queuereplicas.py): nodes that die for
 good lose no URL, and a partition that heals keeps one connection per host.
 
-- A=150, B=80, C=200, D=40 crawl a generated web of 200 hosts with `--replicas 1`; E=300 joins, C leaves
-  gracefully; the crawl is paused (one `POST /pause`) during the leave until the ring has settled and every
-  replica is where it puts it, and no node starts a request while it is; soon after it resumes B is SIGKILLed
-  and never restarted. Every reachable, allowed page is fetched (from the web server's own log), and of the
+- A=150, B=80, C=200, D=40 crawl a generated web of 200 hosts with `--replicas 1`; the crawl is paused (one
+  `POST /pause`) at a tenth of the web, E=300 joins, C leaves gracefully with its queues, and the crawl stays
+  paused until the ring has settled and every replica is where it puts it; no node (E included) starts a request
+  while it is; soon after it resumes B is SIGKILLed and never restarted. Every reachable, allowed page is fetched (from the web server's own log), and of the
   pages B fetched, only those under way at the kill, or finished just before it (their replica's release still
   on its way), are fetched again.
 - The same with `--replicas 2`, B and D killed at the same moment.
@@ -20,36 +20,20 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import trio
 import pytest
 
-from peer.control import auth_headers
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import crawl_delay_violations, max_concurrent_connections_per_host, requested_urls
 from tests.support.crawl import child_env, kill_pid, start_local_web, urls_fetched
-from tests.test_cluster_daemons import Cluster, _wait_fetched
+from tests.test_cluster_daemons import (Cluster, _form, _get, _paused, _post, _progress, _started_while_paused,
+                                        _wait_fetched)
 
 #: Reported, not asserted: pages a victim fetched more than this before the kill and that were fetched again
 #: (their release waited that long for the acks of the links they routed).
 RELEASE_SLACK = 1.5
 
 pytestmark = pytest.mark.slow  # real peerd daemons
-
-
-async def _get(address: str, path: str, data_dir: Path) -> dict:
-    """A control-endpoint GET; 30 s allowed (a node busy with a hand-off of thousands of arcs answers late)."""
-    async with httpx.AsyncClient(timeout=30.0) as client:
-        resp = await client.get(f"http://{address}{path}", headers=auth_headers(data_dir))
-        return resp.json()
-
-
-async def _post(address: str, path: str, data_dir: Path) -> dict:
-    """A control-endpoint POST with an empty JSON body (`/pause`, `/resume`)."""
-    async with httpx.AsyncClient(timeout=30.0) as client:
-        resp = await client.post(f"http://{address}{path}", json={}, headers=auth_headers(data_dir))
-        assert resp.status_code == 200, resp.text
-        return resp.json()
 
 
 async def _restored(cluster: Cluster, owners: set[str], timeout: float = 60.0) -> float:
@@ -83,23 +67,6 @@ async def _seen_as(cluster: Cluster, observer: str, name: str, state: str, timeo
             await trio.sleep(0.1)
 
 
-async def _paused(cluster: Cluster, names: set[str], timeout: float = 60.0) -> float:
-    """Wait until every node in `names` reports the crawl paused and no worker busy; returns the wall time
-    from which none of them starts a request until the crawl is resumed."""
-    why: dict[str, object] = {}
-    with trio.move_on_after(timeout):
-        while True:
-            why = {}
-            for name in sorted(names):
-                status = await _get(cluster.control(name), "/status", cluster.tmp / name)
-                if not status["settings"]["paused"] or status["queue"]["workers_busy"]:
-                    why[name] = (status["settings"], status["queue"])
-            if not why:
-                return time.time()
-            await trio.sleep(0.1)
-    raise AssertionError(f"the pause did not reach every node within {timeout:g} s: {why}")
-
-
 async def _leave(cluster: Cluster, name: str) -> None:
     leave = await trio.to_thread.run_sync(
         lambda: subprocess.run(
@@ -122,32 +89,28 @@ async def _dead_kill_run(tmp_path: Path, replicas: int, victims: tuple[str, ...]
             return ("--replicas", str(replicas), *(("--zone", zones[name]) if zones else ()))
 
         try:
-            await cluster.start("A", 150, join=False, extra=extra("A"))
-            for name, weight in (("B", 80), ("C", 200), ("D", 40)):
-                await cluster.start(name, weight, extra=extra(name))
+            await _form(cluster, (("A", 150), ("B", 80), ("C", 200), ("D", 40)), extra)
             await _wait_fetched(web, expected, 0.10, 120)
+            # The crawl is paused (a pause reaches every node, and a node that joins later) with nine tenths of the
+            # web still queued; E joins, C leaves with its queues, and the crawl stays paused until the ring has
+            # settled with every replica where it puts it: the victims have URLs queued at the kill however long
+            # the join, the leave and the settling take on a loaded machine (starting a daemon there can take
+            # longer than the rest of the crawl)
+            paused = await _post(cluster.control("A"), "/pause", cluster.tmp / "A")
+            assert paused["settings"]["paused"]
+            idle_at = await _paused(cluster, {"A", "B", "C", "D"})
+            paused_at = len(urls_fetched(web, expected)) / len(expected.fetched)
             await cluster.start("E", 300, extra=extra("E"))
-            await _wait_fetched(web, expected, 0.25, 120)
-            # C leaves during the crawl; once the others see it leaving (its arcs are moving) the crawl is paused
-            # (a pause reaches every node) until the leave is over and the ring has settled with every replica
-            # where it puts it, so the victims have URLs queued at the kill however long the leave and the
-            # settling take on a loaded machine
-            async with trio.open_nursery() as leaving:
-                leaving.start_soon(_leave, cluster, "C")
-                await _seen_as(cluster, "A", "C", "leaving")
-                paused = await _post(cluster.control("A"), "/pause", cluster.tmp / "A")
-                assert paused["settings"]["paused"]
-                idle_at = await _paused(cluster, {"A", "B", "D", "E"})
-                paused_at = len(urls_fetched(web, expected)) / len(expected.fetched)
+            await _paused(cluster, {"E"})
+            await _leave(cluster, "C")
             settle = await _restored(cluster, {"A", "B", "D", "E"})
             resumed_at = len(urls_fetched(web, expected)) / len(expected.fetched)
             resume_at = time.time()
-            started = [r for r in web.log if idle_at <= r.wall_start <= resume_at and r.user_agent.endswith(
-                tuple(f"nodes.test/{name})" for name in ("A", "B", "D", "E")))]
+            started = _started_while_paused(web, "ABCDE", idle_at, resume_at)
             assert not started, f"the crawl went on while paused: {len(started)} requests, e.g. {started[:3]}"
             await _post(cluster.control("A"), "/resume", cluster.tmp / "A")
             # fetching again, requests in flight: 3% more of the web, or half of what is left when less than 6% is
-            await _wait_fetched(web, expected, min(resumed_at + 0.03, (1 + resumed_at) / 2), 120)
+            await _progress(cluster, web, expected, min(resumed_at + 0.03, (1 + resumed_at) / 2), "ABDE")
             # what the victims are done with but their backups do not know yet: their heirs fetch it again
             status_at = time.time()
             unreleased = 0
@@ -245,9 +208,7 @@ async def test_a_five_second_partition_that_heals_loses_nothing_and_keeps_one_co
         expected = web.expected()
         cluster = Cluster(tmp_path, web, dns, delay=0.5, concurrency=32)
         try:
-            await cluster.start("A", 150, join=False)
-            for name, weight in (("B", 80), ("C", 200), ("D", 40)):
-                await cluster.start(name, weight)
+            await _form(cluster, (("A", 150), ("B", 80), ("C", 200), ("D", 40)))
             await _wait_fetched(web, expected, 0.30, 120)
             await _restored(cluster, {"A", "B", "C", "D"})
             cut_at = time.time()

@@ -1,7 +1,8 @@
 """Every dedup kind against the same model: check-and-insert, arcs, hand-off, and clear refusals.
 
-The Redis kind runs against a real redis-server that this module starts on a free loopback port and stops
-by its PID; it is skipped (with the reason) only when redis-server is not installed.
+The Redis kind runs against a real redis-server that this module starts on a free loopback port (another one if
+that port is taken before the server binds it) and stops by its PID; it is skipped (with the reason) only when
+redis-server is not installed.
 """
 
 from __future__ import annotations
@@ -47,26 +48,45 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    if REDIS is None:
-        pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
-    port = free_port()
+def _start_redis(port: int) -> subprocess.Popen | None:
+    """redis-server on `port`, once it answers as itself (its INFO names its own PID); None when it could not
+    take the port (another process bound it between `free_port` and the start), so the caller tries another."""
+    import redis
+
     proc = subprocess.Popen(
         [REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    deadline = time.monotonic() + 10
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            pid = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1).info("server")["process_id"]
+        except (OSError, redis.exceptions.RedisError):
+            time.sleep(0.05)
+            continue
+        if pid == proc.pid:
+            return proc
+        break  # another server answers on that port
+    proc.terminate()
+    proc.wait(timeout=10)
+    return None
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    if REDIS is None:
+        pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
+    # redis-server cannot be told to pick a free port itself (--port 0 turns TCP off), so a port that another
+    # process takes before the server binds it is given up for another
+    for _ in range(5):
+        port = free_port()
+        proc = _start_redis(port)
+        if proc is not None:
+            break
+    else:
+        raise AssertionError("redis-server did not start on any of 5 free ports within 10 s each")
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert proc.poll() is None, "redis-server exited at start"
-                assert time.monotonic() < deadline, "redis-server did not listen within 10 s"
-                time.sleep(0.05)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         proc.terminate()
@@ -271,8 +291,9 @@ def test_open_dedup_errors_name_the_choice():
 
 
 def test_redis_unreachable_is_one_storage_error():
-    with pytest.raises(StorageError) as info:
-        open_dedup("redis", None, redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    with socket.socket() as bound, pytest.raises(StorageError) as info:
+        bound.bind(("127.0.0.1", 0))  # bound, never listening: a connection to it is refused, and no one else takes it
+        open_dedup("redis", None, redis_url=f"redis://127.0.0.1:{bound.getsockname()[1]}/0")
     assert "redis at 127.0.0.1" in str(info.value) and "\n" not in str(info.value)
 
 

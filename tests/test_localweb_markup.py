@@ -72,6 +72,7 @@ def test_real_markup_web_is_deterministic_across_processes() -> None:
     assert _page_urls(_real(seed=12), host, 7)[1] != body
 
 
+@pytest.mark.slow  # 2.5-5.3 s: builds and measures thousands of pages
 def test_generated_pages_follow_the_stated_distributions() -> None:
     graph = _real(hosts=60, pages_per_host=50, doc_fraction=0.0)
     sizes, inline, depths, elements = [], [], [], []

@@ -28,6 +28,7 @@ from peer.cli.main import peerctl_main
 from peerlab.localweb.graph import SiteGraph
 from tests.support.crawl import child_env, kill_pid, node_config, peerd_argv, start_local_web, urls_fetched
 from tests.support.plugin_web import ROOT, check_items, expected_fetched
+from tests.test_cluster_daemons import _paused, _post
 
 pytestmark = pytest.mark.slow  # real peerd daemons
 
@@ -75,17 +76,23 @@ class Nodes:
             argv += ["--join", self.seed]
         env = {**child_env(), **(env or {})}
         env["PEERCRAWL_CLUSTER_SECRET"] = SECRET
+        # a killed node's heir lends no lane of the web's one address for lease + total time-out (62 s by default)
+        env["PEERCRAWL_TOTAL_TIMEOUT"] = "10"
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the test's tmp dir
         proc = await trio.lowlevel.open_process(argv, env=env, stderr=log)
         self.procs[name] = proc
         if wait_ready:
-            with trio.fail_after(30):
+            # a bound, not a wait: starting a daemon on a loaded 2-core machine has taken over 30 s
+            with trio.fail_after(120):
                 while not (self.tmp / name / "peer.addr").exists():
                     assert proc.poll() is None, f"{name} exited early: {self.log(name)[-2000:]}"
                     await trio.sleep(0.05)
             if self.seed is None:
                 self.seed = (self.tmp / name / "peer.addr").read_text().strip()
         return proc
+
+    def control(self, name: str) -> str:
+        return (self.tmp / name / "control.addr").read_text().strip()
 
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
@@ -108,20 +115,19 @@ async def test_three_nodes_with_a_kill_write_the_oracles_items(tmp_path):
         expected = web.expected()
         nodes = Nodes(tmp_path, web, dns, delay=0.3, concurrency=32)
         try:
-            # the crawl waits until the three have joined (paused cluster-wide): a loaded machine may take longer
-            # to start a node than the first node takes to crawl the whole web
+            # paused from A's start until B and C have joined, and again while the killed node restarts: a start
+            # has taken 20-40 s on a loaded machine, in which the others would finish the crawl
             for name in ("A", "B", "C"):
                 await nodes.start(name, config, join=name != "A")
                 if name == "A":
-                    paused = await trio.to_thread.run_sync(lambda: _peerctl_here("pause", f"--data-dir={tmp_path / 'A'}"))
-                    assert paused.returncode == 0, paused.stderr
+                    await _post(nodes.control("A"), "/pause", tmp_path / "A")
+            await _paused(nodes, {"A", "B", "C"})
             # one node asked, every node's chain shown
             shown = await trio.to_thread.run_sync(lambda: _peerctl("plugins", f"--data-dir={tmp_path / 'B'}"))
             assert shown.returncode == 0, shown.stderr
             assert shown.stdout.count("peer.plugins:RuleExtractor v1") == 3 and "differs" not in shown.stdout
             assert {line.split(":")[0] for line in shown.stdout.splitlines() if " chain " in line} == {"A", "B", "C"}
-            resumed = await trio.to_thread.run_sync(lambda: _peerctl_here("resume", f"--data-dir={tmp_path / 'C'}"))
-            assert resumed.returncode == 0, resumed.stderr
+            await _post(nodes.control("A"), "/resume", tmp_path / "A")
             # the node that fetches the structured pages is killed once a third of them are fetched
             with trio.fail_after(120):
                 while len(_structured_fetches(web, truth)) < (len(truth.products) + len(truth.articles)) / 3:
@@ -131,9 +137,12 @@ async def test_three_nodes_with_a_kill_write_the_oracles_items(tmp_path):
             kill_pid(nodes.procs[owner].pid, signal.SIGKILL)
             await nodes.procs[owner].wait()
             other = next(n for n in "ABC" if n != owner)  # restarted, it joins through a live member
+            await _post(nodes.control(other), "/pause", tmp_path / other)
             nodes.seed = (tmp_path / other / "peer.addr").read_text().strip()
             (tmp_path / owner / "peer.addr").unlink()
             await nodes.start(owner, config)
+            await _paused(nodes, {"A", "B", "C"})
+            await _post(nodes.control(other), "/resume", tmp_path / other)
             with trio.fail_after(240):
                 for name in ("A", "B", "C"):
                     assert await nodes.procs[name].wait() == 0, nodes.log(name)[-3000:]

@@ -285,22 +285,19 @@ def _permanent_schedule(operations: list[tuple], seed: int) -> None:
     _report(f"permanent schedule seed={seed} {operations}", figures | _restore_figures(out["sim"]))
 
 
-# The schedules that found defects; random ones run with the search below.
+# Schedules that pin defects (CHANGELOG.md, "Fixed"); random ones run with the search below.
 @settings(phases=[Phase.explicit], deadline=None, database=None)
 @given(operations=PERMANENT, seed=st.integers(0, 2**16))
-# Lost 8 pages once the schedule shifted: a joiner acknowledged a hand-off chunk before its backups held the
-# URLs and died 65 ms later. A chunk's ack now waits for its replicas, as a batch's does.
+# A joiner that dies 65 ms after acknowledging a hand-off chunk: a chunk's ack waits for its replicas, as a
+# batch's does.
 @example(operations=[("kill", 0.2, 3), ("join", 0.4, 1), ("kill", 0.6, 7)], seed=4242)
 @example(operations=[("leave", 0.15, 2), ("kill", 0.3, 5), ("kill", 0.5, 1)], seed=977)
-# Found by the search: a page's release reached its own backup while the replica of a link it queued, whose
-# arc has another backup, was stuck behind a lost message; the node died and the link was lost (3 pages). A
-# release now waits for the replicas of the links its page queued here, as for those it routed.
-# Later it lost 1 page: the seen-key replica of a fetched page reached the heir before the replica of the
-# link it queued; the heir never fetched the page again. The seen key now goes with the page's release.
+# A page's release reaching its own backup while the replica of a link it queued (whose arc has another backup)
+# is stuck behind a lost message: a release waits for the replicas of the links its page queued here, as for
+# those it routed; and the page's seen-key replica goes with its release, not before the link's replica.
 @example(operations=[("kill", 0.25, 0)], seed=65535)
-# Found by the search (2026-11-26): a page waited for the ack of a link routed to its own backup, which had died;
-# the re-homing to the new backup skipped the page (neither queued nor in flight), and the owner's death then lost
-# the link (1 page). A page whose release is held is re-homed like a queued URL.
+# A page waiting for the ack of a link routed to its own backup, which dies: a page whose release is held is
+# re-homed to the new backup like a queued URL, before the owner's death.
 @example(operations=[("join", 0.08784353332009495, 0), ("kill", 0.765625, 87), ("kill", 0.765625, 87)], seed=31527)
 def test_any_schedule_of_permanent_kills_loses_no_url_with_one_replica(operations: list[tuple], seed: int) -> None:
     _permanent_schedule(operations, seed)

@@ -49,6 +49,23 @@ def _warc_records(tmp_path, names) -> list[tuple[str, str, str, str | None, str 
     return out
 
 
+async def _fetched_since(web, pages: set[str], since: float, times: int = 1, timeout: float = 60.0) -> None:
+    """Wait until every page of `pages` has been fetched `times` times since the wall time `since`."""
+    counts: dict[str, int] = {}
+    with trio.move_on_after(timeout):
+        while True:
+            counts = dict.fromkeys(pages, 0)
+            for r in web.log:
+                url = web.url(r.host, r.path)
+                if r.wall_start >= since and url in counts:
+                    counts[url] += 1
+            if min(counts.values()) >= times:
+                return
+            await trio.sleep(0.1)
+    late = sorted(u for u, n in counts.items() if n < times)
+    raise AssertionError(f"{len(late)} pages not fetched {times} times in the {timeout:g} s since: {late[:5]}")
+
+
 async def test_revisit_schedules_survive_a_join_a_leave_and_a_kill(tmp_path):
     graph = SiteGraph.generate(seed=43, hosts=12, pages_per_host=5, features=False)
     changes = ChangeSchedule(start=time.time(), periods=(None, 3.0))
@@ -56,27 +73,33 @@ async def test_revisit_schedules_survive_a_join_a_leave_and_a_kill(tmp_path):
     async with trio.open_nursery() as nursery:
         web = await nursery.start(lambda task_status: serve_web(graph, changes=changes, task_status=task_status))
         dns = await nursery.start(serve_dns, graph.zone())
+        pages = web.expected().fetched
         nodes = Daemons(tmp_path, web, dns, exit_when_done=False, delay=0.1, concurrency=32)
         try:
+            # each stage lasts until every page has been revisited under it (the log of the web says when)
             await nodes.start("A", extra=REVISIT)
             await nodes.start("B", extra=REVISIT)
-            await trio.sleep(10)
+            await _fetched_since(web, pages, 0.0, times=2)  # fetched, then revisited
             events["join"] = time.time()
             await nodes.start("C", extra=REVISIT)
-            await trio.sleep(10)
+            await _fetched_since(web, pages, events["join"])
             events["leave"] = time.time()
             await nodes.peerctl("leave", "--data-dir", nodes.data_dir("B"), "--timeout", "60")
             with trio.fail_after(60):
                 assert await nodes.procs["B"].wait() == 0, nodes.log_tail("B")
-            await trio.sleep(8)
+            await _fetched_since(web, pages, time.time())
             events["kill"] = time.time()
             kill_pid(nodes.procs["A"].pid, signal.SIGKILL)
             await nodes.procs["A"].wait()
-            await trio.sleep(4)  # C declares A dead (2 s suspicion) and owns everything meanwhile
+            # C declares A dead (2 s suspicion) and owns everything meanwhile
+            with trio.fail_after(30):
+                while {n["node_id"]: n["state"] for n in (await nodes.get("C", "/cluster"))["nodes"]}.get("A") != "dead":
+                    await trio.sleep(0.1)
             nodes.seed = (tmp_path / "C" / "peer.addr").read_text().strip()
             await nodes.start("A", extra=REVISIT)
             events["restart"] = time.time()
-            await trio.sleep(14)
+            # twice over since the restart: a page that both A and C revisited would show two fetches too close
+            await _fetched_since(web, pages, events["restart"], times=2)
             status = {n: await nodes.get(n, "/status") for n in ("A", "C")}
             events["end"] = time.time()
             await nodes.stop_all()

@@ -22,6 +22,7 @@ import trio
 from peer.control import auth_headers
 from peerlab.localweb.graph import SiteGraph
 from tests.support.crawl import child_env, kill_pid, node_config, peerd_argv, start_local_web
+from tests.test_cluster_daemons import _post
 
 pytestmark = pytest.mark.slow  # real peerd processes
 
@@ -46,7 +47,8 @@ class Daemons:
         env["PEERCRAWL_CLUSTER_SECRET"] = SECRET
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the test's tmp dir
         proc = self.procs[name] = await trio.lowlevel.open_process(argv + list(extra), env=env, stderr=log)
-        with trio.fail_after(30):
+        # a bound, not a wait: starting a daemon on a loaded 2-core machine has taken over 30 s
+        with trio.fail_after(120):
             while not (self.tmp / name / "peer.addr").exists():
                 assert proc.poll() is None, f"{name} exited early: {self.log_tail(name)}"
                 await trio.sleep(0.05)
@@ -64,18 +66,18 @@ class Daemons:
         return "\n".join((self.tmp / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
 
     async def get(self, name: str, path: str) -> dict:
-        async with httpx.AsyncClient(timeout=5.0) as client:
+        async with httpx.AsyncClient(timeout=30.0) as client:  # 30 s: a node on a loaded machine answers late
             return (await client.get(f"http://{self.control(name)}{path}",
                                      headers=auth_headers(self.tmp / name))).json()
 
     async def peerctl(self, *args: str) -> str:
         done = await trio.to_thread.run_sync(lambda: subprocess.run(
             [sys.executable, "-c", "import sys; from peer.cli.main import peerctl_main; sys.exit(peerctl_main())",
-             *args], capture_output=True, text=True, timeout=60, env=child_env()))
+             *args], capture_output=True, text=True, timeout=150, env=child_env()))
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
-    async def wait_settings(self, names, check, timeout: float = 15.0) -> dict[str, dict]:
+    async def wait_settings(self, names, check, timeout: float = 60.0) -> dict[str, dict]:
         seen: dict[str, dict] = {}
         with trio.move_on_after(timeout):
             while True:
@@ -185,7 +187,12 @@ async def test_a_page_budget_holds_fleet_wide_while_hosts_move_to_a_joining_node
             with trio.fail_after(60):  # many hosts have part of their budget spent on A when B joins
                 while len({r.host for r in _pages(web.log)}) < len(graph.hosts) // 2:
                     await trio.sleep(0.05)
+            # paused while B starts and joins (a start has taken 40 s on a loaded machine, A alone would spend
+            # every budget meanwhile), resumed once B has the pause too
+            await _post(nodes.control("A"), "/pause", tmp_path / "A")  # not peerctl: it takes seconds to start
             await nodes.start("B", weight=150)
+            await nodes.wait_settings(["A", "B"], lambda s: s["paused"])
+            await _post(nodes.control("A"), "/resume", tmp_path / "A")
             await nodes.wait_done(["A", "B"])
             await nodes.stop_all()
         finally:
