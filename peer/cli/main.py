@@ -168,6 +168,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
                         "AWS_REGION); e.g. --upload s3://crawls/2026-11")
     c.add_argument("--keep-local", dest="keep_local", action="store_const", const=True,
                    help="keep WARC files on this disk after their verified upload")
+    c.add_argument("--disk-min-free-mib", dest="disk_min_free_mib", type=int, metavar="MIB",
+                   help="below this much free space on the data directory's disk the node holds (no new fetch, no "
+                        "new URL admitted) and resumes by itself at a quarter more (0: never hold)")
     c.add_argument("--webhook", metavar="URL",
                    help="POST a signed JSON notice for every WARC file uploaded (with --upload) or closed; the "
                         "HMAC key is webhook_secret (PEERCRAWL_WEBHOOK_SECRET); e.g. --webhook https://hooks.example/warc")

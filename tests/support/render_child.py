@@ -1,5 +1,6 @@
 """A process that runs a render pool and renders a page in a loop until it is killed: the orphan tests kill it
-(or its browser) at a random moment. It prints the browser's process group id once the browser is up."""
+(or its browser) at a random moment. It prints the browser's process group id once the browser is up. The loop
+is bounded (at most 2,000 renders a task, 300 s in all), far past any test's kill."""
 
 from __future__ import annotations
 
@@ -19,15 +20,18 @@ async def serve(request):  # type: ignore[no-untyped-def]
 
 async def main() -> None:
     pool = RenderPool(PoolLimits(tabs=2, max_pages=5, time_limit=10))
+    with trio.move_on_after(300):
+        await _run(pool)
+
+
+async def _run(pool: RenderPool) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.serve_pool)
         await pool.render("http://child.test/first", serve)
         print(pool.pgid, flush=True)
 
         async def loop(k: int) -> None:
-            i = 0
-            while True:
-                i += 1
+            for i in range(1, 2001):
                 try:
                     await pool.render(f"http://child.test/{k}/{i}", serve)
                 except Exception:
