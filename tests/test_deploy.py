@@ -658,7 +658,8 @@ def test_shellcheck(tmp_path: Path) -> None:
         pytest.skip("shellcheck is not installed (apt package shellcheck)")
     readme = tmp_path / "deploy-readme.sh"
     readme.write_text("#!/usr/bin/env bash\n" + readme_shell_blocks())
-    scripts = sorted(DEPLOY.glob("*.sh")) + sorted(DEPLOY.glob("*/*.sh")) + [readme]
+    ci = [ROOT / ".ci" / "run", *sorted((ROOT / ".ci").glob("*.sh"))]
+    scripts = sorted(DEPLOY.glob("*.sh")) + sorted(DEPLOY.glob("*/*.sh")) + ci + [readme]
     out = subprocess.run([tool, "--shell=bash", "--severity=style", *map(str, scripts)], capture_output=True,
                          text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
