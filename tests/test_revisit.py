@@ -1,7 +1,9 @@
 """Revisits: a node with --revisit fetches every stored page again within its bounds, with conditional GETs;
 unchanged pages cost a WARC revisit record (a 304: server-not-modified; the same payload: identical-payload-
 digest), changed pages a full record. Judged by the local web's own log (which pages changed when, what it
-answered) and by reading the WARC files back with warcio."""
+answered) and by reading the WARC files back with warcio. The schedule's side of a hand-off is tested on the real
+`Handoff` and LMDB `NodeStore`, chunks delivered by hand in either order: a revisit is queued at a node exactly
+when its page's URL is."""
 
 from __future__ import annotations
 
@@ -200,7 +202,9 @@ def _fetched_and_due(store: NodeStore, page: QueuedUrl, due: float, interval: fl
     record = RevisitRecord(url=page.url, host=page.host, depth=page.depth, due=due, interval=interval, etag='"v1"')
     store.finish_revisit(page, record)
     assert store.queue_due(due, 10, lambda host: True) == [page]
-    return store.revisits.get(page.host, page.url)
+    queued = store.revisits.get(page.host, page.url)
+    assert queued is not None
+    return queued
 
 
 def _queued(store: NodeStore, page: QueuedUrl) -> int:
