@@ -237,8 +237,11 @@ class RevisitSchedule:
 
     def _queued_in(self, txn: Txn, items: Sequence[QueuedUrl]) -> int:
         """These pages were queued here by other means than the schedule (a hand-off's URLs): a waiting
-        record among them is taken off the time index, since that queued URL is its revisit. Returns how many."""
+        record among them is taken off the time index, since that queued URL is its revisit. Returns how many.
+        With no schedule here (no `--revisit`) it looks nothing up."""
         n = 0
+        if not txn.stat(self._db)["entries"]:
+            return n
         for item in items:
             key = host_prefix(item.host) + url_fingerprint(item.url)
             old = txn.get(key, db=self._db)
