@@ -248,31 +248,58 @@ class FrontierStore(Closing):
     def discard(self, items: Sequence[QueuedUrl]) -> int:
         """Remove these queued URLs (matched by host and URL), e.g. ones a hand-off says were fetched by the
         host's previous owner. Returns how many were removed."""
+        return len(self._env.write(lambda txn: self._discard_in(txn, items))) if items else 0
+
+    def _discard_in(self, txn: Txn, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
+        """`discard` within `txn`; returns the queue entries removed."""
         by_host: dict[str, set[str]] = {}
         for item in items:
             by_host.setdefault(item.host, set()).add(item.url)
-
-        def remove(txn: Txn) -> int:
-            n = 0
-            for host, urls in by_host.items():
-                prefix = host_prefix(host)
-                cur = txn.cursor(self._queue)
-                gone = 0
-                if cur.set_range(prefix):
-                    while cur.key().startswith(prefix):
-                        if _item_of(cur.key(), cur.value()).url in urls:
-                            if not cur.delete():
-                                break
-                            gone += 1
-                            continue
-                        if not cur.next():
+        removed: list[QueuedUrl] = []
+        for host, urls in by_host.items():
+            prefix = host_prefix(host)
+            cur = txn.cursor(self._queue)
+            gone = 0
+            if cur.set_range(prefix):
+                while cur.key().startswith(prefix):
+                    item = _item_of(cur.key(), cur.value())
+                    if item.url in urls:
+                        if not cur.delete():
                             break
-                if gone:
-                    self._count_add(txn, prefix, -gone)
-                    n += gone
-            return n
+                        removed.append(item)
+                        gone += 1
+                        continue
+                    if not cur.next():
+                        break
+            if gone:
+                self._count_add(txn, prefix, -gone)
+        return removed
 
-        return self._env.write(remove) if by_host else 0
+    def _holding_in(self, txn: Txn, urls: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Which of these (host, URL) pairs are queued or in flight here: a look-up of each in flight, and one
+        read of the queue of each host with a URL not in flight."""
+        held: set[tuple[str, str]] = set()
+        by_host: dict[str, set[str]] = {}
+        for host, url in urls:
+            if txn.get(host_prefix(host) + url_fingerprint(url), db=self._flight) is not None:
+                held.add((host, url))
+            else:
+                by_host.setdefault(host, set()).add(url)
+        for host, wanted in by_host.items():
+            prefix = host_prefix(host)
+            cur = txn.cursor(self._queue)
+            if not cur.set_range(prefix):
+                continue
+            for key, value in cur:
+                if not key.startswith(prefix):
+                    break
+                url = _item_of(key, value).url
+                if url in wanted:
+                    held.add((host, url))
+                    wanted.discard(url)
+                    if not wanted:
+                        break
+        return held
 
     def requeue(self, items: Sequence[QueuedUrl]) -> int:
         """Put in-flight URLs back at their place in their queues (a fetch that will not happen here, e.g. the

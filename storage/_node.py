@@ -138,14 +138,54 @@ class NodeStore(Closing):
         return self._env.write(run)
 
     def accept(self, owned: Sequence[QueuedUrl], forward: Sequence[tuple[str, QueuedUrl]], *,
-               aside: bool = False) -> list[QueuedUrl]:
+               aside: bool = False, handed: bool = False) -> list[QueuedUrl]:
         """A peer's batch: admit the URLs owned here and put the others in the outbox for their owners, in
-        one transaction; return the new ones. `aside`: no page's release waits for the forwarded ones."""
+        one transaction; return the new ones. `aside`: no page's release waits for the forwarded ones.
+        `handed`: the URLs came with their arc in a hand-off, where a queued one may be a page's revisit: a new
+        one whose page has a revisit waiting here is that revisit, taken off the time index."""
 
         def run(txn: Txn) -> list[QueuedUrl]:
             new = self._admit_in(txn, owned) if owned else []
             self.outbox._put_in(txn, forward, aside=aside)
+            if handed and new:
+                self.revisits._queued_in(txn, new)
             return new
+
+        return self._env.write(run)
+
+    def put_revisits(self, records: Sequence[RevisitRecord]) -> None:
+        """Revisit schedules handed over with their arc (`queued`: at their sender), in one transaction: each is
+        queued here exactly when its page's URL is queued or in flight here, else it waits on the time index
+        (`RevisitSchedule._put_arc_in`)."""
+        if not records:
+            return
+
+        def run(txn: Txn) -> None:
+            revisits = self.revisits
+            ask = []
+            for record in records:
+                if record.queued:
+                    ask.append(record)
+                else:
+                    here = revisits._get_in(txn, record.key())
+                    if here is not None and here.queued:
+                        ask.append(record)
+            held = self.frontier._holding_in(txn, [(record.host, record.url) for record in ask])
+            revisits._put_arc_in(txn, records, {r.key() for r in ask if (r.host, r.url) in held})
+
+        self._env.write(run)
+
+    def discard(self, items: Sequence[QueuedUrl]) -> int:
+        """Remove these queued URLs (a hand-off says the host's previous owner has them as fetched), in one
+        transaction with their pages' revisits: one that was queued waits on the time index again, so it is not
+        lost with its queue entry. Returns how many URLs were removed."""
+        if not items:
+            return 0
+
+        def run(txn: Txn) -> int:
+            removed = self.frontier._discard_in(txn, items)
+            self.revisits._unqueued_in(txn, removed)
+            return len(removed)
 
         return self._env.write(run)
 

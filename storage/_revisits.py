@@ -130,6 +130,10 @@ class RevisitSchedule:
             out.append(queued)
         return out
 
+    def _get_in(self, txn: Txn, key: bytes) -> RevisitRecord | None:
+        value = txn.get(key, db=self._db)
+        return None if value is None else _record(value)
+
     # -- on their own --
 
     def get(self, host: str, url: str) -> RevisitRecord | None:
@@ -206,20 +210,62 @@ class RevisitSchedule:
             yield _record(value)
 
     def put_arc(self, records: Sequence[RevisitRecord]) -> None:
-        """Take in records handed over: a record already here whose revisit is queued stays so, and of two waiting
-        records the later due time wins (never revisit early)."""
+        """Take in records handed over, with this schedule alone: a page whose revisit is queued here is taken as
+        still queued (`NodeStore.put_revisits` asks the frontier instead). See `_put_arc_in`."""
 
         def run(txn: Txn) -> None:
+            held = set()
             for record in records:
                 old = txn.get(record.key(), db=self._db)
-                if old is not None:
-                    here = _record(old)
-                    if here.queued or here.due > record.due:
-                        record = replace(record, due=here.due, queued=here.queued)
-                self._put_in(txn, record)
+                if old is not None and _record(old).queued:
+                    held.add(record.key())
+            self._put_arc_in(txn, records, held)
 
         if records:
             self._env.write(run)
+
+    def _put_arc_in(self, txn: Txn, records: Sequence[RevisitRecord], held: set[bytes]) -> None:
+        """Records handed over (`queued`: at their sender), merged with those here: the handed-over fields, the
+        later of the two due times (never revisit early), and queued exactly when the page's URL is queued or
+        in flight here (its key in `held`): else it waits on the time index, so no revisit is queued twice and
+        none is left queued with nothing queued to fetch it."""
+        for record in records:
+            key = record.key()
+            old = txn.get(key, db=self._db)
+            due = record.due if old is None else max(record.due, _record(old).due)
+            self._put_in(txn, replace(record, due=due, queued=key in held))
+
+    def _queued_in(self, txn: Txn, items: Sequence[QueuedUrl]) -> int:
+        """These pages were queued here by other means than the schedule (a hand-off's URLs): a waiting
+        record among them is taken off the time index, since that queued URL is its revisit. Returns how many.
+        With no schedule here (no `--revisit`) it looks nothing up."""
+        n = 0
+        if not txn.stat(self._db)["entries"]:
+            return n
+        for item in items:
+            key = host_prefix(item.host) + url_fingerprint(item.url)
+            old = txn.get(key, db=self._db)
+            if old is not None:
+                record = _record(old)
+                if not record.queued:
+                    self._put_in(txn, replace(record, queued=True))
+                    n += 1
+        return n
+
+    def _unqueued_in(self, txn: Txn, items: Sequence[QueuedUrl]) -> int:
+        """These queued URLs left the frontier unfetched (a hand-off said the host's previous owner has
+        them as fetched): a record among them whose revisit was queued waits again, due when it was due (a
+        record handed over from that owner may make it later). Returns how many."""
+        n = 0
+        for item in items:
+            key = host_prefix(item.host) + url_fingerprint(item.url)
+            old = txn.get(key, db=self._db)
+            if old is not None:
+                record = _record(old)
+                if record.queued:
+                    self._put_in(txn, replace(record, queued=False))
+                    n += 1
+        return n
 
     def drop_arc(self, start: int, end: int, *, chunk: int = 10_000) -> int:
         """Delete the arc's records and their index entries, `chunk` records per transaction."""

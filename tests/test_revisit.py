@@ -1,7 +1,9 @@
 """Revisits: a node with --revisit fetches every stored page again within its bounds, with conditional GETs;
 unchanged pages cost a WARC revisit record (a 304: server-not-modified; the same payload: identical-payload-
 digest), changed pages a full record. Judged by the local web's own log (which pages changed when, what it
-answered) and by reading the WARC files back with warcio."""
+answered) and by reading the WARC files back with warcio. The schedule's side of a hand-off is tested on the real
+`Handoff` and LMDB `NodeStore`, chunks delivered by hand in either order: a revisit is queued at a node exactly
+when its page's URL is."""
 
 from __future__ import annotations
 
@@ -13,12 +15,17 @@ import trio
 from warcio.archiveiterator import ArchiveIterator
 
 from peer.cli.format import format_status
+from peer.cluster.handoff.handoff import Handoff, handoff_arcs
+from peer.config import load
+from peer.crawl.crawler import Crawler
 from peer.node import Node
 from peerlab.localweb.changes import ChangeSchedule
 from peerlab.localweb.dns_server import serve_dns
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.server import serve_web
-from storage import RevisitRecord, RevisitSchedule
+from protocol import HandoffChunk, Message, RevisitEntry
+from ring import Ring, diff, host_position
+from storage import NodeStore, NullPageStore, QueuedUrl, RevisitRecord, RevisitSchedule, in_arc, queued_url_keys
 from storage._lmdb import LmdbEnv
 from storage._revisits import REVISIT_DB, REVISIT_DUE_DB
 
@@ -163,3 +170,124 @@ async def test_a_revisit_whose_turn_fails_unexpectedly_stays_on_the_schedule(tmp
                 await trio.sleep(0.02)
         nursery.cancel_scope.cancel()
     assert status["errors"]["internal"] == 1
+
+
+# -- the schedule in a hand-off: a record whose revisit is queued here has its URL in this node's frontier --------
+
+RING_A = Ring({"a": 1}, points_per_weight=1)
+RING_AB = Ring({"a": 1, "b0": 1}, points_per_weight=1)
+WALL = 1_700_000_000.0
+
+
+class _Sent:
+    def __init__(self) -> None:
+        self.sent: list[Message] = []
+
+    def send_nowait(self, peer_id: str, message: Message) -> bool:
+        self.sent.append(message)
+        return True
+
+
+def _moving_page(n: int = 0) -> QueuedUrl:
+    """A page on a host that moves from "a" to "b0" when b0 joins (RING_A -> RING_AB)."""
+    (arc,) = handoff_arcs(diff(RING_A, RING_AB))
+    host = [h for h in (f"h{i}.example" for i in range(1000)) if in_arc(host_position(h), arc.start, arc.end)][n]
+    return QueuedUrl(url=f"http://{host}/p", host=host, depth=1, hops=0, found_on=None)
+
+
+def _fetched_and_due(store: NodeStore, page: QueuedUrl, due: float, interval: float) -> RevisitRecord:
+    """`page` fetched here, its schedule written, then queued for its revisit (due at `due`)."""
+    assert store.admit([page]) == [page]
+    assert store.frontier.pop(page.host) == page
+    record = RevisitRecord(url=page.url, host=page.host, depth=page.depth, due=due, interval=interval, etag='"v1"')
+    store.finish_revisit(page, record)
+    assert store.queue_due(due, 10, lambda host: True) == [page]
+    queued = store.revisits.get(page.host, page.url)
+    assert queued is not None
+    return queued
+
+
+def _queued(store: NodeStore, page: QueuedUrl) -> int:
+    items, _ = store.frontier.export_arc(0, 0)
+    return sum(1 for item in items if item.url == page.url)
+
+
+@pytest.mark.parametrize("order", ["keys first", "schedule first"])
+async def test_a_queued_revisit_the_previous_owner_holds_as_fetched_goes_back_on_the_schedule(tmp_path, order):
+    """A node queued a page's revisit, then lost the page's host for a while (it was killed and restarted, or
+    declared dead while it ran) and gets it back: the heir's hand-off brings the page's key as fetched, and the
+    queued URL is discarded here. Its revisit must not be lost with it: the record goes back on the time index,
+    due at the later of its time here and the heir's (never early), whichever chunk comes first."""
+    store = NodeStore.open(tmp_path / "b0", map_size=1 << 24)
+    page = _moving_page()
+    here = _fetched_and_due(store, page, due=WALL - 5.0, interval=4.0)
+    assert here.queued and store.revisits.waiting() == 0 and _queued(store, page) == 1
+    (arc,) = handoff_arcs(diff(RING_A, RING_AB))
+    b = Handoff("b0", store, _Sent(), wall_clock=lambda: WALL)
+    keys = HandoffChunk(transfer_id=1, chunk_seq=0, epoch=1, arc_start=arc.start, arc_end=arc.end, urls=(),
+                        seen_keys=tuple(queued_url_keys([page])), hosts=(), last=False)
+    schedule = HandoffChunk(transfer_id=1, chunk_seq=1, epoch=1, arc_start=arc.start, arc_end=arc.end, urls=(),
+                            seen_keys=(), hosts=(), last=True, revisits=(RevisitEntry(
+                                url=page.url, depth=1, due_in=3.0, queued=False, interval=8.0, etag='"v2"',
+                                last_modified=None, digest="D", stored_at=WALL - 20.0, size=100, changed=1,
+                                unchanged=0),))
+    for chunk in ([keys, schedule] if order == "keys first" else [schedule, keys]):
+        await b.on_message("a", chunk)
+    assert b.urls_discarded == 1 and _queued(store, page) == 0
+    record = store.revisits.get(page.host, page.url)
+    assert record is not None and not record.queued and store.revisits.waiting() == 1
+    assert (record.due, record.interval, record.etag) == (WALL + 3.0, 8.0, '"v2"')
+    assert store.queue_due(WALL + 2.9, 10, lambda host: True) == []
+    assert store.queue_due(WALL + 3.0, 10, lambda host: True) == [page]
+    store.close()
+
+
+@pytest.mark.parametrize("order", ["urls first", "schedule first"])
+@pytest.mark.parametrize("seen_here", [False, True])
+async def test_a_revisit_queued_at_the_sender_is_queued_once_at_the_receiver(tmp_path, order, seen_here):
+    """The sender had a page's revisit queued: the URL travels in the queue's chunk, the record marked queued.
+    The receiver queues the page once: with the URL (the record off its time index) when its dedup store takes
+    the URL as new, or through the schedule at once when it already knew the page (the URL is not queued
+    again), whichever chunk comes first."""
+    store_a = NodeStore.open(tmp_path / "a", map_size=1 << 24)
+    store_b = NodeStore.open(tmp_path / "b0", map_size=1 << 24)
+    page = _moving_page()
+    _fetched_and_due(store_a, page, due=WALL - 1.0, interval=4.0)
+    if seen_here:
+        store_b.dedup.insert(queued_url_keys([page]))
+    out = _Sent()
+    a = Handoff("a", store_a, out, wall_clock=lambda: WALL)
+    b = Handoff("b0", store_b, _Sent(), wall_clock=lambda: WALL)
+    a.view_changed(1, RING_A, RING_AB)
+    b.view_changed(1, RING_A, RING_AB)
+    a.pump()
+    chunks = [m for m in out.sent if isinstance(m, HandoffChunk)]
+    assert any(page.url in {u.url for u in m.urls} for m in chunks)
+    assert any(e.queued for m in chunks for e in m.revisits)
+    for chunk in (chunks if order == "urls first" else list(reversed(chunks))):
+        await b.on_message("a", chunk)
+    record = store_b.revisits.get(page.host, page.url)
+    assert record is not None and record.etag == '"v1"'
+    if seen_here:
+        assert _queued(store_b, page) == 0 and not record.queued and record.due == WALL
+        assert store_b.queue_due(WALL, 10, lambda host: True) == [page]
+    else:
+        assert _queued(store_b, page) == 1 and record.queued and store_b.revisits.waiting() == 0
+    assert store_b.queue_due(WALL + 1000.0, 10, lambda host: True) == []  # never a second time while queued
+    assert _queued(store_b, page) == 1
+    store_a.close()
+    store_b.close()
+
+
+async def test_a_revisit_dropped_at_a_crash_loop_leaves_the_schedule(tmp_path):
+    """A revisit in flight at `max_crashes` stops in a row is dropped at restart (it may be what stops the node):
+    its page leaves the schedule with it, not left queued with nothing queued to fetch it."""
+    cfg = load(env={}, flags={"node_id": "t", "data_dir": str(tmp_path), "allow_private": True, "revisit": True,
+                              "max_crashes": 1})
+    page = _moving_page()
+    with NodeStore.open(tmp_path / "store") as store:
+        _fetched_and_due(store, page, due=WALL, interval=4.0)
+        assert store.frontier.pop(page.host) == page  # in flight when the process stopped
+        crawler = Crawler(cfg, fetcher=None, store=store, pages=NullPageStore())
+        assert crawler.restore() == 0 and crawler.dropped_urls == [page.url]
+        assert store.revisits.get(page.host, page.url) is None and len(store.revisits) == 0

@@ -208,9 +208,12 @@ class Crawler(Admission, HostTurns, SitemapTurns, Revisits, PageWork, RenderTurn
         keeping its saved politeness state (wall-clock times are turned into trio times).
 
         A URL that was in flight at ``cfg.max_crashes`` stops in a row is dropped instead: it may be what stopped
-        the node. It is logged, counted (``errors{kind="crash-loop"}``) and recorded in ``dropped_urls``."""
+        the node. It is logged, counted (``errors{kind="crash-loop"}``), recorded in ``dropped_urls`` and taken off
+        the revisit schedule (its queued revisit would otherwise never be fetched nor due again)."""
         recovered, dropped = self.frontier.recover_in_flight(max_crashes=self.cfg.max_crashes)
         for item in dropped:
+            if self.schedule is not None:
+                self.schedule.forget(item.host, item.url)
             self.stats.errors["crash-loop"] += 1
             self.dropped_urls.append(item.url)
             log.error("URL dropped: it was being fetched at %d stops of the node in a row", self.cfg.max_crashes,

@@ -123,8 +123,9 @@ class Receiving:
                 forward.append((owner, item))
         items = mine
         self.urls_forwarded += len(forward)
-        # a URL already seen here (or applied before) is not queued again
-        new = self.store.accept(items, forward) if forward else self.store.admit(items)
+        # a URL already seen here (or applied before) is not queued again; one queued is its page's revisit, if
+        # the page's schedule came first
+        new = self.store.accept(items, forward, handed=True)
         self.urls_received += len(new)
         keys = [
             key for key in chunk.seen_keys
@@ -150,7 +151,7 @@ class Receiving:
             queued_here, _ = self.store.frontier.export_arc(start, end)
             stale = [i for i, k in zip(queued_here, queued_url_keys(queued_here)) if k in wanted]
             if stale:
-                self.urls_discarded += self.store.frontier.discard(stale)
+                self.urls_discarded += self.store.discard(stale)  # a queued revisit among them waits again
                 self.delegate.discarded(stale)
         self.store.dedup.insert(keys)
         if keys:
@@ -161,9 +162,9 @@ class Receiving:
         return new, states
 
     def _apply_revisits(self, peer_id: str, chunk: HandoffChunk) -> None:
-        """The moving pages' schedules, in wall-clock terms here. One whose revisit was queued at the sender is
-        due now: its URL came in this transfer's queue, or was being fetched there (in-flight URLs stay behind),
-        and a revisit must not be forgotten."""
+        """The moving pages' schedules, in wall-clock terms here. One whose revisit was queued at the sender (its
+        URL came in this transfer's queue) is queued here if that URL is, else due now: a revisit is neither
+        forgotten nor queued twice (`NodeStore.put_revisits`)."""
         wall = self.wall_clock()
         records = []
         for entry in chunk.revisits:
@@ -175,8 +176,9 @@ class Receiving:
             records.append(RevisitRecord(
                 url=url, host=host, depth=entry.depth, due=wall if entry.queued else wall + entry.due_in,
                 interval=entry.interval, etag=entry.etag, last_modified=entry.last_modified, digest=entry.digest,
-                stored_at=entry.stored_at, size=entry.size, changed=entry.changed, unchanged=entry.unchanged))
-        self.store.revisits.put_arc(records)
+                stored_at=entry.stored_at, size=entry.size, changed=entry.changed, unchanged=entry.unchanged,
+                queued=entry.queued))
+        self.store.put_revisits(records)
         self.revisits_received += len(records)
 
     def merge_state(self, wire: WireHostState) -> HostState:
