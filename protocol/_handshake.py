@@ -35,9 +35,10 @@ __all__ = [
 # Version 3 writes URL lists in msgpack as front-coded columns (protocol/_urlcolumns.py); 2 wrote each entry whole.
 # Version 4 added failure zones and progress waves; version 5 adds probe datagrams (protocol/_datagram.py) and
 # changes nothing on a link: a link of version 5 says that the peer answers probes by datagram. Version 6 adds
-# the outputs (upload, webhook, crawl log) to a status report.
-PROTOCOL_VERSION = 6
-SUPPORTED_VERSIONS = (2, 3, 4, 5, PROTOCOL_VERSION)
+# the outputs (upload, webhook, crawl log) to a status report; version 7 the revisit schedules to a queued-URL
+# replica.
+PROTOCOL_VERSION = 7
+SUPPORTED_VERSIONS = (2, 3, 4, 5, 6, PROTOCOL_VERSION)
 MIN_SECRET_SIZE = 16
 # 16 bytes (128 bits) of keyed BLAKE2b: forging one needs about 2^128 tries, and each wrong try ends the connection.
 TAG_SIZE = 16

@@ -573,6 +573,8 @@ class QueueReplica:
 
     Acknowledged (`ReplicaAck`, same `seq`) once the receiver has it durably; re-sent until then. Applied in one
     transaction: releases first, then the URLs, so a page's release and the links found on it arrive together.
+    `revisits` (version 7 on): the revisit schedules (`--revisit`) of the released pages as they stand when the
+    message is made, so the backup that inherits a page revisits it.
     """
 
     seq: int
@@ -580,6 +582,7 @@ class QueueReplica:
     urls: tuple[UrlEntry, ...]
     released: tuple[bytes, ...]
     hosts: tuple[HostState, ...] = ()
+    revisits: tuple[RevisitEntry, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -833,8 +836,13 @@ RECORDS: dict[int, Record] = {
     0x52: _record(LaneReturn, address=Text("max_address"), lanes=Many(UInt(0, 0xFFFF), "max_lanes"),
                   ready_in=Many(Seconds(), "max_lanes")),
     0x53: Record(LaneHandover, (("address", Text("max_address")), ("ready_in", Many(Seconds(), "max_lanes")))),
-    0x33: _record(QueueReplica, seq=UInt(), epoch=UInt(), urls=UrlList(_URL_ENTRY, "max_urls_per_batch"),
-                  released=Many(Blob(limit="max_key_length"), "max_keys_per_chunk"), hosts=Many(_HOST_STATE)),
+    0x33: Record(QueueReplica, (  # version 7 adds revisits (below)
+        ("seq", UInt()),
+        ("epoch", UInt()),
+        ("urls", UrlList(_URL_ENTRY, "max_urls_per_batch")),
+        ("released", Many(Blob(limit="max_key_length"), "max_keys_per_chunk")),
+        ("hosts", Many(_HOST_STATE)),
+    )),
     0x34: _record(ReplicaAck, seq=UInt()),
     0x40: _record(Goodbye, reason=Text()),
 }
@@ -881,10 +889,13 @@ RECORDS_V6[0x28] = _record(StatusReport, **dict(RECORDS_V4[0x28].fields), output
 RECORDS_V6[0x62] = _record(CaptureAsk, seq=UInt(), url=_URL, match=Choice(("exact", "prefix", "host", "domain")),
                            since=Text(), until=Text(), limit=UInt(1, 100_000))
 RECORDS_V6[0x63] = _record(CaptureAnswer, seq=UInt(), lines=Many(Text("max_settings")), more=Flag(), error=Text())
+# Version 7: a queued-URL replica carries the released pages' revisit schedules (peer/cluster/replicas/).
+RECORDS_V7: dict[int, Record] = dict(RECORDS_V6)
+RECORDS_V7[0x33] = _record(QueueReplica, **dict(RECORDS_V6[0x33].fields), revisits=Many(_REVISIT_ENTRY))
 # protocol version -> its wire table
 # Version 5 adds probe datagrams (protocol/_datagram.py); its frames are those of version 4.
 RECORDS_BY_VERSION: dict[int, dict[int, Record]] = {2: RECORDS, 3: RECORDS_V3, 4: RECORDS_V4, 5: RECORDS_V4,
-                                                    6: RECORDS_V6}
+                                                    6: RECORDS_V6, 7: RECORDS_V7}
 HANDSHAKE_CODES = frozenset({0x01, 0x02, 0x03, 0x04})
 # every type code some version has (a frame's version-specific check comes when its body is decoded)
 KNOWN_CODES = frozenset(code for table in RECORDS_BY_VERSION.values() for code in table)

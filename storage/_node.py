@@ -200,19 +200,24 @@ class NodeStore(Closing):
         return self._env.write(run)
 
     def hold_replicas(self, items: Sequence[tuple[bytes, QueuedUrl]], released: Sequence[bytes],
-                      states: Sequence[HostState] = (), *, fold: bool = False) -> None:
+                      states: Sequence[HostState] = (), revisits: Sequence[RevisitRecord] = (), *,
+                      fold: bool = False) -> None:
         """A peer's `QueueReplica`, journaled in one transaction (`Replicas.hold`); the released keys are marked
         seen when the journal is folded (the peer is done with those URLs: if it dies, its heir must not queue
-        them again when they are linked), which promotion does first."""
-        self.replicas.hold(items, released, states, fold=fold)
+        them again when they are linked), which promotion does first. `revisits`: the released pages' revisit
+        schedules, held for the heir."""
+        self.replicas.hold(items, released, states, revisits, fold=fold)
 
     def promote(self, inherited: Callable[[int], bool]) -> tuple[list[QueuedUrl], list[HostState]]:
         """This node inherits arcs from a dead owner (`inherited(position)` says which positions): the replicas
         held there are queued and marked seen, merged host states stored, and the replicas forgotten, in one
-        transaction. Returns the URLs queued and the dead owner's host states for those hosts, merged with any
-        here (the later `next_allowed` and the longer Crawl-delay win)."""
+        transaction, with the revisit schedules held there: each is queued exactly when its page's URL was
+        promoted now, else it waits on the time index (a revisit neither lost nor queued twice), and a record
+        here already keeps the later due time. Returns the URLs queued and the dead owner's host states for
+        those hosts, merged with any here (the later `next_allowed` and the longer Crawl-delay win)."""
         held, states = self.replicas.where(inherited)
         items = [item for _key, item in held]
+        schedules = self.replicas.revisits_where(inherited)
 
         def run(txn: Txn) -> list[HostState]:
             # Queued even if seen here: a page whose seen key arrived but whose replica was not released yet was
@@ -221,10 +226,21 @@ class NodeStore(Closing):
             self.dedup._add_new_in(txn, [key for key, _item in held])
             self.frontier._push_in(txn, items)
             merged = self.frontier._merge_states_in(txn, states)
-            self.replicas._forget_in(txn, [key for key, _item in held], [state.host for state in states])
+            if schedules:
+                revisits = self.revisits
+                queued_here = {(item.host, item.url) for item in items}
+                # a page whose revisit is queued here already (its schedule came by an earlier hand-off) is
+                # queued exactly when its URL is still queued or in flight here
+                ask = [(r.host, r.url) for r in schedules if (r.host, r.url) not in queued_here
+                       and (mine := revisits._get_in(txn, r.key())) is not None and mine.queued]
+                if ask:
+                    queued_here |= self.frontier._holding_in(txn, ask)
+                revisits._put_arc_in(txn, schedules, {r.key() for r in schedules if (r.host, r.url) in queued_here})
+            self.replicas._forget_in(txn, [key for key, _item in held], [state.host for state in states], schedules)
             return merged
 
         merged = self._env.write(run)
+        self.replicas.revisits_promoted += len(schedules)
         return items, merged
 
     def queue_due(self, now: float, limit: int, may: Callable[[str], bool]) -> list[QueuedUrl]:

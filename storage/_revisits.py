@@ -15,6 +15,7 @@ is due: nothing is ever held in memory whole.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,7 @@ from ._records import QueuedUrl
 if TYPE_CHECKING:
     from ._lmdb import Txn
 
-__all__ = ["REVISIT_DB", "REVISIT_DUE_DB", "RevisitRecord", "RevisitSchedule"]
+__all__ = ["REVISIT_DB", "REVISIT_DUE_DB", "RevisitRecord", "RevisitSchedule", "record_value", "record_of"]
 
 REVISIT_DB = b"revisit"
 REVISIT_DUE_DB = b"revisit_due"
@@ -74,6 +75,11 @@ def _record(value: bytes) -> RevisitRecord:
     return RevisitRecord(url=url, host=host, depth=depth, due=due, interval=interval, etag=etag,
                          last_modified=last_modified, digest=digest, stored_at=stored_at, size=size, changed=changed,
                          unchanged=unchanged, queued=queued)
+
+
+#: A record's stored form, for the replicas a backup holds of another node's schedule (storage/_replicas.py).
+record_value = _value
+record_of = _record
 
 
 def _due_key(due: float, key: bytes) -> bytes:
@@ -134,12 +140,44 @@ class RevisitSchedule:
         value = txn.get(key, db=self._db)
         return None if value is None else _record(value)
 
+    def _find_in(self, txn: Txn, pages: Sequence[tuple[str, str]], seen_keys: Sequence[bytes]) -> list[RevisitRecord]:
+        """The records of these pages, named by (host, URL) or by their dedup key (position + URL fingerprint:
+        a look-up of the position's few hosts); a page off the schedule has none."""
+        out = []
+        for host, url in pages:
+            value = txn.get(host_prefix(host) + url_fingerprint(url), db=self._db)
+            if value is not None:
+                out.append(_record(value))
+        if seen_keys:
+            cur = txn.cursor(self._db)
+            for key in seen_keys:
+                position, fingerprint = key[:8], key[8:]
+                if not cur.set_range(position):
+                    continue
+                for found, value in cur:
+                    if found[:8] != position:
+                        break
+                    if found[-8:] == fingerprint:
+                        out.append(_record(value))
+                        break
+        return out
+
     # -- on their own --
 
     def get(self, host: str, url: str) -> RevisitRecord | None:
         with self._env.read() as txn:
             value = txn.get(host_prefix(host) + url_fingerprint(url), db=self._db)
         return None if value is None else _record(value)
+
+    @contextmanager
+    def finding(self) -> Iterator[Callable[[Sequence[tuple[str, str]], Sequence[bytes]], list[RevisitRecord]] | None]:
+        """A look-up of pages' records (`_find_in`) within one read transaction; None when the schedule is empty
+        (no `--revisit`): nothing to look up."""
+        with self._env.read() as txn:
+            if not txn.stat(self._db)["entries"]:
+                yield None
+            else:
+                yield lambda pages, seen_keys: self._find_in(txn, pages, seen_keys)
 
     def put(self, record: RevisitRecord) -> None:
         self._env.write(lambda txn: self._put_in(txn, record))

@@ -15,10 +15,10 @@ import trio
 import trio.testing
 
 from peer.cluster.replicas.queuereplicas import FOLD_AGE, FOLD_ENTRIES, FULL, QueueAlone, QueueReplicas
-from protocol import QueueReplica, ReplicaAck, UrlEntry
+from protocol import QueueReplica, ReplicaAck, RevisitEntry, UrlEntry
 from protocol import HostState as WireHostState
 from ring import Ring, host_position
-from storage import HostState, NodeStore, QueuedUrl, queued_url_keys
+from storage import HostState, NodeStore, QueuedUrl, RevisitRecord, queued_url_keys
 
 WEIGHTS = {"A": 150, "B": 80, "C": 200}
 
@@ -629,3 +629,64 @@ async def test_seen_marks_go_in_the_fifo_acknowledged_and_are_held_as_seen(store
     assert owner.outstanding() == 0
     assert owner.mark_seen("D", keys)  # not in the ring: nothing to do
     assert "D" not in owner.status() and owner.outstanding() == 0
+
+
+def _schedule(item: QueuedUrl, due: float) -> RevisitRecord:
+    return RevisitRecord(url=item.url, host=item.host, depth=item.depth, due=due, interval=300.0, etag='"v1"',
+                         last_modified="Sun, 29 Nov 2026 05:00:00 GMT", digest="SHA1DIGEST", stored_at=700.0,
+                         size=1234, changed=1, unchanged=2)
+
+
+async def test_a_release_carries_its_pages_revisit_schedule_and_the_heir_revisits_it(stores, autojump_clock) -> None:
+    """With `--revisit`, a page's release takes its revisit schedule to the backups (the clocks are unrelated:
+    it travels as a duration); the backup holds it, and when it inherits the page's host it revisits the page
+    when it is due, with the owner's validators; a page whose URL was promoted queued has its revisit queued."""
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    links = Links()
+    owner = QueueReplicas("A", stores["A"], links, ring_of=lambda: (1, ring), copies=1, wall_clock=lambda: 1000.0)
+    fetched, queued = _items(ring, "A", 2)
+    for item in (fetched, queued):
+        stores["A"].revisits.put(_schedule(item, due=1300.0))
+    backup = ring.backups_at(host_position(fetched.host), 1)[0]
+    owner.replicate([fetched, queued])  # both queued, then one fetched (and its schedule written)
+    owner.released(fetched)
+    owner.pump(trio.current_time())
+    message = links.replicas_to(backup)[-1]
+    assert [(r.url, r.due_in, r.etag, r.digest) for r in message.revisits] == [
+        (fetched.url, 300.0, '"v1"', "SHA1DIGEST")]
+    held = QueueReplicas(backup, stores[backup], Links(), ring_of=lambda: (1, ring), copies=1,
+                         wall_clock=lambda: 5000.0)
+    assert held.on_message("A", message)
+    # the queued page's schedule comes with a seen mark (a ring change's re-send), the same way
+    assert owner.mark_seen(backup, queued_url_keys([queued]))
+    owner.on_message(backup, ReplicaAck(seq=message.seq))
+    owner.pump(trio.current_time())
+    mark = links.replicas_to(backup)[-1]
+    assert [r.url for r in mark.revisits] == [queued.url]
+    assert held.on_message("A", replace(mark, released=()))  # (held as a schedule, the URL still queued)
+    assert held.status()["revisits_received"] == 2
+    heir = stores[backup]
+    promoted, _states = heir.promote(lambda position: True)
+    assert {i.url for i in promoted} == {queued.url}
+    assert heir.replicas.revisits_held() == 0 and heir.replicas.revisits_promoted == 2
+    mine = heir.revisits.get(fetched.host, fetched.url)
+    assert mine is not None and (mine.due, mine.queued, mine.etag, mine.interval) == (5300.0, False, '"v1"', 300.0)
+    still = heir.revisits.get(queued.host, queued.url)
+    assert still is not None and still.queued  # its promoted queue entry is its revisit: not queued twice
+    assert heir.queue_due(5299.9, 10, lambda host: True) == []
+    assert [i.url for i in heir.queue_due(5300.0, 10, lambda host: True)] == [fetched.url]
+
+
+async def test_a_backup_drops_the_schedules_of_positions_it_no_longer_holds(stores, autojump_clock) -> None:
+    ring = Ring(WEIGHTS, points_per_weight=20)
+    item = _items(ring, "A", 1)[0]
+    backup = ring.backups_at(host_position(item.host), 1)[0]
+    held = QueueReplicas(backup, stores[backup], Links(), ring_of=lambda: (1, ring), copies=1,
+                         wall_clock=lambda: 0.0)
+    entry = RevisitEntry(url=item.url, depth=1, due_in=60.0, queued=False, interval=60.0, etag=None,
+                         last_modified=None, digest="", stored_at=0.0, size=0, changed=0, unchanged=0)
+    held.on_message("A", QueueReplica(seq=1, epoch=1, urls=(), released=(), revisits=(entry,)))
+    held.collect(ring)  # still a holder: kept
+    assert stores[backup].replicas.revisits_held() == 1
+    held.collect(Ring({node: w for node, w in WEIGHTS.items() if node != backup}, points_per_weight=20))
+    assert stores[backup].replicas.revisits_held() == 0

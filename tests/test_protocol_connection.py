@@ -269,10 +269,10 @@ def test_version_3_is_chosen_when_both_speak_it_and_2_with_an_older_peer() -> No
 
 def test_no_common_version_is_refused() -> None:
     b = make(Role.RESPONDER, "b")
-    hello = Hello(versions=(1, 7), codecs=("msgpack",), compressions=("none",), node_id="future", nonce=bytes(32))
+    hello = Hello(versions=(1, 8), codecs=("msgpack",), compressions=("none",), node_id="future", nonce=bytes(32))
     code, body = encode_body(hello, "json", Limits())
     b.receive_data(encode_frame(code, 0, body))
-    with pytest.raises(RemoteProtocolError, match=r"no common protocol version: peer offers \[1, 7\], we speak \[2, 3, 4, 5, 6\]"):
+    with pytest.raises(RemoteProtocolError, match=r"no common protocol version: peer offers \[1, 8\], we speak \[2, 3, 4, 5, 6, 7\]"):
         b.next_event()
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from protocol import Message, QueueReplica, ReplicaAck
-from storage import HostState, QueuedUrl, queued_url_keys
+from storage import HostState, QueuedUrl, RevisitRecord, queued_url_keys
 
 from peer.cluster.replicas.queueconfig import FOLD_AGE, FOLD_ENTRIES, MAX_HOST
 from peer.crawl.urls import host_of_normalized, normalize
@@ -48,6 +48,8 @@ class ReplicaHolding:
         delegate: QueueDelegate
         refused: int
         releases_held: int
+        revisits_received: int
+        release_copies: int
         _ring_at: float
         ring_of: Callable[[], tuple[int, Any]]
         store: NodeStore
@@ -75,6 +77,10 @@ class ReplicaHolding:
 
         dropped = self.store.replicas.drop_where(unwanted, passing=self.delegate.pass_on)
         self.urls_passed_on += dropped
+        # revisit schedules come with releases, which go to the seen-key replicas' backups too
+        # (`release_copies`): held while this node is one of those
+        self.store.replicas.drop_revisits_where(
+            lambda position: me not in ring.holders_at(position, max(1, self.release_copies), zones))
         self._gc_ring = ring
         if dropped:
             log.info("replicas of positions no longer backed here passed on to their owners and dropped",
@@ -105,18 +111,30 @@ class ReplicaHolding:
             HostState(host=s.host, next_allowed=wall + s.ready_in, crawl_delay=s.crawl_delay, failures=s.failures)
             for s in message.hosts if s.host and len(s.host.encode()) <= MAX_HOST
         ]
+        revisits = []
+        for r in message.revisits:
+            url = normalize(r.url)
+            host = host_of_normalized(url) if url is not None else ""
+            if url is None or not host or len(host.encode()) > MAX_HOST or len(url) > self.limits.max_url_length:
+                continue
+            # in this node's wall clock, and waiting: one queued at the owner is due at once (promotion queues
+            # it only where its URL is promoted)
+            revisits.append(RevisitRecord(
+                url=url, host=host, depth=r.depth, due=wall if r.queued else wall + r.due_in, interval=r.interval,
+                etag=r.etag, last_modified=r.last_modified, digest=r.digest, stored_at=r.stored_at, size=r.size,
+                changed=r.changed, unchanged=r.unchanged))
         bad = (len(message.urls) - len(items)) + (len(message.released) - len(released))
-        bad += len(message.hosts) - len(states)
+        bad += len(message.hosts) - len(states) + len(message.revisits) - len(revisits)
         if bad:
             self.refused += bad
             log.warning("malformed replica entries from a peer dropped", extra={"peer": peer_id, "entries": bad})
         now = trio.current_time()
         if self._journaled_at is None or not self.store.replicas.journaled:  # (a read folds too)
             self._journaled_at = now
-        waiting = self.store.replicas.journaled + len(items) + len(released) + len(states)
+        waiting = self.store.replicas.journaled + len(items) + len(released) + len(states) + len(revisits)
         fold = (waiting >= FOLD_ENTRIES or now - self._journaled_at >= FOLD_AGE
                 or message.epoch != self.ring_of()[0] or now - self._ring_at < FOLD_AGE)  # views changing: at once
-        self.store.hold_replicas(list(zip(queued_url_keys(items), items)), released, states, fold=fold)
+        self.store.hold_replicas(list(zip(queued_url_keys(items), items)), released, states, revisits, fold=fold)
         if fold:
             self._journaled_at = None
         self._held_epoch = max(self._held_epoch, message.epoch)
@@ -124,6 +142,7 @@ class ReplicaHolding:
             self.delegate.marked_seen(released)
         self.urls_held += len(items)
         self.releases_held += len(released)
+        self.revisits_received += len(revisits)
         if items:
             self.delegate.held_from(peer_id, message.epoch, items)
         # committed: it survives this process's death (backupconfig.py, the note after FULL, says why no fsync

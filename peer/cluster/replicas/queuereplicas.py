@@ -132,6 +132,7 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
         self.urls_rehomed = 0
         self.urls_held = 0
         self.releases_held = 0
+        self.revisits_received = 0  # revisit records that came with releases (`--revisit`)
         self.urls_promoted = 0
         self.urls_passed_on = 0  # replicas of positions no longer backed here, sent to their owners (`collect`)
         self.dropped = 0  # entries dropped for a backup that left the ring, or past max_staged
@@ -430,6 +431,7 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
             "urls_sent": self.urls_sent, "releases_sent": self.releases_sent, "messages_sent": self.messages_sent,
             "messages_resent": self.messages_resent, "urls_rehomed": self.urls_rehomed,
             "urls_held": self.urls_held, "releases_held": self.releases_held,
+            "revisits_received": self.revisits_received, "revisits_promoted": self.store.replicas.revisits_promoted,
             "urls_promoted": self.urls_promoted, "urls_passed_on": self.urls_passed_on, "dropped": self.dropped,
             "refused": self.refused,
             "restore_seconds": self.restore_seconds[-1] if self.restore_seconds else None,

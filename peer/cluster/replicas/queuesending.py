@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from protocol import HostState as WireHostState
-from protocol import QueueReplica, ReplicaAck, UrlEntry
+from protocol import QueueReplica, ReplicaAck, RevisitEntry, UrlEntry
 from ring import host_position
 from storage import QueuedUrl, queued_url_keys
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from protocol import Limits
     from ring import Zones
-    from storage import NodeStore
+    from storage import NodeStore, RevisitRecord
 
     from peer.cluster.replicas.queueconfig import Ticket
 
@@ -132,7 +132,7 @@ class ReplicaSending:
             state.staged_at = None if not state.staged else -math.inf
             state.seq += 1
             message = QueueReplica(seq=state.seq, epoch=message.epoch, urls=message.urls,
-                                   released=message.released, hosts=message.hosts)
+                                   released=message.released, hosts=message.hosts, revisits=message.revisits)
             state.inflight, state.inflight_count = message, count
             state.sent_at, state.connection = now, self._connection(peer)
             if self.links.send_nowait(peer, message):
@@ -144,27 +144,37 @@ class ReplicaSending:
 
     def _message(self, state: Backup, epoch: int) -> tuple[QueueReplica, int, list[str]]:
         """The next message from the front of `state.staged`: the last word on each key wins (an add followed
-        by its release in the same message cancels out), so the receiver may apply releases before adds."""
+        by its release in the same message cancels out), so the receiver may apply releases before adds. A
+        released page, or one marked seen, carries its revisit schedule as it stands now (`--revisit`), looked
+        up in one read transaction, its bytes counted with the URLs'."""
         final: dict[bytes, QueuedUrl | None] = {}
         hosts: dict[str, None] = {}
         released_urls: list[str] = []
+        schedules: dict[bytes, RevisitRecord] = {}
         count = size = 0
         staged = state.staged
         max_keys = min(MAX_ENTRIES, self.limits.max_keys_per_chunk, self.limits.max_urls_per_batch)
-        while staged and count < max_keys and size < MAX_URL_BYTES:
-            entry = staged.popleft()
-            count += 1
-            if isinstance(entry, bytes):  # a fetched page's seen mark
-                final[entry] = None
-            elif len(entry) == 2:
-                key, item = entry
-                final[key] = item
-                size += len(item.url) + len(item.found_on or "") + 16
-            else:
-                key, done, _release = entry
-                final[key] = None
-                hosts[done.host] = None
-                released_urls.append(done.url)
+        with self.store.revisits.finding() as find:
+            while staged and count < max_keys and size < MAX_URL_BYTES:
+                entry = staged.popleft()
+                count += 1
+                if isinstance(entry, bytes):  # a fetched page's seen mark
+                    final[entry] = None
+                    found = find((), (entry,)) if find is not None else ()
+                elif len(entry) == 2:
+                    key, item = entry
+                    final[key] = item
+                    size += len(item.url) + len(item.found_on or "") + 16
+                    continue
+                else:
+                    key, done, _release = entry
+                    final[key] = None
+                    hosts[done.host] = None
+                    released_urls.append(done.url)
+                    found = find(((done.host, done.url),), ()) if find is not None else ()
+                for record in found:
+                    schedules[record.key()] = record
+                    size += len(record.url) + len(record.etag or "") + len(record.last_modified or "") + 96
         urls = tuple(UrlEntry(url=i.url, depth=i.depth, found_on=i.found_on, hops=i.hops)
                      for i in final.values() if i is not None)
         released = tuple(key for key, i in final.items() if i is None)
@@ -174,7 +184,14 @@ class ReplicaSending:
             if len(host.encode()) <= MAX_HOST:
                 states.append(WireHostState(host=host, crawl_delay=max(0.0, st.crawl_delay),
                                             ready_in=max(0.0, st.next_allowed - wall), failures=st.failures))
-        message = QueueReplica(seq=0, epoch=epoch, urls=urls, released=released, hosts=tuple(states))
+        revisits = tuple(
+            RevisitEntry(url=r.url, depth=r.depth, due_in=max(0.0, r.due - wall), queued=r.queued,
+                         interval=r.interval, etag=r.etag, last_modified=r.last_modified, digest=r.digest,
+                         stored_at=max(0.0, r.stored_at), size=r.size, changed=r.changed, unchanged=r.unchanged)
+            for r in schedules.values()
+        )
+        message = QueueReplica(seq=0, epoch=epoch, urls=urls, released=released, hosts=tuple(states),
+                               revisits=revisits)
         return message, count, released_urls
 
     def _acked(self, peer: str, ack: ReplicaAck) -> None:
