@@ -1,8 +1,8 @@
 """Real peerd daemons with --revisit over a local web whose pages change on a schedule (some never).
 
-Two nodes crawl and keep revisiting; a third joins, one leaves, one is killed with SIGKILL and restarted from
-its data dir. Each stage begins once the nodes report the change settled (every member alive in every view, no
-arc awaited, no chunk unacknowledged) and lasts until every page was revisited under it. From the web server's
+Two nodes crawl and keep revisiting; a third joins, one leaves, one is killed with SIGKILL (the other, once it
+has declared it dead, has every page on its schedule) and restarted from its data dir. Each stage begins once
+the nodes report the change settled (every member alive in every view, no arc awaited, no chunk unacknowledged) and lasts until every page was revisited under it. From the web server's
 own log (which names the node in each request's User-Agent), the nodes' logs and the WARC collection of every
 node (warcio):
 - every page is revisited after every change, twice after the restart (no schedule forgotten, none stuck);
@@ -145,9 +145,12 @@ async def test_revisit_schedules_survive_a_join_a_leave_and_a_kill(tmp_path):
             events["kill"] = time.time()
             kill_pid(nodes.procs["A"].pid, signal.SIGKILL)
             await nodes.procs["A"].wait()
-            # C declares A dead and owns everything meanwhile
+            # C declares A dead and owns everything meanwhile, with A's pages on its schedule: their releases
+            # brought it their schedules (--replicas 1, the default)
             with trio.fail_after(SETTLE):
                 while {n["node_id"]: n["state"] for n in (await nodes.get("C", "/cluster"))["nodes"]}.get("A") != "dead":
+                    await trio.sleep(0.1)
+                while (await nodes.get("C", "/status"))["revisit"]["scheduled"] < len(pages):
                     await trio.sleep(0.1)
             nodes.seed = (tmp_path / "C" / "peer.addr").read_text().strip()
             for name in ("control.addr", "peer.addr"):  # the killed process's: the restart writes them anew
