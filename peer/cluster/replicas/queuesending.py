@@ -184,11 +184,19 @@ class ReplicaSending:
             if len(host.encode()) <= MAX_HOST:
                 states.append(WireHostState(host=host, crawl_delay=max(0.0, st.crawl_delay),
                                             ready_in=max(0.0, st.next_allowed - wall), failures=st.failures))
+        # a validator longer than the wire allows (a server's choice) goes as none: that page's next revisit is
+        # an unconditional GET, where the whole message refused would stall this backup's FIFO
+        fits = self.limits.max_string
+
+        def valid(text: str | None) -> str | None:
+            return text if text is None or len(text.encode()) <= fits else None
+
         revisits = tuple(
             RevisitEntry(url=r.url, depth=r.depth, due_in=max(0.0, r.due - wall), queued=r.queued,
-                         interval=r.interval, etag=r.etag, last_modified=r.last_modified, digest=r.digest,
-                         stored_at=max(0.0, r.stored_at), size=r.size, changed=r.changed, unchanged=r.unchanged)
-            for r in schedules.values()
+                         interval=r.interval, etag=valid(r.etag), last_modified=valid(r.last_modified),
+                         digest=r.digest, stored_at=max(0.0, r.stored_at), size=r.size, changed=r.changed,
+                         unchanged=r.unchanged)
+            for r in schedules.values() if len(r.url.encode()) <= self.limits.max_url_length
         )
         message = QueueReplica(seq=0, epoch=epoch, urls=urls, released=released, hosts=tuple(states),
                                revisits=revisits)
