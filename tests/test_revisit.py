@@ -8,6 +8,7 @@ when its page's URL is."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from collections import defaultdict
 
 import pytest
@@ -23,7 +24,7 @@ from peerlab.localweb.changes import ChangeSchedule
 from peerlab.localweb.dns_server import serve_dns
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.server import serve_web
-from protocol import HandoffChunk, Message, RevisitEntry
+from protocol import HandoffChunk, Limits, Message, RevisitEntry, encode_body
 from ring import Ring, diff, host_position
 from storage import NodeStore, NullPageStore, QueuedUrl, RevisitRecord, RevisitSchedule, in_arc, queued_url_keys
 from storage._lmdb import LmdbEnv
@@ -277,6 +278,25 @@ async def test_a_revisit_queued_at_the_sender_is_queued_once_at_the_receiver(tmp
     assert _queued(store_b, page) == 1
     store_a.close()
     store_b.close()
+
+
+async def test_a_validator_longer_than_the_wire_takes_is_handed_over_as_none(tmp_path):
+    """A server's ETag past the wire's string limit would make the chunk invalid at every send and stall the
+    hand-off: the schedule goes without it (the next revisit is an unconditional GET)."""
+    store_a = NodeStore.open(tmp_path / "a", map_size=1 << 24)
+    page = _moving_page()
+    long_etag = '"' + "x" * Limits().max_string + '"'
+    record = _fetched_and_due(store_a, page, due=WALL + 5.0, interval=4.0)
+    store_a.revisits.put(replace(record, etag=long_etag))
+    out = _Sent()
+    a = Handoff("a", store_a, out, wall_clock=lambda: WALL)
+    a.view_changed(1, RING_A, RING_AB)
+    a.pump()
+    entries = [e for m in out.sent if isinstance(m, HandoffChunk) for e in m.revisits]
+    assert [(e.url, e.etag) for e in entries] == [(page.url, None)]
+    for m in out.sent:
+        encode_body(m, "msgpack", Limits())  # every chunk goes on the wire
+    store_a.close()
 
 
 async def test_a_revisit_dropped_at_a_crash_loop_leaves_the_schedule(tmp_path):

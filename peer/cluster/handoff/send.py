@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import trio
 
-from protocol import HandoffAck, HandoffChunk, RevisitEntry, UrlEntry
+from protocol import HandoffAck, HandoffChunk, Limits, RevisitEntry, UrlEntry
 from protocol import HostState as WireHostState
 from ring import ArcMove
 from storage import HostState, QueuedUrl, RevisitRecord, queued_url_keys
@@ -35,6 +35,14 @@ __all__ = ["Chunk", "Outgoing", "Sending"]
 
 # the hand-off's records keep the logger name they have always had (operators filter on it)
 log = logging.getLogger("peer.cluster.handoff")
+_TEXT_ON_WIRE = Limits().max_string
+
+
+def _on_wire(validator: str | None) -> str | None:
+    """A revisit validator as a chunk carries it: one longer than the wire takes (a server's choice) goes as
+    none, so the page's next revisit is an unconditional GET, where the whole chunk refused at each send would
+    stall the transfer."""
+    return validator if validator is None or len(validator.encode()) <= _TEXT_ON_WIRE else None
 
 
 @dataclass(slots=True)
@@ -353,8 +361,9 @@ class Sending:
         )
         revisits = tuple(
             RevisitEntry(url=r.url, depth=r.depth, due_in=max(0.0, r.due - wall), queued=r.queued,
-                         interval=r.interval, etag=r.etag, last_modified=r.last_modified, digest=r.digest,
-                         stored_at=max(0.0, r.stored_at), size=r.size, changed=r.changed, unchanged=r.unchanged)
+                         interval=r.interval, etag=_on_wire(r.etag), last_modified=_on_wire(r.last_modified),
+                         digest=r.digest, stored_at=max(0.0, r.stored_at), size=r.size, changed=r.changed,
+                         unchanged=r.unchanged)
             for r in chunk.revisits
         )
         return HandoffChunk(
