@@ -240,7 +240,12 @@ class NodeStore(Closing):
             return merged
 
         merged = self._env.write(run)
-        self.replicas.revisits_promoted += len(schedules)
+        if schedules:
+            # pages fetched (by the dead owner) on a schedule here now: recorded as fetched here, so the seen-key
+            # replicas' scan after this ring change sends their marks, and with them their schedules, to this
+            # node's backups (a second death, once that is done, does not lose them)
+            self.mark_fetched(queued_url_keys([queued(r) for r in schedules]))
+            self.replicas.revisits_promoted += len(schedules)
         return items, merged
 
     def queue_due(self, now: float, limit: int, may: Callable[[str], bool]) -> list[QueuedUrl]:

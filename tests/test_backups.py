@@ -672,6 +672,8 @@ async def test_a_release_carries_its_pages_revisit_schedule_and_the_heir_revisit
     promoted, _states = heir.promote(lambda position: True)
     assert {i.url for i in promoted} == {queued.url}
     assert heir.replicas.revisits_held() == 0 and heir.replicas.revisits_promoted == 2
+    # recorded as fetched here: the heir's seen-key scan after this ring change sends them to its own backups
+    assert set(queued_url_keys([fetched, queued])) <= set(heir.fetched_keys())
     mine = heir.revisits.get(fetched.host, fetched.url)
     assert mine is not None and (mine.due, mine.queued, mine.etag, mine.interval) == (5300.0, False, '"v1"', 300.0)
     still = heir.revisits.get(queued.host, queued.url)
