@@ -235,9 +235,25 @@ def test_every_message_type_has_a_strategy() -> None:
     assert set(MESSAGE_STRATEGIES) == set(TYPE_CODES)
 
 
-@pytest.mark.parametrize("cls", list(MESSAGE_STRATEGIES), ids=lambda cls: cls.__name__)
+def _round_trips() -> list[tuple[int, type]]:
+    """(version, message type) where the type's wire record differs from the previous version's (or it is the first
+    version): the codec depends on the version only through its table of records, so a record shared with an
+    earlier version (the same object) is covered by that version's round trip."""
+    from protocol._messages import RECORDS_BY_VERSION as tables
+
+    pairs = []
+    for cls in MESSAGE_STRATEGIES:
+        before: object = ...
+        for version in SUPPORTED_VERSIONS:
+            record = tables[version].get(TYPE_CODES[cls])
+            if record is not before:
+                pairs.append((version, cls))
+            before = record
+    return pairs
+
+
+@pytest.mark.parametrize(("version", "cls"), _round_trips(), ids=lambda v: getattr(v, "__name__", str(v)))
 @pytest.mark.parametrize("codec", CODECS)
-@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_round_trip(cls: type, codec: str, version: int, data: st.DataObject) -> None:
