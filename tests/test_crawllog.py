@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from peer.config import ConfigError, load, stream_target
 from peer.outputs import CrawlLog, LocalLog, StreamLog
-from peer.outputs.crawllog import RotatingFile, json_line, text_line
+from peer.outputs.crawllog import RotatingFile, json_line, record_fields, text_line
 from storage import LOG_FIELDS, NodeStore, QueuedUrl
 
 from .support.redisserver import RedisServer
@@ -96,6 +98,25 @@ def test_the_text_line_has_heritrix_columns_and_the_json_line_every_field():
     assert list(body) == ["id", "node", "seq", *LOG_FIELDS]
     assert body["id"] == "node-a-42" and body["time"] == cols[0] and body["offset"] == 300
     assert json.loads(json_line("n", 1, unstored))["warc"] is None
+
+
+_text = st.text(st.characters(codec="utf-8"), max_size=12)
+
+
+@given(node=_text.filter(bool), seq=st.integers(0, 2**63), at=st.floats(0, 4e9), status=st.integers(-9999, 999),
+       size=st.integers(-1, 2**40), url=_text, path=_text, via=_text, mime=_text, began=st.floats(0, 4e9),
+       took=st.integers(0, 10**7), digest=_text, notes=_text, warc=_text, offset=st.integers(-1, 2**40))
+@settings(max_examples=100, deadline=None)
+def test_both_layouts_write_what_the_json_module_writes(node, seq, at, status, size, url, path, via, mime, began,
+                                                       took, digest, notes, warc, offset):
+    """The lines are written field by field (the crawl log's CPU is per page); they are the same text as
+    `json.dumps` of the record: quotes, backslashes, control and non-ASCII characters included."""
+    fields = [at, status, size, url, path, via, mime, began, took, digest, notes, warc, offset]
+    assert json_line(node, seq, fields) == json.dumps(record_fields(node, seq, fields), separators=(",", ":"),
+                                                      ensure_ascii=False) + "\n"
+    extra = {"id": f"{node}-{seq}", "node": node, **({"warc": warc, "offset": offset} if warc else {})}
+    line = text_line(node, seq, fields)
+    assert line.endswith(" " + json.dumps(extra, separators=(",", ":")) + "\n")
 
 
 def test_files_rotate_at_a_size_or_an_age_and_keep_the_newest(tmp_path):

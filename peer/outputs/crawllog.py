@@ -25,6 +25,8 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from json.encoder import encode_basestring as _quote
+from json.encoder import encode_basestring_ascii as _quote_ascii
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -80,19 +82,27 @@ def record_fields(node: str, seq: int, fields: Sequence[Any]) -> dict[str, Any]:
 
 
 def json_line(node: str, seq: int, fields: Sequence[Any]) -> str:
-    return json.dumps(record_fields(node, seq, fields), separators=(",", ":"), ensure_ascii=False) + "\n"
+    """`record_fields` as one line of compact JSON (non-ASCII kept), written field by field: the same text
+    `json.dumps(record_fields(...), separators=(",", ":"), ensure_ascii=False)` gives, at a quarter of its CPU
+    (strings escaped by the json module's own C escaper)."""
+    at, status, size, url, path, via, mime, began, took, digest, notes, warc, offset = fields
+    where = f'{_quote(warc)},"offset":{int(offset)}' if warc else 'null,"offset":null'
+    return (f'{{"id":{_quote(f"{node}-{seq}")},"node":{_quote(node)},"seq":{int(seq)},"time":"{_iso(at)}",'
+            f'"status":{int(status)},"size":{int(size)},"url":{_quote(url)},"path":{_quote(path)},'
+            f'"via":{_quote(via)},"mime":{_quote(mime)},"fetch_began":"{_iso(began)}","duration_ms":{int(took)},'
+            f'"digest":{_quote(digest)},"annotations":{_quote(notes)},"warc":{where}}}\n')
 
 
 def text_line(node: str, seq: int, fields: Sequence[Any]) -> str:
     """A record in Heritrix's crawl.log layout: time, status (5 wide), size (10 wide, "-": none), URL, discovery
     path, via, MIME, thread ("-": a node has none to name), fetch start+duration (ms), digest, source tag,
-    annotations, and the extra JSON Heritrix ends a line with: here the record id, node, WARC file and offset."""
+    annotations, and the extra JSON Heritrix ends a line with: here the record id, node, WARC file and offset
+    (ASCII JSON, as `json.dumps` writes it)."""
     at, status, size, url, path, via, mime, began, took, digest, notes, warc, offset = fields
-    extra: dict[str, Any] = {"id": f"{node}-{seq}", "node": node}
-    if warc:
-        extra["warc"], extra["offset"] = warc, offset
+    where = f',"warc":{_quote_ascii(warc)},"offset":{int(offset)}}}' if warc else "}"
     return (f"{_iso(at)} {status:5d} {size if size >= 0 else '-':>10} {url} {path} {via} {mime} - "
-            f"{_compact(began)}+{took} {digest} - {notes} {json.dumps(extra, separators=(',', ':'))}\n")
+            f"{_compact(began)}+{took} {digest} - {notes} "
+            f'{{"id":{_quote_ascii(f"{node}-{seq}")},"node":{_quote_ascii(node)}{where}\n')
 
 
 class RotatingFile:
@@ -198,15 +208,20 @@ class StreamLog:
         self._client = redis.Redis(host=target.host, port=target.port, db=target.db, password=target.password,
                                    socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT)
         self._limiter = trio.CapacityLimiter(1)
+        # an entry's command up to its id's value: twelve arguments, the first seven the same for every entry
+        self._head = b"*12\r\n" + _command(b"XADD", target.stream.encode("utf-8"), b"MAXLEN", b"~",
+                                            str(target.maxlen).encode(), b"*", b"id").split(b"\r\n", 1)[1]
 
     def target(self) -> str:
         return self.stream.url()
 
     def _send(self, node: str, records: Sequence[tuple[int, list[Any]]]) -> None:
-        head = (b"XADD", self.stream.stream.encode("utf-8"), b"MAXLEN", b"~", str(self.stream.maxlen).encode(), b"*")
-        blob = b"".join(_command(*head, b"id", f"{node}-{seq}".encode(), b"url", fields[3].encode("utf-8"), b"record",
-                                 json_line(node, seq, fields)[:-1].encode("utf-8"))
-                        for seq, fields in records)
+        # XADD STREAM MAXLEN ~ N * id ID url URL record JSON: the part before the id is the same for every entry
+        head = self._head
+        blob = b"".join([head + b"$%d\r\n%b\r\n$3\r\nurl\r\n$%d\r\n%b\r\n$6\r\nrecord\r\n$%d\r\n%b\r\n" % (
+            len(rid), rid, len(url), url, len(body), body)
+            for rid, url, body in ((f"{node}-{seq}".encode("utf-8"), fields[3].encode("utf-8"),
+                                    json_line(node, seq, fields)[:-1].encode("utf-8")) for seq, fields in records)])
         pool = self._client.connection_pool
         conn = pool.get_connection()
         try:

@@ -42,6 +42,25 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _threads(pid: int) -> dict[str, float]:
+    """CPU seconds of each of a process's threads so far, by thread: "main" (the node's trio loop, whose id is the
+    process's) and "threads" (worker threads: files hashed, the stream's sends, page threads)."""
+    out = {"main": 0.0, "threads": 0.0}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out["main" if tid == str(pid) else "threads"] += seconds
+    return out
+
+
 def _stopped(log: Path) -> dict:
     for line in reversed(log.read_text().splitlines()):
         try:
@@ -64,7 +83,10 @@ async def _node(name: str, tmp: Path, argv: list[str], env: dict[str, str], out:
                 raise RuntimeError(f"{name} exited: {log_path.read_text()[-2000:]}")
             await trio.sleep(0.02)
         start_cpu, started = _cpu(proc.pid), time.time()
+        threads0 = threads = _threads(proc.pid)
         while proc.poll() is None:
+            now = _threads(proc.pid)  # the most seen (a thread that ended takes its time out of the sum)
+            threads = {k: max(v, now[k]) for k, v in threads.items()}
             await trio.sleep(0.1)
         assert proc.returncode == 0, log_path.read_text()[-2000:]
     finally:
@@ -73,7 +95,10 @@ async def _node(name: str, tmp: Path, argv: list[str], env: dict[str, str], out:
     stopped = _stopped(log_path)
     out[name] = {"pages": stopped["pages"], "cpu_s": round(stopped["cpu_s"] - start_cpu, 3),
                  "seconds": round(time.time() - started, 1),
-                 "cpu_ms_per_page": round(1000 * (stopped["cpu_s"] - start_cpu) / max(1, stopped["pages"]), 4)}
+                 "cpu_ms_per_page": round(1000 * (stopped["cpu_s"] - start_cpu) / max(1, stopped["pages"]), 4),
+                 # worker threads' share, up to the last look before the exit (threads that ended earlier count)
+                 "main_thread_cpu_s": round(threads["main"] - threads0["main"], 2),
+                 "other_threads_cpu_s": round(threads["threads"] - threads0["threads"], 2)}
 
 
 async def run(args: argparse.Namespace) -> dict:
@@ -96,13 +121,19 @@ async def run(args: argparse.Namespace) -> dict:
             for seed in web.seeds():
                 argv += ["--seed", seed]
             base = {**os.environ, "PEERCRAWL_WARC_MAX_BYTES": str(args.warc_mib << 20)}
+            if args.cpu_profile:  # tests/bench/_cpuprof/sitecustomize.py samples each node on its own CPU time
+                Path(args.cpu_profile).mkdir(parents=True, exist_ok=True)
+                base["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent / "_cpuprof"),
+                                                      *filter(None, [base.get("PYTHONPATH")])])
             every = {**base, **s3.env(), "PEERCRAWL_UPLOAD": f"s3://{BUCKET}/bench",
                      "PEERCRAWL_WEBHOOK": receiver.url, "PEERCRAWL_WEBHOOK_SECRET": SECRET.decode(),
                      "PEERCRAWL_CRAWL_LOG": f"{redis.url}?stream=bench"}
             async with trio.open_nursery() as nodes:
-                nodes.start_soon(_node, "outputs-on", tmp, argv, every, out)
-                nodes.start_soon(_node, "outputs-off", tmp, argv, {**base, "PEERCRAWL_CRAWL_LOG_LOCAL": "off"}, out)
-                nodes.start_soon(_node, "default", tmp, argv, base, out)
+                off = {**base, "PEERCRAWL_CRAWL_LOG_LOCAL": "off"}
+                for name, env in (("outputs-on", every), ("outputs-off", off), ("default", base)):
+                    if args.cpu_profile:
+                        env = {**env, "BENCH_CPU_PROFILE": str(Path(args.cpu_profile).resolve() / f"cpu-{name}")}
+                    nodes.start_soon(_node, name, tmp, argv, env, out)
             nursery.cancel_scope.cancel()
         objects = s3.objects("bench/")
         streamed = redis.client().xlen("bench")
@@ -127,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-bytes", type=int, default=15_000, help="page size (the crawl benchmark's 15 KB)")
     p.add_argument("--delay", type=float, default=0.02)
     p.add_argument("--warc-mib", type=int, default=4, help="WARC rotation size of both nodes, in MiB")
+    p.add_argument("--cpu-profile", metavar="DIR",
+                   help="sample each node on its own CPU time (tests/bench/_cpuprof) into DIR/cpu-NAME.PID; compare "
+                        "with python -m tests.bench._cpuprof.report DIR/cpu-outputs-off.PID,PAGES "
+                        "DIR/cpu-outputs-on.PID,PAGES")
     args = p.parse_args(argv)
     print(json.dumps(trio.run(run, args), indent=1))
     return 0
