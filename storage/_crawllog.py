@@ -58,6 +58,10 @@ class CrawlLogSpool:
         self._db = env.db(CRAWLLOG_DB)
         self.limit = limit
         self.readers = tuple(readers)
+        #: Puts through this object, and records they dropped, counted in memory (a retried transaction may count
+        #: twice): a reader that saw the same count has nothing new to look for, and no drop to warn about.
+        self.puts = 0
+        self.drops_hint = 0
 
     def configure(self, *, limit: int, readers: Sequence[str]) -> None:
         """The bound and the readers of this run (the node sets them from its configuration at start)."""
@@ -80,6 +84,8 @@ class CrawlLogSpool:
         txn.put(_NEXT, seq.to_bytes(8, "big"), db=db)
         if dropped:
             txn.put(_DROPS, (_num(txn.get(_DROPS, db=db)) + dropped).to_bytes(8, "big"), db=db)
+            self.drops_hint += dropped
+        self.puts += 1
         return dropped
 
     def put(self, records: Sequence[Sequence[Any]]) -> int:

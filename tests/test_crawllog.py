@@ -192,6 +192,31 @@ async def test_a_dead_broker_is_retried_with_back_off_and_gets_every_record_once
     local.close()
 
 
+async def test_a_reader_that_caught_up_reads_the_store_again_only_once_records_come(store, tmp_path, autojump_clock):
+    """An idle node's readers cost no transaction: after catching up, a reader looks at the spool again only when
+    the crawl put records there; those reach it within a second, in one batch."""
+    local = LocalLog(tmp_path / "log", ("json",), max_bytes=1 << 20, max_age=3600.0, keep=2)
+    log = CrawlLog(store.crawl_log, "node-a", [local], limit=1000)
+    looks = []
+    after = store.crawl_log.after
+    store.crawl_log.after = lambda reader, limit: looks.append(trio.current_time()) or after(reader, limit)  # type: ignore[method-assign]
+    store.crawl_log.put([_record(n) for n in range(10)])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        await trio.sleep(30.5)  # between two of the reader's looks
+        assert len(looks) == 1 and log.status()["readers"]["file"]["handed_on"] == 10
+        start = trio.current_time()
+        store.crawl_log.put([_record(n) for n in range(10, 15)])
+        store.crawl_log.put([_record(n) for n in range(15, 20)])
+        await trio.sleep(1.0)
+        assert len(looks) == 2 and looks[1] - start <= 1.0 and log.status()["readers"]["file"]["handed_on"] == 20
+        await trio.sleep(30.0)
+        assert len(looks) == 2
+        nursery.cancel_scope.cancel()
+    assert len((tmp_path / "log" / "crawl.jsonl").read_text().splitlines()) == 20
+    local.close()
+
+
 async def test_drops_past_the_bound_are_counted_and_warned_about(store, autojump_clock, caplog):
     broker = Broker()
     log = CrawlLog(store.crawl_log, "node-a", [broker], limit=50)  # type: ignore[list-item]

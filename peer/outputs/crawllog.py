@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 
 #: Records one reader hands on per step (one pipeline, one file write).
 BATCH = 500
-#: Seconds between looks at the spool when a reader has caught up: a record reaches its readers within about
-#: this (a shorter wait costs a transaction, a thread hop and a round trip more per second, idle or not).
+#: Seconds a reader that has caught up waits before it looks again: a record reaches its readers within about
+#: this, in batches of what came meanwhile. A reader reads the store only when the crawl put records there since
+#: its last look (a count in memory), so an idle node's readers cost no transaction.
 POLL = 1.0
 MAX_BACKOFF = 30.0
 #: Seconds the stream's client waits for the broker before a try counts as failed.
@@ -251,6 +252,7 @@ class _Reader:
         self.failures = 0
         self.error: str | None = None
         self.failing_since: float | None = None
+        self.looked_at = -1  # the spool's `puts` when this reader last found nothing more to hand on
 
 
 class CrawlLog:
@@ -265,6 +267,7 @@ class CrawlLog:
         self._dropped_at_start = spool.dropped()
         self._warned_drops = self._dropped_at_start
         self._warned_at = -DROP_WARNING_EVERY
+        self._drops_checked = spool.drops_hint  # the spool's drop count in memory when no drop was left unwarned
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -275,6 +278,10 @@ class CrawlLog:
     async def _serve(self, reader: _Reader) -> None:
         backoff = 1.0
         while True:
+            puts = self.spool.puts
+            if puts == reader.looked_at:  # nothing put since this reader caught up: no look at the store
+                await trio.sleep(POLL)
+                continue
             try:
                 moved = await self.step(reader)
             except Exception as exc:  # noqa: BLE001 - a broker's or a disk's error: counted, shown, retried
@@ -285,6 +292,7 @@ class CrawlLog:
             backoff = 1.0
             self._check_drops()
             if moved < BATCH:
+                reader.looked_at = puts  # caught up with what was put before this look
                 await trio.sleep(POLL)
 
     async def step(self, reader: _Reader) -> int:
@@ -323,6 +331,9 @@ class CrawlLog:
         reader.error = message
 
     def _check_drops(self) -> None:
+        hint = self.spool.drops_hint
+        if hint == self._drops_checked:
+            return  # no record dropped since the last warning: no look at the store
         dropped = self.spool.dropped()
         now = trio.current_time()
         if dropped > self._warned_drops and now - self._warned_at >= DROP_WARNING_EVERY:
@@ -331,6 +342,8 @@ class CrawlLog:
                                "spool_limit": self.spool.limit,
                                "behind": [r.out.reader for r in self.readers if r.error is not None]})
             self._warned_drops, self._warned_at = dropped, now
+        if dropped <= self._warned_drops:
+            self._drops_checked = hint
 
     def close(self) -> None:
         for reader in self.readers:

@@ -105,6 +105,7 @@ async def run(args: argparse.Namespace) -> dict:
     graph = SiteGraph.generate(seed=5, hosts=args.hosts, pages_per_host=args.pages_per_host, features=False,
                                page_bytes=args.page_bytes)
     tmp = Path(tempfile.mkdtemp(prefix="bench-outputs-"))
+    load = [round(x, 2) for x in os.getloadavg()]  # 1, 5 and 15 minutes: the machine is shared
     s3 = WeedS3(tmp / "weed")
     await trio.to_thread.run_sync(s3.start)
     redis = RedisServer()
@@ -145,6 +146,11 @@ async def run(args: argparse.Namespace) -> dict:
     out["bytes_uploaded"] = sum(objects.values())
     out["crawl_log_records_streamed"] = streamed
     out["webhook_notices"] = len(receiver.accepted())
+    # a node that fetched less than the whole web (its DNS or web server starved on a loaded machine) measured
+    # another crawl: the ratios are not comparable then
+    expected = args.hosts * args.pages_per_host
+    out["complete"] = all(out[name]["pages"] == expected for name in ("outputs-on", "outputs-off", "default"))
+    out["load_average"] = {"start": load, "end": [round(x, 2) for x in os.getloadavg()]}
     off = max(1e-9, out["outputs-off"]["cpu_ms_per_page"])
     out["cpu_per_page_ratio_on_vs_off"] = round(out["outputs-on"]["cpu_ms_per_page"] / off, 3)
     out["cpu_per_page_ratio_default_vs_off"] = round(out["default"]["cpu_ms_per_page"] / off, 3)
