@@ -388,8 +388,6 @@ class Node:
             outputs.append(LocalLog(self.data_dir / "crawl-log", formats, max_bytes=cfg.crawl_log_max_bytes,
                                     max_age=cfg.crawl_log_rotate_seconds, keep=cfg.crawl_log_keep))
         if cfg.crawl_log:
-            if importlib.util.find_spec("redis") is None:
-                raise NodeError("crawl_log needs the Redis client: pip install 'peercrawl[redis]' (redis)")
             try:
                 outputs.append(StreamLog(stream_target(cfg.crawl_log)))
             except ConfigError as exc:

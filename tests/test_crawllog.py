@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from peer.config import ConfigError, load, stream_target
 from peer.outputs import CrawlLog, LocalLog, StreamLog
-from peer.outputs.crawllog import RotatingFile, json_line, record_fields, text_line
+from peer.outputs.crawllog import RotatingFile, StreamError, json_line, record_fields, text_line
 from storage import LOG_FIELDS, NodeStore, QueuedUrl
 
 from .support.redisserver import RedisServer
@@ -147,6 +147,7 @@ class Broker:
     """A stand-in stream output: refuses while `down`, records what it took."""
 
     reader = "stream"
+    uses_json = False
 
     def __init__(self) -> None:
         self.down = True
@@ -288,6 +289,38 @@ async def test_the_stream_gets_every_record_through_a_broker_kill(store, tmp_pat
         assert record == json.loads(json_line("node-a", 0, _record(0))) and record["id"] == first["id"]
         assert record["status"] == 200 and record["warc"] == "a.warc.gz"
         stream.close()
+    finally:
+        server.close()
+
+
+@pytest.mark.slow  # a real redis-server
+async def test_the_stream_signs_in_picks_its_database_and_raises_error_replies():
+    """The stream speaks Redis's protocol itself: AUTH and SELECT from the URL before its first XADD, and an error
+    reply (a refused password, a key of another type) is an error of the hand-on, so the batch is sent again."""
+    import redis
+
+    server = RedisServer()
+    try:
+        server.client().config_set("requirepass", "s3cret")
+        client = redis.Redis(host="127.0.0.1", port=server.port, db=3, password="s3cret", decode_responses=True)
+        for url, error in ((f"redis://:nope@127.0.0.1:{server.port}/3?stream=s", "WRONGPASS"),
+                           (f"redis://127.0.0.1:{server.port}/3?stream=s", "NOAUTH")):
+            refused = StreamLog(stream_target(url))
+            with pytest.raises(StreamError, match=error):
+                await refused.hand_on("n", [(0, _record(0))])
+            refused.close()
+        stream = StreamLog(stream_target(f"redis://:s3cret@127.0.0.1:{server.port}/3?stream=s"))
+        await stream.hand_on("n", [(n, _record(n)) for n in range(3)])
+        await stream.hand_on("n", [(3, _record(3))])  # the same connection again
+        assert [fields["id"] for _id, fields in client.xrange("s")] == ["n-0", "n-1", "n-2", "n-3"]
+        client.set("taken", "a string")
+        taken = StreamLog(stream_target(f"redis://:s3cret@127.0.0.1:{server.port}/3?stream=taken"))
+        with pytest.raises(StreamError, match="WRONGTYPE"):
+            await taken.hand_on("n", [(n, _record(n)) for n in range(3)])
+        await stream.hand_on("n", [(4, _record(4))])
+        assert client.xlen("s") == 5 and client.dbsize() == 2
+        stream.close()
+        taken.close()
     finally:
         server.close()
 
