@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import gc
 import importlib.util
 import ipaddress
 import json
@@ -369,6 +370,9 @@ class Node:
             target = S3Target.from_config(cfg, os.environ)
             objects = ObjectStore(target, part_size=cfg.upload_part_bytes)
             objects.connect()
+            # botocore's service model (some 70,000 objects) lives as long as the node: out of the collector's
+            # generations, so that its full passes do not walk it again and again
+            gc.freeze()
         except ConfigError as exc:
             raise NodeError(str(exc)) from exc
         return Uploader(uploads=store.uploads, directory=self.data_dir / "warc", objects=objects,
