@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import gc
 import importlib.util
 import ipaddress
 import json
@@ -369,6 +370,9 @@ class Node:
             target = S3Target.from_config(cfg, os.environ)
             objects = ObjectStore(target, part_size=cfg.upload_part_bytes)
             objects.connect()
+            # botocore's service model (some 70,000 objects) lives as long as the node: out of the collector's
+            # generations, so that its full passes do not walk it again and again
+            gc.freeze()
         except ConfigError as exc:
             raise NodeError(str(exc)) from exc
         return Uploader(uploads=store.uploads, directory=self.data_dir / "warc", objects=objects,
@@ -388,8 +392,6 @@ class Node:
             outputs.append(LocalLog(self.data_dir / "crawl-log", formats, max_bytes=cfg.crawl_log_max_bytes,
                                     max_age=cfg.crawl_log_rotate_seconds, keep=cfg.crawl_log_keep))
         if cfg.crawl_log:
-            if importlib.util.find_spec("redis") is None:
-                raise NodeError("crawl_log needs the Redis client: pip install 'peercrawl[redis]' (redis)")
             try:
                 outputs.append(StreamLog(stream_target(cfg.crawl_log)))
             except ConfigError as exc:

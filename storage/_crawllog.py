@@ -58,28 +58,42 @@ class CrawlLogSpool:
         self._db = env.db(CRAWLLOG_DB)
         self.limit = limit
         self.readers = tuple(readers)
+        #: Puts through this object, and records they dropped, counted in memory (a retried transaction may count
+        #: twice): a reader that saw the same count has nothing new to look for, and no drop to warn about.
+        self.puts = 0
+        self.drops_hint = 0
+        self._first_floor = 0  # a number the spool began at, at some point (never after where it begins now)
 
     def configure(self, *, limit: int, readers: Sequence[str]) -> None:
         """The bound and the readers of this run (the node sets them from its configuration at start)."""
         self.limit = limit
         self.readers = tuple(readers)
 
+    def _first(self, txn: Txn, seq: int) -> int:
+        """The number of the oldest record spooled (`seq`, the next number, when none is)."""
+        cursor = txn.cursor(self._db)
+        return _num(cursor.key()[1:]) if cursor.set_range(_REC) and cursor.key()[:1] == _REC else seq
+
     def _put_in(self, txn: Txn, records: Sequence[Sequence[Any]]) -> int:
-        """Spool `records` in the caller's transaction; how many were dropped (the spool was full)."""
+        """Spool `records` in the caller's transaction; how many were dropped (the spool was full). Where the
+        spool begins is read only when it may be full: `_first_floor` is a number it began at once, and it only
+        moves on (records leave from its start), so while the next number is within `limit` of it there is room."""
         db = self._db
         seq = _num(txn.get(_NEXT, db=db))
-        cursor = txn.cursor(db)
-        first = _num(cursor.key()[1:]) if cursor.set_range(_REC) and cursor.key()[:1] == _REC else seq
         dropped = 0
         for record in records:
-            if seq - first >= self.limit:
-                dropped += 1
-                continue
+            if seq - self._first_floor >= self.limit:
+                self._first_floor = self._first(txn, seq)
+                if seq - self._first_floor >= self.limit:
+                    dropped += 1
+                    continue
             txn.put(_REC + seq.to_bytes(8, "big"), msgpack.packb(record, use_bin_type=True), db=db)
             seq += 1
         txn.put(_NEXT, seq.to_bytes(8, "big"), db=db)
         if dropped:
             txn.put(_DROPS, (_num(txn.get(_DROPS, db=db)) + dropped).to_bytes(8, "big"), db=db)
+            self.drops_hint += dropped
+        self.puts += 1
         return dropped
 
     def put(self, records: Sequence[Sequence[Any]]) -> int:

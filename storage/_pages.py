@@ -48,12 +48,14 @@ class BuiltPage(NamedTuple):
 
 def build_page_records(*, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
                        response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float,
-                       truncated: bool = False, compress_level: int = 1, protocol: str = "http/1.1") -> BuiltPage:
-    """The stateless, CPU-heavy half of storing a page: its WARC records (two SHA-1 digests) gzip-compressed.
-    Pure: touches no file, so it may run in any thread or process."""
+                       truncated: bool = False, compress_level: int = 1, protocol: str = "http/1.1",
+                       payload_digest: str | None = None) -> BuiltPage:
+    """The stateless, CPU-heavy half of storing a page: its WARC records (SHA-1 digests of the body and of the
+    heads) gzip-compressed. `payload_digest`: the body's, if the caller computed it already (`payload_digest`
+    of storage), so it is not computed again. Pure: touches no file, so it may run in any thread or process."""
     records = exchange_records(url=url, request_headers=request_headers, status=status, reason=reason,
                                response_headers=response_headers, body=body, ip=ip, fetched_at=fetched_at,
-                               truncated=truncated, protocol=protocol)
+                               truncated=truncated, protocol=protocol, digest=payload_digest)
     response = gzip_member(records.response, compress_level)
     mime = _mime(response_headers)
     index = cdxj_parts(url=url, timestamp=warc_timestamp(fetched_at), length=len(response), status=status,
@@ -85,9 +87,11 @@ class PageStore(Closing, ABC):
         fetched_at: float,
         truncated: bool = False,
         protocol: str = "http/1.1",
+        payload_digest: str | None = None,
     ) -> int:
         """Keep one fetched page; returns the bytes written. `body` is the payload as received (Content-Encoding
-        not undone); `truncated` says it was cut at the size limit; `protocol` is what carried it (ALPN name)."""
+        not undone); `truncated` says it was cut at the size limit; `protocol` is what carried it (ALPN name);
+        `payload_digest` is the body's base32 SHA-1 if the caller has it (None: the store computes it)."""
 
     def store_built(self, *, url: str, status: int, fetched_at: float, built: BuiltPage,
                     truncated: bool = False) -> int:
@@ -153,7 +157,7 @@ class NullPageStore(PageStore):
 
     def store(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
               response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float,
-              truncated: bool = False, protocol: str = "http/1.1") -> int:
+              truncated: bool = False, protocol: str = "http/1.1", payload_digest: str | None = None) -> int:
         self.pages += 1
         self.body_bytes += len(body)
         return 0
@@ -290,12 +294,13 @@ class WarcPageStore(PageStore):
 
     def store(self, *, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
               response_headers: list[tuple[str, str]], body: bytes, ip: str | None, fetched_at: float,
-              truncated: bool = False, protocol: str = "http/1.1") -> int:
+              truncated: bool = False, protocol: str = "http/1.1", payload_digest: str | None = None) -> int:
         if self._closed:
             raise ValueError(f"page store at {self.directory} is closed")
         built = build_page_records(url=url, request_headers=request_headers, status=status, reason=reason,
                                    response_headers=response_headers, body=body, ip=ip, fetched_at=fetched_at,
-                                   truncated=truncated, compress_level=self.compress_level, protocol=protocol)
+                                   truncated=truncated, compress_level=self.compress_level, protocol=protocol,
+                                   payload_digest=payload_digest)
         return self.store_built(url=url, status=status, fetched_at=fetched_at, built=built, truncated=truncated)
 
     def store_built(self, *, url: str, status: int, fetched_at: float, built: BuiltPage,

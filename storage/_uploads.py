@@ -85,6 +85,9 @@ class Uploads:
     def __init__(self, env: LmdbEnv) -> None:
         self._env = env
         self._db = env.db(OUTPUTS_DB)
+        #: Notices written through this object, counted in memory: a sender that saw the same count has nothing
+        #: new to look for.
+        self.notices_added = 0
 
     def _range(self, txn: Txn, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """The (key without `prefix`, value) pairs of one key range, in key order."""
@@ -144,6 +147,8 @@ class Uploads:
 
         self._env.write(run)
         self._env.sync()
+        if notice is not None:
+            self.notices_added += 1
 
     def forget(self, name: str) -> None:
         """Take `name` off the queue without a record (its file is gone and its object is not there)."""
@@ -175,6 +180,7 @@ class Uploads:
             txn.put(_NOTICE + event_id.encode("utf-8"), body, db=self._db)
 
         self._env.write(run)
+        self.notices_added += 1
 
     def notices(self, limit: int = 100) -> list[tuple[str, bytes]]:
         """Notices not yet accepted by their receiver, in event id order: (event id, body)."""

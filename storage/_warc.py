@@ -135,17 +135,19 @@ class Exchange(NamedTuple):
 
 def exchange_records(*, url: str, request_headers: list[tuple[str, str]], status: int, reason: str,
                      response_headers: list[tuple[str, str]], body: bytes, ip: str | None,
-                     fetched_at: float, truncated: bool = False, protocol: str = "http/1.1") -> Exchange:
+                     fetched_at: float, truncated: bool = False, protocol: str = "http/1.1",
+                     digest: str | None = None) -> Exchange:
     """The response and request records of one fetch. A `Transfer-Encoding` header is left out: the body is
     stored de-chunked, and the header would make readers chunk-decode it again. A body cut at the size limit
     (`truncated`) is marked `WARC-Truncated: length` (WARC/1.1 section 5.13), so no reader takes it for the
     whole page. An exchange over another protocol than HTTP/1.1 (`protocol`, its ALPN name: ``h2``) is written
-    in the HTTP/1.1 form readers expect, and named in `WARC-Protocol`."""
+    in the HTTP/1.1 form readers expect, and named in `WARC-Protocol`. `digest`: the body's `payload_digest`
+    when the caller has it already (one SHA-1 of the body less); None: computed here."""
     target_uri = _one_line(url, "URL").encode("utf-8")
     date = warc_date(fetched_at).encode("ascii")
     headers = [(k, v) for k, v in response_headers if k.lower() != "transfer-encoding"]
     http = _http_head(f"HTTP/1.1 {status} {reason}".rstrip(), headers, "response")
-    payload_digest = _sha1(body)
+    payload_digest = _sha1(body) if digest is None else b"sha1:" + digest.encode("ascii")
     response_id = _record_id()
     # The fields in the order `_warc_head` writes them for revisits and warcinfo, formatted in one step: a
     # page's two heads are the same bytes a field list would give, at a third of the cost.

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from peer.config import ConfigError, load, stream_target
 from peer.outputs import CrawlLog, LocalLog, StreamLog
-from peer.outputs.crawllog import RotatingFile, json_line, text_line
+from peer.outputs.crawllog import RotatingFile, StreamError, json_line, record_fields, text_line
 from storage import LOG_FIELDS, NodeStore, QueuedUrl
 
 from .support.redisserver import RedisServer
@@ -98,6 +100,25 @@ def test_the_text_line_has_heritrix_columns_and_the_json_line_every_field():
     assert json.loads(json_line("n", 1, unstored))["warc"] is None
 
 
+_text = st.text(st.characters(codec="utf-8"), max_size=12)
+
+
+@given(node=_text.filter(bool), seq=st.integers(0, 2**63), at=st.floats(0, 4e9), status=st.integers(-9999, 999),
+       size=st.integers(-1, 2**40), url=_text, path=_text, via=_text, mime=_text, began=st.floats(0, 4e9),
+       took=st.integers(0, 10**7), digest=_text, notes=_text, warc=_text, offset=st.integers(-1, 2**40))
+@settings(max_examples=100, deadline=None)
+def test_both_layouts_write_what_the_json_module_writes(node, seq, at, status, size, url, path, via, mime, began,
+                                                       took, digest, notes, warc, offset):
+    """The lines are written field by field (the crawl log's CPU is per page); they are the same text as
+    `json.dumps` of the record: quotes, backslashes, control and non-ASCII characters included."""
+    fields = [at, status, size, url, path, via, mime, began, took, digest, notes, warc, offset]
+    assert json_line(node, seq, fields) == json.dumps(record_fields(node, seq, fields), separators=(",", ":"),
+                                                      ensure_ascii=False) + "\n"
+    extra = {"id": f"{node}-{seq}", "node": node, **({"warc": warc, "offset": offset} if warc else {})}
+    line = text_line(node, seq, fields)
+    assert line.endswith(" " + json.dumps(extra, separators=(",", ":")) + "\n")
+
+
 def test_files_rotate_at_a_size_or_an_age_and_keep_the_newest(tmp_path):
     now = [1_700_000_000.0]
     f = RotatingFile(tmp_path / "crawl.log", max_bytes=100, max_age=60.0, keep=2, now=lambda: now[0])
@@ -126,6 +147,7 @@ class Broker:
     """A stand-in stream output: refuses while `down`, records what it took."""
 
     reader = "stream"
+    uses_json = False
 
     def __init__(self) -> None:
         self.down = True
@@ -168,6 +190,31 @@ async def test_a_dead_broker_is_retried_with_back_off_and_gets_every_record_once
     lines = (tmp_path / "log" / "crawl.log").read_text().splitlines()
     assert [json.loads(line.split()[-1])["id"] for line in lines] == [f"node-a-{n}" for n in range(700)]
     assert len((tmp_path / "log" / "crawl.jsonl").read_text().splitlines()) == 700
+    local.close()
+
+
+async def test_a_reader_that_caught_up_reads_the_store_again_only_once_records_come(store, tmp_path, autojump_clock):
+    """An idle node's readers cost no transaction: after catching up, a reader looks at the spool again only when
+    the crawl put records there; those reach it within a second, in one batch."""
+    local = LocalLog(tmp_path / "log", ("json",), max_bytes=1 << 20, max_age=3600.0, keep=2)
+    log = CrawlLog(store.crawl_log, "node-a", [local], limit=1000)
+    looks = []
+    after = store.crawl_log.after
+    store.crawl_log.after = lambda reader, limit: looks.append(trio.current_time()) or after(reader, limit)  # type: ignore[method-assign]
+    store.crawl_log.put([_record(n) for n in range(10)])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        await trio.sleep(30.5)  # between two of the reader's looks
+        assert len(looks) == 1 and log.status()["readers"]["file"]["handed_on"] == 10
+        start = trio.current_time()
+        store.crawl_log.put([_record(n) for n in range(10, 15)])
+        store.crawl_log.put([_record(n) for n in range(15, 20)])
+        await trio.sleep(1.0)
+        assert len(looks) == 2 and looks[1] - start <= 1.0 and log.status()["readers"]["file"]["handed_on"] == 20
+        await trio.sleep(30.0)
+        assert len(looks) == 2
+        nursery.cancel_scope.cancel()
+    assert len((tmp_path / "log" / "crawl.jsonl").read_text().splitlines()) == 20
     local.close()
 
 
@@ -242,6 +289,38 @@ async def test_the_stream_gets_every_record_through_a_broker_kill(store, tmp_pat
         assert record == json.loads(json_line("node-a", 0, _record(0))) and record["id"] == first["id"]
         assert record["status"] == 200 and record["warc"] == "a.warc.gz"
         stream.close()
+    finally:
+        server.close()
+
+
+@pytest.mark.slow  # a real redis-server
+async def test_the_stream_signs_in_picks_its_database_and_raises_error_replies():
+    """The stream speaks Redis's protocol itself: AUTH and SELECT from the URL before its first XADD, and an error
+    reply (a refused password, a key of another type) is an error of the hand-on, so the batch is sent again."""
+    import redis
+
+    server = RedisServer()
+    try:
+        server.client().config_set("requirepass", "s3cret")
+        client = redis.Redis(host="127.0.0.1", port=server.port, db=3, password="s3cret", decode_responses=True)
+        for url, error in ((f"redis://:nope@127.0.0.1:{server.port}/3?stream=s", "WRONGPASS"),
+                           (f"redis://127.0.0.1:{server.port}/3?stream=s", "NOAUTH")):
+            refused = StreamLog(stream_target(url))
+            with pytest.raises(StreamError, match=error):
+                await refused.hand_on("n", [(0, _record(0))])
+            refused.close()
+        stream = StreamLog(stream_target(f"redis://:s3cret@127.0.0.1:{server.port}/3?stream=s"))
+        await stream.hand_on("n", [(n, _record(n)) for n in range(3)])
+        await stream.hand_on("n", [(3, _record(3))])  # the same connection again
+        assert [fields["id"] for _id, fields in client.xrange("s")] == ["n-0", "n-1", "n-2", "n-3"]
+        client.set("taken", "a string")
+        taken = StreamLog(stream_target(f"redis://:s3cret@127.0.0.1:{server.port}/3?stream=taken"))
+        with pytest.raises(StreamError, match="WRONGTYPE"):
+            await taken.hand_on("n", [(n, _record(n)) for n in range(3)])
+        await stream.hand_on("n", [(4, _record(4))])
+        assert client.xlen("s") == 5 and client.dbsize() == 2
+        stream.close()
+        taken.close()
     finally:
         server.close()
 

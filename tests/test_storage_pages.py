@@ -280,6 +280,30 @@ def test_warcio_verifies_every_digest_and_reads_identical_payloads(tmp_path):
     assert records[9][2].protocol == "HTTP/1.1" and records[9][2].statusline == "200"
 
 
+def test_a_payload_digest_the_caller_computed_is_written_as_given(tmp_path):
+    """The crawler hashes a page's body once (for its revisit schedule, the payload's original and its crawl-log
+    record) and hands the digest on: the store writes that one, not one of its own, in the record, the CDXJ line
+    and the built page; a correct one verifies as the store's own would."""
+    from storage import payload_digest
+
+    p = page(1)
+    right = payload_digest(p["body"])
+    foreign = payload_digest(b"another payload")
+    built = build_page_records(compress_level=1, payload_digest=foreign, **p)
+    assert built.digest == foreign and built.cdxj is not None and f"\"digest\": \"{foreign}\"" in built.cdxj[0]
+    with WarcPageStore(tmp_path / "given") as store:
+        store.store(payload_digest=right, **p)
+        given_name = store.current_file
+    with WarcPageStore(tmp_path / "own") as store:
+        store.store(**p)
+        own_name = store.current_file
+    given, own = read_checked(tmp_path / "given" / given_name), read_checked(tmp_path / "own" / own_name)
+    assert given[1][1].get_header("WARC-Payload-Digest") == own[1][1].get_header("WARC-Payload-Digest") == f"sha1:{right}"
+    with open(tmp_path / "given" / given_name, "rb") as fh:  # the given digest verifies
+        assert sum(1 for r in ArchiveIterator(fh, check_digests="raise") if r.content_stream().read() is not None) == 3
+    assert (tmp_path / "given" / given_name.replace(".warc.gz", ".cdxj")).read_text().count(right) == 1
+
+
 def test_cdxj_lines_point_at_the_offsets_and_lengths_warcio_finds(tmp_path):
     with WarcPageStore(tmp_path, max_file_bytes=6_000) as store:
         for n in range(30):

@@ -4,12 +4,14 @@ tests against a real S3 server are in test_uploads_s3.py)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 
 import pytest
 
 from peer.config import ConfigError, load
 from peer.outputs import S3Target, file_digest, parse_s3_url
+from peer.outputs.dirwatch import DirWatch
 from storage import NodeStore, Uploaded, WarcPageStore, closed_files
 
 MIB = 1 << 20
@@ -110,3 +112,23 @@ def test_parse_s3_url():
     assert parse_s3_url("s3://b/x/y/") == ("b", "x/y")
     with pytest.raises(ConfigError):
         parse_s3_url("s3://b/x?y=1")
+
+
+def test_the_directory_is_looked_at_again_when_it_changed_or_after_a_while(tmp_path):
+    """The uploader and the webhook list the WARC directory only when a file was closed (renamed), created or
+    removed there since their last look, or at least every `every` seconds."""
+    now = [0.0]
+    watch = DirWatch(tmp_path, lambda: now[0], every=10.0)
+    os.utime(tmp_path, ns=(1, 1))  # a time no change made here can have: each change below shows
+    assert watch.changed() and not watch.changed()
+    opened = tmp_path / "a.cdxj.open"
+    opened.write_text("")
+    assert watch.changed() and not watch.changed()
+    os.utime(tmp_path, ns=(1, 1))
+    assert watch.changed()  # a time that went back is a change too
+    opened.rename(tmp_path / "a.cdxj")  # a file closed
+    assert watch.changed() and not watch.changed()
+    now[0] = 9.9
+    assert not watch.changed()
+    now[0] = 10.0
+    assert watch.changed() and not watch.changed()

@@ -94,7 +94,8 @@ class HostTurns:
         def _commit(self, batch: Batch, done: QueuedUrl | None = None, revisit: RevisitRecord | None = None,
                     turn: HostTurn | None = None, extracted: Sequence[dict[str, Any]] = (),
                     logged: Sequence[Any] | None = None) -> tuple[int, int]: ...
-        async def _plugged_work(self, resp: Response, url: str, ctype: str | None, now: float) -> Plugged | None: ...
+        async def _plugged_work(self, resp: Response, url: str, ctype: str | None, now: float,
+                                digest: str | None = None) -> Plugged | None: ...
         async def _fetch_sitemap(self, turn: HostTurn, item: QueuedUrl) -> None: ...
         async def _render_work(self, turn: HostTurn, item: QueuedUrl, resp: Response, ctype: str | None,
                                now: float) -> tuple[int | None, Page | None, Plugged | None, Any] | None: ...
@@ -106,12 +107,12 @@ class HostTurns:
                     lastmod: float | None = None, sitemap: bool = False) -> None: ...
         def _screen_found(self, batch: Batch, urls: Sequence[str], depth: int, found_on: str) -> None: ...
         def _filter_urls(self, source: str, urls: list[str], tag: str | None) -> list[str | None]: ...
-        def _store(self, resp: Response, ctype: str | None, now: float) -> int | None: ...
-        def _store_and_extract(self, resp: Response, url: str, ctype: str | None,
-                               now: float) -> tuple[int | None, Page | None, tuple[str, int] | None]: ...
+        def _store(self, resp: Response, ctype: str | None, now: float, digest: str | None = None) -> int | None: ...
+        def _store_and_extract(self, resp: Response, url: str, ctype: str | None, now: float, digest: str | None = None
+                               ) -> tuple[int | None, Page | None, tuple[str, int] | None]: ...
         def _store_revisit(self, resp: Response, before: RevisitRecord, profile: str, now: float) -> None: ...
-        async def _work_elsewhere(self, resp: Response, url: str, ctype: str | None,
-                                  now: float) -> tuple[int | None, Page | None, tuple[str, int] | None]: ...
+        async def _work_elsewhere(self, resp: Response, url: str, ctype: str | None, now: float, digest: str | None = None
+                                  ) -> tuple[int | None, Page | None, tuple[str, int] | None]: ...
 
     # ------------------------------------------------------------------ the address lane and the request
 
@@ -358,8 +359,10 @@ class HostTurns:
                     self._screen(batch, target, item.depth, item.hops + 1, item.url)
         elif 200 <= status < 300:
             ctype = header(resp, "content-type")
+            # one SHA-1 of the body for all who need it: the revisit schedule, the payload's original, the crawl
+            # log, and the WARC record (the page store takes it rather than hashing the body again)
             digest = (payload_digest(resp.body) if self.schedule is not None or self.originals is not None
-                      else None)
+                      or (self.log_urls and resp.body) else None)
             page: Page | None = None
             if before is not None and before.digest == digest:
                 # the same payload again: a revisit record, and its links are those found the first time
@@ -370,7 +373,7 @@ class HostTurns:
                 # a payload stored before under another URL: its record refers to that copy (`_store` writes it)
                 original = None if digest is None else await self._payload_original(resp, ctype, digest)
                 try:
-                    size, page, plugged, record_at = await self._page_work(turn, resp, item, ctype, now)
+                    size, page, plugged, record_at = await self._page_work(turn, resp, item, ctype, now, digest)
                 finally:
                     self._payload_revisits.pop(resp.url, None)
                 if original is None and size is not None and digest is not None:
@@ -414,29 +417,31 @@ class HostTurns:
         self.ownership.fetched(item)
         self._retries.pop(item.url, None)
 
-    async def _page_work(self, turn: HostTurn, resp: Response, item: QueuedUrl, ctype: str | None, now: float
+    async def _page_work(self, turn: HostTurn, resp: Response, item: QueuedUrl, ctype: str | None, now: float,
+                         digest: str | None = None
                          ) -> tuple[int | None, Page | None, Plugged | None, tuple[str, int] | None]:
         """A page's records and links, where its work runs: rendered in a browser (renderturns), with
         plug-ins, in a page worker, in a page thread, or here. The bytes stored (None: not stored), the parsed
-        page, the plug-ins' outcome, and where the page's response record went (its WARC file and offset)."""
+        page, the plug-ins' outcome, and where the page's response record went (its WARC file and offset).
+        `digest`: the body's payload digest if computed already, which the records take."""
         if self.renderer is not None:
             rendered = await self._render_work(turn, item, resp, ctype, now)
             if rendered is not None:  # the DOM's links, the plug-ins on the rendered page
                 return rendered
         if self.plugins is not None and self.plugins.active:
-            plugged = await self._plugged_work(resp, item.url, ctype, now)
+            plugged = await self._plugged_work(resp, item.url, ctype, now, digest)
             if plugged is None:
                 return None, None, None, None
             return plugged.size, plugged.page, plugged, plugged.location
         if self.page_workers is not None:
-            size, page, record_at = await self._work_elsewhere(resp, item.url, ctype, now)
+            size, page, record_at = await self._work_elsewhere(resp, item.url, ctype, now, digest)
             return size, page, None, record_at
         if self._page_threads is not None:
             size, page, record_at = await trio.to_thread.run_sync(
-                self._store_and_extract, resp, item.url, ctype, now, limiter=self._page_threads
+                self._store_and_extract, resp, item.url, ctype, now, digest, limiter=self._page_threads
             )
             return size, page, None, record_at
-        size = self._store(resp, ctype, now)
+        size = self._store(resp, ctype, now, digest)
         record_at = self.pages.last_record() if size is not None else None
         page = None
         if is_html(ctype):

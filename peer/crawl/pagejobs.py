@@ -79,6 +79,8 @@ class PageJob(NamedTuple):
     protocol: str = "http/1.1"  # what carried the exchange (ALPN name), for WARC-Protocol
     #: the plug-in chain to run (`peer.plugins.Plugins.job_part`): None when no plug-in works on pages
     plugins: tuple | None = None
+    #: the body's payload digest when the node computed it already (not computed again here); None: made here
+    digest: str | None = None
 
 
 class PageResult(NamedTuple):
@@ -154,7 +156,8 @@ def process_page(job: PageJob) -> PageResult:
         built = build_page_records(url=job.url, request_headers=job.request_headers, status=job.status,
                                    reason=job.reason, response_headers=job.response_headers, body=job.body,
                                    ip=job.ip, fetched_at=job.fetched_at, truncated=job.truncated,
-                                   compress_level=job.compress_level, protocol=job.protocol)
+                                   compress_level=job.compress_level, protocol=job.protocol,
+                                   payload_digest=job.digest)
     page = extract(job.body, job.url, job.content_type) if job.parse else None
     return PageResult(built=built, page=page)
 
@@ -171,7 +174,8 @@ def _process_plugged(job: PageJob) -> PageResult:
         built = build_page_records(url=job.url, request_headers=job.request_headers, status=job.status,
                                    reason=job.reason, response_headers=job.response_headers, body=job.body,
                                    ip=job.ip, fetched_at=job.fetched_at, truncated=job.truncated,
-                                   compress_level=job.compress_level, protocol=job.protocol)
+                                   compress_level=job.compress_level, protocol=job.protocol,
+                                   payload_digest=job.digest)
     return PageResult(built=built, page=page, outcome=outcome)
 
 

@@ -67,16 +67,16 @@ class PageWork:
 
         def _store_payload_revisit(self, resp: Response, original: StoredPayload, now: float) -> int: ...
 
-    def _store_and_extract(self, resp: Response, url: str, ctype: str | None,
-                           now: float) -> tuple[int | None, Page | None, tuple[str, int] | None]:
+    def _store_and_extract(self, resp: Response, url: str, ctype: str | None, now: float,
+                           digest: str | None = None) -> tuple[int | None, Page | None, tuple[str, int] | None]:
         """A page's CPU-heavy work, in a page thread: digests, gzip and lxml's parse release the GIL, so
         threads carry them on other cores; one hand-off per page. The bytes stored, the page, and where its
         response record went (read in the thread that wrote it)."""
-        size, location = self._store_located(resp, ctype, now)
+        size, location = self._store_located(resp, ctype, now, digest)
         return size, (extract(resp.body, url, ctype) if is_html(ctype) else None), location
 
-    async def _work_elsewhere(self, resp: Response, url: str, ctype: str | None,
-                              now: float) -> tuple[int | None, Page | None, tuple[str, int] | None]:
+    async def _work_elsewhere(self, resp: Response, url: str, ctype: str | None, now: float,
+                              digest: str | None = None) -> tuple[int | None, Page | None, tuple[str, int] | None]:
         """A page's records and links made by a page worker process, the records appended here: the same
         records and links as inline (`_store`, `extract`), and where its response record went. A page that
         killed its workers again and again is counted (``errors{kind="page-worker"}``), logged, and finished
@@ -88,12 +88,12 @@ class PageWork:
         level = getattr(self.pages, "compress_level", None) if full else None
         parse = is_html(ctype)
         if not parse and level is None:
-            size, location = self._store_located(resp, ctype, now)
+            size, location = self._store_located(resp, ctype, now, digest)
             return size, None, location
         job = PageJob(url=resp.url, content_type=ctype, body=resp.body, parse=parse, compress_level=level,
                       request_headers=resp.request_headers, status=resp.status, reason=resp.reason,
                       response_headers=as_decoded(resp), ip=resp.ip, fetched_at=now, truncated=resp.truncated,
-                      protocol=resp.protocol)
+                      protocol=resp.protocol, digest=digest)
         try:
             result: PageResult = await self.page_workers.process(job)
         except PageWorkerError as exc:
@@ -114,11 +114,12 @@ class PageWork:
                 self._record_ids[resp.url] = result.built.record_id
         elif stored:
             # a store that keeps no records (--store none) counts it here
-            size, location = self._store_located(resp, ctype, now)
+            size, location = self._store_located(resp, ctype, now, digest)
         return size, result.page, location
 
-    def _store(self, resp: Response, ctype: str | None, now: float) -> int | None:
-        """Write the page if its type is stored; the bytes written (None when not stored). Safe in a page
+    def _store(self, resp: Response, ctype: str | None, now: float, digest: str | None = None) -> int | None:
+        """Write the page if its type is stored; the bytes written (None when not stored). `digest`: the body's
+        payload digest if the host turn computed it (the store does not compute it again). Safe in a page
         thread (the store locks)."""
         mime = (ctype or "").split(";", 1)[0].strip().lower()
         if mime not in self.store_types:
@@ -137,6 +138,7 @@ class PageWork:
             fetched_at=now,
             truncated=resp.truncated,
             protocol=resp.protocol,
+            payload_digest=digest,
         )
         if self.originals is not None:
             record_id = self.pages.last_record_id()
@@ -148,7 +150,8 @@ class PageWork:
 
     # ------------------------------------------------------------------ with plug-ins (peer/plugins)
 
-    async def _plugged_work(self, resp: Response, url: str, ctype: str | None, now: float) -> Plugged | None:
+    async def _plugged_work(self, resp: Response, url: str, ctype: str | None, now: float,
+                            digest: str | None = None) -> Plugged | None:
         """A page's work when plug-ins run on pages: its links, the chain, then its records if the chain's
         page filters keep it; where parsing runs (a page worker, a page thread, or here). None when the page
         workers gave the page up (counted as without plug-ins)."""
@@ -160,7 +163,8 @@ class PageWork:
             job = PageJob(url=resp.url, content_type=ctype, body=resp.body, parse=is_html(ctype),
                           compress_level=level, request_headers=resp.request_headers, status=resp.status,
                           reason=resp.reason, response_headers=as_decoded(resp), ip=resp.ip, fetched_at=now,
-                          truncated=resp.truncated, protocol=resp.protocol, plugins=self.plugins.job_part())
+                          truncated=resp.truncated, protocol=resp.protocol, plugins=self.plugins.job_part(),
+                          digest=digest)
             try:
                 result: PageResult = await self.page_workers.process(job)
             except PageWorkerError as exc:
@@ -181,23 +185,25 @@ class PageWork:
                 if self.originals is not None and result.built.record_id:
                     self._record_ids[resp.url] = result.built.record_id
             elif outcome.store and mime in self.store_types:
-                size, location = self._store_located(resp, ctype, now)
+                size, location = self._store_located(resp, ctype, now, digest)
             return Plugged(size, result.page, outcome, generation, location)
         if self._page_threads is not None:
-            return await trio.to_thread.run_sync(self._plugged_here, resp, url, ctype, now, generation,
+            return await trio.to_thread.run_sync(self._plugged_here, resp, url, ctype, now, generation, digest,
                                                  limiter=self._page_threads)
         if len(resp.body) > THREAD_PARSE_BYTES or self.cfg.parse_in_thread:
-            return await trio.to_thread.run_sync(self._plugged_here, resp, url, ctype, now, generation,
+            return await trio.to_thread.run_sync(self._plugged_here, resp, url, ctype, now, generation, digest,
                                                  limiter=self._large_parses)
-        return self._plugged_here(resp, url, ctype, now, generation)
+        return self._plugged_here(resp, url, ctype, now, generation, digest)
 
-    def _plugged_here(self, resp: Response, url: str, ctype: str | None, now: float, generation: int) -> Plugged:
+    def _plugged_here(self, resp: Response, url: str, ctype: str | None, now: float, generation: int,
+                      digest: str | None = None) -> Plugged:
         page = extract(resp.body, url, ctype) if is_html(ctype) else None
         outcome = self.plugins.run_page(resp.url, resp.status, as_decoded(resp), resp.body, ctype, now,
                                         None if page is None else page.links, None if page is None else page.base)
-        size, location = self._store_located(resp, ctype, now) if outcome.store else (None, None)
+        size, location = self._store_located(resp, ctype, now, digest) if outcome.store else (None, None)
         return Plugged(size, page, outcome, generation, location)
 
-    def _store_located(self, resp: Response, ctype: str | None, now: float) -> tuple[int | None, Any]:
-        size = self._store(resp, ctype, now)
+    def _store_located(self, resp: Response, ctype: str | None, now: float,
+                       digest: str | None = None) -> tuple[int | None, Any]:
+        size = self._store(resp, ctype, now, digest)
         return size, (self.pages.last_record() if size is not None else None)

@@ -4,7 +4,8 @@ the crawl while it does.
 The store's transactions run on the node's own thread (they are short: a few keys each, and one fsync per
 uploaded file); reading and hashing files and the S3 calls run in worker threads. Once a second it queues the
 closed files of the WARC directory in the node's store (`Uploads.sweep`: a file
-closed just before a kill -9 is queued at the next start), then sends the queue oldest first. Each file goes
+closed just before a kill -9 is queued at the next start), then sends the queue oldest first. A second that
+changed nothing in the directory (`DirWatch`: one `stat`) costs no sweep. Each file goes
 to the key `PREFIX/NODE_ID/FILE`, so sending it again (after a kill mid-upload, or a crash between the upload
 and its record) overwrites the one object rather than adding another. An object is recorded as uploaded only
 when the server's size and ETag match the local file's (`ObjectStore.verify`); the local WARC file is removed
@@ -28,6 +29,7 @@ from typing import Any
 
 import trio
 
+from peer.outputs.dirwatch import DirWatch
 from peer.outputs.s3 import FileDigest, ObjectStore, UploadError, file_digest
 from peer.outputs.webhook import notice_body, records_in
 from storage import Uploaded, Uploads, closed_files
@@ -36,7 +38,7 @@ __all__ = ["Uploader"]
 
 log = logging.getLogger(__name__)
 
-#: Seconds between sweeps of the WARC directory when the queue is empty.
+#: Seconds between looks at the WARC directory when the queue is empty (a sweep when it changed).
 SWEEP_INTERVAL = 1.0
 #: The longest wait between two tries of a failing upload.
 MAX_BACKOFF = 60.0
@@ -71,6 +73,7 @@ class Uploader:
         self.last_error_kind: str | None = None
         self.lost_files = 0  # queued files gone from the disk and not in the bucket
         self._wake = trio.Event()
+        self._watch = DirWatch(directory, trio.current_time)
 
     def key(self, name: str) -> str:
         return self.objects.target.key(self.node_id, name)
@@ -107,8 +110,9 @@ class Uploader:
             backoff = 1.0
             with trio.move_on_after(SWEEP_INTERVAL):
                 await self._wake.wait()
-            self._wake = trio.Event()
-            await self._sweep()
+            woken, self._wake = self._wake.is_set(), trio.Event()
+            if woken or self._watch.changed():
+                await self._sweep()
 
     async def flush(self) -> None:
         """Send what is queued once, stopping at the first failure (a node's last act before it stops; bound it

@@ -28,11 +28,14 @@ import trio
 
 from storage import Uploads
 
+from peer.outputs.dirwatch import DirWatch
+
 __all__ = ["WebhookSender", "notice_body", "sign"]
 
 log = logging.getLogger(__name__)
 
-#: Seconds between looks for new notices when none waits.
+#: Seconds between looks for new notices when none waits: the store is read only when a notice was written since
+#: the last look (`Uploads.notices_added`), the WARC directory listed only when it changed (`DirWatch`).
 POLL = 1.0
 MAX_BACKOFF = 60.0
 #: A receiver gets this long to answer one POST.
@@ -94,6 +97,11 @@ class WebhookSender:
         self.waiting = 0
         self.last_error: str | None = None
         self.failing_since: float | None = None
+        self._watch = DirWatch(directory, trio.current_time)
+
+    def _client(self) -> httpx.AsyncClient:
+        # TLS settings (the CA bundle's load) only for a receiver that speaks it; redirects are not followed
+        return httpx.AsyncClient(transport=self._transport, timeout=TIMEOUT, verify=self.url.startswith("https:"))
 
     async def _thread(self, fn: Any, *args: Any) -> Any:
         return await trio.to_thread.run_sync(functools.partial(fn, *args))
@@ -101,10 +109,15 @@ class WebhookSender:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         backoff = 1.0
-        async with httpx.AsyncClient(transport=self._transport, timeout=TIMEOUT) as client:
+        looked = -1  # `notices_added` when the last look found none waiting
+        async with self._client() as client:
             while True:
-                if self.closed_files:
+                if self.closed_files and self._watch.changed():
                     await self._note_closed()
+                added = self.uploads.notices_added
+                if added == looked:
+                    await trio.sleep(POLL)
+                    continue
                 notices = self.uploads.notices()
                 self.waiting = self.uploads.notices_waiting()
                 failed = False
@@ -121,12 +134,13 @@ class WebhookSender:
                     continue
                 backoff = 1.0
                 if not notices:
+                    looked = added
                     await trio.sleep(POLL)
 
     async def flush(self) -> None:
         """Send what waits once, stopping at the first failure (a node's last act before it stops; bound it with
         a deadline). What is left is sent after the next start."""
-        async with httpx.AsyncClient(transport=self._transport, timeout=TIMEOUT) as client:
+        async with self._client() as client:
             if self.closed_files:
                 await self._note_closed()
             for event_id, body in self.uploads.notices(1 << 30):
