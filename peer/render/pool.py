@@ -210,6 +210,11 @@ class RenderPool:
             await tab.close()
 
     @property
+    def tabs_in_use(self) -> int:
+        """Tabs rendering a page now."""
+        return self._active
+
+    @property
     def tabs_open(self) -> int:
         """Tabs the browser has open for the pool: rendering now, and kept between two renders."""
         return self._active + len(self._kept)

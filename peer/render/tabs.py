@@ -30,7 +30,7 @@ import trio
 
 from peer.render.cdp import Cdp, CdpClosed, CdpError, CdpOverflow, Event
 
-__all__ = ["BrowserRequest", "RenderFailed", "Rendered", "Served", "Tab", "open_tab", "render_in_tab"]
+__all__ = ["TAB_REFUSALS", "BrowserRequest", "RenderFailed", "Rendered", "Served", "Tab", "open_tab", "render_in_tab"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 #: icon build no links or text, so they are refused without a fetch (the politeness budget goes to what builds
 #: the page).
 SERVED_TYPES = frozenset({"Document", "Script", "XHR", "Fetch", "Other"})
+#: The reasons a tab refuses a request without asking the node.
+TAB_REFUSALS = ("type", "max-requests")
 #: After the load event, the render waits this long without a request paused or being served...
 QUIET = 0.2
 #: ... then for this long (milliseconds of the page's time) without a change to its DOM.
