@@ -34,6 +34,8 @@ from peer.fetch.policy import HostPolicies
 from peer.outputs import CrawlLog, LocalIndex, Uploader, WebhookSender, cdx_body, parse_cdx_query
 from peer.outputs.captures import OUTPUTS
 from peer.plugins import ItemExporter, PluginError, Plugins, PluginSpec, read_items
+from peer.render import RenderPool
+from peer.render.metrics import render_families
 from peer.stats import Stats, StatsCollector
 
 __all__ = ["MAX_SEEDS_PER_REQUEST", "ControlRoutes", "RoutedNode"]
@@ -246,6 +248,8 @@ class ControlRoutes:
             yield CounterMetricFamily(f"peercrawl_{name}_hits", f"{doc} look-ups answered from the cache", value=hits)
             yield CounterMetricFamily(f"peercrawl_{name}_misses", f"{doc} look-ups not in the cache", value=misses)
         yield from self._upload_families()
+        if isinstance(c.renderer, RenderPool):
+            yield from render_families(c.renderer, self.node.stats.render)
         disk = self.node.disk
         yield GaugeMetricFamily("peercrawl_disk_free_bytes", "Free bytes on the data directory's filesystem",
                                 value=disk.free)

@@ -81,7 +81,7 @@ class CdxjEntry(NamedTuple):
     filename: str
     offset: int
     length: int
-    status: int
+    status: int  # 0: a record with no HTTP status of its own (a `conversion`): the line has no "status"
     mime: str
     digest: str
     truncated: bool = False  # the body was cut at the size limit (the record says WARC-Truncated: length)
@@ -98,6 +98,8 @@ def cdxj_line(entry: CdxjEntry) -> str:
         "offset": str(entry.offset),
         "filename": entry.filename,
     }
+    if not entry.status:  # pywb's indexer writes no status for a record that is not a response
+        del fields["status"]
     if entry.truncated:
         fields["truncated"] = "length"
     values = fields.values()
@@ -140,6 +142,6 @@ def parse_cdxj_line(line: str) -> CdxjEntry:
     fields = json.loads(blob)
     return CdxjEntry(
         url=fields["url"], timestamp=timestamp, filename=fields["filename"], offset=int(fields["offset"]),
-        length=int(fields["length"]), status=int(fields["status"]), mime=fields["mime"],
+        length=int(fields["length"]), status=int(fields.get("status", 0)), mime=fields["mime"],
         digest=fields["digest"], truncated=fields.get("truncated") == "length",
     )

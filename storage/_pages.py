@@ -25,6 +25,7 @@ from ._cdxj import CdxjEntry, cdxj_join, cdxj_line, cdxj_parts, parse_cdxj_line,
 from ._closing import Closing
 from ._errors import StorageError
 from ._warc import conversion_record, exchange_records, gzip_member, revisit_records, warcinfo_record
+from ._warc import payload_digest as _payload_digest
 
 __all__ = ["BuiltPage", "NullPageStore", "PageStore", "WarcPageStore", "build_page_records", "open_page_store"]
 
@@ -132,8 +133,8 @@ class PageStore(Closing, ABC):
     def store_conversion(self, *, url: str, fetched_at: float, body: bytes, content_type: str,
                          refers_to_date: float) -> int:
         """Keep what was made of a stored response (a rendered DOM: `conversion_record`), beside it in the same
-        file; not indexed (the index lists responses and revisits, what replay looks up). Returns the bytes
-        written."""
+        file, indexed as pywb's indexer indexes it (the page's URL, the record's time and MIME type, no status).
+        Returns the bytes written."""
         return 0
 
     @abstractmethod
@@ -371,13 +372,20 @@ class WarcPageStore(PageStore):
         record = gzip_member((conversion_record(url=url, fetched_at=fetched_at, body=body,
                                                 content_type=content_type, refers_to_date=refers_to_date),),
                              self.compress_level)
+        mime = content_type.split(";", 1)[0].strip().lower() or "unk"
         with self._lock:
             if self._failure is not None:
                 raise self._failure
             try:
                 if self._warc is None:
                     self._start_file(fetched_at)
+                offset = self._size
                 self._write(record)
+                line = cdxj_line(CdxjEntry(url=url, timestamp=warc_timestamp(fetched_at), filename=self._name,
+                                           offset=offset, length=len(record), status=0, mime=mime,
+                                           digest=_payload_digest(body)))
+                assert self._index is not None
+                _write_all(self._index, line.encode("utf-8"))
             except OSError as exc:
                 self._failure = StorageError(f"cannot write WARC in {self.directory}: {exc.strerror or exc}")
                 raise self._failure from exc
@@ -394,7 +402,8 @@ class WarcPageStore(PageStore):
         return getattr(self._last, "record_id", None) or None
 
     def lookup(self, url: str) -> list[tuple[str, int, int]]:
-        """Scan the index files for `url` (a tool's and a test's call, not the crawl's hot path)."""
+        """Scan the index files for `url` (a tool's and a test's call, not the crawl's hot path); records made
+        from a response (a `conversion`: no status) are not responses."""
         key = surt(url) + " "
         found = []
         for index in sorted(self.directory.glob("*.cdxj")) + sorted(self.directory.glob("*" + _OPEN_SUFFIX)):
@@ -402,7 +411,7 @@ class WarcPageStore(PageStore):
                 for line in fh:
                     if line.startswith(key):
                         entry = parse_cdxj_line(line)
-                        if entry.url == url:
+                        if entry.url == url and entry.status:
                             found.append((entry.timestamp, entry.filename, entry.offset, entry.length))
         found.sort()
         return [(filename, offset, length) for _ts, filename, offset, length in found]

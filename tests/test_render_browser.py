@@ -16,6 +16,7 @@ import trio
 
 from peer.render import BrowserRequest, PoolLimits, RenderPool, Served, find_chromium, open_browser, pids_of_group
 from peer.render.browser import BrowserError
+from peer.render.tabs import open_tab
 from tests.support.crawl import child_env, kill_pid
 
 pytestmark = pytest.mark.slow
@@ -61,6 +62,41 @@ async def test_a_script_built_page_renders_through_the_node() -> None:
         assert rendered.served == 2  # the page and its script; the image is refused by type
         assert rendered.refused.get("type") == 2  # the image and the tab's icon
     assert wait_gone(pgid) == []
+
+
+#: A page that writes what it finds of an earlier page (a cookie, local storage), then leaves both for a later one.
+REMEMBERING = b"""<html><body><div id=app></div><script>
+var found = 'cookie=[' + document.cookie + '] stored=[' + localStorage.getItem('k') + ']';
+document.cookie = 'left=1'; localStorage.setItem('k', 'left');
+document.getElementById('app').textContent = found;
+</script></body></html>"""
+
+
+async def remembering(request: BrowserRequest) -> Served | str:
+    if request.url.split("?", 1)[0].endswith("/remember.html"):
+        return Served(status=200, headers=[("content-type", "text/html")], body=REMEMBERING)
+    return "not-here"
+
+
+async def test_a_kept_tab_carries_no_cookie_or_storage_from_one_page_to_the_next() -> None:
+    pool = RenderPool(PoolLimits(tabs=1, time_limit=10))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.serve_pool)
+        for i in range(3):
+            rendered = await pool.render(f"http://site.test/remember.html?{i}", remembering)
+            assert "cookie=[] stored=[null]" in rendered.html, rendered.html
+        assert pool.tabs_open == 1 and pool.renders == 3  # one tab, kept from render to render
+        # the same tab without its clearing keeps both: the check above can see them
+        assert pool._browser is not None
+        tab = await open_tab(pool._browser.cdp)
+        try:
+            await tab.render("http://site.test/remember.html?a", remembering, time_limit=10, max_requests=5)
+            rendered = await tab.render("http://site.test/remember.html?b", remembering, time_limit=10,
+                                        max_requests=5)
+            assert "cookie=[left=1] stored=[left]" in rendered.html, rendered.html
+        finally:
+            await tab.close()
+        nursery.cancel_scope.cancel()
 
 
 async def test_the_pool_restarts_its_browser_after_n_pages_and_after_it_is_killed() -> None:

@@ -115,20 +115,29 @@ async def test_events_go_to_their_session_and_an_unread_flood_overflows_it() -> 
 
 
 class ScriptedBrowser:
-    """A browser that opens a tab, asks for the page and one script, fires the load event and hands back the
-    DOM it was given; it records the node's answers to its requests."""
+    """A browser that opens a tab, asks for the page, one script and an image, fires the load event half a second
+    later, makes a late request (a script's XHR) while the node's first DOM-quiet check runs (each takes 0.1 s of
+    the page's time), and hands back the DOM it was given; it records the node's answers to its requests."""
 
     def __init__(self, pipe: Pipe, dom: str, *, hang: bool = False) -> None:
         self.pipe, self.dom, self.hang = pipe, dom, hang
         self.fulfilled: list[dict[str, Any]] = []
         self.failed: list[dict[str, Any]] = []
         self.methods: list[str] = []
-        self.idle_later = False
+        self.checks = 0
 
     async def event(self, method: str, params: dict[str, Any]) -> None:
         await self.pipe.send_message(json.dumps({"method": method, "params": params, "sessionId": "S"}))
 
+    async def later(self, seconds: float, message: dict[str, Any]) -> None:
+        await trio.sleep(seconds)
+        await self.pipe.send_message(json.dumps(message))
+
     async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            await self._run(nursery)
+
+    async def _run(self, nursery: trio.Nursery) -> None:
         while True:
             msg = json.loads(await self.pipe.get_message())
             method, ident = msg["method"], msg["id"]
@@ -149,11 +158,21 @@ class ScriptedBrowser:
                                                                      "headers": {"Accept": "*/*"}}})
                 await self.event("Fetch.requestPaused", {"requestId": "3", "resourceType": "Image",
                                                          "request": {"url": "http://a/i.png", "method": "GET"}})
+                await self.event("Page.lifecycleEvent", {"name": "load", "loaderId": "L0"})  # the blank page's
                 if not self.hang:
-                    await self.event("Page.loadEventFired", {})
-                    await self.event("Page.lifecycleEvent", {"name": "networkIdle", "loaderId": "L0"})  # blank's
-                    self.idle_later = True
+                    nursery.start_soon(self.later, 0.5, {"method": "Page.lifecycleEvent", "sessionId": "S",
+                                                         "params": {"name": "load", "loaderId": "L1"}})
                 result = {"frameId": "F", "loaderId": "L1"}
+            elif method == "Page.createIsolatedWorld":
+                result = {"executionContextId": 7}
+            elif method == "Runtime.evaluate":
+                assert msg["params"]["contextId"] == 7 and msg["params"]["awaitPromise"]
+                self.checks += 1
+                if self.checks == 1:
+                    await self.event("Fetch.requestPaused", {"requestId": "4", "resourceType": "XHR", "request": {
+                        "url": "http://a/data.json", "method": "GET", "headers": {}}})
+                nursery.start_soon(self.later, 0.1, {"id": ident, "result": {"result": {"value": True}}})
+                continue
             elif method == "Fetch.fulfillRequest":
                 self.fulfilled.append(msg["params"])
             elif method == "Fetch.failRequest":
@@ -165,10 +184,6 @@ class ScriptedBrowser:
             elif method == "DOM.getOuterHTML":
                 result = {"outerHTML": self.dom}
             await self.pipe.send_message(json.dumps({"id": ident, "result": result}))
-            if self.idle_later:  # the navigation's own network idle, a second later
-                self.idle_later = False
-                await trio.sleep(1.0)
-                await self.event("Page.lifecycleEvent", {"name": "networkIdle", "loaderId": "L1"})
 
 
 async def serve(request: BrowserRequest) -> Served | str:
@@ -187,11 +202,13 @@ async def test_a_render_serves_the_page_refuses_by_rule_and_reads_the_dom(autoju
         start = trio.current_time()
         rendered = await render_in_tab(cdp, "http://a/", serve, time_limit=10, max_requests=5)
         assert rendered.html == "<html><a href='/x'>x</a></html>"
-        assert rendered.served == 1 and rendered.refused == {"robots": 1, "type": 1} and not rendered.timed_out
-        assert [base64.b64decode(f["body"]) for f in browser.fulfilled] == [b"<p>page</p>"]
+        assert rendered.served == 2 and rendered.refused == {"robots": 1, "type": 1} and not rendered.timed_out
+        assert [base64.b64decode(f["body"]) for f in browser.fulfilled] == [b"<p>page</p>"] * 2
         assert {f["requestId"] for f in browser.failed} == {"2", "3"}
-        # the navigation's network idle (not the blank page's before it), then the settle time
-        assert trio.current_time() - start == pytest.approx(1.0 + 0.3)
+        # the navigation's load (not the blank page's before it) at 0.5, quiet 0.2, a DOM check that saw the late
+        # request (0.7 to 0.8), quiet again from that request (to 0.9), a DOM check that saw none (to 1.0)
+        assert browser.checks == 2
+        assert trio.current_time() - start == pytest.approx(0.5 + 0.2 + 0.1 + 0.1 + 0.1)
         assert browser.methods[-2:] == ["Target.closeTarget", "Target.disposeBrowserContext"]
         nursery.cancel_scope.cancel()
 

@@ -12,6 +12,8 @@ import pytest
 import trio
 from warcio.archiveiterator import ArchiveIterator
 
+from storage import CaptureSearch, find_captures
+
 from peer.node import Node
 from peer.render import BrowserError, find_chromium
 from peer.render.decision import FRUITLESS
@@ -90,3 +92,6 @@ async def test_render_auto_finds_every_scripted_link_politely(tmp_path) -> None:
     assert b"/app/made-1.html" in conversions[home] and home in responses
     assert subresources & fetched <= responses, "every fetch of the browser is in the WARC files"
     assert set(conversions) <= responses
+    # the rendered DOM is in the node's index (what GET /cdx reads): a line without a status beside the response's
+    captures = find_captures(tmp_path / "node" / "warc", CaptureSearch.of(home))
+    assert sorted(c.fields.get("status", "none") for c in captures) == ["200", "none"], captures

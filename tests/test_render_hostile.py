@@ -5,6 +5,7 @@ goes on, and its browser is gone when it stops."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -36,10 +37,17 @@ async def test_hostile_scripts_are_survived(tmp_path) -> None:  # type: ignore[n
         cfg = load(env={}, flags={
             "node_id": "render-hostile", "data_dir": str(tmp_path / "node"), "control": "127.0.0.1:0",
             "listen": "127.0.0.1:0", "seeds": seeds, "allow_private": True, "delay": 0.05,
-            "exit_when_done": True, "render": "always", "render_timeout": 6.0, "browser_max_mib": BOUND_MIB})
+            "render": "always", "render_timeout": 6.0, "browser_max_mib": BOUND_MIB})
         node = Node(cfg)
         with trio.fail_after(120):
-            await node.run()
+            async with trio.open_nursery() as running:
+                running.start_soon(node.run)
+                # done: the three pages and the one a script wrote fetched, nothing left to do
+                while node.stats.status["2xx"] < 4 or node.crawler is None or not node.crawler.is_done():
+                    await trio.sleep(0.1)
+                # the render figures in /metrics, read while the node runs
+                metrics = (await node.control.routes()[("GET", "/metrics")](b"")).body.decode()
+                node.request_stop()
         nursery.cancel_scope.cancel()
     counts = node.stats.render
     pgid = node.crawler.renderer.pgid  # type: ignore[union-attr]
@@ -52,6 +60,19 @@ async def test_hostile_scripts_are_survived(tmp_path) -> None:  # type: ignore[n
     assert counts["failed-crashed"] + counts["browser-restart-memory"] >= 1, counts
     assert 0 < counts["browser-peak-bytes"] < (BOUND_MIB + OVERSHOOT_MIB) << 20
     assert node.final_status["done"] is True
+    pool = node.crawler.renderer
+    assert f"peercrawl_renders_total {float(pool.renders)}" in metrics  # type: ignore[union-attr]
+    assert f"peercrawl_render_timeouts_total {float(counts['timed-out'])}" in metrics
+    for kind, n in pool.failures.items():  # type: ignore[union-attr]
+        assert f'peercrawl_render_failures_total{{kind="{kind}"}} {float(n)}' in metrics
+    for reason, n in pool.restarts.items():  # type: ignore[union-attr]
+        assert f'peercrawl_browser_restarts_total{{reason="{reason}"}} {float(n)}' in metrics
+    assert f'peercrawl_render_requests_total{{outcome="served"}} {float(counts["requests-served"])}' in metrics
+    assert counts["refused-type"] > 0  # the popups' windows and the tabs' icons
+    assert f'peercrawl_render_requests_total{{outcome="refused-type"}} {float(counts["refused-type"])}' in metrics
+    peak = re.search(r"^peercrawl_browser_memory_peak_bytes (\S+)$", metrics, re.M)
+    assert peak is not None and 0 < float(peak.group(1)) <= counts["browser-peak-bytes"]
+    assert "peercrawl_render_tabs_in_use 0.0" in metrics
     end = time.monotonic() + 10
     while pgid is not None and pids_of_group(pgid) and time.monotonic() < end:
         time.sleep(0.05)

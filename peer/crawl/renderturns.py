@@ -33,7 +33,7 @@ from peer.crawl.urls import host_of_normalized, normalize, origin_of_normalized
 from peer.fetch.errors import DnsError, FetchError
 from peer.fetch.http import Response
 from peer.render.decision import Decider, signals
-from peer.render.tabs import BrowserRequest, RenderFailed, Served
+from peer.render.tabs import TAB_REFUSALS, BrowserRequest, RenderFailed, Served
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -102,6 +102,8 @@ class RenderTurns:
         counts[f"reason-{reason}"] += 1
         counts["timed-out"] += rendered.timed_out
         counts["popups-closed"] += rendered.popups
+        for reason in TAB_REFUSALS:  # refused by the tab itself; the node counts its own refusals as it serves
+            counts[f"refused-{reason}"] += rendered.refused.get(reason, 0)
         dom = rendered.html.encode("utf-8")
         raw = extract(resp.body, item.url, ctype)
         page = extract(dom, item.url, _RENDERED_TYPE)

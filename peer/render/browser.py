@@ -66,7 +66,8 @@ def flags(profile: str, *, heap_mib: int) -> list[str]:
         "--disable-extensions", "--disable-background-networking", "--disable-sync", "--disable-component-update",
         "--disable-default-apps", "--disable-breakpad", "--disable-crash-reporter", "--mute-audio",
         "--disable-dev-shm-usage", "--block-new-web-contents",
-        "--disable-features=Translate,MediaRouter,OptimizationHints,DialMediaRouteProvider,InterestFeedContentSuggestions",
+        "--disable-features=Translate,MediaRouter,OptimizationHints,DialMediaRouteProvider,InterestFeedContentSuggestions,"
+        "BackForwardCache",  # a kept tab keeps no page it left
         "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=http://127.0.0.1:9",
         "--proxy-bypass-list=<-loopback>", f"--js-flags=--max-old-space-size={heap_mib}",
         # the node runs as a service user or root in a container: chromium's setuid sandbox needs privileges

@@ -177,6 +177,13 @@ class Cdp:
         """Keep the events of `session` ("" : the browser's own) from now on, for `events`."""
         self._queues.setdefault(session, _Queue())
 
+    def drain(self, session: str) -> None:
+        """Drop the events of `session` waiting now (and its overflow): what comes next starts afresh."""
+        queue = self._queues.get(session)
+        if queue is not None:
+            queue.events.clear()
+            queue.overflowed = False
+
     def forget(self, session: str) -> None:
         """Stop keeping `session`'s events (its target is closed)."""
         queue = self._queues.pop(session, None)

@@ -1,6 +1,9 @@
 """A node's render pool: one browser, at most `tabs` renders at once, the browser restarted after `max_pages`
 renders or as soon as its processes' memory passes `max_rss` (checked while renders run), or when it dies.
 
+The pool keeps its tabs (`peer.render.tabs.Tab`) from one render to the next, each cleared between two pages;
+a tab whose render failed is closed and a new one opened for the next render.
+
 `serve_pool` runs the pool in the node's nursery; `RenderPool.render` is what a host turn calls. The browser is
 started at the first render; a render that finds no browser (it is starting, or being restarted) waits for it
 within the render's own time limit. An attached browser
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 import trio
 
 from peer.render.browser import Browser, open_browser
-from peer.render.tabs import RenderFailed, Rendered, Serve, render_in_tab
+from peer.render.tabs import RenderFailed, Rendered, Serve, Tab, open_tab
 
 __all__ = ["PoolLimits", "RenderPool"]
 
@@ -57,6 +60,7 @@ class RenderPool:
         self._idle = trio.Event()
         self._idle.set()
         self._active = 0
+        self._kept: list[Tab] = []  # the current browser's tabs between two renders
         self._since_start = 0
         self.attached = bool(ws_url)
         self.renders = 0
@@ -79,6 +83,7 @@ class RenderPool:
                 async with self._opener() as browser:
                     pause = _RETRY
                     self._browser, self.pgid = browser, browser.pgid
+                    self._kept = []
                     self._since_start = 0
                     self._restart = trio.Event()
                     self._ready.set()
@@ -89,6 +94,7 @@ class RenderPool:
                         with trio.move_on_after(self.limits.time_limit + 5):
                             await self._idle.wait()
                     self._browser = None
+                    self._kept = []  # gone with their browser (an attached one disposes them as we detach)
                     self.restarts[reason] += 1
                     self.counts[f"browser-restart-{reason}"] += 1
                     log.info("browser restarted", extra={"reason": reason, "renders": self.renders})
@@ -160,9 +166,11 @@ class RenderPool:
             if self._active == 1:
                 self._idle = trio.Event()
             self._since_start += 1
+            tab: Tab | None = None
             try:
-                rendered = await render_in_tab(browser.cdp, url, serve, time_limit=limits.time_limit,
-                                               max_requests=limits.max_requests)
+                tab = await self._tab(browser)
+                rendered = await tab.render(url, serve, time_limit=limits.time_limit,
+                                            max_requests=limits.max_requests)
                 self.renders += 1
                 return rendered
             except RenderFailed as exc:
@@ -174,6 +182,8 @@ class RenderPool:
                     self._request_restart("unresponsive")
                 raise
             finally:
+                if tab is not None:
+                    await self._release(tab, browser)
                 if not self.attached:
                     self._check_rss(browser)
                 self._active -= 1
@@ -182,7 +192,34 @@ class RenderPool:
                 if not self.attached and self._since_start >= limits.max_pages:
                     self._request_restart("max-pages")
 
+    async def _tab(self, browser: Browser) -> Tab:
+        """A kept tab of `browser`, else a new one."""
+        while self._kept:
+            tab = self._kept.pop()
+            if tab.cdp is browser.cdp and tab.usable:
+                return tab
+        return await open_tab(browser.cdp)
+
+    async def _release(self, tab: Tab, browser: Browser) -> None:
+        """Keep `tab` for the next render, cleared, while its browser is the pool's and not being restarted;
+        else close it."""
+        current = browser is self._browser and not self._restart.is_set() and not browser.cdp.closed
+        if current and await tab.reset() and browser is self._browser and not self._restart.is_set():
+            self._kept.append(tab)
+        else:
+            await tab.close()
+
+    @property
+    def tabs_in_use(self) -> int:
+        """Tabs rendering a page now."""
+        return self._active
+
+    @property
+    def tabs_open(self) -> int:
+        """Tabs the browser has open for the pool: rendering now, and kept between two renders."""
+        return self._active + len(self._kept)
+
     def status(self) -> dict[str, object]:
         return {"renders": self.renders, "failures": dict(self.failures), "restarts": dict(self.restarts),
                 "browser_rss": self.last_rss, "browser_peak_rss": self.peak_rss, "attached": self.attached,
-                "running": self._browser is not None}
+                "running": self._browser is not None, "tabs_in_use": self._active, "tabs_open": self.tabs_open}

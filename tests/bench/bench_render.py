@@ -8,8 +8,8 @@ Run: ``python -m tests.bench.bench_render [--renders 10000] [--seconds S] [--tab
    the figure is the browser's and the pool's cost, not the network's) ``--renders`` times, ``--tabs`` at a
    time, the browser restarted every ``--max-pages`` renders. Printed: renders per second, CPU seconds per render
    (the browser's processes, read from /proc before they go, plus this process), renders per CPU-second (per
-   core), the browser's memory (proportional set size of its processes) sampled every 100 renders: its first,
-   largest and last window, and its peak against the pool's bound. Reference in the same run: parsing the page
+   core), the browser's memory (proportional set size of its processes) after the first render and every 1,000,
+   its peak against the pool's bound, and the renders whose DOM lacked the links the script writes. Reference in the same run: parsing the page
    the render made (``peer.crawl.links.extract``) as many times, so the render's cost reads as a ratio.
 2. Share: one node crawls a generated web of real markup (``markup="real"``: pages with scripts in their head
    and an article's text, as real pages are) with its feature hosts (the script-built pages among them) with
@@ -80,31 +80,33 @@ async def bench_renders(renders: int, tabs: int, max_pages: int, seconds: float)
     limits = PoolLimits(tabs=tabs, max_pages=max_pages, time_limit=20.0)
     pool = RenderPool(limits)
     cpu = GroupCpu()
-    windows: list[int] = []
-    window_peak = 0
+    at_thousands: list[tuple[int, int, float]] = []  # (renders, browser PSS, seconds)
+    first_rss = 0
     done = 0
     failed = 0
+    missed = 0
     dom = ""
     start, self_start = time.perf_counter(), _self_cpu()
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.serve_pool)
 
         async def worker(k: int) -> None:
-            nonlocal done, failed, dom, window_peak
+            nonlocal done, failed, dom, first_rss, missed
             while done + failed < renders and time.perf_counter() - start < seconds:
                 try:
                     rendered = await pool.render(f"http://{host}/app/home.html?{k}-{done}", serve)
                     dom = rendered.html
+                    missed += "made-1.html" not in dom
                     done += 1
                 except Exception:
                     failed += 1
                 cpu.sample(pool.pgid)
-                window_peak = max(window_peak, pool.last_rss)
-                if (done + failed) % 100 == 0:
-                    windows.append(window_peak)
-                    window_peak = 0
-                    print(f"  {done + failed} renders, browser {pool.last_rss / 2**20:.0f} MiB, "
-                          f"{time.perf_counter() - start:.0f} s", flush=True)
+                first_rss = first_rss or pool.last_rss
+                if (done + failed) % 1000 == 0:
+                    at_thousands.append((done + failed, pool.last_rss, time.perf_counter() - start))
+                    print(f"  {done + failed} renders, browser {pool.last_rss / 2**20:.0f} MiB (peak "
+                          f"{pool.peak_rss / 2**20:.0f}), {time.perf_counter() - start:.0f} s, restarts "
+                          f"{dict(pool.restarts)}", flush=True)
 
         async with trio.open_nursery() as workers:
             for k in range(tabs):
@@ -118,17 +120,18 @@ async def bench_renders(renders: int, tabs: int, max_pages: int, seconds: float)
     for _ in range(done):
         extract(body, f"http://{host}/app/home.html", "text/html")
     parse_cpu = max(_self_cpu() - parse_start, 1e-9)
-    mib = [w / 2**20 for w in windows] or [pool.peak_rss / 2**20]
-    print(f"renders: {done} done, {failed} failed, {tabs} tabs, browser restarted every {max_pages}: "
-          f"{dict(pool.restarts)}")
+    print(f"renders: {done} done in {wall:.0f} s, {failed} failed, {missed} without the script's links, {tabs} "
+          f"tabs, browser restarted every {max_pages}: {dict(pool.restarts)}")
     print(f"  {done / wall:.2f} renders/s; CPU {total_cpu / max(done, 1) * 1000:.0f} ms a render "
           f"(browser {cpu.total / max(done, 1) * 1000:.0f} ms, node {node_cpu / max(done, 1) * 1000:.0f} ms): "
           f"{done / total_cpu:.2f} renders per CPU-second")
     print(f"  reference: parsing the rendered page costs {parse_cpu / max(done, 1) * 1e6:.0f} µs: a render is "
           f"{total_cpu / parse_cpu:.0f}x a parse")
-    print(f"  browser memory (PSS) per 100-render window: first {mib[0]:.0f} MiB, largest {max(mib):.0f} MiB, "
-          f"last {mib[-1]:.0f} MiB; peak {pool.peak_rss / 2**20:.0f} MiB against the bound of "
-          f"{limits.max_rss / 2**20:.0f} MiB")
+    thousands = ", ".join(f"{n}: {rss / 2**20:.0f}" for n, rss, _ in at_thousands)
+    print(f"  browser memory (PSS, MiB): after the first render {first_rss / 2**20:.0f}; after each 1,000 "
+          f"renders {thousands or '-'}; peak {pool.peak_rss / 2**20:.0f} against the bound of "
+          f"{limits.max_rss / 2**20:.0f}; this process's peak RSS "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 
 async def bench_share(hosts: int) -> None:
@@ -158,12 +161,13 @@ def main() -> None:
     parser.add_argument("--renders", type=int, default=10_000)
     parser.add_argument("--tabs", type=int, default=2)
     parser.add_argument("--max-pages", type=int, default=200)
-    parser.add_argument("--crawl-hosts", type=int, default=40)
+    parser.add_argument("--crawl-hosts", type=int, default=40, help="hosts of the share's crawl (0: no crawl)")
     parser.add_argument("--seconds", type=float, default=float("inf"),
                         help="stop the renders after this long (the count done is printed)")
     args = parser.parse_args()
     print(f"bench_render: {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
-    trio.run(bench_share, args.crawl_hosts)
+    if args.crawl_hosts:
+        trio.run(bench_share, args.crawl_hosts)
     trio.run(bench_renders, args.renders, args.tabs, args.max_pages, args.seconds)
 
 
