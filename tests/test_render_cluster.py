@@ -53,7 +53,8 @@ async def test_three_rendering_nodes_find_every_scripted_link_politely(tmp_path:
                     argv += ["--join", seed]
                 log = open(tmp_path / f"{name}.log", "ab")  # noqa: SIM115 - closed with the test's tmp dir
                 procs[name] = await trio.lowlevel.open_process(argv, env=env, stderr=log)
-                with trio.fail_after(30):
+                # a bound, not a wait: starting a daemon on a loaded 2-core machine has taken over 30 s
+                with trio.fail_after(120):
                     while not (tmp_path / name / "peer.addr").exists():
                         assert procs[name].poll() is None, (tmp_path / f"{name}.log").read_text()[-2000:]
                         await trio.sleep(0.05)
