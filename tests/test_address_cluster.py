@@ -1,4 +1,4 @@
-"""Four real peerd daemons crawl a local web whose 60 hosts share three loopback addresses, with
+"""Four real peerd daemons crawl a local web whose 30 hosts share three loopback addresses, with
 --ip-connections 1 and --ip-delay: from the web server's own log, never more than one request in service on an
 address across the whole fleet, no gap shorter than the delay, and every page fetched. One daemon joins during
 the crawl and one is killed, so addresses change owners while lanes are lent."""
@@ -27,7 +27,7 @@ IP_DELAY = 0.2
 
 @pytest.mark.slow
 async def test_four_daemons_keep_one_request_per_address(tmp_path) -> None:
-    graph = SiteGraph.generate(seed=21, hosts=60, pages_per_host=5, links_per_page=6, seed_hosts=4, features=False)
+    graph = SiteGraph.generate(seed=21, hosts=30, pages_per_host=5, links_per_page=6, seed_hosts=4, features=False)
     env = child_env()
     env["PEERCRAWL_CLUSTER_SECRET"] = SECRET
     env["PEERCRAWL_TOTAL_TIMEOUT"] = "3"  # bounds a request's time in service, so a lost lane is back in 5 s

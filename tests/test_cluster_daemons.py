@@ -1,6 +1,6 @@
 """Real peerd daemons forming a cluster on loopback, crawling a local web the test serves (HTTP + DNS).
 
-The issue's scenario: nodes A=150, B=80, C=200, D=40 crawl a generated web of 200 hosts; at a tenth of it
+The issue's scenario: nodes A=150, B=80, C=200, D=40 crawl a generated web of 100 hosts; at a tenth of it
 the crawl is paused (`POST /pause`, which reaches every node: no request starts until the resume), E=300 joins
 (and is paused too), C leaves gracefully (`peerctl leave`); once the crawl is resumed B is killed with SIGKILL
 (then restarted from its data dir, as systemd or Kubernetes would). Afterwards, from the web server's own request log:
@@ -12,6 +12,7 @@ the crawl is paused (`POST /pause`, which reaches every node: no request starts 
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import subprocess
@@ -129,14 +130,15 @@ async def _paused(cluster: Cluster, names: set[str], timeout: float = 60.0) -> f
 
 
 async def _form(cluster: Cluster, nodes: tuple[tuple[str, int], ...], extra=lambda name: ()) -> None:
-    """Start `nodes`, the first founding the cluster and the others joining it, with the crawl paused from the
-    founder's start until every node has joined: the crawl runs on the whole cluster however long each daemon
+    """Start `nodes`, the first founding the cluster and the others joining it at once, with the crawl paused from
+    the founder's start until every node has joined: the crawl runs on the whole cluster however long each daemon
     takes to start (on a loaded machine a start has taken 20 s, the founder alone would crawl most of the web)."""
     (first, weight), *others = nodes
     await cluster.start(first, weight, join=False, extra=extra(first))
     await _post(cluster.control(first), "/pause", cluster.tmp / first)
-    for name, weight in others:
-        await cluster.start(name, weight, extra=extra(name))
+    async with trio.open_nursery() as starting:  # the joiners start side by side: their imports use both cores
+        for name, weight in others:
+            starting.start_soon(functools.partial(cluster.start, name, weight, extra=extra(name)))
     await _paused(cluster, {name for name, _ in nodes})
     await _post(cluster.control(first), "/resume", cluster.tmp / first)
 
@@ -190,11 +192,11 @@ async def _settled(cluster: Cluster, owners: set[str], timeout: float = 60.0) ->
 
 
 async def test_four_nodes_join_leave_and_kill_lose_nothing(tmp_path):
-    graph = SiteGraph.generate(seed=51, hosts=200, pages_per_host=10, links_per_page=8, seed_hosts=4)
+    graph = SiteGraph.generate(seed=51, hosts=100, pages_per_host=6, links_per_page=8, seed_hosts=4)
     async with trio.open_nursery() as nursery:
         web, dns = await start_local_web(nursery, graph)
         expected = web.expected()
-        cluster = Cluster(tmp_path, web, dns, delay=0.5, concurrency=32)
+        cluster = Cluster(tmp_path, web, dns, delay=0.3, concurrency=32)
         try:
             await _form(cluster, (("A", 150), ("B", 80), ("C", 200), ("D", 40)))
             await _wait_fetched(web, expected, 0.10, 120)

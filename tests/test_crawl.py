@@ -73,7 +73,8 @@ async def test_crawl_fetches_exactly_the_reachable_and_allowed_set(tmp_path, win
         assert node.crawler.sched.spills > 0 and st["queue"]["hosts_known"] <= window, "the window was used"
 
 
-@pytest.mark.parametrize("where", [{}, {"page_threads": 3}, {"page_processes": 2}],
+@pytest.mark.parametrize("where", [{}, {"page_threads": 3},
+                                   pytest.param({"page_processes": 2}, marks=pytest.mark.slow)],  # processes
                          ids=["inline", "page-threads", "page-processes"])
 async def test_pages_land_in_warc_readable_by_warcio(tmp_path, where):
     graph = SiteGraph.generate(seed=5, hosts=6, pages_per_host=8, features=False)

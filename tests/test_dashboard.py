@@ -97,8 +97,8 @@ async def _until(predicate, timeout: float, what: str):
 
 async def test_dashboard_draws_the_ring_and_redraws_it_when_a_node_leaves(tmp_path):
     need_browser()
-    # 60 hosts of 30 pages at one page a second per host: the crawl is still under way when C leaves.
-    graph = SiteGraph.generate(seed=18, hosts=60, pages_per_host=30, links_per_page=6, seed_hosts=4)
+    # 30 hosts of 30 pages at one page a second per host: the crawl is still under way when C leaves.
+    graph = SiteGraph.generate(seed=18, hosts=30, pages_per_host=30, links_per_page=6, seed_hosts=4)
     async with trio.open_nursery() as nursery:
         web, dns = await start_local_web(nursery, graph)
         cluster = Cluster(tmp_path, web, dns, delay=1.0, concurrency=16, exit_when_done=False)

@@ -756,6 +756,7 @@ def _grafana_metrics() -> set[str]:
     return {name for e in exprs for name in re.findall(r"\b((?:peercrawl|process)_[a-z_]+)\b", e)}
 
 
+@pytest.mark.slow  # a cluster of nodes crawls first
 def test_grafana_dashboard_reads_only_metrics_a_real_cluster_node_exports(tmp_path: Path) -> None:
     """Every metric the Grafana dashboard queries is in a running cluster node's /metrics."""
     board = json.loads(GRAFANA.read_text())

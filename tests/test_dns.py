@@ -294,6 +294,7 @@ def test_server_runs_as_a_process(tmp_path: Path) -> None:
         assert proc.wait(timeout=10) == 0
 
 
+@pytest.mark.slow  # a server process
 def test_server_process_reports_a_bad_zone_file(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "peerlab.localweb.dns_server", "--zone-file", str(tmp_path / "absent.txt")],

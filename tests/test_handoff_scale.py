@@ -210,6 +210,7 @@ def _disjoint_sets(draw) -> ArcSet:
     return ArcSet(arcs)
 
 
+@pytest.mark.slow  # 300 examples, about 2 s
 @settings(max_examples=300, deadline=None)
 @given(sets=st.lists(_disjoint_sets(), min_size=1, max_size=3), probes=st.lists(_points, min_size=1, max_size=40))
 def test_merged_arc_sets_hold_exactly_the_positions_of_their_parts(sets, probes) -> None:

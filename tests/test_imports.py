@@ -4,6 +4,7 @@ randomness and nothing from the shell; storage never imports the daemon."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,15 @@ ROOT = Path(__file__).resolve().parent.parent
 PURE_FORBIDDEN = {"trio", "httpx", "socket", "time", "random", "asyncio", "threading", "peer", "storage"}
 
 
+@functools.lru_cache(maxsize=None)
+def _tree(text: str, filename: str) -> ast.Module:
+    """A source's syntax tree, parsed once per worker for every test that reads the same file."""
+    return ast.parse(text, filename=filename)
+
+
 def imported_modules(path: Path, root: Path, package: str) -> set[str]:
     """Every module ``path`` imports, absolute and dotted (relative imports resolved against ``package``)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = _tree(path.read_text(encoding="utf-8"), str(path))
     parts = [package, *path.relative_to(root / package).with_suffix("").parts]
     if parts[-1] == "__init__":
         parts.pop()
@@ -148,7 +155,7 @@ def test_no_import_inside_a_function_in_the_daemon() -> None:
                ("peer/outputs/s3.py", "botocore.config"), ("peer/outputs/s3.py", "botocore.exceptions")}
     found = []
     for path in sorted((ROOT / "peer").rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = _tree(path.read_text(encoding="utf-8"), str(path))
         for func in ast.walk(tree):
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue

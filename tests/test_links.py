@@ -296,7 +296,7 @@ def _reference_links(body: bytes, url: str, charset: str) -> list[str]:
     return list(dict.fromkeys(u for u in out if u is not None))
 
 
-@pytest.mark.parametrize("shape", ["bench", "features"])
+@pytest.mark.parametrize("shape", [pytest.param("bench", marks=pytest.mark.slow), "features"])  # bench: 3 s of CPU
 def test_links_of_the_local_webs_pages_are_lxmls_each_normalized_alone(shape) -> None:
     """Every page of a web shaped like the crawl benchmark's (log-normal pages, 24-36 links, 20% to other
     hosts) and of the feature-laden test web: `extract` finds exactly the links lxml finds, resolved as

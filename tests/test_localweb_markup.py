@@ -58,6 +58,7 @@ def _page_urls(graph: SiteGraph, host: str, j: int) -> tuple[str, bytes, set[str
     return url, render(graph, res, PORT).body, want
 
 
+@pytest.mark.slow  # two interpreters build the web
 def test_real_markup_web_is_deterministic_across_processes() -> None:
     graph = _real()
     host = graph.hosts[5].name

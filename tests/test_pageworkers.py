@@ -58,6 +58,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # worker processes, about 2 s of CPU
 async def test_answers_match_the_inline_work_and_workers_stop_with_the_block():
     jobs = [_job(f"http://h{i}.test/page{i}") for i in range(12)]
     async with open_page_workers(2) as pool:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+import pytest
 
 from protocol import BatchAck, Goodbye, HandoffAck, HandoffChunk, HostState, SeenReplica, UrlBatch, UrlEntry
 from tests.support.clustersim import ClusterSim, make_web, run_simulation
@@ -43,6 +44,7 @@ SHAPED = st.one_of(
 MESSAGES = st.lists(st.one_of(APP_MESSAGES, SHAPED), min_size=1, max_size=25)
 
 
+@pytest.mark.slow  # a node per example
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(messages=MESSAGES, sender=st.sampled_from(["n0", "stranger"]))
 def test_any_schema_valid_message_leaves_the_node_working(messages: list[object], sender: str) -> None:

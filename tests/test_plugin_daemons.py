@@ -107,7 +107,7 @@ def _structured_fetches(web, truth) -> list:
 
 
 async def test_three_nodes_with_a_kill_write_the_oracles_items(tmp_path):
-    graph = SiteGraph.generate(seed=8, hosts=30, pages_per_host=8, seed_hosts=2, structured=True)
+    graph = SiteGraph.generate(seed=8, hosts=20, pages_per_host=6, seed_hosts=2, structured=True)
     truth = graph.structured
     config = _config(tmp_path, "chain", MAIN_TEXT, DOCS)
     async with trio.open_nursery() as nursery:

@@ -138,6 +138,7 @@ def test_an_error_is_contained_counted_and_most_failures_switch_off():
     assert plugins.status()["chain"][0]["state"] == "on" and plugins.generation == 2
 
 
+@pytest.mark.slow  # waits out the plug-in's time limit
 def test_a_plugin_past_its_time_is_interrupted():
     """In a process of its own: this one's SIGALRM is the test runner's timeout (where the chain measures)."""
     code = ("from peer.plugins import FetchedPage, PluginSpec, load_chain\n"

@@ -15,6 +15,7 @@ from peer.render import BrowserError, find_chromium
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import max_concurrent_connections_per_host
 from tests.support.crawl import child_env, kill_pid, node_config, peerd_argv, start_local_web, urls_fetched
+from tests.test_cluster_daemons import _paused, _post
 from tests.test_render_crawl import spacing_violations
 
 pytestmark = pytest.mark.slow  # real peerd daemons and browsers
@@ -45,7 +46,17 @@ async def test_three_rendering_nodes_find_every_scripted_link_politely(tmp_path:
         web, dns = await start_local_web(nursery, graph)
         seed: str | None = None
         env = {**child_env(), "PEERCRAWL_CLUSTER_SECRET": SECRET}
+
+        class Nodes:  # what the pause helpers read: the data dirs and the control addresses
+            tmp = tmp_path
+
+            @staticmethod
+            def control(name: str) -> str:
+                return (tmp_path / name / "control.addr").read_text().strip()
+
         try:
+            # paused from A's start until B and C have joined: on a loaded machine A crawled the whole web and
+            # exited (--exit-when-done) while C was still starting, and C found no one to join
             for name in ("A", "B", "C"):
                 cfg = node_config(tmp_path / name, web, dns, node_id=name, delay=DELAY, concurrency=32)
                 argv = peerd_argv(cfg) + ["--render", "auto", "--render-timeout", "15", "--suspicion-timeout", "2"]
@@ -53,11 +64,16 @@ async def test_three_rendering_nodes_find_every_scripted_link_politely(tmp_path:
                     argv += ["--join", seed]
                 log = open(tmp_path / f"{name}.log", "ab")  # noqa: SIM115 - closed with the test's tmp dir
                 procs[name] = await trio.lowlevel.open_process(argv, env=env, stderr=log)
-                with trio.fail_after(30):
+                # a bound, not a wait: starting a daemon on a loaded 2-core machine has taken over 30 s
+                with trio.fail_after(120):
                     while not (tmp_path / name / "peer.addr").exists():
                         assert procs[name].poll() is None, (tmp_path / f"{name}.log").read_text()[-2000:]
                         await trio.sleep(0.05)
-                seed = seed or (tmp_path / name / "peer.addr").read_text().strip()
+                if seed is None:
+                    seed = (tmp_path / name / "peer.addr").read_text().strip()
+                    await _post(Nodes.control("A"), "/pause", tmp_path / "A")
+            await _paused(Nodes, {"A", "B", "C"})
+            await _post(Nodes.control("A"), "/resume", tmp_path / "A")
             with trio.fail_after(240):
                 for name, proc in procs.items():
                     assert await proc.wait() == 0, (tmp_path / f"{name}.log").read_text()[-3000:]

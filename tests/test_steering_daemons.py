@@ -181,7 +181,7 @@ async def test_a_page_budget_holds_fleet_wide_while_hosts_move_to_a_joining_node
     budget = 5
     async with trio.open_nursery() as nursery:
         web, dns = await start_local_web(nursery, graph)
-        nodes = Daemons(tmp_path, web, dns, exit_when_done=False, delay=2.0, concurrency=32)
+        nodes = Daemons(tmp_path, web, dns, exit_when_done=False, delay=1.0, concurrency=32)
         try:
             await nodes.start("A", extra=("--max-pages-per-host", str(budget)))
             with trio.fail_after(60):  # many hosts have part of their budget spent on A when B joins
