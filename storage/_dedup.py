@@ -57,6 +57,7 @@ class DedupStore(Closing):
         self._sweep = _EMPTY  # where the next move of staged keys starts (a hint: any start is correct)
         with env.read() as txn:
             self.filter = self._build_filter(txn)
+        env.release_resident()  # the build read every key: its pages need not stay in this process's memory
 
     @classmethod
     def open(
