@@ -321,16 +321,17 @@ def test_new_keys_are_staged_then_moved_in_ring_order_and_answer_the_same(tmp_pa
         assert store.add_new(inside[:5]) == [True] * 5  # gone from both tables and the filter lets them in
 
 
-def test_the_filter_answers_new_keys_without_reading_the_large_table(tmp_path):
-    """A key the filter never saw is new without a look-up: counted by a table that records its reads."""
-    keys = _keys(20_000)
+def test_the_filter_lets_most_new_keys_through_without_a_look_up(tmp_path):
+    """A key the filter never saw is new without a look-up in either table; the few it may hold (its false
+    positives) are looked up, and answered new all the same."""
+    keys = _keys(4000)
     with DedupStore.open(tmp_path / "d", map_size=1 << 24) as store:
-        store.insert(keys[:10_000])
-        fresh = _keys(10_000, "fresh")
-        lookups = sum(store.filter.may_contain(key) for key in fresh)
-        assert lookups < 10_000 * 0.03  # the false positives: a look-up each, never a wrong answer
-        assert store.add_new(fresh) == [True] * 10_000
-        assert store.add_new(keys[:10_000]) == [False] * 10_000
+        store.insert(keys[:2000])
+        fresh = _keys(2000, "fresh")
+        assert sum(store.filter.may_contain(key) for key in fresh) < 2000 * 0.03
+        assert all(store.filter.may_contain(key) for key in keys[:2000])
+        assert store.add_new(fresh) == [True] * 2000
+        assert store.add_new(keys[:2000]) == [False] * 2000
 
 
 def test_a_filter_rebuilt_when_the_keys_outgrow_it_still_holds_every_key(tmp_path, monkeypatch):
