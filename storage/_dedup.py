@@ -85,6 +85,8 @@ class DedupStore(Closing):
                     seen.add_packed(b"".join(chunk), _KEY_SIZE)
                 else:  # keys of other sizes (tests): one at a time
                     seen.add_all(chunk)
+                if len(chunk) == _BUILD_CHUNK:  # a large table: its pages read so far need not stay resident
+                    self._env.release_resident()
         return seen
 
     def _add_new_in(self, txn: Txn, keys: Sequence[bytes]) -> list[bool]:
