@@ -3,13 +3,23 @@
 Keys are `url_key(host position, url)`: 16 bytes that sort in ring order, so an arc is one key range and
 `scan`/`delete` of an arc touch only that range. The LMDB store keeps memory bounded by the OS page cache
 however many URLs it holds; the memory store has the same API for fast unit tests.
+
+The LMDB store is two tables and a filter. `seen` is the large table, `seen_new` a small one that takes every
+new key; a Bloom filter in memory (`storage._seenfilter`) holds every key of both. A key the filter has never
+seen is new without a read of `seen`: a link's check costs no random read of the large table, which no longer
+fits in memory past some 10^7 keys. Staged keys move to `seen` in ring order, a slice with each commit that
+stages more, once they pass a sixteenth of the folded ones: the slice's keys are neighbours in `seen` (about ten
+staged keys to one leaf page), so the move reads each leaf page once for several keys, in key order. Both tables
+change in the caller's transaction, so a page's single commit still marks its links seen, or nothing.
 """
 
 from __future__ import annotations
 
+import heapq
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedSet
@@ -17,14 +27,23 @@ from sortedcontainers import SortedSet
 from ._closing import Closing
 from ._keys import arc_ranges
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv, put_keys
+from ._seenfilter import SeenFilter
 
 if TYPE_CHECKING:
-    from ._lmdb import Txn
+    from ._lmdb import Db, Txn
 
-__all__ = ["DEDUP_DB", "DedupStore", "MemoryDedupStore"]
+__all__ = ["DEDUP_DB", "DEDUP_DBS", "STAGED_DB", "DedupStore", "MemoryDedupStore"]
 
 DEDUP_DB = b"seen"
+#: New seen keys, until they move to DEDUP_DB in ring order (see the module's docstring).
+STAGED_DB = b"seen_new"
+DEDUP_DBS = (DEDUP_DB, STAGED_DB)
+STAGE_SHARE = 16  # staged keys move once they pass 1/16 of the folded ones ...
+STAGE_MIN = 1 << 16  # ... or 65,536 (a small store keeps its new keys staged: they fit in memory anyway)
+MOVE_MIN = 256  # keys moved by a commit that moves any: twice what it staged, at least this
 _EMPTY = b""
+_KEY_SIZE = 16
+_BUILD_CHUNK = 1 << 20  # keys read at once to build the filter
 
 
 class DedupStore(Closing):
@@ -33,7 +52,12 @@ class DedupStore(Closing):
     def __init__(self, env: LmdbEnv, *, owns_env: bool) -> None:
         self._env = env
         self._db = env.db(DEDUP_DB)
+        self._staged = env.db(STAGED_DB)
         self._owns_env = owns_env
+        self._sweep = _EMPTY  # where the next move of staged keys starts (a hint: any start is correct)
+        with env.read() as txn:
+            self.filter = self._build_filter(txn)
+        env.release_resident()  # the build read every key: its pages need not stay in this process's memory
 
     @classmethod
     def open(
@@ -44,16 +68,78 @@ class DedupStore(Closing):
         max_map_size: int = MAX_MAP_SIZE,
     ) -> DedupStore:
         """Open or create the store in directory `path`. Raises `StorageError` if the directory is unusable."""
-        env = LmdbEnv.open(path, [DEDUP_DB], map_size=map_size, max_map_size=max_map_size)
+        env = LmdbEnv.open(path, DEDUP_DBS, map_size=map_size, max_map_size=max_map_size)
         return cls(env, owns_env=True)
 
 
     # -- transaction-level parts, shared with NodeStore so several stores commit together --
 
+    def _build_filter(self, txn: Txn) -> SeenFilter:
+        """A filter holding every key of both tables, as `txn` sees them."""
+        dbs = (self._db, self._staged)
+        seen = SeenFilter(sum(int(txn.stat(db)["entries"]) for db in dbs))
+        for db in dbs:
+            keys = txn.cursor(db).iternext(keys=True, values=False)
+            while chunk := list(islice(keys, _BUILD_CHUNK)):
+                if set(map(len, chunk)) == {_KEY_SIZE}:
+                    seen.add_packed(b"".join(chunk), _KEY_SIZE)
+                else:  # keys of other sizes (tests): one at a time
+                    seen.add_all(chunk)
+                if len(chunk) == _BUILD_CHUNK:  # a large table: its pages read so far need not stay resident
+                    self._env.release_resident()
+        return seen
+
     def _add_new_in(self, txn: Txn, keys: Sequence[bytes]) -> list[bool]:
-        put = txn.put
-        db = self._db
-        return [put(key, _EMPTY, overwrite=False, db=db) for key in keys]
+        get, put = txn.get, txn.put
+        folded, staged = self._db, self._staged
+        maybe, add = self.filter.may_contain, self.filter.add
+        out = []
+        new = 0
+        for key in keys:
+            # the filter answers "never added" for most new links: no read of the large table
+            if maybe(key) and (get(key, db=staged) is not None or get(key, db=folded) is not None):
+                out.append(False)
+            elif put(key, _EMPTY, overwrite=False, db=staged):
+                add(key)  # before the commit: an abort leaves a stray bit (a look-up), never a missing one
+                out.append(True)
+                new += 1
+            else:  # an empty key, refused by put as by the table
+                out.append(False)
+        if new:
+            self._after_staging(txn, new)
+        return out
+
+    def _after_staging(self, txn: Txn, new: int) -> None:
+        """Move staged keys to the large table if they are past their share; rebuild the filter if the keys
+        outgrew it."""
+        folded_n = int(txn.stat(self._db)["entries"])
+        staged_n = int(txn.stat(self._staged)["entries"])
+        if staged_n > max(STAGE_MIN, folded_n // STAGE_SHARE):
+            self._move_in(txn, max(MOVE_MIN, 2 * new))
+        if folded_n + staged_n > 2 * self.filter.capacity:
+            self.filter = self._build_filter(txn)  # sees this transaction's keys too: a superset of the committed
+
+    def _move_in(self, txn: Txn, limit: int) -> int:
+        """Move up to `limit` staged keys to the large table, in ring order from where the last move stopped
+        (round the ring); return how many moved."""
+        cur = txn.cursor(self._staged)
+        ok = cur.set_range(self._sweep) or cur.first()
+        moved: list[bytes] = []
+        while ok and len(moved) < limit:
+            key = cur.key()
+            if not key:  # the last key was just moved: go on from the first
+                ok = cur.first()
+                continue
+            moved.append(key)
+            cur.delete()  # the cursor is now on the next key
+        if moved:
+            self._sweep = moved[-1]
+            moved.sort()  # two runs when the move went round the ring
+            txn.cursor(self._db).putmulti([(key, _EMPTY) for key in moved], dupdata=False, overwrite=False)
+        return len(moved)
+
+    def _tables(self) -> tuple[Db, Db]:
+        return self._db, self._staged
 
     # -- public API --
 
@@ -74,36 +160,57 @@ class DedupStore(Closing):
         return self._env.write(lambda txn: self._insert_in(txn, keys))
 
     def _insert_in(self, txn: Txn, keys: Iterable[bytes]) -> int:
-        """`insert` inside a caller's transaction (sorted keys share leaf pages); how many were new."""
-        return put_keys(txn, self._db, keys)
+        """`insert` inside a caller's transaction (sorted keys share leaf pages); how many were new. Keys go to
+        the large table (a hand-off's, sorted), except those staged already."""
+        maybe, get, staged, add = self.filter.may_contain, txn.get, self._staged, self.filter.add
+        fresh = [key for key in keys if not (maybe(key) and get(key, db=staged) is not None)]
+        for key in fresh:
+            if key:
+                add(key)
+        return put_keys(txn, self._db, fresh)
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, bytes) or not key:
             return False
+        if not self.filter.may_contain(key):
+            return False
         with self._env.read() as txn:
-            return txn.get(key, db=self._db) is not None
+            return txn.get(key, db=self._staged) is not None or txn.get(key, db=self._db) is not None
 
     def __len__(self) -> int:
-        return self._env.entries(DEDUP_DB)
+        return self._env.entries(DEDUP_DB) + self._env.entries(STAGED_DB)
+
+    def staged(self) -> int:
+        """Keys in the small table, not yet moved to the large one."""
+        return self._env.entries(STAGED_DB)
 
     def scan(self, start: int, end: int) -> Iterator[bytes]:
         """Keys of the ring arc [start, end) in key order (start == end: all of them)."""
-        for key, _value in self._env.scan(DEDUP_DB, arc_ranges(start, end)):
+        ranges = arc_ranges(start, end)
+        for key, _value in heapq.merge(self._env.scan(DEDUP_DB, ranges), self._env.scan(STAGED_DB, ranges)):
             yield key
 
     def delete(self, start: int, end: int) -> int:
         """Remove the keys of the ring arc [start, end); return how many were removed."""
-        return self._env.delete_ranges(DEDUP_DB, arc_ranges(start, end))
+        ranges = arc_ranges(start, end)
+        return self._env.delete_ranges(DEDUP_DB, ranges) + self._env.delete_ranges(STAGED_DB, ranges)
 
     def scan_arcs(self, arcs: Sequence[tuple[int, int]]) -> list[list[bytes]]:
-        """`scan` of each of `arcs`, in one read transaction (the caller bounds how many)."""
+        """`scan` of each of `arcs`, in one read transaction per table (the caller bounds how many)."""
         ranges = [arc_ranges(start, end) for start, end in arcs]
-        found = iter(self._env.scan_each(DEDUP_DB, [r for rs in ranges for r in rs]))
-        return [[key for _ in rs for key, _value in next(found)] for rs in ranges]
+        flat = [r for rs in ranges for r in rs]
+        folded = iter(self._env.scan_each(DEDUP_DB, flat))
+        staged = iter(self._env.scan_each(STAGED_DB, flat))
+        return [sorted(key for _ in rs for table in (next(folded), next(staged)) for key, _value in table)
+                for rs in ranges]
 
     def _delete_in(self, txn: Txn, ranges: Sequence[tuple[bytes, bytes]], keep: AbstractSet[bytes]) -> int:
         """Delete the keys in `ranges` except those in `keep`, within `txn`; return how many were deleted."""
-        cur = txn.cursor(self._db)
+        return sum(self._delete_table_in(txn, db, ranges, keep) for db in self._tables())
+
+    def _delete_table_in(self, txn: Txn, db: Db, ranges: Sequence[tuple[bytes, bytes]],
+                         keep: AbstractSet[bytes]) -> int:
+        cur = txn.cursor(db)
         n = 0
         for first, last in ranges:
             if not cur.set_range(first):

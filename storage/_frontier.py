@@ -4,8 +4,11 @@ Everything lives in LMDB, so memory stays bounded however many URLs are queued, 
 kill -9 resumes where its last commit left it. Databases (all keys begin with the host's ring position, so
 an arc of the ring is one key range; `hp` = position(8) + host + NUL, see `host_prefix`):
 
-- queue:  hp + depth(4, big-endian) + seq(8)  ->  msgpack [url, hops, found_on(, crashes(, lastmod, sitemap))]
-          the optional fields only when set (`_record`), so records written before them read the same
+- queue:  hp + depth(4, big-endian) + seq(8)  ->  msgpack [url(, hops(, found_on(, crashes(, lastmod, sitemap))))]
+          trailing fields only when set (`_record`), so records written before them read the same.
+          A URL (and a `found_on`) on the key's host is stored without its scheme and host, the host being in
+          the key: msgpack bin, one byte for the scheme (0 http, 1 https) and the rest of the URL (`_pack_url`);
+          any other URL, and every URL of records written before this form, is a msgpack str, read as it is.
           key order within a host is depth, then arrival: `pop` takes the first key, breadth first.
 - flight: hp + url fingerprint(8)             ->  msgpack [count, queue key, url, hops, found_on(, ...)]
           a popped URL until `done`; `recover` puts it back under its original queue key.
@@ -49,13 +52,43 @@ def _host_of(prefix: bytes) -> str:
     return prefix[8:-1].decode("utf-8")
 
 
+_SCHEMES = ("http://", "https://")  # a packed URL's first byte indexes this
+_AFTER_HOST = frozenset("/:?#")  # what may follow the host in a URL that is on it (not "host.evil")
+
+
+def _pack_url(url: str | None, host: str) -> str | bytes | None:
+    """`url` without its scheme and host when it is on `host` (bytes: scheme code + the rest), else as it is."""
+    if url is None:
+        return None
+    for code, scheme in enumerate(_SCHEMES):
+        if url.startswith(scheme) and url.startswith(host, len(scheme)):
+            rest = url[len(scheme) + len(host):]
+            if not rest or rest[0] in _AFTER_HOST:
+                return bytes((code,)) + rest.encode("utf-8")
+    return url
+
+
+def _unpack_url(packed: str | bytes | None, host: str) -> str | None:
+    if packed.__class__ is bytes:
+        assert isinstance(packed, bytes)
+        return _SCHEMES[packed[0]] + host + packed[1:].decode("utf-8")
+    assert packed is None or isinstance(packed, str)
+    return packed
+
+
 def _record(item: QueuedUrl, crashes: int = 0) -> list[object]:
-    """The queue record of `item`: [url, hops, found_on], then the times in a row the process stopped with it
-    in flight, then a sitemap's lastmod and the sitemap flag; trailing fields only when set."""
-    record = [item.url, item.hops, item.found_on]
+    """The queue record of `item`: [url, hops, found_on] (URLs on the item's host packed, `_pack_url`), then the
+    times in a row the process stopped with it in flight, then a sitemap's lastmod and the sitemap flag;
+    trailing fields only when set."""
+    host = item.host
+    record: list[object] = [_pack_url(item.url, host), item.hops, _pack_url(item.found_on, host)]
     if item.lastmod is not None or item.sitemap:
         return [*record, crashes, item.lastmod, item.sitemap]
-    return [*record, crashes] if crashes else record
+    if crashes:
+        return [*record, crashes]
+    if item.found_on is not None:
+        return record
+    return record[:2] if item.hops else record[:1]
 
 
 def _item_of(key: bytes, value: bytes) -> QueuedUrl:
@@ -63,11 +96,14 @@ def _item_of(key: bytes, value: bytes) -> QueuedUrl:
 
 
 def _item_from(key: bytes, record: list[Any]) -> QueuedUrl:
-    url, hops, found_on = record[:3]
-    lastmod, sitemap = record[4:6] if len(record) >= 6 else (None, False)
+    host = key[8:-13].decode("utf-8")
+    n = len(record)
+    lastmod, sitemap = record[4:6] if n >= 6 else (None, False)
+    url = _unpack_url(record[0], host)
+    assert url is not None
     return QueuedUrl(
-        url=url, host=key[8:-13].decode("utf-8"), depth=int.from_bytes(key[-12:-8], "big"), hops=hops,
-        found_on=found_on, lastmod=lastmod, sitemap=sitemap,
+        url=url, host=host, depth=int.from_bytes(key[-12:-8], "big"), hops=record[1] if n > 1 else 0,
+        found_on=_unpack_url(record[2], host) if n > 2 else None, lastmod=lastmod, sitemap=sitemap,
     )
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 
 from ._closing import Closing
-from ._dedup import DEDUP_DB, DedupStore, MemoryDedupStore
+from ._dedup import DEDUP_DBS, DedupStore, MemoryDedupStore
 from ._digests import DIGESTS_DB, MemoryPayloadDigests, PayloadDigests
 from ._frontier import FRONTIER_DBS, FrontierStore
 from ._crawllog import CRAWLLOG_DB, CrawlLogSpool
@@ -90,7 +90,7 @@ class NodeStore(Closing):
     ) -> NodeStore:
         """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
         env = LmdbEnv.open(
-            path, (DEDUP_DB, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, FETCHED_JOURNAL_DB, REVISIT_DB, REVISIT_DUE_DB,
+            path, (*DEDUP_DBS, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, FETCHED_JOURNAL_DB, REVISIT_DB, REVISIT_DUE_DB,
                    *REPLICA_DBS, ITEMS_DB, *UPLOAD_DBS, DIGESTS_DB, CRAWLLOG_DB),
             map_size=map_size, max_map_size=max_map_size,
         )
@@ -361,8 +361,8 @@ class NodeStore(Closing):
         return self._env.disk_bytes()
 
     def seen_bytes(self) -> int:
-        """Bytes of the data file's pages that hold seen-URL keys."""
-        return self._env.db_bytes([DEDUP_DB])
+        """Bytes of the data file's pages that hold seen-URL keys (both tables)."""
+        return self._env.db_bytes(DEDUP_DBS)
 
     def frontier_bytes(self) -> int:
         """Bytes of the data file's pages that hold the frontier (queues, in-flight, host table and states)."""

@@ -1,7 +1,7 @@
 """The store check (storage/_check.py) and `peerd check`: real on-disk LMDB, real child processes.
 
 A sound store is read through and its figures reported; a damaged one gives the store's StorageError, also where
-LMDB aborts the reader (seed 10 of the random damage in test_storage_corrupt.py); the data directory's RUNNING
+LMDB aborts the reader (seed 18 of the random damage in test_storage_corrupt.py); the data directory's RUNNING
 marker records a run under way and a store found damaged.
 """
 
@@ -36,7 +36,7 @@ from storage import (
 from .support.crawl import child_env
 from .test_storage_corrupt import filled
 
-ABORTS = 10  # the seed of test_storage_corrupt's random damage on which LMDB aborts the reader
+ABORTS = 18  # the seed of test_storage_corrupt's random damage on which LMDB aborts the reader
 
 
 def node_store(path: Path, urls: int = 3000) -> None:

@@ -287,3 +287,62 @@ def test_full_disk_is_a_clean_storage_error_and_store_stays_readable(tmp_path):
     with DedupStore.open(path) as store:
         assert len(store) == committed
         assert store.add_new([url_key(7 * 104729 % 2**64, "7")]) == [False]
+
+
+def _keys(n: int, salt: str = "") -> list[bytes]:
+    return [url_key(host_position(f"h{i % 50}.test"), f"http://h{i % 50}.test/{salt}{i}") for i in range(n)]
+
+
+def test_new_keys_are_staged_then_moved_in_ring_order_and_answer_the_same(tmp_path, monkeypatch):
+    """New keys go to the small table; past their share they move to the large one, a slice per commit, and
+    every answer (add_new, in, len, scan, delete) is the same wherever a key sits, also after a reopen."""
+    import storage._dedup as dedup
+
+    monkeypatch.setattr(dedup, "STAGE_MIN", 100)
+    monkeypatch.setattr(dedup, "MOVE_MIN", 16)
+    keys = _keys(3000)
+    with DedupStore.open(tmp_path / "d", map_size=1 << 22) as store:
+        for first in range(0, 3000, 30):  # a page's links at a time
+            assert store.add_new(keys[first:first + 30]) == [True] * 30
+            assert store.add_new(keys[first:first + 5]) == [False] * 5
+        staged = store.staged()
+        assert 100 <= staged <= 100 + 60  # at its floor: each commit moved twice what it staged
+        assert len(store) == 3000 and all(key in store for key in keys)
+        assert list(store.scan(0, 0)) == sorted(keys)
+        assert store.add_new(keys[::7]) == [False] * len(keys[::7])
+    with DedupStore.open(tmp_path / "d", map_size=1 << 22) as store:
+        assert store.staged() == staged and len(store) == 3000
+        assert store.add_new(keys[::3] + _keys(10, "new")) == [False] * 1000 + [True] * 10
+        start, end = 0, 2**63
+        inside = [k for k in keys + _keys(10, "new") if in_arc(int.from_bytes(k[:8], "big"), start, end)]
+        assert store.scan_arcs([(start, end)]) == [sorted(inside)]
+        assert store.delete(start, end) == len(inside)
+        assert len(store) == 3010 - len(inside)
+        assert store.add_new(inside[:5]) == [True] * 5  # gone from both tables and the filter lets them in
+
+
+def test_the_filter_lets_most_new_keys_through_without_a_look_up(tmp_path):
+    """A key the filter never saw is new without a look-up in either table; the few it may hold (its false
+    positives) are looked up, and answered new all the same."""
+    keys = _keys(4000)
+    with DedupStore.open(tmp_path / "d", map_size=1 << 24) as store:
+        store.insert(keys[:2000])
+        fresh = _keys(2000, "fresh")
+        assert sum(store.filter.may_contain(key) for key in fresh) < 2000 * 0.03
+        assert all(store.filter.may_contain(key) for key in keys[:2000])
+        assert store.add_new(fresh) == [True] * 2000
+        assert store.add_new(keys[:2000]) == [False] * 2000
+
+
+def test_a_filter_rebuilt_when_the_keys_outgrow_it_still_holds_every_key(tmp_path, monkeypatch):
+    import storage._seenfilter as seenfilter
+
+    monkeypatch.setattr(seenfilter, "MIN_KEYS", 64)
+    keys = _keys(2000)
+    with DedupStore.open(tmp_path / "d", map_size=1 << 22) as store:
+        first = store.filter.capacity
+        for i in range(0, 2000, 100):
+            store.add_new(keys[i:i + 100])
+        assert store.filter.capacity > first
+        assert all(store.filter.may_contain(key) for key in keys)
+        assert store.add_new(keys) == [False] * 2000

@@ -340,3 +340,56 @@ def test_crawl_state_survives_sigkill_at_several_moments(tmp_path):
             # nothing doubled: seen = queued + finished (+ the page killed in flight, now queued again)
             assert len(node.dedup) == len(queued) + len(set(finished)) + len(missing)
             assert not queued & {f"http://h{k % 20}/{k}" for k in finished}
+
+
+@pytest.mark.parametrize("url, found_on", [
+    ("https://a.test/x?y=1", "https://a.test/"),  # both on the host: both packed
+    ("http://a.test:8080/p", "https://b.test/page"),  # a port; found on another host: kept whole
+    ("https://a.test.evil/p", None),  # not on the host, though it begins with its name
+    ("https://a.test", "http://a.test#top"),  # nothing after the host
+    ("http://a.test/\u00e9t\u00e9", None),
+])
+def test_queue_record_packs_urls_on_its_host_and_reads_them_back(tmp_path, url, found_on):
+    items = [QueuedUrl(url=url, host="a.test", depth=2, hops=1, found_on=found_on),
+             QueuedUrl(url="https://a.test/bare", host="a.test", depth=3)]
+    with FrontierStore.open(tmp_path / "f", map_size=1 << 20) as store:
+        store.push(items)
+        assert [store.pop("a.test"), store.pop("a.test")] == items
+        store.recover()  # the in-flight records, packed the same way, go back whole
+        assert [store.pop("a.test"), store.pop("a.test")] == items
+
+
+def test_queue_records_of_the_earlier_form_still_read(tmp_path):
+    """A store written before URLs were packed ([absolute url, hops, found_on], in flight too) keeps its queue."""
+    import msgpack
+
+    from storage._frontier import FLIGHT, QUEUE
+    from storage._keys import host_prefix, url_fingerprint
+
+    hp = host_prefix("old.test")
+    queued_key = hp + (1).to_bytes(4, "big") + (7).to_bytes(8, "big")
+    flying_key = hp + (0).to_bytes(4, "big") + (3).to_bytes(8, "big")
+    with NodeStore.open(tmp_path / "s", map_size=1 << 20) as store:
+        env = store._env
+        env.write(lambda txn: (
+            txn.put(queued_key, msgpack.packb(["http://old.test/q", 0, "http://old.test/"]), db=env.db(QUEUE)),
+            txn.put(hp + url_fingerprint("http://old.test/f"),
+                    msgpack.packb([1, flying_key, "http://old.test/f", 2, None, 1]), db=env.db(FLIGHT)),
+            store.frontier._count_add(txn, hp, 1)))
+    with NodeStore.open(tmp_path / "s", map_size=1 << 20) as store:
+        assert store.frontier.recover() == 1
+        assert [store.frontier.pop("old.test"), store.frontier.pop("old.test")] == [
+            QueuedUrl(url="http://old.test/f", host="old.test", depth=0, hops=2),
+            QueuedUrl(url="http://old.test/q", host="old.test", depth=1, found_on="http://old.test/")]
+
+
+def test_a_queued_url_on_its_host_takes_under_a_hundred_bytes_of_record(tmp_path):
+    host = "www.site123456.example12.test"
+    items = [QueuedUrl(url=f"https://{host}/section-{i % 13}/article/{i}.html", host=host, depth=1)
+             for i in range(2000)]
+    with NodeStore.open(tmp_path / "s", map_size=1 << 24) as store:
+        store.frontier.push(items)
+        with store._env.read() as txn:
+            from storage._frontier import QUEUE
+            sizes = [len(k) + len(v) for k, v in txn.cursor(store._env.db(QUEUE))]
+    assert len(sizes) == 2000 and max(sizes) < 100  # key 50 (the host) + value 30: the URL without its host

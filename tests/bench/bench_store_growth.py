@@ -1,31 +1,38 @@
 """One node as its store grows: 10^5 to 10^8 seen URLs, up to 10^7 queued over 10^6 hosts, then a crawl on it.
 
 python -m tests.bench.bench_store_growth [--sizes 100000 1000000 10000000 100000000] [--json FILE]
-    [--queued 10000000] [--hosts 1000000] [--seconds 60] [--evict-every 2] [--dir DIR]
+    [--queued 10000000] [--hosts 1000000] [--seconds 60] [--cgroup-mib 1024] [--evict-every 2] [--dir DIR]
 
 For each size, in ascending order, one store (the node's own `NodeStore`, under ``node/state`` as a data
 directory keeps it) grows to ``seen_urls`` seen keys and ``min(--queued, seen_urls / 10)`` queued URLs (links
 outnumber pages ten to one): URL i is on host ``i mod --hosts`` and its key is what the node writes
 (`url_key(host position, url)`, put in the order the URLs come, not sorted, as a node admits them); a queued URL
-is also seen and goes in through `FrontierStore.push` (the node's queue records). Each loaded host gets the
+is also seen and goes in through `FrontierStore.push` (the node's queue records). The newest keys are left in the
+seen store's staging table as a node that admitted them would have them: ``max(STAGE_MIN, folded / STAGE_SHARE)``
+(storage/_dedup.py), so the crawl moves staged keys to the large table as a node past that share does. Each loaded host gets the
 politeness state a node writes after a Retry-After of 30 days, so the node holds the queue but does not fetch
 it: the crawl is of the local web only, the same web at every size (`--max-active-hosts 0` keeps every loaded
 host's turn in memory, so the local web's hosts are never left on disk behind them; its memory is in the RSS).
 
 A copy of the store is then a real node's data directory (``python -m peer start --store none``), which crawls
-the real-markup local web (peerlab/localweb, `REAL_WEB`) for ``--seconds``. Memory below the store's size: this
-machine's cgroup memory controller is not writable, so the store is kept out of memory two ways: the node's own
-resident budget (``store_resident_mib``, which hands the store's mapped pages back) and, every
-``--evict-every`` seconds, `posix_fadvise(DONTNEED)` on the store's data file from outside, which empties the
-kernel's page cache of every page of the store no process has mapped: each read of a page evicted that way is a
-disk read, counted by the node's ``/proc/PID/io`` ``read_bytes`` and its major faults.
+the real-markup local web (peerlab/localweb, `REAL_WEB`) for ``--seconds``. Memory below the store's size: with
+``--cgroup-mib N`` (the default, 1024, where this process may make a memory cgroup: v1 ``/sys/fs/cgroup/memory``
+or v2 with the memory controller, as root) the node runs in a cgroup of its own whose limit counts its heap and
+the page cache it reads the store into, so the kernel keeps the store's hot pages and evicts the rest (the store
+file is dropped from the page cache first, so that every page the node reads is charged to it). Without one
+(``--cgroup-mib 0``) the store is kept out of memory two ways: the node's own resident budget
+(``store_resident_mib``, which hands the store's mapped pages back) and, every ``--evict-every`` seconds,
+`posix_fadvise(DONTNEED)` on the store's data file from outside, which empties the kernel's page cache of every
+page of the store no process has mapped (hot pages too). Each read of a page not in the cache is a disk read,
+counted by the node's ``/proc/PID/io`` ``read_bytes`` and its major faults.
 
 Each row (printed, and in ``--json``): ``seen_urls``, ``queued_urls``, ``hosts``, ``pages`` (fetched between
 the end of a warm-up of ``--seconds`` / 4 after the node's first page, and ``--seconds`` later), ``cpu_ms_per_page`` (the node's user +
 system CPU over those pages), ``pages_per_s``, ``rss_mib`` (peak VmRSS), ``disk_bytes_per_seen_url`` (pages of
 the seen database / its keys), ``disk_bytes_per_queued_url`` (pages of the frontier's databases / queued
 URLs), ``file_bytes`` (the data file), ``disk_reads_per_page`` (read_bytes / 4096 / pages), ``majflt_per_page``,
-``links_per_page`` (links checked against the seen store per page), ``load_s`` and ``start_s`` (from the
+``links_per_page`` (links found per page), ``disk_reads_per_link``, ``memory_limit`` (which of the two ways kept
+the store out of memory), ``staged_urls`` (keys in the seen store's staging table), ``load_s`` and ``start_s`` (from the
 node's start to its first page: its restore reads the host table and the loaded hosts' states). The reference for CPU is
 the first size's figure in the same run (``cpu_ratio``).
 """
@@ -51,6 +58,7 @@ from typing import Any
 from peerlab.localweb.bench import REAL_WEB, BenchWeb, start_bench_web
 from ring import host_position_bytes
 from storage import HostState, NodeStore, QueuedUrl
+from storage._dedup import STAGE_MIN, STAGE_SHARE
 from tests.bench.bench_crawl import BENCH_DOMAIN, _final_stats, _start_dns, _stop
 
 MiB = 2**20
@@ -70,6 +78,11 @@ def url_of(i: int, hosts: int) -> str:
     return f"https://{host_name(i % hosts)}/section-{(i // hosts) % 13}/article/{i}.html"
 
 
+def staged_share(seen: int) -> int:
+    """How many of `seen` keys a node that admitted them holds staged (the rest moved to the large table)."""
+    return min(seen, max(STAGE_MIN, seen // (STAGE_SHARE + 1)))
+
+
 class Loader:
     """Grows one store in steps: seen keys first, then queue records, in the order the URLs come."""
 
@@ -81,14 +94,26 @@ class Loader:
         self.queued = 0
 
     def grow_seen(self, target: int) -> None:
-        env, db = self.store._env, self.store._env.db(b"seen")
+        """Keys up to `target`, in arrival order; the staged ones of the last size move to the large table first
+        and the newest `staged_share(target)` are staged (at most the new ones)."""
+        env, db, staged = self.store._env, self.store._env.db(b"seen"), self.store._env.db(b"seen_new")
         positions, hosts = self.positions, self.hosts
+
+        def unstage(txn: Any) -> None:
+            keys = list(txn.cursor(staged).iternext(keys=True, values=False))
+            txn.cursor(db).putmulti([(key, b"") for key in keys], dupdata=False, overwrite=False)
+            txn.drop(staged, delete=False)
+
+        env.write(unstage)
+        stage_from = max(self.seen, target - staged_share(target))
         while self.seen < target:
-            end = min(target, self.seen + CHUNK)
+            end = min(target, self.seen + CHUNK, stage_from if self.seen < stage_from else target)
             keys = [positions[i % hosts] + blake2b(url_of(i, hosts).encode(), digest_size=8).digest()
                     for i in range(self.seen, end)]
             pairs = [(key, b"") for key in keys]
-            env.write(lambda txn, pairs=pairs: txn.cursor(db).putmulti(pairs, dupdata=False, overwrite=False))
+            into = db if self.seen < stage_from else staged
+            env.write(lambda txn, pairs=pairs, into=into: txn.cursor(into).putmulti(pairs, dupdata=False,
+                                                                                  overwrite=False))
             self.seen = end
 
     def bulk_seen(self, target: int, spool: Path) -> None:
@@ -102,12 +127,20 @@ class Loader:
             raise ValueError("bulk_seen needs an empty store")
         positions, hosts = self.positions, self.hosts
         spool.mkdir(parents=True, exist_ok=True)
+        stage_from = target - staged_share(target)
         files = [open(spool / f"bucket-{b:03d}", "wb") for b in range(BUCKETS)]  # noqa: SIM115 - closed below
+        staged_file = open(spool / "staged", "wb")  # noqa: SIM115 - closed below
         try:
-            for first in range(0, target, CHUNK):
+            first = 0
+            while first < target:
+                last = min(target, first + CHUNK, stage_from if first < stage_from else target)
                 keys = np.frombuffer(b"".join(
                     positions[i % hosts] + blake2b(url_of(i, hosts).encode(), digest_size=8).digest()
-                    for i in range(first, min(target, first + CHUNK))), dtype=">u8").reshape(-1, 2)
+                    for i in range(first, last)), dtype=">u8").reshape(-1, 2)
+                staging, first = first >= stage_from, last
+                if staging:
+                    staged_file.write(keys.tobytes())
+                    continue
                 bucket = (keys[:, 0] >> np.uint64(64 - BUCKET_BITS)).astype(np.int64)
                 order = np.argsort(bucket, kind="stable")
                 bounds = np.searchsorted(bucket[order], np.arange(BUCKETS + 1))
@@ -117,16 +150,20 @@ class Loader:
         finally:
             for fh in files:
                 fh.close()
-        env, db = self.store._env, self.store._env.db(b"seen")
-        for b in range(BUCKETS):
-            path = spool / f"bucket-{b:03d}"
-            keys = np.fromfile(path, dtype=">u8").reshape(-1, 2)
-            path.unlink()
-            keys = keys[np.lexsort((keys[:, 1], keys[:, 0]))]
-            for first in range(0, len(keys), 10 * CHUNK):
-                block = keys[first:first + 10 * CHUNK].tobytes()
-                pairs = [(block[j:j + 16], b"") for j in range(0, len(block), 16)]
-                env.write(lambda txn, pairs=pairs: txn.cursor(db).putmulti(pairs, dupdata=False, append=True))
+            staged_file.close()
+        env = self.store._env
+        for name, paths in ((b"seen", [spool / f"bucket-{b:03d}" for b in range(BUCKETS)]),
+                            (b"seen_new", [spool / "staged"])):
+            db = env.db(name)
+            for path in paths:
+                keys = np.fromfile(path, dtype=">u8").reshape(-1, 2)
+                path.unlink()
+                keys = keys[np.lexsort((keys[:, 1], keys[:, 0]))]
+                for first in range(0, len(keys), 10 * CHUNK):
+                    block = keys[first:first + 10 * CHUNK].tobytes()
+                    pairs = [(block[j:j + 16], b"") for j in range(0, len(block), 16)]
+                    env.write(lambda txn, pairs=pairs, db=db: txn.cursor(db).putmulti(pairs, dupdata=False,
+                                                                                      append=True))
         self.seen = target
 
     def grow_queued(self, target: int) -> None:
@@ -152,6 +189,43 @@ def evict(path: Path) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+
+
+def make_cgroup(mib: int) -> Path | None:
+    """A memory cgroup of its own with a limit of `mib` MiB (heap and page cache), or None where this process
+    cannot make one (not root, no memory controller)."""
+    name = f"peercrawl-bench-growth-{os.getpid()}"
+    candidates = [(CGROUP_V1, "memory.limit_in_bytes")]
+    try:
+        if "memory" in (CGROUP_V2 / "cgroup.subtree_control").read_text().split():
+            candidates.append((CGROUP_V2, "memory.max"))
+    except OSError:
+        pass
+    for root, limit in candidates:
+        path = root / name
+        try:
+            path.mkdir()
+        except OSError:
+            continue
+        try:
+            (path / limit).write_text(str(mib * MiB))
+            return path
+        except OSError:
+            path.rmdir()
+    return None
+
+
+def cgroup_peak_mib(cgroup: Path) -> float | None:
+    for name in ("memory.max_usage_in_bytes", "memory.peak"):
+        try:
+            return int((cgroup / name).read_text()) / MiB
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def proc_figures(pid: int) -> dict[str, int]:
@@ -187,10 +261,10 @@ def status(port: int, data: Path) -> dict[str, Any]:
 
 
 def crawl(data: Path, seconds: float, evict_every: float, web: BenchWeb, dns_port: int, workdir: Path,
-          profile: Path | None = None) -> dict[str, float]:
+          profile: Path | None = None, cgroup: Path | None = None) -> dict[str, float]:
     """A real node crawls the local web on the data directory `data`, measured from outside: from its first
     page, a warm-up of `seconds` / 4, then `seconds` measured. With `profile`, the node's CPU is sampled over the
-    measured window (tests/bench/_cpuprof) into that file."""
+    measured window (tests/bench/_cpuprof) into that file; with `cgroup`, the node runs in that memory cgroup."""
     seeds = workdir / "seeds.txt"
     seeds.write_text("\n".join(web.seeds) + "\n", encoding="utf-8")
     config = workdir / "node.toml"
@@ -217,6 +291,8 @@ def crawl(data: Path, seconds: float, evict_every: float, web: BenchWeb, dns_por
     last: dict[str, Any] = {}
     with open(log_file, "wb") as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env)
+    if cgroup is not None:  # before the node opens its store: every page of it the node reads is charged there
+        (cgroup / "cgroup.procs").write_text(str(proc.pid))
     t0 = time.perf_counter()
     next_evict = t0
     # /status is read once a second until the first page, then only at the window's two ends: its answer costs
@@ -233,11 +309,14 @@ def crawl(data: Path, seconds: float, evict_every: float, web: BenchWeb, dns_por
                 due = (first_page is None or (start is None and now - first_page >= seconds / 4)
                        or (start is not None and now - start["t"] >= seconds))
                 st = status(control, data) if due else None
+                # the window's CPU leaves out both /status answers (the bench's requests, not the crawl's): the
+                # start is read after its answer, the end before (no page is fetched while the node answers)
+                after = proc_figures(proc.pid) if st is not None and start is None else fig
             except (OSError, ValueError):
                 time.sleep(0.25)
                 continue
             if st is not None:
-                sample = {**proc_figures(proc.pid), "pages": int(st.get("pages", 0)),
+                sample = {**after, "pages": int(st.get("pages", 0)),
                           "links": int(st.get("links_found", 0)), "t": time.perf_counter()}
                 if first_page is None:
                     if sample["pages"] > 0:
@@ -266,6 +345,7 @@ def crawl(data: Path, seconds: float, evict_every: float, web: BenchWeb, dns_por
         raise SystemExit("bench_store_growth: the node crawled nothing measurable; last log lines:\n"
                          + "\n".join(tail))
     pages = last["pages"] - start["pages"]
+    links = max(1, last["links"] - start["links"])
     return {
         "start_s": round(first_page - t0, 1),
         "pages": pages,
@@ -275,6 +355,7 @@ def crawl(data: Path, seconds: float, evict_every: float, web: BenchWeb, dns_por
         "disk_reads_per_page": (last["read_bytes"] - start["read_bytes"]) / 4096 / pages,
         "majflt_per_page": (last["majflt"] - start["majflt"]) / pages,
         "links_per_page": (last["links"] - start["links"]) / pages,
+        "disk_reads_per_link": (last["read_bytes"] - start["read_bytes"]) / 4096 / links,
     }
 
 
@@ -294,7 +375,9 @@ def measure(args: argparse.Namespace, store: NodeStore, loader: Loader, size: in
         "load": "sorted, appended" if bulk else "in arrival order", "load_s": round(load_s, 1),
         "disk_bytes_per_seen_url": store.seen_bytes() / max(1, len(store.dedup)),
         "disk_bytes_per_queued_url": store.frontier_bytes() / max(1, len(store.frontier)),
-        "file_bytes": store.disk_bytes(),
+        "file_bytes": store.disk_bytes(), "staged_urls": store.dedup.staged(),
+        "memory_limit": (f"cgroup {args.cgroup_mib} MiB" if args.cgroup_mib else
+                         f"store_resident_mib 256 + fadvise every {args.evict_every:g} s"),
     }
     run = root / "run"
     shutil.rmtree(run, ignore_errors=True)
@@ -309,7 +392,15 @@ def measure(args: argparse.Namespace, store: NodeStore, loader: Loader, size: in
     if args.cpu_profile is not None:
         args.cpu_profile.mkdir(parents=True, exist_ok=True)
         profile = args.cpu_profile / f"cpu-{size}"
-    row.update(crawl(run, args.seconds, args.evict_every, web, dns_port, root, profile))
+    cgroup = make_cgroup(args.cgroup_mib) if args.cgroup_mib else None
+    if args.cgroup_mib and cgroup is None:
+        raise SystemExit(f"bench_store_growth: cannot make a memory cgroup of {args.cgroup_mib} MiB here")
+    try:
+        row.update(crawl(run, args.seconds, args.evict_every, web, dns_port, root, profile, cgroup))
+    finally:
+        if cgroup is not None:
+            row["cgroup_peak_mib"] = cgroup_peak_mib(cgroup)
+            cgroup.rmdir()
     shutil.rmtree(run, ignore_errors=True)
     row["cpu_ratio"] = row["cpu_ms_per_page"] / (rows[0] if rows else row)["cpu_ms_per_page"]
     print(f"{row['seen_urls']:>12,} seen {row['queued_urls']:>11,} queued: "
@@ -317,7 +408,8 @@ def measure(args: argparse.Namespace, store: NodeStore, loader: Loader, size: in
           f"{row['pages_per_s']:5.0f} pages/s, RSS {row['rss_mib']:5.0f} MiB, "
           f"{row['disk_bytes_per_seen_url']:5.1f} B/seen, {row['disk_bytes_per_queued_url']:5.0f} "
           f"B/queued, {row['disk_reads_per_page']:.2f} reads/page ({row['majflt_per_page']:.2f} "
-          f"majflt), {row['links_per_page']:.0f} links/page; loaded in {load_s:.0f} s ({row['load']}), "
+          f"majflt, {row['disk_reads_per_link']:.3f}/link), {row['links_per_page']:.0f} links/page; "
+          f"{row['memory_limit']}; loaded in {load_s:.0f} s ({row['load']}), "
           f"first page after {row['start_s']:.0f} s", flush=True)
     if args.json:
         args.json.write_text(json.dumps([*rows, row], indent=1) + "\n", encoding="utf-8")
@@ -330,8 +422,12 @@ def main() -> None:
     parser.add_argument("--queued", type=int, default=10**7, help="queued URLs at most (seen / 10 below that)")
     parser.add_argument("--hosts", type=int, default=10**6)
     parser.add_argument("--seconds", type=float, default=60.0, help="how long the node crawls at each size")
-    parser.add_argument("--evict-every", type=float, default=2.0,
-                        help="seconds between evictions of the store from the page cache (0: never)")
+    parser.add_argument("--cgroup-mib", type=int, default=None,
+                        help="the node's memory cgroup limit (heap + page cache; 0: none). Default: 1024 where "
+                             "a memory cgroup can be made here, else 0")
+    parser.add_argument("--evict-every", type=float, default=None,
+                        help="seconds between evictions of the store from the page cache (0: never). Default: 2 "
+                             "without a cgroup, 0 with one")
     parser.add_argument("--dir", type=Path, default=None, help="where the stores go (default: a temp dir)")
     parser.add_argument("--bulk-from", type=int, default=10**8,
                         help="sizes from this one on start from an empty store whose seen keys are appended sorted")
@@ -339,6 +435,13 @@ def main() -> None:
     parser.add_argument("--cpu-profile", type=Path, default=None, metavar="DIR",
                         help="sample the node's CPU over each measured window into DIR/cpu-SEEN (tests/bench/_cpuprof)")
     args = parser.parse_args()
+    if args.cgroup_mib is None:
+        probe = make_cgroup(1024)
+        args.cgroup_mib = 1024 if probe is not None else 0
+        if probe is not None:
+            probe.rmdir()
+    if args.evict_every is None:
+        args.evict_every = 0.0 if args.cgroup_mib else 2.0
     root = Path(tempfile.mkdtemp(prefix="bench-growth-", dir=args.dir))
     rows: list[dict[str, Any]] = []
     try:
