@@ -223,10 +223,11 @@ def merge(a: View, b: View) -> View:
     merged members differ from both.
     """
     small, large = (b, a) if len(b.members) <= len(a.members) else (a, b)
-    if all((current := large.member(member.node_id)) is not None and current.precedence() >= member.precedence()
-           for member in small.members):
-        # Nothing in the smaller view supersedes the larger one (the common case: a gossip of a few records this
-        # node already holds): the members are the larger view's, found with a lookup per record of the smaller
+    if len(small.members) * 8 <= len(large.members) and all(
+            (current := large.member(member.node_id)) is not None and current.precedence() >= member.precedence()
+            for member in small.members):
+        # Nothing in the much smaller view supersedes the larger one (the common case: a gossip of a few records
+        # this node already holds): the members are the larger view's, found with a lookup per record of the smaller
         # one instead of a pass over both, so merging a partial gossip does not cost the size of the cluster.
         offset = max(a.epoch - a.rank, b.epoch - b.rank)
         if large.epoch - large.rank == offset:
