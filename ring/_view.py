@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from bisect import bisect_left
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from hashlib import blake2b
 
 from ._ring import DEFAULT_POINTS_PER_WEIGHT, Ring
@@ -105,6 +105,8 @@ class View:
 
     epoch: int = 0
     members: tuple[Member, ...] = ()
+    # the members' rank, computed once: a merge compares views' offsets (epoch - rank) without summing them again
+    _rank: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
@@ -114,13 +116,14 @@ class View:
             if before.node_id == after.node_id:
                 raise ValueError(f"view lists node {before.node_id!r} twice")
         object.__setattr__(self, "members", members)
+        object.__setattr__(self, "_rank", _rank(members))
 
     # -- reading -------------------------------------------------------------------------------------------
 
     @property
     def rank(self) -> int:
         """The number of record steps this view has seen (see the module docstring)."""
-        return _rank(self.members)
+        return self._rank
 
     def member(self, node_id: str) -> Member | None:
         """The record of ``node_id``, or None."""
@@ -219,6 +222,17 @@ def merge(a: View, b: View) -> View:
     where a view's offset is ``epoch - rank``: it is at least both epochs, and strictly above both whenever the
     merged members differ from both.
     """
+    small, large = (b, a) if len(b.members) <= len(a.members) else (a, b)
+    if len(small.members) * 8 <= len(large.members) and all(
+            (current := large.member(member.node_id)) is not None and current.precedence() >= member.precedence()
+            for member in small.members):
+        # Nothing in the much smaller view supersedes the larger one (the common case: a gossip of a few records
+        # this node already holds): the members are the larger view's, found with a lookup per record of the smaller
+        # one instead of a pass over both, so merging a partial gossip does not cost the size of the cluster.
+        offset = max(a.epoch - a.rank, b.epoch - b.rank)
+        if large.epoch - large.rank == offset:
+            return large
+        return View(epoch=large.rank + offset, members=large.members)
     records = {member.node_id: member for member in a.members}
     for member in b.members:
         current = records.get(member.node_id)

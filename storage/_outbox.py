@@ -86,6 +86,11 @@ class Outbox:
         # owner -> sequence numbers of entries no page waits for (`_put_in(..., aside=True)`): `oldest_seq` passes
         # over them. In memory only: what waits for pages' links (held releases) is in memory only too.
         self._aside: dict[str, set[int]] = {}
+        # owner -> the highest sequence number this process gave one of its entries, and the owners given entries
+        # since the sender last asked (`changed_owners`): a sender with many owners looks in the store only for
+        # those that may have entries it has not batched, not for every owner at every tick.
+        self._newest: dict[str, int] = {}
+        self._changed: dict[str, None] = {}
 
     def _stored_seq(self) -> int:
         with self._env.read() as txn:
@@ -114,13 +119,15 @@ class Outbox:
             # reserve the next block here: the counter is written once per SEQ_BLOCK entries, and a reservation
             # lost with an aborted transaction is made again by the next put, which reads the store's
             txn.put(_SEQ_KEY, (last + SEQ_BLOCK).to_bytes(8, "big"), db=self._db)
-        prefixes = self._prefixes
+        prefixes, newest, changed = self._prefixes, self._newest, self._changed
         items = []
         for seq, (owner, item) in enumerate(routed, first):
             prefix = prefixes.get(owner)
             if prefix is None:
                 prefix = prefixes[owner] = _owner_prefix(owner)
             items.append((prefix + seq.to_bytes(8, "big"), _value(item)))
+            newest[owner] = seq  # (an aborted transaction's numbers stay: a sender then looks once for nothing)
+            changed[owner] = None
         txn.cursor(self._db).putmulti(items)
         if aside:  # (numbers of an aborted transaction are never given again: harmless here)
             for seq, (owner, _item) in enumerate(routed, first):
@@ -128,6 +135,17 @@ class Outbox:
         return list(range(first, first + len(routed)))
 
     # -- public API -------------------------------------------------------------------------------------------
+
+    def newest(self, owner: str) -> int:
+        """The highest sequence number this process gave an entry of `owner` (0: none yet). Entries of an earlier
+        process all lie at or below the reservation this one started from."""
+        return self._newest.get(owner, 0)
+
+    def changed_owners(self) -> list[str]:
+        """The owners given entries since the last call, in the order first given (the sender's question: whom
+        must I look at again)."""
+        changed, self._changed = self._changed, {}
+        return list(changed)
 
     def put(self, routed: Sequence[tuple[str, QueuedUrl]]) -> list[int]:
         """Append (owner, url) pairs in one transaction; return their sequence numbers."""

@@ -632,3 +632,43 @@ async def test_a_restart_sends_what_was_sent_unacknowledged_and_what_was_never_s
             sent = sorted(e.url for _t, _p, m in batches(links) for e in m.urls)
             assert sent == sorted(f"http://{h}/" for h in hosts)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_tick_reads_the_store_only_for_owners_with_work(store, autojump_clock):
+    """A node that has sent to many owners looks in its outbox, at each tick, only for the owners with entries
+    it has not batched or batches unacknowledged; entries another part stores (a hand-off's forwarded URLs,
+    `store.accept`) still leave at the next tick."""
+    ring = Ring({name: 100 for name in ["a", *(f"p{i}" for i in range(20))]})
+    links = FakeLinks()
+    d = Dispatcher("a", store, links, ring_of=lambda: (1, ring), config=DispatchConfig(interval=0.2, peers_per_interval=100))
+    taken: Counter[str] = Counter()
+    take = store.outbox.take
+
+    def counted_take(owner: str, limit: int, *, after: int = 0):
+        taken[owner] += 1
+        return take(owner, limit, after=after)
+
+    store.outbox.take = counted_take  # type: ignore[method-assign]
+    peers = [f"p{i}" for i in range(20)]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        for peer in peers:
+            host = owned_hosts(ring, peer, 1)[0]
+            d.route(QueuedUrl(url=f"http://{host}/", host=host, depth=1))
+        await trio.sleep(0.3)
+        sent = batches(links)
+        assert sorted(p for _, p, _ in sent) == sorted(peers)
+        for _, peer, batch in sent:
+            await d.on_message(peer, BatchAck(seq=batch.seq, new=1, seen=0, forwarded=0, epoch=1))
+        await trio.sleep(0.2)  # the tick after the acks finds every owner idle
+        taken.clear()
+        await trio.sleep(2.0)  # ten ticks with nothing to send: no owner is looked up
+        assert taken == Counter()
+        # a hand-off applied here forwards a URL of p7's host through the outbox, without the dispatcher
+        host = owned_hosts(ring, "p7", 2)[1]
+        store.accept([], [("p7", QueuedUrl(url=f"http://{host}/late", host=host, depth=1))])
+        await trio.sleep(0.2)
+        [(_, peer, late)] = batches(links)[len(sent):]
+        assert peer == "p7" and [e.url for e in late.urls] == [f"http://{host}/late"]
+        assert set(taken) == {"p7"}
+        nursery.cancel_scope.cancel()

@@ -140,3 +140,43 @@ def test_an_inherited_arc_is_held_until_its_dead_owner_would_have_fenced_itself(
     assert seen == {"until": 10.0 + CONTACT_WINDOW + TAKEOVER_GRACE, "held": (True, False), "past_fence": True,
                     "released": False,
                     "past": 10.0 + CONTACT_WINDOW + TAKEOVER_GRACE, "past_held": False}
+
+
+def _fence_times(clock: trio.testing.MockClock, proof_until: float | None) -> list[float]:
+    """When a 5-member node fences itself: b-e are heard from every tick until 10 s, then silent; a proof of contact
+    is renewed every 0.5 s until `proof_until` (None: no proof at all)."""
+    alive = MemberState.ALIVE
+    view = _view(*((n, alive) for n in "abcde"))
+    heard: dict[str, float] = {}
+    proof = [-math.inf]
+    fenced_at: list[float] = []
+
+    async def body() -> None:
+        fence = PartitionFence("a", view=lambda: view, last_heard=heard, suspicion_timeout=SUSPICION,
+                               probe_interval=PROBE, majority_heard=lambda: proof[0])
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fence.contact_loop)
+            start = trio.current_time()
+            while trio.current_time() - start < 30.0:
+                now = trio.current_time() - start
+                if now < 10.0:
+                    heard.update(dict.fromkeys("bcde", trio.current_time()))
+                if proof_until is not None and now < proof_until:
+                    proof[0] = trio.current_time()
+                await trio.sleep(CONTACT_TICK / 2)
+                if fence.fences > len(fenced_at):
+                    fenced_at.append(round(trio.current_time() - start, 3))
+            nursery.cancel_scope.cancel()
+
+    _run(clock, body)
+    return fenced_at
+
+
+def test_a_proof_of_contact_puts_the_count_off_without_changing_what_it_finds() -> None:
+    """While a fresh proof of contact keeps the fence off, the members' silences are counted only now and then; the
+    moment the proof runs out, the count finds each member as silent as a tick-by-tick count would: the fence
+    comes CONTACT_WINDOW after the last proof, not CONTACT_WINDOW later still."""
+    without = _fence_times(trio.testing.MockClock(autojump_threshold=0), None)
+    assert len(without) == 1 and 10.0 + CONTACT_WINDOW <= without[0] <= 10.0 + CONTACT_WINDOW + 2 * CONTACT_TICK
+    proven = _fence_times(trio.testing.MockClock(autojump_threshold=0), 20.0)
+    assert len(proven) == 1 and 20.0 + CONTACT_WINDOW - 0.5 <= proven[0] <= 20.0 + CONTACT_WINDOW + 2 * CONTACT_TICK

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -115,6 +117,24 @@ def test_fingerprint_tracks_members_not_epoch() -> None:
     one = View().join("a", "h:1", 1)
     assert one.fingerprint() == View(epoch=99, members=one.members).fingerprint()
     assert one.fingerprint() != one.update("a", weight=2).fingerprint()
+
+
+def test_merging_records_already_held_gives_the_held_view_itself() -> None:
+    """A partial gossip of records a node holds (the common case in a large cluster) merges into the node's own
+    view object, whichever side it is on; one superseding record makes a new view with it."""
+    whole = View()
+    for i in range(300):
+        whole = whole.join(f"n{i:03d}", f"10.0.{i // 250}.{i % 250}:7000", 1)
+    whole = whole.update("n007", state=MemberState.SUSPECT)
+    held = [whole.member(node) for node in ("n007", "n150", "n299")]
+    gossip = View(members=tuple(held))  # a partial gossip's epoch is its rank: offset 0
+    gossip = View(epoch=gossip.rank, members=gossip.members)
+    assert merge(whole, gossip) is whole and merge(gossip, whole) is whole
+    news = View(members=(replace(held[1], state=MemberState.DEAD),))
+    news = View(epoch=news.rank, members=news.members)
+    merged = merge(whole, news)
+    assert merged.member("n150").state is MemberState.DEAD and merged.epoch > whole.epoch
+    assert merged == merge(news, whole)
 
 
 @settings(max_examples=200, deadline=None)

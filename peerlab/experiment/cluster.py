@@ -283,6 +283,18 @@ class _Node:
         self.scope = trio.CancelScope()
         self.stopped = trio.Event()
         self.running = False
+        self._owning_view: View | None = None
+        self._owning: set[str] = set()
+
+    def owning(self) -> set[str]:
+        """The members owning arcs in this node's view, found again only when its view changed: the run asks every
+        node ten times a virtual second while it waits for a change to settle, and a pass over every node's
+        members each time made the wait cost n² (the harness's, counted in the change's CPU)."""
+        view = self.cluster.view
+        if view is not self._owning_view:
+            self._owning_view = view
+            self._owning = {m.node_id for m in view.members if m.state in _OWNING}
+        return self._owning
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -353,10 +365,14 @@ class _Run:
         """Notes (which the tests require empty) if a running node's own ring gives other key shares than the
         experiment's ring, or if a receiver counted fewer URLs from a sender than the sender counted to it
         (a receiver also counts re-sent batches, so it may count more, never fewer)."""
+        checked: dict[int, list[str]] = {}  # id(ring) -> the plan nodes it gives another share (nodes share rings)
         for node in self.running():
-            assert node.cluster.ring is not None
-            own = node.cluster.ring.shares()
-            bad = [n for n in shares if abs(own.get(n, 0.0) - shares[n]) > 1e-9]
+            ring = node.cluster.ring
+            assert ring is not None
+            bad = checked.get(id(ring))
+            if bad is None:
+                own = ring.shares()
+                bad = checked[id(ring)] = [n for n in shares if abs(own.get(n, 0.0) - shares[n]) > 1e-9]
             if bad:
                 self.notes.append(f"phase {k + 1}: {node.node_id}'s ring gives other key shares for "
                                   f"{', '.join(bad[:5])} than the experiment's")
@@ -389,8 +405,7 @@ class _Run:
     def settled(self, owners: Mapping[str, int]) -> bool:
         want = set(owners)
         for node in self.running():
-            members = {m.node_id for m in node.cluster.view.members if m.state in _OWNING}
-            if members != want or node.cluster.handoff.outstanding() or node.cluster.handoff.waiting():
+            if node.owning() != want or node.cluster.handoff.outstanding() or node.cluster.handoff.waiting():
                 return False
         return True
 
@@ -398,8 +413,7 @@ class _Run:
         start = trio.current_time()
         while not self.settled(owners):
             if trio.current_time() - start > limit:
-                why = [node.node_id for node in self.running()
-                       if {m.node_id for m in node.cluster.view.members if m.state in _OWNING} != set(owners)]
+                why = [node.node_id for node in self.running() if node.owning() != set(owners)]
                 raise ClusterRunError(f"the cluster did not settle on {len(owners)} nodes within {limit:g} "
                                       f"virtual s ({len(why)} nodes hold another view)")
             await trio.sleep(0.1)

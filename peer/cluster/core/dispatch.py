@@ -156,6 +156,9 @@ class Dispatcher:
         self._local: list[QueuedUrl] = []
         self._recent: dict[bytes, None] = {}
         self._owners: dict[str, _Owner] = {}
+        # owners a tick must look at (entries stored beyond the cursor, or batches unacknowledged), in the order
+        # they became so: a tick's cost follows the owners with work, not every owner this node ever sent to
+        self._active: dict[str, None] = {}
         self._epoch: int | None = None
         self._run = 0
         self._batches = 0
@@ -261,9 +264,11 @@ class Dispatcher:
             self._wake.set()
 
     def _owner(self, peer_id: str) -> _Owner:
+        """The sending state of `peer_id`, which a caller is about to give work: the next tick looks at it."""
         state = self._owners.get(peer_id)
         if state is None:
             state = self._owners[peer_id] = _Owner()
+        self._active[peer_id] = None
         return state
 
     def _replicate(self, new: list[QueuedUrl]) -> Ticket | None:
@@ -304,10 +309,16 @@ class Dispatcher:
         # links are stored at the tick after they were found, so a partial batch stored that many intervals ago
         # goes now: with up to peers_per_interval peers, at the tick that stores it (the design's timer)
         waited = self.config.interval * (math.ceil(peers / self.config.peers_per_interval) - 1)
-        for owner, state in list(self._owners.items()):
+        outbox, active = self.store.outbox, self._active
+        for owner in outbox.changed_owners():  # entries stored by others (a hand-off's forwarded URLs) too
+            self._owner(owner)
+        for owner in list(active):
+            state = self._owners[owner]
             self._resend(owner, state, now)
             young = state.since is not None and now - state.since < waited - 1e-9
             self._send_new(owner, state, now, full_only=full_only or young)
+            if not state.inflight and not state.pending and outbox.newest(owner) <= state.cursor:
+                del active[owner]  # nothing unacknowledged, nothing stored beyond what was batched
 
     def _check_view(self, *, force: bool = False) -> None:
         epoch, ring = self.ring_of()
@@ -508,7 +519,8 @@ class Dispatcher:
 
     def in_flight(self) -> int:
         """Batches sent and not yet acknowledged."""
-        return sum(len(state.inflight) for state in self._owners.values())
+        owners = self._owners
+        return sum(len(owners[owner].inflight) for owner in self._active)  # an owner with some stays active
 
     def in_flight_to(self, owner: str) -> int:
         """Batches sent to `owner` and not yet acknowledged."""

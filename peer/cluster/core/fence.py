@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,8 @@ CONTACT_WINDOW = 2.5
 TAKEOVER_GRACE = 2.0
 #: How often the contact loop counts who was heard from.
 CONTACT_TICK = 0.25
+#: Ticks at most between two counts while a fresh proof of contact keeps the fence off (`contact_loop`).
+_RECOUNT = 16
 
 _OWNING = (MemberState.ALIVE, MemberState.SUSPECT)
 
@@ -76,6 +79,13 @@ class PartitionFence:
         self._until = -math.inf  # the hold after a heal or a freeze
         self._last_tick = math.inf  # set when the contact loop starts
         self._holds: list[tuple[ArcSet, float]] = []  # arcs inherited from dead members, until when
+        # The contact count (`contact_loop`): per member, its silence at the last count; this node's running time
+        # (elapsed time, a stall counted as two ticks at most); the ticks since the last count, as (when the tick
+        # began, the running time after it).
+        self._silent: dict[str, float] = {}
+        self._running = 0.0
+        self._counted = 0.0  # the running time at the last count
+        self._ticks: list[tuple[float, float]] = []
 
     @property
     def hold_seconds(self) -> float:
@@ -113,11 +123,39 @@ class PartitionFence:
             self._holds.append((arcs, until + TAKEOVER_GRACE))
         return until
 
+    def _count(self, owning: list[str]) -> int:
+        """The members heard from within CONTACT_WINDOW (this node counted) after the ticks since the last count;
+        each member's silence brought up to the last of them."""
+        ticks, self._ticks = self._ticks, []
+        counted, self._counted = self._counted, ticks[-1][1]  # the running time at the last count, and now
+        now = ticks[-1][1]
+        begun = [start for start, _running in ticks]
+        silent, heard = self._silent, self.last_heard
+        contact = 1
+        for peer in owning:
+            if peer == self.node_id:
+                continue
+            k = bisect_right(begun, heard.get(peer, -math.inf)) - 1
+            # found heard from by tick k (the last that began at or before it was last heard from): silent for
+            # the running time since; else silent through every tick since the last count
+            quiet = now - ticks[k][1] if k >= 0 else silent.get(peer, 0.0) + now - counted
+            silent[peer] = quiet
+            contact += quiet < CONTACT_WINDOW
+        return contact
+
     async def contact_loop(self) -> None:
         """Every CONTACT_TICK: count, per member owning arcs, how long it has been silent while this node ran (a
-        stall of this node's own is not the peers' silence), and fence this node while most are silent."""
-        silent: dict[str, float] = {}
+        stall of this node's own is not the peers' silence), and fence this node while most are silent.
+
+        The count costs a pass over the members; while a fresh proof of contact keeps the fence off whatever the
+        count, it is put off (up to `_RECOUNT` ticks, or until the view changes): the ticks in between are kept
+        (when each began and this node's running time after it), and the count made then gives every member the
+        silence the tick-by-tick count would have (a member's silence restarts at the last tick that found it
+        heard from: the last one that began at or before its last-heard time)."""
+        self._silent, self._ticks, self._counted = {}, [], self._running
         self._last_tick = trio.current_time()
+        view: View | None = None
+        owning: list[str] = []
         while True:
             last = self._last_tick
             await trio.sleep(CONTACT_TICK)
@@ -131,18 +169,21 @@ class PartitionFence:
                 self._until = max(self._until, now + hold)
                 log.warning("this node was frozen: no fetch starts here for a while",
                             extra={"frozen": elapsed, "hold": hold})
-            owning = [m.node_id for m in self.view().members if m.state in _OWNING]
-            contact = 1
-            for peer in owning:
-                if peer == self.node_id:
-                    continue
-                if self.last_heard.get(peer, -math.inf) >= last:
-                    silent[peer] = 0.0
-                else:
-                    silent[peer] = silent.get(peer, 0.0) + min(elapsed, 2 * CONTACT_TICK)
-                contact += silent[peer] < CONTACT_WINDOW
-            fence = (self.node_id in owning and len(owning) > 1 and 2 * contact <= len(owning)
-                     and now - self.majority_heard() >= CONTACT_WINDOW)
+            current = self.view()
+            if current is not view:
+                if self._ticks:
+                    self._count(owning)  # the ticks before this one counted with the members they had
+                view = current
+                owning = [m.node_id for m in current.members if m.state in _OWNING]
+            self._running += min(elapsed, 2 * CONTACT_TICK)
+            self._ticks.append((last, self._running))
+            proven = now - self.majority_heard() < CONTACT_WINDOW
+            if proven and len(self._ticks) < _RECOUNT:
+                fence = False
+            else:
+                contact = self._count(owning)
+                fence = (self.node_id in owning and len(owning) > 1 and 2 * contact <= len(owning)
+                         and not proven)
             if fence != self._fence:
                 self._fence = fence
                 self.fences += fence

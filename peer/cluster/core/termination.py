@@ -98,6 +98,8 @@ class Termination:
         self.ready = ready  # joined (or started a new cluster) and seeded: progress waves may begin
         self.finished = trio.Event()  # the whole cluster's crawl is finished (set once)
         self._leaving_since: dict[str, float] = {}  # peer -> when this node first saw it LEAVING
+        self._departed_view: View | None = None  # the view `_departing` was found in
+        self._departing: list[str] = []  # its members LEAVING, this node aside
         self.progress = ProgressTree(node_id, members=members, local=self._wave_local, send=self._send_to,
                                      concluded=self._conclude, suspect=self._suspect)
 
@@ -148,13 +150,18 @@ class Termination:
         acknowledge before it went (our answer to its `HandoffAsk`) is cancelled too: a node that left causes no
         view change, and the transfer would keep this node from ever being idle. Returns the peers released."""
         now = trio.current_time()
+        view = self._view()
+        if view is not self._departed_view:  # the members LEAVING, found once per view (a pass over the members)
+            self._departed_view = view
+            self._departing = [m.node_id for m in view.members
+                               if m.state is MemberState.LEAVING and m.node_id != self.node_id]
+            for peer in set(self._leaving_since) - set(self._departing):
+                del self._leaving_since[peer]
+        if not self._departing:
+            return []
         connected = set(self.links.connected_peers())
         released = []
-        for member in self._view().members:
-            peer = member.node_id
-            if member.state is not MemberState.LEAVING or peer == self.node_id:
-                self._leaving_since.pop(peer, None)
-                continue
+        for peer in self._departing:
             since = self._leaving_since.setdefault(peer, now)
             if now - since < LEFT_GRACE or peer in connected:
                 continue
