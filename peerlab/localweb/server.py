@@ -15,6 +15,7 @@ import argparse
 import functools
 import itertools
 import logging
+import os
 import socket as stdlib_socket
 import sys
 import time
@@ -153,9 +154,30 @@ class WebServer:
             elif isinstance(event, h11.ConnectionClosed):
                 return None
 
-    async def _send(self, stream: trio.abc.Stream, data: bytes) -> None:
+    async def _send(self, stream: trio.abc.Stream, data: bytes) -> float:
+        """Send ``data``; the trio time right after its last byte went to the kernel.
+
+        On a socket the bytes are written here, non-blocking, and the time is read before this task yields, so a
+        starved server cannot stamp an answer's end after the client has already read it and sent its next
+        request (``trio``'s ``send_all`` yields once more after its last write, and the task may run again much
+        later). Other streams (memory streams in unit tests) go through ``send_all``."""
+        sock = getattr(stream, "socket", None)
         with trio.fail_after(SEND_TIMEOUT):
-            await stream.send_all(data)
+            if sock is None:
+                await stream.send_all(data)
+                return trio.current_time()
+            view = memoryview(data)
+            while True:
+                try:
+                    view = view[os.write(sock.fileno(), view):]
+                except BlockingIOError:
+                    pass
+                if not view:
+                    break
+                await trio.lowlevel.wait_writable(sock)
+        end = trio.current_time()
+        await trio.lowlevel.checkpoint()
+        return end
 
     async def _answer(self, conn: h11.Connection, stream: trio.abc.Stream, request: h11.Request, conn_id: int) -> bool:
         start, wall_start = trio.current_time(), time.time()
@@ -167,6 +189,7 @@ class WebServer:
         user_agent = headers.get(b"user-agent", b"").decode("utf-8", "replace")
         head_only = request.method == b"HEAD"
         progress = _Progress()
+        end: float | None = None
         try:
             if request.method not in (b"GET", b"HEAD"):
                 answer: Answer | Resource = _plain(405, "only GET and HEAD are served here")
@@ -175,7 +198,7 @@ class WebServer:
             else:
                 answer = render_robots(self.graph, host, path) or await self._resource_answer(host, path, headers)
             if isinstance(answer, Resource):
-                await self._stream_huge(conn, stream, answer, head_only, progress)
+                end = await self._stream_huge(conn, stream, answer, head_only, progress)
                 return True
             progress.status = answer.status
             data = conn.send(h11.Response(status_code=answer.status, headers=[
@@ -183,14 +206,17 @@ class WebServer:
             if answer.body and not head_only:
                 data += conn.send(h11.Data(data=answer.body)) or b""
             data += conn.send(h11.EndOfMessage()) or b""
-            await self._send(stream, data)
+            end = await self._send(stream, data)
             progress.sent = len(data)
             return True
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, ConnectionError):
             return False
         finally:
+            # the end: when the last byte went out, or now for an answer cut short (the client went away)
+            wall_end = time.time() - (trio.current_time() - end if end is not None else 0.0)
             record = RequestRecord(host=host, path=path, status=progress.status, conn_id=conn_id, start=start,
-                                   end=trio.current_time(), wall_start=wall_start, wall_end=time.time(),
+                                   end=end if end is not None else trio.current_time(), wall_start=wall_start,
+                                   wall_end=wall_end,
                                    user_agent=user_agent, bytes_sent=progress.sent, address=_local_address(stream))
             if self._keep_log:
                 self.log.append(record)
@@ -239,7 +265,8 @@ class WebServer:
         return Answer(status=200, body=body, headers=answer.headers + extra)
 
     async def _stream_huge(self, conn: h11.Connection, stream: trio.abc.Stream, res: Resource, head_only: bool,
-                           progress: _Progress) -> None:
+                           progress: _Progress) -> float:
+        """Stream the huge page; the time its last byte went out."""
         progress.status = 200
         head = conn.send(h11.Response(status_code=200, headers=[
             (b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(res.size).encode()),
@@ -250,7 +277,7 @@ class WebServer:
             for chunk in huge_chunks(self.graph, res):
                 await self._send(stream, conn.send(h11.Data(data=chunk)) or b"")
                 progress.sent += len(chunk)
-        await self._send(stream, conn.send(h11.EndOfMessage()) or b"")
+        return await self._send(stream, conn.send(h11.EndOfMessage()) or b"")
 
     def _cached(self, host: str, path: str) -> Answer:
         key = (host, path)
