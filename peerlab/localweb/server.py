@@ -83,9 +83,11 @@ class WebServer:
         on_record: Callable[[RequestRecord], None] | None = None,
         keep_log: bool = True,
         changes: ChangeSchedule | None = None,
+        answer_delay: float = 0.0,
     ) -> None:
         self.graph = graph
         self.changes = changes
+        self.answer_delay = answer_delay
         self.port = port
         self.log: list[RequestRecord] = []
         self._keep_log = keep_log
@@ -191,6 +193,8 @@ class WebServer:
         progress = _Progress()
         end: float | None = None
         try:
+            if self.answer_delay > 0:
+                await trio.sleep(self.answer_delay)
             if request.method not in (b"GET", b"HEAD"):
                 answer: Answer | Resource = _plain(405, "only GET and HEAD are served here")
             elif spec is None:
@@ -356,6 +360,7 @@ async def serve_web(
     reuse_port: bool = False,
     addresses: Sequence[str] = (),
     changes: ChangeSchedule | None = None,
+    answer_delay: float = 0.0,
     task_status: trio.TaskStatus[WebServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``graph`` on ``host:port`` until cancelled; ``nursery.start`` returns the :class:`WebServer`.
@@ -365,7 +370,10 @@ async def serve_web(
     ``addresses`` (loopback addresses such as 127.0.1.1) serves on each of them, on one port, instead of
     ``host``: with ``graph.zone(addresses)`` many host names share each server address, and each logged
     request names the address it came in on (``RequestRecord.address``). ``changes`` makes pages change on a
-    schedule and answer conditional requests (``changes.py``).
+    schedule and answer conditional requests (``changes.py``). ``answer_delay`` makes every answer wait that long
+    after its request was read: a server that takes time to answer, whose log can show requests in service
+    together (without it an answer is written in one step, and a client's concurrent requests are served one
+    after the other).
     """
     listeners = [await _open_listener(addresses[0] if addresses else host, port, reuse_port)]
     try:
@@ -377,7 +385,7 @@ async def serve_web(
             await listener.aclose()
         raise
     await _serve_on(listeners, graph, on_record=on_record, keep_log=keep_log, changes=changes,
-                    task_status=task_status)
+                    answer_delay=answer_delay, task_status=task_status)
 
 
 async def _serve_on(
@@ -387,12 +395,13 @@ async def _serve_on(
     on_record: Callable[[RequestRecord], None] | None,
     keep_log: bool,
     changes: ChangeSchedule | None = None,
+    answer_delay: float = 0.0,
     task_status: trio.TaskStatus[WebServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     if not isinstance(listeners, list):
         listeners = [listeners]
     server = WebServer(graph, port=listeners[0].socket.getsockname()[1], on_record=on_record, keep_log=keep_log,
-                       changes=changes)
+                       changes=changes, answer_delay=answer_delay)
     try:
         task_status.started(server)
         await trio.serve_listeners(server.handle, listeners)
