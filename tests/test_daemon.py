@@ -21,6 +21,7 @@ from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import max_concurrent_connections_per_host, requested_urls
 
 from .support.crawl import child_env, kill_pid, node_config, peerd_argv, start_local_web, urls_fetched
+from .test_cluster_daemons import _get, _post
 
 pytestmark = pytest.mark.slow  # real peerd daemons
 
@@ -45,6 +46,16 @@ async def _run_to_completion(cfg, timeout: float, env: dict[str, str] | None = N
         kill_pid(proc.pid)
 
 
+async def _paused_and_idle(control: str, data_dir) -> None:
+    """Wait until the node reports the crawl paused and no worker busy: from then on it starts no request."""
+    with trio.fail_after(30):
+        while True:
+            status = await _get(control, "/status", data_dir)
+            if status["settings"]["paused"] and not status["queue"]["workers_busy"]:
+                return
+            await trio.sleep(0.05)
+
+
 def _peerctl(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", "import sys; from peer.cli.main import peerctl_main; "
                            "sys.exit(peerctl_main())", *args], capture_output=True, text=True, timeout=30,
@@ -55,29 +66,44 @@ async def test_peerd_status_and_clean_stop_then_resume(tmp_path):
     graph = SiteGraph.generate(seed=11, hosts=10, pages_per_host=10, features=False)
     async with trio.open_nursery() as nursery:
         web, dns = await start_local_web(nursery, graph)
-        # delay 1 s: ten pages per host take ten seconds, so the stop falls mid-crawl even on a busy machine
+        # delay 1 s: ten pages per host take ten seconds, and the crawl is paused after its first requests: what
+        # status shows and where the stop falls do not depend on how long peerctl takes to answer
         cfg = node_config(tmp_path / "n", web, dns, delay=1.0, exit_when_done=False)
         proc = await trio.lowlevel.open_process(peerd_argv(cfg), env=child_env(), stderr=subprocess.PIPE)
         try:
-            await _wait_control(tmp_path / "n", proc)
+            control = await _wait_control(tmp_path / "n", proc)
             with trio.fail_after(30):
                 while len(web.log) < 15:
                     await trio.sleep(0.05)
+            await _post(control, "/pause", tmp_path / "n")
+            await _paused_and_idle(control, tmp_path / "n")
             out = await trio.to_thread.run_sync(_peerctl, "status", "--data-dir", str(tmp_path / "n"), "--json")
             assert out.returncode == 0, out.stderr
             st = json.loads(out.stdout)
             assert st["node_id"] == "test-node" and st["pages"] > 0 and st["done"] is False
+            assert st["settings"]["paused"] is True
             text = await trio.to_thread.run_sync(_peerctl, "status", "--data-dir", str(tmp_path / "n"))
-            assert "node test-node" in text.stdout and "pages" in text.stdout
+            assert "node test-node" in text.stdout and "pages" in text.stdout and "PAUSED" in text.stdout
             proc.send_signal(signal.SIGTERM)
             with trio.fail_after(20):
                 assert await proc.wait() == 0
         finally:
             kill_pid(proc.pid)
         before = len(web.log)
-        # a second node on the same data dir resumes and finishes the crawl
+        # a second node on the same data dir starts paused (the pause is kept over restarts), resumes when told
+        # and finishes the crawl
         cfg = node_config(tmp_path / "n", web, dns, delay=0.05)
-        await _run_to_completion(cfg, 60)
+        (tmp_path / "n" / "control.addr").unlink(missing_ok=True)  # the first node's, left behind
+        proc = await trio.lowlevel.open_process(peerd_argv(cfg), env=child_env())
+        try:
+            control = await _wait_control(tmp_path / "n", proc)
+            assert (await _get(control, "/status", tmp_path / "n"))["settings"]["paused"] is True
+            assert len(web.log) == before
+            await _post(control, "/resume", tmp_path / "n")
+            with trio.fail_after(60):
+                assert await proc.wait() == 0
+        finally:
+            kill_pid(proc.pid)
         nursery.cancel_scope.cancel()
     expected = web.expected()
     assert urls_fetched(web, expected) == set(expected.fetched)

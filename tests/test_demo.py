@@ -223,6 +223,8 @@ def test_the_cluster_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.Capture
     # progress while it crawled, then the experiment's tables
     assert re.search(r"^ +\d+\.\d s  pages +\d+ .*\| A \d+", out, flags=re.MULTILINE), out[:2000]
     assert "C is leaving" in out and "started E (weight 300" in out
+    # the four founders join with the crawl paused: A does not crawl alone while the others start
+    assert "crawl paused until the other 3 founding nodes have joined" in out, out[:2000]
     # the address of the dashboard the first node serves for the whole cluster, with its token in the fragment
     assert re.search(r"^dashboard \(any node serves it for the whole cluster\): http://127\.0\.0\.1:\d+/#token=\S{32,}$",
                      out, flags=re.MULTILINE), out[:2000]

@@ -591,6 +591,8 @@ async def test_live_experiment_runs_real_nodes_through_the_plan(tmp_path: Path) 
     lines: list[str] = []
     result = await live_experiment(plan, tmp_path, progress=lines.append)
     assert result.mode == "live"
+    # the crawl waits, paused, until B and C have joined: A does not crawl the web alone while they start
+    assert "crawl paused until the other 2 founding nodes have joined" in lines, lines
     assert [p.weights for p in result.phases] == [{"A": 150, "B": 80, "C": 200}, {"A": 150, "B": 80, "E": 300}]
     assert not any("crawl finished" in note or "timeout" in note for note in result.notes), (result.notes, lines)
     hosts = [f"h{i:04d}.web.test" for i in range(200)]
@@ -623,6 +625,7 @@ async def test_live_experiment_runs_real_nodes_through_the_plan(tmp_path: Path) 
     # every node this run started has stopped; C left gracefully and handed everything off
     logs = {n: (tmp_path / "nodes" / f"{n}.log").read_text() for n in "ABCE"}
     assert all('"node stopped"' in text for text in logs.values())
+    assert all('"crawl paused"' in logs[n] and '"crawl resumed"' in logs[n] for n in "ABC")  # the founders
     assert '"leave: everything handed off"' in logs["C"]
     assert not (tmp_path / "nodes" / "A").exists()  # data dirs are removed, logs stay
     text, _ = report_mod.write_run(result, tmp_path / "run", plots=False)

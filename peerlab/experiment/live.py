@@ -11,8 +11,10 @@ feature hosts: robots.txt rules, Crawl-delays, redirects, traps). Each node is s
 
 with ``PEERCRAWL_CLUSTER_SECRET`` set to a secret made for the run. The first node starts the cluster; every
 other joins through a running node's peer address (``DIR/peer.addr``). The first node brings the seeds (a
-cluster started without work concludes at once, and for good, that its crawl is finished); the first phase
-starts once every view holds the whole initial cluster.
+cluster started without work concludes at once, and for good, that its crawl is finished) and the crawl is
+paused through it (``POST /pause``) until every other founding node has joined, then resumed: how long each
+start takes does not decide who crawls what. The first phase starts once every view holds the whole initial
+cluster.
 
 ``--exit-when-done`` is given when the plan ends ``when_done``: the cluster's own termination rounds decide that
 the crawl is finished, every node exits by itself, and the run ends once all have. A plan without it ends at
@@ -332,6 +334,11 @@ class _Runner:
         except httpx.HTTPError:
             return False
 
+    async def _steer(self, node: _Node, path: str) -> None:
+        """``/pause`` or ``/resume`` the crawl through ``node`` (it tells the cluster, joiners included)."""
+        if not await self._post(node, path):
+            raise LiveError(f"node {node.node_id} refused POST {path}: {self._tail(node)}")
+
     async def poll(self) -> dict[str, dict[str, Any]]:
         """Read every running (or leaving) node's status; a node that does not answer keeps its last reading."""
         targets = [n for n in self.nodes.values() if n.state in ("running", "leaving")]
@@ -476,8 +483,14 @@ class _Runner:
         # The first node starts the cluster with the seeds (a cluster started without work concludes at once
         # that its crawl is finished, for good); the others join one at a time, each once the cluster has
         # settled (joins at once can leave a node waiting out its hand-off timeout for arcs computed under a
-        # view it skipped). The first phase starts when all are in: what was sent before is not counted.
-        await self.start(*initial[0], seeds=self.seeds)
+        # view it skipped). The crawl is paused from the first node's start until the last founder has joined,
+        # so the first phase runs on the whole cluster however long each node takes to start (on a loaded
+        # machine a start has taken 40 s, in which the first node alone would crawl the web). The first phase
+        # starts when all are in: what was sent before is not counted.
+        founder = await self.start(*initial[0], seeds=self.seeds)
+        if len(initial) > 1:
+            await self._steer(founder, "/pause")
+            self.say(f"crawl paused until the other {len(initial) - 1} founding nodes have joined")
         for i, (node_id, weight) in enumerate(initial[1:], start=2):
             if self.concluded:
                 raise LiveError(f"the cluster finished the crawl before {node_id} could join: the web is too small "
@@ -486,6 +499,8 @@ class _Runner:
             await self.start(node_id, weight, seeds=[])
             await self.settle(dict(initial[:i]))
             self.windows.append((f"{node_id} joins at the start", wall, time.time()))
+        if len(initial) > 1:
+            await self._steer(founder, "/resume")
         self.t0 = trio.current_time()
         self.say(f"cluster of {len(initial)} nodes up in {self.t0 - started:.1f} s; crawling")
         if len(stages) == 1:

@@ -15,6 +15,7 @@ import argparse
 import functools
 import itertools
 import logging
+import os
 import socket as stdlib_socket
 import sys
 import time
@@ -82,9 +83,11 @@ class WebServer:
         on_record: Callable[[RequestRecord], None] | None = None,
         keep_log: bool = True,
         changes: ChangeSchedule | None = None,
+        answer_delay: float = 0.0,
     ) -> None:
         self.graph = graph
         self.changes = changes
+        self.answer_delay = answer_delay
         self.port = port
         self.log: list[RequestRecord] = []
         self._keep_log = keep_log
@@ -153,9 +156,30 @@ class WebServer:
             elif isinstance(event, h11.ConnectionClosed):
                 return None
 
-    async def _send(self, stream: trio.abc.Stream, data: bytes) -> None:
+    async def _send(self, stream: trio.abc.Stream, data: bytes) -> float:
+        """Send ``data``; the trio time right after its last byte went to the kernel.
+
+        On a socket the bytes are written here, non-blocking, and the time is read before this task yields, so a
+        starved server cannot stamp an answer's end after the client has already read it and sent its next
+        request (``trio``'s ``send_all`` yields once more after its last write, and the task may run again much
+        later). Other streams (memory streams in unit tests) go through ``send_all``."""
+        sock = getattr(stream, "socket", None)
         with trio.fail_after(SEND_TIMEOUT):
-            await stream.send_all(data)
+            if sock is None:
+                await stream.send_all(data)
+                return trio.current_time()
+            view = memoryview(data)
+            while True:
+                try:
+                    view = view[os.write(sock.fileno(), view):]
+                except BlockingIOError:
+                    pass
+                if not view:
+                    break
+                await trio.lowlevel.wait_writable(sock)
+        end = trio.current_time()
+        await trio.lowlevel.checkpoint()
+        return end
 
     async def _answer(self, conn: h11.Connection, stream: trio.abc.Stream, request: h11.Request, conn_id: int) -> bool:
         start, wall_start = trio.current_time(), time.time()
@@ -167,7 +191,10 @@ class WebServer:
         user_agent = headers.get(b"user-agent", b"").decode("utf-8", "replace")
         head_only = request.method == b"HEAD"
         progress = _Progress()
+        end: float | None = None
         try:
+            if self.answer_delay > 0:
+                await trio.sleep(self.answer_delay)
             if request.method not in (b"GET", b"HEAD"):
                 answer: Answer | Resource = _plain(405, "only GET and HEAD are served here")
             elif spec is None:
@@ -175,7 +202,7 @@ class WebServer:
             else:
                 answer = render_robots(self.graph, host, path) or await self._resource_answer(host, path, headers)
             if isinstance(answer, Resource):
-                await self._stream_huge(conn, stream, answer, head_only, progress)
+                end = await self._stream_huge(conn, stream, answer, head_only, progress)
                 return True
             progress.status = answer.status
             data = conn.send(h11.Response(status_code=answer.status, headers=[
@@ -183,14 +210,17 @@ class WebServer:
             if answer.body and not head_only:
                 data += conn.send(h11.Data(data=answer.body)) or b""
             data += conn.send(h11.EndOfMessage()) or b""
-            await self._send(stream, data)
+            end = await self._send(stream, data)
             progress.sent = len(data)
             return True
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, ConnectionError):
             return False
         finally:
+            # the end: when the last byte went out, or now for an answer cut short (the client went away)
+            wall_end = time.time() - (trio.current_time() - end if end is not None else 0.0)
             record = RequestRecord(host=host, path=path, status=progress.status, conn_id=conn_id, start=start,
-                                   end=trio.current_time(), wall_start=wall_start, wall_end=time.time(),
+                                   end=end if end is not None else trio.current_time(), wall_start=wall_start,
+                                   wall_end=wall_end,
                                    user_agent=user_agent, bytes_sent=progress.sent, address=_local_address(stream))
             if self._keep_log:
                 self.log.append(record)
@@ -239,7 +269,8 @@ class WebServer:
         return Answer(status=200, body=body, headers=answer.headers + extra)
 
     async def _stream_huge(self, conn: h11.Connection, stream: trio.abc.Stream, res: Resource, head_only: bool,
-                           progress: _Progress) -> None:
+                           progress: _Progress) -> float:
+        """Stream the huge page; the time its last byte went out."""
         progress.status = 200
         head = conn.send(h11.Response(status_code=200, headers=[
             (b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(res.size).encode()),
@@ -250,7 +281,7 @@ class WebServer:
             for chunk in huge_chunks(self.graph, res):
                 await self._send(stream, conn.send(h11.Data(data=chunk)) or b"")
                 progress.sent += len(chunk)
-        await self._send(stream, conn.send(h11.EndOfMessage()) or b"")
+        return await self._send(stream, conn.send(h11.EndOfMessage()) or b"")
 
     def _cached(self, host: str, path: str) -> Answer:
         key = (host, path)
@@ -329,6 +360,7 @@ async def serve_web(
     reuse_port: bool = False,
     addresses: Sequence[str] = (),
     changes: ChangeSchedule | None = None,
+    answer_delay: float = 0.0,
     task_status: trio.TaskStatus[WebServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``graph`` on ``host:port`` until cancelled; ``nursery.start`` returns the :class:`WebServer`.
@@ -338,7 +370,10 @@ async def serve_web(
     ``addresses`` (loopback addresses such as 127.0.1.1) serves on each of them, on one port, instead of
     ``host``: with ``graph.zone(addresses)`` many host names share each server address, and each logged
     request names the address it came in on (``RequestRecord.address``). ``changes`` makes pages change on a
-    schedule and answer conditional requests (``changes.py``).
+    schedule and answer conditional requests (``changes.py``). ``answer_delay`` makes every answer wait that long
+    after its request was read: a server that takes time to answer, whose log can show requests in service
+    together (without it an answer is written in one step, and a client's concurrent requests are served one
+    after the other).
     """
     listeners = [await _open_listener(addresses[0] if addresses else host, port, reuse_port)]
     try:
@@ -350,7 +385,7 @@ async def serve_web(
             await listener.aclose()
         raise
     await _serve_on(listeners, graph, on_record=on_record, keep_log=keep_log, changes=changes,
-                    task_status=task_status)
+                    answer_delay=answer_delay, task_status=task_status)
 
 
 async def _serve_on(
@@ -360,12 +395,13 @@ async def _serve_on(
     on_record: Callable[[RequestRecord], None] | None,
     keep_log: bool,
     changes: ChangeSchedule | None = None,
+    answer_delay: float = 0.0,
     task_status: trio.TaskStatus[WebServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     if not isinstance(listeners, list):
         listeners = [listeners]
     server = WebServer(graph, port=listeners[0].socket.getsockname()[1], on_record=on_record, keep_log=keep_log,
-                       changes=changes)
+                       changes=changes, answer_delay=answer_delay)
     try:
         task_status.started(server)
         await trio.serve_listeners(server.handle, listeners)
