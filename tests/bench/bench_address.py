@@ -8,7 +8,7 @@ The web (peerlab.localweb, features off) serves every host name from one of `--a
 (127.0.3.1...), so --hosts/--addresses host names share each address; its DNS server answers for them. For each
 setting the same crawl runs to the end with `--nodes` real peerd daemons (a cluster when more than one), and the
 figures come from the web's own log: pages, wall time from first to last request, pages/s, the most requests in
-service on one address at once (less 20 ms of the server's end-stamp jitter, see SLACK). The first setting is the reference each ratio is against.
+service on one address at once (less a 20 ms margin for the server's end stamp, see SLACK). The first setting is the reference each ratio is against.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from peerlab.localweb.server import serve_web
 from tests.support.crawl import child_env, kill_pid, node_config, peerd_argv
 
 SECRET = "bench-cluster-secret-0123456789"
-#: The server (one Python process) stamps a request's end when its task next runs; under this load that is up
-#: to about 20 ms after the client read the last byte and sent its next request (measured: batches of end
-#: stamps 17 ms late after a stall), so "in service" takes 20 ms off each end. The strict check, with an
-#: --ip-delay longer than the jitter, is tests/test_address_cluster.py.
+#: The server stamps a request's end right after its last write to the socket, before its task yields; the OS
+#: can still take the server off the CPU between that write and the clock read, so "in service" takes 20 ms off
+#: each end as a margin. The strict check, with no margin for overlaps, is tests/test_address_cluster.py.
 SLACK = 0.02
 
 
