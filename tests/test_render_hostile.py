@@ -51,8 +51,11 @@ async def test_hostile_scripts_are_survived(tmp_path) -> None:  # type: ignore[n
         nursery.cancel_scope.cancel()
     counts = node.stats.render
     pgid = node.crawler.renderer.pgid  # type: ignore[union-attr]
-    # the endless script: stopped at the time limit and the page read as it was
-    assert counts["timed-out"] + counts["failed-timeout"] >= 1, counts
+    # the endless script: stopped at the time limit and the page read as it was, or, on a loaded machine, ended
+    # with its browser when the memory bound's restart came first; either way every render ended
+    assert counts["timed-out"] + counts["failed-timeout"] + counts["failed-crashed"] >= 1, counts
+    ended = counts["rendered"] + counts["timed-out"] + sum(n for k, n in counts.items() if k.startswith("failed-"))
+    assert ended >= 3, counts
     # the popups: none opened a window that fetched, and the script's own link was found
     assert not [path for path in web.log if path.startswith("/popup-")]
     assert "/after-popups.html" in web.log
