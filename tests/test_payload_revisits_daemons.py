@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 import trio
-from warcio.archiveiterator import ArchiveIterator
 
 from peerlab.localweb.graph import SiteGraph, mirror_path
-from tests.support.crawl import start_local_web
+from tests.support.crawl import node_warc_records, start_local_web
 from tests.test_steering_daemons import Daemons
 
 pytestmark = pytest.mark.slow  # real peerd processes
@@ -20,21 +19,12 @@ PROFILE = "http://netpreserve.org/warc/1.1/revisit/identical-payload-digest"
 
 
 def _records(tmp_path, names) -> list[dict]:
-    out = []
-    for name in names:
-        for path in sorted((tmp_path / name / "warc").glob("*.warc.gz")):
-            with open(path, "rb") as fh:
-                for record in ArchiveIterator(fh, check_digests="raise"):
-                    if record.rec_type in ("response", "revisit"):
-                        h = record.rec_headers
-                        out.append({"node": name, "type": record.rec_type, "id": h.get_header("WARC-Record-ID"),
-                                    "uri": h.get_header("WARC-Target-URI"), "date": h.get_header("WARC-Date"),
-                                    "digest": h.get_header("WARC-Payload-Digest"),
-                                    "profile": h.get_header("WARC-Profile"),
-                                    "refers_to": h.get_header("WARC-Refers-To"),
-                                    "refers_uri": h.get_header("WARC-Refers-To-Target-URI"),
-                                    "refers_date": h.get_header("WARC-Refers-To-Date")})
-    return out
+    return [{"node": name, "type": kind, "id": h.get_header("WARC-Record-ID"),
+             "uri": h.get_header("WARC-Target-URI"), "date": h.get_header("WARC-Date"),
+             "digest": h.get_header("WARC-Payload-Digest"), "profile": h.get_header("WARC-Profile"),
+             "refers_to": h.get_header("WARC-Refers-To"), "refers_uri": h.get_header("WARC-Refers-To-Target-URI"),
+             "refers_date": h.get_header("WARC-Refers-To-Date")}
+            for name, kind, h in node_warc_records(tmp_path, names)]
 
 
 async def test_two_nodes_store_each_mirrored_payload_about_once(tmp_path):

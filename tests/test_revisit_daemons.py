@@ -23,13 +23,12 @@ from collections import defaultdict
 
 import pytest
 import trio
-from warcio.archiveiterator import ArchiveIterator
 
 from peerlab.localweb.changes import ChangeSchedule
 from peerlab.localweb.dns_server import serve_dns
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.server import serve_web
-from tests.support.crawl import kill_pid
+from tests.support.crawl import kill_pid, node_warc_records
 from tests.test_steering_daemons import Daemons
 
 pytestmark = pytest.mark.slow  # real peerd processes
@@ -47,17 +46,9 @@ STAGE, SETTLE = 120.0, 120.0
 
 
 def _warc_records(tmp_path, names) -> list[tuple[str, str, str, str | None, str | None, str | None, str]]:
-    out = []
-    for name in names:
-        for path in sorted((tmp_path / name / "warc").glob("*.warc.gz")):
-            with open(path, "rb") as fh:
-                for record in ArchiveIterator(fh, check_digests="raise"):
-                    if record.rec_type in ("response", "revisit"):
-                        h = record.rec_headers
-                        out.append((name, record.rec_type, h.get_header("WARC-Target-URI"), h.get_header("WARC-Date"),
-                                    h.get_header("WARC-Profile"), h.get_header("WARC-Refers-To-Date"),
-                                    h.get_header("WARC-Payload-Digest")))
-    return out
+    return [(name, kind, h.get_header("WARC-Target-URI"), h.get_header("WARC-Date"), h.get_header("WARC-Profile"),
+             h.get_header("WARC-Refers-To-Date"), h.get_header("WARC-Payload-Digest"))
+            for name, kind, h in node_warc_records(tmp_path, names)]
 
 
 async def _fetched_since(web, pages: set[str], since: float, times: int = 1, timeout: float = STAGE) -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -84,3 +85,16 @@ def urls_fetched(web, expected) -> set[str]:
 
 
 __all__: Sequence[str] = ["start_local_web", "node_config", "peerd_argv", "kill_pid", "child_env", "urls_fetched"]
+
+
+def node_warc_records(root: Path, names: Sequence[str]) -> Iterator[tuple[str, str, Any]]:
+    """(node, record type, WARC headers) of every response and revisit record in the WARC files of the nodes
+    whose data dirs are `root / name`, each record's digests checked."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    for name in names:
+        for path in sorted((root / name / "warc").glob("*.warc.gz")):
+            with open(path, "rb") as fh:
+                for record in ArchiveIterator(fh, check_digests="raise"):
+                    if record.rec_type in ("response", "revisit"):
+                        yield name, record.rec_type, record.rec_headers
