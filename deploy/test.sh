@@ -1,14 +1,28 @@
 #!/usr/bin/env bash
-# Set up a virtualenv with the development extras and run the whole test suite on every core (pytest-xdist,
-# `-n auto`; add `-n 0` to run in one process). Tests of an xdist group (the clusters of real daemons) run one
-# after the other on one worker, so two clusters never share the cores; the rest is spread over the workers.
+# Set up a virtualenv with the development extras and run the whole test suite over pytest-xdist workers, two
+# more than the machine has cores (most slow tests wait on daemons and servers more than they compute;
+# PYTEST_WORKERS=N sets the count, `-n 0` runs in one process). The files that start clusters of real
+# daemons run in two lanes, each lane's files one after the other on one worker (tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
-# TYPECHECK=1 (.ci/run sets it): the type checker first, in the same virtualenv; an error stops the run.
-if [ "${TYPECHECK:-}" = 1 ]; then
-    bash deploy/typecheck.sh
+workers=${PYTEST_WORKERS:-$(( $(nproc) + 2 ))}
+# TYPECHECK=1 (.ci/run sets it): the type checker runs beside the tests, in the same virtualenv; an error in
+# either fails the run.
+if [ "${TYPECHECK:-}" != 1 ]; then
+    exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadgroup "$@"
 fi
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadgroup "$@"
+typecheck_log=$(mktemp)
+trap 'rm -f "$typecheck_log"' EXIT
+bash deploy/typecheck.sh >"$typecheck_log" 2>&1 &
+typecheck=$!
+status=0
+.venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadgroup "$@" || status=$?
+echo "type checker:"
+if ! wait "$typecheck"; then
+    status=1
+fi
+cat "$typecheck_log"
+exit "$status"
