@@ -88,6 +88,14 @@ UPLOAD_AT_STOP = 30.0
 RESIDENT_CHECK = 0.25
 
 
+def _publish(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all: scripts and `peerctl` wait for these files to appear and read
+    them at once, so a reader must never see one created but not yet written."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 class NodeError(RuntimeError):
     """The node cannot start or must stop; the message is one line for the operator."""
 
@@ -302,7 +310,7 @@ class Node:
                     self.control_port = await nursery.start(
                         functools.partial(serve_control, chost, cport, self.control.routes(), token=token)
                     )
-                    (self.data_dir / "control.addr").write_text(f"{chost}:{self.control_port}\n")
+                    _publish(self.data_dir / "control.addr", f"{chost}:{self.control_port}\n")
                     await nursery.start(self._syncs, syncs)
                     if self.uploader is not None:
                         await nursery.start(self.uploader.run)
@@ -318,7 +326,7 @@ class Node:
                         await nursery.start(self.exporter.serve)
                     if cluster is not None:
                         await nursery.start(cluster.run)
-                        (self.data_dir / "peer.addr").write_text(f"{cluster.address}\n")
+                        _publish(self.data_dir / "peer.addr", f"{cluster.address}\n")
                         await self._join(cluster)
                     if renderer is not None:
                         await nursery.start(renderer.serve_pool)
