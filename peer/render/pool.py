@@ -1,5 +1,5 @@
 """A node's render pool: one browser, at most `tabs` renders at once, the browser restarted after `max_pages`
-renders or as soon as its processes' memory passes `max_rss` (checked while renders run), or when it dies.
+renders, at once when its processes' memory passes `max_rss` (checked while renders run), or when it dies.
 
 The pool keeps its tabs (`peer.render.tabs.Tab`) from one render to the next, each cleared between two pages;
 a tab whose render failed is closed and a new one opened for the next render.
@@ -90,7 +90,10 @@ class RenderPool:
                     reason = await self._until_restart(browser)
                     if self._ready.is_set():
                         self._ready = trio.Event()  # new renders wait for the next browser
-                    if reason != "died":
+                    # Past its memory bound the browser goes at once, with the renders under way (each is tried
+                    # once more on the next browser): waiting for them would let a page allocating without end
+                    # take the browser as far as its script heap's cap. Other restarts let them finish.
+                    if reason not in ("died", "memory"):
                         with trio.move_on_after(self.limits.time_limit + 5):
                             await self._idle.wait()
                     self._browser = None
