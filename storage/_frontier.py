@@ -4,15 +4,26 @@ Everything lives in LMDB, so memory stays bounded however many URLs are queued, 
 kill -9 resumes where its last commit left it. Databases (all keys begin with the host's ring position, so
 an arc of the ring is one key range; `hp` = position(8) + host + NUL, see `host_prefix`):
 
-- queue:  hp + depth(4, big-endian) + seq(8)  ->  msgpack [url(, hops(, found_on(, crashes(, lastmod, sitemap))))]
-          trailing fields only when set (`_record`), so records written before them read the same.
-          A URL (and a `found_on`) on the key's host is stored without its scheme and host, the host being in
-          the key: msgpack bin, one byte for the scheme (0 http, 1 https) and the rest of the URL (`_pack_url`);
-          any other URL, and every URL of records written before this form, is a msgpack str, read as it is.
-          key order within a host is depth, then arrival: `pop` takes the first key, breadth first.
+- hqueue: position(8) + host number + depth(4, big-endian) + seq(8)
+                                              ->  msgpack [url(, hops(, found_on(, crashes(, lastmod, sitemap))))]
+          The host number tells apart the hosts whose 64-bit positions collide (almost never more than one, so
+          it is 0): one byte for 0 to 254, else 0xFF and 4 bytes, so no host's key prefix is another's. It is
+          this store's own (given when a host's first URL is queued, kept in `hosts`, free again once the host
+          has nothing queued): a hand-off and a replica carry host names, and the receiver numbers its hosts.
+          Trailing record fields only when set (`_record`), so records written before them read the same.
+          A URL (and a `found_on`) on the key's host is stored without its scheme and host: msgpack bin, one
+          byte for the scheme (0 http, 1 https) and the rest of the URL (`_pack_url`); any other URL, and every
+          URL of records written before this form, is a msgpack str, read as it is.
+          Key order within a host is depth, then arrival: `pop` takes the first key, breadth first.
+- queue:  hp + depth(4) + seq(8)               ->  the same record: the queue as stores written before host
+          numbers keep it (the host name in every key). Opening such a store moves it into `hqueue`, some
+          thousands of records per transaction (storage/_hostnumbers.py): a crash in between leaves both
+          halves consistent and the next open goes on.
 - flight: hp + url fingerprint(8)             ->  msgpack [count, queue key, url, hops, found_on(, ...)]
-          a popped URL until `done`; `recover` puts it back under its original queue key.
-- hosts:  hp                                  ->  queued count (8 bytes), for `hosts()`, `hosts_after()`, `queued()`
+          a popped URL until `done`; `recover` puts it back at its place (the depth and sequence of its queue
+          key, under the host's number at that time).
+- hosts:  hp                                  ->  queued count (8 bytes) + host number, for `hosts()`,
+          `hosts_after()`, `queued()` and the queue's keys (a store before host numbers: the count alone)
 - state:  hp                                  ->  msgpack [next_allowed, crawl_delay, backoff, failures, pages]
 - meta:   b"seq"                              ->  last sequence number handed out (8 bytes)
 """
@@ -26,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from ._closing import Closing
+from ._hostnumbers import TAIL, HostNumbers, queued_count
 from ._keys import arc_ranges, host_prefix, url_fingerprint
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv
 from ._records import HostState, QueuedUrl
@@ -35,8 +47,9 @@ if TYPE_CHECKING:
 
 __all__ = ["FRONTIER_DBS", "FrontierStore"]
 
-QUEUE, FLIGHT, HOSTS, STATE, META = b"queue", b"flight", b"hosts", b"state", b"meta"
-FRONTIER_DBS = (QUEUE, FLIGHT, HOSTS, STATE, META)
+QUEUE, FLIGHT, HOSTS, STATE, META = b"hqueue", b"flight", b"hosts", b"state", b"meta"
+OLD_QUEUE = b"queue"  # the queue keyed by host name, as stores before host numbers hold it (moved at open)
+FRONTIER_DBS = (QUEUE, OLD_QUEUE, FLIGHT, HOSTS, STATE, META)
 _SEQ = b"seq"
 _MAX_DEPTH = 2**32 - 1
 _WHOLE_RING = arc_ranges(0, 0)
@@ -91,12 +104,8 @@ def _record(item: QueuedUrl, crashes: int = 0) -> list[object]:
     return record[:2] if item.hops else record[:1]
 
 
-def _item_of(key: bytes, value: bytes) -> QueuedUrl:
-    return _item_from(key, _unpackb(value))
-
-
-def _item_from(key: bytes, record: list[Any]) -> QueuedUrl:
-    host = key[8:-13].decode("utf-8")
+def _item_from(host: str, key: bytes, record: list[Any]) -> QueuedUrl:
+    """The queued URL of `host` whose queue key (either form: only its depth is read) is `key`."""
     n = len(record)
     lastmod, sitemap = record[4:6] if n >= 6 else (None, False)
     url = _unpack_url(record[0], host)
@@ -105,11 +114,6 @@ def _item_from(key: bytes, record: list[Any]) -> QueuedUrl:
         url=url, host=host, depth=int.from_bytes(key[-12:-8], "big"), hops=record[1] if n > 1 else 0,
         found_on=_unpack_url(record[2], host) if n > 2 else None, lastmod=lastmod, sitemap=sitemap,
     )
-
-
-def _crashes_of(value: bytes) -> int:
-    fields = _unpackb(value)
-    return int(fields[3]) if len(fields) > 3 else 0
 
 
 def _state_of(key: bytes, value: bytes) -> HostState:
@@ -139,6 +143,9 @@ class FrontierStore(Closing):
         self._state = env.db(STATE)
         self._meta = env.db(META)
         self._owns_env = owns_env
+        self._numbers = HostNumbers(self._hosts, self._queue)
+        if env.entries(OLD_QUEUE):
+            self._numbers.migrate(env, env.db(OLD_QUEUE))
 
     @classmethod
     def open(
@@ -155,57 +162,55 @@ class FrontierStore(Closing):
 
     # -- transaction-level parts, shared with NodeStore --
 
-    def _count_add(self, txn: Txn, prefix: bytes, delta: int) -> None:
-        old = txn.get(prefix, db=self._hosts)
-        n = (int.from_bytes(old, "big") if old else 0) + delta
-        if n > 0:
-            txn.put(prefix, _u64(n), db=self._hosts)
-        elif old is not None:
-            txn.delete(prefix, db=self._hosts)
-
     def _push_in(self, txn: Txn, items: Sequence[QueuedUrl]) -> None:
         if not items:
             return
         raw = txn.get(_SEQ, db=self._meta)
         seq = int.from_bytes(raw, "big") if raw else 0
-        prefixes: dict[str, bytes] = {}
-        counts: dict[bytes, int] = {}
+        hosts: dict[str, list[Any]] = {}  # host -> [hp, queue-key prefix, count]
         put = txn.put
         queue = self._queue
         for item in items:
-            prefix = prefixes.get(item.host)
-            if prefix is None:
-                prefix = prefixes[item.host] = host_prefix(item.host)
+            host = hosts.get(item.host)
+            if host is None:
+                hp = host_prefix(item.host)
+                count, qp = self._numbers.assign(txn, hp)
+                host = hosts[item.host] = [hp, qp, count]
             depth = item.depth
             if not 0 <= depth <= _MAX_DEPTH:
                 raise ValueError(f"depth must be in [0, 2**32), got {depth} for {item.url!r}")
             seq += 1
-            put(prefix + depth.to_bytes(4, "big") + seq.to_bytes(8, "big"),
-                _packb(_record(item)), db=queue)
-            counts[prefix] = counts.get(prefix, 0) + 1
-        for prefix, n in counts.items():
-            self._count_add(txn, prefix, n)
+            put(host[1] + depth.to_bytes(4, "big") + seq.to_bytes(8, "big"), _packb(_record(item)), db=queue)
+            host[2] += 1
+        for hp, qp, n in hosts.values():
+            self._numbers.set_count(txn, hp, qp, n)
         put(_SEQ, _u64(seq), db=self._meta)
 
     def _pop_in(self, txn: Txn, host: str) -> QueuedUrl | None:
         prefix = host_prefix(host)
+        entry = self._numbers.get(txn, prefix)
+        if entry is None:
+            return None
+        count, qp = entry
         cur = txn.cursor(self._queue)
-        if not cur.set_range(prefix):
+        if not cur.set_range(qp):
             return None
         key = cur.key()
-        if not key.startswith(prefix):
+        if not key.startswith(qp):
             return None
         value = cur.value()
         cur.delete()
-        self._count_add(txn, prefix, -1)
-        item = _item_of(key, value)
+        # the count never frees the number while records are under it (it would go to another host)
+        self._numbers.set_count(txn, prefix, qp, max(count - 1, int(cur.key().startswith(qp))))
+        record = _unpackb(value)
+        item = _item_from(host, key, record)
         fkey = prefix + url_fingerprint(item.url)
         old = txn.get(fkey, db=self._flight)
-        count = _unpackb(old)[0] + 1 if old else 1
+        n = _unpackb(old)[0] + 1 if old else 1
         # A queue value may carry a fourth field: how many times in a row the process stopped with this URL in
         # flight (`recover_in_flight`). It rides along in the flight record; a finished fetch deletes it.
-        crashes = _crashes_of(value)
-        txn.put(fkey, _packb([count, key, *_record(item, crashes)]), db=self._flight)
+        crashes = int(record[3]) if len(record) > 3 else 0
+        txn.put(fkey, _packb([n, key, *_record(item, crashes)]), db=self._flight)
         return item
 
     def _done_in(self, txn: Txn, item: QueuedUrl) -> bool:
@@ -220,6 +225,14 @@ class FrontierStore(Closing):
         else:
             txn.delete(fkey, db=self._flight)
         return True
+
+    def _put_back_in(self, txn: Txn, fkey: bytes, qkey: bytes, item: QueuedUrl, crashes: int) -> None:
+        """Queue an in-flight `item` again at its place: the depth and sequence of its queue key `qkey` (either
+        form), under its host's number now; unless a record is there already."""
+        hp = fkey[:-8]
+        count, qp = self._numbers.assign(txn, hp)
+        added = txn.put(qp + qkey[-TAIL:], _packb(_record(item, crashes)), overwrite=False, db=self._queue)
+        self._numbers.set_count(txn, hp, qp, count + int(added))
 
     # -- queues --
 
@@ -269,12 +282,11 @@ class FrontierStore(Closing):
                         break
                     _count, qkey, *record = _unpackb(cur.value())
                     crashes = (record[3] if len(record) > 3 else 0) + 1
-                    item = _item_from(qkey, record)
+                    item = _item_from(_host_of(fkey[:-8]), qkey, record)
                     if max_crashes and crashes >= max_crashes:
                         dropped.append(item)
                     else:
-                        if txn.put(qkey, _packb(_record(item, crashes)), overwrite=False, db=self._queue):
-                            self._count_add(txn, fkey[:-8], 1)
+                        self._put_back_in(txn, fkey, qkey, item, crashes)
                         n += 1
                     cur.delete()
             return n, dropped
@@ -294,11 +306,15 @@ class FrontierStore(Closing):
         removed: list[QueuedUrl] = []
         for host, urls in by_host.items():
             prefix = host_prefix(host)
+            entry = self._numbers.get(txn, prefix)
+            if entry is None:
+                continue
+            count, qp = entry
             cur = txn.cursor(self._queue)
             gone = 0
-            if cur.set_range(prefix):
-                while cur.key().startswith(prefix):
-                    item = _item_of(cur.key(), cur.value())
+            if cur.set_range(qp):
+                while cur.key().startswith(qp):
+                    item = _item_from(host, cur.key(), _unpackb(cur.value()))
                     if item.url in urls:
                         if not cur.delete():
                             break
@@ -308,7 +324,8 @@ class FrontierStore(Closing):
                     if not cur.next():
                         break
             if gone:
-                self._count_add(txn, prefix, -gone)
+                left = cur.set_range(qp) and cur.key().startswith(qp)
+                self._numbers.set_count(txn, prefix, qp, max(count - gone, int(left)))
         return removed
 
     def _holding_in(self, txn: Txn, urls: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
@@ -322,14 +339,17 @@ class FrontierStore(Closing):
             else:
                 by_host.setdefault(host, set()).add(url)
         for host, wanted in by_host.items():
-            prefix = host_prefix(host)
+            entry = self._numbers.get(txn, host_prefix(host))
+            if entry is None:
+                continue
+            qp = entry[1]
             cur = txn.cursor(self._queue)
-            if not cur.set_range(prefix):
+            if not cur.set_range(qp):
                 continue
             for key, value in cur:
-                if not key.startswith(prefix):
+                if not key.startswith(qp):
                     break
-                url = _item_of(key, value).url
+                url = _item_from(host, key, _unpackb(value)).url
                 if url in wanted:
                     held.add((host, url))
                     wanted.discard(url)
@@ -350,8 +370,7 @@ class FrontierStore(Closing):
                 if old is None:
                     continue
                 _count, qkey, *record = _unpackb(old)
-                if txn.put(qkey, _packb(_record(_item_from(qkey, record))), overwrite=False, db=self._queue):
-                    self._count_add(txn, prefix, 1)
+                self._put_back_in(txn, fkey, qkey, _item_from(item.host, qkey, record), 0)
                 txn.delete(fkey, db=self._flight)
                 n += 1
             return n
@@ -361,7 +380,7 @@ class FrontierStore(Closing):
     def hosts(self) -> Iterator[tuple[str, int]]:
         """Hosts with queued URLs and their counts, in ring order."""
         for key, value in self._env.scan(HOSTS, _WHOLE_RING):
-            yield _host_of(key), int.from_bytes(value, "big")
+            yield _host_of(key), queued_count(value)
 
     def hosts_after(self, host: str | None, limit: int) -> list[tuple[str, int]]:
         """Up to `limit` hosts with queued URLs that come after `host` in ring order (from the first when None),
@@ -378,14 +397,14 @@ class FrontierStore(Closing):
                     ok = cur.next()
             while ok and len(out) < limit:
                 key, value = cur.item()
-                out.append((_host_of(key), int.from_bytes(value, "big")))
+                out.append((_host_of(key), queued_count(value)))
                 ok = cur.next()
         return out
 
     def queued(self, host: str) -> int:
         with self._env.read() as txn:
             raw = txn.get(host_prefix(host), db=self._hosts)
-        return int.from_bytes(raw, "big") if raw else 0
+        return queued_count(raw) if raw else 0
 
     def __len__(self) -> int:
         return self._env.entries(QUEUE)
@@ -398,7 +417,7 @@ class FrontierStore(Closing):
         out = []
         for key, value in self._env.scan(FLIGHT, _WHOLE_RING):
             _count, qkey, *record = _unpackb(value)
-            out.append(_item_from(qkey, record))
+            out.append(_item_from(_host_of(key[:-8]), qkey, record))
         return out
 
     # -- politeness state --
@@ -455,8 +474,37 @@ class FrontierStore(Closing):
 
     def scan_queued(self, *, chunk: int = 4096) -> Iterator[QueuedUrl]:
         """Every queued URL in ring order, read `chunk` at a time in short transactions (never all in memory)."""
-        for key, value in self._env.scan(QUEUE, _WHOLE_RING, chunk=chunk):
-            yield _item_of(key, value)
+        return self._scan_items(_WHOLE_RING, chunk)
+
+    def _scan_items(self, ranges: Sequence[tuple[bytes, bytes]], chunk: int = 4096) -> Iterator[QueuedUrl]:
+        """The queued URLs in `ranges` (as `LmdbEnv.scan`), `chunk` per short read transaction."""
+        for first, last in ranges:
+            at: bytes | None = first
+            while at is not None:
+                with self._env.read() as txn:
+                    items, at = self._items_in(txn, at, last, chunk)
+                yield from items
+
+    def _items_in(self, txn: Txn, at: bytes, last: bytes, limit: int | None) -> tuple[list[QueuedUrl], bytes | None]:
+        """The queued URLs from key `at` on whose position is at most `last`, `limit` at most (None: all), each
+        with its host's name from `hosts`; and the key to go on from when `limit` ended the read, else None."""
+        cur = txn.cursor(self._queue)
+        out: list[QueuedUrl] = []
+        if not cur.set_range(at):
+            return out, None
+        hosts = txn.cursor(self._hosts)
+        qp, host = b"", None
+        for key, value in cur:
+            if key[:8] > last:
+                break
+            if limit is not None and len(out) >= limit:
+                return out, key
+            if key[:-TAIL] != qp:
+                qp = key[:-TAIL]
+                host = self._numbers.host_at(hosts, qp)
+            if host is not None:  # a record under no host's number (none in a consistent store) is not a URL
+                out.append(_item_from(host, key, _unpackb(value)))
+        return out, None
 
     def _put_state_in(self, txn: Txn, state: HostState) -> None:
         txn.put(host_prefix(state.host), _state_value(state), db=self._state)
@@ -473,7 +521,7 @@ class FrontierStore(Closing):
         In-flight URLs are not included: their fetch finishes here and `done` clears them.
         """
         ranges = arc_ranges(start, end)
-        items = [_item_of(key, value) for key, value in self._env.scan(QUEUE, ranges)]
+        items = list(self._scan_items(ranges))
         states = [_state_of(key, value) for key, value in self._env.scan(STATE, ranges)]
         return items, states
 
@@ -483,14 +531,15 @@ class FrontierStore(Closing):
         """`export_arc` of each of `arcs`, in one read transaction per database (the caller bounds how many)."""
         ranges = [arc_ranges(start, end) for start, end in arcs]
         flat = [r for rs in ranges for r in rs]
-        queued = iter(self._env.scan_each(QUEUE, flat))
+        with self._env.read() as txn:
+            queued = iter([self._items_in(txn, first, last, None)[0] for first, last in flat])
         states = iter(self._env.scan_each(STATE, flat))
         out = []
         for rs in ranges:
             items: list[QueuedUrl] = []
             hosts: list[HostState] = []
             for _ in rs:
-                items.extend(_item_of(key, value) for key, value in next(queued))
+                items.extend(next(queued))
                 hosts.extend(_state_of(key, value) for key, value in next(states))
             out.append((items, hosts))
         return out
@@ -508,14 +557,14 @@ class FrontierStore(Closing):
         dropped = 0
         for first, last in ranges:
             while hosts_cur.set_range(first):
-                prefix = hosts_cur.key()
-                if prefix[:8] > last:
+                if hosts_cur.key()[:8] > last:
                     break
-                if queue_cur.set_range(prefix):
-                    while queue_cur.key().startswith(prefix):
-                        queue_cur.delete()
-                        dropped += 1
                 hosts_cur.delete()
+            while queue_cur.set_range(first):
+                if queue_cur.key()[:8] > last:
+                    break
+                queue_cur.delete()
+                dropped += 1
             while state_cur.set_range(first):
                 if state_cur.key()[:8] > last:
                     break
@@ -552,8 +601,9 @@ class FrontierStore(Closing):
                     prefix = hosts_cur.key()
                     if not prefix or prefix[:8] > last:
                         break
-                    if queue_cur.set_range(prefix):
-                        while queue_cur.key().startswith(prefix):
+                    qp = prefix[:8] + hosts_cur.value()[8:]
+                    if len(qp) > 8 and queue_cur.set_range(qp):
+                        while queue_cur.key().startswith(qp):
                             queue_cur.delete()
                             n_items += 1
                     hosts_cur.delete()
@@ -565,6 +615,7 @@ class FrontierStore(Closing):
                 dropped += n_items
                 if n_hosts < hosts_per_txn:
                     break
+        dropped += self._env.delete_ranges(QUEUE, ranges)  # records under no host (none in a consistent store)
         self._env.delete_ranges(STATE, ranges)
         return dropped
 

@@ -35,7 +35,7 @@ import lmdb
 
 from ._errors import StorageError
 
-__all__ = ["DEFAULT_MAP_SIZE", "MAX_MAP_SIZE", "Db", "LmdbEnv", "Txn", "check_data_file", "put_keys"]
+__all__ = ["DEFAULT_MAP_SIZE", "MAX_MAP_SIZE", "Cursor", "Db", "LmdbEnv", "Txn", "check_data_file", "put_keys"]
 
 T = TypeVar("T")
 
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     Txn: TypeAlias = lmdb.Transaction[bytes]
     #: The handle of one named database of the environment.
     Db: TypeAlias = lmdb._Database
+    #: A cursor of such a transaction.
+    Cursor: TypeAlias = lmdb.Cursor[bytes]
 
 DEFAULT_MAP_SIZE = 1 << 30  # the file grows only as pages are used; the map doubles when it fills
 MAX_MAP_SIZE = 1 << 40  # 1 TiB: past this a full map is reported, not grown

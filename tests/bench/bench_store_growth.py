@@ -2,6 +2,7 @@
 
 python -m tests.bench.bench_store_growth [--sizes 100000 1000000 10000000 100000000] [--json FILE]
     [--queued 10000000] [--hosts 1000000] [--seconds 60] [--cgroup-mib 1024] [--evict-every 2] [--dir DIR]
+    [--frontier-only]
 
 For each size, in ascending order, one store (the node's own `NodeStore`, under ``node/state`` as a data
 directory keeps it) grows to ``seen_urls`` seen keys and ``min(--queued, seen_urls / 10)`` queued URLs (links
@@ -35,6 +36,9 @@ URLs), ``file_bytes`` (the data file), ``disk_reads_per_page`` (read_bytes / 409
 the store out of memory), ``staged_urls`` (keys in the seen store's staging table), ``load_s`` and ``start_s`` (from the
 node's start to its first page: its restore reads the host table and the loaded hosts' states). The reference for CPU is
 the first size's figure in the same run (``cpu_ratio``).
+
+``--frontier-only`` loads each size's queued URLs alone, as above, and prints where a queued URL's disk bytes
+go: each frontier database's pages per queued URL, its average key and value, and how full its leaves are.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import time
 import urllib.request
 from contextlib import ExitStack
 from hashlib import blake2b
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +64,7 @@ from peerlab.localweb.bench import REAL_WEB, BenchWeb, start_bench_web
 from ring import host_position_bytes
 from storage import HostState, NodeStore, QueuedUrl
 from storage._dedup import STAGE_MIN, STAGE_SHARE
+from storage._frontier import FRONTIER_DBS
 from tests.bench.bench_crawl import BENCH_DOMAIN, _final_stats, _start_dns, _stop
 
 MiB = 2**20
@@ -416,6 +422,35 @@ def measure(args: argparse.Namespace, store: NodeStore, loader: Loader, size: in
     return row
 
 
+def frontier_bytes(args: argparse.Namespace, size: int, where: Path) -> None:
+    """Queue a size's URLs alone, as `measure` does, and print each frontier database's share of a queued URL's
+    disk bytes: its pages (branch + leaf + overflow) per queued URL, its average key and value, and how full its
+    leaves are (entries with LMDB's 10 bytes of node header and slot against the leaves' space)."""
+    with NodeStore.open(where, map_size=1 << 30, max_map_size=1 << 40) as store:
+        t = time.perf_counter()
+        Loader(store, args.hosts).grow_queued(min(args.queued, size // 10))
+        load_s = time.perf_counter() - t
+        queued = len(store.frontier)
+        env = store._env
+        parts = []
+        with env.read() as txn:
+            for name in FRONTIER_DBS:
+                st = txn.stat(env.db(name))
+                if not st["entries"]:
+                    continue
+                sample = list(islice(txn.cursor(env.db(name)), 100_000))
+                key = sum(len(k) for k, _ in sample) / len(sample)
+                value = sum(len(v) for _, v in sample) / len(sample)
+                pages = st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+                fill = (key + value + 10) * st["entries"] / (st["leaf_pages"] * (st["psize"] - 16))
+                parts.append(f"{name.decode()} {pages * st['psize'] / queued:.1f} (key {key:.1f}, value {value:.1f}, "
+                             f"leaves {fill:.0%} full)")
+        print(f"{queued:>11,} queued over {min(args.hosts, queued):,} hosts: "
+              f"{store.frontier_bytes() / queued:.1f} disk B/queued = " + " + ".join(parts)
+              + f"; loaded in {load_s:.0f} s", flush=True)
+    shutil.rmtree(where, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10**5, 10**6, 10**7, 10**8])
@@ -432,6 +467,9 @@ def main() -> None:
     parser.add_argument("--bulk-from", type=int, default=10**8,
                         help="sizes from this one on start from an empty store whose seen keys are appended sorted")
     parser.add_argument("--json", type=Path, default=None, help="write the rows there")
+    parser.add_argument("--frontier-only", action="store_true",
+                        help="load only each size's queued URLs (no seen keys, no crawl) and print where their "
+                             "disk bytes go, per database")
     parser.add_argument("--cpu-profile", type=Path, default=None, metavar="DIR",
                         help="sample the node's CPU over each measured window into DIR/cpu-SEEN (tests/bench/_cpuprof)")
     args = parser.parse_args()
@@ -443,6 +481,13 @@ def main() -> None:
     if args.evict_every is None:
         args.evict_every = 0.0 if args.cgroup_mib else 2.0
     root = Path(tempfile.mkdtemp(prefix="bench-growth-", dir=args.dir))
+    if args.frontier_only:
+        try:
+            for size in sorted(args.sizes):
+                frontier_bytes(args, size, root / f"frontier-{size}")
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return
     rows: list[dict[str, Any]] = []
     try:
         with ExitStack() as stack:
