@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from peer.cli.format import format_status
-from peer.outputs import ObjectStore, S3Target, Uploader, sign
+from peer.outputs import ObjectStore, S3Target, UploadError, Uploader, file_digest, file_etag, sign
 from peerlab.localweb.graph import SiteGraph
 from storage import NodeStore, WarcPageStore, closed_files
 
@@ -94,9 +94,32 @@ async def test_files_go_once_verified_multipart_and_local_copies_are_removed(s3,
         got = client.get_object(Bucket=BUCKET, Key=f"run1/node-a/{name}")
         assert got["Metadata"]["sha256"] == sha
         assert hashlib.sha256(got["Body"].read()).hexdigest() == sha
-    assert any(store_etag.endswith('-3"') for store_etag in
-               (client.head_object(Bucket=BUCKET, Key=k)["ETag"] for k in objects))  # multipart happened
+    # the server keeps each object's SHA-256 checksum (S3's composite one for a multipart object) and its ETag
+    heads = {name: client.head_object(Bucket=BUCKET, Key=f"run1/node-a/{name}", ChecksumMode="ENABLED")
+             for name in local}
+    for name, head in heads.items():
+        copy = tmp_path / "copy"
+        copy.write_bytes(client.get_object(Bucket=BUCKET, Key=f"run1/node-a/{name}")["Body"].read())
+        assert (head["ChecksumSHA256"], head["ETag"]) == (file_digest(copy, 5 * MIB).checksum,
+                                                        file_etag(copy, 5 * MIB))
+    assert any(head["ChecksumSHA256"].endswith("-3") and head["ETag"].endswith('-3"')
+               for head in heads.values())  # multipart happened
     assert holds == [] and uploader.status()["ok"] is True
+
+
+async def test_a_body_that_does_not_match_its_checksum_is_refused_and_not_stored(s3, tmp_path):
+    path = tmp_path / "f.warc.gz"
+    path.write_bytes(random.Random(1).randbytes(300_000))
+    objects = ObjectStore(_target(s3, "bad"), part_size=5 * MIB)
+    digest = file_digest(path, 5 * MIB)
+    other = digest._replace(parts=(file_digest(__file__, 5 * MIB).parts[0],))  # another body's checksum
+    with pytest.raises(UploadError) as refused:
+        await trio.to_thread.run_sync(objects.put, path, "bad/f.warc.gz", other)
+    assert refused.value.kind == "server" and "BadDigest" in str(refused.value)
+    assert s3.objects("bad/") == {}
+    await trio.to_thread.run_sync(objects.put, path, "bad/f.warc.gz", digest)
+    etag = await trio.to_thread.run_sync(objects.verify, "bad/f.warc.gz", path, digest)
+    assert etag == file_etag(path, 5 * MIB)
 
 
 async def test_refused_credentials_hold_the_crawl_at_the_bound_and_keep_local_keeps_files(s3, tmp_path):

@@ -8,7 +8,7 @@ closed just before a kill -9 is queued at the next start), then sends the queue 
 changed nothing in the directory (`DirWatch`: one `stat`) costs no sweep. Each file goes
 to the key `PREFIX/NODE_ID/FILE`, so sending it again (after a kill mid-upload, or a crash between the upload
 and its record) overwrites the one object rather than adding another. An object is recorded as uploaded only
-when the server's size and ETag match the local file's (`ObjectStore.verify`); the local WARC file is removed
+when the server's size and SHA-256 checksum match the local file's (`ObjectStore.verify`); the local WARC file is removed
 after that record is on disk, unless `keep_local`. A CDXJ index stays (it is about 1/300 of its WARC file): the
 node answers look-ups from it (`GET /cdx`), naming the object its record went to.
 
@@ -165,19 +165,19 @@ class Uploader:
             await self._gone(name, key)
             return
         there = await self._thread(objects.head, key)
-        if there is not None and there[:2] == (digest.size, digest.etag):
-            etag = there[1]  # uploaded before a kill took the record with it: one object, nothing to send
+        if there is not None and await self._thread(objects.matches, there, path, digest):
+            etag = there.etag  # uploaded before a kill took the record with it: one object, nothing to send
         else:
             await self._thread(objects.abort_stale, key)
-            if digest.parts == 1:
+            if len(digest.parts) == 1:
                 await self._thread(objects.put, path, key, digest)
             else:
                 upload_id = await self._thread(objects.start_parts, key, digest)
                 etags = []
-                for number in range(1, digest.parts + 1):
-                    etags.append(await self._thread(objects.put_part, path, key, upload_id, number))
-                await self._thread(objects.finish_parts, key, upload_id, etags)
-            etag = await self._thread(objects.verify, key, digest)
+                for number in range(1, len(digest.parts) + 1):
+                    etags.append(await self._thread(objects.put_part, path, key, upload_id, number, digest))
+                await self._thread(objects.finish_parts, key, upload_id, etags, digest)
+            etag = await self._thread(objects.verify, key, path, digest)
         record = Uploaded(key=key, size=digest.size, sha256=digest.sha256, etag=etag, at=time.time())
         notice = None
         if self.notify and name.endswith(".warc.gz"):
@@ -197,8 +197,8 @@ class Uploader:
         of a verified upload was lost with the machine), else dropped from the queue and counted as lost."""
         there = await self._thread(self.objects.head, key)
         if there is not None:
-            size, etag, sha = there
-            self.uploads.done(name, Uploaded(key=key, size=size, sha256=sha, etag=etag, at=time.time()))
+            self.uploads.done(name, Uploaded(key=key, size=there.size, sha256=there.sha256, etag=there.etag,
+                                             at=time.time()))
             return
         self.uploads.forget(name)
         self.lost_files += 1
