@@ -14,7 +14,9 @@ the crawl.
 Layout, one database `crawllog`:
 
 - `r` + number (8 bytes, big-endian)  ->  msgpack of the record's fields (`LOG_FIELDS`, in that order)
-- `n`                                 ->  the next number (8 bytes)
+- `n`                                 ->  the next number when no record is spooled (8 bytes; while one is,
+                                          the next is one past the last record's: a page's commit then
+                                          writes its record alone)
 - `d`                                 ->  records dropped since the store was made (8 bytes)
 - `m/` + reader name                  ->  the last number that reader handed on (8 bytes)
 """
@@ -35,6 +37,7 @@ __all__ = ["CRAWLLOG_DB", "LOG_FIELDS", "CrawlLogSpool"]
 
 CRAWLLOG_DB = b"crawllog"
 _REC, _NEXT, _DROPS, _MARK = b"r", b"n", b"d", b"m/"
+_PACK = msgpack.Packer(use_bin_type=True).pack  # one packer for every record (packb makes one a call)
 
 #: A record's fields, in the order they are packed: when it was logged (epoch seconds), the HTTP status (or a
 #: negative code for a fetch that got no answer, as Heritrix's), the payload bytes (-1: none), the URL, the
@@ -74,12 +77,21 @@ class CrawlLogSpool:
         cursor = txn.cursor(self._db)
         return _num(cursor.key()[1:]) if cursor.set_range(_REC) and cursor.key()[:1] == _REC else seq
 
+    def _next(self, txn: Txn) -> int:
+        """The next record number: one past the last record's, or `n` when none is spooled (`r` keys sort last)."""
+        cursor = txn.cursor(self._db)
+        if cursor.last():
+            key = cursor.key()
+            if key[:1] == _REC:
+                return int.from_bytes(key[1:], "big") + 1
+        return _num(txn.get(_NEXT, db=self._db))
+
     def _put_in(self, txn: Txn, records: Sequence[Sequence[Any]]) -> int:
         """Spool `records` in the caller's transaction; how many were dropped (the spool was full). Where the
         spool begins is read only when it may be full: `_first_floor` is a number it began at once, and it only
         moves on (records leave from its start), so while the next number is within `limit` of it there is room."""
         db = self._db
-        seq = _num(txn.get(_NEXT, db=db))
+        seq = self._next(txn)
         dropped = 0
         for record in records:
             if seq - self._first_floor >= self.limit:
@@ -87,9 +99,8 @@ class CrawlLogSpool:
                 if seq - self._first_floor >= self.limit:
                     dropped += 1
                     continue
-            txn.put(_REC + seq.to_bytes(8, "big"), msgpack.packb(record, use_bin_type=True), db=db)
+            txn.put(_REC + seq.to_bytes(8, "big"), _PACK(record), db=db, append=True)
             seq += 1
-        txn.put(_NEXT, seq.to_bytes(8, "big"), db=db)
         if dropped:
             txn.put(_DROPS, (_num(txn.get(_DROPS, db=db)) + dropped).to_bytes(8, "big"), db=db)
             self.drops_hint += dropped
@@ -103,24 +114,28 @@ class CrawlLogSpool:
             return 0
         return self._env.write(lambda txn: self._put_in(txn, records))
 
-    def after(self, reader: str, limit: int) -> list[tuple[int, list[Any]]]:
-        """Up to `limit` records `reader` has not handed on yet, in number order: (number, fields)."""
+    def after(self, reader: str, limit: int, *, start: int | None = None) -> list[tuple[int, list[Any]]]:
+        """Up to `limit` records `reader` has not handed on yet, in number order: (number, fields); from number
+        `start` on when given (the caller knows where the reader is)."""
         out: list[tuple[int, list[Any]]] = []
         with self._env.read() as txn:
-            mark = txn.get(_MARK + reader.encode("utf-8"), db=self._db)
-            start = _REC + ((_num(mark) + 1) if mark is not None else 0).to_bytes(8, "big")
+            if start is None:
+                mark = txn.get(_MARK + reader.encode("utf-8"), db=self._db)
+                start = (_num(mark) + 1) if mark is not None else 0
             cursor = txn.cursor(self._db)
-            if not cursor.set_range(start):
+            if not cursor.set_range(_REC + start.to_bytes(8, "big")):
                 return out
+            unpack = msgpack.unpackb
             for key, value in cursor:
                 if key[:1] != _REC or len(out) >= limit:
                     break
-                out.append((_num(key[1:]), msgpack.unpackb(value, raw=False)))
+                out.append((int.from_bytes(key[1:], "big"), unpack(value, raw=False)))
         return out
 
     def handed_on(self, reader: str, through: int) -> int:
         """`reader` has handed on every record up to number `through`: its mark moves there, and the records
-        every reader of this run passed are deleted, in one transaction; how many were deleted."""
+        every reader of this run passed are deleted, in one transaction; how many were deleted (the next number
+        is kept in `n` when the last one goes)."""
         db = self._db
 
         def run(txn: Txn) -> int:
@@ -130,11 +145,19 @@ class CrawlLogSpool:
                 raw = txn.get(_MARK + name.encode("utf-8"), db=db)
                 marks.append(_num(raw) if raw is not None else -1)
             upto = min(marks, default=through)
+            if upto < 0:
+                return 0
             cursor = txn.cursor(db)
             gone = 0
-            while cursor.set_range(_REC) and cursor.key()[:1] == _REC and _num(cursor.key()[1:]) <= upto:
-                cursor.delete()
-                gone += 1
+            last = _REC + upto.to_bytes(8, "big")
+            if cursor.set_range(_REC):
+                key = cursor.key()
+                while key[:1] == _REC and key <= last:
+                    cursor.delete()  # onto the next key ("" past the end)
+                    gone += 1
+                    key = cursor.key()
+            if gone and upto + 1 > _num(txn.get(_NEXT, db=db)):
+                txn.put(_NEXT, (upto + 1).to_bytes(8, "big"), db=db)
             return gone
 
         return self._env.write(run)
@@ -143,7 +166,7 @@ class CrawlLogSpool:
         """How many records `reader` has not handed on, and when the oldest of them was logged (None: none)."""
         with self._env.read() as txn:
             mark = txn.get(_MARK + reader.encode("utf-8"), db=self._db)
-            nxt = _num(txn.get(_NEXT, db=self._db))
+            nxt = self._next(txn)
             start = (_num(mark) + 1) if mark is not None else 0
             cursor = txn.cursor(self._db)
             if not cursor.set_range(_REC + start.to_bytes(8, "big")) or cursor.key()[:1] != _REC:
@@ -161,4 +184,4 @@ class CrawlLogSpool:
             cursor = txn.cursor(self._db)
             if not cursor.set_range(_REC) or cursor.key()[:1] != _REC:
                 return 0
-            return _num(txn.get(_NEXT, db=self._db)) - _num(cursor.key()[1:])
+            return self._next(txn) - _num(cursor.key()[1:])

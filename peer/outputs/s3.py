@@ -87,7 +87,7 @@ class S3Target:
 class FileDigest(NamedTuple):
     size: int
     sha256: str  # hex
-    checksum: str  # the ChecksumSHA256 S3 gives the object when uploaded in parts of `part_size` (base64; "-N": N parts)
+    checksum: str  # the ChecksumSHA256 S3 gives the object sent in parts of `part_size` (base64; "-N": N parts)
     parts: tuple[str, ...]  # each part's SHA-256 (base64); one: a single PUT
 
 
@@ -186,7 +186,8 @@ class ObjectStore:
             t = self.target
             # one attempt per call: the uploader retries with its own back-off and reports each failure
             config = BotoConfig(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=self.timeout,
-                                read_timeout=self.timeout, s3={"addressing_style": "path", "payload_signing_enabled": False},
+                                read_timeout=self.timeout,
+                                s3={"addressing_style": "path", "payload_signing_enabled": False},
                                 signature_version="s3v4",
                                 # the body's check is the SHA-256 checksum given with it (file_digest): neither
                                 # a CRC32 pass nor a SHA-256 for the signature over every body too
@@ -227,7 +228,8 @@ class ObjectStore:
         if got is None:
             return None
         return Stored(size=int(got["ContentLength"]), etag=str(got["ETag"]),
-                      sha256=str(got.get("Metadata", {}).get("sha256", "")), checksum=str(got.get("ChecksumSHA256", "")))
+                      sha256=str(got.get("Metadata", {}).get("sha256", "")),
+                      checksum=str(got.get("ChecksumSHA256", "")))
 
     def put(self, path: Path, key: str, digest: FileDigest) -> None:
         with open(path, "rb") as fh:

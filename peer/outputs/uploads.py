@@ -8,9 +8,9 @@ closed just before a kill -9 is queued at the next start), then sends the queue 
 changed nothing in the directory (`DirWatch`: one `stat`) costs no sweep. Each file goes
 to the key `PREFIX/NODE_ID/FILE`, so sending it again (after a kill mid-upload, or a crash between the upload
 and its record) overwrites the one object rather than adding another. An object is recorded as uploaded only
-when the server's size and SHA-256 checksum match the local file's (`ObjectStore.verify`); the local WARC file is removed
-after that record is on disk, unless `keep_local`. A CDXJ index stays (it is about 1/300 of its WARC file): the
-node answers look-ups from it (`GET /cdx`), naming the object its record went to.
+when the server's size and SHA-256 checksum match the local file's (`ObjectStore.verify`); the local WARC file is
+removed after that record is on disk, unless `keep_local`. A CDXJ index stays (it is about 1/300 of its WARC
+file): the node answers look-ups from it (`GET /cdx`), naming the object its record went to.
 
 A server that is down or refuses the credentials leaves the files queued: the uploader retries with back-off
 (1 s doubling to a minute), the error is in /status, /metrics and the dashboard, and the crawl goes on until
