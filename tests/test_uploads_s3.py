@@ -43,13 +43,13 @@ def _target(server: WeedS3, prefix: str, secret: str = SECRET_KEY) -> S3Target:
                     access_key=ACCESS_KEY, secret_key=secret)
 
 
-def _write_pages(warc: Path, count: int, size: int, max_file_bytes: int) -> None:
+def _write_pages(warc: Path, count: int, size: int, max_file_bytes: int, at: float = 1_700_000_000.0) -> None:
     rng = random.Random(count)
     with WarcPageStore(warc, max_file_bytes=max_file_bytes) as pages:
         for n in range(count):
             pages.store(url=f"http://a.example/{n}", request_headers=[("host", "a.example")], status=200,
                         reason="OK", response_headers=[("content-type", "text/html")], body=rng.randbytes(size),
-                        ip="127.0.0.1", fetched_at=1_700_000_000.0 + n)
+                        ip="127.0.0.1", fetched_at=at + n)
 
 
 def _uploader(store: NodeStore, warc: Path, objects: ObjectStore, holds: list[bool], **kw) -> Uploader:
@@ -105,6 +105,40 @@ async def test_files_go_once_verified_multipart_and_local_copies_are_removed(s3,
     assert any(head["ChecksumSHA256"].endswith("-3") and head["ETag"].endswith('-3"')
                for head in heads.values())  # multipart happened
     assert holds == [] and uploader.status()["ok"] is True
+
+
+class _Counted(ObjectStore):
+    """The real object store, counting the S3 steps it takes."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.steps: list[str] = []
+
+    def _call(self, op: str, **kwargs):
+        self.steps.append(op)
+        return super()._call(op, **kwargs)
+
+
+async def test_a_file_closed_while_the_node_runs_is_sent_without_a_look_first_and_an_inherited_one_with(s3, tmp_path):
+    warc = tmp_path / "warc"
+    _write_pages(warc, count=3, size=20_000, max_file_bytes=1 << 30)  # closed before the uploader starts
+    inherited = {p.name for p in closed_files(warc)}
+    holds: list[bool] = []
+    with NodeStore.open(tmp_path / "state") as store:
+        objects = _Counted(_target(s3, "fresh"), part_size=5 * MIB)
+        uploader = _uploader(store, warc, objects, holds)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(uploader.run)
+            await _until(lambda: uploader.uploaded_files == len(inherited))
+            # an earlier run may have sent these: looked up, stale multipart uploads aborted, sent, verified
+            assert objects.steps == ["head_object", "list_multipart_uploads", "put_object", "head_object"] * 2
+            objects.steps.clear()
+            _write_pages(warc, count=3, size=20_000, max_file_bytes=1 << 30, at=1_700_000_100.0)  # closed now
+            uploader.wake()
+            await _until(lambda: uploader.uploaded_files == len(inherited) + 2)
+            nursery.cancel_scope.cancel()
+        assert objects.steps == ["put_object", "head_object"] * 2  # nobody sent these before: sent, verified
+    assert len(s3.objects("fresh/")) == 4
 
 
 async def test_a_body_that_does_not_match_its_checksum_is_refused_and_not_stored(s3, tmp_path):
