@@ -1,29 +1,40 @@
-"""The crawl log's spool: one record per finished URL, kept in the node's LMDB environment until every reader of
-the log (the local files, the stream) has it.
+"""The crawl log's spool: one record per finished URL, kept in the node's store until every reader of the log (the
+local files, the stream) has it.
 
-A fetched page's record is put in the same transaction that finishes the page (`NodeStore.finish`), so after a
-kill -9 either the page is fetched again and logged then, or its record is here. Each record gets the next number
-of a counter kept in the same table (numbers never repeat, even once the spool is empty): the record id
-`NODE_ID-NUMBER` a consumer can deduplicate on. Each reader keeps its own mark (the last number it has handed on,
-written after the hand-on succeeded: at least once); records every reader passed are deleted.
+A fetched page's record is written in the transaction that finishes the page (`NodeStore.finish`): appended to the
+spool's journal, `crawllog.journal` in the store's directory, in one `write` before the transaction commits. What
+a killed process wrote is in the kernel's page cache, so after a kill -9 either the page is fetched again and
+logged then, or its record is in the journal (a kill between the write and the commit leaves the record of a fetch
+that is made again: two records for the URL, as for any repeated fetch). The journal's records move into the LMDB
+table below in one transaction when a reader looks (`settle`), or at the next open after a kill (a record moved
+already is not moved again), and the journal is emptied: a page's commit writes no page of the table, which cost
+it more than the record's write does. Each record gets the next number (numbers never repeat, even once the spool
+is empty): the record id `NODE_ID-NUMBER` a consumer can deduplicate on. Each reader keeps its own mark (the last
+number it has handed on, written after the hand-on succeeded: at least once); records every reader passed are
+deleted.
 
 The spool is bounded (`limit` records): a record that finds it full is not kept, and the drop is counted here
-(durably, in the same transaction), so a dead broker costs disk up to the bound and then counted records, never
+(durably, in the page's transaction), so a dead broker costs disk up to the bound and then counted records, never
 the crawl.
 
 Layout, one database `crawllog`:
 
 - `r` + number (8 bytes, big-endian)  ->  msgpack of the record's fields (`LOG_FIELDS`, in that order)
 - `n`                                 ->  the next number when no record is spooled (8 bytes; while one is,
-                                          the next is one past the last record's: a page's commit then
-                                          writes its record alone)
+                                          the next is one past the last record's)
+
+The journal: entries of the record's number (8 bytes, big-endian), the length of its packed fields (4 bytes) and
+the fields (msgpack, as in the table).
 - `d`                                 ->  records dropped since the store was made (8 bytes)
 - `m/` + reader name                  ->  the last number that reader handed on (8 bytes)
 """
 
 from __future__ import annotations
 
+import os
+import struct
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -33,11 +44,14 @@ from ._lmdb import LmdbEnv
 if TYPE_CHECKING:
     from ._lmdb import Txn
 
-__all__ = ["CRAWLLOG_DB", "LOG_FIELDS", "CrawlLogSpool"]
+__all__ = ["CRAWLLOG_DB", "JOURNAL", "LOG_FIELDS", "CrawlLogSpool"]
 
 CRAWLLOG_DB = b"crawllog"
 _REC, _NEXT, _DROPS, _MARK = b"r", b"n", b"d", b"m/"
 _PACK = msgpack.Packer(use_bin_type=True).pack  # one packer for every record (packb makes one a call)
+#: The journal's file name, in the store's directory.
+JOURNAL = "crawllog.journal"
+_ENTRY = struct.Struct(">QI")  # a journal entry's head: the record's number and the length of its fields
 
 #: A record's fields, in the order they are packed: when it was logged (epoch seconds), the HTTP status (or a
 #: negative code for a fetch that got no answer, as Heritrix's), the payload bytes (-1: none), the URL, the
@@ -66,19 +80,87 @@ class CrawlLogSpool:
         self.puts = 0
         self.drops_hint = 0
         self._first_floor = 0  # a number the spool began at, at some point (never after where it begins now)
+        self.journal = Path(env.path) / JOURNAL
+        self._fd: int | None = None
+        self._pending: list[tuple[int, bytes]] = []  # in the journal, not yet in the table: (number, fields)
+        self._seq: int | None = None  # the next number, once a put needed it
+        self._last: tuple[object, int] | None = None  # the last record written and its number
+        self._replay()
 
     def configure(self, *, limit: int, readers: Sequence[str]) -> None:
         """The bound and the readers of this run (the node sets them from its configuration at start)."""
         self.limit = limit
         self.readers = tuple(readers)
 
+    # ------------------------------------------------------------------ the journal
+
+    def _replay(self) -> None:
+        """Move into the table what a killed run left in the journal, and empty it."""
+        try:
+            data = self.journal.read_bytes()
+        except FileNotFoundError:
+            return
+        entries: list[tuple[int, bytes]] = []
+        pos, head = 0, _ENTRY.size
+        while pos + head <= len(data):
+            seq, size = _ENTRY.unpack_from(data, pos)
+            if pos + head + size > len(data):
+                break  # an entry cut short (a machine that stopped mid-write): its page was not committed
+            entries.append((seq, data[pos + head:pos + head + size]))
+            pos += head + size
+
+        def run(txn: Txn) -> None:
+            nxt = self._next(txn)
+            for seq, packed in entries:
+                if seq >= nxt:  # not moved yet
+                    txn.put(_REC + seq.to_bytes(8, "big"), packed, db=self._db, append=True)
+                    nxt = seq + 1
+
+        if entries:
+            self._env.write(run)
+        os.truncate(self.journal, 0)
+
+    def _write(self, entries: list[bytes]) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(self._fd, entries[0] if len(entries) == 1 else b"".join(entries))
+
+    def settle(self) -> int:
+        """Move the journal's records into the table in one transaction, then empty the journal; how many."""
+        pending = self._pending
+        if not pending:
+            return 0
+        db = self._db
+
+        def run(txn: Txn) -> None:
+            for seq, packed in pending:
+                txn.put(_REC + seq.to_bytes(8, "big"), packed, db=db, append=True)
+
+        self._env.write(run)
+        self._pending = []
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)  # a kill before this: the next open finds them moved and skips them
+        return len(pending)
+
+    def close(self) -> None:
+        """Settle what is in the journal and close it (the store closes its environment after)."""
+        self.settle()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    # ------------------------------------------------------------------ the table
+
     def _first(self, txn: Txn, seq: int) -> int:
         """The number of the oldest record spooled (`seq`, the next number, when none is)."""
         cursor = txn.cursor(self._db)
-        return _num(cursor.key()[1:]) if cursor.set_range(_REC) and cursor.key()[:1] == _REC else seq
+        if cursor.set_range(_REC) and cursor.key()[:1] == _REC:
+            return _num(cursor.key()[1:])
+        return self._pending[0][0] if self._pending else seq
 
     def _next(self, txn: Txn) -> int:
-        """The next record number: one past the last record's, or `n` when none is spooled (`r` keys sort last)."""
+        """The next record number of the table: one past the last record's, or `n` when none is there (`r` keys
+        sort last)."""
         cursor = txn.cursor(self._db)
         if cursor.last():
             key = cursor.key()
@@ -87,21 +169,33 @@ class CrawlLogSpool:
         return _num(txn.get(_NEXT, db=self._db))
 
     def _put_in(self, txn: Txn, records: Sequence[Sequence[Any]]) -> int:
-        """Spool `records` in the caller's transaction; how many were dropped (the spool was full). Where the
-        spool begins is read only when it may be full: `_first_floor` is a number it began at once, and it only
-        moves on (records leave from its start), so while the next number is within `limit` of it there is room."""
-        db = self._db
-        seq = self._next(txn)
+        """Spool `records` with the caller's transaction: written to the journal now, before it commits; how many
+        were dropped (the spool was full; counted in the transaction). A record put again right after it was (the
+        same object: the transaction run again once the map grew) keeps its number and is not written twice.
+        Where the spool begins is read only when it may be full: `_first_floor` is a number it began at once, and
+        it only moves on (records leave from its start), so while the next number is within `limit` of it there
+        is room."""
+        seq = self._seq if self._seq is not None else self._next(txn)
         dropped = 0
+        entries: list[bytes] = []
         for record in records:
+            if self._last is not None and self._last[0] is record:
+                continue
             if seq - self._first_floor >= self.limit:
                 self._first_floor = self._first(txn, seq)
                 if seq - self._first_floor >= self.limit:
                     dropped += 1
                     continue
-            txn.put(_REC + seq.to_bytes(8, "big"), _PACK(record), db=db, append=True)
+            packed = _PACK(record)
+            entries.append(_ENTRY.pack(seq, len(packed)) + packed)
+            self._pending.append((seq, packed))
+            self._last = (record, seq)
             seq += 1
+        if entries:
+            self._write(entries)
+        self._seq = seq
         if dropped:
+            db = self._db
             txn.put(_DROPS, (_num(txn.get(_DROPS, db=db)) + dropped).to_bytes(8, "big"), db=db)
             self.drops_hint += dropped
         self.puts += 1
@@ -117,6 +211,7 @@ class CrawlLogSpool:
     def after(self, reader: str, limit: int, *, start: int | None = None) -> list[tuple[int, list[Any]]]:
         """Up to `limit` records `reader` has not handed on yet, in number order: (number, fields); from number
         `start` on when given (the caller knows where the reader is)."""
+        self.settle()
         out: list[tuple[int, list[Any]]] = []
         with self._env.read() as txn:
             if start is None:
@@ -164,6 +259,7 @@ class CrawlLogSpool:
 
     def waiting(self, reader: str) -> tuple[int, float | None]:
         """How many records `reader` has not handed on, and when the oldest of them was logged (None: none)."""
+        self.settle()
         with self._env.read() as txn:
             mark = txn.get(_MARK + reader.encode("utf-8"), db=self._db)
             nxt = self._next(txn)
@@ -180,6 +276,7 @@ class CrawlLogSpool:
             return _num(txn.get(_DROPS, db=self._db))
 
     def __len__(self) -> int:
+        self.settle()
         with self._env.read() as txn:
             cursor = txn.cursor(self._db)
             if not cursor.set_range(_REC) or cursor.key()[:1] != _REC:

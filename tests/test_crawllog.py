@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,9 @@ from peer.config import ConfigError, load, stream_target
 from peer.outputs import CrawlLog, LocalLog, StreamLog
 from peer.outputs.crawllog import RotatingFile, StreamError, json_line, record_fields, text_line
 from storage import LOG_FIELDS, NodeStore, QueuedUrl
+from storage._crawllog import JOURNAL
 
+from .support.crawl import child_env, kill_pid
 from .support.redisserver import RedisServer
 
 
@@ -61,6 +65,47 @@ def test_a_page_and_its_record_are_one_commit(store):
     assert popped == item
     store.finish(popped, [], logged=_record(0))
     assert store.crawl_log.after("file", 10) == [(0, _record(0))] and store.frontier.in_flight() == 0
+
+
+_KILLED_CHILD = """
+import sys, time
+from storage import NodeStore, QueuedUrl
+store = NodeStore.open(sys.argv[1])
+store.crawl_log.configure(limit=1000, readers=("file",))
+for n in range(int(sys.argv[2])):
+    item = QueuedUrl(url=f"http://a.example/{n}", host="a.example", depth=1)
+    store.admit([item])
+    store.finish(store.frontier.pop("a.example"), [], logged=[1.7e9 + n, 200, n, item.url, "L", "-", "text/html",
+                                                               1.7e9 + n, 1, "-", "-", "", -1])
+print("committed", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_record_written_with_its_page_survives_a_kill_and_moves_into_the_table_once(tmp_path):
+    """SIGKILL after the pages' commits: their records are in the journal, not yet in the table; the next open
+    moves them there, and an open after a kill between that move and the journal's emptying moves none again."""
+    state = tmp_path / "state"
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, str(state), "30"], stdout=subprocess.PIPE,
+                             text=True, env=child_env())
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "committed\n"
+    finally:
+        kill_pid(child.pid)
+        child.wait()
+    journal = (state / JOURNAL).read_bytes()
+    assert journal
+    with NodeStore.open(state) as store:
+        assert not (state / JOURNAL).read_bytes()  # moved at the open
+        got = store.crawl_log.after("file", 100)
+        assert [seq for seq, _f in got] == list(range(30)) and store.frontier.in_flight() == 0
+        assert [fields[3] for _seq, fields in got] == [f"http://a.example/{n}" for n in range(30)]
+        store.crawl_log.handed_on("file", 9)
+    (state / JOURNAL).write_bytes(journal)  # as if killed between the move's commit and the journal's emptying
+    with NodeStore.open(state) as store:
+        assert [seq for seq, _f in store.crawl_log.after("file", 100)] == list(range(10, 30))
+        store.crawl_log.put([_record(99)])
+        assert store.crawl_log.after("file", 100)[-1] == (30, _record(99))  # numbered on, never again
 
 
 def test_past_its_bound_the_spool_drops_and_counts_durably(tmp_path):
