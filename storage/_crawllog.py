@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from ._errors import StorageError
 from ._lmdb import LmdbEnv
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class CrawlLogSpool:
         self._first_floor = 0  # a number the spool began at, at some point (never after where it begins now)
         self.journal = Path(env.path) / JOURNAL
         self._fd: int | None = None
+        self._size = 0  # bytes of whole entries in the journal
         self._pending: list[tuple[int, bytes]] = []  # in the journal, not yet in the table: (number, fields)
         self._seq: int | None = None  # the next number, once a put needed it
         self._last: tuple[object, int] | None = None  # the last record written and its number
@@ -121,9 +123,18 @@ class CrawlLogSpool:
         os.truncate(self.journal, 0)
 
     def _write(self, entries: list[bytes]) -> None:
-        if self._fd is None:
-            self._fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(self._fd, entries[0] if len(entries) == 1 else b"".join(entries))
+        """Append to the journal (a disk that refuses it fails the page's transaction, as a full store would)."""
+        data = entries[0] if len(entries) == 1 else b"".join(entries)
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            written = os.write(self._fd, data)
+            if written != len(data):  # a disk full mid-entry: the entry cut off again, so none follows a torn one
+                os.ftruncate(self._fd, self._size)
+                raise OSError(28, "no space left for the whole entry")
+        except OSError as exc:
+            raise StorageError(f"cannot write the crawl log's journal {self.journal}: {exc.strerror or exc}") from exc
+        self._size += len(data)
 
     def settle(self) -> int:
         """Move the journal's records into the table in one transaction, then empty the journal; how many."""
@@ -140,6 +151,7 @@ class CrawlLogSpool:
         self._pending = []
         if self._fd is not None:
             os.ftruncate(self._fd, 0)  # a kill before this: the next open finds them moved and skips them
+        self._size = 0
         return len(pending)
 
     def close(self) -> None:
@@ -151,12 +163,13 @@ class CrawlLogSpool:
 
     # ------------------------------------------------------------------ the table
 
-    def _first(self, txn: Txn, seq: int) -> int:
-        """The number of the oldest record spooled (`seq`, the next number, when none is)."""
+    def _first(self, txn: Txn, seq: int, kept: Sequence[tuple[int, bytes]] = ()) -> int:
+        """The number of the oldest record spooled, in the table, the journal or `kept` (`seq`, the next number,
+        when none is)."""
         cursor = txn.cursor(self._db)
         if cursor.set_range(_REC) and cursor.key()[:1] == _REC:
             return _num(cursor.key()[1:])
-        return self._pending[0][0] if self._pending else seq
+        return (self._pending or kept or ((seq, b""),))[0][0]
 
     def _next(self, txn: Txn) -> int:
         """The next record number of the table: one past the last record's, or `n` when none is there (`r` keys
@@ -178,22 +191,25 @@ class CrawlLogSpool:
         seq = self._seq if self._seq is not None else self._next(txn)
         dropped = 0
         entries: list[bytes] = []
+        kept: list[tuple[int, bytes]] = []
+        last = self._last
         for record in records:
-            if self._last is not None and self._last[0] is record:
+            if last is not None and last[0] is record:
                 continue
             if seq - self._first_floor >= self.limit:
-                self._first_floor = self._first(txn, seq)
+                self._first_floor = self._first(txn, seq, kept)
                 if seq - self._first_floor >= self.limit:
                     dropped += 1
                     continue
             packed = _PACK(record)
             entries.append(_ENTRY.pack(seq, len(packed)) + packed)
-            self._pending.append((seq, packed))
-            self._last = (record, seq)
+            kept.append((seq, packed))
+            last = (record, seq)
             seq += 1
         if entries:
-            self._write(entries)
-        self._seq = seq
+            self._write(entries)  # raises: nothing kept, the numbers not taken
+            self._pending.extend(kept)
+        self._last, self._seq = last, seq
         if dropped:
             db = self._db
             txn.put(_DROPS, (_num(txn.get(_DROPS, db=db)) + dropped).to_bytes(8, "big"), db=db)

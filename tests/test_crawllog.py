@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from peer.config import ConfigError, load, stream_target
 from peer.outputs import CrawlLog, LocalLog, StreamLog
 from peer.outputs.crawllog import RotatingFile, StreamError, json_line, record_fields, text_line
-from storage import LOG_FIELDS, NodeStore, QueuedUrl
+from storage import LOG_FIELDS, NodeStore, QueuedUrl, StorageError
 from storage._crawllog import JOURNAL
 
 from .support.crawl import child_env, kill_pid
@@ -106,6 +106,16 @@ def test_a_record_written_with_its_page_survives_a_kill_and_moves_into_the_table
         assert [seq for seq, _f in store.crawl_log.after("file", 100)] == list(range(10, 30))
         store.crawl_log.put([_record(99)])
         assert store.crawl_log.after("file", 100)[-1] == (30, _record(99))  # numbered on, never again
+
+
+def test_a_record_the_disk_refuses_fails_its_pages_commit(store, tmp_path):
+    (tmp_path / "state" / JOURNAL).mkdir()  # the journal cannot be opened for writing
+    item = QueuedUrl(url="http://a.example/x", host="a.example", depth=1)
+    store.admit([item])
+    popped = store.frontier.pop("a.example")
+    with pytest.raises(StorageError, match="journal"):
+        store.finish(popped, [], logged=_record(0))
+    assert store.frontier.in_flight() == 1  # the page is not finished: fetched again, and logged then
 
 
 def test_past_its_bound_the_spool_drops_and_counts_durably(tmp_path):
