@@ -129,6 +129,7 @@ def file_digest(path: str | os.PathLike[str], part_size: int) -> FileDigest:
             parts.append(part.digest() if part is not None else b"")
             if left:
                 break
+    sums: tuple[str, ...]
     if len(parts) == 1:
         sums = (_b64(whole.digest()),)
         checksum = sums[0]
