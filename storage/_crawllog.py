@@ -5,13 +5,15 @@ A fetched page's record is written in the transaction that finishes the page (`N
 spool's journal, `crawllog.journal` in the store's directory, in one `write` before the transaction commits. What
 a killed process wrote is in the kernel's page cache, so after a kill -9 either the page is fetched again and
 logged then, or its record is in the journal (a kill between the write and the commit leaves the record of a fetch
-that is made again: two records for the URL, as for any repeated fetch). The journal's records move into the LMDB
-table below in one transaction when a reader looks (`settle`), or at the next open after a kill (a record moved
-already is not moved again), and the journal is emptied: a page's commit writes no page of the table, which cost
-it more than the record's write does. Each record gets the next number (numbers never repeat, even once the spool
-is empty): the record id `NODE_ID-NUMBER` a consumer can deduplicate on. Each reader keeps its own mark (the last
-number it has handed on, written after the hand-on succeeded: at least once); records every reader passed are
-deleted.
+that is made again: two records for the URL, as for any repeated fetch). The readers take the journal's records
+from memory; once every reader has handed some on, the journal is emptied and what it held besides moves into the
+LMDB table below in one transaction (so does all of it when it piles up, a reader being behind, and at the next
+open after a kill, where a record every reader passed or already moved is not moved again). A page's commit thus
+writes no page of the table, and a record the readers keep up with never enters it.
+
+Each record gets the next number (numbers never repeat, even once the spool is empty): the record id
+`NODE_ID-NUMBER` a consumer can deduplicate on. Each reader keeps its own mark (the last number it has handed on,
+written after the hand-on succeeded: at least once); records every reader passed are deleted.
 
 The spool is bounded (`limit` records): a record that finds it full is not kept, and the drop is counted here
 (durably, in the page's transaction), so a dead broker costs disk up to the bound and then counted records, never
@@ -20,13 +22,14 @@ the crawl.
 Layout, one database `crawllog`:
 
 - `r` + number (8 bytes, big-endian)  ->  msgpack of the record's fields (`LOG_FIELDS`, in that order)
-- `n`                                 ->  the next number when no record is spooled (8 bytes; while one is,
-                                          the next is one past the last record's)
+- `n`                                 ->  one past the last number every reader passed (8 bytes): the next
+                                          number when no record is in the table (while one is, the next is
+                                          one past the last record's)
+- `d`                                 ->  records dropped since the store was made (8 bytes)
+- `m/` + reader name                  ->  the last number that reader handed on (8 bytes)
 
 The journal: entries of the record's number (8 bytes, big-endian), the length of its packed fields (4 bytes) and
 the fields (msgpack, as in the table).
-- `d`                                 ->  records dropped since the store was made (8 bytes)
-- `m/` + reader name                  ->  the last number that reader handed on (8 bytes)
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ _REC, _NEXT, _DROPS, _MARK = b"r", b"n", b"d", b"m/"
 _PACK = msgpack.Packer(use_bin_type=True).pack  # one packer for every record (packb makes one a call)
 #: The journal's file name, in the store's directory.
 JOURNAL = "crawllog.journal"
+#: Records kept in the journal (and memory) at most; past it they move into the table (a reader is behind).
+PENDING_BOUND = 2000
 _ENTRY = struct.Struct(">QI")  # a journal entry's head: the record's number and the length of its fields
 
 #: A record's fields, in the order they are packed: when it was logged (epoch seconds), the HTTP status (or a
@@ -149,10 +154,13 @@ class CrawlLogSpool:
 
         self._env.write(run)
         self._pending = []
-        if self._fd is not None:
-            os.ftruncate(self._fd, 0)  # a kill before this: the next open finds them moved and skips them
-        self._size = 0
+        self._empty_journal()  # a kill before this: the next open finds them moved and skips them
         return len(pending)
+
+    def _empty_journal(self) -> None:
+        if self._fd is not None and self._size:
+            os.ftruncate(self._fd, 0)
+        self._size = 0
 
     def close(self) -> None:
         """Settle what is in the journal and close it (the store closes its environment after)."""
@@ -226,30 +234,37 @@ class CrawlLogSpool:
 
     def after(self, reader: str, limit: int, *, start: int | None = None) -> list[tuple[int, list[Any]]]:
         """Up to `limit` records `reader` has not handed on yet, in number order: (number, fields); from number
-        `start` on when given (the caller knows where the reader is)."""
-        self.settle()
+        `start` on when given (the caller knows where the reader is). From the table, then from the journal's
+        records in memory (moved into the table first when they pile up: readers that cannot hand on)."""
+        if len(self._pending) > PENDING_BOUND:
+            self.settle()
         out: list[tuple[int, list[Any]]] = []
+        unpack = msgpack.unpackb
         with self._env.read() as txn:
             if start is None:
                 mark = txn.get(_MARK + reader.encode("utf-8"), db=self._db)
                 start = (_num(mark) + 1) if mark is not None else 0
             cursor = txn.cursor(self._db)
-            if not cursor.set_range(_REC + start.to_bytes(8, "big")):
-                return out
-            unpack = msgpack.unpackb
-            for key, value in cursor:
-                if key[:1] != _REC or len(out) >= limit:
-                    break
-                out.append((int.from_bytes(key[1:], "big"), unpack(value, raw=False)))
+            if cursor.set_range(_REC + start.to_bytes(8, "big")):
+                for key, value in cursor:
+                    if key[:1] != _REC or len(out) >= limit:
+                        break
+                    out.append((int.from_bytes(key[1:], "big"), unpack(value, raw=False)))
+        pending = self._pending
+        if len(out) < limit and pending:
+            first = out[-1][0] + 1 if out else start
+            at = max(0, first - pending[0][0])  # the journal's records are numbered one after another
+            out.extend((seq, unpack(packed, raw=False)) for seq, packed in pending[at:at + limit - len(out)])
         return out
 
     def handed_on(self, reader: str, through: int) -> int:
-        """`reader` has handed on every record up to number `through`: its mark moves there, and the records
-        every reader of this run passed are deleted, in one transaction; how many were deleted (the next number
-        is kept in `n` when the last one goes)."""
+        """`reader` has handed on every record up to number `through`: its mark moves there, the records every
+        reader of this run passed are deleted, and `n` moves past them, in one transaction; how many were
+        deleted. Records every reader passed while they were only in the journal never go into the table: the
+        rest of the journal is moved there, and the journal emptied."""
         db = self._db
 
-        def run(txn: Txn) -> int:
+        def run(txn: Txn) -> tuple[int, int]:
             txn.put(_MARK + reader.encode("utf-8"), through.to_bytes(8, "big"), db=db)
             marks = []
             for name in self.readers:
@@ -257,7 +272,7 @@ class CrawlLogSpool:
                 marks.append(_num(raw) if raw is not None else -1)
             upto = min(marks, default=through)
             if upto < 0:
-                return 0
+                return 0, upto
             cursor = txn.cursor(db)
             gone = 0
             last = _REC + upto.to_bytes(8, "big")
@@ -267,24 +282,39 @@ class CrawlLogSpool:
                     cursor.delete()  # onto the next key ("" past the end)
                     gone += 1
                     key = cursor.key()
-            if gone and upto + 1 > _num(txn.get(_NEXT, db=db)):
+            if upto + 1 > _num(txn.get(_NEXT, db=db)):  # a killed run's journal: these are not moved again
                 txn.put(_NEXT, (upto + 1).to_bytes(8, "big"), db=db)
-            return gone
+            return gone, upto
 
-        return self._env.write(run)
+        gone, upto = self._env.write(run)
+        pending = self._pending
+        if pending and pending[0][0] <= upto:
+            passed = min(len(pending), upto + 1 - pending[0][0])
+            gone += passed
+            self._pending = pending[passed:]
+            if self._pending:
+                self.settle()
+            else:
+                self._empty_journal()
+        elif len(pending) > PENDING_BOUND:
+            self.settle()
+        return gone
 
     def waiting(self, reader: str) -> tuple[int, float | None]:
         """How many records `reader` has not handed on, and when the oldest of them was logged (None: none)."""
-        self.settle()
         with self._env.read() as txn:
             mark = txn.get(_MARK + reader.encode("utf-8"), db=self._db)
-            nxt = self._next(txn)
+            nxt = self._seq if self._seq is not None else self._next(txn)
             start = (_num(mark) + 1) if mark is not None else 0
             cursor = txn.cursor(self._db)
-            if not cursor.set_range(_REC + start.to_bytes(8, "big")) or cursor.key()[:1] != _REC:
-                return 0, None
-            first = _num(cursor.key()[1:])
-            return nxt - first, float(msgpack.unpackb(cursor.value(), raw=False)[0])
+            if cursor.set_range(_REC + start.to_bytes(8, "big")) and cursor.key()[:1] == _REC:
+                return nxt - _num(cursor.key()[1:]), float(msgpack.unpackb(cursor.value(), raw=False)[0])
+        pending = self._pending
+        at = max(0, start - pending[0][0]) if pending else 0
+        if at >= len(pending):
+            return 0, None
+        seq, packed = pending[at]
+        return nxt - seq, float(msgpack.unpackb(packed, raw=False)[0])
 
     def dropped(self) -> int:
         """Records not kept because the spool was full, since the store was made."""
@@ -292,9 +322,6 @@ class CrawlLogSpool:
             return _num(txn.get(_DROPS, db=self._db))
 
     def __len__(self) -> int:
-        self.settle()
         with self._env.read() as txn:
-            cursor = txn.cursor(self._db)
-            if not cursor.set_range(_REC) or cursor.key()[:1] != _REC:
-                return 0
-            return self._next(txn) - _num(cursor.key()[1:])
+            nxt = self._seq if self._seq is not None else self._next(txn)
+            return nxt - self._first(txn, nxt)

@@ -19,7 +19,7 @@ from peer.config import ConfigError, load, stream_target
 from peer.outputs import CrawlLog, LocalLog, StreamLog
 from peer.outputs.crawllog import RotatingFile, StreamError, json_line, record_fields, text_line
 from storage import LOG_FIELDS, NodeStore, QueuedUrl, StorageError
-from storage._crawllog import JOURNAL
+from storage._crawllog import CRAWLLOG_DB, JOURNAL
 
 from .support.crawl import child_env, kill_pid
 from .support.redisserver import RedisServer
@@ -106,6 +106,37 @@ def test_a_record_written_with_its_page_survives_a_kill_and_moves_into_the_table
         assert [seq for seq, _f in store.crawl_log.after("file", 100)] == list(range(10, 30))
         store.crawl_log.put([_record(99)])
         assert store.crawl_log.after("file", 100)[-1] == (30, _record(99))  # numbered on, never again
+
+
+def _table(store: NodeStore) -> list[int]:
+    """The record numbers in the spool's LMDB table (not the journal)."""
+    with store._env.read() as txn:
+        return [int.from_bytes(key[1:], "big") for key, _v in txn.cursor(store._env.db(CRAWLLOG_DB))
+                if key[:1] == b"r"]
+
+
+def test_records_every_reader_keeps_up_with_never_enter_the_table(tmp_path):
+    state = tmp_path / "state"
+    with NodeStore.open(state) as store:
+        spool = store.crawl_log
+        spool.configure(limit=100, readers=("file", "stream"))
+        spool.put([_record(n) for n in range(5)])
+        journal = (state / JOURNAL).read_bytes()
+        assert journal and _table(store) == []
+        assert [seq for seq, _f in spool.after("file", 10)] == [0, 1, 2, 3, 4]
+        spool.handed_on("file", 4)  # the stream has passed none: all stay
+        assert (state / JOURNAL).read_bytes() == journal and _table(store) == [] and len(spool) == 5
+        assert spool.waiting("stream") == (5, _record(0)[0]) and spool.waiting("file") == (0, None)
+        assert [seq for seq, _f in spool.after("stream", 3)] == [0, 1, 2]
+        assert spool.handed_on("stream", 2) == 3  # 0-2 passed by both, never in the table; 3 and 4 move there
+        assert _table(store) == [3, 4] and not (state / JOURNAL).read_bytes()
+        assert spool.after("stream", 10) == [(3, _record(3)), (4, _record(4))] and spool.waiting("stream")[0] == 2
+    (state / JOURNAL).write_bytes(journal)  # as if killed between the marks' commit and the journal's emptying
+    with NodeStore.open(state) as store:
+        assert _table(store) == [3, 4]  # what every reader passed is not moved again, nor what is there
+        store.crawl_log.configure(limit=100, readers=("file", "stream"))
+        assert [seq for seq, _f in store.crawl_log.after("stream", 10)] == [3, 4]
+        assert store.crawl_log.after("file", 10) == []
 
 
 def test_a_record_the_disk_refuses_fails_its_pages_commit(store, tmp_path):
