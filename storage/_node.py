@@ -369,6 +369,7 @@ class NodeStore(Closing):
         return self._env.db_bytes(FRONTIER_DBS)
 
     def close(self) -> None:
+        self.crawl_log.close()
         self._env.close()
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,10 @@ from hypothesis import strategies as st
 from peer.config import ConfigError, load, stream_target
 from peer.outputs import CrawlLog, LocalLog, StreamLog
 from peer.outputs.crawllog import RotatingFile, StreamError, json_line, record_fields, text_line
-from storage import LOG_FIELDS, NodeStore, QueuedUrl
+from storage import LOG_FIELDS, NodeStore, QueuedUrl, StorageError
+from storage._crawllog import CRAWLLOG_DB, JOURNAL
 
+from .support.crawl import child_env, kill_pid
 from .support.redisserver import RedisServer
 
 
@@ -61,6 +65,88 @@ def test_a_page_and_its_record_are_one_commit(store):
     assert popped == item
     store.finish(popped, [], logged=_record(0))
     assert store.crawl_log.after("file", 10) == [(0, _record(0))] and store.frontier.in_flight() == 0
+
+
+_KILLED_CHILD = """
+import sys, time
+from storage import NodeStore, QueuedUrl
+store = NodeStore.open(sys.argv[1])
+store.crawl_log.configure(limit=1000, readers=("file",))
+for n in range(int(sys.argv[2])):
+    item = QueuedUrl(url=f"http://a.example/{n}", host="a.example", depth=1)
+    store.admit([item])
+    store.finish(store.frontier.pop("a.example"), [], logged=[1.7e9 + n, 200, n, item.url, "L", "-", "text/html",
+                                                               1.7e9 + n, 1, "-", "-", "", -1])
+print("committed", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_record_written_with_its_page_survives_a_kill_and_moves_into_the_table_once(tmp_path):
+    """SIGKILL after the pages' commits: their records are in the journal, not yet in the table; the next open
+    moves them there, and an open after a kill between that move and the journal's emptying moves none again."""
+    state = tmp_path / "state"
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, str(state), "30"], stdout=subprocess.PIPE,
+                             text=True, env=child_env())
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "committed\n"
+    finally:
+        kill_pid(child.pid)
+        child.wait()
+    journal = (state / JOURNAL).read_bytes()
+    assert journal
+    with NodeStore.open(state) as store:
+        assert not (state / JOURNAL).read_bytes()  # moved at the open
+        got = store.crawl_log.after("file", 100)
+        assert [seq for seq, _f in got] == list(range(30)) and store.frontier.in_flight() == 0
+        assert [fields[3] for _seq, fields in got] == [f"http://a.example/{n}" for n in range(30)]
+        store.crawl_log.handed_on("file", 9)
+    (state / JOURNAL).write_bytes(journal)  # as if killed between the move's commit and the journal's emptying
+    with NodeStore.open(state) as store:
+        assert [seq for seq, _f in store.crawl_log.after("file", 100)] == list(range(10, 30))
+        store.crawl_log.put([_record(99)])
+        assert store.crawl_log.after("file", 100)[-1] == (30, _record(99))  # numbered on, never again
+
+
+def _table(store: NodeStore) -> list[int]:
+    """The record numbers in the spool's LMDB table (not the journal)."""
+    with store._env.read() as txn:
+        return [int.from_bytes(key[1:], "big") for key, _v in txn.cursor(store._env.db(CRAWLLOG_DB))
+                if key[:1] == b"r"]
+
+
+def test_records_every_reader_keeps_up_with_never_enter_the_table(tmp_path):
+    state = tmp_path / "state"
+    with NodeStore.open(state) as store:
+        spool = store.crawl_log
+        spool.configure(limit=100, readers=("file", "stream"))
+        spool.put([_record(n) for n in range(5)])
+        journal = (state / JOURNAL).read_bytes()
+        assert journal and _table(store) == []
+        assert [seq for seq, _f in spool.after("file", 10)] == [0, 1, 2, 3, 4]
+        spool.handed_on("file", 4)  # the stream has passed none: all stay
+        assert (state / JOURNAL).read_bytes() == journal and _table(store) == [] and len(spool) == 5
+        assert spool.waiting("stream") == (5, _record(0)[0]) and spool.waiting("file") == (0, None)
+        assert [seq for seq, _f in spool.after("stream", 3)] == [0, 1, 2]
+        assert spool.handed_on("stream", 2) == 3  # 0-2 passed by both, never in the table; 3 and 4 move there
+        assert _table(store) == [3, 4] and not (state / JOURNAL).read_bytes()
+        assert spool.after("stream", 10) == [(3, _record(3)), (4, _record(4))] and spool.waiting("stream")[0] == 2
+    (state / JOURNAL).write_bytes(journal)  # as if killed between the marks' commit and the journal's emptying
+    with NodeStore.open(state) as store:
+        assert _table(store) == [3, 4]  # what every reader passed is not moved again, nor what is there
+        store.crawl_log.configure(limit=100, readers=("file", "stream"))
+        assert [seq for seq, _f in store.crawl_log.after("stream", 10)] == [3, 4]
+        assert store.crawl_log.after("file", 10) == []
+
+
+def test_a_record_the_disk_refuses_fails_its_pages_commit(store, tmp_path):
+    (tmp_path / "state" / JOURNAL).mkdir()  # the journal cannot be opened for writing
+    item = QueuedUrl(url="http://a.example/x", host="a.example", depth=1)
+    store.admit([item])
+    popped = store.frontier.pop("a.example")
+    with pytest.raises(StorageError, match="journal"):
+        store.finish(popped, [], logged=_record(0))
+    assert store.frontier.in_flight() == 1  # the page is not finished: fetched again, and logged then
 
 
 def test_past_its_bound_the_spool_drops_and_counts_durably(tmp_path):

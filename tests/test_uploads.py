@@ -3,6 +3,7 @@ tests against a real S3 server are in test_uploads_s3.py)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import random
@@ -10,7 +11,8 @@ import random
 import pytest
 
 from peer.config import ConfigError, load
-from peer.outputs import S3Target, file_digest, parse_s3_url
+from peer.outputs import ObjectStore, S3Target, file_digest, file_etag, parse_s3_url
+from peer.outputs.s3 import Stored
 from peer.outputs.dirwatch import DirWatch
 from storage import NodeStore, Uploaded, WarcPageStore, closed_files
 
@@ -65,17 +67,38 @@ def test_a_file_left_open_by_a_kill_is_closed_at_the_next_start_and_then_queued(
 
 
 @pytest.mark.parametrize("size, part", [(0, 5 * MIB), (1000, 5 * MIB), (5 * MIB, 5 * MIB), (12 * MIB + 7, 5 * MIB)])
-def test_the_expected_etag_is_s3s_for_single_and_multipart_objects(tmp_path, size, part):
+def test_the_expected_checksum_and_etag_are_s3s_for_single_and_multipart_objects(tmp_path, size, part):
     data = bytes(range(256)) * (size // 256) + bytes(size % 256)
     path = tmp_path / "f"
     path.write_bytes(data)
     digest = file_digest(path, part)
     chunks = [data[i:i + part] for i in range(0, len(data), part)] or [b""]
+    sums = tuple(base64.b64encode(hashlib.sha256(c).digest()).decode() for c in chunks)
     if len(chunks) == 1:
-        expected = hashlib.md5(data).hexdigest()
+        checksum = sums[0]
+        etag = hashlib.md5(data).hexdigest()
     else:
-        expected = hashlib.md5(b"".join(hashlib.md5(c).digest() for c in chunks)).hexdigest() + f"-{len(chunks)}"
-    assert digest == (size, hashlib.sha256(data).hexdigest(), f'"{expected}"', len(chunks))
+        both = b"".join(hashlib.sha256(c).digest() for c in chunks)
+        checksum = base64.b64encode(hashlib.sha256(both).digest()).decode() + f"-{len(chunks)}"
+        etag = hashlib.md5(b"".join(hashlib.md5(c).digest() for c in chunks)).hexdigest() + f"-{len(chunks)}"
+    assert digest == (size, hashlib.sha256(data).hexdigest(), checksum, sums)
+    assert file_etag(path, part) == f'"{etag}"'
+
+
+def test_a_stored_object_is_the_file_by_its_checksum_or_without_one_by_its_etag(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(256)) * 100)
+    digest = file_digest(path, 5 * MIB)
+    objects = ObjectStore(S3Target(bucket="b", prefix="", endpoint="http://127.0.0.1:9", region="us-east-1",
+                                   access_key="k", secret_key="s"), part_size=5 * MIB)
+    etag = file_etag(path, 5 * MIB)
+    assert objects.matches(Stored(size=digest.size, etag="x", sha256="", checksum=digest.checksum), path, digest)
+    assert not objects.matches(Stored(size=digest.size, etag=etag, sha256="", checksum="AAAA"), path, digest)
+    assert not objects.matches(Stored(size=digest.size - 1, etag=etag, sha256="", checksum=digest.checksum), path,
+                               digest)
+    # a server that keeps no checksums: the ETag, from the file read again
+    assert objects.matches(Stored(size=digest.size, etag=etag, sha256="", checksum=""), path, digest)
+    assert not objects.matches(Stored(size=digest.size, etag='"0"', sha256="", checksum=""), path, digest)
 
 
 def test_upload_settings_come_from_the_config_then_the_aws_variables():

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from peer.cli.format import format_status
-from peer.outputs import ObjectStore, S3Target, Uploader, sign
+from peer.outputs import ObjectStore, S3Target, UploadError, Uploader, file_digest, file_etag, sign
 from peerlab.localweb.graph import SiteGraph
 from storage import NodeStore, WarcPageStore, closed_files
 
@@ -43,13 +43,13 @@ def _target(server: WeedS3, prefix: str, secret: str = SECRET_KEY) -> S3Target:
                     access_key=ACCESS_KEY, secret_key=secret)
 
 
-def _write_pages(warc: Path, count: int, size: int, max_file_bytes: int) -> None:
+def _write_pages(warc: Path, count: int, size: int, max_file_bytes: int, at: float = 1_700_000_000.0) -> None:
     rng = random.Random(count)
     with WarcPageStore(warc, max_file_bytes=max_file_bytes) as pages:
         for n in range(count):
             pages.store(url=f"http://a.example/{n}", request_headers=[("host", "a.example")], status=200,
                         reason="OK", response_headers=[("content-type", "text/html")], body=rng.randbytes(size),
-                        ip="127.0.0.1", fetched_at=1_700_000_000.0 + n)
+                        ip="127.0.0.1", fetched_at=at + n)
 
 
 def _uploader(store: NodeStore, warc: Path, objects: ObjectStore, holds: list[bool], **kw) -> Uploader:
@@ -94,9 +94,66 @@ async def test_files_go_once_verified_multipart_and_local_copies_are_removed(s3,
         got = client.get_object(Bucket=BUCKET, Key=f"run1/node-a/{name}")
         assert got["Metadata"]["sha256"] == sha
         assert hashlib.sha256(got["Body"].read()).hexdigest() == sha
-    assert any(store_etag.endswith('-3"') for store_etag in
-               (client.head_object(Bucket=BUCKET, Key=k)["ETag"] for k in objects))  # multipart happened
+    # the server keeps each object's SHA-256 checksum (S3's composite one for a multipart object) and its ETag
+    heads = {name: client.head_object(Bucket=BUCKET, Key=f"run1/node-a/{name}", ChecksumMode="ENABLED")
+             for name in local}
+    for name, head in heads.items():
+        copy = tmp_path / "copy"
+        copy.write_bytes(client.get_object(Bucket=BUCKET, Key=f"run1/node-a/{name}")["Body"].read())
+        assert (head["ChecksumSHA256"], head["ETag"]) == (file_digest(copy, 5 * MIB).checksum,
+                                                        file_etag(copy, 5 * MIB))
+    assert any(head["ChecksumSHA256"].endswith("-3") and head["ETag"].endswith('-3"')
+               for head in heads.values())  # multipart happened
     assert holds == [] and uploader.status()["ok"] is True
+
+
+class _Counted(ObjectStore):
+    """The real object store, counting the S3 steps it takes."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.steps: list[str] = []
+
+    def _call(self, op: str, **kwargs):
+        self.steps.append(op)
+        return super()._call(op, **kwargs)
+
+
+async def test_a_file_closed_while_the_node_runs_is_sent_without_a_look_first_and_an_inherited_one_with(s3, tmp_path):
+    warc = tmp_path / "warc"
+    _write_pages(warc, count=3, size=20_000, max_file_bytes=1 << 30)  # closed before the uploader starts
+    inherited = {p.name for p in closed_files(warc)}
+    holds: list[bool] = []
+    with NodeStore.open(tmp_path / "state") as store:
+        objects = _Counted(_target(s3, "fresh"), part_size=5 * MIB)
+        uploader = _uploader(store, warc, objects, holds)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(uploader.run)
+            await _until(lambda: uploader.uploaded_files == len(inherited))
+            # an earlier run may have sent these: looked up, stale multipart uploads aborted, sent, verified
+            assert objects.steps == ["head_object", "list_multipart_uploads", "put_object", "head_object"] * 2
+            objects.steps.clear()
+            _write_pages(warc, count=3, size=20_000, max_file_bytes=1 << 30, at=1_700_000_100.0)  # closed now
+            uploader.wake()
+            await _until(lambda: uploader.uploaded_files == len(inherited) + 2)
+            nursery.cancel_scope.cancel()
+        assert objects.steps == ["put_object", "head_object"] * 2  # nobody sent these before: sent, verified
+    assert len(s3.objects("fresh/")) == 4
+
+
+async def test_a_body_that_does_not_match_its_checksum_is_refused_and_not_stored(s3, tmp_path):
+    path = tmp_path / "f.warc.gz"
+    path.write_bytes(random.Random(1).randbytes(300_000))
+    objects = ObjectStore(_target(s3, "bad"), part_size=5 * MIB)
+    digest = file_digest(path, 5 * MIB)
+    other = digest._replace(parts=(file_digest(__file__, 5 * MIB).parts[0],))  # another body's checksum
+    with pytest.raises(UploadError) as refused:
+        await trio.to_thread.run_sync(objects.put, path, "bad/f.warc.gz", other)
+    assert refused.value.kind == "server" and "BadDigest" in str(refused.value)
+    assert s3.objects("bad/") == {}
+    await trio.to_thread.run_sync(objects.put, path, "bad/f.warc.gz", digest)
+    etag = await trio.to_thread.run_sync(objects.verify, "bad/f.warc.gz", path, digest)
+    assert etag == file_etag(path, 5 * MIB)
 
 
 async def test_refused_credentials_hold_the_crawl_at_the_bound_and_keep_local_keeps_files(s3, tmp_path):

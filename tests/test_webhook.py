@@ -56,6 +56,16 @@ async def test_each_closed_file_is_announced_once_signed_and_retried_with_its_id
             nursery.cancel_scope.cancel()
         assert store.uploads.notices() == [] and store.uploads.unnoticed(warc) == []
         assert sender.status()["ok"] is True and sender.failures == 2 and sender.sent == len(closed)
+        # at the stop: a file closed last is announced by the same client, which is closed then
+        with WarcPageStore(warc / "last", max_file_bytes=30_000) as pages:
+            pages.store(url="http://a.example/last", request_headers=[("host", "a.example")], status=200,
+                        reason="OK", response_headers=[("content-type", "text/html")], body=b"last", ip="127.0.0.1",
+                        fetched_at=1_700_000_500.0)
+        for path in (warc / "last").iterdir():
+            path.rename(warc / path.name)
+        await sender.flush()
+        assert sender.sent == len(closed) + 1 and store.uploads.unnoticed(warc) == []
+    closed += [p for p in closed_files(warc) if p.name.endswith(".warc.gz") and p not in closed]
     by_file = {body["file"]: body for body in receiver.accepted()}
     assert set(by_file) == {p.name for p in closed}
     for path in closed:

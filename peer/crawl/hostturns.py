@@ -526,10 +526,18 @@ def _annotations(resp: Response, before: RevisitRecord | None) -> str:
     return ",".join(notes) or "-"
 
 
+#: Content-Type values seen lately and their MIME types (a crawl sees a handful; cleared past a bound).
+_MIME_TYPES: dict[str, str] = {}
+
+
 def _log_record(at: float, status: int, size: int, item: QueuedUrl, mime: str, began: float, took: float,
                 digest: str | None, annotations: str, location: tuple[str, int] | None) -> list[Any]:
-    """A crawl-log record's fields (`storage.LOG_FIELDS`)."""
-    return [round(at, 3), status, size, item.url, _discovery_path(item), item.found_on or "-",
-            mime.split(";", 1)[0].strip().lower() or "-", round(began, 3), int(took * 1000),
+    """A crawl-log record's fields (`storage.LOG_FIELDS`; times as they are, the log writes them to the ms)."""
+    kind = _MIME_TYPES.get(mime)
+    if kind is None:
+        if len(_MIME_TYPES) >= 256:
+            _MIME_TYPES.clear()
+        kind = _MIME_TYPES[mime] = mime.split(";", 1)[0].strip().lower() or "-"
+    return [at, status, size, item.url, _discovery_path(item), item.found_on or "-", kind, began, int(took * 1000),
             "-" if digest is None else "sha1:" + digest, annotations,
             "" if location is None else location[0], -1 if location is None else location[1]]

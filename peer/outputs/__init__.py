@@ -5,9 +5,9 @@ receiver never stalls the crawl, and shows in /status, /metrics and the dashboar
 
 from peer.outputs.captures import LocalIndex, cdx_body, parse_cdx_query
 from peer.outputs.crawllog import CrawlLog, LocalLog, StreamLog
-from peer.outputs.s3 import ObjectStore, S3Target, UploadError, file_digest, parse_s3_url
+from peer.outputs.s3 import ObjectStore, S3Target, UploadError, file_digest, file_etag, parse_s3_url
 from peer.outputs.uploads import Uploader
 from peer.outputs.webhook import WebhookSender, notice_body, sign
 
-__all__ = ["LocalIndex", "cdx_body", "parse_cdx_query", "CrawlLog", "LocalLog", "StreamLog", "ObjectStore", "S3Target", "UploadError", "Uploader", "WebhookSender", "file_digest", "notice_body",
+__all__ = ["LocalIndex", "cdx_body", "parse_cdx_query", "CrawlLog", "LocalLog", "StreamLog", "ObjectStore", "S3Target", "UploadError", "Uploader", "WebhookSender", "file_digest", "file_etag", "notice_body",
            "parse_s3_url", "sign"]

@@ -54,17 +54,28 @@ SOCKET_TIMEOUT = 5.0
 DROP_WARNING_EVERY = 60.0
 
 
-@functools.lru_cache(maxsize=64)
-def _second(second: int, form: str) -> str:
-    return time.strftime(form, time.gmtime(second))
+#: The seconds formatted lately, each as "%Y-%m-%dT%H:%M:%S" and "%Y%m%d%H%M%S" (cleared past a bound).
+_SECONDS: dict[int, tuple[str, str]] = {}
+
+
+def _second(second: int) -> tuple[str, str]:
+    known = _SECONDS.get(second)
+    if known is None:
+        if len(_SECONDS) >= 4096:
+            _SECONDS.clear()
+        stamp = time.gmtime(second)
+        known = _SECONDS[second] = (time.strftime("%Y-%m-%dT%H:%M:%S", stamp), time.strftime("%Y%m%d%H%M%S", stamp))
+    return known
 
 
 def _iso(at: float) -> str:
-    return _second(int(at), "%Y-%m-%dT%H:%M:%S") + f".{int(at * 1000) % 1000:03d}Z"
+    second, ms = divmod(int(at * 1000), 1000)
+    return f"{_second(second)[0]}.{ms:03d}Z"
 
 
 def _compact(at: float) -> str:
-    return _second(int(at), "%Y%m%d%H%M%S") + f"{int(at * 1000) % 1000:03d}"
+    second, ms = divmod(int(at * 1000), 1000)
+    return f"{_second(second)[1]}{ms:03d}"
 
 
 def _command(*args: bytes) -> bytes:
@@ -83,16 +94,40 @@ def record_fields(node: str, seq: int, fields: Sequence[Any]) -> dict[str, Any]:
     return out
 
 
+def lines(node: str, records: Sequence[tuple[int, Sequence[Any]]], *, text: bool = True,
+          as_json: bool = True) -> tuple[list[str], list[str]]:
+    """The records' `text_line`s (if `text`) and `json_line`s (if `as_json`), made in one pass: the crawl log's CPU
+    is per page, and the two layouts share a record's unpacking, its time and its id."""
+    seconds, second_of = _SECONDS, _second
+    quote, quote_ascii = _quote, _quote_ascii
+    node_q, node_a = quote(node), quote_ascii(node)
+    id_q, id_a = node_q[:-1] + "-", node_a[:-1] + "-"  # the id is NODE-SEQ: the node's escaping and digits
+    texts: list[str] = []
+    jsons: list[str] = []
+    for seq, (at, status, size, url, path, via, mime, began, took, digest, notes, warc, offset) in records:
+        second, ms = divmod(int(at * 1000), 1000)
+        when = f"{(seconds.get(second) or second_of(second))[0]}.{ms:03d}Z"
+        start_second, start_ms = divmod(int(began * 1000), 1000)
+        start = seconds.get(start_second) or second_of(start_second)
+        if as_json:
+            where = f'{quote(warc)},"offset":{offset:d}' if warc else 'null,"offset":null'
+            jsons.append(f'{{"id":{id_q}{seq:d}","node":{node_q},"seq":{seq:d},"time":"{when}","status":{status:d},'
+                         f'"size":{size:d},"url":{quote(url)},"path":{quote(path)},"via":{quote(via)},'
+                         f'"mime":{quote(mime)},"fetch_began":"{start[0]}.{start_ms:03d}Z","duration_ms":{took:d},'
+                         f'"digest":{quote(digest)},"annotations":{quote(notes)},"warc":{where}}}\n')
+        if text:
+            where = f',"warc":{quote_ascii(warc)},"offset":{offset:d}}}' if warc else "}"
+            texts.append(f"{when} {status:5d} {size if size >= 0 else '-':>10} {url} {path} {via} {mime} - "
+                         f"{start[1]}{start_ms:03d}+{took} {digest} - {notes} "
+                         f'{{"id":{id_a}{seq:d}","node":{node_a}{where}\n')
+    return texts, jsons
+
+
 def json_line(node: str, seq: int, fields: Sequence[Any]) -> str:
     """`record_fields` as one line of compact JSON (non-ASCII kept), written field by field: the same text
-    `json.dumps(record_fields(...), separators=(",", ":"), ensure_ascii=False)` gives, at a quarter of its CPU
+    `json.dumps(record_fields(...), separators=(",", ":"), ensure_ascii=False)` gives, at a fraction of its CPU
     (strings escaped by the json module's own C escaper)."""
-    at, status, size, url, path, via, mime, began, took, digest, notes, warc, offset = fields
-    where = f'{_quote(warc)},"offset":{int(offset)}' if warc else 'null,"offset":null'
-    return (f'{{"id":{_quote(f"{node}-{seq}")},"node":{_quote(node)},"seq":{int(seq)},"time":"{_iso(at)}",'
-            f'"status":{int(status)},"size":{int(size)},"url":{_quote(url)},"path":{_quote(path)},'
-            f'"via":{_quote(via)},"mime":{_quote(mime)},"fetch_began":"{_iso(began)}","duration_ms":{int(took)},'
-            f'"digest":{_quote(digest)},"annotations":{_quote(notes)},"warc":{where}}}\n')
+    return lines(node, [(seq, fields)], text=False)[1][0]
 
 
 def text_line(node: str, seq: int, fields: Sequence[Any]) -> str:
@@ -100,11 +135,7 @@ def text_line(node: str, seq: int, fields: Sequence[Any]) -> str:
     path, via, MIME, thread ("-": a node has none to name), fetch start+duration (ms), digest, source tag,
     annotations, and the extra JSON Heritrix ends a line with: here the record id, node, WARC file and offset
     (ASCII JSON, as `json.dumps` writes it)."""
-    at, status, size, url, path, via, mime, began, took, digest, notes, warc, offset = fields
-    where = f',"warc":{_quote_ascii(warc)},"offset":{int(offset)}}}' if warc else "}"
-    return (f"{_iso(at)} {status:5d} {size if size >= 0 else '-':>10} {url} {path} {via} {mime} - "
-            f"{_compact(began)}+{took} {digest} - {notes} "
-            f'{{"id":{_quote_ascii(f"{node}-{seq}")},"node":{_quote_ascii(node)}{where}\n')
+    return lines(node, [(seq, fields)], as_json=False)[0][0]
 
 
 class RotatingFile:
@@ -179,28 +210,34 @@ class LocalLog:
     def __init__(self, directory: Path, formats: Sequence[str], *, max_bytes: int, max_age: float, keep: int,
                  now: Callable[[], float] = time.time) -> None:
         self.uses_json = "json" in formats  # hand_on takes the records' JSON lines made once for every reader
-        self.files: list[tuple[Callable[[str, int, Sequence[Any]], str], RotatingFile]] = []
+        self.text: RotatingFile | None = None
+        self.json: RotatingFile | None = None
         if "text" in formats:
-            self.files.append((text_line, RotatingFile(directory / "crawl.log", max_bytes=max_bytes,
-                                                       max_age=max_age, keep=keep, now=now)))
+            self.text = RotatingFile(directory / "crawl.log", max_bytes=max_bytes, max_age=max_age, keep=keep,
+                                     now=now)
         if "json" in formats:
-            self.files.append((json_line, RotatingFile(directory / "crawl.jsonl", max_bytes=max_bytes,
-                                                       max_age=max_age, keep=keep, now=now)))
+            self.json = RotatingFile(directory / "crawl.jsonl", max_bytes=max_bytes, max_age=max_age, keep=keep,
+                                     now=now)
+
+    @property
+    def files(self) -> list[RotatingFile]:
+        return [f for f in (self.text, self.json) if f is not None]
 
     def target(self) -> str:
-        return ", ".join(str(f.path) for _fmt, f in self.files)
+        return ", ".join(str(f.path) for f in self.files)
 
     async def hand_on(self, node: str, records: Sequence[tuple[int, list[Any]]],
-                      lines: Sequence[str] | None = None) -> None:
-        """Append `records` to each file; `lines`: their `json_line`s if made already."""
-        for fmt, rotating in self.files:
-            if fmt is json_line and lines is not None:
-                rotating.write("".join(lines))
-            else:
-                rotating.write("".join(fmt(node, seq, fields) for seq, fields in records))
+                      json_lines: Sequence[str] | None = None) -> None:
+        """Append `records` to each file; `json_lines`: their `json_line`s if made already."""
+        texts, made = lines(node, records, text=self.text is not None,
+                            as_json=self.json is not None and json_lines is None)
+        if self.text is not None:
+            self.text.write("".join(texts))
+        if self.json is not None:
+            self.json.write("".join(made if json_lines is None else json_lines))
 
     def close(self) -> None:
-        for _fmt, rotating in self.files:
+        for rotating in self.files:
             rotating.close()
 
 
@@ -304,12 +341,12 @@ class StreamLog:
         self._redis.call(blob, len(records))
 
     async def hand_on(self, node: str, records: Sequence[tuple[int, list[Any]]],
-                      lines: Sequence[str] | None = None) -> None:
-        """`lines`: the records' `json_line`s if made already (the JSON file's reader made them)."""
-        if lines is None:
-            lines = [json_line(node, seq, fields) for seq, fields in records]
-        await trio.to_thread.run_sync(functools.partial(self._send, node, records, lines), limiter=self._limiter,
-                                      abandon_on_cancel=True)
+                      json_lines: Sequence[str] | None = None) -> None:
+        """`json_lines`: the records' `json_line`s if made already (the JSON file's reader made them)."""
+        if json_lines is None:
+            json_lines = lines(node, records, text=False)[1]
+        await trio.to_thread.run_sync(functools.partial(self._send, node, records, json_lines),
+                                      limiter=self._limiter, abandon_on_cancel=True)
 
     def close(self) -> None:
         self._redis.close()
@@ -340,6 +377,7 @@ class CrawlLog:
         # the JSON line of each record not yet handed on by every reader that writes JSON, made once for all
         self._shared_json = sum(out.uses_json for out in outputs) > 1
         self._lines: dict[int, str] = {}
+        self._records: list[tuple[int, list[Any]]] = []  # read by a reader, not yet handed on by every reader
         self._dropped_at_start = spool.dropped()
         self._warned_drops = self._dropped_at_start
         self._warned_at = -DROP_WARNING_EVERY
@@ -374,7 +412,7 @@ class CrawlLog:
     async def step(self, reader: _Reader) -> int:
         """Hand on one batch of what `reader` has not; how many records. Raises what the hand-on raised (the
         mark stays where it was)."""
-        records = self.spool.after(reader.out.reader, BATCH)
+        records = self._take(reader)
         if not records:
             return 0
         if reader.out.uses_json:
@@ -384,39 +422,65 @@ class CrawlLog:
         self.spool.handed_on(reader.out.reader, records[-1][0])
         reader.handed_on += len(records)
         reader.position = records[-1][0]
-        self._forget_lines()
+        self._forget()
         if reader.error is not None:
             log.info("crawl log reaches its reader again", extra={"reader": reader.out.reader,
                                                                   "target": reader.out.target()})
         reader.error, reader.failing_since = None, None
         return len(records)
 
+    def _take(self, reader: _Reader) -> list[tuple[int, list[Any]]]:
+        """Up to BATCH records after `reader`'s mark: from those another reader read already when they follow on
+        from its position (each record read from the store and unpacked once for every reader), the rest from
+        the store."""
+        if len(self.readers) == 1:
+            return self.spool.after(reader.out.reader, BATCH)
+        cached, first = self._records, reader.position + 1
+        if reader.position >= 0 and cached and cached[0][0] <= first <= cached[-1][0] + 1:
+            got = cached[first - cached[0][0]:first - cached[0][0] + BATCH]
+            if len(got) < BATCH:
+                more = self.spool.after(reader.out.reader, BATCH - len(got), start=cached[-1][0] + 1)
+                cached.extend(more)
+                got.extend(more)
+            return got
+        got = self.spool.after(reader.out.reader, BATCH)
+        if got and (not cached or got[0][0] > cached[-1][0] + 1):
+            self._records = list(got)  # a reader far behind reads its own, and leaves the others' here
+        elif got and got[0][0] == cached[-1][0] + 1:
+            cached.extend(got)
+        return got
+
     def _json_lines(self, records: Sequence[tuple[int, list[Any]]]) -> list[str]:
         if not self._shared_json:
-            return [json_line(self.node_id, seq, fields) for seq, fields in records]
-        lines, node, out = self._lines, self.node_id, []
-        for seq, fields in records:
-            line = lines.get(seq)
-            if line is None:
-                line = lines[seq] = json_line(node, seq, fields)
-            out.append(line)
-        return out
+            return lines(self.node_id, records, text=False)[1]
+        made, missing = self._lines, [(seq, fields) for seq, fields in records if seq not in self._lines]
+        if missing:
+            for (seq, _fields), line in zip(missing, lines(self.node_id, missing, text=False)[1]):
+                made[seq] = line
+        return [made[seq] for seq, _fields in records]
 
-    def _forget_lines(self) -> None:
-        """Drop the lines every JSON reader has handed on; all of them past a bound (a reader far behind makes
-        its own again)."""
-        lines = self._lines
-        if not lines:
+    def _forget(self) -> None:
+        """Drop the records and JSON lines every reader has handed on; past a bound the oldest (a reader far
+        behind reads and makes its own again)."""
+        if len(self.readers) == 1:
             return
-        if len(lines) > 4 * BATCH:
-            lines.clear()
-            return
-        done = min(r.position for r in self.readers if r.out.uses_json)
-        while lines:
-            first = next(iter(lines))
-            if first > done:
-                break
-            del lines[first]
+        done = min(r.position for r in self.readers)
+        cached = self._records
+        if cached and cached[0][0] <= done:
+            del cached[:done + 1 - cached[0][0]]
+        if len(cached) > 4 * BATCH:
+            del cached[:len(cached) - 2 * BATCH]
+        made = self._lines
+        if made:
+            if len(made) > 4 * BATCH:
+                made.clear()
+                return
+            done_json = min(r.position for r in self.readers if r.out.uses_json)
+            while made:
+                first = next(iter(made))
+                if first > done_json:
+                    break
+                del made[first]
 
     async def flush(self) -> None:
         """Hand on what is spooled once, each reader until its first failure (a node's last act before it stops;

@@ -4,14 +4,20 @@ The requests are signed (SigV4) and sent by botocore, run in trio's worker threa
 step at a time, so no asyncio bridge is needed and a step is never longer than one part's transfer. botocore
 is imported only when a node uploads: it costs about a second of start-up and some tens of MB.
 
-A file is checked by what the server says of the stored object, not by what was sent: its size, and its ETag,
-which S3 makes from the content (the MD5 of a single-part object; the MD5 of the parts' MD5s and a part count
-for a multipart one). The expected ETag is computed from the local file in the same read as its SHA-256, which
-goes with the object as metadata (`x-amz-meta-sha256`) for consumers.
+Each file is read and hashed once, here (`file_digest`): its SHA-256, which goes with the object as metadata
+(`x-amz-meta-sha256`) for consumers, and, for a file sent in parts, each part's SHA-256. Every PUT carries its
+body's SHA-256 as S3's `x-amz-checksum-sha256`, a signed header the server checks the body against (it refuses
+a body that does not match), so the signature does not hash the body again (`UNSIGNED-PAYLOAD`, botocore's
+`payload_signing_enabled` off). A file is then checked by what the server says of the stored object, not by
+what was sent: its size, and the SHA-256 checksum the server keeps (the file's, or for a multipart object the
+SHA-256 of the parts' SHA-256s and a part count, S3's composite checksum). A server that keeps no checksums is
+checked by the object's ETag instead (the MD5 of a single-part object, the MD5 of the parts' MD5s and a part
+count for a multipart one), for which the file is read once more.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 from collections.abc import Mapping
@@ -22,7 +28,7 @@ from urllib.parse import urlsplit
 
 from peer.config import Config, ConfigError
 
-__all__ = ["FileDigest", "ObjectStore", "S3Target", "UploadError", "file_digest", "parse_s3_url"]
+__all__ = ["FileDigest", "ObjectStore", "S3Target", "Stored", "UploadError", "file_digest", "file_etag", "parse_s3_url"]
 
 #: S3 refuses parts smaller than this, except the last.
 MIN_PART = 5 << 20
@@ -81,15 +87,62 @@ class S3Target:
 class FileDigest(NamedTuple):
     size: int
     sha256: str  # hex
-    etag: str  # the ETag S3 gives the object when uploaded in parts of `part_size` (quoted, as S3 sends it)
-    parts: int  # 1: a single PUT
+    checksum: str  # the ChecksumSHA256 S3 gives the object sent in parts of `part_size` (base64; "-N": N parts)
+    parts: tuple[str, ...]  # each part's SHA-256 (base64); one: a single PUT
+
+
+class Stored(NamedTuple):
+    """What the server says of an object."""
+
+    size: int
+    etag: str
+    sha256: str  # the `sha256` metadata ("": none)
+    checksum: str  # its SHA-256 checksum ("": the server keeps none)
+
+
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode("ascii")
 
 
 def file_digest(path: str | os.PathLike[str], part_size: int) -> FileDigest:
-    """Size, SHA-256 and expected ETag of a file, read once."""
-    sha = hashlib.sha256()
-    md5s: list[bytes] = []
+    """Size, SHA-256 and expected S3 checksum of a file, read once: a file of one part is hashed once, a larger
+    one also part by part."""
+    whole = hashlib.sha256()
+    parts: list[bytes] = []
     size = 0
+    with open(path, "rb") as fh:
+        multipart = os.fstat(fh.fileno()).st_size > part_size
+        while True:
+            part = hashlib.sha256() if multipart else None
+            left = part_size
+            while left:
+                chunk = fh.read(min(_READ, left))
+                if not chunk:
+                    break
+                whole.update(chunk)
+                if part is not None:
+                    part.update(chunk)
+                left -= len(chunk)
+                size += len(chunk)
+            if left == part_size and parts:
+                break
+            parts.append(part.digest() if part is not None else b"")
+            if left:
+                break
+    sums: tuple[str, ...]
+    if len(parts) == 1:
+        sums = (_b64(whole.digest()),)
+        checksum = sums[0]
+    else:
+        sums = tuple(_b64(d) for d in parts)
+        checksum = f"{_b64(hashlib.sha256(b''.join(parts)).digest())}-{len(parts)}"
+    return FileDigest(size=size, sha256=whole.hexdigest(), checksum=checksum, parts=sums)
+
+
+def file_etag(path: str | os.PathLike[str], part_size: int) -> str:
+    """The ETag S3 gives a file uploaded in parts of `part_size` (quoted, as S3 sends it): for a server that keeps
+    no checksums."""
+    md5s: list[bytes] = []
     with open(path, "rb") as fh:
         while True:
             part = hashlib.md5(usedforsecurity=False)
@@ -98,20 +151,16 @@ def file_digest(path: str | os.PathLike[str], part_size: int) -> FileDigest:
                 chunk = fh.read(min(_READ, left))
                 if not chunk:
                     break
-                sha.update(chunk)
                 part.update(chunk)
                 left -= len(chunk)
-                size += len(chunk)
             if left == part_size and md5s:
                 break
             md5s.append(part.digest())
             if left:
                 break
     if len(md5s) == 1:
-        etag = md5s[0].hex()
-    else:
-        etag = f"{hashlib.md5(b''.join(md5s), usedforsecurity=False).hexdigest()}-{len(md5s)}"
-    return FileDigest(size=size, sha256=sha.hexdigest(), etag=f'"{etag}"', parts=len(md5s))
+        return f'"{md5s[0].hex()}"'
+    return f'"{hashlib.md5(b"".join(md5s), usedforsecurity=False).hexdigest()}-{len(md5s)}"'
 
 
 class ObjectStore:
@@ -138,9 +187,11 @@ class ObjectStore:
             t = self.target
             # one attempt per call: the uploader retries with its own back-off and reports each failure
             config = BotoConfig(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=self.timeout,
-                                read_timeout=self.timeout, s3={"addressing_style": "path"},
+                                read_timeout=self.timeout,
+                                s3={"addressing_style": "path", "payload_signing_enabled": False},
                                 signature_version="s3v4",
-                                # the file's own check is the ETag (verify); no CRC32 pass over every body too
+                                # the body's check is the SHA-256 checksum given with it (file_digest): neither
+                                # a CRC32 pass nor a SHA-256 for the signature over every body too
                                 request_checksum_calculation="when_required",
                                 response_checksum_validation="when_required")
             session = boto3.session.Session()
@@ -172,16 +223,18 @@ class ObjectStore:
 
     # -- the steps of an upload
 
-    def head(self, key: str) -> tuple[int, str, str] | None:
-        """(size, ETag, sha256 metadata) of the object at `key`, or None."""
-        got = self._call("head_object", Key=key)
+    def head(self, key: str) -> Stored | None:
+        """What the server says of the object at `key`, or None."""
+        got = self._call("head_object", Key=key, ChecksumMode="ENABLED")
         if got is None:
             return None
-        return int(got["ContentLength"]), str(got["ETag"]), str(got.get("Metadata", {}).get("sha256", ""))
+        return Stored(size=int(got["ContentLength"]), etag=str(got["ETag"]),
+                      sha256=str(got.get("Metadata", {}).get("sha256", "")),
+                      checksum=str(got.get("ChecksumSHA256", "")))
 
     def put(self, path: Path, key: str, digest: FileDigest) -> None:
         with open(path, "rb") as fh:
-            self._call("put_object", Key=key, Body=fh, ContentLength=digest.size,
+            self._call("put_object", Key=key, Body=fh, ContentLength=digest.size, ChecksumSHA256=digest.parts[0],
                        Metadata={"sha256": digest.sha256})
 
     def abort_stale(self, key: str) -> int:
@@ -193,28 +246,40 @@ class ObjectStore:
         return len(stale)
 
     def start_parts(self, key: str, digest: FileDigest) -> str:
-        got = self._call("create_multipart_upload", Key=key, Metadata={"sha256": digest.sha256})
+        got = self._call("create_multipart_upload", Key=key, ChecksumAlgorithm="SHA256",
+                         Metadata={"sha256": digest.sha256})
         return str(got["UploadId"])
 
-    def put_part(self, path: Path, key: str, upload_id: str, number: int) -> str:
+    def put_part(self, path: Path, key: str, upload_id: str, number: int, digest: FileDigest) -> str:
         """Send part `number` (from 1) of the file; return its ETag."""
         with open(path, "rb") as fh:
             fh.seek((number - 1) * self.part_size)
             body = fh.read(self.part_size)
-        got = self._call("upload_part", Key=key, UploadId=upload_id, PartNumber=number, Body=body)
+        got = self._call("upload_part", Key=key, UploadId=upload_id, PartNumber=number, Body=body,
+                         ChecksumSHA256=digest.parts[number - 1])
         return str(got["ETag"])
 
-    def finish_parts(self, key: str, upload_id: str, etags: list[str]) -> None:
-        parts = [{"PartNumber": n, "ETag": etag} for n, etag in enumerate(etags, 1)]
+    def finish_parts(self, key: str, upload_id: str, etags: list[str], digest: FileDigest) -> None:
+        parts = [{"PartNumber": n, "ETag": etag, "ChecksumSHA256": digest.parts[n - 1]}
+                 for n, etag in enumerate(etags, 1)]
         self._call("complete_multipart_upload", Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
 
-    def verify(self, key: str, digest: FileDigest) -> str:
-        """The stored object's ETag if its size and ETag are the file's; UploadError('verify') otherwise."""
+    def matches(self, stored: Stored, path: Path, digest: FileDigest) -> bool:
+        """Whether the stored object is the file: its size, and its checksum (its ETag, read from the file again,
+        on a server that keeps no checksums)."""
+        if stored.size != digest.size:
+            return False
+        if stored.checksum:
+            return stored.checksum == digest.checksum
+        return stored.etag == file_etag(path, self.part_size)
+
+    def verify(self, key: str, path: Path, digest: FileDigest) -> str:
+        """The stored object's ETag if it is the file (`matches`); UploadError('verify') otherwise."""
         got = self.head(key)
         if got is None:
             raise UploadError("verify", f"{key}: not in the bucket after its upload")
-        size, etag, _sha = got
-        if size != digest.size or etag != digest.etag:
-            raise UploadError("verify", f"{key}: the stored object is {size} bytes, ETag {etag}; the file is "
-                                        f"{digest.size} bytes, ETag {digest.etag}")
-        return etag
+        if not self.matches(got, path, digest):
+            raise UploadError("verify", f"{key}: the stored object is {got.size} bytes, checksum "
+                                        f"{got.checksum or '(none)'}, ETag {got.etag}; the file is {digest.size} "
+                                        f"bytes, checksum {digest.checksum}")
+        return got.etag

@@ -7,10 +7,12 @@ closed files of the WARC directory in the node's store (`Uploads.sweep`: a file
 closed just before a kill -9 is queued at the next start), then sends the queue oldest first. A second that
 changed nothing in the directory (`DirWatch`: one `stat`) costs no sweep. Each file goes
 to the key `PREFIX/NODE_ID/FILE`, so sending it again (after a kill mid-upload, or a crash between the upload
-and its record) overwrites the one object rather than adding another. An object is recorded as uploaded only
-when the server's size and ETag match the local file's (`ObjectStore.verify`); the local WARC file is removed
-after that record is on disk, unless `keep_local`. A CDXJ index stays (it is about 1/300 of its WARC file): the
-node answers look-ups from it (`GET /cdx`), naming the object its record went to.
+and its record) overwrites the one object rather than adding another; a file an earlier run may have sent, or
+whose sending failed, is first looked up in the bucket (sent already: recorded, not sent again) and its
+unfinished multipart uploads aborted. An object is recorded as uploaded only
+when the server's size and SHA-256 checksum match the local file's (`ObjectStore.verify`); the local WARC file is
+removed after that record is on disk, unless `keep_local`. A CDXJ index stays (it is about 1/300 of its WARC
+file): the node answers look-ups from it (`GET /cdx`), naming the object its record went to.
 
 A server that is down or refuses the credentials leaves the files queued: the uploader retries with back-off
 (1 s doubling to a minute), the error is in /status, /metrics and the dashboard, and the crawl goes on until
@@ -74,6 +76,10 @@ class Uploader:
         self.lost_files = 0  # queued files gone from the disk and not in the bucket
         self._wake = trio.Event()
         self._watch = DirWatch(directory, trio.current_time)
+        # files an earlier run may have sent (queued or closed when this one began) and files whose sending failed
+        # here: looked up in the bucket before they are sent; a file closed and queued since is sent straight away
+        self._inherited: set[str] | None = None
+        self._tried: set[str] = set()
 
     def key(self, name: str) -> str:
         return self.objects.target.key(self.node_id, name)
@@ -134,6 +140,8 @@ class Uploader:
         if not self.keep_local:
             self._remove_uploaded()
         pending = self.uploads.pending()
+        if self._inherited is None:
+            self._inherited = {name for name, _size, _at in pending}
         self.queued_files = len(pending)
         self.queued_bytes = sum(size for _name, size, _at in pending)
         self.oldest_queued_at = min((at for _name, _size, at in pending), default=None)
@@ -164,20 +172,23 @@ class Uploader:
         except FileNotFoundError:
             await self._gone(name, key)
             return
-        there = await self._thread(objects.head, key)
-        if there is not None and there[:2] == (digest.size, digest.etag):
-            etag = there[1]  # uploaded before a kill took the record with it: one object, nothing to send
+        inherited = self._inherited is None or name in self._inherited or name in self._tried
+        self._tried.add(name)
+        there = await self._thread(objects.head, key) if inherited else None
+        if there is not None and await self._thread(objects.matches, there, path, digest):
+            etag = there.etag  # uploaded before a kill took the record with it: one object, nothing to send
         else:
-            await self._thread(objects.abort_stale, key)
-            if digest.parts == 1:
+            if inherited:
+                await self._thread(objects.abort_stale, key)
+            if len(digest.parts) == 1:
                 await self._thread(objects.put, path, key, digest)
             else:
                 upload_id = await self._thread(objects.start_parts, key, digest)
                 etags = []
-                for number in range(1, digest.parts + 1):
-                    etags.append(await self._thread(objects.put_part, path, key, upload_id, number))
-                await self._thread(objects.finish_parts, key, upload_id, etags)
-            etag = await self._thread(objects.verify, key, digest)
+                for number in range(1, len(digest.parts) + 1):
+                    etags.append(await self._thread(objects.put_part, path, key, upload_id, number, digest))
+                await self._thread(objects.finish_parts, key, upload_id, etags, digest)
+            etag = await self._thread(objects.verify, key, path, digest)
         record = Uploaded(key=key, size=digest.size, sha256=digest.sha256, etag=etag, at=time.time())
         notice = None
         if self.notify and name.endswith(".warc.gz"):
@@ -186,6 +197,9 @@ class Uploader:
             notice = notice_body(event="uploaded", node=self.node_id, file=name, key=key, size=digest.size,
                                  sha256=digest.sha256, records=records, at=record.at)
         self.uploads.done(name, record, notice)
+        self._tried.discard(name)
+        if self._inherited is not None:
+            self._inherited.discard(name)
         if not self.keep_local and name.endswith(".warc.gz"):  # the index stays for look-ups
             path.unlink(missing_ok=True)
         self.uploaded_files += 1
@@ -195,10 +209,11 @@ class Uploader:
     async def _gone(self, name: str, key: str) -> None:
         """A queued file is no longer on the disk: recorded as uploaded if its object is in the bucket (the record
         of a verified upload was lost with the machine), else dropped from the queue and counted as lost."""
+        self._tried.discard(name)
         there = await self._thread(self.objects.head, key)
         if there is not None:
-            size, etag, sha = there
-            self.uploads.done(name, Uploaded(key=key, size=size, sha256=sha, etag=etag, at=time.time()))
+            self.uploads.done(name, Uploaded(key=key, size=there.size, sha256=there.sha256, etag=there.etag,
+                                             at=time.time()))
             return
         self.uploads.forget(name)
         self.lost_files += 1
