@@ -2,9 +2,11 @@
 local files and its Redis stream) against the same crawl with none, and with the default (the crawl log's local
 files only), side by side in one run.
 
-Run: ``python -m tests.bench.bench_outputs [--hosts 100] [--pages-per-host 40] [--warc-mib 4]``
+Run: ``python -m tests.bench.bench_outputs [--hosts 100] [--pages-per-host 40] [--warc-mib 4] [--rounds 1]``
 
-One local web (``peerlab.localweb``, 15 KB pages) runs here, its DNS server in a process of its own, and a real S3
+One local web (``peerlab.localweb``: pages built like the web's, python3-doc's documents on a fifth of the hosts
+when installed, as the real-markup benchmark web; ``--markup filler`` for the old list of links and filler text)
+runs here, its DNS server in a process of its own, and a real S3
 server (SeaweedFS, tests/support/s3server.py), a redis-server and a webhook receiver on loopback. Three ``peerd``
 processes crawl the whole web at the same time, each into its own data dir: `outputs-on` with ``--upload`` (WARC
 files rotated at ``--warc-mib`` so that many files go during the crawl, the last at the stop), ``--webhook`` and
@@ -12,7 +14,9 @@ files rotated at ``--warc-mib`` so that many files go during the crawl, the last
 `default` with the crawl log's local files only. CPU is each process's own (user + system, from /proc at
 its control endpoint's start, and its `node stopped` log line at the end), so the start-up is left out and the
 final upload is in. Pages are each node's `pages`. The figures are the ratios of the CPU-per-page figures to
-that of `outputs-off`; the machine's noise falls on all three.
+that of `outputs-off`; the machine's noise falls on all three. ``--rounds N`` runs the three crawls N times, one
+round after the other, and gives each round's ratios and their median (a round's ratio moves by a few points with
+the machine's load, more than the outputs cost).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -102,7 +107,7 @@ async def _node(name: str, tmp: Path, argv: list[str], env: dict[str, str], out:
 
 async def run(args: argparse.Namespace) -> dict:
     graph = SiteGraph.generate(seed=5, hosts=args.hosts, pages_per_host=args.pages_per_host, features=False,
-                               page_bytes=args.page_bytes)
+                               page_bytes=args.page_bytes, markup=args.markup)
     tmp = Path(tempfile.mkdtemp(prefix="bench-outputs-"))
     load = [round(x, 2) for x in os.getloadavg()]  # 1, 5 and 15 minutes: the machine is shared
     s3 = WeedS3(tmp / "weed")
@@ -158,7 +163,7 @@ async def run(args: argparse.Namespace) -> dict:
     out["webhook_notices"] = len(receiver.accepted())
     # a node that fetched less than the whole web (its DNS or web server starved on a loaded machine) measured
     # another crawl: the ratios are not comparable then
-    expected = args.hosts * args.pages_per_host
+    expected = len(graph.expected().fetched)  # the oracle's pages: on the real-markup web, 404s and 301s too
     out["complete"] = all(out[name]["pages"] == expected for name in ("outputs-on", "outputs-off", "default"))
     out["load_average"] = {"start": load, "end": [round(x, 2) for x in os.getloadavg()]}
     off = max(1e-9, out["outputs-off"]["cpu_ms_per_page"])
@@ -178,8 +183,27 @@ def main(argv: list[str] | None = None) -> int:
                    help="sample each node on its own CPU time (tests/bench/_cpuprof) into DIR/cpu-NAME.PID; compare "
                         "with python -m tests.bench._cpuprof.report DIR/cpu-outputs-off.PID,PAGES "
                         "DIR/cpu-outputs-on.PID,PAGES")
+    p.add_argument("--markup", choices=("real", "filler"), default="real",
+                   help="the pages: built like the web's (default) or the old filler pages (figures labelled so)")
+    p.add_argument("--rounds", type=int, default=1, help="the three crawls this many times; the median ratios")
     args = p.parse_args(argv)
-    print(json.dumps(trio.run(run, args), indent=1))
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    rounds = []
+    for k in range(args.rounds):
+        result = trio.run(run, args)
+        rounds.append(result)
+        print(json.dumps({"round": k + 1, **result}, indent=1), flush=True)
+    complete = [r for r in rounds if r["complete"]]
+    summary = {
+        "markup": args.markup, "rounds": len(rounds), "complete_rounds": len(complete),
+        "ratios_on_vs_off": [r["cpu_per_page_ratio_on_vs_off"] for r in complete],
+        "ratios_default_vs_off": [r["cpu_per_page_ratio_default_vs_off"] for r in complete],
+    }
+    if complete:
+        summary["median_on_vs_off"] = statistics.median(summary["ratios_on_vs_off"])
+        summary["median_default_vs_off"] = statistics.median(summary["ratios_default_vs_off"])
+    print(json.dumps({"summary": summary}, indent=1))
     return 0
 
 
