@@ -7,9 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 
 from peerlab import experiment
-from peerlab.experiment.cluster import _Run, run_cluster
+from peerlab.experiment.cluster import _Run, inline_threads, run_cluster
 from peerlab.experiment.live import ring_figures
 from peerlab.experiment.plan import parse_plan
 
@@ -139,3 +141,26 @@ def test_a_change_counts_hand_off_messages_per_pair_and_those_between_nodes_shar
     # The pairs the run counted before the change are not the change's.
     cost = run.cost(run.traffic(), 20, 1.5, (before, 10.0), leave)
     assert cost.handoff_messages == 0 and cost.handoff_pairs == 0 and cost.handoff_stray == 0
+
+
+async def test_the_converged_start_gives_every_node_the_records_it_holds_so_no_view_changes(
+        autojump_clock: trio.testing.MockClock, tmp_path: Path) -> None:
+    # Each node's own record in the whole view is the one it announces (address, weight and zone): none corrects
+    # it, so no record is gossiped and no node's view changes (a correction of each record at every node made the
+    # start cost n view changes per node).
+    plan = parse_plan(PLAN, overrides={"fleet.count": "4", "web.hosts": "200"})
+    run = _Run(plan, tmp_path, lambda _line: None)
+    with inline_threads():
+        async with trio.open_nursery() as nursery:
+            await run.start_converged(nursery, plan.stage_weights()[0])
+            given = {node.node_id: node.cluster.view for node in run.nodes.values()}
+            changes = {node.node_id: node.cluster.view_changes for node in run.nodes.values()}
+            await trio.sleep(5.0)
+            for node in run.nodes.values():
+                assert node.cluster.membership.view.members == given[node.node_id].members
+                assert node.cluster.view_changes == changes[node.node_id], node.node_id
+                assert not node.cluster.membership._broadcast, node.node_id
+                assert node.cluster.links.received_kinds.get("Ping", 0) > 0  # the nodes did talk meanwhile
+            for node in run.running():
+                await node.stop()
+            nursery.cancel_scope.cancel()
