@@ -21,6 +21,7 @@ from peer.cluster.membership.membership import Membership, MembershipConfig
 from peer.cluster.net.peerlinks import LinkError
 from peer.cluster.net.memtransport import MemoryNetwork
 from peer.cluster.net.transport import TcpTransport
+from protocol import Gossip
 from ring import MemberState, View
 
 SECRET = b"membership test secret, 32 byte"
@@ -258,6 +259,39 @@ def test_a_leave_is_seen_as_leaving_by_all_and_never_turns_dead() -> None:
         assert leaver.id not in nodes[0].m.view.owner_weights()  # it owns no arcs any more
 
     run_sim(9, body)
+
+
+def test_a_leave_tells_every_member_its_own_record_alone_and_none_answers_with_a_whole_view() -> None:
+    async def body(sim: Sim) -> None:
+        nodes = await build(sim, 24)
+        await sim.until(sim.converged, limit=10)
+        leaver = nodes[7]
+        sent: list[tuple[str, Gossip]] = []
+        received: list[Gossip] = []
+        send = leaver.m.links.send_nowait
+
+        def recording(peer_id: str, message: object, **kwargs: object) -> bool:
+            if isinstance(message, Gossip):
+                sent.append((peer_id, message))
+            return send(peer_id, message, **kwargs)
+
+        leaver.m.links.send_nowait = recording  # type: ignore[method-assign]
+        on_gossip = leaver.m._on_gossip
+
+        def answered(peer_id: str, gossip: Gossip) -> None:
+            received.append(gossip)
+            on_gossip(peer_id, gossip)
+
+        leaver.m._on_gossip = answered  # type: ignore[method-assign]
+        await leaver.m.leave(close_links=False)
+        assert {peer for peer, _ in sent} == {n.id for n in nodes if n is not leaver}
+        for _, gossip in sent:
+            assert not gossip.full and [m.node_id for m in gossip.members] == [leaver.id]
+            assert gossip.members[0].state == MemberState.LEAVING.value
+        await sim.until(lambda: all(n.state_of(leaver.id) is MemberState.LEAVING for n in sim.live()), limit=3)
+        assert not [g for g in received if g.full]  # nobody answered the news with its whole view
+
+    run_sim(12, body)
 
 
 @pytest.mark.slow

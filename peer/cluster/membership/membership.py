@@ -301,8 +301,11 @@ class Membership:
         self._leaving = True
         me = self.view.member(self.node_id)
         assert me is not None
-        self._apply(self.view.with_member(replace(me, incarnation=me.incarnation + 1, state=MemberState.LEAVING)))
-        gossip = self._full_gossip()
+        leaving = replace(me, incarnation=me.incarnation + 1, state=MemberState.LEAVING)
+        self._apply(self.view.with_member(leaving))
+        # Our record alone, a partial gossip: it is the news. The whole view to every member would cost this node n
+        # records n times, and every member whose view differed from it would answer with its own whole view.
+        gossip = Gossip(epoch=self.view.epoch, full=False, members=(to_wire(leaving),))
         for member in self.view.members:
             if member.node_id != self.node_id and member.state is not MemberState.LEAVING:
                 self._send(member.node_id, gossip)
