@@ -161,6 +161,7 @@ async def test_the_converged_start_gives_every_node_the_records_it_holds_so_no_v
                 assert node.cluster.view_changes == changes[node.node_id], node.node_id
                 assert not node.cluster.membership._broadcast, node.node_id
                 assert node.cluster.links.received_kinds.get("Ping", 0) > 0  # the nodes did talk meanwhile
-            for node in run.running():
-                await node.stop()
+            await run.stop_all()  # at once: no node dials one that stopped before it
+            assert not run.running() and all(node.stopped.is_set() for node in run.nodes.values())
+            assert not run.net._links and not run.net._links_of  # every connection of every node is gone
             nursery.cancel_scope.cancel()

@@ -21,7 +21,7 @@ from peer.cluster.membership.membership import Membership, MembershipConfig
 from peer.cluster.net.peerlinks import LinkError
 from peer.cluster.net.memtransport import MemoryNetwork
 from peer.cluster.net.transport import TcpTransport
-from protocol import Gossip
+from protocol import Gossip, Ping
 from ring import MemberState, View
 
 SECRET = b"membership test secret, 32 byte"
@@ -292,6 +292,36 @@ def test_a_leave_tells_every_member_its_own_record_alone_and_none_answers_with_a
         assert not [g for g in received if g.full]  # nobody answered the news with its whole view
 
     run_sim(12, body)
+
+
+def test_a_ping_from_a_member_with_another_view_is_answered_with_the_records_being_gossiped() -> None:
+    async def body(sim: Sim) -> None:
+        nodes = await build(sim, 8)
+        await sim.until(sim.converged, limit=10)
+        await trio.sleep(10)  # every record's retransmissions are over: nothing is being gossiped
+        a, b = nodes[0], nodes[1]
+        sent: list[Gossip] = []
+        for name in ("send_nowait", "send_datagram"):
+            original = getattr(a.m.links, name)
+
+            def recording(peer_id: str, message: object, _original=original, **kwargs: object) -> bool:
+                if isinstance(message, Gossip):
+                    sent.append(message)
+                return _original(peer_id, message, **kwargs)
+
+            setattr(a.m.links, name, recording)
+        assert not a.m._broadcast
+        await a.m._on_message(b.id, Ping(seq=1, epoch=a.m.view.epoch + 1), datagram=True)
+        assert [(g.full, len(g.members)) for g in sent] == [(True, 8)]  # no news to explain it: the whole view
+        sent.clear()
+        a.m._broadcast[a.id] = 3  # its own record is being gossiped: a change spreading
+        await a.m._on_message(b.id, Ping(seq=2, epoch=a.m.view.epoch + 1), datagram=True)
+        assert [(g.full, [m.node_id for m in g.members]) for g in sent] == [(False, [a.id])]
+        sent.clear()
+        await a.m._on_message(b.id, Ping(seq=3, epoch=a.m.view.epoch), datagram=True)
+        assert sent == []  # the same view: a Pong alone
+
+    run_sim(13, body)
 
 
 @pytest.mark.slow

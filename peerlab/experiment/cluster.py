@@ -361,6 +361,16 @@ class _Run:
     def running(self) -> list[_Node]:
         return [node for node in self.nodes.values() if node.running]
 
+    async def stop_all(self) -> None:
+        """Stop every running node at once: stopped one after another, each node's peers would dial it again, and
+        the n stops cost n times the cluster's links."""
+        live = self.running()
+        for node in live:
+            node.scope.cancel()
+        for node in live:
+            await node.stopped.wait()
+            node.store.close()
+
     async def start(self, nursery: trio.Nursery, node_id: str, weight: int, members: View | None = None) -> _Node:
         node = _Node(self, self.index, node_id, weight, members)
         self.index += 1
@@ -589,8 +599,7 @@ async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], tim
         run.notes.append(f"messages received: {total:,} in {trio.current_time():.1f} virtual s, {per:.1f} per node "
                          "per virtual s; by kind: " + ", ".join(
                              f"{kind} {n:,} ({n / total:.1%})" for kind, n in kinds.most_common()))
-        for node in run.running():
-            await node.stop()
+        await run.stop_all()
         nursery.cancel_scope.cancel()
     return ExperimentResult(plan=plan, mode="cluster", phases=tuple(phases), samples=tuple(run.samples),
                             changes=tuple(changes), wall_seconds=0.0, peak_rss_bytes=0, timings=timings,

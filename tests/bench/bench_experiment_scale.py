@@ -2,7 +2,7 @@
 what one node pays per view change and per second of crawl, against the smallest size of the same series.
 
 Run: ``python -m tests.bench.bench_experiment_scale [--sizes 100 200 500 1000] [--json FILE] [--out DIR]
-[--nice 10] [--end-at 900]``
+[--nice 10] [--end-at 900]``; ``--table FILE`` prints the tables of a ``--json`` file again
 
 Each size n is one run of the experiment in its own process (niced): nodes A-D and n - 4 generated ones (weights
 40-300 from the seed), 10 points per weight, 100,000 hosts, one page per virtual second per node, the design's
@@ -16,7 +16,9 @@ Per node, from each run's ``summary.json``: for each view change (from the chang
 hand-off messages, every message received, KiB written and CPU ms of the simulating process; the ordered pairs that
 exchanged hand-off messages, the nodes whose arcs changed and the hand-off messages between nodes sharing no moved
 arc (``stray``: 0 when the hand-off stays between the previous and the new owners of moved arcs); and the crawl's
-own rate in the phase before the leave (messages, KiB, CPU ms per node per virtual second). Per run: wall time,
+own rate in the phase before the leave (messages, KiB, CPU ms per node per virtual second), and what each change
+cost beyond that rate over its settle ("beyond": the change's own work, since the crawl goes on meanwhile and the
+settle takes longer in a larger cluster). Per run: wall time,
 CPU, peak RSS (the child's ``ru_maxrss``) and the load average seen while it ran (the machine is shared). Each
 per-node figure is also given as a ratio to the first size's.
 """
@@ -93,15 +95,25 @@ def run_one(n: int, out: Path, *, nice: int, end_at: float) -> dict[str, Any]:
             "phase_messages_per_s": cost["phase_messages"], "phase_kib_per_s": cost["phase_bytes"] / 1024,
             "phase_cpu_ms_per_s": cost["phase_cpu"] * 1e3,
         })
+        beyond(changes[-1])
     return {"nodes": n, "wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
             "peak_rss_mib": round(usage.ru_maxrss / 1024), "load_min": min(load.seen), "load_max": max(load.seen),
             "load_mean": round(sum(load.seen) / len(load.seen), 2), "changes": changes,
             "notes": [note for note in summary["notes"] if note.startswith(("phase ", "change ", "links "))]}
 
 
+def beyond(change: dict[str, Any]) -> None:
+    """The change's own cost: what it cost beyond the crawl's rate in the phase before, over its settle."""
+    seconds = change["settle_seconds"]
+    for key, rate in (("messages", "phase_messages_per_s"), ("kib", "phase_kib_per_s"),
+                      ("cpu_ms", "phase_cpu_ms_per_s")):
+        change[f"{key}_beyond"] = max(0.0, change[key] - change[rate] * seconds)
+
+
 #: (key, heading, format) of the per-node figures of a change, each also given as a ratio to the first size's
 FIGURES = (("handoff_messages", "hand-off msgs", "{:.2f}"), ("messages", "messages", "{:.0f}"),
-           ("kib", "KiB", "{:.1f}"), ("cpu_ms", "CPU ms", "{:.0f}"))
+           ("kib", "KiB", "{:.1f}"), ("cpu_ms", "CPU ms", "{:.0f}"), ("messages_beyond", "messages beyond", "{:.0f}"),
+           ("kib_beyond", "KiB beyond", "{:.1f}"), ("cpu_ms_beyond", "CPU ms beyond", "{:.0f}"))
 RATES = (("phase_messages_per_s", "msgs/s", "{:.1f}"), ("phase_kib_per_s", "KiB/s", "{:.1f}"),
          ("phase_cpu_ms_per_s", "CPU ms/s", "{:.1f}"))
 
@@ -137,7 +149,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="keep each run's folder under this directory")
     parser.add_argument("--nice", type=int, default=10, help="niceness of each run (default 10)")
     parser.add_argument("--end-at", type=float, default=900.0, help="the plan's end.at (default 900: 18 virtual s)")
+    parser.add_argument("--table", type=Path, metavar="JSON", help="print the tables of a --json file and exit")
     args = parser.parse_args(argv)
+    if args.table:
+        rows = json.loads(args.table.read_text(encoding="utf-8"))
+        for row in rows:
+            for change in row["changes"]:
+                beyond(change)
+        print(table(rows))
+        return
     rows = []
     with tempfile.TemporaryDirectory(prefix="experiment-scale-") as tmp:
         root = args.out or Path(tmp)

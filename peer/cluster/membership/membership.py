@@ -380,6 +380,13 @@ class Membership:
     def _live_peers(self) -> list[Member]:
         return [m for m in self.view.members if m.state in _LIVE and m.node_id != self.node_id]
 
+    def _news(self) -> Gossip | None:
+        """The records being gossiped (changed lately) as a partial gossip; None if there are none."""
+        if not self._broadcast:
+            return None
+        members = tuple(to_wire(m) for node_id in sorted(self._broadcast) if (m := self.view.member(node_id)))
+        return Gossip(epoch=self.view.epoch, full=False, members=members)
+
     def _full_gossip(self) -> Gossip:
         return Gossip(epoch=self.view.epoch, full=True, members=tuple(to_wire(m) for m in self.view.members))
 
@@ -498,10 +505,9 @@ class Membership:
     async def _gossip_loop(self) -> None:
         while True:
             await trio.sleep(self.config.gossip_interval)
-            if not self._broadcast or self._left:
+            gossip = self._news()
+            if gossip is None or self._left:
                 continue
-            members = tuple(to_wire(m) for node_id in sorted(self._broadcast) if (m := self.view.member(node_id)))
-            gossip = Gossip(epoch=self.view.epoch, full=False, members=members)
             peers = self._live_peers()
             for member in self._rng.sample(peers, min(self.config.gossip_fanout, len(peers))):
                 self._send_datagram_first(member.node_id, gossip)
@@ -549,7 +555,15 @@ class Membership:
         if isinstance(message, Ping):
             self._reply(peer_id, Pong(seq=message.seq, epoch=self.view.epoch), datagram)
             if message.epoch != self.view.epoch:
-                self._send(peer_id, self._full_gossip())
+                # Views differ. While records are being gossiped, those are most likely the difference (a change
+                # spreading): they go, not the whole view, which pings between members that have and have not yet
+                # merged a change would otherwise carry n records each. With nothing being gossiped the whole view
+                # goes, so a difference the gossip does not carry is repaired at the next ping.
+                news = self._news()
+                if news is None:
+                    self._send(peer_id, self._full_gossip())
+                else:
+                    self._reply(peer_id, news, datagram)
         elif isinstance(message, Pong):
             if (acked := self._acks.get(message.seq)) is not None:
                 acked.set()
