@@ -294,7 +294,7 @@ def test_a_leave_tells_every_member_its_own_record_alone_and_none_answers_with_a
     run_sim(12, body)
 
 
-def test_a_ping_from_a_member_with_another_view_is_answered_with_the_records_being_gossiped() -> None:
+def test_a_ping_from_a_member_behind_is_answered_with_the_records_being_gossiped_else_the_whole_view() -> None:
     async def body(sim: Sim) -> None:
         nodes = await build(sim, 8)
         await sim.until(sim.converged, limit=10)
@@ -315,8 +315,11 @@ def test_a_ping_from_a_member_with_another_view_is_answered_with_the_records_bei
         assert [(g.full, len(g.members)) for g in sent] == [(True, 8)]  # no news to explain it: the whole view
         sent.clear()
         a.m._broadcast[a.id] = 3  # its own record is being gossiped: a change spreading
-        await a.m._on_message(b.id, Ping(seq=2, epoch=a.m.view.epoch + 1), datagram=True)
-        assert [(g.full, [m.node_id for m in g.members]) for g in sent] == [(False, [a.id])]
+        await a.m._on_message(b.id, Ping(seq=2, epoch=a.m.view.epoch - 1), datagram=True)
+        assert [(g.full, [m.node_id for m in g.members]) for g in sent] == [(False, [a.id])]  # b is behind
+        sent.clear()
+        await a.m._on_message(b.id, Ping(seq=3, epoch=a.m.view.epoch + 1), datagram=True)
+        assert [(g.full, len(g.members)) for g in sent] == [(True, 8)]  # b is ahead: the exchange of whole views
         sent.clear()
         await a.m._on_message(b.id, Ping(seq=3, epoch=a.m.view.epoch), datagram=True)
         assert sent == []  # the same view: a Pong alone

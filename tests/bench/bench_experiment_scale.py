@@ -1,5 +1,6 @@
 """The design's experiment on simulated ``Cluster`` nodes (``peerctl experiment --mode cluster``) at growing sizes:
-what one node pays per view change and per second of crawl, against the smallest size of the same series.
+what one node pays per view change and per second of crawl, against the smallest size of the same series (the
+sizes run in the order given; the tables list them by size).
 
 Run: ``python -m tests.bench.bench_experiment_scale [--sizes 100 200 500 1000] [--json FILE] [--out DIR]
 [--nice 10] [--end-at 900]``; ``--table FILE`` prints the tables of a ``--json`` file again
@@ -119,6 +120,7 @@ RATES = (("phase_messages_per_s", "msgs/s", "{:.1f}"), ("phase_kib_per_s", "KiB/
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    rows = sorted(rows, key=lambda row: row["nodes"])
     base = rows[0]
     lines = ["| nodes | change | settle (virtual s) | " + " | ".join(h for _, h, _ in FIGURES)
              + " | pairs | changed nodes | stray | x first size (" + ", ".join(h for _, h, _ in FIGURES) + ") |",
@@ -166,6 +168,8 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(row)
             print(f"{n:,} nodes: wall {row['wall_s']:.0f} s, CPU {row['cpu_s']:.0f} s, peak RSS "
                   f"{row['peak_rss_mib']:,} MiB, load {row['load_min']:.1f}-{row['load_max']:.1f}", flush=True)
+            if args.json:  # after each size: a long series keeps what it measured
+                args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores\n")
     print(table(rows))
     for row in rows:

@@ -555,11 +555,11 @@ class Membership:
         if isinstance(message, Ping):
             self._reply(peer_id, Pong(seq=message.seq, epoch=self.view.epoch), datagram)
             if message.epoch != self.view.epoch:
-                # Views differ. While records are being gossiped, those are most likely the difference (a change
-                # spreading): they go, not the whole view, which pings between members that have and have not yet
-                # merged a change would otherwise carry n records each. With nothing being gossiped the whole view
-                # goes, so a difference the gossip does not carry is repaired at the next ping.
-                news = self._news()
+                # Views differ. A pinger behind us (a lower epoch) while records are being gossiped most likely lacks
+                # just those (a change spreading): they go, not the whole view, which pings from members that have
+                # not yet merged a change would otherwise fetch n records each. Otherwise the whole view goes (and,
+                # from a pinger ahead of us, comes back whole: how a node that restarted catches up at once).
+                news = self._news() if message.epoch < self.view.epoch else None
                 if news is None:
                     self._send(peer_id, self._full_gossip())
                 else:
