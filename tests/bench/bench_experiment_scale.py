@@ -3,7 +3,8 @@ what one node pays per view change and per second of crawl, against the smallest
 sizes run in the order given; the tables list them by size).
 
 Run: ``python -m tests.bench.bench_experiment_scale [--sizes 100 200 500 1000] [--json FILE] [--out DIR]
-[--nice 10] [--end-at 900]``; ``--table FILE`` prints the tables of a ``--json`` file again
+[--nice 10] [--end-at 900]``; ``--table FILE...`` prints the tables of ``--json`` files again (the rows of several
+runs together). Each run's progress lines and report go to ``nN.log`` beside its folder as they come.
 
 Each size n is one run of the experiment in its own process (niced): nodes A-D and n - 4 generated ones (weights
 40-300 from the seed), 10 points per weight, 100,000 hosts, one page per virtual second per node, the design's
@@ -44,8 +45,7 @@ def command(n: int, out: Path, end_at: float) -> list[str]:
     return [sys.executable, "-m", "peerlab.experiment", "--mode", "cluster",
             "--set", f"fleet.count={n - 4}", "--set", "points_per_weight=10", "--set", "web.hosts=100000",
             "--set", f"simulate.pages_per_second={n}", "--set", "cluster.time_scale=0.02",
-            "--set", "dispatch.interval=0.05", "--set", f"end.at={end_at:g}", "--no-plots", "--quiet",
-            "--out", str(out)]
+            "--set", "dispatch.interval=0.05", "--set", f"end.at={end_at:g}", "--no-plots", "--out", str(out)]
 
 
 class LoadWatch:
@@ -75,8 +75,10 @@ class LoadWatch:
 def run_one(n: int, out: Path, *, nice: int, end_at: float) -> dict[str, Any]:
     env = dict(os.environ)
     started = time.perf_counter()
-    with LoadWatch() as load:
-        proc = subprocess.Popen(command(n, out, end_at), env=env, stdout=subprocess.DEVNULL,
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with LoadWatch() as load, open(out.parent / f"{out.name}.log", "w", encoding="utf-8") as log:
+        # the run's progress lines and report go to OUT.log as they come: a long run shows where it is
+        proc = subprocess.Popen(command(n, out, end_at), env=env, stdout=log, stderr=subprocess.STDOUT,
                                 preexec_fn=(lambda: os.nice(nice)) if nice else None)
         _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
@@ -151,10 +153,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="keep each run's folder under this directory")
     parser.add_argument("--nice", type=int, default=10, help="niceness of each run (default 10)")
     parser.add_argument("--end-at", type=float, default=900.0, help="the plan's end.at (default 900: 18 virtual s)")
-    parser.add_argument("--table", type=Path, metavar="JSON", help="print the tables of a --json file and exit")
+    parser.add_argument("--table", type=Path, nargs="+", metavar="JSON",
+                        help="print the tables of --json files (their rows together) and exit")
     args = parser.parse_args(argv)
     if args.table:
-        rows = json.loads(args.table.read_text(encoding="utf-8"))
+        rows = [row for path in args.table for row in json.loads(path.read_text(encoding="utf-8"))]
         for row in rows:
             for change in row["changes"]:
                 beyond(change)
