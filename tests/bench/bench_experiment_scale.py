@@ -73,7 +73,7 @@ class LoadWatch:
 
 
 def run_one(n: int, out: Path, *, nice: int, end_at: float) -> dict[str, Any]:
-    env = dict(os.environ)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     started = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     with LoadWatch() as load, open(out.parent / f"{out.name}.log", "w", encoding="utf-8") as log:
