@@ -7,9 +7,12 @@ import re
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 
 from peerlab import experiment
-from peerlab.experiment.cluster import run_cluster
+from peerlab.experiment.cluster import _Run, inline_threads, run_cluster
+from peerlab.experiment.live import ring_figures
 from peerlab.experiment.plan import parse_plan
 
 PLAN = """
@@ -61,7 +64,7 @@ def test_the_design_experiment_runs_on_a_simulated_cluster_and_its_tables_add_up
     assert "C" not in third.weights and "E" in third.weights and len(third.weights) == 20
     # The run's own cross-checks found nothing: every node's ring gave the experiment's key shares, and no
     # receiver counted fewer URLs from a sender than that sender counted to it.
-    assert not [note for note in result.notes if note.startswith("phase ")], result.notes
+    assert not [note for note in result.notes if note.startswith(("phase ", "change "))], result.notes
     for phase in result.phases:
         assert phase.pages > 0 and phase.total_sent > 0
         # The samples of a phase add up to its matrix, sender by sender and receiver by receiver.
@@ -89,6 +92,12 @@ def test_the_design_experiment_runs_on_a_simulated_cluster_and_its_tables_add_up
         cost = change.cost
         assert cost is not None and cost.nodes == (20 if change is leave else 19)
         assert 0 < cost.handoff_pairs <= 2 * 19 and 0 < cost.handoff_messages <= 8 * cost.nodes
+        # Counted per pair: every pair has the leaver (or the joiner) at one end and shares a moved arc with it.
+        mover = "C" if change is leave else "E"
+        assert sum(cost.handoff_by_pair.values()) == cost.handoff_messages
+        assert len(cost.handoff_by_pair) == cost.handoff_pairs
+        assert all(mover in pair for pair in cost.handoff_by_pair), cost.handoff_by_pair
+        assert cost.handoff_stray == 0 and cost.handoff_pairs <= 2 * (cost.changed_nodes - 1)
         assert cost.messages > cost.handoff_messages and cost.bytes > 0 and cost.cpu_seconds > 0
         assert cost.phase_messages > 0 and cost.phase_cpu > 0
     assert "what each view change cost, per node" in experiment.format_report(result)
@@ -110,3 +119,49 @@ def test_cluster_mode_is_a_plan_mode_and_checks_its_settings() -> None:
         parse_plan(PLAN, overrides={"cluster.settle_wait": "0"})
     with pytest.raises(experiment.PlanError, match="a simulation has no crawl to finish"):
         parse_plan(PLAN.replace("at = 30.0", "when_done = true"))
+
+
+def test_a_change_counts_hand_off_messages_per_pair_and_those_between_nodes_sharing_no_moved_arc() -> None:
+    plan = parse_plan(PLAN, overrides={"web.hosts": "200"})
+    figures = ring_figures(plan, [f"h{i}.test" for i in range(200)])
+    leave, join = figures.moved_pairs
+    # C's arcs go from C to the nodes that stay; E's come to E from the nodes that had them: C or E in every pair.
+    assert leave and all(previous == "C" and new != "C" for previous, new in leave)
+    assert join and all(new == "E" and previous != "E" for previous, new in join)
+    run = _Run(plan, Path("unused"), lambda _line: None)
+    before = run.traffic()
+    taker = next(iter(leave))[1]
+    other = next(node for node in plan.stage_weights()[1] if node != taker)
+    run.handoff_pairs.update({("C", taker): 3, (taker, "C"): 2, (other, taker): 1})
+    cost = run.cost(before, 20, 1.5, (before, 10.0), leave)
+    assert cost.handoff_messages == 6 and cost.handoff_pairs == 3
+    assert cost.handoff_by_pair == {("C", taker): 3, (taker, "C"): 2, (other, taker): 1}
+    assert cost.handoff_stray == 1  # two nodes that stay share no moved arc: only C's arcs moved
+    assert cost.changed_nodes == len({node for pair in leave for node in pair})
+    # The pairs the run counted before the change are not the change's.
+    cost = run.cost(run.traffic(), 20, 1.5, (before, 10.0), leave)
+    assert cost.handoff_messages == 0 and cost.handoff_pairs == 0 and cost.handoff_stray == 0
+
+
+async def test_the_converged_start_gives_every_node_the_records_it_holds_so_no_view_changes(
+        autojump_clock: trio.testing.MockClock, tmp_path: Path) -> None:
+    # Each node's own record in the whole view is the one it announces (address, weight and zone): none corrects
+    # it, so no record is gossiped and no node's view changes (a correction of each record at every node made the
+    # start cost n view changes per node).
+    plan = parse_plan(PLAN, overrides={"fleet.count": "4", "web.hosts": "200"})
+    run = _Run(plan, tmp_path, lambda _line: None)
+    with inline_threads():
+        async with trio.open_nursery() as nursery:
+            await run.start_converged(nursery, plan.stage_weights()[0])
+            given = {node.node_id: node.cluster.view for node in run.nodes.values()}
+            changes = {node.node_id: node.cluster.view_changes for node in run.nodes.values()}
+            await trio.sleep(5.0)
+            for node in run.nodes.values():
+                assert node.cluster.membership.view.members == given[node.node_id].members
+                assert node.cluster.view_changes == changes[node.node_id], node.node_id
+                assert not node.cluster.membership._broadcast, node.node_id
+                assert node.cluster.links.received_kinds.get("Ping", 0) > 0  # the nodes did talk meanwhile
+            await run.stop_all()  # at once: no node dials one that stopped before it
+            assert not run.running() and all(node.stopped.is_set() for node in run.nodes.values())
+            assert not run.net._links and not run.net._links_of  # every connection of every node is gone
+            nursery.cancel_scope.cancel()

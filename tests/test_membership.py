@@ -21,6 +21,7 @@ from peer.cluster.membership.membership import Membership, MembershipConfig
 from peer.cluster.net.peerlinks import LinkError
 from peer.cluster.net.memtransport import MemoryNetwork
 from peer.cluster.net.transport import TcpTransport
+from protocol import Gossip, Ping
 from ring import MemberState, View
 
 SECRET = b"membership test secret, 32 byte"
@@ -258,6 +259,72 @@ def test_a_leave_is_seen_as_leaving_by_all_and_never_turns_dead() -> None:
         assert leaver.id not in nodes[0].m.view.owner_weights()  # it owns no arcs any more
 
     run_sim(9, body)
+
+
+def test_a_leave_tells_every_member_its_own_record_alone_and_none_answers_with_a_whole_view() -> None:
+    async def body(sim: Sim) -> None:
+        nodes = await build(sim, 24)
+        await sim.until(sim.converged, limit=10)
+        leaver = nodes[7]
+        sent: list[tuple[str, Gossip]] = []
+        received: list[Gossip] = []
+        send = leaver.m.links.send_nowait
+
+        def recording(peer_id: str, message: object, **kwargs: object) -> bool:
+            if isinstance(message, Gossip):
+                sent.append((peer_id, message))
+            return send(peer_id, message, **kwargs)
+
+        leaver.m.links.send_nowait = recording  # type: ignore[method-assign]
+        on_gossip = leaver.m._on_gossip
+
+        def answered(peer_id: str, gossip: Gossip) -> None:
+            received.append(gossip)
+            on_gossip(peer_id, gossip)
+
+        leaver.m._on_gossip = answered  # type: ignore[method-assign]
+        await leaver.m.leave(close_links=False)
+        assert {peer for peer, _ in sent} == {n.id for n in nodes if n is not leaver}
+        for _, gossip in sent:
+            assert not gossip.full and [m.node_id for m in gossip.members] == [leaver.id]
+            assert gossip.members[0].state == MemberState.LEAVING.value
+        await sim.until(lambda: all(n.state_of(leaver.id) is MemberState.LEAVING for n in sim.live()), limit=3)
+        assert not [g for g in received if g.full]  # nobody answered the news with its whole view
+
+    run_sim(12, body)
+
+
+def test_a_ping_from_a_member_behind_is_answered_with_the_records_being_gossiped_else_the_whole_view() -> None:
+    async def body(sim: Sim) -> None:
+        nodes = await build(sim, 8)
+        await sim.until(sim.converged, limit=10)
+        await trio.sleep(10)  # every record's retransmissions are over: nothing is being gossiped
+        a, b = nodes[0], nodes[1]
+        sent: list[Gossip] = []
+        for name in ("send_nowait", "send_datagram"):
+            original = getattr(a.m.links, name)
+
+            def recording(peer_id: str, message: object, _original=original, **kwargs: object) -> bool:
+                if isinstance(message, Gossip):
+                    sent.append(message)
+                return _original(peer_id, message, **kwargs)
+
+            setattr(a.m.links, name, recording)
+        assert not a.m._broadcast
+        await a.m._on_message(b.id, Ping(seq=1, epoch=a.m.view.epoch + 1), datagram=True)
+        assert [(g.full, len(g.members)) for g in sent] == [(True, 8)]  # no news to explain it: the whole view
+        sent.clear()
+        a.m._broadcast[a.id] = 3  # its own record is being gossiped: a change spreading
+        await a.m._on_message(b.id, Ping(seq=2, epoch=a.m.view.epoch - 1), datagram=True)
+        assert [(g.full, [m.node_id for m in g.members]) for g in sent] == [(False, [a.id])]  # b is behind
+        sent.clear()
+        await a.m._on_message(b.id, Ping(seq=3, epoch=a.m.view.epoch + 1), datagram=True)
+        assert [(g.full, len(g.members)) for g in sent] == [(True, 8)]  # b is ahead: the exchange of whole views
+        sent.clear()
+        await a.m._on_message(b.id, Ping(seq=3, epoch=a.m.view.epoch), datagram=True)
+        assert sent == []  # the same view: a Pong alone
+
+    run_sim(13, body)
 
 
 @pytest.mark.slow

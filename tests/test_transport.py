@@ -177,6 +177,30 @@ async def test_nothing_listening_is_refused_and_a_stopped_server_resets_its_conn
         outer.cancel_scope.cancel()
 
 
+@virtual
+async def test_breaking_an_address_breaks_its_own_connections_and_the_network_keeps_only_open_ones() -> None:
+    net = MemoryNetwork(random.Random(5))
+    a, b, c = (net.transport(f"10.0.0.{i}:7000") for i in (1, 2, 3))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(b.serve, echo)
+        await nursery.start(c.serve, echo)
+        ab, ac, cb = await a.connect(b.address), await a.connect(c.address), await c.connect(b.address)
+        assert len(net._links) == 3 and {len(net._links_of[x.address]) for x in (a, b, c)} == {2}
+        assert net.break_links(a.address, c.address) == 1  # a pair: the one connection between them
+        assert net.break_links(a.address) == 1  # a's other one
+        with pytest.raises(trio.BrokenResourceError):
+            await ab.receive_some(10)
+        with pytest.raises(trio.BrokenResourceError):
+            await ac.receive_some(10)
+        await cb.send_all(b"untouched")
+        assert await read_exactly(cb, 9) == b"UNTOUCHED"
+        assert len(net._links) == 1 and a.address not in net._links_of and len(net._links_of[b.address]) == 1
+        await cb.aclose()  # closed at both ends (the echo server closes its side when ours reads the end)
+        await trio.sleep(1)
+        assert not net._links and not net._links_of
+        nursery.cancel_scope.cancel()
+
+
 def test_random_link_breaks_follow_the_injected_random_source() -> None:
     def sends_before_break(seed: int) -> int:
         async def main() -> int:

@@ -269,7 +269,7 @@ class _Node:
         cfg = load(env={}, flags={
             "weight": weight, "batch_size": run.plan.dispatch.batch_size,
             "dispatch_interval": run.plan.dispatch.interval, "codec": run.plan.dispatch.codec,
-            "ip_connections": 0, "suspicion_timeout": run.plan.live.suspicion_timeout,
+            "ip_connections": 0, "suspicion_timeout": run.plan.live.suspicion_timeout, "zone": run.zone,
         })
         self.cluster = Cluster(cfg, node_id=node_id, store=self.store, secret=SECRET, stats=Stats(),
                                transport=run.net.transport(self.address),
@@ -328,6 +328,9 @@ class _Run:
         self.samples: list[Sample] = []
         self.notes: list[str] = []
         self.handoff_pairs: Counter[tuple[str, str]] = Counter()  # (sender, receiver) -> hand-off messages sent
+        #: every node's failure zone (the nodes share one machine): the converged view's records must be the ones
+        #: each node holds of itself, or every node corrects its own record and each node's view changes n times
+        self.zone = load(env={}, flags={}).resolved_zone()
 
     def traffic(self) -> tuple[int, int, float, Counter[tuple[str, str]]]:
         """Messages received by every node so far, bytes written to the network, the process's CPU seconds, and
@@ -336,22 +339,37 @@ class _Run:
         return messages, sum(self.net.sent_bytes.values()), time.process_time(), Counter(self.handoff_pairs)
 
     def cost(self, before: tuple[int, int, float, Counter[tuple[str, str]]], nodes: int, seconds: float,
-             phase: tuple[tuple[int, int, float, Counter[tuple[str, str]]], float]) -> ChangeCost:
+             phase: tuple[tuple[int, int, float, Counter[tuple[str, str]]], float],
+             moved_pairs: frozenset[tuple[str, str]]) -> ChangeCost:
         """What happened between `before` and now, as a change's cost; `phase` is the traffic at the start of the
-        phase before the change and the phase's virtual seconds (its rates per node)."""
+        phase before the change and the phase's virtual seconds (its rates per node); `moved_pairs` the (previous,
+        new owner) pairs of the change's moved arcs: hand-off messages between any other two nodes are stray."""
         messages, sent, cpu, pairs = self.traffic()
         pairs.subtract(before[3])
         moved = +pairs
         (p_messages, p_bytes, p_cpu, _), p_seconds = phase
         per = max(1, nodes) * max(1e-9, p_seconds)
+        stray = sum(n for (a, b), n in moved.items() if (a, b) not in moved_pairs and (b, a) not in moved_pairs)
         return ChangeCost(
             nodes=nodes, seconds=seconds, messages=messages - before[0], bytes=sent - before[1],
             cpu_seconds=cpu - before[2], handoff_messages=sum(moved.values()), handoff_pairs=len(moved),
+            changed_nodes=len({node for pair in moved_pairs for node in pair}), handoff_stray=stray,
+            handoff_by_pair=dict(moved),
             phase_messages=(before[0] - p_messages) / per, phase_bytes=(before[1] - p_bytes) / per,
             phase_cpu=(before[2] - p_cpu) / per)
 
     def running(self) -> list[_Node]:
         return [node for node in self.nodes.values() if node.running]
+
+    async def stop_all(self) -> None:
+        """Stop every running node at once: stopped one after another, each node's peers would dial it again, and
+        the n stops cost n times the cluster's links."""
+        live = self.running()
+        for node in live:
+            node.scope.cancel()
+        for node in live:
+            await node.stopped.wait()
+            node.store.close()
 
     async def start(self, nursery: trio.Nursery, node_id: str, weight: int, members: View | None = None) -> _Node:
         node = _Node(self, self.index, node_id, weight, members)
@@ -426,7 +444,7 @@ class _Run:
         1.7 million lost arcs, over 20 GB in all.)"""
         whole = View()
         for offset, (node_id, weight) in enumerate(weights.items()):
-            whole = whole.join(node_id, address_of(self.index + offset), weight)
+            whole = whole.join(node_id, address_of(self.index + offset), weight, self.zone)
         for node_id, weight in weights.items():
             node = await self.start(nursery, node_id, weight, members=whole)
             node.cluster.membership._broadcast.clear()  # a converged cluster has nothing left to gossip
@@ -544,7 +562,11 @@ async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], tim
             run.set_rates()
             boundary = previous = run.counters()
             settle_seconds = trio.current_time() - changed_at
-            cost = run.cost(before_change, running_at_change, settle_seconds, (phase_traffic[0], changed_at - phase_traffic[1]))
+            cost = run.cost(before_change, running_at_change, settle_seconds,
+                            (phase_traffic[0], changed_at - phase_traffic[1]), figures.moved_pairs[k])
+            if cost.handoff_stray:
+                run.notes.append(f"change {k + 1}: {cost.handoff_stray:,} hand-off messages between nodes that share "
+                                 "no moved arc")
             phase_traffic = (run.traffic(), trio.current_time())
             offset += settle_seconds
             pages_offset += sum(c["pages"] for c in boundary.values()) - sum(c["pages"] for c in now.values())
@@ -560,7 +582,8 @@ async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], tim
                 by_pair=by_pair, settle_seconds=settle_seconds, transition_urls=transition, cost=cost))
             say(f"settled in {settle_seconds:.1f} virtual s: {changes[-1].urls_moved:,} URLs handed off, "
                 f"{transition:,} sent meanwhile; per node {cost.per_node(cost.handoff_messages):.1f} hand-off "
-                f"messages ({cost.handoff_pairs:,} pairs), {cost.per_node(cost.messages):.0f} messages, "
+                f"messages ({cost.handoff_pairs:,} pairs among the {cost.changed_nodes:,} nodes whose arcs changed, "
+                f"{cost.handoff_stray:,} messages outside them), {cost.per_node(cost.messages):.0f} messages, "
                 f"{cost.per_node(cost.bytes) / 1024:.1f} KiB, {cost.per_node(cost.cpu_seconds) * 1e3:.0f} ms CPU "
                 f"[{time.perf_counter() - t:.0f} s wall]")
             start_time = end_time
@@ -576,8 +599,7 @@ async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], tim
         run.notes.append(f"messages received: {total:,} in {trio.current_time():.1f} virtual s, {per:.1f} per node "
                          "per virtual s; by kind: " + ", ".join(
                              f"{kind} {n:,} ({n / total:.1%})" for kind, n in kinds.most_common()))
-        for node in run.running():
-            await node.stop()
+        await run.stop_all()
         nursery.cancel_scope.cancel()
     return ExperimentResult(plan=plan, mode="cluster", phases=tuple(phases), samples=tuple(run.samples),
                             changes=tuple(changes), wall_seconds=0.0, peak_rss_bytes=0, timings=timings,

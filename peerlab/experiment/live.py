@@ -183,6 +183,8 @@ class _RingFigures:
     host_shares: list[dict[str, float]]
     #: per change: (ideal key-space fraction, key-space fraction moved, hosts moved)
     changes: list[tuple[float, float, int]]
+    #: per change: the (previous owner, new owner) pairs of its moved arcs, the only pairs a hand-off may join
+    moved_pairs: list[frozenset[tuple[str, str]]]
 
 
 def ring_figures(plan: Plan, hosts: list[str]) -> _RingFigures:
@@ -195,12 +197,16 @@ def ring_figures(plan: Plan, hosts: list[str]) -> _RingFigures:
             counts[node] += 1
         host_shares.append({node: count / len(hosts) for node, count in counts.items()})
     changes = []
+    moved_pairs = []
     for old, new, old_owned, new_owned in zip(rings, rings[1:], owners, owners[1:]):
         old_shares, new_shares = old.weight_shares(), new.weight_shares()
+        moves = ring.diff_moves(old, new)
         changes.append((sum(max(0.0, s - old_shares.get(n, 0.0)) for n, s in new_shares.items()),
-                        ring.moved_fraction(ring.diff_moves(old, new)),
-                        sum(1 for a, b in zip(old_owned, new_owned) if a != b)))
-    return _RingFigures(key_shares=[r.shares() for r in rings], host_shares=host_shares, changes=changes)
+                        ring.moved_fraction(moves), sum(1 for a, b in zip(old_owned, new_owned) if a != b)))
+        moved_pairs.append(frozenset((move.previous, move.next) for move in moves
+                                     if move.previous is not None and move.next is not None))
+    return _RingFigures(key_shares=[r.shares() for r in rings], host_shares=host_shares, changes=changes,
+                        moved_pairs=moved_pairs)
 
 
 class _Runner:

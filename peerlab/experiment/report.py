@@ -15,6 +15,7 @@ Files written to the run folder (``runs/<timestamp>-<plan name>/`` unless ``--ou
                        share of all URLs received, and the share the weights predict
 ``changes.csv``        every change: key space moved against the ideal, hosts moved, URLs moved or lost
 ``moved.csv``          every (change, previous owner, new owner): URLs moved between them
+``handoff-pairs.csv``  cluster mode: every (change, sender, receiver): hand-off messages sent between them
 ``summary.json``       the headline figures, wall time and peak memory
 ``shares.png``         each node's share of URLs received over time, with the expected share dashed
 ``moved.png``          URLs moved at each change, by previous owner, against the ideal
@@ -303,12 +304,13 @@ def _cost_table(changes: Sequence[ChangeResult]) -> list[str]:
         return []
     lines = ["", "what each view change cost, per node (from the change until every node settled), beside the "
                  "phase before it per virtual second",
-             f"{'change':<24} {'nodes':>6} {'settle s':>8} {'hand-off msgs':>13} {'pairs':>7} {'messages':>9} "
-             f"{'KiB':>8} {'CPU ms':>7} | {'msgs/s':>7} {'KiB/s':>7} {'CPU ms/s':>8}"]
+             f"{'change':<24} {'nodes':>6} {'settle s':>8} {'hand-off msgs':>13} {'pairs':>7} {'changed':>7} "
+             f"{'stray':>5} {'messages':>9} {'KiB':>8} {'CPU ms':>7} | {'msgs/s':>7} {'KiB/s':>7} {'CPU ms/s':>8}"]
     for change, cost in costs:
         lines.append(
             f"{change.name[:24]:<24} {cost.nodes:>6,} {cost.seconds:>8.1f} "
-            f"{cost.per_node(cost.handoff_messages):>13.2f} {cost.handoff_pairs:>7,} "
+            f"{cost.per_node(cost.handoff_messages):>13.2f} {cost.handoff_pairs:>7,} {cost.changed_nodes:>7,} "
+            f"{cost.handoff_stray:>5,} "
             f"{cost.per_node(cost.messages):>9.1f} {cost.per_node(cost.bytes) / 1024:>8.1f} "
             f"{cost.per_node(cost.cpu_seconds) * 1e3:>7.1f} | {cost.phase_messages:>7.1f} "
             f"{cost.phase_bytes / 1024:>7.1f} {cost.phase_cpu * 1e3:>8.2f}")
@@ -382,16 +384,24 @@ def write_csvs(result: ExperimentResult, out: Path) -> list[Path]:
     path = out / "changes.csv"
     _write_csv(path, ["phase", "name", "time", "actions", "ideal_keyspace", "moved_keyspace", "hosts_moved",
                       "hosts_total", "urls_held", "urls_moved", "urls_lost", "ideal_urls", "settle_seconds",
-                      "transition_urls", "nodes", "handoff_messages", "handoff_pairs", "messages", "bytes",
-                      "cpu_seconds", "phase_messages_per_node_s", "phase_bytes_per_node_s", "phase_cpu_per_node_s"],
+                      "transition_urls", "nodes", "handoff_messages", "handoff_pairs", "changed_nodes",
+                      "handoff_stray", "messages", "bytes", "cpu_seconds", "phase_messages_per_node_s",
+                      "phase_bytes_per_node_s", "phase_cpu_per_node_s"],
                ([c.phase + 1, c.name, f"{c.time:.3f}", "; ".join(c.actions), _f(c.ideal_keyspace),
                  _f(c.moved_keyspace), c.hosts_moved, c.hosts_total, c.urls_held, c.urls_moved, c.urls_lost,
                  _f(c.ideal_urls), f"{c.settle_seconds:.3f}", c.transition_urls,
-                 *((c.cost.nodes, c.cost.handoff_messages, c.cost.handoff_pairs, c.cost.messages, c.cost.bytes,
-                    f"{c.cost.cpu_seconds:.3f}", _f(c.cost.phase_messages), _f(c.cost.phase_bytes),
-                    _f(c.cost.phase_cpu)) if c.cost is not None else ("",) * 9)]
+                 *((c.cost.nodes, c.cost.handoff_messages, c.cost.handoff_pairs, c.cost.changed_nodes,
+                    c.cost.handoff_stray, c.cost.messages, c.cost.bytes, f"{c.cost.cpu_seconds:.3f}",
+                    _f(c.cost.phase_messages), _f(c.cost.phase_bytes), _f(c.cost.phase_cpu))
+                   if c.cost is not None else ("",) * 11)]
                 for c in result.changes))
     written.append(path)
+    if any(c.cost is not None for c in result.changes):
+        path = out / "handoff-pairs.csv"
+        _write_csv(path, ["phase", "name", "from", "to", "handoff_messages"],
+                   ([c.phase + 1, c.name, a, b, n] for c in result.changes if c.cost is not None
+                    for (a, b), n in sorted(c.cost.handoff_by_pair.items())))
+        written.append(path)
     path = out / "moved.csv"
     _write_csv(path, ["phase", "name", "from", "to", "urls"],
                ([c.phase + 1, c.name, a, b, n] for c in result.changes for (a, b), n in c.by_pair.items()))
@@ -423,7 +433,8 @@ def summary(result: ExperimentResult) -> dict[str, Any]:
              "hosts_total": c.hosts_total, "urls_held": c.urls_held, "urls_moved": c.urls_moved,
              "urls_lost": c.urls_lost, "settle_seconds": c.settle_seconds, "transition_urls": c.transition_urls,
              **({"cost": {"nodes": c.cost.nodes, "handoff_messages": c.cost.handoff_messages,
-                          "handoff_pairs": c.cost.handoff_pairs, "messages": c.cost.messages, "bytes": c.cost.bytes,
+                          "handoff_pairs": c.cost.handoff_pairs, "changed_nodes": c.cost.changed_nodes,
+                          "handoff_stray": c.cost.handoff_stray, "messages": c.cost.messages, "bytes": c.cost.bytes,
                           "cpu_seconds": round(c.cost.cpu_seconds, 3), "phase_messages": c.cost.phase_messages,
                           "phase_bytes": c.cost.phase_bytes, "phase_cpu": c.cost.phase_cpu}}
                 if c.cost is not None else {})}

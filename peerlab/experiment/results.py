@@ -117,6 +117,12 @@ class ChangeCost:
     cpu_seconds: float  # CPU time of the simulating process
     handoff_messages: int  # HandoffChunk, HandoffAck and HandoffAsk sent
     handoff_pairs: int  # ordered (sender, receiver) pairs that exchanged any of them
+    #: nodes whose arcs changed (the previous or the new owner of a moved arc), and of the hand-off messages those
+    #: sent between two nodes that share no moved arc (either way): what a hand-off confined to them leaves at 0
+    changed_nodes: int = 0
+    handoff_stray: int = 0
+    #: (sender, receiver) -> hand-off messages sent
+    handoff_by_pair: Mapping[tuple[str, str], int] = field(default_factory=dict)
     #: the phase before the change, per node and virtual second: messages, bytes, CPU seconds
     phase_messages: float = 0.0
     phase_bytes: float = 0.0

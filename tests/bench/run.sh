@@ -30,6 +30,7 @@ args_for() {
                                --async-seconds 60 --sweep-seconds 2 --plots $RESULTS_DIR/img" ;;
         bench_http) echo "--requests 5000 --seconds 30" ;;
         bench_view_change) echo "--runs 1" ;;  # docs: the default, three runs per scenario (about 4 min)
+        bench_experiment_scale) echo "--sizes 100 200" ;;  # docs: 100 200 500 1000 (about 40 min of CPU), by hand
         web) echo "--requests 20000 --reference-requests 5000 --time-limit 60" ;;
         # docs: the default, the whole real-markup web (100,000 pages, twice, then Scrapy: 10-30 min)
         bench_crawl) echo "--hosts 400 --scrapy-pages 3000 --results-dir $RESULTS_DIR" ;;

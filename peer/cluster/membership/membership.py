@@ -301,8 +301,11 @@ class Membership:
         self._leaving = True
         me = self.view.member(self.node_id)
         assert me is not None
-        self._apply(self.view.with_member(replace(me, incarnation=me.incarnation + 1, state=MemberState.LEAVING)))
-        gossip = self._full_gossip()
+        leaving = replace(me, incarnation=me.incarnation + 1, state=MemberState.LEAVING)
+        self._apply(self.view.with_member(leaving))
+        # Our record alone, a partial gossip: it is the news. The whole view to every member would cost this node n
+        # records n times, and every member whose view differed from it would answer with its own whole view.
+        gossip = Gossip(epoch=self.view.epoch, full=False, members=(to_wire(leaving),))
         for member in self.view.members:
             if member.node_id != self.node_id and member.state is not MemberState.LEAVING:
                 self._send(member.node_id, gossip)
@@ -376,6 +379,13 @@ class Membership:
 
     def _live_peers(self) -> list[Member]:
         return [m for m in self.view.members if m.state in _LIVE and m.node_id != self.node_id]
+
+    def _news(self) -> Gossip | None:
+        """The records being gossiped (changed lately) as a partial gossip; None if there are none."""
+        if not self._broadcast:
+            return None
+        members = tuple(to_wire(m) for node_id in sorted(self._broadcast) if (m := self.view.member(node_id)))
+        return Gossip(epoch=self.view.epoch, full=False, members=members)
 
     def _full_gossip(self) -> Gossip:
         return Gossip(epoch=self.view.epoch, full=True, members=tuple(to_wire(m) for m in self.view.members))
@@ -495,10 +505,9 @@ class Membership:
     async def _gossip_loop(self) -> None:
         while True:
             await trio.sleep(self.config.gossip_interval)
-            if not self._broadcast or self._left:
+            gossip = self._news()
+            if gossip is None or self._left:
                 continue
-            members = tuple(to_wire(m) for node_id in sorted(self._broadcast) if (m := self.view.member(node_id)))
-            gossip = Gossip(epoch=self.view.epoch, full=False, members=members)
             peers = self._live_peers()
             for member in self._rng.sample(peers, min(self.config.gossip_fanout, len(peers))):
                 self._send_datagram_first(member.node_id, gossip)
@@ -546,7 +555,15 @@ class Membership:
         if isinstance(message, Ping):
             self._reply(peer_id, Pong(seq=message.seq, epoch=self.view.epoch), datagram)
             if message.epoch != self.view.epoch:
-                self._send(peer_id, self._full_gossip())
+                # Views differ. A pinger behind us (a lower epoch) while records are being gossiped most likely lacks
+                # just those (a change spreading): they go, not the whole view, which pings from members that have
+                # not yet merged a change would otherwise fetch n records each. Otherwise the whole view goes (and,
+                # from a pinger ahead of us, comes back whole: how a node that restarted catches up at once).
+                news = self._news() if message.epoch < self.view.epoch else None
+                if news is None:
+                    self._send(peer_id, self._full_gossip())
+                else:
+                    self._reply(peer_id, news, datagram)
         elif isinstance(message, Pong):
             if (acked := self._acks.get(message.seq)) is not None:
                 acked.set()

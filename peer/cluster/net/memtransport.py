@@ -186,7 +186,7 @@ class _MemoryLink:
         self.broken = True
         for pipe in self.pipes:
             pipe.close()
-        self.network._links.discard(self)
+        self.network._drop(self)
 
 
 class _Conflict:
@@ -281,7 +281,7 @@ class MemoryStream(trio.abc.HalfCloseableStream):
             self._in.close()
             self._link.closed_ends += 1
             if self._link.closed_ends == 2:
-                self._link.network._links.discard(self._link)
+                self._link.network._drop(self._link)
         await trio.lowlevel.checkpoint()
 
 
@@ -322,6 +322,8 @@ class MemoryNetwork:
         self._listeners: dict[str, trio.MemorySendChannel[trio.abc.Stream]] = {}
         self._blocked: set[frozenset[str]] = set()
         self._links: set[_MemoryLink] = set()
+        #: the open connections of each address, so that breaking one node's costs its connections, not all of them
+        self._links_of: dict[str, set[_MemoryLink]] = {}
         self.connects = 0
         self.breaks = 0
         self.lost = 0  # frames dropped by `loss_probability`
@@ -389,11 +391,21 @@ class MemoryNetwork:
 
     def break_links(self, a: str, b: str | None = None) -> int:
         """Break the open connections of `a` (with `b` only, if given); returns how many broke."""
-        doomed = [link for link in self._links if a in link.ends and (b is None or b in link.ends)]
+        doomed = [link for link in self._links_of.get(a, ()) if b is None or b in link.ends]
         for link in doomed:
             link.break_()
         self.breaks += len(doomed)
         return len(doomed)
+
+    def _drop(self, link: _MemoryLink) -> None:
+        """`link` is closed or broken: no longer open."""
+        self._links.discard(link)
+        for end in link.ends:
+            links = self._links_of.get(end)
+            if links is not None:
+                links.discard(link)
+                if not links:
+                    del self._links_of[end]
 
     # -- used by MemoryTransport --------------------------------------------------------------------------
 
@@ -424,6 +436,8 @@ class MemoryNetwork:
             raise TransportError(f"cannot connect to peer {address}: connection refused (nothing listening)")
         link = _MemoryLink(self, source, address, self.capacity)
         self._links.add(link)
+        for end in link.ends:
+            self._links_of.setdefault(end, set()).add(link)
         try:
             accept.send_nowait(MemoryStream(link, 1))
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
