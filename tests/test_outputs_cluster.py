@@ -123,7 +123,15 @@ async def test_three_nodes_with_every_output_lose_nothing_through_a_kill_and_an_
                 async def b_uploads() -> bool:
                     return len(s3.objects("run/B/")) >= 4
 
-                await _until(b_uploads, 180, 0.02)
+                try:
+                    await _until(b_uploads, 180, 0.02)
+                except trio.TooSlowError:
+                    # what each node reports, so that a run that stalls here says where
+                    report = {n: {k: v for k, v in (await _status(tmp_path / n)).items()
+                                  if k in ("queue", "fetch", "upload", "settings", "disk", "pages")}
+                              for n in NODES}
+                    raise AssertionError(f"B stored {len(s3.objects('run/B/'))} objects in 180 s; seeding answered "
+                                         f"{reply.json()}; the nodes report {report}") from None
                 kill_pid(nodes.procs["B"].pid, signal.SIGKILL)
                 await nodes.procs["B"].wait()
 
