@@ -113,7 +113,7 @@ class ControlRoutes:
             "done": c.is_done(),
             "queue": {"urls": len(c.frontier), "in_flight": c.frontier.in_flight(),
                       "hosts_waiting": len(c.sched), "hosts_known": len(c.sched.turns),
-                      "workers_busy": c.active},
+                      "hosts_parked": c.hosts_parked(), "workers_busy": c.active},
             "seen_urls": len(c.dedup),
             "settings": {"version": c.settings.version, "paused": c.settings.paused},
             "held": sorted(c.holds),

@@ -62,9 +62,19 @@ async def test_one_node_keeps_per_address_limits_on_a_shared_web(tmp_path, conne
         cfg = node_config(tmp_path / "node", web, dns, delay=0.0, ip_connections=connections, ip_delay=delay,
                           concurrency=32, store="none")
         node = Node(cfg)
+        parked: list[int] = []  # hosts waiting for a lane of their address, as status reports them
+
+        async def watch() -> None:
+            while True:
+                if node.crawler is not None:
+                    parked.append(node.crawler.hosts_parked())
+                await trio.sleep(0.005)
+
+        nursery.start_soon(watch)
         with trio.fail_after(120):
             await node.run()
         nursery.cancel_scope.cancel()
+    assert max(parked) > 0 and node.crawler is not None and node.crawler.hosts_parked() == 0
     expected = web.expected(max_body=cfg.max_body)
     assert expected.fetched - urls_fetched(web, expected) == set(), "full coverage"
     assert {r.address for r in web.log} == set(ADDRESSES)

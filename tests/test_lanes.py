@@ -34,6 +34,10 @@ class Sim:
         self.nodes = {n: FleetLanes(n, connections, delay, lease=LEASE, max_request=MAX_REQUEST,
                                     delegate=_Delegate(self, n), clock=lambda: self.now) for n in names}
         self.ready_calls: dict[str, int] = dict.fromkeys(names, 0)
+        # with `park`, a host that finds no lane waits for `address_ready`, as the crawler's hosts do: (node,
+        # address) -> the hosts parked there, each with when it parked
+        self.park = False
+        self.parked: dict[tuple[str, str], list[tuple[float, object]]] = {}
         self.set_owners(names)
 
     def set_owners(self, names: list[str]) -> None:
@@ -74,6 +78,8 @@ class _Delegate:
 
     def address_ready(self, address: str) -> None:
         self.sim.ready_calls[self.name] += 1
+        for _since, wake in self.sim.parked.pop((self.name, address), ()):
+            self.sim.at(self.sim.now, wake)
 
 
 ADDRESSES = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
@@ -97,6 +103,9 @@ def _worker(sim: Sim, node: str, address: str) -> None:
 
         sim.requests.setdefault(address, []).append((start, start + length, node))
         sim.at(start + length, end)
+        return
+    if got == math.inf and sim.park:
+        sim.parked.setdefault((node, address), []).append((sim.now, lambda: _worker(sim, node, address)))
         return
     retry = got if got != math.inf else sim.now + sim.rng.uniform(0.05, 0.3)
     sim.at(max(retry, sim.now + 0.001), lambda: _worker(sim, node, address))
@@ -311,3 +320,65 @@ def test_an_ask_made_again_keeps_its_place_in_line() -> None:
     owner.on_message(others[1], LaneAsk(address=address, seq=1, want=1))
     owner.on_message(others[0], LaneAsk(address=address, seq=2, want=1))  # asked again: still first
     assert [(node, seq) for node, seq, _, _ in owner._owned[address].asks] == [(others[0], 2), (others[1], 1)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize(("connections", "delay"), [(1, 0.2), (2, 0.0), (1, 2.5), (4, 3.0)])
+def test_a_host_waiting_for_a_lane_is_always_woken(seed: int, connections: int, delay: float) -> None:
+    """The crawler parks a host that finds no lane and tries it again only when `address_ready` says lanes
+    arrived (or an ask went unanswered): so a host may park only while something is sure to wake it. Checked
+    through ownership moves, a death and lost messages, with rests longer than a lease as well: no host stays
+    parked past the quarantine, and every address keeps serving."""
+    names = ["A", "B", "C", "D"]
+    sim = Sim(names, connections, delay, 100 + seed)
+    sim.park = True
+    for node in names:
+        sim.at(0.0, lambda n=node: _ticks(sim, n))
+        for address in ADDRESSES:
+            for _ in range(2):
+                sim.at(sim.rng.uniform(0, 0.5), lambda n=node, a=address: _worker(sim, n, a))
+    sim.run_until(10.0)
+    sim.alive.discard("D")
+    sim.parked = {k: v for k, v in sim.parked.items() if k[0] != "D"}
+    sim.at(sim.now + 0.5, lambda: sim.set_owners(["A", "B", "C"]))
+    sim.run_until(40.0)
+    quarantine = sim.nodes["A"].quarantine
+    _check(sim, connections, delay)
+    stuck = {key: [round(sim.now - since, 1) for since, _ in hosts] for key, hosts in sim.parked.items()
+             if any(sim.now - since > quarantine + delay + 1.0 for since, _ in hosts)}
+    assert not stuck, stuck
+    late = {a: sum(1 for start, _end, _node in sim.requests.get(a, ()) if start > 30.0) for a in ADDRESSES}
+    assert all(late.values()), late  # every address still serves
+
+
+def test_a_lane_resting_longer_than_a_lease_is_lent_once_it_can_be_used() -> None:
+    """With an address's rest (`delay`) longer than the lease, a lane just given back is not lent at once: the
+    borrower could start nothing on it before its lease ran out and would hand it straight back. It is lent
+    when its rest ends within a lease, and the borrower then uses it."""
+    delay = LEASE + 1.0
+    sim = Sim(["A", "B"], 1, delay, 7)
+    a, b = sim.nodes["A"], sim.nodes["B"]
+    address = "10.0.0.2"  # owned by A under ["A", "B"]
+    sim.run_until(a.quarantine + 0.1)
+    assert b.try_acquire(address, sim.now) == math.inf  # asked A
+    sim.run_until(sim.now + 0.2)
+    lane = b.try_acquire(address, sim.now)
+    assert isinstance(lane, Lane) and lane.lender == "A"
+    b.release(lane, sim.now)  # rests `delay` > lease: straight back to A, with the rest still due
+    ended = sim.now
+    sim.run_until(sim.now + 0.2)
+    assert not a._owned[address].lanes[0].holder  # back at A
+    assert b.try_acquire(address, sim.now) == math.inf  # B asks again at once
+    sim.at(sim.now, lambda: _ticks(sim, "A"))
+    sim.at(sim.now, lambda: _ticks(sim, "B"))
+    sim.run_until(sim.now + 0.3)
+    assert a.grants_sent == 1  # not lent while its rest outlasts the lease of B's ask
+    sim.run_until(ended + delay - 0.5)  # B's ask timed out (its hosts are told so) ...
+    assert b.try_acquire(address, sim.now) == math.inf  # ... and is made again: its lease covers the rest
+    sim.run_until(sim.now + 0.2)
+    assert a.grants_sent == 2
+    rested = b.try_acquire(address, sim.now)
+    assert isinstance(rested, float) and ended + delay <= rested < ended + delay + 0.2  # its rest, then ...
+    sim.run_until(rested)
+    got = b.try_acquire(address, sim.now)
+    assert isinstance(got, Lane) and got.lender == "A"  # ... B starts a request on it, within its lease

@@ -121,16 +121,20 @@ async def test_three_nodes_with_every_output_lose_nothing_through_a_kill_and_an_
 
                 # B is killed while it uploads: once a few of its files are in the bucket
                 async def b_uploads() -> bool:
-                    return len(s3.objects("run/B/")) >= 4
+                    # in a thread: this loop serves the local web and its DNS to the nodes
+                    return len(await trio.to_thread.run_sync(s3.objects, "run/B/")) >= 4
 
                 try:
                     await _until(b_uploads, 180, 0.02)
                 except trio.TooSlowError:
                     # what each node reports, so that a run that stalls here says where
-                    report = {n: {k: v for k, v in (await _status(tmp_path / n)).items()
-                                  if k in ("queue", "fetch", "upload", "settings", "disk", "pages")}
-                              for n in NODES}
-                    raise AssertionError(f"B stored {len(s3.objects('run/B/'))} objects in 180 s; seeding answered "
+                    full = {n: await _status(tmp_path / n) for n in NODES}
+                    (tmp_path / "stall-status.json").write_text(json.dumps(full, indent=1, default=str))
+                    report = {n: {k: v for k, v in full[n].items()
+                                  if k in ("queue", "errors", "held", "upload", "settings", "disk", "pages")}
+                              | {"lanes": full[n]["cluster"].get("lanes")} for n in NODES}
+                    stored = len(await trio.to_thread.run_sync(s3.objects, "run/B/"))
+                    raise AssertionError(f"B stored {stored} objects in 180 s; seeding answered "
                                          f"{reply.json()}; the nodes report {report}") from None
                 kill_pid(nodes.procs["B"].pid, signal.SIGKILL)
                 await nodes.procs["B"].wait()

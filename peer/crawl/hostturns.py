@@ -148,6 +148,11 @@ class HostTurns:
             self.address_ready(address)
         return False
 
+    def hosts_parked(self) -> int:
+        """Hosts with work that wait, without a worker or a place in the heap, for a lane of their server
+        address (`address_ready` wakes them)."""
+        return sum(len(hosts) for hosts in self._address_waiters.values())
+
     def address_ready(self, address: str) -> None:
         """A lane of `address` was given back here or arrived from its owner: the hosts parked on it try again
         (those that find no lane park again)."""
