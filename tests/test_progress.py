@@ -553,7 +553,7 @@ def test_a_member_that_dies_leaves_every_other_member_in_contact(victim: str) ->
         await trio.sleep(1.0)
         net.suspected.add(dead)
         # Without direct contact a node fences CONTACT_WINDOW (and a tick) after its last proof: a node the waves
-        # stopped reaching at the death has fenced 2.75 s later; the watch runs to three windows past it.
+        # stopped reaching at the death has fenced 2.75 s later; the watch, from a second after it, lasts three windows.
         fenced = await _fenced_seconds({n: f for n, f in fences.items() if n != dead}, 3 * CONTACT_WINDOW)
         assert not fenced, f"{len(fenced)} of {len(names) - 1} live nodes fenced, up to {max(fenced.values()):.1f} s"
         late = [n for n in names if n != dead and trio.current_time() - trees[n].contact_at > CONTACT_WINDOW]
