@@ -9,6 +9,11 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
 workers=${PYTEST_WORKERS:-$(( $(nproc) + 2 ))}
+# Every worker imports every test module, and the tests start daemons that import the product: one collection
+# pass first writes the bytecode (pytest's assertion-rewritten test modules included) into the git-ignored
+# __pycache__ folders, even where PYTHONDONTWRITEBYTECODE is set, so that the workers and the daemons read it
+# instead of each compiling the same files again (from a fresh clone, 8 s of CPU per worker and 0.5 s per daemon).
+env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -q -p no:cacheprovider --collect-only "$@" -n 0 >/dev/null 2>&1 || true
 # TYPECHECK=1 (.ci/run sets it): the type checker runs beside the tests, in the same virtualenv; an error in
 # either fails the run.
 if [ "${TYPECHECK:-}" != 1 ]; then
