@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2000, help="links routed per second by the node (2,000)")
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()
-    policies = {"fixed 200 ms timer": DispatchConfig(peers_per_interval=10**9),
+    policies = {"fixed 200 ms timer": DispatchConfig(partials_per_interval=10**9),
                 "one interval per 12 peers (default)": DispatchConfig()}
     print(f"dispatch: {args.rate} links/s for {args.seconds:g} virtual s, batch_size 500, interval 200 ms")
     for label, config in policies.items():
