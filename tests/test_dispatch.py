@@ -576,9 +576,9 @@ async def test_view_change_mid_flight_reroutes_and_loses_nothing(tmp_path, seed,
         node.store.close()
 
 
-async def test_a_partial_batch_waits_one_interval_per_twelve_peers(store, autojump_clock):
-    """With 39 peers each owner gets a fortieth of the links: a partial batch waits four ticks, not one, so
-    batches keep their size as the fleet grows; a full batch still leaves at once."""
+async def test_a_partial_batch_for_few_owners_goes_at_the_next_tick_however_many_peers(store, autojump_clock):
+    """With 39 peers and links for one owner, the partial batch leaves at the tick that stores it: a URL's wait
+    does not grow with the cluster's size; a full batch still leaves at once."""
     ring40 = Ring({"a": 100, **{f"p{i:02d}": 100 for i in range(39)}}, points_per_weight=10)
     links = FakeLinks()
     config = DispatchConfig(batch_size=4, interval=0.2, resend_after=50.0)
@@ -590,16 +590,73 @@ async def test_a_partial_batch_waits_one_interval_per_twelve_peers(store, autoju
         await trio.sleep(0.05)
         for host in hosts[:2]:
             d.route(QueuedUrl(url=f"http://{host}/", host=host, depth=1))
-        await trio.sleep(0.7)  # ticks at 0.2 (stored), 0.4, 0.6: still waiting
-        assert batches(links) == []
-        await trio.sleep(0.1)  # the tick at 0.8: stored 0.6 s ago
+        await trio.sleep(0.1)
+        assert batches(links) == []  # a partial batch waits for the timer
+        await trio.sleep(0.1)  # the tick at 0.2 stores the links and sends them
         [(t, peer, batch)] = batches(links)
-        assert (t - start, peer, len(batch.urls)) == (pytest.approx(0.8), "p07", 2)
+        assert (t - start, peer, len(batch.urls)) == (pytest.approx(0.2), "p07", 2)
         for i in range(4):
             d.route(QueuedUrl(url=f"http://{hosts[2]}/{i}", host=hosts[2], depth=1))
         await trio.sleep(0.001)
         assert [len(b.urls) for _, _, b in batches(links)] == [2, 4]  # full: at once
-        assert batches(links)[1][0] - start == pytest.approx(0.85)  # the moment the 4th URL was routed
+        assert batches(links)[1][0] - start == pytest.approx(0.25)  # the moment the 4th URL was routed
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_tick_sends_at_most_twelve_partial_batches_to_the_owners_that_waited_longest(store, autojump_clock):
+    """Links for 30 owners at once: 12 partial batches a tick, in the order the owners' links started waiting, so
+    a node's message rate stays bounded whatever its number of peers and no owner waits behind a later one; full
+    batches are not counted against the 12."""
+    ring = Ring({"a": 100, **{f"p{i:02d}": 100 for i in range(40)}}, points_per_weight=10)
+    links = FakeLinks()
+    config = DispatchConfig(batch_size=3, interval=0.2, resend_after=50.0)
+    d = Dispatcher("a", store, links, ring_of=lambda: (1, ring), config=config)
+    owners = [f"p{i:02d}" for i in range(40)]
+    host_of = {owner: owned_hosts(ring, owner, 2) for owner in owners}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        start = trio.current_time()
+        for owner in owners[:30]:  # one link each, in this order, stored at one tick
+            d.route(QueuedUrl(url=f"http://{host_of[owner][0]}/", host=host_of[owner][0], depth=1))
+        await trio.sleep(0.21)  # the tick at 0.2 stores them all and sends the first 12
+        assert [p for _, p, _ in batches(links)] == owners[:12]
+        for owner in owners[30:33]:  # later links: they wait behind the 18 stored before
+            d.route(QueuedUrl(url=f"http://{host_of[owner][0]}/", host=host_of[owner][0], depth=1))
+        store.finish(None, [], routed=d.take_routed())  # stored now, as the crawler commits a page
+        for i in range(3):  # a full batch for an owner still waiting: at once, outside the 12
+            d.route(QueuedUrl(url=f"http://{host_of[owners[20]][1]}/{i}", host=host_of[owners[20]][1], depth=1))
+        store.finish(None, [], routed=d.take_routed())
+        await trio.sleep(0.001)
+        assert [(p, len(b.urls)) for _, p, b in batches(links)[12:]] == [(owners[20], 3)]
+        await trio.sleep(0.2)  # the tick at 0.4: the next 12 of the first 30 (owners[20] with its 4th link)
+        assert [p for _, p, _ in batches(links)[13:]] == owners[12:24]
+        assert all(t - start == pytest.approx(0.4) for t, _, _ in batches(links)[13:])
+        await trio.sleep(0.2)  # the tick at 0.6: the last 6 of the first 30, then the later 3
+        assert [p for _, p, _ in batches(links)[25:]] == owners[24:33]
+        assert sorted(e.url for _, _, b in batches(links) for e in b.urls) == sorted(
+            [f"http://{host_of[o][0]}/" for o in owners[:33]] + [f"http://{host_of[owners[20]][1]}/{i}" for i in range(3)])
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_leaving_node_sends_every_partial_batch_at_once(store, autojump_clock):
+    """Once draining (the node leaves), the sender sends every owner what waits for it at once and at each tick,
+    not 12 a tick: the outbox empties and the node may go, however many owners it routed to."""
+    ring = Ring({"a": 100, **{f"p{i:02d}": 100 for i in range(40)}}, points_per_weight=10)
+    links = FakeLinks()
+    d = Dispatcher("a", store, links, ring_of=lambda: (1, ring), config=DispatchConfig(batch_size=3, interval=0.2))
+    owners = [f"p{i:02d}" for i in range(40)]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        start = trio.current_time()
+        for owner in owners:
+            host = owned_hosts(ring, owner, 1)[0]
+            d.route(QueuedUrl(url=f"http://{host}/", host=host, depth=1))
+        await trio.sleep(0.21)
+        assert len(batches(links)) == 12  # the tick at 0.2: 12 of the 40
+        d.drain()
+        await trio.sleep(0.001)  # draining wakes the sender: the 28 others go at once
+        assert [p for _, p, _ in batches(links)] == owners
+        assert batches(links)[-1][0] - start == pytest.approx(0.21)
         nursery.cancel_scope.cancel()
 
 
@@ -640,7 +697,7 @@ async def test_a_tick_reads_the_store_only_for_owners_with_work(store, autojump_
     `store.accept`) still leave at the next tick."""
     ring = Ring({name: 100 for name in ["a", *(f"p{i}" for i in range(20))]})
     links = FakeLinks()
-    d = Dispatcher("a", store, links, ring_of=lambda: (1, ring), config=DispatchConfig(interval=0.2, peers_per_interval=100))
+    d = Dispatcher("a", store, links, ring_of=lambda: (1, ring), config=DispatchConfig(interval=0.2, partials_per_interval=100))
     taken: Counter[str] = Counter()
     take = store.outbox.take
 

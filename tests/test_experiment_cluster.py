@@ -65,6 +65,11 @@ def test_the_design_experiment_runs_on_a_simulated_cluster_and_its_tables_add_up
     # The run's own cross-checks found nothing: every node's ring gave the experiment's key shares, and no
     # receiver counted fewer URLs from a sender than that sender counted to it.
     assert not [note for note in result.notes if note.startswith(("phase ", "change "))], result.notes
+    # Each settle says when every view held the new members, and when the hand-off was done (never before).
+    for k, change in enumerate(result.changes, 1):
+        [settle] = [note for note in result.notes if note.startswith(f"settle of change {k}:")]
+        views, done = map(float, re.search(r"members ([\d.]+) virtual s .* done at ([\d.]+)", settle).groups())
+        assert 0 <= views <= done == pytest.approx(change.settle_seconds, abs=0.05)
     for phase in result.phases:
         assert phase.pages > 0 and phase.total_sent > 0
         # The samples of a phase add up to its matrix, sender by sender and receiver by receiver.
@@ -117,6 +122,10 @@ def test_cluster_mode_is_a_plan_mode_and_checks_its_settings() -> None:
     assert plan.mode == "cluster" and plan.cluster.time_scale == 0.05
     with pytest.raises(experiment.PlanError, match="cluster.settle_wait"):
         parse_plan(PLAN, overrides={"cluster.settle_wait": "0"})
+    assert parse_plan(PLAN).cluster.seeds == 64  # the first node's seed hosts, unless a series scales them
+    assert parse_plan(PLAN, overrides={"cluster.seeds": "640"}).cluster.seeds == 640
+    with pytest.raises(experiment.PlanError, match="cluster.seeds"):
+        parse_plan(PLAN, overrides={"cluster.seeds": "0"})
     with pytest.raises(experiment.PlanError, match="a simulation has no crawl to finish"):
         parse_plan(PLAN.replace("at = 30.0", "when_done = true"))
 

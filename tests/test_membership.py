@@ -154,6 +154,35 @@ def test_join_returns_the_seed_view_and_fails_clearly_for_a_dead_seed() -> None:
     run_sim(3, body)
 
 
+def test_a_join_is_told_to_every_member_by_the_member_it_joined_through_within_one_delivery() -> None:
+    """The member a newcomer joins through sends the newcomer's record alone to every other member at once: all
+    24 hold it before a gossip round (0.2 s, three members a round) could have told more than a few."""
+    async def body(sim: Sim) -> None:
+        nodes = await build(sim, 24)
+        await sim.until(sim.converged, limit=10)
+        seed = nodes[5]
+        sent: list[tuple[str, Gossip]] = []
+        send = seed.m._send_datagram_first
+
+        def recording(peer_id: str, message: object) -> bool:
+            if isinstance(message, Gossip):
+                sent.append((peer_id, message))
+            return send(peer_id, message)  # type: ignore[arg-type]
+
+        seed.m._send_datagram_first = recording  # type: ignore[method-assign]
+        newcomer = await sim.start(24)
+        await newcomer.m.join(seed.address)
+        took = await sim.until(lambda: all(n.state_of(newcomer.id) is MemberState.ALIVE for n in sim.live()),
+                               limit=1.0, step=0.01)
+        assert took < CONFIG.gossip_interval / 2
+        told = [(peer, g) for peer, g in sent if [m.node_id for m in g.members] == [newcomer.id]]
+        assert sorted(peer for peer, _ in told) == sorted(n.id for n in nodes if n is not seed)
+        assert all(not g.full for _, g in told)
+        await sim.until(sim.converged, limit=5)
+
+    run_sim(13, body)
+
+
 def test_every_view_change_is_announced_once_and_epochs_only_grow() -> None:
     async def body(sim: Sim) -> None:
         nodes = await build(sim, 6)

@@ -328,6 +328,8 @@ class _Run:
         self.samples: list[Sample] = []
         self.notes: list[str] = []
         self.handoff_pairs: Counter[tuple[str, str]] = Counter()  # (sender, receiver) -> hand-off messages sent
+        self.settle_started = 0.0
+        self.views_seconds: float | None = None  # the last settle's virtual seconds until every view agreed
         #: every node's failure zone (the nodes share one machine): the converged view's records must be the ones
         #: each node holds of itself, or every node corrects its own record and each node's view changes n times
         self.zone = load(env={}, flags={}).resolved_zone()
@@ -422,13 +424,18 @@ class _Run:
 
     def settled(self, owners: Mapping[str, int]) -> bool:
         want = set(owners)
-        for node in self.running():
-            if node.owning() != want or node.cluster.handoff.outstanding() or node.cluster.handoff.waiting():
+        if self.views_seconds is None:
+            if any(node.owning() != want for node in self.running()):
                 return False
-        return True
+            self.views_seconds = trio.current_time() - self.settle_started
+        return not any(node.cluster.handoff.outstanding() or node.cluster.handoff.waiting()
+                       for node in self.running())
 
     async def settle(self, owners: Mapping[str, int], limit: float) -> float:
-        start = trio.current_time()
+        """Wait until every running node's ring holds exactly `owners` and no hand-off is under way; the virtual
+        seconds it took (those until every view held them: `views_seconds`)."""
+        start = self.settle_started = trio.current_time()
+        self.views_seconds = None
         while not self.settled(owners):
             if trio.current_time() - start > limit:
                 why = [node.node_id for node in self.running() if node.owning() != set(owners)]
@@ -505,7 +512,7 @@ async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], tim
         run.set_rates()
         first = next(iter(run.nodes.values()))
         rng = random.Random(f"{plan.seed}:seeds")
-        seeds = [(run.web.url(host, 0), host) for host in rng.sample(run.web.hosts, min(len(run.web.hosts), 64))]
+        seeds = [(run.web.url(host, 0), host) for host in rng.sample(run.web.hosts, min(len(run.web.hosts), plan.cluster.seeds))]
         first.source.seed(seeds)
         t0 = trio.current_time()
         offset = 0.0  # virtual seconds spent settling after changes: in no phase
@@ -559,11 +566,14 @@ async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], tim
                     await node.cluster.join([through.address])
                     node.cluster.ready.set()
             await run.settle(stages[k + 1], settle_limit)
+            views_seconds = (run.views_seconds or 0.0) + (run.settle_started - changed_at)
             run.set_rates()
             boundary = previous = run.counters()
             settle_seconds = trio.current_time() - changed_at
             cost = run.cost(before_change, running_at_change, settle_seconds,
                             (phase_traffic[0], changed_at - phase_traffic[1]), figures.moved_pairs[k])
+            run.notes.append(f"settle of change {k + 1}: every view held the new members {views_seconds:.1f} "
+                             f"virtual s after the change, every hand-off done at {settle_seconds:.1f}")
             if cost.handoff_stray:
                 run.notes.append(f"change {k + 1}: {cost.handoff_stray:,} hand-off messages between nodes that share "
                                  "no moved arc")

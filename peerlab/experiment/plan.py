@@ -12,7 +12,7 @@ Layout (every table but ``[nodes]`` and ``[end]`` optional; see ``default.toml``
     [web]       hosts, pages_per_host, links_per_page, internal_links, popularity, features (live)
     [dispatch]  batch_size, interval, codec                  (live: passed to every peerd)
     [simulate]  pages_per_second, samples_per_phase          (cluster: the pages a second of the whole cluster)
-    [cluster]   time_scale, settle_wait                      the simulated cluster (mode = "cluster")
+    [cluster]   time_scale, settle_wait, seeds               the simulated cluster (mode = "cluster")
     [live]      delay, concurrency, timeout, sample_interval, progress_interval, leave_wait, settle_wait,
                 suspicion_timeout, store, keep_data
     [[phase]]   name, at | after_pages, add = {X = w}, remove = [..], kill = [..]
@@ -140,6 +140,9 @@ class ClusterSettings:
     #: virtual seconds a change has to settle (every ring the new one, no hand-off under way) before the run
     #: fails: past the node's 30 s hand-off wait.
     settle_wait: float = 120.0
+    #: seed hosts the first node brings (their first pages): a series of fleet sizes compares crawls of the same
+    #: age when the seeds grow with the fleet (the same seeds per node).
+    seeds: int = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -417,6 +420,7 @@ class _Checker:
         cluster = self.section(ClusterSettings, raw.get("cluster", {}), "cluster", {
             "time_scale": lambda v, k: self.number(v, k, positive=True),
             "settle_wait": lambda v, k: self.number(v, k, positive=True),
+            "seeds": lambda v, k: self.integer(v, k, low=1),
         })
         live = self.section(LiveSettings, raw.get("live", {}), "live", {
             "delay": lambda v, k: self.number(v, k, low=0.0),

@@ -1,7 +1,9 @@
 """Dispatch at 10, 100 and 1,000 nodes: frames and bytes per URL, and how long a URL waits, with the batching
-that waits one interval per 12 peers against the fixed 200 ms timer, in the same run.
+that sends at most 12 partial batches a tick (to the owners that waited longest) against the fixed 200 ms timer
+(every partial batch at every tick), in the same run.
 
-Run: ``python -m tests.bench.bench_dispatch_scale [--sizes 10 100 1000] [--rate 2000] [--seconds 60]``.
+Run: ``python -m tests.bench.bench_dispatch_scale [--sizes 10 100 1000] [--rate 2000] [--seconds 60]``; a light
+``--rate`` (100: a young crawl, a quiet node) shows what a URL waits when the node has links for few owners.
 
 One node's real ``Dispatcher`` with its real on-disk store routes ``--rate`` links a second (hosts spread over the
 ring of n nodes, weights 40-300) for ``--seconds`` virtual seconds under ``MockClock``; the network is replaced by a
@@ -119,8 +121,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2000, help="links routed per second by the node (2,000)")
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()
-    policies = {"fixed 200 ms timer": DispatchConfig(peers_per_interval=10**9),
-                "one interval per 12 peers (default)": DispatchConfig()}
+    policies = {"fixed 200 ms timer": DispatchConfig(partials_per_interval=10**9),
+                "12 partial batches a tick (default)": DispatchConfig()}
     print(f"dispatch: {args.rate} links/s for {args.seconds:g} virtual s, batch_size 500, interval 200 ms")
     for label, config in policies.items():
         print(f"  {label}:")

@@ -12,7 +12,11 @@ times at 0.02 (C leaves at 12 virtual s, E joins at 15.6, the end at 18), a disp
 
     peerctl experiment --mode cluster --set fleet.count=N-4 --set points_per_weight=10 --set web.hosts=100000 \\
         --set simulate.pages_per_second=N --set cluster.time_scale=0.02 --set dispatch.interval=0.05 \\
-        --set end.at=900 --no-plots
+        --set cluster.seeds=0.64N --set end.at=900 --no-plots
+
+64 seed hosts per 100 nodes (the same seeds per node at every size): with a fixed 64 the larger cluster's crawl
+fans out from fewer seeds per node and is younger when the changes come, so its change would also pay for a
+crawl still opening its first connections.
 
 Per node, from each run's ``summary.json``: for each view change (from the change until every node settled) the
 hand-off messages, every message received, KiB written and CPU ms of the simulating process; the ordered pairs that
@@ -45,7 +49,13 @@ def command(n: int, out: Path, end_at: float) -> list[str]:
     return [sys.executable, "-m", "peerlab.experiment", "--mode", "cluster",
             "--set", f"fleet.count={n - 4}", "--set", "points_per_weight=10", "--set", "web.hosts=100000",
             "--set", f"simulate.pages_per_second={n}", "--set", "cluster.time_scale=0.02",
-            "--set", "dispatch.interval=0.05", "--set", f"end.at={end_at:g}", "--no-plots", "--out", str(out)]
+            "--set", "dispatch.interval=0.05", "--set", f"cluster.seeds={seeds(n)}", "--set", f"end.at={end_at:g}",
+            "--no-plots", "--out", str(out)]
+
+
+def seeds(n: int) -> int:
+    """The seed hosts of an n-node run: 64 per 100 nodes, so every size's crawl is as old when the changes come."""
+    return max(1, round(n * 64 / 100))
 
 
 class LoadWatch:
@@ -102,7 +112,7 @@ def run_one(n: int, out: Path, *, nice: int, end_at: float) -> dict[str, Any]:
     return {"nodes": n, "wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
             "peak_rss_mib": round(usage.ru_maxrss / 1024), "load_min": min(load.seen), "load_max": max(load.seen),
             "load_mean": round(sum(load.seen) / len(load.seen), 2), "changes": changes,
-            "notes": [note for note in summary["notes"] if note.startswith(("phase ", "change ", "links "))]}
+            "notes": [note for note in summary["notes"] if note.startswith(("phase ", "change ", "links ", "settle "))]}
 
 
 def beyond(change: dict[str, Any]) -> None:

@@ -62,7 +62,7 @@ async def _dispatch(n: int) -> tuple[float, float]:
         try:
             ring = Ring({"a": 1, **{f"p{i}": 1 for i in range(n)}}, points_per_weight=10)
             links = _Links()
-            d = Dispatcher("a", store, links, ring_of=lambda: (1, ring), config=DispatchConfig(peers_per_interval=n))
+            d = Dispatcher("a", store, links, ring_of=lambda: (1, ring), config=DispatchConfig(partials_per_interval=n))
             for i in range(n):
                 host = _host_of(ring, f"p{i}")
                 d.route(QueuedUrl(url=f"http://{host}/", host=host, depth=1))

@@ -539,6 +539,7 @@ class Cluster(ViewChanges):
         if not others:
             log.info("leaving: no other member to hand off to")
             return True
+        self.dispatcher.drain()
         await self.membership.leave(close_links=False)
         with trio.move_on_after(timeout):
             while True:

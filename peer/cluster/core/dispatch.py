@@ -52,10 +52,12 @@ class DispatchConfig:
     # The operator's settings (batch_size, dispatch_interval): default and reason in peer.config (FIELDS).
     batch_size: int = DEFAULTS["batch_size"]
     interval: float = DEFAULTS["dispatch_interval"]
-    # ... per 12 peers: with n peers each owner gets 1/n of the links, so a partial batch may wait one interval
-    # per 12 peers (200 ms up to 12 peers, 1.8 s at 100, 16.8 s at 1,000) and batches keep about the same size
-    # (docs/cluster.md: frames per URL at 10, 100 and 1,000 nodes within 2x). Full batches never wait.
-    peers_per_interval: int = 12
+    # At most 12 partial batches a tick, to the owners whose links have waited longest: a node sends at most
+    # 12 / interval partial batches a second however many peers it has (60 at 200 ms), so under a heavy crawl,
+    # with work for every owner, a partial batch waits its turn and batches keep their size as the cluster
+    # grows (docs/cluster.md: frames per URL at 10, 100 and 1,000 nodes within 2x); with work for few owners
+    # (a young crawl, a quiet node) every partial batch goes at the next tick. Full batches never wait.
+    partials_per_interval: int = 12
     # An unacked batch is sent again after 5 s: an ack needs one store commit and the node's next sync (once per
     # `sync_interval`, 1 s by default), far less than that.
     resend_after: float = 5.0
@@ -65,8 +67,8 @@ class DispatchConfig:
     window: int = 8
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.window < 1 or self.recent_size < 0 or self.peers_per_interval < 1:
-            raise ValueError("dispatch batch_size, window and peers_per_interval must be >= 1, recent_size >= 0")
+        if self.batch_size < 1 or self.window < 1 or self.recent_size < 0 or self.partials_per_interval < 1:
+            raise ValueError("dispatch batch_size, window and partials_per_interval must be >= 1, recent_size >= 0")
         if self.interval <= 0 or self.resend_after <= 0:
             raise ValueError("dispatch interval and resend_after must be > 0 seconds")
 
@@ -156,10 +158,12 @@ class Dispatcher:
         self._local: list[QueuedUrl] = []
         self._recent: dict[bytes, None] = {}
         self._owners: dict[str, _Owner] = {}
-        # owners a tick must look at (entries stored beyond the cursor, or batches unacknowledged), in the order
-        # they became so: a tick's cost follows the owners with work, not every owner this node ever sent to
+        # owners a tick must look at (entries stored beyond the cursor, or batches unacknowledged), oldest work
+        # first (an owner goes to the end when links start waiting for it): a tick's cost follows the owners with
+        # work, not every owner this node ever sent to, and its partial batches go to those that waited longest
         self._active: dict[str, None] = {}
         self._epoch: int | None = None
+        self._draining = False  # leaving: every partial batch goes at the next tick
         self._run = 0
         self._batches = 0
         self._wake = trio.Event()
@@ -258,6 +262,7 @@ class Dispatcher:
             state = self._owner(owner)
             if not state.pending and state.since is None:
                 state.since = now
+                self._queue_last(owner)
             state.pending += 1
             full = full or state.pending >= self.config.batch_size
         if full:
@@ -270,6 +275,12 @@ class Dispatcher:
             state = self._owners[peer_id] = _Owner()
         self._active[peer_id] = None
         return state
+
+    def _queue_last(self, peer_id: str) -> None:
+        """Links start waiting for `peer_id`: it goes behind the owners whose links waited before."""
+        active = self._active
+        del active[peer_id]
+        active[peer_id] = None
 
     def _replicate(self, new: list[QueuedUrl]) -> Ticket | None:
         return self.backups.replicate(new) if self.backups is not None and new else None
@@ -305,18 +316,17 @@ class Dispatcher:
         (only full ones when `full_only`)."""
         self.flush_staged()
         self._check_view()
-        peers = max(0, len(self.ring_of()[1].nodes) - 1)
-        # links are stored at the tick after they were found, so a partial batch stored that many intervals ago
-        # goes now: with up to peers_per_interval peers, at the tick that stores it (the design's timer)
-        waited = self.config.interval * (math.ceil(peers / self.config.peers_per_interval) - 1)
         outbox, active = self.store.outbox, self._active
         for owner in outbox.changed_owners():  # entries stored by others (a hand-off's forwarded URLs) too
             self._owner(owner)
+        # the partial batches of this tick, oldest work first: the message rate is bounded, not each URL's wait
+        # (but a leaving node's: it sends everything it holds at once, and then nothing more)
+        partials = math.inf if self._draining else 0 if full_only else self.config.partials_per_interval
         for owner in list(active):
             state = self._owners[owner]
             self._resend(owner, state, now)
-            young = state.since is not None and now - state.since < waited - 1e-9
-            self._send_new(owner, state, now, full_only=full_only or young)
+            if self._send_new(owner, state, now, full_only=partials <= 0):
+                partials -= 1
             if not state.inflight and not state.pending and outbox.newest(owner) <= state.cursor:
                 del active[owner]  # nothing unacknowledged, nothing stored beyond what was batched
 
@@ -377,18 +387,19 @@ class Dispatcher:
             self.stats.batches_resent += 1
             self.stats.urls_resent[owner] += len(entries)
 
-    def _send_new(self, owner: str, state: _Owner, now: float, *, full_only: bool) -> None:
+    def _send_new(self, owner: str, state: _Owner, now: float, *, full_only: bool) -> bool:
+        """Send `owner` its new entries, full batches only when `full_only`; whether a partial batch went."""
         size = self.config.batch_size
         while len(state.inflight) < self.config.window:
             if full_only and state.pending < size:
-                return
+                return False
             entries = self.store.outbox.take(owner, size, after=state.cursor)
             if not entries:
                 state.pending, state.since = 0, None
-                return
+                return False
             if full_only and len(entries) < size:
                 state.pending = len(entries)
-                return
+                return False
             state.cursor = entries[-1][0]
             state.pending = max(0, state.pending - len(entries))
             state.since = now if state.pending else None
@@ -400,6 +411,9 @@ class Dispatcher:
             )
             self.stats.batches_sent += 1
             self.stats.urls_sent[owner] += len(entries)
+            if len(entries) < size:
+                return True
+        return False
 
     # -- the receiver -------------------------------------------------------------------------------------
 
@@ -508,6 +522,12 @@ class Dispatcher:
 
     def wake(self) -> None:
         """Tick now (the view changed, or work is waiting) instead of at the next timer."""
+        self._wake.set()
+
+    def drain(self) -> None:
+        """The node is leaving: from the next tick on, send every owner everything waiting for it (no bound on
+        the partial batches of a tick), so that the outbox empties and the node may go."""
+        self._draining = True
         self._wake.set()
 
     # -- for status and termination -----------------------------------------------------------------------

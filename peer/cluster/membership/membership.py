@@ -12,6 +12,9 @@ interval, a bounded number of times (retransmit_mult * log10(n+1), as memberlist
 every sync interval to one random member, and whenever a Ping shows the sender's epoch differs from ours; the
 receiver of a full view answers with its own when the sender lacked something (push-pull), so any two nodes
 that talk converge. Dead members are retried now and then (serf's reconnect), so a healed partition merges.
+Two changes go to every member at once, as one record each: a leave (the leaver's record, from the leaver) and a
+join (the newcomer's record, from the member it joined through), so the ring changes everywhere within one
+delivery instead of after log(n) gossip rounds; the gossip that follows repairs what a lost datagram missed.
 
 Probes and partial gossip travel as datagrams (protocol version 5) where the transport carries them, as
 memberlist sends them over UDP: Ping, Pong, ProbeRequest, ProbeReply and a Gossip of changed records that fits
@@ -597,6 +600,22 @@ class Membership:
         except ValueError as exc:
             log.warning("gossip from %s ignored, it holds an impossible record: %s", peer_id, exc)
             return
+        # a node that joins through us: its first full view holds only itself, and we did not know it
+        newcomer = gossip.full and self.view.member(peer_id) is None and [m.node_id for m in members] == [peer_id]
         self._apply(merge(self.view, incoming))
         if gossip.full and (self.view.epoch, self.view.members) != (incoming.epoch, incoming.members):
             self._send(peer_id, self._full_gossip())
+        if newcomer:
+            self._announce(peer_id)
+
+    def _announce(self, newcomer: str) -> None:
+        """Tell every other live member of `newcomer`, which joined through us: its record alone, a partial
+        gossip by datagram (a leave's news travels the same way). Each member's ring then changes within one
+        delivery, not after the log(n) rounds of gossip it would take to reach the last of a thousand members."""
+        record = self.view.member(newcomer)
+        if record is None or record.state is not MemberState.ALIVE:
+            return
+        gossip = Gossip(epoch=self.view.epoch, full=False, members=(to_wire(record),))
+        for member in self._live_peers():
+            if member.node_id != newcomer:
+                self._send_datagram_first(member.node_id, gossip)
