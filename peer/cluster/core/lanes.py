@@ -412,10 +412,10 @@ class FleetLanes:
         if entry is None:
             return  # not ours under our view: the asker asks again once its view agrees
         # An ask made again keeps its place in the line (first come, first served, so no node is starved by
-        # the others' quicker re-asks); only its seq, want and time are brought up to date.
+        # the others' quicker re-asks); only its seq and want are brought up to date.
         for i, (node, _seq, _want, asked) in enumerate(entry.asks):
             if node == peer_id:
-                entry.asks[i] = (peer_id, message.seq, message.want, now)
+                entry.asks[i] = (peer_id, message.seq, message.want, asked)
                 break
         else:
             entry.asks.append((peer_id, message.seq, message.want, now))
@@ -462,27 +462,17 @@ class FleetLanes:
         if now < self._ready_at(entry):
             return  # leases a previous owner (or this node's previous run) made may still run
         # a lane the previous owner's word still holds is not lent until it is free: the old owner's later word
-        # (the lane came back to it) may free it sooner. A lane whose rest outlasts a lease is not lent yet
-        # either (an address's `delay` longer than the lease): the borrower could start nothing on it before its
-        # lease ran out and would hand it straight back, and every ask in line would get such a lane in turn.
-        lease = self.lease
+        # (the lane came back to it) may free it sooner
         free = [i for i, lane in enumerate(entry.lanes)
-                if lane.holder is None and not (lane.handed and lane.free_at > now) and lane.free_at - now < lease]
+                if lane.holder is None and not (lane.handed and lane.free_at > now)]
         while entry.asks and free:
             # lanes are shared among the nodes waiting, so each gets some at once rather than all to the first
             share = max(1, len(free) // len(entry.asks))
-            peer_id, seq, want, asked = entry.asks[0]
-            # the asker's lease runs from when it sent the ask (about when it arrived here): lanes still resting
-            # then would come back unused; it asks again when its ask times out, and that ask's lease fits them
-            fits = [i for i in free if entry.lanes[i].free_at < asked + lease]
-            if not fits:
-                break
-            entry.asks.popleft()
+            peer_id, seq, want, _asked = entry.asks.popleft()
             given: list[int] = []
             ready: list[float] = []
-            while fits and len(given) < min(want, share):
-                index = fits.pop(0)
-                free.remove(index)
+            while free and len(given) < min(want, share):
+                index = free.pop(0)
                 lane = entry.lanes[index]
                 lane.holder, lane.handed = peer_id, False
                 lane.reclaim_at = now + self.lease + self.max_request + self.delay
