@@ -20,10 +20,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 from urllib.parse import urlsplit
 
 from peer.config import Config, ConfigError
@@ -104,63 +104,59 @@ def _b64(digest: bytes) -> str:
     return base64.b64encode(digest).decode("ascii")
 
 
+def _part_chunks(fh: BinaryIO, part_size: int) -> Iterator[tuple[int, bytes]]:
+    """(part number, chunk) over what is left of `fh`, read in parts of `part_size` bytes as an upload sends
+    them; an empty file yields nothing."""
+    part, left = 0, part_size
+    while True:
+        chunk = fh.read(min(_READ, left))
+        if not chunk:
+            return
+        yield part, chunk
+        left -= len(chunk)
+        if not left:
+            part, left = part + 1, part_size
+
+
 def file_digest(path: str | os.PathLike[str], part_size: int) -> FileDigest:
     """Size, SHA-256 and expected S3 checksum of a file, read once: a file of one part is hashed once, a larger
     one also part by part."""
     whole = hashlib.sha256()
-    parts: list[bytes] = []
+    parts: list[Any] = []  # a larger file's hash of each part
     size = 0
     with open(path, "rb") as fh:
         multipart = os.fstat(fh.fileno()).st_size > part_size
-        while True:
-            part = hashlib.sha256() if multipart else None
-            left = part_size
-            while left:
-                chunk = fh.read(min(_READ, left))
-                if not chunk:
-                    break
-                whole.update(chunk)
-                if part is not None:
-                    part.update(chunk)
-                left -= len(chunk)
-                size += len(chunk)
-            if left == part_size and parts:
-                break
-            parts.append(part.digest() if part is not None else b"")
-            if left:
-                break
+        for n, chunk in _part_chunks(fh, part_size):
+            whole.update(chunk)
+            size += len(chunk)
+            if multipart:
+                if n == len(parts):
+                    parts.append(hashlib.sha256())
+                parts[n].update(chunk)
     sums: tuple[str, ...]
-    if len(parts) == 1:
+    if len(parts) <= 1:
         sums = (_b64(whole.digest()),)
         checksum = sums[0]
     else:
-        sums = tuple(_b64(d) for d in parts)
-        checksum = f"{_b64(hashlib.sha256(b''.join(parts)).digest())}-{len(parts)}"
+        digests = [part.digest() for part in parts]
+        sums = tuple(_b64(d) for d in digests)
+        checksum = f"{_b64(hashlib.sha256(b''.join(digests)).digest())}-{len(digests)}"
     return FileDigest(size=size, sha256=whole.hexdigest(), checksum=checksum, parts=sums)
 
 
 def file_etag(path: str | os.PathLike[str], part_size: int) -> str:
     """The ETag S3 gives a file uploaded in parts of `part_size` (quoted, as S3 sends it): for a server that keeps
     no checksums."""
-    md5s: list[bytes] = []
+    md5s: list[Any] = []
     with open(path, "rb") as fh:
-        while True:
-            part = hashlib.md5(usedforsecurity=False)
-            left = part_size
-            while left:
-                chunk = fh.read(min(_READ, left))
-                if not chunk:
-                    break
-                part.update(chunk)
-                left -= len(chunk)
-            if left == part_size and md5s:
-                break
-            md5s.append(part.digest())
-            if left:
-                break
-    if len(md5s) == 1:
-        return f'"{md5s[0].hex()}"'
-    return f'"{hashlib.md5(b"".join(md5s), usedforsecurity=False).hexdigest()}-{len(md5s)}"'
+        for n, chunk in _part_chunks(fh, part_size):
+            if n == len(md5s):
+                md5s.append(hashlib.md5(usedforsecurity=False))
+            md5s[n].update(chunk)
+    if len(md5s) <= 1:
+        return f'"{(md5s[0] if md5s else hashlib.md5(usedforsecurity=False)).hexdigest()}"'
+    digests = b"".join(part.digest() for part in md5s)
+    return f'"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(md5s)}"'
 
 
 class ObjectStore:
