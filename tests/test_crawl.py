@@ -7,6 +7,8 @@ what really happened, including how many connections each host saw at once and t
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import trio
 from warcio.archiveiterator import ArchiveIterator
@@ -69,6 +71,14 @@ async def test_crawl_fetches_exactly_the_reachable_and_allowed_set(tmp_path, win
     st = node.final_status
     assert st["done"] is True and st["queue"]["urls"] == 0 and st["queue"]["in_flight"] == 0
     assert st["pages"] >= len(expected.fetched)
+    # the crawl log tells a URL robots.txt forbids (-9998) from one whose host's robots.txt stayed unreachable (-61)
+    log = [json.loads(line) for line in (tmp_path / "node" / "crawl-log" / "crawl.jsonl").read_text().splitlines()]
+    unreachable = graph.role("robots-500").name
+    codes = {(r["status"], r["annotations"]) for r in log if r["url"].split("/")[2].split(":")[0] == unreachable}
+    assert codes == {(-61, "robots-unavailable")}, codes
+    forbidden = {r["url"] for r in log if r["status"] == -9998}
+    assert forbidden and all(r["annotations"] == "robots" for r in log if r["status"] == -9998)
+    assert forbidden <= expected.disallowed and not forbidden & fetched
     if window is not None:
         assert node.crawler.sched.spills > 0 and st["queue"]["hosts_known"] <= window, "the window was used"
 

@@ -159,6 +159,11 @@ async def test_timeout_against_a_server_that_never_answers(clock: trio.testing.M
             await resolver.resolve("slow.test")  # cached failure: no new datagram
         assert type(again.value) is DnsTimeout and again.value.label == "timeout" and len(received) == 3
         assert resolver.stats.failures == {"timeout": 2}
+        # a time-out is kept for a second only, not for min_ttl: a retry after its back-off asks again
+        await trio.sleep(1.0)
+        with pytest.raises(DnsError):
+            await resolver.resolve("slow.test")
+        assert len(received) == 6 and resolver.stats.failures == {"timeout": 3}
         nursery.cancel_scope.cancel()
     sink.close()
 

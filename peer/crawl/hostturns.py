@@ -201,10 +201,12 @@ class HostTurns:
                 return
             path = _path_of(item.url, origin)
             if not decision.robots.can_fetch(self.robots_agent, path):
-                self.stats.skipped["robots" if decision.kind == "parsed" else "robots-unavailable"] += 1
-                if self.log_urls:  # Heritrix's "precluded by robots.txt"
+                why = "robots" if decision.kind == "parsed" else "robots-unavailable"
+                self.stats.skipped[why] += 1
+                if self.log_urls:  # Heritrix's codes: -9998 precluded by robots.txt, -61 robots.txt unreachable
                     at = self.wallclock()
-                    self.store.crawl_log.put((_log_record(at, -9998, -1, item, "-", at, 0.0, None, "robots", None),))
+                    code = -9998 if decision.kind == "parsed" else -61
+                    self.store.crawl_log.put((_log_record(at, code, -1, item, "-", at, 0.0, None, why, None),))
                 self.frontier.done(item)
                 if before is not None and self.schedule is not None:
                     self.schedule.forget(host, item.url)  # robots.txt as it is now forbids it

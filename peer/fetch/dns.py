@@ -134,7 +134,9 @@ class CachingResolver:
 
     ``nameservers`` are ``"ADDR[:PORT]"`` texts (empty: those of /etc/resolv.conf). Positive answers are
     cached for their TTL clamped to ``[min_ttl, max_ttl]``; NXDOMAIN and names without an address for
-    ``negative_ttl``; SERVFAIL and time-outs (often transient) for ``min(negative_ttl, min_ttl)``. A look-up
+    ``negative_ttl``; SERVFAIL and time-outs (often transient) for ``transient_ttl`` (at most ``negative_ttl``):
+    long enough to answer the burst of look-ups of a name that failed at once, short enough that a retry a few
+    seconds later (a robots.txt or a page asked again after its back-off) asks the name servers again. A look-up
     gives up after ``timeout`` seconds, retransmitting over UDP in between. Addresses in private, loopback,
     link-local, unspecified, multicast or reserved ranges raise ``RefusedAddress`` unless
     ``allow_private``.
@@ -148,6 +150,7 @@ class CachingResolver:
         min_ttl: float = DEFAULTS["dns_min_ttl"],
         max_ttl: float = DEFAULTS["dns_max_ttl"],
         negative_ttl: float = 300.0,
+        transient_ttl: float = 1.0,
         timeout: float = 5.0,
         allow_private: bool = False,
     ) -> None:
@@ -165,7 +168,9 @@ class CachingResolver:
         self._min_ttl = min_ttl
         self._max_ttl = max_ttl
         self._negative_ttl = negative_ttl
-        self._transient_ttl = min(negative_ttl, min_ttl)
+        if transient_ttl < 0:
+            raise ValueError(f"transient_ttl must be >= 0, got {transient_ttl}")
+        self._transient_ttl = min(negative_ttl, transient_ttl)
         self._timeout = timeout
         self._allow_private = allow_private
         self.stats = DnsStats()
