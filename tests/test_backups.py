@@ -17,7 +17,7 @@ import trio.testing
 from peer.cluster.replicas.queuereplicas import FOLD_AGE, FOLD_ENTRIES, FULL, QueueAlone, QueueReplicas
 from protocol import TYPE_CODES, Limits, QueueReplica, ReplicaAck, RevisitEntry, UrlEntry, encode_body
 from protocol import HostState as WireHostState
-from ring import Ring, host_position
+from ring import Ring, Zones, host_position
 from storage import HostState, NodeStore, QueuedUrl, RevisitRecord, queued_url_keys
 
 WEIGHTS = {"A": 150, "B": 80, "C": 200}
@@ -695,3 +695,43 @@ async def test_a_backup_drops_the_schedules_of_positions_it_no_longer_holds(stor
     assert stores[backup].replicas.revisits_held() == 1
     held.collect(Ring({node: w for node, w in WEIGHTS.items() if node != backup}, points_per_weight=20))
     assert stores[backup].replicas.revisits_held() == 0
+
+
+class _CountedZones(Zones):
+    """Zones that count their look-ups: what finding a position's backups costs."""
+
+    calls = 0
+
+    def zone(self, node: str) -> str:
+        _CountedZones.calls += 1
+        return super().zone(node)
+
+
+async def test_rehoming_after_a_leave_finds_the_old_backups_with_the_old_rings_zones(tmp_path) -> None:
+    """Every node in one zone, one leaves: the backups a URL had under the ring before are found with that ring's
+    zones. With today's (the leaver gone from them) the leaver counted as another zone, and each position's
+    backups cost a walk of the old ring to the leaver's nearest point: O(members) per queued URL at every leave."""
+    weights = {f"n{i:02}": 1 + i % 3 for i in range(60)}
+    weights["X"] = 1
+    before = Ring(weights, points_per_weight=4)
+    after = Ring({k: v for k, v in weights.items() if k != "X"}, points_per_weight=4)
+    zones_before = _CountedZones(dict.fromkeys(weights, "rack-1"))
+    zones_after = _CountedZones(dict.fromkeys(after.weights, "rack-1"))
+    store = NodeStore.open(tmp_path / "n00")
+    try:
+        items = [i for i in _items(before, "n00", 60) if after.owner(i.host) == "n00"]
+        store.admit(items)
+        current = {"ring": before, "zones": zones_before}
+        owner = QueueReplicas("n00", store, Links(), ring_of=lambda: (1, current["ring"]), copies=1,
+                              wall_clock=lambda: 0.0, zones_of=lambda: current["zones"])
+        assert await owner.rehome(before) == len(items)
+        current.update(ring=after, zones=zones_after)
+        owner.ring_changed(after)
+        _CountedZones.calls = 0
+        moved = await owner.rehome(after)
+        assert moved == sum(1 for i in items if after.backups_at(host_position(i.host), 1)
+                            != before.backups_at(host_position(i.host), 1))
+        # two look-ups per position per ring (the owner's zone, its backup's): no walk round the ring
+        assert _CountedZones.calls <= 4 * len(items)
+    finally:
+        store.close()

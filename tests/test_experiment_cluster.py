@@ -4,6 +4,7 @@ hand-off) simulated in one process over the in-memory network, 20 nodes with a l
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import trio.testing
 from peerlab import experiment
 from peerlab.experiment.cluster import _Run, inline_threads, run_cluster
 from peerlab.experiment.live import ring_figures
+from peerlab.experiment.loopshare import in_run_loop
 from peerlab.experiment.plan import parse_plan
 
 PLAN = """
@@ -105,6 +107,8 @@ def test_the_design_experiment_runs_on_a_simulated_cluster_and_its_tables_add_up
         assert cost.handoff_stray == 0 and cost.handoff_pairs <= 2 * (cost.changed_nodes - 1)
         assert cost.messages > cost.handoff_messages and cost.bytes > 0 and cost.cpu_seconds > 0
         assert cost.phase_messages > 0 and cost.phase_cpu > 0
+        # of the CPU, trio's run loop's part (sampled): a share of it, never more
+        assert 0 <= cost.loop_cpu_seconds <= cost.cpu_seconds and 0 <= cost.phase_loop_cpu <= cost.phase_cpu
     assert "what each view change cost, per node" in experiment.format_report(result)
     # Each node's status counts its open links: at most one per peer.
     [links] = [note for note in result.notes if note.startswith("links per node at the end")]
@@ -174,3 +178,26 @@ async def test_the_converged_start_gives_every_node_the_records_it_holds_so_no_v
             assert not run.running() and all(node.stopped.is_set() for node in run.nodes.values())
             assert not run.net._links and not run.net._links_of  # every connection of every node is gone
             nursery.cancel_scope.cancel()
+
+
+def test_a_cpu_sample_is_the_run_loops_only_when_every_frame_up_to_it_is_trios() -> None:
+    # a function named and filed as trio's run loop stands for it: what it runs itself is the loop's, what it
+    # runs of ours (a task) is the task's, and a frame outside any trio.run is nobody's
+    scope: dict[str, object] = {}
+    exec(compile("def unrolled_run(step):\n    return step()\n", "/lib/site-packages/trio/_core/_run.py", "exec"),
+         scope)
+    run_loop = scope["unrolled_run"]
+    assert run_loop(lambda: in_run_loop(sys._getframe(1))) is True  # type: ignore[operator]
+
+    def task() -> bool | None:
+        return in_run_loop(sys._getframe())
+
+    assert run_loop(task) is False  # type: ignore[operator]
+    assert in_run_loop(sys._getframe()) is None
+    seen: list[bool | None] = []
+
+    async def main() -> None:
+        seen.append(in_run_loop(sys._getframe()))
+
+    trio.run(main)
+    assert seen == [False]

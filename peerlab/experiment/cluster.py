@@ -55,6 +55,7 @@ from storage import HostState, NodeStore, QueuedUrl
 
 from . import synthweb
 from .live import ring_figures
+from .loopshare import LoopShare
 from .plan import Plan
 from .results import ChangeCost, ChangeResult, ExperimentResult, PhaseResult, Sample
 
@@ -314,9 +315,15 @@ class _Node:
         self.store.close()
 
 
+#: What `_Run.traffic` reads: messages received, bytes written, the process's CPU seconds, the hand-off messages per
+#: pair, and the CPU samples (in trio's run loop, in all).
+Traffic = tuple[int, int, float, Counter[tuple[str, str]], tuple[int, int]]
+
+
 class _Run:
-    def __init__(self, plan: Plan, workdir: Path, say: Callable[[str], None]) -> None:
+    def __init__(self, plan: Plan, workdir: Path, say: Callable[[str], None], share: LoopShare | None = None) -> None:
         self.plan = plan
+        self.share = share or LoopShare()  # not started: no samples
         self.workdir = workdir
         self.say = say
         self.web = _WebModel(plan)
@@ -334,22 +341,22 @@ class _Run:
         #: each node holds of itself, or every node corrects its own record and each node's view changes n times
         self.zone = load(env={}, flags={}).resolved_zone()
 
-    def traffic(self) -> tuple[int, int, float, Counter[tuple[str, str]]]:
-        """Messages received by every node so far, bytes written to the network, the process's CPU seconds, and
-        a copy of the hand-off messages sent per pair."""
+    def traffic(self) -> Traffic:
+        """Messages received by every node so far, bytes written to the network, the process's CPU seconds, a
+        copy of the hand-off messages sent per pair, and the CPU samples so far (`LoopShare`)."""
         messages = sum(sum(node.cluster.links.received_kinds.values()) for node in self.nodes.values())
-        return messages, sum(self.net.sent_bytes.values()), time.process_time(), Counter(self.handoff_pairs)
+        return (messages, sum(self.net.sent_bytes.values()), time.process_time(), Counter(self.handoff_pairs),
+                self.share.snapshot())
 
-    def cost(self, before: tuple[int, int, float, Counter[tuple[str, str]]], nodes: int, seconds: float,
-             phase: tuple[tuple[int, int, float, Counter[tuple[str, str]]], float],
+    def cost(self, before: Traffic, nodes: int, seconds: float, phase: tuple[Traffic, float],
              moved_pairs: frozenset[tuple[str, str]]) -> ChangeCost:
         """What happened between `before` and now, as a change's cost; `phase` is the traffic at the start of the
         phase before the change and the phase's virtual seconds (its rates per node); `moved_pairs` the (previous,
         new owner) pairs of the change's moved arcs: hand-off messages between any other two nodes are stray."""
-        messages, sent, cpu, pairs = self.traffic()
+        messages, sent, cpu, pairs, samples = self.traffic()
         pairs.subtract(before[3])
         moved = +pairs
-        (p_messages, p_bytes, p_cpu, _), p_seconds = phase
+        (p_messages, p_bytes, p_cpu, _, p_samples), p_seconds = phase
         per = max(1, nodes) * max(1e-9, p_seconds)
         stray = sum(n for (a, b), n in moved.items() if (a, b) not in moved_pairs and (b, a) not in moved_pairs)
         return ChangeCost(
@@ -358,7 +365,9 @@ class _Run:
             changed_nodes=len({node for pair in moved_pairs for node in pair}), handoff_stray=stray,
             handoff_by_pair=dict(moved),
             phase_messages=(before[0] - p_messages) / per, phase_bytes=(before[1] - p_bytes) / per,
-            phase_cpu=(before[2] - p_cpu) / per)
+            phase_cpu=(before[2] - p_cpu) / per,
+            loop_cpu_seconds=(cpu - before[2]) * _share(before[4], samples),
+            phase_loop_cpu=(before[2] - p_cpu) * _share(p_samples, before[4]) / per)
 
     def running(self) -> list[_Node]:
         return [node for node in self.nodes.values() if node.running]
@@ -471,6 +480,12 @@ class _Run:
         self.samples.append(Sample(time=elapsed, phase=k, sent_by=sent_by, received_by=received_by))
 
 
+def _share(first: tuple[int, int], last: tuple[int, int]) -> float:
+    """The share of the CPU samples between two snapshots taken in trio's run loop (0 with no samples)."""
+    loop, samples = last[0] - first[0], last[1] - first[1]
+    return loop / samples if samples > 0 else 0.0
+
+
 def _phase(k: int, name: str, weights: Mapping[str, int], start: float, end: float, first: Mapping[str, Any],
            last: Mapping[str, Any], key_shares: dict[str, float], host_shares: dict[str, float]) -> PhaseResult:
     sent: dict[tuple[str, str], int] = {}
@@ -485,9 +500,9 @@ def _phase(k: int, name: str, weights: Mapping[str, int], start: float, end: flo
                        sent=PhaseResult.matrix(list(weights), sent), kept=kept)
 
 
-async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], timings: dict[str, float]
-                      ) -> ExperimentResult:
-    run = _Run(plan, workdir, say)
+async def _experiment(plan: Plan, workdir: Path, say: Callable[[str], None], timings: dict[str, float],
+                      share: LoopShare | None = None) -> ExperimentResult:
+    run = _Run(plan, workdir, say, share)
     stages = plan.stage_weights()
     names = plan.phase_names()
     scale = plan.cluster.time_scale
@@ -651,17 +666,20 @@ def run_cluster(plan: Plan, *, progress: Callable[[str], None] | None = None,
     cpu = time.process_time()
     timings: dict[str, float] = {}
     out: list[ExperimentResult] = []
+    share = LoopShare()  # how much of the CPU is trio's run loop, for n nodes' timers in one process
 
     async def main() -> None:
         with tempfile.TemporaryDirectory(prefix="cluster-", dir=workdir) as tmp:
-            out.append(await _experiment(plan, Path(tmp), say, timings))
+            out.append(await _experiment(plan, Path(tmp), say, timings, share))
 
     threshold = gc.get_threshold()
     gc.set_threshold(50_000, 20, 100)  # a thousand nodes allocate fast; collect the young generation less often
+    share.start()
     try:
         with inline_threads():
             trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     finally:
+        share.stop()
         gc.unfreeze()
         gc.set_threshold(*threshold)
     result = out[0]

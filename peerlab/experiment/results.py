@@ -127,6 +127,10 @@ class ChangeCost:
     phase_messages: float = 0.0
     phase_bytes: float = 0.0
     phase_cpu: float = 0.0
+    #: of `cpu_seconds` and of `phase_cpu`, the part in trio's run loop outside any task (sampled:
+    #: peerlab/experiment/loopshare.py), what running n nodes' timers in one process costs on top of their tasks
+    loop_cpu_seconds: float = 0.0
+    phase_loop_cpu: float = 0.0
 
     def per_node(self, total: float) -> float:
         return total / max(1, self.nodes)

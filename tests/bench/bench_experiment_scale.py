@@ -24,7 +24,9 @@ exchanged hand-off messages, the nodes whose arcs changed and the hand-off messa
 arc (``stray``: 0 when the hand-off stays between the previous and the new owners of moved arcs); and the crawl's
 own rate in the phase before the leave (messages, KiB, CPU ms per node per virtual second), and what each change
 cost beyond that rate over its settle ("beyond": the change's own work, since the crawl goes on meanwhile and the
-settle takes longer in a larger cluster). Per run: wall time,
+settle takes longer in a larger cluster); and of each CPU figure, the part spent in trio's run loop outside the
+nodes' tasks (sampled, ``peerlab/experiment/loopshare.py``): the simulation's cost of n nodes' timers in one
+process, which n separate processes would not share. Per run: wall time,
 CPU, peak RSS (the child's ``ru_maxrss``) and the load average seen while it ran (the machine is shared). Each
 per-node figure is also given as a ratio to the first size's.
 """
@@ -107,6 +109,8 @@ def run_one(n: int, out: Path, *, nice: int, end_at: float) -> dict[str, Any]:
             "cpu_ms": cost["cpu_seconds"] / nodes * 1e3,
             "phase_messages_per_s": cost["phase_messages"], "phase_kib_per_s": cost["phase_bytes"] / 1024,
             "phase_cpu_ms_per_s": cost["phase_cpu"] * 1e3,
+            "loop_cpu_ms": cost.get("loop_cpu_seconds", 0.0) / nodes * 1e3,
+            "phase_loop_cpu_ms_per_s": cost.get("phase_loop_cpu", 0.0) * 1e3,
         })
         beyond(changes[-1])
     return {"nodes": n, "wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
@@ -126,9 +130,10 @@ def beyond(change: dict[str, Any]) -> None:
 #: (key, heading, format) of the per-node figures of a change, each also given as a ratio to the first size's
 FIGURES = (("handoff_messages", "hand-off msgs", "{:.2f}"), ("messages", "messages", "{:.0f}"),
            ("kib", "KiB", "{:.1f}"), ("cpu_ms", "CPU ms", "{:.0f}"), ("messages_beyond", "messages beyond", "{:.0f}"),
-           ("kib_beyond", "KiB beyond", "{:.1f}"), ("cpu_ms_beyond", "CPU ms beyond", "{:.0f}"))
+           ("kib_beyond", "KiB beyond", "{:.1f}"), ("cpu_ms_beyond", "CPU ms beyond", "{:.0f}"),
+           ("loop_cpu_ms", "of the CPU, run loop ms", "{:.0f}"))
 RATES = (("phase_messages_per_s", "msgs/s", "{:.1f}"), ("phase_kib_per_s", "KiB/s", "{:.1f}"),
-         ("phase_cpu_ms_per_s", "CPU ms/s", "{:.1f}"))
+         ("phase_cpu_ms_per_s", "CPU ms/s", "{:.1f}"), ("phase_loop_cpu_ms_per_s", "of it run loop ms/s", "{:.1f}"))
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -139,9 +144,9 @@ def table(rows: list[dict[str, Any]]) -> str:
              "|---:|---|---:|" + "---:|" * len(FIGURES) + "---:|---:|---:|---|"]
     for row in rows:
         for change, first in zip(row["changes"], base["changes"]):
-            ratios = ", ".join(f"{change[k] / first[k]:.2f}" if first[k] else "-" for k, _, _ in FIGURES)
+            ratios = ", ".join(f"{change.get(k, 0) / first[k]:.2f}" if first.get(k) else "-" for k, _, _ in FIGURES)
             lines.append(f"| {row['nodes']:,} | {change['name']} | {change['settle_seconds']:.1f} | "
-                         + " | ".join(f.format(change[k]) for k, _, f in FIGURES)
+                         + " | ".join(f.format(change.get(k, 0)) for k, _, f in FIGURES)
                          + f" | {change['handoff_pairs']:,} | {change['changed_nodes']:,} | {change['handoff_stray']:,}"
                          f" | {ratios} |")
     lines += ["", "| nodes | crawl before the leave, per node per virtual s: " + " / ".join(h for _, h, _ in RATES)
@@ -149,8 +154,8 @@ def table(rows: list[dict[str, Any]]) -> str:
               "|---:|---|---|---:|---:|---:|---|"]
     for row in rows:
         change, first = row["changes"][0], base["changes"][0]
-        lines.append(f"| {row['nodes']:,} | " + " / ".join(f.format(change[k]) for k, _, f in RATES) + " | "
-                     + " / ".join(f"{change[k] / first[k]:.2f}" for k, _, _ in RATES)
+        lines.append(f"| {row['nodes']:,} | " + " / ".join(f.format(change.get(k, 0)) for k, _, f in RATES) + " | "
+                     + " / ".join(f"{change.get(k, 0) / first[k]:.2f}" if first.get(k) else "-" for k, _, _ in RATES)
                      + f" | {row['wall_s'] / 60:.1f} min | {row['cpu_s']:,.0f} s | {row['peak_rss_mib']:,} MiB"
                      f" | {row['load_min']:.1f}-{row['load_max']:.1f} |")
     return "\n".join(lines)

@@ -58,6 +58,9 @@ class RingCache:
         self.size = size
         self._rings: OrderedDict[RingKey, Ring] = OrderedDict()
         self._moves: OrderedDict[tuple[RingKey, RingKey], Moves] = OrderedDict()
+        # the key of each ring held, by identity: the nodes hold the cache's own ring objects, and a key made from
+        # a ring's weights costs O(members), at each of the n nodes' view changes
+        self._keys: dict[int, tuple[Ring, RingKey]] = {}
         self.hits = 0
         self.builds = 0
 
@@ -72,20 +75,29 @@ class RingCache:
 
     def put(self, ring: Ring) -> Ring:
         """Hold `ring`; the one held already for the same weights if another node put it first."""
-        key = ring_key(ring.weights, ring.points_per_weight)
+        key = self._key(ring)
         held = self._rings.get(key)
         if held is not None:
             self._rings.move_to_end(key)
             return held
         self.builds += 1
         self._rings[key] = ring
+        self._keys[id(ring)] = (ring, key)
         while len(self._rings) > self.size:
-            self._rings.popitem(last=False)
+            _key, gone = self._rings.popitem(last=False)
+            self._keys.pop(id(gone), None)
         return ring
+
+    def _key(self, ring: Ring) -> RingKey:
+        """The key of `ring`: looked up by identity for a ring held here, else made from its weights."""
+        held = self._keys.get(id(ring))
+        if held is not None and held[0] is ring:
+            return held[1]
+        return ring_key(ring.weights, ring.points_per_weight)
 
     def moves(self, old: Ring, new: Ring) -> Moves | None:
         """The moved arcs from `old` to `new` if they are held."""
-        key = (ring_key(old.weights, old.points_per_weight), ring_key(new.weights, new.points_per_weight))
+        key = (self._key(old), self._key(new))
         moves = self._moves.get(key)
         if moves is not None:
             self._moves.move_to_end(key)
@@ -94,7 +106,7 @@ class RingCache:
 
     def put_moves(self, old: Ring, new: Ring, moves: Moves) -> Moves:
         """Hold `moves` (from `old` to `new`), its arrays made read-only; the ones held already if any."""
-        key = (ring_key(old.weights, old.points_per_weight), ring_key(new.weights, new.points_per_weight))
+        key = (self._key(old), self._key(new))
         held = self._moves.get(key)
         if held is not None:
             return held

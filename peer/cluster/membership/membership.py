@@ -180,6 +180,10 @@ class Membership:
         self.config = config or MembershipConfig()
         self.address: str | None = None
         self.view = View()
+        # the live peers of `_live_of`, listed once per view: the gossip loop asks five times a second while news
+        # spreads, the probe loop once a round, and a pass over a thousand members each time is the cluster's size
+        self._live_of: View | None = None
+        self._live: tuple[Member, ...] = ()
         link_options: dict[str, Any] = {}  # what is not given keeps PeerLinks' default
         if codecs:
             link_options["codecs"] = tuple(codecs)
@@ -334,9 +338,15 @@ class Membership:
             return False
         self.view = new
         limit = self.config.retransmit_mult * max(1, math.ceil(math.log10(len(new.members) + 1)))
+        # both views list their members sorted by node id: one walk pairs each record with its old one (a lookup
+        # per member made every change of one record cost n binary searches)
+        olds, i = old.members, 0
         for member in new.members:
-            before = old.member(member.node_id)
-            if before == member:
+            node_id = member.node_id
+            while i < len(olds) and olds[i].node_id < node_id:
+                i += 1
+            before = olds[i] if i < len(olds) and olds[i].node_id == node_id else None
+            if before is member or before == member:
                 continue
             self._broadcast[member.node_id] = limit
             if member.node_id == self.node_id:
@@ -380,8 +390,12 @@ class Membership:
 
     # -- sending ------------------------------------------------------------------------------------------
 
-    def _live_peers(self) -> list[Member]:
-        return [m for m in self.view.members if m.state in _LIVE and m.node_id != self.node_id]
+    def _live_peers(self) -> tuple[Member, ...]:
+        view = self.view
+        if view is not self._live_of:
+            self._live_of = view
+            self._live = tuple(m for m in view.members if m.state in _LIVE and m.node_id != self.node_id)
+        return self._live
 
     def _news(self) -> Gossip | None:
         """The records being gossiped (changed lately) as a partial gossip; None if there are none."""

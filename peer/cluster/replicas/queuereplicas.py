@@ -118,6 +118,10 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
         self._cache: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         self._wake = trio.Event()
         self._synced: Any = None  # the ring of the last complete re-homing scan
+        # the zones of that ring's members, as they were at the scan: the backups a URL had under an older ring are
+        # found with that ring's zones (today's view lacks a member that left, and a ring node missing from the
+        # zones counts as another zone, which sent the zone walk of `Ring.holders_at` round the ring)
+        self._synced_zones: Zones = Zones()
         self._changed_at: float | None = None  # when the ring last changed (for restore_seconds)
         self._restore: dict[str, tuple[Backup, int]] | None = None  # what the last scan staged, per backup
         self._gc_ring: Any = None  # the ring the last clean-up ran under
@@ -159,21 +163,24 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
         if len(state.staged) > self.max_staged:
             self._drop_staged(peer, state, rescan=True)
 
-    def _backups_of(self, ring: Any, host: str) -> tuple[str, ...]:
-        """The backups that hold `host`'s queued URLs under `ring` (not this node)."""
-        return self._holders_of(ring, host)[0]
+    def _backups_of(self, ring: Any, host: str, zones: Zones | None = None) -> tuple[str, ...]:
+        """The backups that hold `host`'s queued URLs under `ring` (not this node), with the members' `zones`
+        (those of the current view by default: give an older ring's own)."""
+        return self._holders_of(ring, host, zones)[0]
 
     def _release_backups_of(self, ring: Any, host: str) -> tuple[str, ...]:
         """The backups a release of one of `host`'s URLs goes to under `ring`: its backups and the seen-key
         replicas' (not this node)."""
         return self._holders_of(ring, host)[1]
 
-    def _holders_of(self, ring: Any, host: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def _holders_of(self, ring: Any, host: str, zones: Zones | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
         if ring is self._cache_ring:
             found = self._cache.get(host)
             if found is not None:
                 return found
-        position, zones = host_position(host), self.zones_of()
+        position = host_position(host)
+        if zones is None:
+            zones = self.zones_of()
         backups = tuple(b for b in ring.holders_at(position, self.copies, zones) if b != self.node_id)
         releases = backups
         if self.release_copies > self.copies:
@@ -284,7 +291,8 @@ class QueueReplicas(ReplicaSending, ReplicaHolding):
             backups.update(self._release_backups_of(ring, item.host))
             if self._synced is not None and self._synced is not ring:
                 # the arc may have moved since the URL was replicated: the backups it went to are released too
-                backups.update(b for b in self._backups_of(self._synced, item.host) if b in ring.weights)
+                backups.update(b for b in self._backups_of(self._synced, item.host, self._synced_zones)
+                               if b in ring.weights)
             for backup in sorted(backups):
                 self._stage(backup, (key, item, True))
             self._wake_for(backups)

@@ -59,6 +59,7 @@ class ReplicaSending:
         ring_of: Callable[[], tuple[int, Any]]
         store: NodeStore
         _synced: Any
+        _synced_zones: Zones
         urls_rehomed: int
         urls_sent: int
         _wake: trio.Event
@@ -218,7 +219,7 @@ class ReplicaSending:
         """Send each queued or in-flight URL owned here, and each page whose release is held, to each backup it did
         not have under the ring of the previous scan (every backup after a start); returns how many entries were
         staged."""
-        old = self._synced
+        old, old_zones = self._synced, self._synced_zones  # the previous scan's ring, with its own members' zones
         me, copies, zones = self.node_id, self.copies, self.zones_of()
         staged = 0
 
@@ -228,7 +229,7 @@ class ReplicaSending:
                 return 0  # handed off with its arc
             had: tuple[str, ...] = ()
             if old is not None and old.owner_at(position) == me:
-                had = old.holders_at(position, copies, zones)
+                had = old.holders_at(position, copies, old_zones)
             to = [b for b in ring.holders_at(position, copies, zones) if b != me and b not in had]
             if to:
                 entry = (queued_url_keys((item,))[0], item)  # the key once, for every backup
@@ -254,7 +255,7 @@ class ReplicaSending:
         for _marks, _links, item in self._releases:
             staged += place(item)
         self.urls_rehomed += staged
-        self._synced = ring
+        self._synced, self._synced_zones = ring, zones
         self._restore = {peer: (s, s.staged_total) for peer, s in self._backups.items()}
         self._wake.set()
         self._check_tickets()

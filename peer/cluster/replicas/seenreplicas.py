@@ -132,6 +132,7 @@ class SeenReplicas:
         self.wall_clock = wall_clock  # states travel as durations; kept here as wall-clock times
         self.states_passed_on = 0
         self._synced: Any = None  # the ring under which every recorded key was last sent to its backup
+        self._synced_zones = Zones()  # its members' zones then: an older ring's backups are found with its own
         self._holders_ring: Any = None  # the ring and zones `_holders` was filled under
         self._holders_zones: Any = None
         self._holders: dict[bytes, tuple[str, ...]] = {}  # host position -> its backups (not this node)
@@ -303,7 +304,7 @@ class SeenReplicas:
     async def rescan(self, ring: Any) -> int:
         """The ring changed to `ring`: send again each recorded key whose backup changed since the last scan
         (every key after a start), forget those of arcs no longer owned here; returns how many were sent."""
-        old = self._synced
+        old, old_zones = self._synced, self._synced_zones
         node, zones = self.node_id, self.zones_of()
         resend: dict[str, list[bytes]] = defaultdict(list)
         forget: list[bytes] = []
@@ -312,7 +313,7 @@ class SeenReplicas:
             if ring.owner_at(position) != node:
                 forget.append(key)
                 continue
-            had = old.holders_at(position, self.copies, zones) if old is not None else ()
+            had = old.holders_at(position, self.copies, old_zones) if old is not None else ()
             for backup in ring.holders_at(position, self.copies, zones):
                 if backup not in had:
                     resend[backup].append(key)
@@ -322,7 +323,7 @@ class SeenReplicas:
         epoch, _ring = self.ring_of()
         sent = self._send(epoch, resend, backups=True)
         self.keys_resent += sent
-        self._synced = ring
+        self._synced, self._synced_zones = ring, zones
         self.rescans += 1
         if sent or forget:
             log.info("replicas moved with the ring", extra={"keys_sent": sent, "keys_forgotten": len(forget)})
