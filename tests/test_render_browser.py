@@ -126,6 +126,46 @@ async def test_the_pool_restarts_its_browser_after_n_pages_and_after_it_is_kille
     assert last is not None and wait_gone(last) == []
 
 
+async def test_a_browser_whose_connection_breaks_under_it_is_a_death_and_replaced_at_once() -> None:
+    """The browser is killed and its connection's reader fails before the pool sees the connection closed (the
+    error leaves the browser's block): a death, not a start that failed, and the next browser comes without the
+    retry pause."""
+    from contextlib import asynccontextmanager
+
+    killed = trio.Event()
+    opened: list[int] = []
+
+    @asynccontextmanager
+    async def breaking():
+        async with open_browser() as browser:
+            opened.append(1)
+            async with trio.open_nursery() as nursery:
+                async def reader_fails() -> None:
+                    await killed.wait()
+                    raise BrowserError("cannot reach the browser: the connection was reset")
+
+                if len(opened) == 1:  # the first browser only
+                    nursery.start_soon(reader_fails)
+                yield browser
+                nursery.cancel_scope.cancel()
+
+    pool = RenderPool(PoolLimits(tabs=1, max_pages=100, time_limit=10), opener=breaking)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.serve_pool)
+        await pool.render("http://site.test/page.html?first", serve)
+        first = pool.pgid
+        assert first is not None
+        os.killpg(first, signal.SIGKILL)
+        killed.set()
+        rendered = await pool.render("http://site.test/page.html?after", serve)
+        assert "made by a script" in rendered.html
+        assert pool.restarts == {"died": 1} and pool.counts["browser-restart-died"] == 1, pool.restarts
+        assert pool.pgid not in (None, first)
+        last = pool.pgid
+        nursery.cancel_scope.cancel()
+    assert wait_gone(first) == [] and last is not None and wait_gone(last) == []
+
+
 async def test_a_pool_attaches_to_a_browser_that_already_runs() -> None:
     async with open_browser() as running:  # started by someone else: the pool only connects to it
         pool = RenderPool(PoolLimits(tabs=1, max_pages=1, time_limit=10), ws_url=running.ws_url)

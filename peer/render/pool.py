@@ -100,27 +100,28 @@ class RenderPool:
                             await self._idle.wait()
                     self._browser = None
                     self._kept = []  # gone with their browser (an attached one disposes them as we detach)
-                    self.restarts[reason] += 1
-                    self.counts[f"browser-restart-{reason}"] += 1
+                    self._restarted(reason)
                     running = False  # counted: an error in closing it is not a second death
-                    log.info("browser restarted", extra={"reason": reason, "renders": self.renders})
             except Exception as exc:  # noqa: BLE001 - a browser that cannot start or be reached is retried, the node goes on
                 self._browser = None
-                if self._ready.is_set():
-                    self._ready = trio.Event()
-                self._kept = []
                 if running:
                     # its connection broke under it (the browser died and the websocket's reader failed before
                     # the pool saw the connection closed): a death, and the next browser starts at once
-                    self.restarts["died"] += 1
-                    self.counts["browser-restart-died"] += 1
-                    log.info("browser restarted", extra={"reason": "died", "renders": self.renders})
+                    if self._ready.is_set():
+                        self._ready = trio.Event()
+                    self._kept = []
+                    self._restarted("died")
                     continue
                 self.restarts["start-failed"] += 1
                 self.counts["browser-restart-start-failed"] += 1
                 log.error("browser: %s", exc)
                 await trio.sleep(pause)
                 pause = min(60.0, pause * 2)
+
+    def _restarted(self, reason: str) -> None:
+        self.restarts[reason] += 1
+        self.counts[f"browser-restart-{reason}"] += 1
+        log.info("browser restarted", extra={"reason": reason, "renders": self.renders})
 
     async def _until_restart(self, browser: Browser) -> str:
         while True:
