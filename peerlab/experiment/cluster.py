@@ -659,8 +659,10 @@ def inline_threads() -> Iterator[None]:
 
 
 def run_cluster(plan: Plan, *, progress: Callable[[str], None] | None = None,
-                workdir: Path | None = None) -> ExperimentResult:
-    """Run ``plan`` as a simulated cluster; the node stores go to a temporary folder (under ``workdir``)."""
+                workdir: Path | None = None, loop_share: bool = True) -> ExperimentResult:
+    """Run ``plan`` as a simulated cluster; the node stores go to a temporary folder (under ``workdir``).
+    ``loop_share``: sample the share of the CPU in trio's run loop (`LoopShare`, with SIGPROF); off for a caller
+    that samples SIGPROF itself."""
     say = progress or (lambda line: log.info(line))
     started = time.perf_counter()
     cpu = time.process_time()
@@ -674,7 +676,8 @@ def run_cluster(plan: Plan, *, progress: Callable[[str], None] | None = None,
 
     threshold = gc.get_threshold()
     gc.set_threshold(50_000, 20, 100)  # a thousand nodes allocate fast; collect the young generation less often
-    share.start()
+    if loop_share:
+        share.start()
     try:
         with inline_threads():
             trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -47,12 +47,16 @@ from typing import Any
 SIZES = (100, 200, 500, 1000)
 
 
+def settings(n: int, end_at: float) -> dict[str, str]:
+    """The plan settings of an n-node run (the `--set` of its command)."""
+    return {"fleet.count": str(n - 4), "points_per_weight": "10", "web.hosts": "100000",
+            "simulate.pages_per_second": str(n), "cluster.time_scale": "0.02", "dispatch.interval": "0.05",
+            "cluster.seeds": str(seeds(n)), "end.at": f"{end_at:g}"}
+
+
 def command(n: int, out: Path, end_at: float) -> list[str]:
-    return [sys.executable, "-m", "peerlab.experiment", "--mode", "cluster",
-            "--set", f"fleet.count={n - 4}", "--set", "points_per_weight=10", "--set", "web.hosts=100000",
-            "--set", f"simulate.pages_per_second={n}", "--set", "cluster.time_scale=0.02",
-            "--set", "dispatch.interval=0.05", "--set", f"cluster.seeds={seeds(n)}", "--set", f"end.at={end_at:g}",
-            "--no-plots", "--out", str(out)]
+    sets = [arg for key, value in settings(n, end_at).items() for arg in ("--set", f"{key}={value}")]
+    return [sys.executable, "-m", "peerlab.experiment", "--mode", "cluster", *sets, "--no-plots", "--out", str(out)]
 
 
 def seeds(n: int) -> int:

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.bench.bench_experiment_scale import seeds
+from tests.bench.bench_experiment_scale import settings
 
 #: (part, any of these in a stack below the run loop): the first that matches names the sample's part.
 PARTS = (
@@ -52,20 +52,9 @@ def _frame(code) -> str:
 
 
 def run(n: int, out: Path) -> None:
-    import peerlab.experiment.cluster as cluster_mode
     from peerlab.experiment import load_plan, run_cluster
-    from peerlab.experiment.loopshare import LoopShare
 
-    class Off(LoopShare):
-        def start(self) -> bool:
-            return False  # this profile samples SIGPROF itself
-
-    cluster_mode.LoopShare = Off  # type: ignore[misc]
-
-    plan, _ = load_plan("design", overrides={
-        "mode": '"cluster"', "fleet.count": str(n - 4), "points_per_weight": "10", "web.hosts": "100000",
-        "simulate.pages_per_second": str(n), "cluster.time_scale": "0.02", "dispatch.interval": "0.05",
-        "cluster.seeds": str(seeds(n)), "end.at": "900"})
+    plan, _ = load_plan("design", overrides={"mode": '"cluster"', **settings(n, 900)})
     out.mkdir(parents=True, exist_ok=True)
     import trio
 
@@ -110,7 +99,7 @@ def run(n: int, out: Path) -> None:
     signal.siginterrupt(signal.SIGPROF, False)
     signal.setitimer(signal.ITIMER_PROF, 0.002, 0.002)
     try:
-        result = run_cluster(plan, progress=say)
+        result = run_cluster(plan, progress=say, loop_share=False)  # this profile samples SIGPROF itself
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0, 0)
     switch("end")
