@@ -117,6 +117,10 @@ class DigestAsks:
             self._waiting.discard(digest)
         return gone
 
+    def idle(self) -> bool:
+        """Nothing queued and no ask out: the shell has nothing to send or expire until `ask` or `note`."""
+        return not self._batches and not self._out
+
     def outstanding(self) -> int:
         return len(self._waiting)
 

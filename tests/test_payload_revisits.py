@@ -115,6 +115,29 @@ async def test_the_owner_answers_an_ask_and_keeps_what_it_is_told(tmp_path, auto
         store.close()
 
 
+async def test_a_node_with_nothing_to_ask_sleeps_until_it_has(tmp_path, autojump_clock) -> None:
+    # the sender wakes for work, not every tick: a node that stores no page costs nothing here
+    wire, stores = _two_nodes(tmp_path, owner="B")
+    a, b = wire.nodes["A"], wire.nodes["B"]
+    flushes = []
+    flush = a.flush
+    a.flush = lambda now: (flushes.append(now), flush(now))  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wire.deliver)
+        await nursery.start(a.run)
+        await nursery.start(b.run)
+        await trio.sleep(60.0)
+        assert flushes == []
+        start = trio.current_time()
+        assert await a.original("P") is None
+        assert trio.current_time() - start == pytest.approx(0.02)  # queued, sent one interval later, answered
+        await trio.sleep(60.0)
+        assert len(flushes) <= 2  # the ask's batch, and the tick that saw its answer
+        nursery.cancel_scope.cancel()
+    for store in stores.values():
+        store.close()
+
+
 async def test_a_node_that_owns_the_digest_answers_itself(tmp_path, autojump_clock) -> None:
     wire, stores = _two_nodes(tmp_path, owner="A")
     a = wire.nodes["A"]

@@ -16,7 +16,9 @@ def _original(digest: str, uri: str = "http://a.test/x", date: float = 1.0) -> P
 
 def test_asks_are_batched_per_owner_and_a_digest_is_asked_once_while_out() -> None:
     asks = DigestAsks(max_batch=2, timeout=2.0)
+    assert asks.idle()
     assert asks.ask("B", "d1") and asks.ask("B", "d2") and asks.ask("C", "d3")
+    assert not asks.idle()
     assert asks.ask("B", "d1")  # already waiting: settled by the same answer
     asks.note("C", _original("d9"))
     assert asks.full()  # B's batch holds max_batch digests
@@ -32,6 +34,9 @@ def test_asks_are_batched_per_owner_and_a_digest_is_asked_once_while_out() -> No
     assert settled == [("d1", None), ("d2", _original("d2"))]
     assert asks.answered("B", DigestAnswer(seq=b_seq, found=())) == []  # a repeat settles nothing again
     assert not asks.waiting("d1") and asks.waiting("d3")
+    assert not asks.idle()  # C's ask is out
+    asks.answered("C", DigestAnswer(seq=sent[1][1].seq, found=()))
+    assert asks.idle()
 
 
 def test_a_batch_larger_than_max_batch_goes_in_several_messages() -> None:

@@ -28,7 +28,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from peer.render.cdp import MAX_MESSAGE, Cdp
 
@@ -187,6 +186,9 @@ async def _drain(stderr: trio.lowlevel.FdStream) -> None:
 
 @asynccontextmanager
 async def _connected(url: str) -> AsyncIterator[Cdp]:
+    # imported here: a node that never renders does not pay for the websocket stack at its start
+    from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+
     try:
         async with open_websocket_url(url, max_message_size=MAX_MESSAGE, connect_timeout=START_TIMEOUT) as ws:
             cdp = Cdp(ws)

@@ -69,7 +69,8 @@ class DigestLookups:
         self.interval = interval
         self.asks = DigestAsks(max_batch=max_batch, timeout=timeout)
         self._waiters: dict[str, tuple[trio.Event, list[StoredPayload | None]]] = {}
-        self._wake = trio.Event()
+        self._queued = trio.Event()  # set when an ask or a note is queued
+        self._wake = trio.Event()  # set when a batch is full
         self.asked = 0  # digests asked of another node
         self.found = 0  # ... that it knew
         self.unanswered = 0  # ... settled as not known: no answer in time, or not sent
@@ -93,6 +94,7 @@ class DigestLookups:
                 return None
             self.asked += 1
             waiting = self._waiters[digest] = (trio.Event(), [])
+            self._queued.set()
             if self.asks.full():
                 self._wake.set()
         await waiting[0].wait()
@@ -104,6 +106,7 @@ class DigestLookups:
             self.index.put_many([original])
         else:
             self.asks.note(owner, _wire(original))
+            self._queued.set()
             if self.asks.full():
                 self._wake.set()
 
@@ -148,8 +151,11 @@ class DigestLookups:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
+            if self.asks.idle():  # nothing queued, nothing out: sleep until something is
+                await self._queued.wait()
             with trio.move_on_after(self.interval):
                 await self._wake.wait()
+            self._queued = trio.Event()
             self._wake = trio.Event()
             self.flush(trio.current_time())
 
