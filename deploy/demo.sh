@@ -4,7 +4,7 @@
 # Arguments go to `peerctl demo` (e.g. --single for the one-node demo, --dir DIR for another run folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[lab]'
+# shellcheck source=deploy/venv.sh
+source deploy/venv.sh
+venv_install lab
 exec .venv/bin/peerctl demo "$@"

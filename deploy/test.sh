@@ -5,10 +5,10 @@
 # daemons run in two lanes, each lane's files one after the other on one worker (tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --no-compile -e '.[dev]'
-# pip compiles what it installs one file at a time (about 15 s of a fresh install here); compileall does it on
-# every core
+# shellcheck source=deploy/venv.sh
+source deploy/venv.sh
+venv_install dev
+# the installed packages' bytecode, compiled on every core
 .venv/bin/python -m compileall -q -j 0 .venv/lib >/dev/null 2>&1 || true
 workers=${PYTEST_WORKERS:-$(( $(nproc) + 2 ))}
 # TYPECHECK=1 (.ci/run sets it): the type checker runs beside the bytecode pass and the tests, in the same

@@ -405,7 +405,7 @@ def test_links_of_real_pages_are_the_links_a_browser_finds() -> None:
     from tests.support.browser import browser, need_browser
 
     need_browser()
-    paths = _real_pages(every=8)
+    paths = _real_pages(every=12)
     if len(paths) < 40:
         pytest.skip("too few real HTML documents: apt-get install python3-doc")
     paths.append(_TRICKY_PATH)
