@@ -32,7 +32,18 @@ async def _start(cfg, log: Path) -> trio.Process:
 
 
 def _records(log: Path) -> list[dict]:
-    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    complete = log.read_text().rpartition("\n")[0]  # a line still being written is not read
+    return [json.loads(line) for line in complete.splitlines() if line.startswith("{")]
+
+
+async def _logged(log: Path, msg: str) -> list[dict]:
+    """The log's records once one says `msg` (the node logs "node starting" after it publishes control.addr)."""
+    with trio.fail_after(30):
+        while True:
+            records = _records(log)
+            if any(r["msg"] == msg for r in records):
+                return records
+            await trio.sleep(0.05)
 
 
 async def _stop(proc: trio.Process, sig: int | None, cfg) -> int:
@@ -73,11 +84,10 @@ async def test_the_marker_over_clean_stops_kills_and_aborts(tmp_path: Path) -> N
             assert running_marker(data)["pid"] == proc.pid
             # 3. the next start checks the stores, logs it, and goes on; an abort prints the Python stack
             procs.append(proc := await _start(cfg, tmp_path / "3.log"))
-            records = _records(tmp_path / "3.log")
+            records = await _logged(tmp_path / "3.log", "node starting")
             checked = [r for r in records if r["msg"] == "stores checked: sound"]
             assert len(checked) == 1 and checked[0]["keys"] > 10 and checked[0]["seconds"] >= 0
             assert checked[0]["stores"] == [str(data / "state")]
-            assert any(r["msg"] == "node starting" for r in records)
             assert running_marker(data)["pid"] == proc.pid
             assert await _stop(proc, signal.SIGABRT, cfg) == -signal.SIGABRT
             text = (tmp_path / "3.log").read_text()
