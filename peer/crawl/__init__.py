@@ -2,16 +2,46 @@
 turns, politeness, back-off, durability), the per-host scheduler, robots.txt, URL normalization and scope,
 link extraction and charsets, and the choice of seen-URL store. Fetches through `peer.fetch`; asks the
 cluster (when there is one) only through the callbacks it is given.
+
+Public names are re-exported here and loaded on first use, so a page worker process, which imports
+`peer.crawl.pagejobs` and the link extractor, does not import the whole engine.
 """
 
-from peer.crawl.crawler import Crawler
-from peer.crawl.links import Page, extract, is_html
-from peer.crawl.robots import RobotsTxt, can_fetch, decide
-from peer.crawl.scheduler import HostScheduler, HostTurn
-from peer.crawl.seenstores import DEDUP_KINDS, SplitStore, open_node_store
-from peer.crawl.urls import Scope, host_of, normalize, origin_of
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from peer.crawl.crawler import Crawler
+    from peer.crawl.links import Page, extract, is_html
+    from peer.crawl.robots import RobotsTxt, can_fetch, decide
+    from peer.crawl.scheduler import HostScheduler, HostTurn
+    from peer.crawl.seenstores import DEDUP_KINDS, SplitStore, open_node_store
+    from peer.crawl.urls import Scope, host_of, normalize, origin_of
+
+_EXPORTS = {
+    "Crawler": "crawler", "Page": "links", "extract": "links", "is_html": "links",
+    "RobotsTxt": "robots", "can_fetch": "robots", "decide": "robots",
+    "HostScheduler": "scheduler", "HostTurn": "scheduler",
+    "DEDUP_KINDS": "seenstores", "SplitStore": "seenstores", "open_node_store": "seenstores",
+    "Scope": "urls", "host_of": "urls", "normalize": "urls", "origin_of": "urls",
+}
 
 __all__ = [
     "DEDUP_KINDS", "Crawler", "HostScheduler", "HostTurn", "Page", "RobotsTxt", "Scope", "SplitStore",
     "can_fetch", "decide", "extract", "host_of", "is_html", "normalize", "open_node_store", "origin_of",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'peer.crawl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
