@@ -17,9 +17,12 @@ def test_readme_names_two_commands_and_ci_runs_the_test_one():
     assert demo == "bash deploy/demo.sh"
     assert test == "bash deploy/test.sh"
     assert test in (ROOT / ".ci" / "run").read_text().split("# The README's test command:", 1)[1]
+    # each sets itself up: it installs the project into .venv (deploy/venv.sh, through uv or pip) before it runs
+    install = (ROOT / "deploy" / "venv.sh").read_text()
+    assert "uv pip install" in install and "python -m pip install" in install
     for cmd in (demo, test):
         script = ROOT / cmd.split()[1]
-        assert script.exists() and "pip install" in script.read_text()
+        assert script.exists() and "source deploy/venv.sh\nvenv_install " in script.read_text()
 
 
 def test_console_scripts_exist():
