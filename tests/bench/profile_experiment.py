@@ -108,6 +108,9 @@ def run(n: int, out: Path) -> None:
     (out / "meta.json").write_text(json.dumps({
         "nodes": n, "cpu": cpu, "virtual": virtual, "samples": {k: sum(c.values()) for k, c in counts.items()},
         "change_nodes": [c.cost.nodes if c.cost else n for c in result.changes],
+        "change_seconds": [c.cost.seconds if c.cost else 0.0 for c in result.changes],
+        "change_sent_by_kind": [dict(c.cost.sent_by_kind) if c.cost else {} for c in result.changes],
+        "phase_sent_by_kind": [dict(c.cost.phase_sent_by_kind) if c.cost else {} for c in result.changes],
     }, indent=1) + "\n", encoding="utf-8")
 
 

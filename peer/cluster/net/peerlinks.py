@@ -286,6 +286,10 @@ class PeerLinks(Sessions):
         self.handler_errors = 0
         #: Messages received from peers, by type (what a node pays for each kind of traffic).
         self.received_kinds: collections.Counter[str] = collections.Counter()
+        #: Messages and bytes written to peers, by kind: a message's type, "handshake" for the frames of a
+        #: connection's handshake (and a Reject), a datagram's type with " (datagram)" after it.
+        self.sent_kinds: collections.Counter[str] = collections.Counter()
+        self.sent_kind_bytes: collections.Counter[str] = collections.Counter()
         self._unauthenticated = 0
         self._unauthenticated_by_source: collections.Counter[str] = collections.Counter()
         self._on_datagram = on_datagram
@@ -349,6 +353,9 @@ class PeerLinks(Sessions):
         if not self._transport.send_datagram(address, data):
             return False
         self.datagrams_sent += 1
+        kind = f"{type(message).__name__} (datagram)"
+        self.sent_kinds[kind] += 1
+        self.sent_kind_bytes[kind] += len(data)
         return True
 
     async def _receive_datagram(self, data: bytes, source: str) -> None:
