@@ -64,6 +64,7 @@ class Session:
         self.evict = False  # asked to close as the least recently used idle link (PeerLinks.max_links)
         self.wait_scope: trio.CancelScope | None = None  # the writer's wait for the next message, while it waits
         self.idle_checked = -math.inf  # when the writer last found the link idle but busy
+        self.written = False  # whether the writer has written a batch on this connection yet
 
     async def write(self, data: bytes) -> None:
         if data:
@@ -109,6 +110,7 @@ class Sessions:
         received_kinds: Counter[str]
         sent_kinds: Counter[str]
         sent_kind_bytes: Counter[str]
+        dialled_for: Counter[str]
         refused: Counter[str]
         _secret: bytes
         _unauthenticated: int
@@ -295,6 +297,10 @@ class Sessions:
                 link._carry = batch + link._carry
                 raise
             link.sent += len(frames)
+            if not session.written:
+                session.written = True
+                if session.dialer == self.node_id and kinds:
+                    self.dialled_for[kinds[0]] += 1
             sent, sent_bytes = self.sent_kinds, self.sent_kind_bytes
             for kind, frame in zip(kinds, frames, strict=True):
                 sent[kind] += 1

@@ -290,6 +290,9 @@ class PeerLinks(Sessions):
         #: connection's handshake (and a Reject), a datagram's type with " (datagram)" after it.
         self.sent_kinds: collections.Counter[str] = collections.Counter()
         self.sent_kind_bytes: collections.Counter[str] = collections.Counter()
+        #: Connections this node dialled, by the kind of the first message written on them (what a new link was
+        #: opened for).
+        self.dialled_for: collections.Counter[str] = collections.Counter()
         self._unauthenticated = 0
         self._unauthenticated_by_source: collections.Counter[str] = collections.Counter()
         self._on_datagram = on_datagram
