@@ -1,6 +1,7 @@
 """What the peer links count of what they write, by kind (`PeerLinks.sent_kinds`, `sent_kind_bytes`): every byte
 a node writes to the network falls in one kind, a new connection's handshake in "handshake", a datagram under its
-message type with " (datagram)". In-memory network, MockClock."""
+message type with " (datagram)"; and what each connection a node dialled was opened for (`dialled_for`: the
+kind of the first message written on it). In-memory network, MockClock."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def test_every_byte_a_node_writes_is_counted_under_one_kind() -> None:
             assert net.connects == 1
             assert a.sent_kinds == {"handshake": 2, "Ping": 3, "Ping (datagram)": 1}
             assert b.sent_kinds == {"handshake": 1, "Pong": 1}
+            assert a.dialled_for == {"Ping": 1} and not b.dialled_for  # what the one connection was opened for
             for links in (a, b):
                 assert sum(links.sent_kind_bytes.values()) == net.sent_bytes[f"{links.node_id}:7000"]
                 assert set(links.sent_kind_bytes) == set(links.sent_kinds)
@@ -50,6 +52,9 @@ def test_every_byte_a_node_writes_is_counted_under_one_kind() -> None:
             await trio.sleep(10.0)  # idle past the timeout: the link closes with a Goodbye each way
             assert a.connected_peers() == [] and b.connected_peers() == []
             assert a.sent_kinds["Goodbye"] == b.sent_kinds["Goodbye"] == 1
+            assert b.send_nowait("a", Pong(seq=1, epoch=1))  # b dials this time
+            await trio.sleep(1.0)
+            assert net.connects == 2 and b.dialled_for == {"Pong": 1} and a.dialled_for == {"Ping": 1}
             for links in (a, b):
                 assert sum(links.sent_kind_bytes.values()) == net.sent_bytes[f"{links.node_id}:7000"]
             nursery.cancel_scope.cancel()
