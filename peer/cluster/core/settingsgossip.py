@@ -1,6 +1,7 @@
 """The crawl settings (scope, budgets, the paused flag: peer/crawl/settings.py) shared across the cluster: sent to
 every live peer at each change and to a member that joins, repeated as gossip to a few peers at random (among
-those this node has a connection to, when it has enough), and a record from a peer adopted when it ranks above the one in force (docs/operations.md, "Steering a running crawl").
+those this node has a connection to, when it has enough), and a record from a peer adopted when it ranks above the
+one in force (docs/operations.md, "Steering a running crawl").
 
 `SettingsGossip` is a part of `peer.cluster.core.cluster.Cluster`, built with what it uses: the links, the view
 (for the peers' addresses), the live peers, and the crawler that holds the settings in force (`SettingsHolder`).
