@@ -327,6 +327,10 @@ def _cost_table(changes: Sequence[ChangeResult]) -> list[str]:
             rate_n, rate_bytes = cost.phase_sent_by_kind.get(kind, (0.0, 0.0))
             lines.append(f"{kind[:32]:<32} {cost.per_node(n):>9.2f} {cost.per_node(size) / 1024:>8.2f} | "
                          f"{rate_n * cost.seconds:>10.2f} {rate_bytes * cost.seconds / 1024:>9.2f}")
+        if cost.dialled_for:
+            dialled = cost.per_node(sum(cost.dialled_for.values()))
+            lines.append(f"connections dialled per node, by the first message written on them: {dialled:.2f} ("
+                         + ", ".join(f"{kind} {cost.per_node(n):.2f}" for kind, n in cost.dialled_for.items()) + ")")
     return lines
 
 
@@ -455,7 +459,8 @@ def summary(result: ExperimentResult) -> dict[str, Any]:
                           "loop_cpu_seconds": round(c.cost.loop_cpu_seconds, 3),
                           "phase_loop_cpu": c.cost.phase_loop_cpu,
                           "sent_by_kind": {kind: list(v) for kind, v in c.cost.sent_by_kind.items()},
-                          "phase_sent_by_kind": {kind: list(v) for kind, v in c.cost.phase_sent_by_kind.items()}}}
+                          "phase_sent_by_kind": {kind: list(v) for kind, v in c.cost.phase_sent_by_kind.items()},
+                          "dialled_for": dict(c.cost.dialled_for)}}
                 if c.cost is not None else {})}
             for c in result.changes
         ],

@@ -136,6 +136,9 @@ class ChangeCost:
     #: datagram's type with " (datagram)"), and per node per virtual second of the phase before
     sent_by_kind: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     phase_sent_by_kind: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    #: kind -> connections the nodes dialled from the change to the settle, by the kind of the first message
+    #: written on each (the links' dialled_for: what the new connections were opened for)
+    dialled_for: Mapping[str, int] = field(default_factory=dict)
 
     def per_node(self, total: float) -> float:
         return total / max(1, self.nodes)

@@ -111,6 +111,7 @@ def run(n: int, out: Path) -> None:
         "change_seconds": [c.cost.seconds if c.cost else 0.0 for c in result.changes],
         "change_sent_by_kind": [dict(c.cost.sent_by_kind) if c.cost else {} for c in result.changes],
         "phase_sent_by_kind": [dict(c.cost.phase_sent_by_kind) if c.cost else {} for c in result.changes],
+        "change_dialled_for": [dict(c.cost.dialled_for) if c.cost else {} for c in result.changes],
     }, indent=1) + "\n", encoding="utf-8")
 
 
