@@ -14,6 +14,7 @@ import trio.testing
 from peerlab import experiment
 from peerlab.experiment.cluster import _Run, inline_threads, run_cluster
 from peerlab.experiment.live import ring_figures
+from peerlab.experiment.report import summary
 from peerlab.experiment.loopshare import in_run_loop
 from peerlab.experiment.plan import parse_plan
 
@@ -109,7 +110,16 @@ def test_the_design_experiment_runs_on_a_simulated_cluster_and_its_tables_add_up
         assert cost.phase_messages > 0 and cost.phase_cpu > 0
         # of the CPU, trio's run loop's part (sampled): a share of it, never more
         assert 0 <= cost.loop_cpu_seconds <= cost.cpu_seconds and 0 <= cost.phase_loop_cpu <= cost.phase_cpu
+        # what the nodes wrote, by kind: every byte in one kind, the hand-off's chunks among them
+        assert 0.99 * cost.bytes <= sum(size for _, size in cost.sent_by_kind.values()) <= cost.bytes
+        assert cost.sent_by_kind["HandoffChunk"][0] > 0 and cost.sent_by_kind["UrlBatch"][0] > 0
+        assert cost.phase_sent_by_kind["UrlBatch"][0] > 0
+        # what the connections dialled meanwhile were opened for: the hand-off's first chunks among them
+        assert cost.dialled_for and all(n > 0 for n in cost.dialled_for.values())
     assert "what each view change cost, per node" in experiment.format_report(result)
+    assert f"{leave.name}: sent per node by kind" in experiment.format_report(result)
+    [summary_leave, _] = summary(result)["changes"]
+    assert summary_leave["cost"]["sent_by_kind"]["HandoffChunk"] == list(leave.cost.sent_by_kind["HandoffChunk"])
     # Each node's status counts its open links: at most one per peer.
     [links] = [note for note in result.notes if note.startswith("links per node at the end")]
     most, peers = re.search(r"most (\d+) \(of (\d+) peers\)", links).groups()

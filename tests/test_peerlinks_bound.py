@@ -156,6 +156,42 @@ async def test_the_cap_holds_closing_the_least_recently_used_idle_link_first() -
 
 
 @virtual
+async def test_a_node_at_the_cap_asks_only_the_least_recently_used_links_whether_they_are_busy() -> None:
+    # At the cap, each new connection closes the least recently used idle link: the links are asked whether they
+    # are busy in order of last use until one is not, not each of them (a node of a thousand-node cluster sits at
+    # its cap of 512 and adopts a connection at every first contact).
+    net = MemoryNetwork(random.Random(6), delay=0.001)
+    asked: list[str] = []
+
+    def busy(peer: str) -> bool:
+        asked.append(peer)
+        return peer == "s00"
+
+    hub = Node(net, "hub", LinkConfig(idle_timeout=0, max_links=20), busy=busy)
+    spokes = [Node(net, f"s{i:02d}", LinkConfig(idle_timeout=0, max_links=0)) for i in range(22)]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hub.links.run)
+        for spoke in spokes:
+            await nursery.start(spoke.links.run)
+        for i, spoke in enumerate(spokes[:20]):
+            assert hub.links.send_nowait(spoke.name, Ping(seq=i, epoch=1), address=spoke.address)
+            await spoke.wait_for(1)
+            await trio.sleep(1.0)
+        assert hub.links.live == 20 and hub.links.evictions == 0
+        for i, spoke in enumerate(spokes[20:], 1):
+            asked.clear()
+            assert hub.links.send_nowait(spoke.name, Ping(seq=20 + i, epoch=1), address=spoke.address)
+            await spoke.wait_for(1)
+            await trio.sleep(1.0)
+            # s00 (least recently used, busy) is spared; the next least recently used closes
+            assert hub.links.evictions == i and f"s{i:02d}" not in hub.links.connected_peers()
+            assert hub.links.live == 20 and "s00" in hub.links.connected_peers()
+            # asked: s00 and the one it closes at the cap, and that one again as its writer closes it
+            assert asked.count("s00") == 1 and len(asked) <= 3, asked
+        nursery.cancel_scope.cancel()
+
+
+@virtual
 async def test_the_cap_spares_busy_links_and_is_exceeded_until_one_is_idle() -> None:
     net = MemoryNetwork(random.Random(5), delay=0.001)
     busy = {"s0", "s1", "s2"}

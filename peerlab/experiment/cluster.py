@@ -316,8 +316,16 @@ class _Node:
 
 
 #: What `_Run.traffic` reads: messages received, bytes written, the process's CPU seconds, the hand-off messages per
-#: pair, and the CPU samples (in trio's run loop, in all).
-Traffic = tuple[int, int, float, Counter[tuple[str, str]], tuple[int, int]]
+#: pair, the CPU samples (in trio's run loop, in all), the messages and bytes the nodes' links wrote by kind, and the
+#: connections they dialled by the kind of the first message written on them.
+Traffic = tuple[int, int, float, Counter[tuple[str, str]], tuple[int, int], Counter[str], Counter[str], Counter[str]]
+
+
+def _by_kind(kinds: Counter[str], kind_bytes: Counter[str], before: Counter[str],
+             before_bytes: Counter[str]) -> dict[str, tuple[int, int]]:
+    """kind -> (messages, bytes) sent since `before`, the most bytes first."""
+    out = {kind: (kinds[kind] - before[kind], kind_bytes[kind] - before_bytes[kind]) for kind in kind_bytes}
+    return dict(sorted(((k, v) for k, v in out.items() if v[0] or v[1]), key=lambda item: -item[1][1]))
 
 
 class _Run:
@@ -345,18 +353,26 @@ class _Run:
         """Messages received by every node so far, bytes written to the network, the process's CPU seconds, a
         copy of the hand-off messages sent per pair, and the CPU samples so far (`LoopShare`)."""
         messages = sum(sum(node.cluster.links.received_kinds.values()) for node in self.nodes.values())
+        kinds: Counter[str] = Counter()
+        kind_bytes: Counter[str] = Counter()
+        dialled: Counter[str] = Counter()
+        for node in self.nodes.values():
+            kinds.update(node.cluster.links.sent_kinds)
+            kind_bytes.update(node.cluster.links.sent_kind_bytes)
+            dialled.update(node.cluster.links.dialled_for)
         return (messages, sum(self.net.sent_bytes.values()), time.process_time(), Counter(self.handoff_pairs),
-                self.share.snapshot())
+                self.share.snapshot(), kinds, kind_bytes, dialled)
 
     def cost(self, before: Traffic, nodes: int, seconds: float, phase: tuple[Traffic, float],
              moved_pairs: frozenset[tuple[str, str]]) -> ChangeCost:
         """What happened between `before` and now, as a change's cost; `phase` is the traffic at the start of the
         phase before the change and the phase's virtual seconds (its rates per node); `moved_pairs` the (previous,
         new owner) pairs of the change's moved arcs: hand-off messages between any other two nodes are stray."""
-        messages, sent, cpu, pairs, samples = self.traffic()
+        messages, sent, cpu, pairs, samples, kinds, kind_bytes, dialled = self.traffic()
         pairs.subtract(before[3])
         moved = +pairs
-        (p_messages, p_bytes, p_cpu, _, p_samples), p_seconds = phase
+        (p_messages, p_bytes, p_cpu, _, p_samples, p_kinds, p_kind_bytes, _), p_seconds = phase
+        dialled.subtract(before[7])
         per = max(1, nodes) * max(1e-9, p_seconds)
         stray = sum(n for (a, b), n in moved.items() if (a, b) not in moved_pairs and (b, a) not in moved_pairs)
         return ChangeCost(
@@ -367,7 +383,11 @@ class _Run:
             phase_messages=(before[0] - p_messages) / per, phase_bytes=(before[1] - p_bytes) / per,
             phase_cpu=(before[2] - p_cpu) / per,
             loop_cpu_seconds=(cpu - before[2]) * _share(before[4], samples),
-            phase_loop_cpu=(before[2] - p_cpu) * _share(p_samples, before[4]) / per)
+            phase_loop_cpu=(before[2] - p_cpu) * _share(p_samples, before[4]) / per,
+            sent_by_kind=_by_kind(kinds, kind_bytes, before[5], before[6]),
+            phase_sent_by_kind={kind: (n / per, size / per) for kind, (n, size) in _by_kind(
+                before[5], before[6], p_kinds, p_kind_bytes).items()},
+            dialled_for=dict((+dialled).most_common()))
 
     def running(self) -> list[_Node]:
         return [node for node in self.nodes.values() if node.running]

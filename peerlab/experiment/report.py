@@ -317,6 +317,20 @@ def _cost_table(changes: Sequence[ChangeResult]) -> list[str]:
             f"{cost.per_node(cost.cpu_seconds) * 1e3:>7.1f} {cost.per_node(cost.loop_cpu_seconds) * 1e3:>7.1f} | "
             f"{cost.phase_messages:>7.1f} {cost.phase_bytes / 1024:>7.1f} {cost.phase_cpu * 1e3:>8.2f} "
             f"{cost.phase_loop_cpu * 1e3:>9.2f}")
+    for change, cost in costs:
+        if not cost.sent_by_kind:
+            continue
+        lines += ["", f"{change.name}: sent per node by kind, from the change until every node settled, beside the "
+                      f"phase before's rate over as many virtual seconds ({cost.seconds:.1f})",
+                  f"{'kind':<32} {'messages':>9} {'KiB':>8} | {'phase msgs':>10} {'phase KiB':>9}"]
+        for kind, (n, size) in cost.sent_by_kind.items():
+            rate_n, rate_bytes = cost.phase_sent_by_kind.get(kind, (0.0, 0.0))
+            lines.append(f"{kind[:32]:<32} {cost.per_node(n):>9.2f} {cost.per_node(size) / 1024:>8.2f} | "
+                         f"{rate_n * cost.seconds:>10.2f} {rate_bytes * cost.seconds / 1024:>9.2f}")
+        if cost.dialled_for:
+            dialled = cost.per_node(sum(cost.dialled_for.values()))
+            lines.append(f"connections dialled per node, by the first message written on them: {dialled:.2f} ("
+                         + ", ".join(f"{kind} {cost.per_node(n):.2f}" for kind, n in cost.dialled_for.items()) + ")")
     return lines
 
 
@@ -443,7 +457,10 @@ def summary(result: ExperimentResult) -> dict[str, Any]:
                           "cpu_seconds": round(c.cost.cpu_seconds, 3), "phase_messages": c.cost.phase_messages,
                           "phase_bytes": c.cost.phase_bytes, "phase_cpu": c.cost.phase_cpu,
                           "loop_cpu_seconds": round(c.cost.loop_cpu_seconds, 3),
-                          "phase_loop_cpu": c.cost.phase_loop_cpu}}
+                          "phase_loop_cpu": c.cost.phase_loop_cpu,
+                          "sent_by_kind": {kind: list(v) for kind, v in c.cost.sent_by_kind.items()},
+                          "phase_sent_by_kind": {kind: list(v) for kind, v in c.cost.phase_sent_by_kind.items()},
+                          "dialled_for": dict(c.cost.dialled_for)}}
                 if c.cost is not None else {})}
             for c in result.changes
         ],

@@ -131,6 +131,14 @@ class ChangeCost:
     #: peerlab/experiment/loopshare.py), what running n nodes' timers in one process costs on top of their tasks
     loop_cpu_seconds: float = 0.0
     phase_loop_cpu: float = 0.0
+    #: kind -> (messages, bytes) the nodes' links wrote from the change to the settle (the links' sent_kinds and
+    #: sent_kind_bytes: a message's type, "handshake" for the frames of new connections' handshakes, a
+    #: datagram's type with " (datagram)"), and per node per virtual second of the phase before
+    sent_by_kind: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    phase_sent_by_kind: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    #: kind -> connections the nodes dialled from the change to the settle, by the kind of the first message
+    #: written on each (the links' dialled_for: what the new connections were opened for)
+    dialled_for: Mapping[str, int] = field(default_factory=dict)
 
     def per_node(self, total: float) -> float:
         return total / max(1, self.nodes)

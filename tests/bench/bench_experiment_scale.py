@@ -26,7 +26,8 @@ own rate in the phase before the leave (messages, KiB, CPU ms per node per virtu
 cost beyond that rate over its settle ("beyond": the change's own work, since the crawl goes on meanwhile and the
 settle takes longer in a larger cluster); and of each CPU figure, the part spent in trio's run loop outside the
 nodes' tasks (sampled, ``peerlab/experiment/loopshare.py``): the simulation's cost of n nodes' timers in one
-process, which n separate processes would not share. Per run: wall time,
+process, which n separate processes would not share; and what the nodes wrote at each change by kind (a message's
+type, ``handshake`` for new connections' handshakes, datagrams apart), per node. Per run: wall time,
 CPU, peak RSS (the child's ``ru_maxrss``) and the load average seen while it ran (the machine is shared). Each
 per-node figure is also given as a ratio to the first size's.
 """
@@ -115,6 +116,9 @@ def run_one(n: int, out: Path, *, nice: int, end_at: float) -> dict[str, Any]:
             "phase_cpu_ms_per_s": cost["phase_cpu"] * 1e3,
             "loop_cpu_ms": cost.get("loop_cpu_seconds", 0.0) / nodes * 1e3,
             "phase_loop_cpu_ms_per_s": cost.get("phase_loop_cpu", 0.0) * 1e3,
+            # kind -> [messages, KiB] written per node (a message's type, "handshake", "... (datagram)")
+            "kinds": {kind: [n / nodes, size / nodes / 1024]
+                      for kind, (n, size) in cost.get("sent_by_kind", {}).items()},
         })
         beyond(changes[-1])
     return {"nodes": n, "wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
@@ -165,6 +169,25 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def kinds_table(rows: list[dict[str, Any]], top: int = 8) -> str:
+    """Per node at each change, what the nodes wrote by kind: messages / KiB at each size, the kinds that weigh
+    most at the largest size first."""
+    rows = sorted(rows, key=lambda row: row["nodes"])
+    if not all(change.get("kinds") for row in rows for change in row["changes"]):
+        return ""
+    lines = ["| change | kind | " + " | ".join(f"{row['nodes']:,} nodes: messages / KiB" for row in rows) + " |",
+             "|---|---|" + "---:|" * len(rows)]
+    for i, change in enumerate(rows[-1]["changes"]):
+        kinds = sorted(change["kinds"], key=lambda kind: -change["kinds"][kind][1])[:top]
+        for kind in kinds:
+            cells = []
+            for row in rows:
+                n, kib = row["changes"][i]["kinds"].get(kind, [0.0, 0.0])
+                cells.append(f"{n:.1f} / {kib:.2f}")
+            lines.append(f"| {change['name']} | {kind} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
@@ -181,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
             for change in row["changes"]:
                 beyond(change)
         print(table(rows))
+        print(kinds_table(rows))
         return
     rows = []
     with tempfile.TemporaryDirectory(prefix="experiment-scale-") as tmp:
@@ -194,6 +218,8 @@ def main(argv: list[str] | None = None) -> None:
                 args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores\n")
     print(table(rows))
+    print()
+    print(kinds_table(rows))
     for row in rows:
         for note in row["notes"]:
             print(f"{row['nodes']:,} nodes: {note}")

@@ -4,7 +4,9 @@ crawl between, the join), and a comparison of two such profiles by part of the n
 
 Run: ``python -m tests.bench.profile_experiment run N DIR`` (the experiment of ``bench_experiment_scale`` at N
 nodes; run it niced, it takes what that run takes), then ``python -m tests.bench.profile_experiment compare DIR_A
-DIR_B [--segment change1] [--by part|function|self] [--under TEXT]``. Figures are CPU ms per node for a change
+DIR_B [--segment change1] [--by part|function|self] [--under TEXT]``, or ``kinds DIR_A DIR_B [--segment change1]``
+for what the nodes wrote at that change by kind of message (and handshake) and what their new connections were
+opened for. Figures are CPU ms per node for a change
 (divided by the nodes running at it) and per node per virtual second for a phase; a sample is the kernel's tick of
 the process's CPU time (``ITIMER_PROF``, 4 ms at HZ=250), scaled so that a segment's samples add up to its CPU.
 
@@ -108,6 +110,10 @@ def run(n: int, out: Path) -> None:
     (out / "meta.json").write_text(json.dumps({
         "nodes": n, "cpu": cpu, "virtual": virtual, "samples": {k: sum(c.values()) for k, c in counts.items()},
         "change_nodes": [c.cost.nodes if c.cost else n for c in result.changes],
+        "change_seconds": [c.cost.seconds if c.cost else 0.0 for c in result.changes],
+        "change_sent_by_kind": [dict(c.cost.sent_by_kind) if c.cost else {} for c in result.changes],
+        "phase_sent_by_kind": [dict(c.cost.phase_sent_by_kind) if c.cost else {} for c in result.changes],
+        "change_dialled_for": [dict(c.cost.dialled_for) if c.cost else {} for c in result.changes],
     }, indent=1) + "\n", encoding="utf-8")
 
 
@@ -153,6 +159,28 @@ def compare(a: Path, b: Path, segment: str, by: str, under: str | None, top: int
         print(f"{x:9.2f} {y:9.2f} {y - x:+9.2f} {y / x if x else float('inf'):6.2f}x  {key}")
 
 
+def kinds(a: Path, b: Path, segment: str) -> None:
+    """Per node, what the nodes wrote at a change by kind (messages and KiB) in the two runs, the most bytes in the
+    second first, and the connections they dialled by what each was opened for."""
+    index = int(segment[len("change"):]) - 1
+    runs = [json.loads((folder / "meta.json").read_text(encoding="utf-8")) for folder in (a, b)]
+    per = [meta["change_nodes"][index] for meta in runs]
+    sent = [meta["change_sent_by_kind"][index] for meta in runs]
+    print(f"{segment}, per node (settle {runs[0]['change_seconds'][index]:.2f} and "
+          f"{runs[1]['change_seconds'][index]:.2f} virtual s): messages and KiB written, {a} then {b}")
+    for kind in sorted(set(sent[0]) | set(sent[1]), key=lambda k: -sent[1].get(k, [0, 0])[1]):
+        (n0, b0), (n1, b1) = (s.get(kind, [0, 0]) for s in sent)
+        print(f"{n0 / per[0]:8.2f} {n1 / per[1]:8.2f}  {b0 / per[0] / 1024:7.2f} {b1 / per[1] / 1024:7.2f} KiB  {kind}")
+    totals = [(sum(v[0] for v in s.values()) / p, sum(v[1] for v in s.values()) / p / 1024) for s, p in zip(sent, per)]
+    print(f"{totals[0][0]:8.2f} {totals[1][0]:8.2f}  {totals[0][1]:7.2f} {totals[1][1]:7.2f} KiB  in all")
+    for meta, p, folder in zip(runs, per, (a, b)):
+        if "change_dialled_for" not in meta:  # a profile from before the links counted it
+            continue
+        dialled = meta["change_dialled_for"][index]
+        print(f"{folder}: connections dialled per node {sum(dialled.values()) / p:.2f}: "
+              + ", ".join(f"{kind} {n / p:.2f}" for kind, n in dialled.items()))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -166,9 +194,15 @@ def main(argv: list[str] | None = None) -> None:
     two.add_argument("--by", choices=("part", "function", "self"), default="part")
     two.add_argument("--under", help="only the samples with a frame containing this text")
     two.add_argument("--top", type=int, default=20)
+    three = sub.add_parser("kinds", help="what two profiled runs wrote at a change, by kind")
+    three.add_argument("a", type=Path)
+    three.add_argument("b", type=Path)
+    three.add_argument("--segment", default="change1", help="change1 or change2 (default change1)")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args.nodes, args.out)
+    elif args.command == "kinds":
+        kinds(args.a, args.b, args.segment)
     else:
         compare(args.a, args.b, args.segment, args.by, args.under, args.top)
 

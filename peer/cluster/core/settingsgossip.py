@@ -1,6 +1,7 @@
 """The crawl settings (scope, budgets, the paused flag: peer/crawl/settings.py) shared across the cluster: sent to
-every live peer at each change and to a member that joins, repeated as gossip to a few peers at random, and a
-record from a peer adopted when it ranks above the one in force (docs/operations.md, "Steering a running crawl").
+every live peer at each change and to a member that joins, repeated as gossip to a few peers at random (among
+those this node has a connection to, when it has enough), and a record from a peer adopted when it ranks above the
+one in force (docs/operations.md, "Steering a running crawl").
 
 `SettingsGossip` is a part of `peer.cluster.core.cluster.Cluster`, built with what it uses: the links, the view
 (for the peers' addresses), the live peers, and the crawler that holds the settings in force (`SettingsHolder`).
@@ -28,7 +29,10 @@ log = logging.getLogger("peer.cluster.cluster")
 #: The crawl settings go to every live peer at each change, to a member that joins, and again this often to
 #: `SETTINGS_FANOUT` live peers picked at random (links deliver at most once per connection: the repeat is what
 #: makes a lost record harmless). As gossip, a record reaches every member in about log4(n) intervals, and a
-#: node sends three small messages per interval whatever the cluster's size.
+#: node sends three small messages per interval whatever the cluster's size. The peers are picked among those
+#: with a live connection when there are enough: in a cluster larger than the links a node keeps, a peer picked
+#: among all would mostly be a first contact, a handshake (and, past `max_links`, another link's eviction) for
+#: one small message.
 SETTINGS_INTERVAL = 5.0
 SETTINGS_FANOUT = 3
 
@@ -37,6 +41,8 @@ class GossipLinks(Protocol):
     """What the settings' gossip needs of `PeerLinks`."""
 
     def send_nowait(self, peer_id: str, message: Message, *, address: str | None = None) -> bool: ...
+
+    def connected_peers(self) -> list[str]: ...
 
 
 class SettingsHolder(Protocol):
@@ -87,8 +93,19 @@ class SettingsGossip:
         """Repeat the settings to a few live peers at random every `SETTINGS_INTERVAL`, until cancelled."""
         while True:
             await trio.sleep(SETTINGS_INTERVAL)
-            peers = self._live_peers()
-            self.share(self._rng.sample(peers, min(SETTINGS_FANOUT, len(peers))))
+            self.share(self.pick())
+
+    def pick(self) -> list[str]:
+        """`SETTINGS_FANOUT` live peers at random for a round of gossip: among those this node has a connection
+        to, and only as many others as those fall short."""
+        peers = self._live_peers()
+        connected = set(self.links.connected_peers())
+        near = [peer for peer in peers if peer in connected]
+        picked = self._rng.sample(near, min(SETTINGS_FANOUT, len(near)))
+        if len(picked) < SETTINGS_FANOUT:
+            far = [peer for peer in peers if peer not in connected]
+            picked += self._rng.sample(far, min(SETTINGS_FANOUT - len(picked), len(far)))
+        return picked
 
     def arrived(self, peer_id: str, message: Settings) -> None:
         """A peer's settings: adopted if they rank above those in force; a peer behind gets ours at once."""

@@ -64,19 +64,26 @@ class Session:
         self.evict = False  # asked to close as the least recently used idle link (PeerLinks.max_links)
         self.wait_scope: trio.CancelScope | None = None  # the writer's wait for the next message, while it waits
         self.idle_checked = -math.inf  # when the writer last found the link idle but busy
+        self.written = False  # whether the writer has written a batch on this connection yet
 
     async def write(self, data: bytes) -> None:
         if data:
             async with self.lock:
                 await self.stream.send_all(data)
 
-    async def goodbye(self, reason: str, timeout: float) -> None:
-        """Send Goodbye if the connection can still take it; never raises, never waits longer than `timeout`."""
+    async def goodbye(self, reason: str, timeout: float, sent: Counter[str] | None = None,
+                      sent_bytes: Counter[str] | None = None) -> None:
+        """Send Goodbye if the connection can still take it; never raises, never waits longer than `timeout`.
+        `sent` and `sent_bytes`: the links' counters of messages and bytes sent by kind, counted in if it is sent."""
         with trio.move_on_after(timeout) as scope:
             scope.shield = True
             try:
                 if not self.conn.sent_close and self.conn.state is State.ESTABLISHED:
-                    await self.write(self.conn.send(Goodbye(reason=reason)))
+                    frame = self.conn.send(Goodbye(reason=reason))
+                    await self.write(frame)
+                    if sent is not None and sent_bytes is not None:
+                        sent["Goodbye"] += 1
+                        sent_bytes["Goodbye"] += len(frame)
             except (*IO_ERRORS, LocalProtocolError):
                 pass
 
@@ -101,6 +108,9 @@ class Sessions:
         _nonce: Callable[[int], bytes]
         _on_message: Callable[[str, Message], Awaitable[None]]
         received_kinds: Counter[str]
+        sent_kinds: Counter[str]
+        sent_kind_bytes: Counter[str]
+        dialled_for: Counter[str]
         refused: Counter[str]
         _secret: bytes
         _unauthenticated: int
@@ -161,8 +171,10 @@ class Sessions:
         )
         try:
             if role is Role.INITIATOR:
-                await stream.send_all(conn.initiate())
-            event = await _next_event(conn, stream)
+                hello = conn.initiate()
+                await stream.send_all(hello)
+                self._count_handshake(len(hello))
+            event = await _next_event(conn, stream, on_reply=self._count_handshake)
             if isinstance(event, Reject):
                 raise LinkError(f"peer refused the connection: {event.reason}")
             if not isinstance(event, Established):
@@ -174,7 +186,9 @@ class Sessions:
             elif expected is not None and peer_id != expected:
                 problem = f"expected node {expected!r} at this address, reached {peer_id!r}"
             if problem is not None:
-                await stream.send_all(conn.send(Reject(reason=problem)))
+                reject = conn.send(Reject(reason=problem))
+                await stream.send_all(reject)
+                self._count_handshake(len(reject))
                 raise LinkError(problem)
         except RemoteProtocolError as exc:
             self.handshake_failures += 1
@@ -195,6 +209,11 @@ class Sessions:
             self.datagram_peers[peer_id] = False  # an older version: it takes no datagrams, probe it over links
         return Session(conn, stream, peer_id, dialer)
 
+    def _count_handshake(self, size: int) -> None:
+        """Frames the connection made itself were written (Hello, Challenge, Welcome, a Reject): kind "handshake"."""
+        self.sent_kinds["handshake"] += 1
+        self.sent_kind_bytes["handshake"] += size
+
     async def _run_session(self, link: Any, session: Session, adopted: bool | None = None) -> None:
         """Run one established connection as `link`'s current one until it ends or is superseded."""
         timeout = self.config.goodbye_timeout
@@ -210,7 +229,7 @@ class Sessions:
             if not adopted or session.superseded:
                 # The duplicate of a connection we keep: tell the peer, and still deliver what it wrote on this
                 # one before it heard, so the rule costs no messages.
-                await session.goodbye("duplicate link", timeout)
+                await session.goodbye("duplicate link", timeout, self.sent_kinds, self.sent_kind_bytes)
                 with trio.move_on_after(timeout):
                     await self._reader(link, session)
         finally:
@@ -229,7 +248,8 @@ class Sessions:
                     except (trio.EndOfChannel, trio.ClosedResourceError):
                         # The link was forgotten and its queue is drained: say goodbye, give the peer a moment to
                         # answer.
-                        await session.goodbye(link._goodbye_reason, self.config.goodbye_timeout)
+                        await session.goodbye(link._goodbye_reason, self.config.goodbye_timeout, self.sent_kinds,
+                                              self.sent_kind_bytes)
                         session.scope.deadline = min(session.scope.deadline,
                                                      trio.current_time() + self.config.goodbye_timeout)
                         return
@@ -240,7 +260,8 @@ class Sessions:
                         # Idle (or the least recently used past the cap): say so; the peer answers and neither
                         # side dials again until it has something to send. What the peer wrote meanwhile is
                         # still read until its answer or the goodbye timeout.
-                        await session.goodbye("idle", self.config.goodbye_timeout)
+                        await session.goodbye("idle", self.config.goodbye_timeout, self.sent_kinds,
+                                              self.sent_kind_bytes)
                         session.scope.deadline = min(session.scope.deadline,
                                                      trio.current_time() + self.config.goodbye_timeout)
                         return
@@ -257,12 +278,15 @@ class Sessions:
                 link._carry = batch + link._carry
                 return
             frames = []
+            kinds = []
             for message in batch:
                 try:
                     frames.append(session.conn.send(message))
                 except LocalProtocolError as exc:
                     link.dropped += 1
                     log.error("message to %s dropped, it is invalid: %s", link.peer_id, exc)
+                    continue
+                kinds.append(type(message).__name__)
             try:
                 await session.write(b"".join(frames))
             except IO_ERRORS:
@@ -273,12 +297,20 @@ class Sessions:
                 link._carry = batch + link._carry
                 raise
             link.sent += len(frames)
+            if not session.written:
+                session.written = True
+                if session.dialer == self.node_id and kinds:
+                    self.dialled_for[kinds[0]] += 1
+            sent, sent_bytes = self.sent_kinds, self.sent_kind_bytes
+            for kind, frame in zip(kinds, frames, strict=True):
+                sent[kind] += 1
+                sent_bytes[kind] += len(frame)
 
     async def _reader(self, link: Any, session: Session) -> None:
         conn, stream = session.conn, session.stream
         while True:
             try:
-                event = await _next_event(conn, stream, session)
+                event = await _next_event(conn, stream, session, self._count_handshake)
             except RemoteProtocolError as exc:
                 log.warning("peer %s broke the protocol, connection closed: %s", link.peer_id, exc)
                 return
@@ -292,7 +324,7 @@ class Sessions:
             if isinstance(event, Goodbye):
                 if event.reason == "idle":
                     link._dormant = True  # the peer found the link idle: dial again only to send
-                await session.goodbye("goodbye", self.config.goodbye_timeout)
+                await session.goodbye("goodbye", self.config.goodbye_timeout, self.sent_kinds, self.sent_kind_bytes)
                 return
             if isinstance(event, Established):
                 continue
@@ -308,8 +340,10 @@ class Sessions:
                 return
 
 
-async def _next_event(conn: Connection, stream: trio.abc.Stream, session: Session | None = None) -> Event:
-    """docs/protocol.md section 7: flush what the connection made after every step; read only on NEED_DATA."""
+async def _next_event(conn: Connection, stream: trio.abc.Stream, session: Session | None = None,
+                      on_reply: Callable[[int], None] | None = None) -> Event:
+    """docs/protocol.md section 7: flush what the connection made after every step; read only on NEED_DATA.
+    `on_reply` is told the size of each such write (handshake replies, a Reject)."""
     while True:
         try:
             event = conn.next_event()
@@ -319,6 +353,8 @@ async def _next_event(conn: Connection, stream: trio.abc.Stream, session: Sessio
                     await session.write(out)
                 else:
                     await stream.send_all(out)
+                if on_reply is not None:
+                    on_reply(len(out))
         if event is not NEED_DATA:
             return event
         # Before the handshake completes, read no more than a handshake frame at a time: a stranger's

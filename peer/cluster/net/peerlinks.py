@@ -286,6 +286,13 @@ class PeerLinks(Sessions):
         self.handler_errors = 0
         #: Messages received from peers, by type (what a node pays for each kind of traffic).
         self.received_kinds: collections.Counter[str] = collections.Counter()
+        #: Messages and bytes written to peers, by kind: a message's type, "handshake" for the frames of a
+        #: connection's handshake (and a Reject), a datagram's type with " (datagram)" after it.
+        self.sent_kinds: collections.Counter[str] = collections.Counter()
+        self.sent_kind_bytes: collections.Counter[str] = collections.Counter()
+        #: Connections this node dialled, by the kind of the first message written on them (what a new link was
+        #: opened for).
+        self.dialled_for: collections.Counter[str] = collections.Counter()
         self._unauthenticated = 0
         self._unauthenticated_by_source: collections.Counter[str] = collections.Counter()
         self._on_datagram = on_datagram
@@ -349,6 +356,9 @@ class PeerLinks(Sessions):
         if not self._transport.send_datagram(address, data):
             return False
         self.datagrams_sent += 1
+        kind = f"{type(message).__name__} (datagram)"
+        self.sent_kinds[kind] += 1
+        self.sent_kind_bytes[kind] += len(data)
         return True
 
     async def _receive_datagram(self, data: bytes, source: str) -> None:
@@ -514,29 +524,37 @@ class PeerLinks(Sessions):
 
     def _enforce_cap(self) -> None:
         """Past `max_links` live connections, ask the least recently used idle ones to close (a link with
-        something queued, or busy, is never chosen: the cap is then exceeded until one is idle)."""
+        something queued, or busy, is never chosen: the cap is then exceeded until one is idle). Only the links
+        waiting for a message are candidates, and they are asked whether they are idle (queued messages, the
+        `busy` predicate) in order of last use until enough are found: a node at the cap pays a sort of its
+        waiting links per new connection, not a question to each."""
         cap = self.config.max_links
         if not cap or self._live <= cap:
             return
         closing = 0
-        idle = []
+        waiting = []
         for link in self._links.values():
             session = link._current
             if session is None:
                 continue
             if session.evict or session.conn.sent_close:
                 closing += 1
-            elif session.wait_scope is not None and not link.pending and not self.busy(link.peer_id):
-                idle.append(link)
+            elif session.wait_scope is not None:
+                waiting.append(link)
         excess = self._live - closing - cap
         if excess <= 0:
             return
-        idle.sort(key=lambda link: link.last_active)
-        for link in idle[:excess]:
+        waiting.sort(key=lambda link: link.last_active)
+        for link in waiting:
+            if link.pending or self.busy(link.peer_id):
+                continue
             session = link._current
             assert session is not None and session.wait_scope is not None
             session.evict = True
             session.wait_scope.cancel()
+            excess -= 1
+            if excess <= 0:
+                return
 
     def _idle_deadline(self, link: PeerLink, session: Session) -> float:
         idle = self.config.idle_timeout
