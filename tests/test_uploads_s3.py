@@ -9,6 +9,7 @@ import hashlib
 import json
 import random
 import signal
+import socket
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,25 @@ from .support.webhook_receiver import SECRET, Receiver
 pytestmark = pytest.mark.slow  # a real S3 server, real daemons
 
 MIB = 1 << 20
+
+
+def test_the_test_s3_server_starts_on_other_inner_ports_when_one_is_taken(tmp_path):
+    # its ports are picked free before weed starts; a port another process takes meanwhile makes weed exit
+    server = WeedS3(tmp_path / "weed")
+    taken = server._ports[4]  # the volume server's
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", taken))
+    squatter.listen()
+    try:
+        server.start()
+        try:
+            assert taken not in server._ports and server._ports[0] == server.s3_port
+            server.client().put_object(Bucket=BUCKET, Key="k", Body=b"v")
+            assert "address already in use" in (tmp_path / "weed" / "weed.out").read_text()
+        finally:
+            server.kill()
+    finally:
+        squatter.close()
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -42,6 +43,14 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+#: weed's last words when a port it was told to listen on is taken
+_TAKEN = re.compile(r"listen tcp [0-9.]+:(\d+): bind: address already in use")
+
+
+class _PortTaken(Exception):
+    """weed exited because one of its inner ports was taken after it was picked."""
+
+
 class WeedS3:
     """`start()`, `kill()`, `start()` again; `endpoint` is the S3 API's URL."""
 
@@ -67,8 +76,24 @@ class WeedS3:
                 "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={self.dir / 's3.json'}",
                 "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=16"]
 
-    def start(self, timeout: float = 60.0) -> None:
-        log = open(self.dir / "weed.out", "ab")  # noqa: SIM115 - the child holds it
+    def start(self, timeout: float = 60.0, attempts: int = 3) -> None:
+        """Start weed and wait until its S3 API stores an object. Its seven inner ports are picked free before
+        it starts, so another process may take one first: weed then exits with "address already in use", and
+        it is started again on other inner ports (at most `attempts` times); the S3 port stays what clients
+        were given."""
+        for attempt in range(attempts):
+            try:
+                self._start_once(timeout)
+                return
+            except _PortTaken as taken:
+                if attempt == attempts - 1:
+                    raise RuntimeError(f"weed found a port taken {attempts} times: {taken}") from None
+                self._ports = [self.s3_port, *_free_ports(7)]
+
+    def _start_once(self, timeout: float) -> None:
+        log_path = self.dir / "weed.out"
+        logged = log_path.stat().st_size if log_path.exists() else 0
+        log = open(log_path, "ab")  # noqa: SIM115 - the child holds it
         self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
                                      start_new_session=True)
         log.close()
@@ -76,7 +101,12 @@ class WeedS3:
         client = self.client()
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited: {(self.dir / 'weed.out').read_text()[-2000:]}")
+                out = log_path.read_bytes()[logged:].decode(errors="replace")
+                self.proc = None
+                taken = _TAKEN.search(out)
+                if taken is not None and int(taken.group(1)) != self.s3_port:
+                    raise _PortTaken(out[-2000:])
+                raise RuntimeError(f"weed exited: {out[-2000:]}")
             try:
                 names = [b["Name"] for b in client.list_buckets().get("Buckets", [])]
                 if BUCKET not in names:
