@@ -6,8 +6,7 @@ CLI's ``--help`` do not pay for importing the whole node.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from peer.lazy import lazy_exports
 
 _EXPORTS = {
     "Config": "config", "ConfigError": "config", "load": "config",
@@ -26,14 +25,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'peer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

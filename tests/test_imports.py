@@ -95,7 +95,7 @@ FLOORS: list[set[str]] = [
     {"peer.crawl"},
     {"peer.render"},
     {"peer.fetch"},
-    {"peer.control", "peer.dashboard", "peer.config", "peer.stats", "peer.log", "peer.diskguard"},
+    {"peer.control", "peer.dashboard", "peer.config", "peer.stats", "peer.log", "peer.diskguard", "peer.lazy"},
 ]
 
 
