@@ -126,6 +126,38 @@ async def test_the_pool_restarts_its_browser_after_n_pages_and_after_it_is_kille
     assert last is not None and wait_gone(last) == []
 
 
+async def test_a_browser_that_dies_while_its_restart_waits_for_its_renders_is_counted_as_a_death() -> None:
+    """The pool asked for a max-pages restart while a render ran (the render was its last page), then the browser
+    was killed under that render: the restart is a death, and the render is tried again on the next browser."""
+    pool = RenderPool(PoolLimits(tabs=1, max_pages=2, time_limit=10))
+    killed: list[int] = []
+
+    async def kill_while_held(request: BrowserRequest) -> Served | str:
+        if request.url.split("?", 1)[0].endswith("/app.js") and not killed:
+            with trio.fail_after(5):
+                while not pool._restart.is_set():  # the pool's check saw its last page under way
+                    await trio.sleep(0.01)
+                assert pool.pgid is not None and pool._browser is not None
+                killed.append(pool.pgid)
+                os.killpg(pool.pgid, signal.SIGKILL)
+                while not pool._browser.cdp.closed:
+                    await trio.sleep(0.01)
+        return await serve(request)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.serve_pool)
+        await pool.render("http://site.test/page.html?first", serve)
+        rendered = await pool.render("http://site.test/page.html?held", kill_while_held)
+        assert "made by a script" in rendered.html
+        assert killed and pool.pgid not in killed
+        assert dict(pool.restarts) == {"died": 1}, (pool.restarts, pool.failures)
+        assert pool.failures["died"] == 1
+        last = pool.pgid
+        nursery.cancel_scope.cancel()
+    assert wait_gone(killed[0]) == []
+    assert last is not None and wait_gone(last) == []
+
+
 async def test_a_browser_whose_connection_breaks_under_it_is_a_death_and_replaced_at_once() -> None:
     """The browser is killed and its connection's reader fails before the pool sees the connection closed (the
     error leaves the browser's block): a death, not a start that failed, and the next browser comes without the

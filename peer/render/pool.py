@@ -98,6 +98,8 @@ class RenderPool:
                     if reason not in ("died", "memory"):
                         with trio.move_on_after(self.limits.time_limit + 5):
                             await self._idle.wait()
+                        if browser.cdp.closed:
+                            reason = "died"  # it died while its last renders ran: a death, whatever asked first
                     self._browser = None
                     self._kept = []  # gone with their browser (an attached one disposes them as we detach)
                     self._restarted(reason)
