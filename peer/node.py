@@ -63,7 +63,7 @@ from peer.diskguard import DiskGuard, DiskMarks, statvfs_free
 from peer.fetch.dns import CachingResolver
 from peer.fetch.http import Fetcher
 from peer.fetch.policy import HostPolicies
-from peer.render import BrowserError, PoolLimits, RenderPool, find_chromium
+from peer.render import BrowserError, PoolLimits, RenderPool, clear_workdir, find_chromium
 from peer.noderoutes import ControlRoutes
 from peer.plugins import ItemExporter, JsonLinesSink, PluginError, Plugins, PluginSpec
 from peer.outputs import CrawlLog, LocalIndex, LocalLog, ObjectStore, S3Target, StreamLog, Uploader, WebhookSender
@@ -451,7 +451,12 @@ class Node:
         limits = PoolLimits(tabs=cfg.render_tabs, max_pages=cfg.browser_max_pages,
                             max_rss=cfg.browser_max_mib * 2**20, time_limit=cfg.render_timeout,
                             max_requests=cfg.render_max_requests)
-        return RenderPool(limits, chromium=cfg.chromium, ws_url=cfg.browser_ws, counts=self.stats.render)
+        workdir = self.data_dir / "browser"
+        left = clear_workdir(workdir)  # the profiles of browsers a killed node left (its data dir is locked)
+        if left:
+            log.info("browser profiles left by a killed node removed", extra={"count": left})
+        return RenderPool(limits, chromium=cfg.chromium, ws_url=cfg.browser_ws, counts=self.stats.render,
+                          workdir=str(workdir))
 
     def _open_page_workers(self, pages: PageStore) -> AbstractAsyncContextManager[PageWorkers | None]:
         """The page worker processes of --page-processes N (none: a page's work is done inline). With WARC

@@ -10,12 +10,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import trio
 
-from peer.render import BrowserRequest, PoolLimits, RenderPool, Served, find_chromium, open_browser, pids_of_group
-from peer.render.browser import BrowserError
+from peer.render import (BrowserRequest, PoolLimits, RenderPool, Served, clear_workdir, find_chromium, open_browser,
+                         pids_of_group)
+from peer.render.browser import SCRATCH_NOTE, BrowserError
 from peer.render.tabs import open_tab
 from tests.support.crawl import child_env, kill_pid
 
@@ -99,8 +101,18 @@ async def test_a_kept_tab_carries_no_cookie_or_storage_from_one_page_to_the_next
         nursery.cancel_scope.cancel()
 
 
-async def test_the_pool_restarts_its_browser_after_n_pages_and_after_it_is_killed() -> None:
-    pool = RenderPool(PoolLimits(tabs=2, max_pages=2, time_limit=10))
+def scratch_of(profile: Path) -> Path:
+    """The directory a launched browser's profile names for chromium's own temporary files."""
+    return Path((profile / SCRATCH_NOTE).read_text())
+
+
+def chromium_temp_dirs(profile: Path) -> list[Path]:
+    """The temporary directories chromium made for itself (its singleton socket's) where `profile` told it."""
+    return list(scratch_of(profile).glob("org.chromium.Chromium.*"))
+
+
+async def test_the_pool_restarts_its_browser_after_n_pages_and_after_it_is_killed(tmp_path: Path) -> None:
+    pool = RenderPool(PoolLimits(tabs=2, max_pages=2, time_limit=10), workdir=str(tmp_path))
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.serve_pool)
         assert pool.pgid is None  # no browser before the first render
@@ -121,9 +133,15 @@ async def test_the_pool_restarts_its_browser_after_n_pages_and_after_it_is_kille
         assert pool.restarts["died"] + pool.restarts["unresponsive"] == 1, (pool.restarts, pool.failures)
         assert pool.pgid not in (first, second)
         assert pool.peak_rss > 0
+        # one profile, the running browser's; chromium's own temporary files are inside it
+        profiles = list(tmp_path.iterdir())
+        assert len(profiles) == 1 and profiles[0].name.startswith("peercrawl-browser-"), profiles
+        assert chromium_temp_dirs(profiles[0]), list(profiles[0].iterdir())
+        scratch = scratch_of(profiles[0])
         last = pool.pgid
         nursery.cancel_scope.cancel()
     assert last is not None and wait_gone(last) == []
+    assert list(tmp_path.iterdir()) == [] and not scratch.exists()  # three browsers killed: nothing left behind
 
 
 async def test_a_browser_that_dies_while_its_restart_waits_for_its_renders_is_counted_as_a_death() -> None:
@@ -214,10 +232,10 @@ async def test_a_pool_attaches_to_a_browser_that_already_runs() -> None:
 
 
 @pytest.mark.parametrize("seed", [1, 3])
-def test_no_chromium_outlives_a_node_killed_at_a_random_moment(seed: int) -> None:
+def test_no_chromium_outlives_a_node_killed_at_a_random_moment(seed: int, tmp_path: Path) -> None:
     rng = random.Random(seed)
-    child = subprocess.Popen([sys.executable, "-m", "tests.support.render_child"], stdout=subprocess.PIPE,
-                             env=child_env(), text=True)
+    child = subprocess.Popen([sys.executable, "-m", "tests.support.render_child", str(tmp_path)],
+                             stdout=subprocess.PIPE, env=child_env(), text=True)
     try:
         assert child.stdout is not None
         pgid = int(child.stdout.readline())
@@ -238,3 +256,9 @@ def test_no_chromium_outlives_a_node_killed_at_a_random_moment(seed: int) -> Non
               and line.split()[1].isdigit()}
     for group in pgids:
         assert wait_gone(group) == [], f"chromium processes of group {group} outlived the node"
+    # a killed node leaves its browser's profile, chromium's temporary files within it; its next start removes it
+    left = list(tmp_path.iterdir())
+    assert left and all(p.name.startswith("peercrawl-browser-") and chromium_temp_dirs(p) for p in left), left
+    scratches = [scratch_of(p) for p in left]
+    assert clear_workdir(tmp_path) == len(left)
+    assert list(tmp_path.iterdir()) == [] and not any(s.exists() for s in scratches)

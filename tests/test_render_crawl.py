@@ -6,7 +6,9 @@ the browser's fetches and each rendered DOM as a conversion record."""
 from __future__ import annotations
 
 import itertools
+import tempfile
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import trio
@@ -16,6 +18,7 @@ from storage import CaptureSearch, find_captures
 
 from peer.node import Node
 from peer.render import BrowserError, find_chromium
+from peer.render.browser import SCRATCH_NOTE
 from peer.render.decision import FRUITLESS
 from peerlab.localweb.graph import SiteGraph
 from peerlab.localweb.referee import max_concurrent_connections_per_host
@@ -51,12 +54,19 @@ def spacing_violations(log, graph, delay: float, tolerance: float = 0.02) -> lis
 
 async def test_render_auto_finds_every_scripted_link_politely(tmp_path) -> None:  # type: ignore[no-untyped-def]
     graph = SiteGraph.generate(seed=3, hosts=16, pages_per_host=8)
+    # a browser profile an earlier node killed left in this data dir, with its temporary files' directory
+    stale = tmp_path / "node" / "browser" / "peercrawl-browser-killed"
+    stale.mkdir(parents=True)
+    stale_scratch = Path(tempfile.mkdtemp(prefix="peercrawl-browser-"))
+    (stale / SCRATCH_NOTE).write_text(str(stale_scratch))
     async with trio.open_nursery() as nursery:
         web, dns = await start_local_web(nursery, graph)
         node = Node(node_config(tmp_path / "node", web, dns, render="auto", delay=DELAY, render_timeout=15.0))
         with trio.fail_after(240):
             await node.run()
         nursery.cancel_scope.cancel()
+    # the node removed what the killed one left, and its own browsers left nothing
+    assert list((tmp_path / "node" / "browser").iterdir()) == [] and not stale_scratch.exists()
     expected = web.expected(max_body=node.cfg.max_body, render=True)
     plain = web.expected(max_body=node.cfg.max_body)
     fetched = urls_fetched(web, expected)

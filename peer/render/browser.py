@@ -26,12 +26,13 @@ import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import trio
 
 from peer.render.cdp import MAX_MESSAGE, Cdp
 
-__all__ = ["Browser", "BrowserError", "find_chromium", "group_rss", "open_browser", "pids_of_group"]
+__all__ = ["Browser", "BrowserError", "clear_workdir", "find_chromium", "group_rss", "open_browser", "pids_of_group"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,34 @@ def flags(profile: str, *, heap_mib: int) -> list[str]:
         "--no-sandbox",
         "about:blank",
     ]
+
+
+#: The name of a launched browser's profile directory, and of its temporary files' directory, starts with this.
+PROFILE_PREFIX = "peercrawl-browser-"
+#: The file in a profile that names the browser's temporary files' directory.
+SCRATCH_NOTE = "peercrawl-tmpdir"
+
+
+def clear_workdir(workdir: str | os.PathLike[str]) -> int:
+    """Create `workdir` if missing and remove the browser profiles a killed node left in it, with the temporary
+    directory each names; how many. Only for a directory no running browser uses (a node's own, under its
+    locked data dir)."""
+    path = Path(workdir)
+    path.mkdir(parents=True, exist_ok=True)
+    removed = 0
+    temp = Path(tempfile.gettempdir())
+    for entry in path.iterdir():
+        if entry.name.startswith(PROFILE_PREFIX) and entry.is_dir() and not entry.is_symlink():
+            try:
+                scratch = Path((entry / SCRATCH_NOTE).read_text().strip())
+            except (OSError, UnicodeDecodeError):
+                scratch = None
+            # only a directory of ours in the system's temporary directory, whatever the note says
+            if scratch is not None and scratch.parent == temp and scratch.name.startswith(PROFILE_PREFIX):
+                shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(entry, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 def _tie_to_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -129,20 +158,32 @@ class Browser:
 
 @asynccontextmanager
 async def open_browser(*, chromium: str = "", ws_url: str = "", heap_mib: int = 512,
-                       extra: Sequence[str] = ()) -> AsyncIterator[Browser]:
+                       extra: Sequence[str] = (), workdir: str | os.PathLike[str] | None = None,
+                       ) -> AsyncIterator[Browser]:
     """A browser for the block: attached at `ws_url`, else launched (`chromium`: its binary). On the way out
-    the connection closes, and a launched browser's process group is killed and reaped."""
+    the connection closes, and a launched browser's process group is killed and reaped.
+
+    A launched browser's profile is a new directory in `workdir` (the system's temporary directory if None),
+    and the browser's own temporary files (its singleton socket among them) go to a directory of their own in
+    the system's temporary directory (``TMPDIR``): both are removed on the way out, so a browser killed at
+    each restart leaves nothing behind. Only a node killed itself leaves them, which `clear_workdir` removes
+    at its next start."""
     if ws_url:
         async with _connected(ws_url) as cdp:
             yield Browser(cdp=cdp, ws_url=ws_url, pgid=None)
         return
     binary = find_chromium(chromium)
-    with tempfile.TemporaryDirectory(prefix="peercrawl-browser-") as profile:
+    with tempfile.TemporaryDirectory(prefix=PROFILE_PREFIX, dir=workdir) as profile, \
+            tempfile.TemporaryDirectory(prefix=PROFILE_PREFIX) as scratch:
+        # chromium's singleton socket lives in its TMPDIR, whose path must stay short (a socket's path is at most
+        # 107 bytes): the system's, named in the profile for `clear_workdir`
+        Path(profile, SCRATCH_NOTE).write_text(scratch)
         # Popen from this (the main) thread: PR_SET_PDEATHSIG fires when the forking *thread* ends, and trio's
         # worker threads end when idle
         try:
             proc = subprocess.Popen([binary, *flags(profile, heap_mib=heap_mib), *extra], start_new_session=True,
                                     preexec_fn=_tie_to_parent, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, "TMPDIR": scratch},
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         except OSError as exc:
             raise BrowserError(f"cannot start {binary}: {exc.strerror or exc}") from exc

@@ -49,9 +49,11 @@ class RenderPool:
     """See the module's text. Counters: `renders`, `failures` (by kind), `restarts` (by reason)."""
 
     def __init__(self, limits: PoolLimits, *, opener: Opener | None = None, chromium: str = "", ws_url: str = "",
-                 heap_mib: int = 512, counts: Counter[str] | None = None) -> None:
+                 heap_mib: int = 512, counts: Counter[str] | None = None, workdir: str | None = None) -> None:
+        """`workdir`: where launched browsers keep their profiles (see `open_browser`)."""
         self.limits = limits
-        self._opener: Opener = opener or (lambda: open_browser(chromium=chromium, ws_url=ws_url, heap_mib=heap_mib))
+        self._opener: Opener = opener or (lambda: open_browser(chromium=chromium, ws_url=ws_url, heap_mib=heap_mib,
+                                                               workdir=workdir))
         self._tabs = trio.CapacityLimiter(limits.tabs)
         self._browser: Browser | None = None
         self._wanted = trio.Event()

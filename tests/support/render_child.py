@@ -1,6 +1,7 @@
 """A process that runs a render pool and renders a page in a loop until it is killed: the orphan tests kill it
 (or its browser) at a random moment. It prints the browser's process group id once the browser is up. The loop
-is bounded (at most 2,000 renders a task, 300 s in all), far past any test's kill."""
+is bounded (at most 2,000 renders a task, 300 s in all), far past any test's kill. Its argument, if any, is the
+pool's working directory (where the browsers' profiles go)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ async def serve(request):  # type: ignore[no-untyped-def]
 
 
 async def main() -> None:
-    pool = RenderPool(PoolLimits(tabs=2, max_pages=5, time_limit=10))
+    pool = RenderPool(PoolLimits(tabs=2, max_pages=5, time_limit=10), workdir=sys.argv[1] if sys.argv[1:] else None)
     with trio.move_on_after(300):
         await _run(pool)
 
