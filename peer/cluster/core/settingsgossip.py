@@ -1,7 +1,8 @@
 """The crawl settings (scope, budgets, the paused flag: peer/crawl/settings.py) shared across the cluster: sent to
-every live peer at each change and to a member that joins, repeated as gossip to a few peers at random (among
-those this node has a connection to, when it has enough), and a record from a peer adopted when it ranks above the
-one in force (docs/operations.md, "Steering a running crawl").
+every live peer at each change; to a member that joins by `SETTINGS_FANOUT` members picked for it (`greeters`),
+while the joiner asks as many peers for theirs; repeated as gossip to a few peers at random (among those this node
+has a connection to, when it has enough); and a record from a peer adopted when it ranks above the one in force
+(docs/operations.md, "Steering a running crawl").
 
 `SettingsGossip` is a part of `peer.cluster.core.cluster.Cluster`, built with what it uses: the links, the view
 (for the peers' addresses), the live peers, and the crawler that holds the settings in force (`SettingsHolder`).
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from hashlib import blake2b
 from typing import Protocol
 
 import trio
@@ -21,7 +23,7 @@ from ring import View
 
 from peer.crawl.settings import CrawlSettings, SettingsError
 
-__all__ = ["SETTINGS_FANOUT", "SETTINGS_INTERVAL", "GossipLinks", "SettingsGossip", "SettingsHolder"]
+__all__ = ["SETTINGS_FANOUT", "SETTINGS_INTERVAL", "GossipLinks", "SettingsGossip", "SettingsHolder", "greeters"]
 
 # the cluster's records keep the logger name they have always had (operators filter on it)
 log = logging.getLogger("peer.cluster.cluster")
@@ -35,6 +37,17 @@ log = logging.getLogger("peer.cluster.cluster")
 #: one small message.
 SETTINGS_INTERVAL = 5.0
 SETTINGS_FANOUT = 3
+
+
+def greeters(joiner: str, owners: Iterable[str]) -> list[str]:
+    """The `SETTINGS_FANOUT` members of `owners` (the joiner left out) that send the crawl settings to `joiner`
+    when it is admitted: the first by a hash of the pair, the same on every node whose view holds the same
+    owners. Every owner sending would cost each joiner a connection from every member, and a cluster of n nodes
+    n messages per join for a record three copies deliver."""
+    key = joiner.encode()
+    ranked = sorted((blake2b(key + b"\0" + owner.encode(), digest_size=8).digest(), owner)
+                    for owner in set(owners) if owner != joiner)
+    return [owner for _, owner in ranked[:SETTINGS_FANOUT]]
 
 
 class GossipLinks(Protocol):
@@ -65,6 +78,7 @@ class SettingsGossip:
         live_peers: Callable[[], list[str]],
         crawler: Callable[[], SettingsHolder | None],
     ) -> None:
+        self.node_id = node_id
         self.links = links
         self._view = view  # () -> this node's current view (a peer's address)
         self._live_peers = live_peers  # () -> the other members that own arcs
@@ -88,6 +102,17 @@ class SettingsGossip:
             sent += bool(self.links.send_nowait(peer, message, address=member.address if member else None))
         self.sent += sent
         return sent
+
+    def welcome(self, joined: Sequence[str], owners: Iterable[str]) -> int:
+        """Members that were admitted (`joined`) among `owners` (every member owning arcs, this node among
+        them): each gets the settings from this node when it is one of its `greeters`; when this node is itself
+        among them, it sends its record to a round's peers, who answer with theirs if it ranks above (a joiner
+        starts with its flags as version 0). The number sent."""
+        owners = list(owners)
+        if self.node_id in joined:
+            return self.share(self.pick())
+        mine = [peer for peer in joined if self.node_id in greeters(peer, owners)]
+        return self.share(mine) if mine else 0
 
     async def run(self) -> None:
         """Repeat the settings to a few live peers at random every `SETTINGS_INTERVAL`, until cancelled."""

@@ -219,11 +219,13 @@ class ViewChanges:
         if self.crawler is not None:
             self.crawler.rewake()
         self.dispatcher.wake()
-        # a member that joined gets the crawl settings at once (the others have them: they are not sent again)
+        # a member that joined gets the crawl settings at once from a few members (the others have them: they are
+        # not sent again); this node, if it is the one that joined, asks a few peers for theirs
         owned_before = {m.node_id for m in old_view.members if m.state.owns_arcs}
-        joined = [peer for peer in self.live_peers() if peer not in owned_before]
-        if joined:
-            self.gossip.share(joined)
+        owners = [m.node_id for m in view.members if m.state.owns_arcs]
+        joined = [peer for peer in owners if peer not in owned_before]
+        if joined and len(owners) > 1:
+            self.gossip.welcome(joined, owners)
 
     def _promote(self, inherited: dict[str, ArcSet]) -> int:
         """Arcs this node inherits from dead members (per dead node, from `plan_view`): their queued URLs come out
