@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up a virtualenv with the development extras and run the whole test suite over pytest-xdist workers, two
-# more than the machine has cores (most slow tests wait on daemons and servers more than they compute;
+# Set up a virtualenv with the development extras and run the whole test suite over pytest-xdist workers, four
+# more than the machine has cores (most slow tests wait on daemons, servers and crawl delays more than they compute;
 # PYTEST_WORKERS=N sets the count, `-n 0` runs in one process). The files that start clusters of real
 # daemons run in two lanes, each lane's files one after the other on one worker (tests/conftest.py).
 set -euo pipefail
@@ -10,7 +10,7 @@ source deploy/venv.sh
 venv_install dev
 # the installed packages' bytecode, compiled on every core
 .venv/bin/python -m compileall -q -j 0 .venv/lib >/dev/null 2>&1 || true
-workers=${PYTEST_WORKERS:-$(( $(nproc) + 2 ))}
+workers=${PYTEST_WORKERS:-$(( $(nproc) + 4 ))}
 # TYPECHECK=1 (.ci/run sets it): the type checker runs beside the bytecode pass and the tests, in the same
 # virtualenv; an error in either fails the run.
 typecheck=""

@@ -3,7 +3,7 @@
 - Collection: the `search` tests (random fault schedules by the hundred, hours of wall time) run only when asked
   for by name, `pytest -m search`; any other selection, including `-m 'not slow'`, leaves them out. The tests
   marked slow come first, so that over xdist workers the long ones start early and the short ones fill the end.
-- Scheduling over pytest-xdist workers (`deploy/test.sh` runs `--dist loadgroup` with two workers more than the
+- Scheduling over pytest-xdist workers (`deploy/test.sh` runs `--dist loadgroup` with four workers more than the
   machine has cores, since most slow tests wait on daemons and servers more than they compute): the files that
   start a cluster of real daemons are split into two lanes; the files of one lane run one after the other on
   one worker, so at most two clusters share the cores at a time; every other test goes to whichever worker is
