@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from hashlib import blake2b
 from typing import Protocol
 
@@ -103,12 +103,11 @@ class SettingsGossip:
         self.sent += sent
         return sent
 
-    def welcome(self, joined: Sequence[str], owners: Iterable[str]) -> int:
+    def welcome(self, joined: Sequence[str], owners: Collection[str]) -> int:
         """Members that were admitted (`joined`) among `owners` (every member owning arcs, this node among
         them): each gets the settings from this node when it is one of its `greeters`; when this node is itself
         among them, it sends its record to a round's peers, who answer with theirs if it ranks above (a joiner
         starts with its flags as version 0). The number sent."""
-        owners = list(owners)
         if self.node_id in joined:
             return self.share(self.pick())
         mine = [peer for peer in joined if self.node_id in greeters(peer, owners)]

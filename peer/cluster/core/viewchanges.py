@@ -221,8 +221,8 @@ class ViewChanges:
         self.dispatcher.wake()
         # a member that joined gets the crawl settings at once from a few members (the others have them: they are
         # not sent again); this node, if it is the one that joined, asks a few peers for theirs
-        owned_before = {m.node_id for m in old_view.members if m.state.owns_arcs}
-        owners = [m.node_id for m in view.members if m.state.owns_arcs]
+        owned_before = old_view.owner_weights()
+        owners = view.owner_weights()
         joined = [peer for peer in owners if peer not in owned_before]
         if joined and len(owners) > 1:
             self.gossip.welcome(joined, owners)
