@@ -122,16 +122,23 @@ class Loader:
                                                                                   overwrite=False))
             self.seen = end
 
-    def bulk_seen(self, target: int, spool: Path) -> None:
+    def bulk_seen(self, target: int, spool: Path, *, hashed: int = 0) -> None:
         """All `target` seen keys at once into an empty store: made, sorted and appended (full leaf pages, where
         a node's inserts in arrival order leave them about 70% full), for sizes where inserting them one by one
         at random would take hours. The keys go first to BUCKETS files under `spool` by their first byte (ring
-        order), then each file is sorted in memory and appended: memory holds one bucket (10^9 keys: 250 MB)."""
+        order), then each file is sorted in memory and appended: memory holds one bucket (10^9 keys: 250 MB).
+
+        Key i is on host i mod hosts. The first `hashed` keys are their URLs' keys (the queued URLs: a queued
+        URL is seen); the fingerprints of the others, URLs the crawl never meets, are drawn from a seeded
+        generator in numpy instead of hashing a made-up URL in Python: the same uniform 8 bytes, made 30 times
+        faster (10^9 keys: 85% of the load was making and hashing URLs)."""
         import numpy as np
 
         if self.seen:
             raise ValueError("bulk_seen needs an empty store")
         positions, hosts = self.positions, self.hosts
+        host_positions = np.frombuffer(b"".join(positions), dtype=">u8").astype(np.uint64)
+        draw = np.random.Generator(np.random.PCG64(20261129)).bit_generator.random_raw
         spool.mkdir(parents=True, exist_ok=True)
         stage_from = target - staged_share(target)
         files = [open(spool / f"bucket-{b:03d}", "wb") for b in range(BUCKETS)]  # noqa: SIM115 - closed below
@@ -139,10 +146,17 @@ class Loader:
         try:
             first = 0
             while first < target:
-                last = min(target, first + CHUNK, stage_from if first < stage_from else target)
-                keys = np.frombuffer(b"".join(
-                    positions[i % hosts] + blake2b(url_of(i, hosts).encode(), digest_size=8).digest()
-                    for i in range(first, last)), dtype=">u8").reshape(-1, 2)
+                step = CHUNK if first < hashed else 10 * CHUNK
+                last = min(target, first + step, stage_from if first < stage_from else target,
+                           hashed if first < hashed else target)
+                if first < hashed:
+                    keys = np.frombuffer(b"".join(
+                        positions[i % hosts] + blake2b(url_of(i, hosts).encode(), digest_size=8).digest()
+                        for i in range(first, last)), dtype=">u8").reshape(-1, 2)
+                else:
+                    keys = np.empty((last - first, 2), dtype=">u8")
+                    keys[:, 0] = host_positions[np.arange(first, last, dtype=np.int64) % hosts]
+                    keys[:, 1] = draw(last - first)
                 staging, first = first >= stage_from, last
                 if staging:
                     staged_file.write(keys.tobytes())
@@ -370,7 +384,7 @@ def measure(args: argparse.Namespace, store: NodeStore, loader: Loader, size: in
     """Grow the store to `size` seen URLs, copy it to a node's data directory, crawl on it, and give the row."""
     t = time.perf_counter()
     if bulk:
-        loader.bulk_seen(size, root / "spool")
+        loader.bulk_seen(size, root / "spool", hashed=min(args.queued, size // 10))
     else:
         loader.grow_seen(size)
     loader.grow_queued(min(args.queued, size // 10))
