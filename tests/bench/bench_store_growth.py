@@ -72,7 +72,7 @@ CHUNK = 200_000  # keys per load transaction
 PUSH_BATCH = 20_000
 BUCKET_BITS = 6  # the bulk load sorts 64 buckets of keys one at a time
 BUCKETS = 1 << BUCKET_BITS
-START_LIMIT = 900.0  # seconds a node may take to start on the store (its first page), at most
+START_LIMIT = 2400.0  # seconds a node may take to start on the store (its first page), at most (10^9 keys: 14 min)
 RETRY_AFTER = 30 * 86400.0  # the loaded hosts wait that long: the node holds their URLs and does not fetch them
 
 
