@@ -200,7 +200,9 @@ class Node:
             try:
                 store = stack.enter_context(open_node_store(
                     self.data_dir, cfg.dedup, expected=cfg.dedup_expected, fp_rate=cfg.dedup_fp_rate,
-                    redis_url=cfg.redis_url or None, namespace=self.node_id))
+                    redis_url=cfg.redis_url or None, namespace=self.node_id,
+                    filter_max_bytes=cfg.seen_filter_mib << 20))
+                _log_filter_open(getattr(getattr(store, "_base", store), "dedup", None))
                 pages = open_page_store(cfg.store, self.data_dir / "warc", max_file_bytes=cfg.warc_max_bytes)
                 stack.callback(pages.close)
             except StorageError as exc:
@@ -598,6 +600,20 @@ class Node:
                 log.info("signal received, stopping", extra={"signal": signal.Signals(signum).name})
                 self.request_stop()
                 return
+
+
+def _log_filter_open(dedup: object) -> None:
+    """Say how the seen store's filter was made at open: read from the file a clean stop saved, or built from
+    every key (the long part of a start on a large store), and why."""
+    made = getattr(dedup, "filter_open", None)
+    if made is None:
+        return
+    if made.source == "saved":
+        log.info("seen filter (%d MiB, %d keys) read from its file in %.1f s", made.nbytes >> 20, made.keys,
+                 made.seconds)
+    else:
+        log.info("seen filter (%d MiB) built from %d keys in %.1f s (%s)", made.nbytes >> 20, made.keys,
+                 made.seconds, made.reason)
 
 
 @contextmanager

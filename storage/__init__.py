@@ -20,7 +20,7 @@ from ._check import (
     running_marker,
     stores_in,
 )
-from ._dedup import DedupStore, MemoryDedupStore
+from ._dedup import FILTER_FILE, DedupStore, FilterOpen, MemoryDedupStore
 from ._wacz import WACZ_VERSION, WaczReport, pack_wacz
 from ._dedup_alt import FingerprintSetDedup, UrlSetDedup, md5_key
 from ._digests import MemoryPayloadDigests, PayloadDigests, StoredPayload, digest_ring_key
@@ -43,6 +43,7 @@ from ._outbox import Outbox, OutboxEntry
 from ._pages import BuiltPage, NullPageStore, PageStore, WarcPageStore, build_page_records, open_page_store
 from ._records import HostState, QueuedUrl
 from ._redis_dedup import RedisDedup
+from ._seenfilter import MAX_BYTES as SEEN_FILTER_MAX_BYTES
 from ._replicas import Replicas
 from ._revisits import RevisitRecord, RevisitSchedule
 from ._captures import MATCH_TYPES, Capture, CaptureSearch, find_captures
@@ -52,6 +53,9 @@ from ._warc import payload_digest
 from .dedup_kinds import DEDUP_KINDS, DedupUnsupported, LmdbDedup, open_dedup
 
 __all__ = [
+    "FILTER_FILE",
+    "FilterOpen",
+    "SEEN_FILTER_MAX_BYTES",
     "RING_SIZE",
     "RUNNING",
     "StoreCheck",

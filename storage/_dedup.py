@@ -11,15 +11,23 @@ fits in memory past some 10^7 keys. Staged keys move to `seen` in ring order, a 
 stages more, once they pass a sixteenth of the folded ones: the slice's keys are neighbours in `seen` (about ten
 staged keys to one leaf page), so the move reads each leaf page once for several keys, in key order. Both tables
 change in the caller's transaction, so a page's single commit still marks its links seen, or nothing.
+
+The filter is rebuilt from every key when the store opens, unless the store was closed cleanly: `close` then
+saves it to `FILTER_FILE` beside the data file, stamped with the store's last transaction, its key counts and the
+data file's identity, and the next open reads it back if all of these still match (and deletes the file, so a
+crash after the open can never leave a stale filter for the next one).
 """
 
 from __future__ import annotations
 
 import heapq
 import os
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedSet
@@ -27,12 +35,14 @@ from sortedcontainers import SortedSet
 from ._closing import Closing
 from ._keys import arc_ranges
 from ._lmdb import DEFAULT_MAP_SIZE, MAX_MAP_SIZE, LmdbEnv, put_keys
-from ._seenfilter import SeenFilter
+from ._errors import StorageError
+from ._seenfilter import MAX_BYTES, SeenFilter, SeenFilterFileError
 
 if TYPE_CHECKING:
     from ._lmdb import Db, Txn
 
-__all__ = ["DEDUP_DB", "DEDUP_DBS", "STAGED_DB", "DedupStore", "MemoryDedupStore"]
+__all__ = ["DEDUP_DB", "DEDUP_DBS", "FILTER_FILE", "SAVE_FILTER_FROM", "STAGED_DB", "DedupStore", "FilterOpen",
+           "MemoryDedupStore"]
 
 DEDUP_DB = b"seen"
 #: New seen keys, until they move to DEDUP_DB in ring order (see the module's docstring).
@@ -44,20 +54,52 @@ MOVE_MIN = 256  # keys moved by a commit that moves any: twice what it staged, a
 _EMPTY = b""
 _KEY_SIZE = 16
 _BUILD_CHUNK = 1 << 20  # keys read at once to build the filter
+#: The filter's file beside the store's data file, while the store is closed.
+FILTER_FILE = "seen-filter"
+#: Keys from which a clean close saves the filter (below, rebuilding it at open takes under a second).
+SAVE_FILTER_FROM = 1 << 21
+
+
+@dataclass(frozen=True, slots=True)
+class FilterOpen:
+    """How the store's filter was made when it opened: `source` "saved" (read from FILTER_FILE) or "built"
+    (from every key; `reason` says why the file was not used), over `keys` keys in `seconds`."""
+
+    source: str
+    reason: str
+    keys: int
+    seconds: float
+    nbytes: int
 
 
 class DedupStore(Closing):
     """Seen-URL keys in LMDB. Every batch call is one transaction; see `storage._lmdb` for durability."""
 
-    def __init__(self, env: LmdbEnv, *, owns_env: bool) -> None:
+    def __init__(self, env: LmdbEnv, *, owns_env: bool, filter_max_bytes: int = MAX_BYTES,
+                 save_filter_from: int = SAVE_FILTER_FROM) -> None:
         self._env = env
         self._db = env.db(DEDUP_DB)
         self._staged = env.db(STAGED_DB)
         self._owns_env = owns_env
         self._sweep = _EMPTY  # where the next move of staged keys starts (a hint: any start is correct)
+        self._filter_max_bytes = filter_max_bytes
+        self._save_filter_from = save_filter_from
+        self.filter_path = Path(env.path) / FILTER_FILE
+        t = time.perf_counter()
         with env.read() as txn:
-            self.filter = self._build_filter(txn)
+            keys = self._count(txn)
+            try:
+                self.filter = SeenFilter.load(self.filter_path, self._stamp(txn), max_bytes=filter_max_bytes)
+                if self.filter.outgrown(keys):
+                    raise SeenFilterFileError("the store's keys outgrew it")
+                source, reason = "saved", ""
+            except SeenFilterFileError as exc:
+                self.filter = self._build_filter(txn)
+                source, reason = "built", str(exc)
         env.release_resident()  # the build read every key: its pages need not stay in this process's memory
+        self.filter_path.unlink(missing_ok=True)  # it held until now: the next commit makes it stale
+        #: how the filter was made at open (the node logs it)
+        self.filter_open = FilterOpen(source, reason, keys, time.perf_counter() - t, self.filter.nbytes)
 
     @classmethod
     def open(
@@ -66,18 +108,52 @@ class DedupStore(Closing):
         *,
         map_size: int = DEFAULT_MAP_SIZE,
         max_map_size: int = MAX_MAP_SIZE,
+        filter_max_bytes: int = MAX_BYTES,
+        save_filter_from: int = SAVE_FILTER_FROM,
     ) -> DedupStore:
         """Open or create the store in directory `path`. Raises `StorageError` if the directory is unusable."""
         env = LmdbEnv.open(path, DEDUP_DBS, map_size=map_size, max_map_size=max_map_size)
-        return cls(env, owns_env=True)
+        try:
+            return cls(env, owns_env=True, filter_max_bytes=filter_max_bytes, save_filter_from=save_filter_from)
+        except BaseException:
+            env.close()
+            raise
 
 
     # -- transaction-level parts, shared with NodeStore so several stores commit together --
 
+    def _count(self, txn: Txn) -> int:
+        return int(txn.stat(self._db)["entries"]) + int(txn.stat(self._staged)["entries"])
+
+    def _stamp(self, txn: Txn) -> bytes:
+        """What a saved filter must match: the last commit, both tables' key counts, the data file's identity."""
+        st = os.stat(os.path.join(self._env.path, "data.mdb"))
+        return (f"txn {self._env.last_txnid()} seen {int(txn.stat(self._db)['entries'])} "
+                f"staged {int(txn.stat(self._staged)['entries'])} file {st.st_dev}:{st.st_ino}").encode()
+
+    def save_filter(self) -> bool:
+        """Save the filter for the next open (what `close` does first): everything committed is synced, then
+        the bits are written with the store's stamp. False, and no file, if the store is below
+        `save_filter_from` keys or the save failed (a full disk: the next open rebuilds the filter)."""
+        if self._env.closed:
+            return False
+        try:
+            with self._env.read() as txn:
+                if self._count(txn) < self._save_filter_from:
+                    return False
+            self._env.sync()
+            with self._env.read() as txn:
+                stamp = self._stamp(txn)
+            self.filter.save(self.filter_path, stamp)
+        except (OSError, StorageError):
+            self.filter_path.unlink(missing_ok=True)
+            return False
+        return True
+
     def _build_filter(self, txn: Txn) -> SeenFilter:
         """A filter holding every key of both tables, as `txn` sees them."""
         dbs = (self._db, self._staged)
-        seen = SeenFilter(sum(int(txn.stat(db)["entries"]) for db in dbs))
+        seen = SeenFilter(self._count(txn), max_bytes=self._filter_max_bytes)
         for db in dbs:
             keys = txn.cursor(db).iternext(keys=True, values=False)
             while chunk := list(islice(keys, _BUILD_CHUNK)):
@@ -116,7 +192,7 @@ class DedupStore(Closing):
         staged_n = int(txn.stat(self._staged)["entries"])
         if staged_n > max(STAGE_MIN, folded_n // STAGE_SHARE):
             self._move_in(txn, max(MOVE_MIN, 2 * new))
-        if folded_n + staged_n > 2 * self.filter.capacity:
+        if self.filter.outgrown(folded_n + staged_n):
             self.filter = self._build_filter(txn)  # sees this transaction's keys too: a superset of the committed
 
     def _move_in(self, txn: Txn, limit: int) -> int:
@@ -235,7 +311,8 @@ class DedupStore(Closing):
         return self._env.disk_bytes()
 
     def close(self) -> None:
-        if self._owns_env:
+        if self._owns_env and not self._env.closed:
+            self.save_filter()
             self._env.close()
 
 

@@ -385,6 +385,11 @@ class LmdbEnv:
                     break
         return total
 
+    def last_txnid(self) -> int:
+        """The id of the last committed write transaction: it changes with every commit."""
+        self._check_open()
+        return int(self._env.info()["last_txnid"])
+
     def entries(self, name: bytes) -> int:
         with self.read() as txn:
             return int(txn.stat(self._dbs[name])["entries"])

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 
 from ._closing import Closing
-from ._dedup import DEDUP_DBS, DedupStore, MemoryDedupStore
+from ._dedup import DEDUP_DBS, SAVE_FILTER_FROM, DedupStore, MemoryDedupStore
 from ._digests import DIGESTS_DB, MemoryPayloadDigests, PayloadDigests
 from ._frontier import FRONTIER_DBS, FrontierStore
 from ._crawllog import CRAWLLOG_DB, CrawlLogSpool
@@ -26,6 +26,7 @@ from ._outbox import OUTBOX_DB, Outbox
 from ._records import HostState, QueuedUrl
 from ._replicas import REPLICA_DBS, Replicas
 from ._revisits import REVISIT_DB, REVISIT_DUE_DB, RevisitRecord, RevisitSchedule, queued
+from ._seenfilter import MAX_BYTES
 from ._uploads import UPLOAD_DBS, Uploads
 
 if TYPE_CHECKING:
@@ -56,9 +57,11 @@ def queued_url_keys(items: Sequence[QueuedUrl]) -> list[bytes]:
 class NodeStore(Closing):
     """`dedup` and `frontier` sharing one environment, plus the atomic operations across them."""
 
-    def __init__(self, env: LmdbEnv) -> None:
+    def __init__(self, env: LmdbEnv, *, filter_max_bytes: int = MAX_BYTES,
+                 save_filter_from: int = SAVE_FILTER_FROM) -> None:
         self._env = env
-        self.dedup = DedupStore(env, owns_env=False)
+        self.dedup = DedupStore(env, owns_env=False, filter_max_bytes=filter_max_bytes,
+                                save_filter_from=save_filter_from)
         self.frontier = FrontierStore(env, owns_env=False)
         self.outbox = Outbox(env)
         # a released replica marks its key seen here (its owner is done with it), when the journal is folded
@@ -87,14 +90,22 @@ class NodeStore(Closing):
         *,
         map_size: int = DEFAULT_MAP_SIZE,
         max_map_size: int = MAX_MAP_SIZE,
+        filter_max_bytes: int = MAX_BYTES,
+        save_filter_from: int = SAVE_FILTER_FROM,
     ) -> NodeStore:
-        """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable."""
+        """Open or create the node's state in directory `path`. Raises `StorageError` if it is unusable.
+        `filter_max_bytes` caps the seen filter's memory; a store of at least `save_filter_from` seen keys
+        saves its filter when it closes, for the next open (storage/_dedup.py)."""
         env = LmdbEnv.open(
             path, (*DEDUP_DBS, *FRONTIER_DBS, OUTBOX_DB, FETCHED_DB, FETCHED_JOURNAL_DB, REVISIT_DB, REVISIT_DUE_DB,
                    *REPLICA_DBS, ITEMS_DB, *UPLOAD_DBS, DIGESTS_DB, CRAWLLOG_DB),
             map_size=map_size, max_map_size=max_map_size,
         )
-        return cls(env)
+        try:
+            return cls(env, filter_max_bytes=filter_max_bytes, save_filter_from=save_filter_from)
+        except BaseException:
+            env.close()
+            raise
 
     def _admit_in(self, txn: Txn, items: Sequence[QueuedUrl]) -> list[QueuedUrl]:
         fresh = self.dedup._add_new_in(txn, queued_url_keys(items))
@@ -370,6 +381,8 @@ class NodeStore(Closing):
 
     def close(self) -> None:
         self.crawl_log.close()
+        if not self._env.closed:
+            self.dedup.save_filter()
         self._env.close()
 
 

@@ -48,6 +48,7 @@ def test_env_lists_are_comma_separated():
         ({"env": {"PEERCRAWL_ALLOW_PRIVATE": "maybe"}}, "not a boolean"),
         ({"flags": {"compression": "lz4"}}, "compression must be br, zlib or none"),
         ({"env": {"PEERCRAWL_PAGE_THREADS": "-1"}}, "page_threads must be within"),
+        ({"env": {"PEERCRAWL_SEEN_FILTER_MIB": "0"}}, "seen_filter_mib must be >= 1"),
     ],
 )
 def test_bad_values_name_the_setting(kwargs, needle):

@@ -346,3 +346,94 @@ def test_a_filter_rebuilt_when_the_keys_outgrow_it_still_holds_every_key(tmp_pat
         assert store.filter.capacity > first
         assert all(store.filter.may_contain(key) for key in keys)
         assert store.add_new(keys) == [False] * 2000
+
+
+# -- the filter saved by a clean close --
+
+CHILD_WRITES_THEN_DIES = textwrap.dedent(
+    """
+    import os, sys
+    from storage import DedupStore, url_key, host_position
+    store = DedupStore.open(sys.argv[1], map_size=1 << 24, save_filter_from=0)
+    assert store.filter_open.source == "saved", store.filter_open
+    store.add_new([url_key(host_position("late.test"), f"http://late.test/{i}") for i in range(500)])
+    os._exit(0)  # no close: as a crash or kill -9 ends a node
+    """
+)
+
+
+def test_a_clean_close_saves_the_filter_and_the_next_open_reads_it_instead_of_every_key(tmp_path):
+    keys = _keys(3000)
+    with DedupStore.open(tmp_path / "d", map_size=1 << 24, save_filter_from=0) as store:
+        assert store.filter_open.source == "built" and store.filter_open.reason == "no saved filter"
+        store.add_new(keys[:2000])
+        bits = bytes(store.filter._bits)
+    assert (tmp_path / "d" / "seen-filter").stat().st_size > len(bits)
+    with DedupStore.open(tmp_path / "d", map_size=1 << 24, save_filter_from=0) as store:
+        assert store.filter_open.source == "saved" and store.filter_open.keys == 2000
+        assert not (tmp_path / "d" / "seen-filter").exists()  # a crash from here on cannot find a stale one
+        assert bytes(store.filter._bits) == bits
+        assert store.add_new(keys) == [False] * 2000 + [True] * 1000
+    with DedupStore.open(tmp_path / "d", map_size=1 << 24, save_filter_from=0) as store:
+        assert store.filter_open.source == "saved" and store.filter_open.keys == 3000
+        assert all(store.filter.may_contain(key) for key in keys)
+
+
+def test_after_a_crash_the_filter_is_built_from_the_keys_again(tmp_path):
+    with DedupStore.open(tmp_path / "d", map_size=1 << 24, save_filter_from=0) as store:
+        store.add_new(_keys(1000))
+    subprocess.run([sys.executable, "-c", CHILD_WRITES_THEN_DIES, str(tmp_path / "d")], check=True,
+                   env=_child_env(), timeout=60)
+    with DedupStore.open(tmp_path / "d", map_size=1 << 24, save_filter_from=0) as store:
+        assert store.filter_open.source == "built" and store.filter_open.reason == "no saved filter"
+        late = [url_key(host_position("late.test"), f"http://late.test/{i}") for i in range(500)]
+        assert len(store) == 1500
+        assert store.add_new(late + _keys(1000)) == [False] * 1500
+
+
+def test_a_saved_filter_of_another_state_or_altered_is_not_used(tmp_path):
+    path = tmp_path / "d"
+    keys = _keys(2000)
+    with DedupStore.open(path, map_size=1 << 24, save_filter_from=0) as store:
+        store.add_new(keys[:1000])
+    old = (path / "seen-filter").read_bytes()
+    with DedupStore.open(path, map_size=1 << 24, save_filter_from=10**9) as store:  # this close saves nothing
+        store.add_new(keys[1000:])
+    assert not (path / "seen-filter").exists()
+    (path / "seen-filter").write_bytes(old)  # the file of an earlier state, put back
+    with DedupStore.open(path, map_size=1 << 24, save_filter_from=0) as store:
+        assert store.filter_open.source == "built"
+        assert store.filter_open.reason == "it was saved for another state of the store"
+        assert store.add_new(keys) == [False] * 2000  # the keys added after that save are seen
+    altered = bytearray((path / "seen-filter").read_bytes())
+    altered[-1] ^= 0x40
+    (path / "seen-filter").write_bytes(bytes(altered))
+    with DedupStore.open(path, map_size=1 << 24, save_filter_from=0) as store:
+        assert store.filter_open.source == "built" and "checksum" in store.filter_open.reason
+        assert all(store.filter.may_contain(key) for key in keys)
+    (path / "seen-filter").write_bytes((path / "seen-filter").read_bytes()[:-100])
+    with DedupStore.open(path, map_size=1 << 24, save_filter_from=0) as store:
+        assert store.filter_open.source == "built" and "torn" in store.filter_open.reason
+
+
+def test_a_saved_filter_over_a_lowered_cap_is_not_used(tmp_path):
+    with DedupStore.open(tmp_path / "d", map_size=1 << 24, save_filter_from=0) as store:
+        store.add_new(_keys(100))
+        assert store.filter.nbytes > 1 << 16
+    with DedupStore.open(tmp_path / "d", map_size=1 << 24, save_filter_from=0, filter_max_bytes=1 << 16) as store:
+        assert store.filter_open.source == "built" and "cap" in store.filter_open.reason
+        assert store.filter.nbytes == 1 << 16
+
+
+def test_a_filter_at_its_cap_is_not_rebuilt_as_the_keys_grow_past_it(tmp_path):
+    """At its cap a rebuild would give the same size: the filter takes every key in place (more false positives,
+    each a look-up) instead of reading every key again at each commit."""
+    keys = _keys(20_000)
+    with DedupStore.open(tmp_path / "d", map_size=1 << 24, filter_max_bytes=1 << 10) as store:
+        assert store.filter.at_cap and store.filter.capacity == 1024
+        first = store.filter
+        for i in range(0, len(keys), 1000):
+            store.add_new(keys[i:i + 1000])
+        assert store.filter is first  # 20,000 keys, ten times twice its capacity: never rebuilt
+        assert store.add_new(keys) == [False] * len(keys)
+        assert store.add_new(_keys(100, "new")) == [True] * 100

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 from pathlib import Path
 
+from storage import SEEN_FILTER_MAX_BYTES as MAX_BYTES
 from storage import DEDUP_KINDS, HostState, NodeStore, QueuedUrl, host_position, open_dedup
 
 __all__ = ["SplitStore", "open_node_store", "DEDUP_KINDS"]
@@ -84,14 +85,16 @@ class SplitStore:
 def open_node_store(
     data_dir: str | os.PathLike[str], kind: str = "lmdb", *, expected: int = 10_000_000,
     fp_rate: float = 0.001, redis_url: str | None = None, namespace: str | None = None,
+    filter_max_bytes: int = MAX_BYTES,
 ):
-    """The node's state under ``data_dir/state`` with the seen-set of ``kind``."""
+    """The node's state under ``data_dir/state`` with the seen-set of ``kind``; ``filter_max_bytes`` caps the
+    seen filter of the LMDB store."""
     state = Path(data_dir) / "state"
     if kind == "lmdb":
-        return NodeStore.open(state)
+        return NodeStore.open(state, filter_max_bytes=filter_max_bytes)
     if kind not in DEDUP_KINDS:
         raise ValueError(f"unknown dedup kind {kind!r}; one of {', '.join(DEDUP_KINDS)}")
-    base = NodeStore.open(state)
+    base = NodeStore.open(state, filter_max_bytes=filter_max_bytes)
     try:
         dedup = open_dedup(kind, Path(data_dir) / f"dedup-{kind}", expected=expected, fp_rate=fp_rate,
                            redis_url=redis_url, namespace=namespace)
