@@ -37,6 +37,9 @@ the store out of memory), ``staged_urls`` (keys in the seen store's staging tabl
 node's start to its first page: its restore reads the host table and the loaded hosts' states). The reference for CPU is
 the first size's figure in the same run (``cpu_ratio``).
 
+``--keep`` keeps the data directory of each bulk-loaded size's node after its crawl (``kept-SIZE`` beside the
+run's temporary directory; the node stopped cleanly, so its seen filter is saved there), for runs on it by hand.
+
 ``--frontier-only`` loads each size's queued URLs alone, as above, and prints where a queued URL's disk bytes
 go: each frontier database's pages per queued URL, its average key and value, and how full its leaves are.
 """
@@ -421,6 +424,11 @@ def measure(args: argparse.Namespace, store: NodeStore, loader: Loader, size: in
         if cgroup is not None:
             row["cgroup_peak_mib"] = cgroup_peak_mib(cgroup)
             cgroup.rmdir()
+    if bulk and args.keep:  # the node's data dir, for more runs on it by hand (it stopped cleanly)
+        kept = root.parent / f"kept-{size}"
+        shutil.rmtree(kept, ignore_errors=True)
+        run.rename(kept)
+        row["kept"] = str(kept)
     shutil.rmtree(run, ignore_errors=True)
     row["cpu_ratio"] = row["cpu_ms_per_page"] / (rows[0] if rows else row)["cpu_ms_per_page"]
     print(f"{row['seen_urls']:>12,} seen {row['queued_urls']:>11,} queued: "
@@ -481,6 +489,9 @@ def main() -> None:
     parser.add_argument("--bulk-from", type=int, default=10**8,
                         help="sizes from this one on start from an empty store whose seen keys are appended sorted")
     parser.add_argument("--json", type=Path, default=None, help="write the rows there")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the data dir a bulk-loaded size's node crawled on, as DIR/kept-SIZE beside the "
+                             "run's temp dir (10^9 keys: 28 GB), for more runs on it")
     parser.add_argument("--frontier-only", action="store_true",
                         help="load only each size's queued URLs (no seen keys, no crawl) and print where their "
                              "disk bytes go, per database")
