@@ -12,7 +12,12 @@ stages more, once they pass a sixteenth of the folded ones: the slice's keys are
 staged keys to one leaf page), so the move reads each leaf page once for several keys, in key order. Both tables
 change in the caller's transaction, so a page's single commit still marks its links seen, or nothing.
 
-The filter is rebuilt from every key when the store opens, unless the store was closed cleanly: `close` then
+When the keys outgrow the filter (twice the keys it was sized for, under its cap), a larger one is built beside
+it a slice of `BUILD_SLICE` keys per commit that stages keys, in key order through both tables; meanwhile new and
+moved keys go into both, the old one answers, and the new one takes over once the slices reach the end: no
+commit reads every key, so a growing store never stalls its node for the minutes a full read of 10^8 keys takes.
+
+The filter is built from every key when the store opens, unless the store was closed cleanly: `close` then
 saves it to `FILTER_FILE` beside the data file, stamped with the store's last transaction, its key counts and the
 data file's identity, and the next open reads it back if all of these still match (and deletes the file, so a
 crash after the open can never leave a stale filter for the next one).
@@ -23,7 +28,7 @@ from __future__ import annotations
 import heapq
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import islice
@@ -54,6 +59,8 @@ MOVE_MIN = 256  # keys moved by a commit that moves any: twice what it staged, a
 _EMPTY = b""
 _KEY_SIZE = 16
 _BUILD_CHUNK = 1 << 20  # keys read at once to build the filter
+#: Keys a commit that stages keys reads into a larger filter being built (about 20 ms here).
+BUILD_SLICE = 1 << 16
 #: The filter's file beside the store's data file, while the store is closed.
 FILTER_FILE = "seen-filter"
 #: Keys from which a clean close saves the filter (below, rebuilding it at open takes under a second).
@@ -85,13 +92,14 @@ class DedupStore(Closing):
         self._filter_max_bytes = filter_max_bytes
         self._save_filter_from = save_filter_from
         self.filter_path = Path(env.path) / FILTER_FILE
+        #: a larger filter being built a slice per commit, and where its next slice starts (table, key)
+        self._building: SeenFilter | None = None
+        self._build_at: tuple[int, bytes] = (0, _EMPTY)
         t = time.perf_counter()
         with env.read() as txn:
             keys = self._count(txn)
             try:
                 self.filter = SeenFilter.load(self.filter_path, self._stamp(txn), max_bytes=filter_max_bytes)
-                if self.filter.outgrown(keys):
-                    raise SeenFilterFileError("the store's keys outgrew it")
                 source, reason = "saved", ""
             except SeenFilterFileError as exc:
                 self.filter = self._build_filter(txn)
@@ -165,10 +173,23 @@ class DedupStore(Closing):
                     self._env.release_resident()
         return seen
 
+    def _add(self) -> Callable[[bytes], None]:
+        """How a key goes into the filter: into the one being built too, while there is one."""
+        add, building = self.filter.add, self._building
+        if building is None:
+            return add
+        add_too = building.add
+
+        def both(key: bytes) -> None:
+            add(key)
+            add_too(key)
+
+        return both
+
     def _add_new_in(self, txn: Txn, keys: Sequence[bytes]) -> list[bool]:
         get, put = txn.get, txn.put
         folded, staged = self._db, self._staged
-        maybe, add = self.filter.may_contain, self.filter.add
+        maybe, add = self.filter.may_contain, self._add()
         out = []
         new = 0
         for key in keys:
@@ -192,8 +213,36 @@ class DedupStore(Closing):
         staged_n = int(txn.stat(self._staged)["entries"])
         if staged_n > max(STAGE_MIN, folded_n // STAGE_SHARE):
             self._move_in(txn, max(MOVE_MIN, 2 * new))
-        if self.filter.outgrown(folded_n + staged_n):
-            self.filter = self._build_filter(txn)  # sees this transaction's keys too: a superset of the committed
+        if self._building is None and self.filter.outgrown(folded_n + staged_n):
+            self._building = SeenFilter(folded_n + staged_n, max_bytes=self._filter_max_bytes)
+            self._build_at = (0, _EMPTY)
+        if self._building is not None:
+            self._build_step(txn)
+
+    def _build_step(self, txn: Txn) -> None:
+        """Read the next BUILD_SLICE keys into the filter being built; once both tables are read, it takes over.
+        Every key it has not read yet is ahead of the slices, or went into it as it came (`_add`, `_move_in`);
+        a slice read in a transaction that aborts read keys that stay, so progress made there is kept."""
+        building = self._building
+        assert building is not None
+        table, start = self._build_at
+        dbs = (self._db, self._staged)
+        cur = txn.cursor(dbs[table])
+        ok = cur.set_range(start) if start else cur.first()
+        chunk: list[bytes] = []
+        while ok and len(chunk) < BUILD_SLICE:
+            chunk.append(cur.key())
+            ok = cur.next()
+        if chunk and set(map(len, chunk)) == {_KEY_SIZE}:
+            building.add_packed(b"".join(chunk), _KEY_SIZE)
+        else:
+            building.add_all(chunk)
+        if ok:
+            self._build_at = (table, cur.key())
+        elif table == 0:
+            self._build_at = (1, _EMPTY)
+        else:
+            self.filter, self._building = building, None
 
     def _move_in(self, txn: Txn, limit: int) -> int:
         """Move up to `limit` staged keys to the large table, in ring order from where the last move stopped
@@ -210,6 +259,8 @@ class DedupStore(Closing):
             cur.delete()  # the cursor is now on the next key
         if moved:
             self._sweep = moved[-1]
+            if self._building is not None:  # from a table the build may not have read into one it may have
+                self._building.add_all(moved)
             moved.sort()  # two runs when the move went round the ring
             txn.cursor(self._db).putmulti([(key, _EMPTY) for key in moved], dupdata=False, overwrite=False)
         return len(moved)
@@ -238,7 +289,7 @@ class DedupStore(Closing):
     def _insert_in(self, txn: Txn, keys: Iterable[bytes]) -> int:
         """`insert` inside a caller's transaction (sorted keys share leaf pages); how many were new. Keys go to
         the large table (a hand-off's, sorted), except those staged already."""
-        maybe, get, staged, add = self.filter.may_contain, txn.get, self._staged, self.filter.add
+        maybe, get, staged, add = self.filter.may_contain, txn.get, self._staged, self._add()
         fresh = [key for key in keys if not (maybe(key) and get(key, db=staged) is not None)]
         for key in fresh:
             if key:

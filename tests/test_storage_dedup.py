@@ -437,3 +437,30 @@ def test_a_filter_at_its_cap_is_not_rebuilt_as_the_keys_grow_past_it(tmp_path):
         assert store.filter is first  # 20,000 keys, ten times twice its capacity: never rebuilt
         assert store.add_new(keys) == [False] * len(keys)
         assert store.add_new(_keys(100, "new")) == [True] * 100
+
+
+def test_a_larger_filter_is_built_a_slice_per_commit_while_the_old_one_answers(tmp_path, monkeypatch):
+    """Past twice its capacity the filter is not rebuilt in one commit: a larger one is read in a slice per
+    commit while keys keep coming and staged keys move to the large table; every answer stays right, and the new
+    filter, once it takes over, holds every key."""
+    import storage._dedup as dedup
+    import storage._seenfilter as seenfilter
+
+    monkeypatch.setattr(seenfilter, "MIN_KEYS", 64)
+    monkeypatch.setattr(dedup, "BUILD_SLICE", 40)
+    monkeypatch.setattr(dedup, "STAGE_MIN", 64)  # staged keys move to the large table as the build goes
+    keys = _keys(3000)
+    with DedupStore.open(tmp_path / "d", map_size=1 << 24) as store:
+        first = store.filter
+        builds = []
+        for i in range(0, 3000, 30):
+            assert store.add_new(keys[i:i + 30]) == [True] * 30
+            assert store.add_new(keys[max(0, i - 200):i + 30:7]) == [False] * len(keys[max(0, i - 200):i + 30:7])
+            if store._building is not None:
+                builds.append(store._build_at)
+        assert store.filter is not first and store.filter.capacity > first.capacity
+        assert len(builds) > 10  # the builds went on across many commits, none read every key at once
+        assert store.staged() < len(store)  # keys moved from the staged table during the builds
+        assert all(store.filter.may_contain(key) for key in keys)
+        assert store.add_new(keys) == [False] * 3000
+        assert store.add_new(_keys(50, "new")) == [True] * 50
