@@ -40,6 +40,9 @@ the first size's figure in the same run (``cpu_ratio``).
 ``--keep`` keeps the data directory of each bulk-loaded size's node after its crawl (``kept-SIZE`` beside the
 run's temporary directory; the node stopped cleanly, so its seen filter is saved there), for runs on it by hand.
 
+``--crawl-on DATA_DIR`` crawls, after the ``--sizes`` rows (give one small size for the CPU reference), on a data
+directory that is already there, one ``--keep`` kept, with no load, and adds its row.
+
 ``--frontier-only`` loads each size's queued URLs alone, as above, and prints where a queued URL's disk bytes
 go: each frontier database's pages per queued URL, its average key and value, and how full its leaves are.
 """
@@ -67,7 +70,7 @@ from peerlab.localweb.bench import REAL_WEB, BenchWeb, start_bench_web
 from ring import host_position_bytes
 from storage import HostState, NodeStore, QueuedUrl
 from storage._dedup import STAGE_MIN, STAGE_SHARE
-from storage._frontier import FRONTIER_DBS
+from storage._frontier import FRONTIER_DBS, QUEUE
 from tests.bench.bench_crawl import BENCH_DOMAIN, _final_stats, _start_dns, _stop
 
 MiB = 2**20
@@ -444,6 +447,44 @@ def measure(args: argparse.Namespace, store: NodeStore, loader: Loader, size: in
     return row
 
 
+def crawl_on(args: argparse.Namespace, data: Path, root: Path, web: BenchWeb, dns_port: int) -> dict[str, Any]:
+    """The row of a crawl on the existing data dir `data` (one `--keep` kept, or a node's): its counts are read
+    from the store file read-only (opening it as a NodeStore would take the seen filter a clean stop saved)."""
+    import lmdb
+
+    env = lmdb.open(str(data / "state"), readonly=True, lock=False, max_dbs=64, subdir=True)
+    try:
+        with env.begin() as txn:
+            def entries(name: bytes) -> int:
+                return int(txn.stat(env.open_db(name, txn=txn, create=False))["entries"])
+
+            seen = entries(b"seen") + entries(b"seen_new")
+            queued = entries(QUEUE)
+            staged = entries(b"seen_new")
+    finally:
+        env.close()
+    row: dict[str, Any] = {"seen_urls": seen, "queued_urls": queued, "staged_urls": staged, "load": "kept",
+                           "memory_limit": f"cgroup {args.cgroup_mib} MiB" if args.cgroup_mib else "none"}
+    evict(data / "state" / "data.mdb")
+    cgroup = make_cgroup(args.cgroup_mib) if args.cgroup_mib else None
+    profile = None
+    if args.cpu_profile is not None:
+        args.cpu_profile.mkdir(parents=True, exist_ok=True)
+        profile = args.cpu_profile / f"cpu-kept-{seen}"
+    try:
+        row.update(crawl(data, args.seconds, args.evict_every, web, dns_port, root, profile, cgroup))
+    finally:
+        if cgroup is not None:
+            row["cgroup_peak_mib"] = cgroup_peak_mib(cgroup)
+            cgroup.rmdir()
+        shutil.copy(root / "node.log", data / "bench-node.log")
+    print(f"{seen:>12,} seen {queued:>11,} queued (kept): {row['cpu_ms_per_page']:6.2f} ms CPU/page, "
+          f"{row['pages_per_s']:5.0f} pages/s, RSS {row['rss_mib']:5.0f} MiB, {row['disk_reads_per_page']:.2f} "
+          f"reads/page ({row['disk_reads_per_link']:.3f}/link), first page after {row['start_s']:.0f} s; "
+          f"{row['memory_limit']}", flush=True)
+    return row
+
+
 def frontier_bytes(args: argparse.Namespace, size: int, where: Path) -> None:
     """Queue a size's URLs alone, as `measure` does, and print each frontier database's share of a queued URL's
     disk bytes: its pages (branch + leaf + overflow) per queued URL, its average key and value, and how full its
@@ -495,6 +536,9 @@ def main() -> None:
     parser.add_argument("--frontier-only", action="store_true",
                         help="load only each size's queued URLs (no seen keys, no crawl) and print where their "
                              "disk bytes go, per database")
+    parser.add_argument("--crawl-on", type=Path, default=None, metavar="DATA_DIR",
+                        help="no load: crawl on this data dir (one --keep kept) after the --sizes rows, and add its "
+                             "row")
     parser.add_argument("--cpu-profile", type=Path, default=None, metavar="DIR",
                         help="sample the node's CPU over each measured window into DIR/cpu-SEEN (tests/bench/_cpuprof)")
     args = parser.parse_args()
@@ -531,6 +575,12 @@ def main() -> None:
                     loader = Loader(store, args.hosts)
                     rows.append(measure(args, store, loader, size, root, web, dns_port, rows, bulk=True))
                 shutil.rmtree(root / "base", ignore_errors=True)
+            if args.crawl_on is not None:
+                row = crawl_on(args, args.crawl_on, root, web, dns_port)
+                row["cpu_ratio"] = row["cpu_ms_per_page"] / (rows[0] if rows else row)["cpu_ms_per_page"]
+                rows.append(row)
+                if args.json:
+                    args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     finally:
         if not os.environ.get("BENCH_GROWTH_KEEP"):
             shutil.rmtree(root, ignore_errors=True)
