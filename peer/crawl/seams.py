@@ -1,10 +1,13 @@
-"""The crawler's two seams to the world around it, each one named protocol (as memberlist's delegate and
+"""The crawler's four seams to the world around it, each one named protocol (as memberlist's delegate and
 httpx's transports are), with the default a single node needs.
 
 - `PageFetcher`: how a URL becomes a response. `peer.fetch.Fetcher` is the real one (DNS, HTTP, limits); a
   simulation may hand the real crawler an in-memory web instead.
+- `AddressLimits`: lanes per server address: `peer.crawl.addressgate` on one node, the cluster's `FleetLanes`
+  across a fleet.
 - `Ownership`: who owns which host, and what happens to links for hosts owned elsewhere. `Solo` (one node owns
   every host) is the default; `peer.cluster.Cluster` is the fleet's.
+- `PageRenderer`: pages rendered in a browser (`peer.render.RenderPool`); none by default.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Where items go: the exporter task moves them from the node's spool (`storage.ItemSpool`, written with their
-pages) to a sink, by default JSON lines under DATA_DIR/items/.
+"""Where items go: the exporter task moves them from the node's spool (`NodeStore.items`, an `ItemSpool` of
+storage/_items.py, written with their pages) to a sink, by default JSON lines under DATA_DIR/items/.
 
 Every item carries ``_seq``, its number in the node's spool. The exporter writes a batch to the sink, which
 returns once it is durable there, then deletes the batch from the spool; `JsonLinesSink` remembers the last
