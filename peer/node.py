@@ -202,7 +202,7 @@ class Node:
                     self.data_dir, cfg.dedup, expected=cfg.dedup_expected, fp_rate=cfg.dedup_fp_rate,
                     redis_url=cfg.redis_url or None, namespace=self.node_id,
                     filter_max_bytes=cfg.seen_filter_mib << 20))
-                _log_filter_open(getattr(getattr(store, "_base", store), "dedup", None))
+                _log_filter_open(store.dedup)  # the LMDB seen-set's; another --dedup kind has no filter
                 pages = open_page_store(cfg.store, self.data_dir / "warc", max_file_bytes=cfg.warc_max_bytes)
                 stack.callback(pages.close)
             except StorageError as exc:

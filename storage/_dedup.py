@@ -136,8 +136,8 @@ class DedupStore(Closing):
     def _stamp(self, txn: Txn) -> bytes:
         """What a saved filter must match: the last commit, both tables' key counts, the data file's identity."""
         st = os.stat(os.path.join(self._env.path, "data.mdb"))
-        return (f"txn {self._env.last_txnid()} seen {int(txn.stat(self._db)['entries'])} "
-                f"staged {int(txn.stat(self._staged)['entries'])} file {st.st_dev}:{st.st_ino}").encode()
+        seen, staged = (int(txn.stat(db)["entries"]) for db in (self._db, self._staged))
+        return f"txn {self._env.last_txnid()} seen {seen} staged {staged} file {st.st_dev}:{st.st_ino}".encode()
 
     def save_filter(self) -> bool:
         """Save the filter for the next open (what `close` does first): everything committed is synced, then
@@ -146,9 +146,8 @@ class DedupStore(Closing):
         if self._env.closed:
             return False
         try:
-            with self._env.read() as txn:
-                if self._count(txn) < self._save_filter_from:
-                    return False
+            if len(self) < self._save_filter_from:
+                return False
             self._env.sync()
             with self._env.read() as txn:
                 stamp = self._stamp(txn)
@@ -165,10 +164,7 @@ class DedupStore(Closing):
         for db in dbs:
             keys = txn.cursor(db).iternext(keys=True, values=False)
             while chunk := list(islice(keys, _BUILD_CHUNK)):
-                if set(map(len, chunk)) == {_KEY_SIZE}:
-                    seen.add_packed(b"".join(chunk), _KEY_SIZE)
-                else:  # keys of other sizes (tests): one at a time
-                    seen.add_all(chunk)
+                _add_keys(seen, chunk)
                 if len(chunk) == _BUILD_CHUNK:  # a large table: its pages read so far need not stay resident
                     self._env.release_resident()
         return seen
@@ -233,10 +229,7 @@ class DedupStore(Closing):
         while ok and len(chunk) < BUILD_SLICE:
             chunk.append(cur.key())
             ok = cur.next()
-        if chunk and set(map(len, chunk)) == {_KEY_SIZE}:
-            building.add_packed(b"".join(chunk), _KEY_SIZE)
-        else:
-            building.add_all(chunk)
+        _add_keys(building, chunk)
         if ok:
             self._build_at = (table, cur.key())
         elif table == 0:
@@ -365,6 +358,14 @@ class DedupStore(Closing):
         if self._owns_env and not self._env.closed:
             self.save_filter()
             self._env.close()
+
+
+def _add_keys(seen: SeenFilter, keys: list[bytes]) -> None:
+    """Keys read from the tables into `seen`: vectorized when all are dedup keys, else one at a time (tests)."""
+    if set(map(len, keys)) == {_KEY_SIZE}:
+        seen.add_packed(b"".join(keys), _KEY_SIZE)
+    else:
+        seen.add_all(keys)
 
 
 class MemoryDedupStore(Closing):

@@ -317,15 +317,15 @@ def test_the_node_store_caps_its_seen_filter_and_saves_it_when_it_closes(tmp_pat
     """`open_node_store` passes the node's `seen_filter_mib` cap to the LMDB store; a NodeStore (dedup and
     frontier in one file) saves its filter when it closes, and the next open reads it."""
     from peer.crawl.seenstores import open_node_store
-    from storage import HostState, QueuedUrl
+    from storage import HostState, NodeStore, QueuedUrl
 
-    items = [QueuedUrl(url=f"http://h{i % 7}.test/{i}", host=f"h{i % 7}.test", depth=1) for i in range(300)]
-    with open_node_store(tmp_path, filter_max_bytes=1 << 12) as store:
+    with open_node_store(tmp_path / "capped", filter_max_bytes=1 << 12) as store:
         assert store.dedup.filter.nbytes == 1 << 12 and store.dedup.filter.at_cap
+    items = [QueuedUrl(url=f"http://h{i % 7}.test/{i}", host=f"h{i % 7}.test", depth=1) for i in range(300)]
+    with NodeStore.open(tmp_path / "state", save_filter_from=0) as store:
         assert len(store.admit(items)) == 300
         store.frontier.put_states([HostState(host="h0.test", next_allowed=0.0)])
-        store.dedup._save_filter_from = 0  # as a store past SAVE_FILTER_FROM keys
     assert (tmp_path / "state" / "seen-filter").exists()
-    with open_node_store(tmp_path, filter_max_bytes=1 << 12) as store:
+    with NodeStore.open(tmp_path / "state", save_filter_from=0) as store:
         assert store.dedup.filter_open.source == "saved" and store.dedup.filter_open.keys == 300
         assert store.admit(items) == []

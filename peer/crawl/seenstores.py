@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 from pathlib import Path
 
-from storage import SEEN_FILTER_MAX_BYTES as MAX_BYTES
-from storage import DEDUP_KINDS, HostState, NodeStore, QueuedUrl, host_position, open_dedup
+from storage import DEDUP_KINDS, SEEN_FILTER_MAX_BYTES, HostState, NodeStore, QueuedUrl, host_position, open_dedup
 
 __all__ = ["SplitStore", "open_node_store", "DEDUP_KINDS"]
 
@@ -85,7 +84,7 @@ class SplitStore:
 def open_node_store(
     data_dir: str | os.PathLike[str], kind: str = "lmdb", *, expected: int = 10_000_000,
     fp_rate: float = 0.001, redis_url: str | None = None, namespace: str | None = None,
-    filter_max_bytes: int = MAX_BYTES,
+    filter_max_bytes: int = SEEN_FILTER_MAX_BYTES,
 ):
     """The node's state under ``data_dir/state`` with the seen-set of ``kind``; ``filter_max_bytes`` caps the
     seen filter of the LMDB store."""

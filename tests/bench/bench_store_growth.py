@@ -37,11 +37,12 @@ the store out of memory), ``staged_urls`` (keys in the seen store's staging tabl
 node's start to its first page: its restore reads the host table and the loaded hosts' states). The reference for CPU is
 the first size's figure in the same run (``cpu_ratio``).
 
-``--keep`` keeps the data directory of each bulk-loaded size's node after its crawl (``kept-SIZE`` beside the
-run's temporary directory; the node stopped cleanly, so its seen filter is saved there), for runs on it by hand.
-
-``--crawl-on DATA_DIR`` crawls, after the ``--sizes`` rows (give one small size for the CPU reference), on a data
-directory that is already there, one ``--keep`` kept, with no load, and adds its row.
+``--load-only`` loads each bulk-loaded size's store into a data directory (``loaded-SIZE`` beside the run's
+temporary directory) and stops there. ``--crawl-on DATA_DIR`` crawls on such a directory, after the ``--sizes`` rows
+(give one small size for the CPU reference), and adds its row: the load and the crawl can then run apart (a 10^9
+load takes most of an hour) and the crawl again with other limits. A crawl marks the local web's URLs seen, so a
+directory takes one crawl; a second is refused. The node stops cleanly: its data directory then holds the saved
+seen filter, and a node started on it again reads it back.
 
 ``--frontier-only`` loads each size's queued URLs alone, as above, and prints where a queued URL's disk bytes
 go: each frontier database's pages per queued URL, its average key and value, and how full its leaves are.
@@ -60,6 +61,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from urllib.parse import urlsplit
 from contextlib import ExitStack
 from hashlib import blake2b
 from itertools import islice
@@ -68,8 +70,8 @@ from typing import Any
 
 from peerlab.localweb.bench import REAL_WEB, BenchWeb, start_bench_web
 from ring import host_position_bytes
-from storage import HostState, NodeStore, QueuedUrl
-from storage._dedup import STAGE_MIN, STAGE_SHARE
+from storage import FILTER_FILE, HostState, NodeStore, QueuedUrl, host_position
+from storage._dedup import DEDUP_DB, STAGE_MIN, STAGE_SHARE, STAGED_DB
 from storage._frontier import FRONTIER_DBS, QUEUE
 from tests.bench.bench_crawl import BENCH_DOMAIN, _final_stats, _start_dns, _stop
 
@@ -409,29 +411,23 @@ def measure(args: argparse.Namespace, store: NodeStore, loader: Loader, size: in
     shutil.rmtree(run, ignore_errors=True)
     if bulk:  # this store is not grown further: the node crawls on it, with no copy (10^9 keys: 27 GB)
         store.close()
+        # the keys were appended past the store's filter, so the filter its close saved lacks them: the node
+        # builds its own from the keys, as at a first start
+        (root / "base" / "state" / FILTER_FILE).unlink(missing_ok=True)
+        if args.load_only:
+            loaded = root.parent / f"loaded-{size}"
+            shutil.rmtree(loaded, ignore_errors=True)
+            (root / "base").rename(loaded)
+            row["loaded"] = str(loaded)
+            print(f"{row['seen_urls']:>12,} seen {row['queued_urls']:>11,} queued: loaded in {load_s:.0f} s into "
+                  f"{loaded} ({row['disk_bytes_per_seen_url']:.1f} B/seen, "
+                  f"{row['disk_bytes_per_queued_url']:.0f} B/queued); crawl on it with --crawl-on", flush=True)
+            return row
         (root / "base").rename(run)
     else:
         shutil.copytree(root / "base", run)
         evict(root / "base" / "state" / "data.mdb")
-    evict(run / "state" / "data.mdb")
-    profile = None
-    if args.cpu_profile is not None:
-        args.cpu_profile.mkdir(parents=True, exist_ok=True)
-        profile = args.cpu_profile / f"cpu-{size}"
-    cgroup = make_cgroup(args.cgroup_mib) if args.cgroup_mib else None
-    if args.cgroup_mib and cgroup is None:
-        raise SystemExit(f"bench_store_growth: cannot make a memory cgroup of {args.cgroup_mib} MiB here")
-    try:
-        row.update(crawl(run, args.seconds, args.evict_every, web, dns_port, root, profile, cgroup))
-    finally:
-        if cgroup is not None:
-            row["cgroup_peak_mib"] = cgroup_peak_mib(cgroup)
-            cgroup.rmdir()
-    if bulk and args.keep:  # the node's data dir, for more runs on it by hand (it stopped cleanly)
-        kept = root.parent / f"kept-{size}"
-        shutil.rmtree(kept, ignore_errors=True)
-        run.rename(kept)
-        row["kept"] = str(kept)
+    crawl_measured(args, run, root, web, dns_port, f"cpu-{size}", row)
     shutil.rmtree(run, ignore_errors=True)
     row["cpu_ratio"] = row["cpu_ms_per_page"] / (rows[0] if rows else row)["cpu_ms_per_page"]
     print(f"{row['seen_urls']:>12,} seen {row['queued_urls']:>11,} queued: "
@@ -447,9 +443,30 @@ def measure(args: argparse.Namespace, store: NodeStore, loader: Loader, size: in
     return row
 
 
+def crawl_measured(args: argparse.Namespace, data: Path, root: Path, web: BenchWeb, dns_port: int,
+                   profile_name: str, row: dict[str, Any]) -> None:
+    """`crawl` on the data dir `data`, its store file first dropped from the page cache, in a memory cgroup of
+    ``--cgroup-mib`` (none at 0), sampled into ``--cpu-profile``/`profile_name`: its figures go into `row`."""
+    evict(data / "state" / "data.mdb")
+    profile = None
+    if args.cpu_profile is not None:
+        args.cpu_profile.mkdir(parents=True, exist_ok=True)
+        profile = args.cpu_profile / profile_name
+    cgroup = make_cgroup(args.cgroup_mib) if args.cgroup_mib else None
+    if args.cgroup_mib and cgroup is None:
+        raise SystemExit(f"bench_store_growth: cannot make a memory cgroup of {args.cgroup_mib} MiB here")
+    try:
+        row.update(crawl(data, args.seconds, args.evict_every, web, dns_port, root, profile, cgroup))
+    finally:
+        if cgroup is not None:
+            row["cgroup_peak_mib"] = cgroup_peak_mib(cgroup)
+            cgroup.rmdir()
+
+
 def crawl_on(args: argparse.Namespace, data: Path, root: Path, web: BenchWeb, dns_port: int) -> dict[str, Any]:
-    """The row of a crawl on the existing data dir `data` (one `--keep` kept, or a node's): its counts are read
-    from the store file read-only (opening it as a NodeStore would take the seen filter a clean stop saved)."""
+    """The row of a crawl on the data dir `data` that `--load-only` loaded, no node having crawled on it yet: its
+    counts are read from the store file read-only (opening it as a NodeStore would take the seen filter a clean
+    stop saved)."""
     import lmdb
 
     env = lmdb.open(str(data / "state"), readonly=True, lock=False, max_dbs=64, subdir=True)
@@ -458,27 +475,25 @@ def crawl_on(args: argparse.Namespace, data: Path, root: Path, web: BenchWeb, dn
             def entries(name: bytes) -> int:
                 return int(txn.stat(env.open_db(name, txn=txn, create=False))["entries"])
 
-            seen = entries(b"seen") + entries(b"seen_new")
+            staged = entries(STAGED_DB)
+            seen = entries(DEDUP_DB) + staged
             queued = entries(QUEUE)
-            staged = entries(b"seen_new")
+            host = urlsplit(web.seeds[0]).hostname or ""
+            prefix = host_position(host).to_bytes(8, "big")
+            for name in (DEDUP_DB, STAGED_DB):
+                cur = txn.cursor(env.open_db(name, txn=txn, create=False))
+                if cur.set_range(prefix) and cur.key()[:8] == prefix:
+                    raise SystemExit(f"bench_store_growth: {data} was crawled on already (URLs of the local web's "
+                                     f"{host} are seen there): load a store again with --load-only")
     finally:
         env.close()
     row: dict[str, Any] = {"seen_urls": seen, "queued_urls": queued, "staged_urls": staged, "load": "kept",
                            "memory_limit": f"cgroup {args.cgroup_mib} MiB" if args.cgroup_mib else "none"}
-    evict(data / "state" / "data.mdb")
-    cgroup = make_cgroup(args.cgroup_mib) if args.cgroup_mib else None
-    profile = None
-    if args.cpu_profile is not None:
-        args.cpu_profile.mkdir(parents=True, exist_ok=True)
-        profile = args.cpu_profile / f"cpu-kept-{seen}"
     try:
-        row.update(crawl(data, args.seconds, args.evict_every, web, dns_port, root, profile, cgroup))
+        crawl_measured(args, data, root, web, dns_port, f"cpu-kept-{seen}", row)
     finally:
-        if cgroup is not None:
-            row["cgroup_peak_mib"] = cgroup_peak_mib(cgroup)
-            cgroup.rmdir()
         shutil.copy(root / "node.log", data / "bench-node.log")
-    print(f"{seen:>12,} seen {queued:>11,} queued (kept): {row['cpu_ms_per_page']:6.2f} ms CPU/page, "
+    print(f"{seen:>12,} seen {queued:>11,} queued (loaded): {row['cpu_ms_per_page']:6.2f} ms CPU/page, "
           f"{row['pages_per_s']:5.0f} pages/s, RSS {row['rss_mib']:5.0f} MiB, {row['disk_reads_per_page']:.2f} "
           f"reads/page ({row['disk_reads_per_link']:.3f}/link), first page after {row['start_s']:.0f} s; "
           f"{row['memory_limit']}", flush=True)
@@ -530,15 +545,15 @@ def main() -> None:
     parser.add_argument("--bulk-from", type=int, default=10**8,
                         help="sizes from this one on start from an empty store whose seen keys are appended sorted")
     parser.add_argument("--json", type=Path, default=None, help="write the rows there")
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the data dir a bulk-loaded size's node crawled on, as DIR/kept-SIZE beside the "
-                             "run's temp dir (10^9 keys: 28 GB), for more runs on it")
+    parser.add_argument("--load-only", action="store_true",
+                        help="load each bulk-loaded size's store into DIR/loaded-SIZE beside the run's temp dir "
+                             "(10^9 keys: 28 GB) and crawl nothing, for --crawl-on")
     parser.add_argument("--frontier-only", action="store_true",
                         help="load only each size's queued URLs (no seen keys, no crawl) and print where their "
                              "disk bytes go, per database")
     parser.add_argument("--crawl-on", type=Path, default=None, metavar="DATA_DIR",
-                        help="no load: crawl on this data dir (one --keep kept) after the --sizes rows, and add its "
-                             "row")
+                        help="no load: crawl on this data dir (one --load-only loaded, not crawled on yet) after "
+                             "the --sizes rows, and add its row")
     parser.add_argument("--cpu-profile", type=Path, default=None, metavar="DIR",
                         help="sample the node's CPU over each measured window into DIR/cpu-SEEN (tests/bench/_cpuprof)")
     args = parser.parse_args()
